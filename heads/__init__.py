@@ -1,0 +1,33 @@
+"""spechead.heads: draft-head families (pure nn.Modules) and their save/load.
+
+Every head family module must be imported here: importing it runs @register_head, which is what
+lets `load_head` rebuild a saved head of that family.
+"""
+
+from spechead.heads.base import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    DraftHead,
+    HeadConfig,
+    known_families,
+    load_head,
+    register_head,
+    resolve_layers,
+)
+from spechead.heads.errors import HeadError
+from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
+
+__all__ = [
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "DraftHead",
+    "HeadConfig",
+    "HeadError",
+    "MedusaConfig",
+    "MedusaHead",
+    "ResBlock",
+    "known_families",
+    "load_head",
+    "register_head",
+    "resolve_layers",
+]

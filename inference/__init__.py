@@ -1,0 +1,1 @@
+"""spechead.inference"""

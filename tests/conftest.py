@@ -1,0 +1,101 @@
+"""Shared fixtures: tiny tokenizers with two different chat templates and a tiny Llama target.
+
+Everything is built from configs in a temporary directory; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CHATML_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Llama-3 style: headers with special tokens, no newline after end-of-turn.
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+SPECIALS = ["<pad>", "<s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "What is the capital of France? The capital of France is Paris.",
+    "Please add 12 and 30. 12 plus 30 is 42.",
+    "Translate hello into Spanish: hola. Thanks! You are welcome.",
+    "user assistant system Write a short poem about the sea and the sky.",
+]
+
+
+def build_tokenizer(template: str, eos: str):
+    """A byte-level BPE tokenizer (vocab <= 384) with `template` as its chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token=eos,
+        pad_token="<pad>",
+        chat_template=template,
+    )
+
+
+@pytest.fixture(scope="session")
+def chatml_tokenizer():
+    return build_tokenizer(CHATML_TEMPLATE, "<|im_end|>")
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer():
+    return build_tokenizer(LLAMA3_TEMPLATE, "<|eot_id|>")
+
+
+def build_tiny_llama(vocab_size: int, *, layers: int = 4, hidden: int = 32, seed: int = 0):
+    """A tiny LlamaForCausalLM from a config (random weights, for unit tests only)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory, chatml_tokenizer) -> Path:
+    """A saved tiny Llama target + ChatML tokenizer directory, loadable with from_pretrained."""
+    path = tmp_path_factory.mktemp("tiny_target")
+    model = build_tiny_llama(len(chatml_tokenizer))
+    model.config.eos_token_id = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.config.bos_token_id = chatml_tokenizer.bos_token_id
+    model.config.pad_token_id = chatml_tokenizer.pad_token_id
+    model.save_pretrained(path)
+    chatml_tokenizer.save_pretrained(path)
+    return path

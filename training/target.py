@@ -1,0 +1,154 @@
+"""Load the frozen target model and capture exactly the hidden states a head needs.
+
+Layer indices follow Hugging Face `output_hidden_states`: 0 = embeddings, i = output of decoder
+layer i-1 (before the final norm), L = the final hidden state after the final norm (what lm_head
+sees). Hooks capture only the requested states instead of all L+1, which matters for 70B targets.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from spechead.heads.base import resolve_layers
+from spechead.training.errors import TrainError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+@dataclass
+class TargetConfig:
+    """Which target to load and how (the `model` config group)."""
+
+    name: str = "demo"
+    path: str = ""  # local directory or Hub id
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    attn_implementation: str = "sdpa"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    chat_template: str | None = None  # a Jinja template or a path to a .jinja file; None = the tokenizer's
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise TrainError("model.path is empty: set model.path=DIR_OR_HUB_ID or pick a preset (model=demo)")
+        if self.dtype not in DTYPES:
+            raise TrainError(f"model.dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.attn_implementation not in ATTENTION:
+            raise TrainError(f"model.attn_implementation={self.attn_implementation!r} is not one of {list(ATTENTION)}")
+
+
+@dataclass
+class Captured:
+    """What one target pass yields: `hidden[i]` (B, T, H) per requested layer, optional logits (B, T, V)."""
+
+    hidden: list[torch.Tensor]
+    logits: torch.Tensor | None
+
+
+def _load_error(path: str, err: Exception) -> TrainError:
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if Path(path).expanduser().exists():
+        return TrainError(f"model.path={path!r} exists but could not be loaded as a model: {reason}")
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+        return TrainError(f"model.path={path!r}: no such directory; set model.path to a model directory or Hub id")
+    return TrainError(
+        f"model.path={path!r} is not a local directory and could not be loaded from the Hub ({reason}); "
+        "check the id, log in with `hf auth login`, or set model.path=DIR"
+    )
+
+
+def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
+    """The target's tokenizer, with `cfg.chat_template` applied when given."""
+    try:
+        tok = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise _load_error(cfg.path, err) from None
+    if cfg.chat_template:
+        template = Path(cfg.chat_template)
+        tok.chat_template = template.read_text() if template.suffix == ".jinja" else cfg.chat_template
+    if tok.pad_token_id is None:
+        # Padding positions are masked out everywhere; any id works, eos is the usual choice.
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+class FrozenTarget:
+    """A causal LM in eval mode with no gradients, plus hooks that capture selected hidden states."""
+
+    def __init__(self, model: PreTrainedModel, name_or_path: str):
+        self.model = model.eval().requires_grad_(False)
+        self.name_or_path = name_or_path
+        self.decoder = model.get_decoder()
+        cfg = model.config.get_text_config()
+        self.num_layers: int = cfg.num_hidden_layers
+        self.hidden_size: int = cfg.hidden_size
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.architecture: str = (model.config.architectures or [type(model).__name__])[0]
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def to(self, device: torch.device | str) -> FrozenTarget:
+        self.model.to(device)
+        return self
+
+    def _module_for(self, layer: int) -> nn.Module:
+        if layer == 0:
+            return self.decoder.embed_tokens
+        if layer == self.num_layers:
+            return self.decoder.norm
+        return self.decoder.layers[layer - 1]
+
+    @torch.no_grad()
+    def capture(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        layers: Sequence[int],
+        with_logits: bool = False,
+    ) -> Captured:
+        """Run the target on (B, T) ids; return the states at `layers` (each (B, T, H)) and logits."""
+        layers = resolve_layers(list(layers), self.num_layers)
+        grabbed: dict[int, torch.Tensor] = {}
+        handles = []
+        for layer in sorted(set(layers)):
+
+            def hook(_mod, _inp, out, layer=layer):
+                grabbed[layer] = out[0] if isinstance(out, tuple) else out
+
+            handles.append(self._module_for(layer).register_forward_hook(hook))
+        try:
+            # Without logits, run the decoder only: the lm_head over a 128k vocab is the costly part.
+            runner = self.model if with_logits else self.decoder
+            out = runner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        return Captured(hidden=[grabbed[i] for i in layers], logits=out.logits if with_logits else None)
+
+
+def load_target(cfg: TargetConfig, device: torch.device | str = "cpu") -> FrozenTarget:
+    """Load `cfg.path` (local dir or Hub id) as a frozen causal LM on `device`."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.path,
+            revision=cfg.revision,
+            dtype=DTYPES[cfg.dtype],
+            attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    except (OSError, ValueError) as err:
+        raise _load_error(cfg.path, err) from None
+    return FrozenTarget(model, cfg.path).to(device)
