@@ -89,6 +89,12 @@ def build_tiny_llama(vocab_size: int, *, layers: int = 4, hidden: int = 32, seed
 
 
 @pytest.fixture(scope="session")
+def tiny_llama():
+    """Factory fixture: `tiny_llama(vocab_size, layers=..., hidden=..., seed=...)` (see build_tiny_llama)."""
+    return build_tiny_llama
+
+
+@pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory, chatml_tokenizer) -> Path:
     """A saved tiny Llama target + ChatML tokenizer directory, loadable with from_pretrained."""
     path = tmp_path_factory.mktemp("tiny_target")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = ["configs", "data", "heads", "inference", "training"]
@@ -83,13 +83,26 @@ def test_pure_packages_do_not_import_frameworks(folder):
 def test_inference_and_training_never_import_each_other():
     for a, b in [("inference", "training"), ("training", "inference")]:
         for path in (ROOT / a).rglob("*.py"):
-            assert not any(n.startswith(f"spechead.{b}") for n in _imports(path)), f"{path} imports spechead.{b}"
+            assert not any(n.startswith(f"spechead.{b}") for n in _imports(path)), (
+                f"{path} imports spechead.{b}"
+            )
 
 
 @pytest.mark.slow
 def test_wheel_holds_packages_configs_and_demo_assets(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
     )
     (wheel,) = tmp_path.glob("spechead-*.whl")

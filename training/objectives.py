@@ -16,7 +16,12 @@ from spechead.heads.base import DraftHead, HeadConfig, resolve_layers
 from spechead.heads.medusa import MedusaConfig, MedusaHead
 from spechead.training.errors import TrainError
 from spechead.training.losses import medusa_loss, medusa_weights
-from spechead.training.metrics import counts_to_accuracy, medusa_topk_counts, simulated_chain_tau
+from spechead.training.metrics import (
+    counts_to_accuracy,
+    medusa_top1_correct,
+    medusa_topk_counts,
+    simulated_chain_tau,
+)
 from spechead.training.settings import build
 from spechead.training.target import Captured, FrozenTarget
 
@@ -75,16 +80,16 @@ class MedusaObjective(Objective):
     def eval_counts(self, model, batch, cap):
         logits = model(cap.hidden[0])
         loss, _ = medusa_loss(logits, batch["input_ids"], batch["loss_mask"], self.weights)
-        correct, total, accepted, positions = medusa_topk_counts(
-            logits, batch["input_ids"], batch["loss_mask"], tuple(self.cfg.topk)
-        )
+        correct, total = medusa_topk_counts(logits, batch["input_ids"], batch["loss_mask"], tuple(self.cfg.topk))
+        chain = medusa_top1_correct(logits, batch["input_ids"], batch["loss_mask"])  # (K, N)
         return {
             "loss_sum": loss.detach() * batch["input_ids"].shape[0],
             "batches": torch.tensor(float(batch["input_ids"].shape[0])),
             "correct": correct,  # (K, len(topk))
             "total": total,  # (K,)
-            "accepted": accepted,
-            "positions": positions,
+            # tau is a mean over positions: carry its sum and count so batches and ranks add up.
+            "tau_sum": torch.tensor(simulated_chain_tau(chain) * chain.shape[1]),
+            "positions": torch.tensor(float(chain.shape[1])),
         }
 
     def summarize(self, counts):
@@ -93,7 +98,7 @@ class MedusaObjective(Objective):
         for k in range(acc.shape[0]):
             for j, kk in enumerate(self.cfg.topk):
                 out[f"acc/head{k}_top{kk}"] = float(acc[k, j])
-        out["tau"] = simulated_chain_tau(counts["accepted"], counts["positions"])
+        out["tau"] = float(counts["tau_sum"] / counts["positions"].clamp(min=1))
         return out
 
 
@@ -112,7 +117,9 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def build_objective(family: str, layers: list[int], arch: dict, loss: dict, target: FrozenTarget) -> Objective:
+def build_objective(
+    family: str, layers: list[int], arch: dict, loss: dict, target: FrozenTarget
+) -> Objective:
     """A freshly initialised head of `family` for `target`, wrapped in its training objective."""
     if family not in FAMILIES:
         raise TrainError(f"unknown head family {family!r} (known: {', '.join(sorted(FAMILIES))})")

@@ -53,11 +53,17 @@ class TrainerConfig:
             (self.schedule in SCHEDULES, f"trainer.schedule must be one of {SCHEDULES}"),
             (self.mixed_precision in PRECISIONS, f"trainer.mixed_precision must be one of {PRECISIONS}"),
             (self.resume in RESUME, "trainer.resume must be auto, true or false"),
-            (self.batch_size >= 1 and self.grad_accum >= 1, "trainer.batch_size and trainer.grad_accum must be >= 1"),
+            (
+                self.batch_size >= 1 and self.grad_accum >= 1,
+                "trainer.batch_size and trainer.grad_accum must be >= 1",
+            ),
             (self.max_length >= 8, "trainer.max_length must be >= 8"),
             (self.epochs >= 1 or self.max_steps > 0, "set trainer.epochs >= 1 or trainer.max_steps > 0"),
             (self.lr > 0, "trainer.lr must be > 0"),
-            (self.eval_every >= 1 and self.save_every >= 1, "trainer.eval_every and trainer.save_every must be >= 1"),
+            (
+                self.eval_every >= 1 and self.save_every >= 1,
+                "trainer.eval_every and trainer.save_every must be >= 1",
+            ),
             (self.keep_checkpoints >= 1, "trainer.keep_checkpoints must be >= 1"),
         ]
         for ok, msg in checks:

@@ -7,7 +7,6 @@ sees). Hooks capture only the requested states instead of all L+1, which matters
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +36,15 @@ class TargetConfig:
 
     def __post_init__(self) -> None:
         if not self.path:
-            raise TrainError("model.path is empty: set model.path=DIR_OR_HUB_ID or pick a preset (model=demo)")
+            raise TrainError(
+                "model.path is empty: set model.path=DIR_OR_HUB_ID or pick a preset (model=demo)"
+            )
         if self.dtype not in DTYPES:
             raise TrainError(f"model.dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
         if self.attn_implementation not in ATTENTION:
-            raise TrainError(f"model.attn_implementation={self.attn_implementation!r} is not one of {list(ATTENTION)}")
+            raise TrainError(
+                f"model.attn_implementation={self.attn_implementation!r} is not one of {list(ATTENTION)}"
+            )
 
 
 @dataclass
@@ -57,7 +60,9 @@ def _load_error(path: str, err: Exception) -> TrainError:
     if Path(path).expanduser().exists():
         return TrainError(f"model.path={path!r} exists but could not be loaded as a model: {reason}")
     if path.startswith((".", "/", "~")) or path.count("/") > 1:
-        return TrainError(f"model.path={path!r}: no such directory; set model.path to a model directory or Hub id")
+        return TrainError(
+            f"model.path={path!r}: no such directory; set model.path to a model directory or Hub id"
+        )
     return TrainError(
         f"model.path={path!r} is not a local directory and could not be loaded from the Hub ({reason}); "
         "check the id, log in with `hf auth login`, or set model.path=DIR"
@@ -67,7 +72,9 @@ def _load_error(path: str, err: Exception) -> TrainError:
 def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
     """The target's tokenizer, with `cfg.chat_template` applied when given."""
     try:
-        tok = AutoTokenizer.from_pretrained(cfg.path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(
+            cfg.path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+        )
     except (OSError, ValueError) as err:
         raise _load_error(cfg.path, err) from None
     if cfg.chat_template:

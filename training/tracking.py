@@ -56,7 +56,9 @@ def start(accelerator: Accelerator, cfg: LoggerConfig, config: dict[str, Any], r
     try:
         accelerator.init_trackers(cfg.project, config=config, init_kwargs={"wandb": init})
     except Exception as err:  # wandb raises its own error types; keep the message, drop the traceback
-        raise TrainError(f"W&B could not start ({str(err).splitlines()[0]}); use logger=none or logger.mode=offline") from None
+        raise TrainError(
+            f"W&B could not start ({str(err).splitlines()[0]}); use logger=none or logger.mode=offline"
+        ) from None
     return mode
 
 

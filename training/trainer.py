@@ -58,7 +58,9 @@ def resume_point(s: TrainSettings) -> Path | None:
     out = Path(s.trainer.output_dir)
     found = checkpoint.list_checkpoints(out)
     if s.trainer.resume == "true" and not found:
-        raise TrainError(f"trainer.resume=true but {out}/checkpoints has no checkpoint; use trainer.resume=auto")
+        raise TrainError(
+            f"trainer.resume=true but {out}/checkpoints has no checkpoint; use trainer.resume=auto"
+        )
     if s.trainer.resume == "false" and found:
         raise TrainError(
             f"{out} already holds checkpoints of an earlier run: continue it with trainer.resume=auto, "
@@ -101,6 +103,8 @@ def evaluate(
         for key, value in counts.items():
             sums[key] = sums.get(key, 0) + value.detach().float().to(accelerator.device)
     model.train()
+    if not sums:  # no validation split (data.val_size=0 or a tiny dataset)
+        return {}
     return objective.summarize({k: accelerator.reduce(v, "sum") for k, v in sums.items()})
 
 
@@ -124,10 +128,18 @@ def train(s: TrainSettings) -> TrainResult:
     objective = build_objective(s.head.family, s.head.layers, s.head.arch, s.head.loss, target)
     head = objective.head
     n_params = sum(p.numel() for p in head.parameters() if p.requires_grad)
-    accelerator.print(f"head: {s.head.name} ({n_params / 1e6:.2f}M trainable) on target {target.name_or_path}")
+    procs = accelerator.num_processes
+    accelerator.print(
+        f"head: {s.head.name} ({n_params / 1e6:.2f}M trainable) on target {target.name_or_path}; "
+        f"{procs} process{'es' if procs > 1 else ''} on {accelerator.device}"
+    )
 
     train_loader = DataLoader(
-        data.train, s.trainer.batch_size, shuffle=True, collate_fn=data.collator, num_workers=s.trainer.num_workers
+        data.train,
+        s.trainer.batch_size,
+        shuffle=True,
+        collate_fn=data.collator,
+        num_workers=s.trainer.num_workers,
     )
     val_loader = DataLoader(data.val, s.trainer.batch_size, collate_fn=data.collator)
     train_loader, val_loader = accelerator.prepare(train_loader, val_loader)
@@ -153,7 +165,9 @@ def train(s: TrainSettings) -> TrainResult:
     metrics_file = tracking.MetricsFile(out / "metrics.jsonl", main)
 
     # --- loop ----------------------------------------------------------------------------------
-    bar = tqdm(total=max_steps, initial=state.step, disable=not main, desc="train", unit="step", dynamic_ncols=True)
+    bar = tqdm(
+        total=max_steps, initial=state.step, disable=not main, desc="train", unit="step", dynamic_ncols=True
+    )
     started = time.perf_counter()
     window_start, window_tokens, run_tokens = time.perf_counter(), 0, 0
     last_eval: dict[str, float] | None = None
@@ -178,13 +192,19 @@ def train(s: TrainSettings) -> TrainResult:
             bar.update(1)
 
             if state.step % s.trainer.log_every == 0 or state.step == max_steps:
-                tokens = int(accelerator.reduce(torch.tensor(window_tokens, device=accelerator.device), "sum"))
+                tokens = int(
+                    accelerator.reduce(torch.tensor(window_tokens, device=accelerator.device), "sum")
+                )
                 mean_loss = float(accelerator.reduce(loss.detach(), "mean"))
                 tok_s = tokens / max(time.perf_counter() - window_start, 1e-9)
                 state.tokens += tokens
                 run_tokens += tokens
                 window_start, window_tokens = time.perf_counter(), 0
-                row = {"train/loss": mean_loss, "train/lr": scheduler.get_last_lr()[0], "train/tokens_per_s": tok_s}
+                row = {
+                    "train/loss": mean_loss,
+                    "train/lr": scheduler.get_last_lr()[0],
+                    "train/tokens_per_s": tok_s,
+                }
                 row.update({f"train/{k}": v for k, v in logs.items()})
                 accelerator.log(row, step=state.step)
                 metrics_file.write(state.step, row)
@@ -192,9 +212,11 @@ def train(s: TrainSettings) -> TrainResult:
 
             # --- eval ------------------------------------------------------------------------------
             if state.step % s.trainer.eval_every == 0 or state.step == max_steps:
-                last_eval = evaluate(accelerator, model, objective, target, val_loader, s.trainer.eval_batches)
+                last_eval = evaluate(
+                    accelerator, model, objective, target, val_loader, s.trainer.eval_batches
+                )
                 _report(accelerator, metrics_file, state.step, last_eval)
-                if last_eval["tau"] > state.best_tau:
+                if last_eval.get("tau", 0.0) > state.best_tau:
                     state.best_tau = last_eval["tau"]
                     if main:
                         accelerator.unwrap_model(model).save_pretrained(out / "best")
@@ -216,7 +238,12 @@ def train(s: TrainSettings) -> TrainResult:
     head_dir = out / "head"
     if main:
         accelerator.unwrap_model(model).save_pretrained(head_dir)
-        summary = {"step": state.step, "seconds": seconds, "tokens_per_s": run_tokens / max(seconds, 1e-9), **last_eval}
+        summary = {
+            "step": state.step,
+            "seconds": seconds,
+            "tokens_per_s": run_tokens / max(seconds, 1e-9),
+            **last_eval,
+        }
         (out / "metrics.json").write_text(json.dumps(summary, indent=1))
     accelerator.wait_for_everyone()
     accelerator.end_training()
@@ -229,7 +256,9 @@ def _fmt(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
 
 
-def _report(accelerator: Accelerator, metrics_file: tracking.MetricsFile, step: int, metrics: dict[str, float]):
+def _report(
+    accelerator: Accelerator, metrics_file: tracking.MetricsFile, step: int, metrics: dict[str, float]
+):
     row = {f"val/{k}": v for k, v in metrics.items()}
     accelerator.log(row, step=step)
     metrics_file.write(step, row)

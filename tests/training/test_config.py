@@ -62,7 +62,12 @@ def test_stable_keys_override():
         "trainer.max_steps=7",
         "trainer.resume=true",
     )
-    assert (s.model.path, s.data.path, s.trainer.output_dir, s.trainer.max_steps) == ("/models/mine", "my.jsonl", "/tmp/x", 7)
+    assert (s.model.path, s.data.path, s.trainer.output_dir, s.trainer.max_steps) == (
+        "/models/mine",
+        "my.jsonl",
+        "/tmp/x",
+        7,
+    )
     assert s.trainer.resume == "true"
 
 

@@ -1,0 +1,108 @@
+"""Every bad input ends in one clear error that says what to fix (and exit status 2 from the CLI)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from spechead.data.errors import DataError
+from spechead.heads.errors import HeadError
+from spechead.training.errors import TrainError
+from spechead.training.trainer import train
+
+
+@pytest.fixture
+def run(tmp_path, tiny_target_dir, chat_file, training_kit):
+    """Train with the tiny defaults plus `extra` overrides; returns the output dir."""
+
+    def _run(data=chat_file, target=tiny_target_dir, out=None, **extra):
+        out = out or tmp_path / "run"
+        train(training_kit.settings(training_kit.overrides(target, data, out, **extra)))
+        return out
+
+    return _run
+
+
+def test_missing_model_path(run, tmp_path):
+    with pytest.raises(TrainError, match="no such directory"):
+        run(target=tmp_path / "missing-model")
+
+
+def test_missing_data_file(run, tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        run(data=tmp_path / "missing.jsonl")
+
+
+def test_data_with_wrong_fields(run, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "hi", "answer": "hello"}) + "\n")
+    with pytest.raises(DataError, match="messages_field"):
+        run(data=bad)
+
+
+def test_empty_dataset(run, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty|no examples"):
+        run(data=empty)
+
+
+def test_every_example_longer_than_max_length(run):
+    with pytest.raises(DataError, match="max_length"):
+        run(**{"trainer.max_length": 8})
+
+
+def test_tokenizer_without_chat_template(run, tmp_path, tiny_target_dir):
+    target = tmp_path / "no-template"
+    shutil.copytree(tiny_target_dir, target)
+    for name in ("tokenizer_config.json",):
+        cfg = json.loads((target / name).read_text())
+        cfg.pop("chat_template", None)
+        (target / name).write_text(json.dumps(cfg))
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(DataError, match="chat template"):
+        run(target=target)
+
+
+def test_head_layer_not_in_target(run):
+    with pytest.raises(HeadError, match="does not exist"):
+        run(**{"head.layers": "[9]"})
+
+
+def test_unknown_head_key(run):
+    with pytest.raises(TrainError, match="head.num_head"):
+        run(**{"+head.num_head": 3})
+
+
+def test_resume_true_without_checkpoint(run):
+    with pytest.raises(TrainError, match="no checkpoint"):
+        run(**{"trainer.resume": "true"})
+
+
+def test_resume_false_refuses_to_overwrite(run):
+    out = run()
+    with pytest.raises(TrainError, match="already holds checkpoints"):
+        run(out=out, **{"trainer.resume": "false"})
+
+
+def test_resume_with_another_head_config(run):
+    out = run()
+    with pytest.raises(TrainError, match="different head config"):
+        run(out=out, **{"head.num_heads": 3})
+
+
+@pytest.mark.slow
+def test_cli_prints_one_line_and_exits_2(tmp_path, tiny_target_dir, training_kit):
+    proc = training_kit.cli(training_kit.overrides(tiny_target_dir, tmp_path / "missing.jsonl", tmp_path / "o"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.jsonl" in lines[0], proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_unknown_key_names_it(tmp_path, training_kit):
+    proc = training_kit.cli(["trainer.lrr=0.1"])
+    assert proc.returncode != 0
+    assert "trainer.lrr" in proc.stderr and "Traceback" not in proc.stderr

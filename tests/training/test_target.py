@@ -1,0 +1,82 @@
+"""The frozen target: loading from a directory, freezing, and hooks that equal output_hidden_states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.heads.errors import HeadError
+from spechead.training.errors import TrainError
+from spechead.training.target import TargetConfig, load_target, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target_dir):
+    return load_target(TargetConfig(path=str(tiny_target_dir), attn_implementation="eager"))
+
+
+def test_loaded_frozen_and_described(target, tiny_target_dir):
+    assert not target.model.training
+    assert all(not p.requires_grad for p in target.model.parameters())
+    assert (target.num_layers, target.hidden_size) == (4, 32)
+    assert target.vocab_size == target.model.config.vocab_size
+    assert target.name_or_path == str(tiny_target_dir)
+
+
+def test_capture_equals_hf_hidden_states(target):
+    torch.manual_seed(0)
+    ids = torch.randint(0, target.vocab_size, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    ref = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    layers = [0, 1, 2, 4, -1, -3]
+    cap = target.capture(ids, mask, layers, with_logits=True)
+    expected = [ref.hidden_states[i] for i in layers]
+    for got, want in zip(cap.hidden, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(cap.logits, ref.logits)
+    # The final state is after the norm: it is what lm_head sees.
+    torch.testing.assert_close(target.lm_head(cap.hidden[3]), ref.logits)
+    assert cap.hidden[3] is not None and cap.hidden[4].shape == (2, 9, 32)
+
+
+def test_capture_without_logits_skips_lm_head(target):
+    ids = torch.randint(0, target.vocab_size, (1, 5))
+    calls = []
+    hooks_before = sum(len(m._forward_hooks) for m in target.model.modules())
+    handle = target.lm_head.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        cap = target.capture(ids, None, [-1], with_logits=False)
+    finally:
+        handle.remove()
+    assert cap.logits is None and not calls
+    assert sum(len(m._forward_hooks) for m in target.model.modules()) == hooks_before  # hooks removed
+
+
+def test_layer_out_of_range(target):
+    with pytest.raises(HeadError, match="does not exist"):
+        target.capture(torch.zeros(1, 3, dtype=torch.long), None, [5])
+
+
+def test_missing_local_path(tmp_path):
+    with pytest.raises(TrainError, match="no such directory"):
+        load_target(TargetConfig(path=str(tmp_path / "nope")))
+
+
+def test_unreachable_hub_id():
+    with pytest.raises(TrainError, match="Hub"):
+        load_tokenizer(TargetConfig(path="no-such-org/no-such-model"))
+
+
+def test_directory_without_a_model(tmp_path):
+    (tmp_path / "readme.txt").write_text("not a model")
+    with pytest.raises(TrainError, match="could not be loaded"):
+        load_target(TargetConfig(path=str(tmp_path)))
+
+
+def test_chat_template_override(tiny_target_dir, tmp_path):
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    tok = load_tokenizer(TargetConfig(path=str(tiny_target_dir), chat_template=str(jinja)))
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert text == "[user] hi\n"
