@@ -41,7 +41,10 @@ class Objective(ABC):
     needs_logits: bool = False
 
     def capture(self, target: FrozenTarget, batch: Batch) -> Captured:
-        return target.capture(batch["input_ids"], batch["attention_mask"], self.layers, self.needs_logits)
+        """The target pass for `batch`; states cast to the head's dtype (a bf16 target, an fp32 head)."""
+        cap = target.capture(batch["input_ids"], batch["attention_mask"], self.layers, self.needs_logits)
+        dtype = next(self.head.parameters()).dtype
+        return Captured([h.to(dtype) for h in cap.hidden], cap.logits)
 
     @abstractmethod
     def loss(self, model: nn.Module, batch: Batch, cap: Captured) -> tuple[torch.Tensor, dict[str, float]]:
@@ -80,7 +83,9 @@ class MedusaObjective(Objective):
     def eval_counts(self, model, batch, cap):
         logits = model(cap.hidden[0])
         loss, _ = medusa_loss(logits, batch["input_ids"], batch["loss_mask"], self.weights)
-        correct, total = medusa_topk_counts(logits, batch["input_ids"], batch["loss_mask"], tuple(self.cfg.topk))
+        correct, total = medusa_topk_counts(
+            logits, batch["input_ids"], batch["loss_mask"], tuple(self.cfg.topk)
+        )
         chain = medusa_top1_correct(logits, batch["input_ids"], batch["loss_mask"])  # (K, N)
         return {
             "loss_sum": loss.detach() * batch["input_ids"].shape[0],

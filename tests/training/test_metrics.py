@@ -1,0 +1,82 @@
+"""Medusa top-k counts, accuracy and simulated chain tau on hand-built tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.training.metrics import (
+    counts_to_accuracy,
+    medusa_top1_correct,
+    medusa_topk_counts,
+    simulated_chain_tau,
+)
+
+V = 6
+INPUT_IDS = torch.tensor([[0, 1, 2, 3, 4, 5]])
+LOSS_MASK = torch.tensor([[0, 1, 1, 1, 1, 0]])  # last token is padding
+
+
+def ranked_logits(num_heads: int, rank: dict[tuple[int, int], int]) -> list[torch.Tensor]:
+    """Head k at position t ranks its target input_ids[t+2+k] at rank[(k, t)] (0 = top-1, default)."""
+    logits = []
+    for k in range(num_heads):
+        x = torch.zeros(1, 6, V)
+        for t in range(6):
+            j = t + 2 + k
+            target = int(INPUT_IDS[0, j]) if j < 6 else 0
+            order = [v for v in range(V) if v != target]
+            order.insert(rank.get((k, t), 0), target)
+            x[0, t, order] = torch.arange(V, 0, -1, dtype=torch.float)  # order[0] scores highest
+        logits.append(x)
+    return logits
+
+
+def test_topk_counts_follow_alignment_and_mask() -> None:
+    # Valid targets: head0 t=0,1,2 (targets at 2,3,4); head1 t=0,1; head2 t=0; head3 none
+    # (t+2+k = 5 is padding).
+    logits = ranked_logits(4, {(0, 1): 1, (0, 2): 5, (1, 0): 4, (2, 0): 2})
+    correct, total = medusa_topk_counts(logits, INPUT_IDS, LOSS_MASK, topk=(1, 2, 5))
+    assert total.tolist() == [3.0, 2.0, 1.0, 0.0]
+    assert correct.tolist() == [[1, 2, 2], [1, 1, 2], [0, 0, 1], [0, 0, 0]]
+    assert correct.dtype == total.dtype == torch.float32
+
+
+def test_counts_sum_across_batches_and_topk_larger_than_vocab() -> None:
+    logits = ranked_logits(2, {(0, 0): 5})
+    c1, t1 = medusa_topk_counts(logits, INPUT_IDS, LOSS_MASK, topk=(1, 10))
+    c2, t2 = medusa_topk_counts(logits, INPUT_IDS, LOSS_MASK, topk=(1, 10))
+    acc = counts_to_accuracy(c1 + c2, t1 + t2)
+    torch.testing.assert_close(acc, torch.tensor([[2 / 3, 1.0], [1.0, 1.0]]))
+
+
+def test_counts_to_accuracy_reads_zero_for_empty_heads() -> None:
+    acc = counts_to_accuracy(torch.tensor([[2.0, 3.0], [0.0, 0.0]]), torch.tensor([4.0, 0.0]))
+    assert acc.tolist() == [[0.5, 0.75], [0.0, 0.0]]
+
+
+def test_simulated_chain_tau_hand_computed() -> None:
+    correct = torch.tensor(
+        [  # positions:  n0    n1     n2     n3
+        [True, True, False, True],  # head 0
+        [True, False, True, True],  # head 1
+        [True, True, True, False],  # head 2
+        ]
+    )  # fmt: skip
+    # 1 + leading run: n0 -> 4, n1 -> 2, n2 -> 1, n3 -> 3
+    assert simulated_chain_tau(correct) == pytest.approx(2.5)
+    assert simulated_chain_tau(torch.zeros(3, 0, dtype=torch.bool)) == 0.0
+
+
+def test_top1_correct_counts_positions_whose_next_token_is_a_target() -> None:
+    # Positions t with loss_mask[t+1] = 1: t = 0..3. Head k is right where t+2+k is a valid target
+    # and its top-1 matches: head0 t=0,2 (t=1 ranked 1, t=3 -> padding); head1 t=0,1; head2 t=0.
+    logits = ranked_logits(3, {(0, 1): 1})
+    correct = medusa_top1_correct(logits, INPUT_IDS, LOSS_MASK)
+    assert correct.tolist() == [
+        [True, False, True, False],
+        [True, True, False, False],
+        [True, False, False, False],
+    ]
+    # tau per position: 4, 1, 2, 1
+    assert simulated_chain_tau(correct) == pytest.approx(2.0)

@@ -1,0 +1,72 @@
+"""Medusa head accuracy (as summable counts) and the teacher-forced chain acceptance it implies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from spechead.training.losses import medusa_head_targets, medusa_offset, shifted_targets
+
+
+@torch.no_grad()
+def medusa_topk_counts(
+    logits: list[Tensor], input_ids: Tensor, loss_mask: Tensor, topk: Sequence[int] = (1, 5)
+) -> tuple[Tensor, Tensor]:
+    """Top-k hits of each head against input_ids[:, t+2+k] on loss-masked targets.
+
+    logits: K tensors (B, T, V). Returns (correct (K, len(topk)) float, total (K,) float): counts, not
+    ratios, so they can be summed over batches and processes before `counts_to_accuracy`. A k larger
+    than the vocabulary counts as the whole vocabulary.
+    """
+    # On the logits' device, so a distributed all-reduce (NCCL needs GPU tensors) can sum them as is.
+    device = logits[0].device if logits else None
+    correct = torch.zeros(len(logits), len(topk), device=device)
+    total = torch.zeros(len(logits), device=device)
+    for k, logits_k in enumerate(logits):
+        rows, targets = medusa_head_targets(logits_k, k, input_ids, loss_mask)  # (N, V), (N,)
+        kmax = min(max(topk), rows.shape[-1])
+        hits = rows.topk(kmax, dim=-1).indices == targets[:, None]  # (N, kmax)
+        for j, kk in enumerate(topk):
+            correct[k, j] = hits[:, :kk].any(dim=-1).sum()
+        total[k] = targets.numel()
+    return correct, total
+
+
+def counts_to_accuracy(correct: Tensor, total: Tensor) -> Tensor:
+    """Accuracy (K, len(topk)) from counts; a head with no valid position reads 0."""
+    return correct / total.clamp(min=1).unsqueeze(-1)
+
+
+@torch.no_grad()
+def medusa_top1_correct(logits: list[Tensor], input_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """Whether each head's top-1 is right, at every position whose next token (t+1) is a target.
+
+    Returns (K, N) bool for `simulated_chain_tau`; a head whose target t+2+k is masked or past the
+    end counts as wrong there, since a chain cannot be accepted beyond it.
+    """
+    if not logits:
+        return torch.zeros(0, 0, dtype=torch.bool)
+    seq_len = logits[0].shape[1]
+    _, anchor = shifted_targets(input_ids, loss_mask, 1, seq_len)  # (B, T): target's own token counts
+    rows = []
+    for k, logits_k in enumerate(logits):
+        targets, valid = shifted_targets(input_ids, loss_mask, medusa_offset(k), seq_len)  # (B, T)
+        right = (logits_k.argmax(dim=-1) == targets) & valid
+        rows.append(right[anchor])  # (N,)
+    return torch.stack(rows).cpu()
+
+
+def simulated_chain_tau(correct_top1: Tensor) -> float:
+    """Teacher-forced tokens per target pass for a greedy Medusa chain.
+
+    correct_top1: (K, N) bool, head k right at position n. Mean over positions of 1 (the target's
+    own token) + the number of leading heads that are all right. 0.0 when N == 0.
+    """
+    if correct_top1.ndim != 2:
+        raise ValueError(f"correct_top1 must be (K, N), got shape {tuple(correct_top1.shape)}")
+    if correct_top1.shape[1] == 0:
+        return 0.0
+    leading = correct_top1.bool().long().cumprod(dim=0).sum(dim=0)  # (N,)
+    return float(1.0 + leading.float().mean())
