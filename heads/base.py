@@ -113,6 +113,13 @@ def register_head(cls: type[DraftHead]) -> type[DraftHead]:
     return cls
 
 
+def head_class(family: str) -> type[DraftHead]:
+    """The registered head class of `family` (HeadError listing the known ones otherwise)."""
+    if family not in _REGISTRY:
+        raise HeadError(f"unknown head family {family!r}: known families are {known_families()}")
+    return _REGISTRY[family]
+
+
 def known_families() -> list[str]:
     """Families that `load_head` can rebuild."""
     return sorted(_REGISTRY)

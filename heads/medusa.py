@@ -25,6 +25,8 @@ class MedusaConfig(HeadConfig):
     num_layers: int = 1  # ResBlocks per head
     init_from_lm_head: bool = True  # the builder should call init_from_lm_head_ on a fresh head
     share_lm_head: bool = False  # use the attached frozen target lm_head instead of own projections
+    # Medusa-2: subdirectory of the head holding the LoRA adapter the target must run with ("" = none).
+    lora_adapter: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -6,6 +6,7 @@ Everything is built from configs in a temporary directory; nothing is downloaded
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# A private Hugging Face home: tests never read or write the user's caches (datasets, hub).
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="spechead-tests-hf-")
 
 CHATML_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

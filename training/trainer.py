@@ -99,7 +99,7 @@ def evaluate(
     for i, batch in enumerate(loader):
         if 0 <= max_batches <= i:
             break
-        counts = objective.eval_counts(model, batch, objective.capture(target, batch))
+        counts = objective.eval_counts(model, target, batch)
         for key, value in counts.items():
             sums[key] = sums.get(key, 0) + value.detach().float().to(accelerator.device)
     model.train()
@@ -125,9 +125,8 @@ def train(s: TrainSettings) -> TrainResult:
         data = build_datasets(s.data, tokenizer, s.trainer.max_length, s.trainer.seed)
     accelerator.print(f"data: {data.stats.summary()}; {len(data.train)} train / {len(data.val)} val")
     target = load_target(s.model, accelerator.device)
-    objective = build_objective(s.head.family, s.head.layers, s.head.arch, s.head.loss, target)
-    head = objective.head
-    n_params = sum(p.numel() for p in head.parameters() if p.requires_grad)
+    objective = build_objective(s.head, target)
+    n_params = sum(p.numel() for p in objective.module().parameters() if p.requires_grad)
     procs = accelerator.num_processes
     accelerator.print(
         f"head: {s.head.name} ({n_params / 1e6:.2f}M trainable) on target {target.name_or_path}; "
@@ -146,13 +145,12 @@ def train(s: TrainSettings) -> TrainResult:
     steps_per_epoch = math.ceil(len(train_loader) / s.trainer.grad_accum)
     max_steps = s.trainer.max_steps if s.trainer.max_steps > 0 else s.trainer.epochs * steps_per_epoch
     optimizer = torch.optim.AdamW(
-        [p for p in head.parameters() if p.requires_grad],
-        lr=s.trainer.lr,
+        objective.param_groups(s.trainer.lr),
         betas=tuple(s.trainer.betas),
         weight_decay=s.trainer.weight_decay,
     )
     scheduler = make_scheduler(s, optimizer, max_steps)
-    model, optimizer, scheduler = accelerator.prepare(head, optimizer, scheduler)
+    model, optimizer, scheduler = accelerator.prepare(objective.module(), optimizer, scheduler)
 
     state = TrainState()
     if resume_from is not None:
@@ -178,7 +176,7 @@ def train(s: TrainSettings) -> TrainResult:
         for batch in batches:
             state.batch_in_epoch += 1
             with accelerator.accumulate(model):
-                loss, logs = objective.loss(model, batch, objective.capture(target, batch))
+                loss, logs = objective.loss(model, target, batch, state.step)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and s.trainer.grad_clip > 0:
                     accelerator.clip_grad_norm_(model.parameters(), s.trainer.grad_clip)
@@ -219,7 +217,7 @@ def train(s: TrainSettings) -> TrainResult:
                 if last_eval.get("tau", 0.0) > state.best_tau:
                     state.best_tau = last_eval["tau"]
                     if main:
-                        accelerator.unwrap_model(model).save_pretrained(out / "best")
+                        objective.save(out / "best")
 
             # --- checkpoint ------------------------------------------------------------------------
             if state.step % s.trainer.save_every == 0 or state.step == max_steps:
@@ -237,7 +235,7 @@ def train(s: TrainSettings) -> TrainResult:
     seconds = time.perf_counter() - started
     head_dir = out / "head"
     if main:
-        accelerator.unwrap_model(model).save_pretrained(head_dir)
+        objective.save(head_dir)
         summary = {
             "step": state.step,
             "seconds": seconds,

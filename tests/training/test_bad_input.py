@@ -95,7 +95,9 @@ def test_resume_with_another_head_config(run):
 
 @pytest.mark.slow
 def test_cli_prints_one_line_and_exits_2(tmp_path, tiny_target_dir, training_kit):
-    proc = training_kit.cli(training_kit.overrides(tiny_target_dir, tmp_path / "missing.jsonl", tmp_path / "o"))
+    proc = training_kit.cli(
+        training_kit.overrides(tiny_target_dir, tmp_path / "missing.jsonl", tmp_path / "o")
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.jsonl" in lines[0], proc.stderr

@@ -51,6 +51,17 @@ def test_loss_goes_down(tmp_path, tiny_target_dir, chat_file, training_kit):
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
 
+def test_shared_lm_head_and_grad_accumulation(tmp_path, tiny_target_dir, chat_file, training_kit):
+    out = tmp_path / "run"
+    extra = {"head.share_lm_head": "true", "trainer.grad_accum": 2, "trainer.max_steps": 4}
+    result = train(training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, out, **extra)))
+    assert result.steps == 4
+    saved = load_file(str(out / "head" / "model.safetensors"))
+    assert not any(t.shape[0] == 384 for t in saved.values())  # no vocabulary projection of its own
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
+
+
 @pytest.mark.slow
 def test_cli_with_wandb_offline(tmp_path, tiny_target_dir, chat_file, training_kit):
     out = tmp_path / "run"

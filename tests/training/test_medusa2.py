@@ -1,0 +1,112 @@
+"""Medusa-2: joint LoRA + heads training, saving heads with the adapter, merging for serving."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from spechead.heads import MedusaHead, load_head
+from spechead.training.errors import TrainError
+from spechead.training.objectives import build_objective
+from spechead.training.objectives.medusa2 import head_weight
+from spechead.training.target import TargetConfig, load_target
+from spechead.training.trainer import train
+
+
+def test_head_weight_sine_warmup():
+    assert head_weight(0, 0.2, 100) == 0.0
+    assert head_weight(50, 0.2, 100) == pytest.approx(0.2 * math.sin(math.pi / 4))
+    assert head_weight(100, 0.2, 100) == head_weight(500, 0.2, 100) == pytest.approx(0.2)
+    assert head_weight(3, 0.2, 0) == 0.2
+
+
+@pytest.fixture(scope="module")
+def medusa2_run(tmp_path_factory, tiny_target_dir, chat_file, training_kit):
+    out = tmp_path_factory.mktemp("m2") / "run"
+    extra = {
+        "head": "medusa2",
+        "head.loss.lm_loss": "ce",
+        "head.loss.head_weight_warmup": 2,
+        "trainer.lr": 0.01,
+    }
+    result = train(training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, out, **extra)))
+    return result
+
+
+def test_trains_and_saves_heads_with_adapter(medusa2_run):
+    head_dir = medusa2_run.head_dir
+    head = load_head(head_dir)
+    assert isinstance(head, MedusaHead) and head.config.lora_adapter == "adapter"
+    assert (head_dir / "adapter" / "adapter_config.json").is_file()
+    assert (head_dir / "adapter" / "adapter_model.safetensors").is_file()
+    assert {"lm_loss", "tau", "acc/head0_top1"} <= set(medusa2_run.metrics)
+
+
+def test_merged_adapter_reproduces_adapted_logits(medusa2_run, tiny_target_dir):
+    ids = torch.randint(0, 300, (2, 12))
+
+    def fresh():
+        return AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+
+    with torch.no_grad():
+        base = fresh()(ids).logits
+        adapted = PeftModel.from_pretrained(fresh(), medusa2_run.head_dir / "adapter").eval()
+        unmerged = adapted(ids).logits
+        merged = adapted.merge_and_unload()(ids).logits
+    torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-5)
+    assert (unmerged - base).abs().max() > 1e-4  # the adapter really learned something
+
+
+def test_two_stage_starts_from_stage_one_heads(tmp_path, tiny_target_dir, chat_file, training_kit):
+    stage1 = tmp_path / "stage1"
+    train(
+        training_kit.settings(
+            training_kit.overrides(tiny_target_dir, chat_file, stage1, **{"trainer.max_steps": 2})
+        )
+    )
+    s = training_kit.settings(
+        training_kit.overrides(
+            tiny_target_dir, chat_file, tmp_path / "s2", head="medusa2", **{"head.init_from": stage1 / "head"}
+        )
+    )
+    objective = build_objective(s.head, load_target(s.model))
+    trained = load_head(stage1 / "head").state_dict()
+    for key, value in objective.head.state_dict().items():
+        torch.testing.assert_close(value, trained[key])
+
+
+def test_bad_lora_target_modules(tiny_target_dir, chat_file, tmp_path, training_kit):
+    s = training_kit.settings(
+        training_kit.overrides(
+            tiny_target_dir,
+            chat_file,
+            tmp_path / "o",
+            head="medusa2",
+            **{"head.lora.target_modules": "[qq_proj]"},
+        )
+    )
+    with pytest.raises(TrainError, match=r"head.lora.target_modules.*q_proj"):
+        build_objective(s.head, load_target(TargetConfig(path=str(tiny_target_dir))))
+
+
+def test_init_from_other_architecture(tmp_path, tiny_target_dir, chat_file, training_kit):
+    stage1 = tmp_path / "stage1"
+    train(
+        training_kit.settings(
+            training_kit.overrides(tiny_target_dir, chat_file, stage1, **{"trainer.max_steps": 1})
+        )
+    )
+    s = training_kit.settings(
+        training_kit.overrides(
+            tiny_target_dir,
+            chat_file,
+            tmp_path / "o",
+            **{"head.num_heads": 3, "head.init_from": stage1 / "head"},
+        )
+    )
+    with pytest.raises(TrainError, match="another architecture"):
+        build_objective(s.head, load_target(s.model))
