@@ -33,6 +33,17 @@ def wandb_mode(cfg: LoggerConfig) -> str:
     return "online" if _has_wandb_key() else "offline"
 
 
+def check(cfg: LoggerConfig) -> str:
+    """Fail early (before any model loads) when W&B cannot log online; returns the mode to use."""
+    mode = wandb_mode(cfg)
+    if cfg.backend == "wandb" and mode == "online" and not _has_wandb_key():
+        raise TrainError(
+            "W&B has no API key: run `wandb login` (or set WANDB_API_KEY), "
+            "or log offline with logger.mode=offline, or turn it off with logger=none"
+        )
+    return mode
+
+
 def log_with(cfg: LoggerConfig) -> list[str]:
     """Tracker names for `Accelerator(log_with=...)`."""
     return ["wandb"] if cfg.backend == "wandb" else []
@@ -42,12 +53,7 @@ def start(accelerator: Accelerator, cfg: LoggerConfig, config: dict[str, Any], r
     """Start the tracker on the main process with the resolved config; returns the W&B mode used."""
     if cfg.backend != "wandb":
         return None
-    mode = wandb_mode(cfg)
-    if mode == "online" and not _has_wandb_key():
-        raise TrainError(
-            "W&B has no API key: run `wandb login` (or set WANDB_API_KEY), "
-            "or log offline with logger.mode=offline, or turn it off with logger=none"
-        )
+    mode = check(cfg)
     init = {"mode": mode, "dir": str(run_dir), "tags": list(cfg.tags)}
     if cfg.entity:
         init["entity"] = cfg.entity

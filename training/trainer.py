@@ -119,6 +119,7 @@ def train(s: TrainSettings) -> TrainResult:
     accelerator = make_accelerator(s)
     main = accelerator.is_main_process
     resume_from = resume_point(s)
+    tracking.check(s.logger)
     set_seed(s.trainer.seed)
     tokenizer = load_tokenizer(s.model)
     with accelerator.main_process_first():

@@ -108,3 +108,21 @@ def test_cli_unknown_key_names_it(tmp_path, training_kit):
     proc = training_kit.cli(["trainer.lrr=0.1"])
     assert proc.returncode != 0
     assert "trainer.lrr" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_wandb_online_without_api_key(run, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a W&B key
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    with pytest.raises(TrainError, match="wandb login.*logger=none"):
+        run(logger="wandb", **{"logger.mode": "online"})
+
+
+def test_init_from_a_head_of_another_target(run, tmp_path, tiny_llama, chatml_tokenizer):
+    other = tmp_path / "other-target"
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=48)
+    model.save_pretrained(other)
+    chatml_tokenizer.save_pretrained(other)
+    out = run(target=other, out=tmp_path / "other", **{"trainer.max_steps": 1})
+    with pytest.raises(TrainError, match="hidden_size 48.*target has 32"):
+        run(**{"head.init_from": out / "head"})

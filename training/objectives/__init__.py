@@ -59,10 +59,11 @@ def head_config(fam: Family, arch: dict[str, Any], layers: list[int], target: Fr
     return build(fam.config_cls, values, "head")
 
 
-def _init_from(head, directory: str) -> None:
+def _init_from(head, directory: str, target: FrozenTarget) -> None:
     """Start from a trained head of the same shape (e.g. Medusa-1 heads as Medusa-2's first stage)."""
     try:
         trained = type(head).from_pretrained(directory)
+        trained.check_target(target.hidden_size, target.vocab_size, target.num_layers)
     except HeadError as err:
         raise TrainError(f"head.init_from={directory}: {err}") from None
     mine, theirs = head.state_dict(), trained.state_dict()
@@ -89,5 +90,5 @@ def build_objective(settings: HeadSettings, target: FrozenTarget) -> Objective:
     if getattr(config, "init_from_lm_head", False):
         head.init_from_lm_head_(target.lm_head.weight)
     if init_from:
-        _init_from(head, str(Path(init_from).expanduser()))
+        _init_from(head, str(Path(init_from).expanduser()), target)
     return fam.make(head, target, build(fam.loss_cls, settings.loss, "head.loss"), sections)
