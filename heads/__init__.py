@@ -14,6 +14,8 @@ from spechead.heads.base import (
     register_head,
     resolve_layers,
 )
+from spechead.heads.eagle import EagleConfig, EagleHead
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.errors import HeadError
 from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
 
@@ -21,6 +23,10 @@ __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
     "DraftHead",
+    "Eagle3Config",
+    "Eagle3Head",
+    "EagleConfig",
+    "EagleHead",
     "HeadConfig",
     "HeadError",
     "MedusaConfig",

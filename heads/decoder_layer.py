@@ -61,7 +61,9 @@ def layer_config_from(pretrained_config: PretrainedConfig) -> dict[str, Any]:
         keep[key] = value
     for key in ("model_type", "hidden_size", "num_attention_heads"):
         if key not in keep:
-            raise HeadError(f"target config {type(text).__name__} has no {key}: cannot build its decoder layer")
+            raise HeadError(
+                f"target config {type(text).__name__} has no {key}: cannot build its decoder layer"
+            )
     return keep
 
 
@@ -72,7 +74,9 @@ def build_config(
     fields = dict(layer_config)
     model_type = fields.pop("model_type", None)
     if not model_type:
-        raise HeadError(f"layer_config has no model_type: {sorted(layer_config)}; rebuild it with layer_config_from")
+        raise HeadError(
+            f"layer_config has no model_type: {sorted(layer_config)}; rebuild it with layer_config_from"
+        )
     try:
         config = AutoConfig.for_model(model_type, **fields, num_hidden_layers=num_layers)
     except ValueError as err:
@@ -115,10 +119,14 @@ def rotary_class(config: PretrainedConfig) -> type[nn.Module]:
     prefix = decoder_layer_class(config).__name__.removesuffix("DecoderLayer")
     found = getattr(module, f"{prefix}RotaryEmbedding", None)
     if found is None:
-        candidates = [v for k, v in vars(module).items() if k.endswith("RotaryEmbedding") and isinstance(v, type)]
+        candidates = [
+            v for k, v in vars(module).items() if k.endswith("RotaryEmbedding") and isinstance(v, type)
+        ]
         found = candidates[0] if len(candidates) == 1 else None
     if found is None:
-        raise HeadError(f"architecture {config.model_type!r} has no single *RotaryEmbedding class: not supported")
+        raise HeadError(
+            f"architecture {config.model_type!r} has no single *RotaryEmbedding class: not supported"
+        )
     return found
 
 
@@ -162,28 +170,27 @@ def causal_allowed(attention_mask: Tensor, query_len: int | None = None) -> Tens
     return allowed | (k_pos[None, :] == q_pos[:, None])[None]
 
 
-def default_mask_and_positions(
-    x: Tensor,
-    attention_mask: Tensor | None,
-    position_ids: Tensor | None,
-    past_len: int,
-) -> tuple[Tensor, Tensor]:
-    """Causal additive mask (B, 1, T, past_len + T) and positions (B, T) for x (B, T, H) after a cache.
+def causal_mask4d(x: Tensor, attention_mask: Tensor | None, past_len: int = 0) -> Tensor:
+    """Additive causal mask (B, 1, T, past_len + T) in x's dtype for x (B, T, H) after a cache.
 
-    attention_mask is a (B, past_len + T) or (B, T) padding mask (1 = real token); None = no padding.
+    attention_mask: optional padding mask (B, past_len + T) or (B, T) (1 = real token; a (B, T) mask
+    treats the cached prefix as real).
     """
     batch, q_len = x.shape[:2]
     if attention_mask is None:
         attention_mask = torch.ones(batch, past_len + q_len, dtype=torch.bool, device=x.device)
     elif attention_mask.shape[1] == q_len and past_len:
-        prefix = torch.ones(batch, past_len, dtype=attention_mask.dtype, device=x.device)
+        prefix = torch.ones(batch, past_len, dtype=attention_mask.dtype, device=attention_mask.device)
         attention_mask = torch.cat([prefix, attention_mask], dim=1)
-    if attention_mask.shape != (batch, past_len + q_len):
+    if tuple(attention_mask.shape) != (batch, past_len + q_len):
         raise HeadError(
             f"attention_mask has shape {tuple(attention_mask.shape)}; expected (B, T) or (B, past + T) = "
             f"({batch}, {q_len}) or ({batch}, {past_len + q_len})"
         )
-    mask4d = additive_mask(causal_allowed(attention_mask, q_len), x.dtype)
-    if position_ids is None:
-        position_ids = torch.arange(past_len, past_len + q_len, device=x.device).expand(batch, q_len)
-    return mask4d, position_ids
+    return additive_mask(causal_allowed(attention_mask.to(x.device), q_len), x.dtype)
+
+
+def default_positions(x: Tensor, past_len: int = 0) -> Tensor:
+    """Position ids (B, T) = past_len + arange(T) for x (B, T, ...)."""
+    batch, q_len = x.shape[:2]
+    return torch.arange(past_len, past_len + q_len, device=x.device).expand(batch, q_len)

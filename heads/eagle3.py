@@ -1,0 +1,291 @@
+"""EAGLE-3 draft head and its training-time test (TTT).
+
+The head fuses three target hidden states (low, mid, high; pre-norm) with `fc`, then runs ONE decoder
+layer of the target's architecture whose attention reads concat(input_layernorm(embed(x_{t+1})),
+hidden_norm(hidden)) (2H wide); its own `norm` + `lm_head` predict over a draft vocabulary of Vd
+target tokens (target_id = draft_id + d2t[draft_id]). Parameter names match published EAGLE-3 heads
+(midlayer.*, fc, norm, lm_head, d2t, t2d); the embedding is the attached frozen target embed_tokens.
+
+TTT (see `ttt_forward`): the head is unrolled `steps` times on its own outputs, with attention arranged
+so that every position of step j sees exactly what a depth-j tree node sees at inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import DynamicCache, PretrainedConfig
+
+from spechead.heads.base import DraftHead, HeadConfig, register_head
+from spechead.heads.decoder_layer import (
+    Rotary,
+    additive_mask,
+    build_config,
+    causal_mask4d,
+    decoder_layer_class,
+    default_positions,
+)
+from spechead.heads.eagle import check_layer_config, target_fields
+from spechead.heads.errors import HeadError
+
+# Submodules the midlayer composition uses; a layer with any other (e.g. Gemma's extra feed-forward
+# norms) would be silently run wrong, so it is refused.
+_LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+
+
+def default_eagle3_layers(num_layers: int) -> list[int]:
+    """HF hidden-state indices [2, L//2, L-3] (pre-norm inputs of those layers) for an L-layer target."""
+    if num_layers < 4:
+        raise HeadError(
+            f"EAGLE-3 default layers need a target with >= 4 layers, got {num_layers}: set target_layers"
+        )
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def draft_to_target(ids: Tensor, d2t: Tensor) -> Tensor:
+    """Draft ids (any shape) -> target ids: id + d2t[id]."""
+    return ids + d2t[ids]
+
+
+def target_to_draft(ids: Tensor, t2d: Tensor) -> Tensor:
+    """Target ids (any shape) -> draft ids, -1 where the token is not in the draft vocab.
+
+    Relies on draft ids following target-id order (true for build_draft_vocab and published heads).
+    """
+    rank = torch.cumsum(t2d.long(), dim=0) - 1  # (V,) draft id of each in-vocab target id
+    return torch.where(t2d[ids], rank[ids], torch.full_like(ids, -1))
+
+
+@dataclass(kw_only=True)
+class Eagle3Config(HeadConfig):
+    """EAGLE-3 head. target_layers default to default_eagle3_layers(target_num_layers)."""
+
+    family = "eagle3"
+
+    target_layers: list[int] = field(default_factory=list)
+    layer_config: dict[str, Any]
+    draft_vocab_size: int
+    attn_implementation: str = "sdpa"
+    ttt_steps: int = 7  # recorded for reference: the training objective decides how many to unroll
+
+    def __post_init__(self) -> None:
+        if not self.target_layers:
+            if not self.target_num_layers:
+                raise HeadError(
+                    "Eagle3Config needs target_layers or target_num_layers (to pick [2, L//2, L-3])"
+                )
+            self.target_layers = default_eagle3_layers(self.target_num_layers)
+        super().__post_init__()
+        if len(self.target_layers) != 3:
+            raise HeadError(f"EAGLE-3 fuses exactly 3 target layers, got target_layers={self.target_layers}")
+        if not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise HeadError(
+                f"head.draft_vocab_size must be in 1..vocab_size ({self.vocab_size}), got {self.draft_vocab_size}"
+            )
+        if self.ttt_steps < 1:
+            raise HeadError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+        check_layer_config(self.layer_config, self.hidden_size)
+
+    @classmethod
+    def from_target(cls, target_config: PretrainedConfig, **overrides: Any) -> Eagle3Config:
+        """A config for the target described by `target_config` (fields in `overrides` win)."""
+        fields = {**target_fields(target_config), **overrides}
+        fields.setdefault("draft_vocab_size", fields["vocab_size"])
+        return cls(**fields)
+
+
+@register_head
+class Eagle3Head(DraftHead):
+    """fc (3H -> H), midlayer (2H-input decoder layer + hidden_norm), norm, lm_head (H -> Vd)."""
+
+    config_class = Eagle3Config
+    family = "eagle3"
+    config: Eagle3Config
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__(config)
+        hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
+        layer_cfg = build_config(config.layer_config, config.attn_implementation)
+        self.fc = nn.Linear(3 * hidden, hidden, bias=False)
+        self.midlayer = _build_midlayer(layer_cfg)
+        self.norm = type(self.midlayer.input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+        self.rotary = Rotary(layer_cfg)
+        # Default draft vocab: the first Vd target ids (the identity when Vd == V).
+        self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+        self.register_buffer("t2d", torch.arange(vocab) < draft_vocab)
+
+    # ---- draft vocabulary ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def set_draft_vocab(self, d2t: Tensor, t2d: Tensor) -> Eagle3Head:
+        """Install d2t (Vd,) long offsets and t2d (V,) bool; they must describe the same token set."""
+        cfg = self.config
+        if tuple(d2t.shape) != (cfg.draft_vocab_size,) or tuple(t2d.shape) != (cfg.vocab_size,):
+            raise HeadError(
+                f"d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} must be ({cfg.draft_vocab_size},) / "
+                f"({cfg.vocab_size},): build them with head.draft_vocab_size = {cfg.draft_vocab_size}"
+            )
+        targets = torch.arange(cfg.draft_vocab_size, device=d2t.device) + d2t.long()  # (Vd,)
+        expected = t2d.bool().nonzero().squeeze(-1).to(targets.device)
+        if expected.numel() != targets.numel() or not torch.equal(targets, expected):
+            raise HeadError("d2t and t2d disagree: draft ids must map, in order, onto the tokens t2d marks")
+        self.d2t.copy_(d2t.long())
+        self.t2d.copy_(t2d.bool())
+        return self
+
+    def draft_to_target(self, ids: Tensor) -> Tensor:
+        """Draft ids -> target ids (same shape)."""
+        return draft_to_target(ids, self.d2t)
+
+    def target_to_draft(self, ids: Tensor) -> Tensor:
+        """Target ids -> draft ids (same shape), -1 for tokens outside the draft vocab."""
+        return target_to_draft(ids, self.t2d)
+
+    @torch.no_grad()
+    def init_lm_head_from_target_(self, lm_head_weight: Tensor) -> Eagle3Head:
+        """Copy the target lm_head rows (V, H) of the draft tokens into lm_head (Vd, H)."""
+        rows = self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
+        self.lm_head.weight.copy_(lm_head_weight[rows.to(lm_head_weight.device)])
+        return self
+
+    # ---- forward pieces ------------------------------------------------------------------------
+
+    def fuse(self, hidden_states: list[Tensor]) -> Tensor:
+        """Three target states (low, mid, high), each (B, T, H) -> fused (B, T, H)."""
+        if len(hidden_states) != 3:
+            raise HeadError(f"fuse takes 3 hidden states (target_layers order), got {len(hidden_states)}")
+        dtype = self.fc.weight.dtype
+        return self.fc(torch.cat([h.to(dtype) for h in hidden_states], dim=-1))
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """Token ids (B, T) -> frozen target embeddings (B, T, H) in the head's dtype (no grad)."""
+        with torch.no_grad():
+            return self.target_embed_tokens(ids).to(self.fc.weight.dtype)
+
+    def step(
+        self,
+        hidden: Tensor,
+        next_ids: Tensor,
+        attention_mask4d: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        past_key_values: DynamicCache | None = None,
+    ) -> Tensor:
+        """One draft step: hidden (B, T, H) at t and tokens x_{t+1} (B, T) -> next hidden (B, T, H).
+
+        attention_mask4d: additive float (B, 1, T, past + T), 0 = attend; None = causal after the cache.
+        position_ids (B, T) default to past + arange(T). K/V are appended to `past_key_values`.
+        """
+        layer = self.midlayer
+        dtype = self.fc.weight.dtype
+        hidden = hidden.to(dtype)
+        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if attention_mask4d is None:
+            attention_mask4d = causal_mask4d(hidden, None, past_len)
+        if position_ids is None:
+            position_ids = default_positions(hidden, past_len)
+        # Attention reads both streams; the residual is the un-normed hidden (as published EAGLE-3).
+        attn_in = torch.cat([layer.input_layernorm(self.embed(next_ids)), layer.hidden_norm(hidden)], dim=-1)
+        attn_out, _ = layer.self_attn(
+            hidden_states=attn_in,  # (B, T, 2H)
+            position_embeddings=self.rotary(hidden, position_ids),
+            attention_mask=attention_mask4d.to(dtype),
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+        )
+        hidden = hidden + attn_out
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    forward = step
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """(B, T, H) -> draft-vocab logits (B, T, Vd)."""
+        return self.lm_head(self.norm(hidden))
+
+
+def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
+    """The architecture's decoder layer with q/k/v reading 2H features and an extra hidden_norm."""
+    layer = decoder_layer_class(layer_cfg)(layer_cfg, layer_idx=0)
+    children = {name for name, _ in layer.named_children()}
+    if children != _LAYER_PARTS:
+        raise HeadError(
+            f"{type(layer).__name__} has submodules {sorted(children)}; EAGLE-3 supports layers made of "
+            f"exactly {sorted(_LAYER_PARTS)} (Llama-like)"
+        )
+    attn, hidden = layer.self_attn, layer_cfg.hidden_size
+    for name in ("q_proj", "k_proj", "v_proj"):
+        old = getattr(attn, name, None)
+        if not isinstance(old, nn.Linear):
+            raise HeadError(f"{type(attn).__name__} has no Linear {name}: not supported by EAGLE-3")
+        setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
+    layer.hidden_norm = type(layer.input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
+    return layer
+
+
+def ttt_allowed(key_ok: Tensor, step: int) -> Tensor:
+    """Which keys the queries of TTT step `step` see: key_ok (B, T) -> allowed (B, T, T * (step + 1)).
+
+    Keys are laid out as step-0 keys at positions 0..T-1, then step 1's, ... then step `step`'s
+    (the order the cache accumulated them). The query of step j at position t sees step-0 keys at
+    s <= t - j (real tokens only) and the step-i key (1 <= i <= j) at s = t - j + i only: the chain
+    of ancestors of a depth-j tree node whose root context ends at t - j.
+    """
+    batch, seq = key_ok.shape
+    t = torch.arange(seq, device=key_ok.device)
+    s = torch.arange(seq, device=key_ok.device)
+    root = (s[None, :] <= t[:, None] - step)[None] & key_ok.bool()[:, None, :]  # (B, T, T)
+    chain = [(s[None, :] == t[:, None] - step + i)[None].expand(batch, seq, seq) for i in range(1, step + 1)]
+    return torch.cat([root, *chain], dim=-1)
+
+
+def ttt_forward(
+    head: Eagle3Head,
+    fused: Tensor,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    steps: int,
+    position_ids: Tensor | None = None,
+) -> list[Tensor]:
+    """Unroll the head `steps` times; entry j is o^j (B, T, H). Logits of o^j_t predict x_{t+2}.
+
+    fused (B, T, H): fused target states; input_ids, attention_mask (B, T) (1 = real token).
+    Step 0 at t reads (fused_t, x_{t+1}); step j >= 1 at t reads (o^{j-1}_{t-1}, x_{t+1}). All steps
+    append K/V to one DynamicCache and attend through `ttt_allowed`, with rotary position
+    position_ids[t] (default t). Use `ttt_valid` to mask positions without a complete chain.
+    """
+    batch, seq, _ = fused.shape
+    next_ids = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)  # (B, T): x_{t+1}
+    key_ok = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    if position_ids is None:  # every step keeps position t (a depth-j node at t has rotary position t)
+        position_ids = torch.arange(seq, device=fused.device).expand(batch, seq)
+    dtype = head.fc.weight.dtype
+    cache = DynamicCache()
+    outputs: list[Tensor] = []
+    hidden = fused
+    for j in range(steps):
+        if j:  # position t reads its own previous-step output at t - 1
+            prev = outputs[-1]
+            hidden = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
+        mask4d = additive_mask(ttt_allowed(key_ok, j), dtype)  # (B, 1, T, T * (j + 1))
+        outputs.append(head.step(hidden, next_ids, mask4d, position_ids, cache))
+    return outputs
+
+
+def ttt_valid(attention_mask: Tensor, step: int) -> Tensor:
+    """(B, T) bool: positions t whose step-`step` output has a complete chain of real inputs.
+
+    Needs t >= step and tokens t - step .. t + 1 all real (so t + 1 < T). The caller still ANDs in
+    its loss mask for token x_{t+2} (the target's logits at position t + 1).
+    """
+    mask = attention_mask.bool().long()
+    batch, seq = mask.shape
+    width = step + 2  # positions t - step .. t + 1
+    padded = torch.cat([mask.new_zeros(batch, 1), mask.cumsum(dim=1)], dim=1)  # (B, T + 1)
+    end = torch.arange(seq, device=mask.device) + 2  # exclusive end index t + 2 into padded
+    start = end - width
+    ok = (end <= seq) & (start >= 0)
+    total = padded[:, end.clamp(max=seq)] - padded[:, start.clamp(min=0)]
+    return ok[None, :] & (total == width)
