@@ -146,6 +146,8 @@ class EagleHead(DraftHead):
             )
         return hidden
 
+    step = forward  # the drafting-step name shared with Eagle3Head (see heads/unroll.py)
+
     def logits(self, features: Tensor) -> Tensor:
         """(B, T, H) -> fp32 logits (B, T, V) through the attached frozen target lm_head."""
         lm_head = self.target_lm_head  # frozen, possibly bf16 while the head trains in fp32

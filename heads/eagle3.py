@@ -6,7 +6,7 @@ hidden_norm(hidden)) (2H wide); its own `norm` + `lm_head` predict over a draft 
 target tokens (target_id = draft_id + d2t[draft_id]). Parameter names match published EAGLE-3 heads
 (midlayer.*, fc, norm, lm_head, d2t, t2d); the embedding is the attached frozen target embed_tokens.
 
-TTT (see `ttt_forward`): the head is unrolled `steps` times on its own outputs, with attention arranged
+TTT (see `spechead.heads.unroll.ttt_forward`): the head is unrolled `steps` times on its own outputs, with attention arranged
 so that every position of step j sees exactly what a depth-j tree node sees at inference.
 """
 
@@ -22,7 +22,6 @@ from transformers import DynamicCache, PretrainedConfig
 from spechead.heads.base import DraftHead, HeadConfig, register_head
 from spechead.heads.decoder_layer import (
     Rotary,
-    additive_mask,
     build_config,
     causal_mask4d,
     decoder_layer_class,
@@ -223,69 +222,3 @@ def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
         setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
     layer.hidden_norm = type(layer.input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
     return layer
-
-
-def ttt_allowed(key_ok: Tensor, step: int) -> Tensor:
-    """Which keys the queries of TTT step `step` see: key_ok (B, T) -> allowed (B, T, T * (step + 1)).
-
-    Keys are laid out as step-0 keys at positions 0..T-1, then step 1's, ... then step `step`'s
-    (the order the cache accumulated them). The query of step j at position t sees step-0 keys at
-    s <= t - j (real tokens only) and the step-i key (1 <= i <= j) at s = t - j + i only: the chain
-    of ancestors of a depth-j tree node whose root context ends at t - j.
-    """
-    batch, seq = key_ok.shape
-    t = torch.arange(seq, device=key_ok.device)
-    s = torch.arange(seq, device=key_ok.device)
-    root = (s[None, :] <= t[:, None] - step)[None] & key_ok.bool()[:, None, :]  # (B, T, T)
-    chain = [(s[None, :] == t[:, None] - step + i)[None].expand(batch, seq, seq) for i in range(1, step + 1)]
-    return torch.cat([root, *chain], dim=-1)
-
-
-def ttt_forward(
-    head: Eagle3Head,
-    fused: Tensor,
-    input_ids: Tensor,
-    attention_mask: Tensor | None,
-    steps: int,
-    position_ids: Tensor | None = None,
-) -> list[Tensor]:
-    """Unroll the head `steps` times; entry j is o^j (B, T, H). Logits of o^j_t predict x_{t+2}.
-
-    fused (B, T, H): fused target states; input_ids, attention_mask (B, T) (1 = real token).
-    Step 0 at t reads (fused_t, x_{t+1}); step j >= 1 at t reads (o^{j-1}_{t-1}, x_{t+1}). All steps
-    append K/V to one DynamicCache and attend through `ttt_allowed`, with rotary position
-    position_ids[t] (default t). Use `ttt_valid` to mask positions without a complete chain.
-    """
-    batch, seq, _ = fused.shape
-    next_ids = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)  # (B, T): x_{t+1}
-    key_ok = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-    if position_ids is None:  # every step keeps position t (a depth-j node at t has rotary position t)
-        position_ids = torch.arange(seq, device=fused.device).expand(batch, seq)
-    dtype = head.fc.weight.dtype
-    cache = DynamicCache()
-    outputs: list[Tensor] = []
-    hidden = fused
-    for j in range(steps):
-        if j:  # position t reads its own previous-step output at t - 1
-            prev = outputs[-1]
-            hidden = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
-        mask4d = additive_mask(ttt_allowed(key_ok, j), dtype)  # (B, 1, T, T * (j + 1))
-        outputs.append(head.step(hidden, next_ids, mask4d, position_ids, cache))
-    return outputs
-
-
-def ttt_valid(attention_mask: Tensor, step: int) -> Tensor:
-    """(B, T) bool: positions t whose step-`step` output has a complete chain of real inputs.
-
-    Needs t >= step and tokens t - step .. t + 1 all real (so t + 1 < T). The caller still ANDs in
-    its loss mask for token x_{t+2} (the target's logits at position t + 1).
-    """
-    mask = attention_mask.bool().long()
-    batch, seq = mask.shape
-    width = step + 2  # positions t - step .. t + 1
-    padded = torch.cat([mask.new_zeros(batch, 1), mask.cumsum(dim=1)], dim=1)  # (B, T + 1)
-    end = torch.arange(seq, device=mask.device) + 2  # exclusive end index t + 2 into padded
-    start = end - width
-    ok = (end <= seq) & (start >= 0)
-    total = padded[:, end.clamp(max=seq)] - padded[:, start.clamp(min=0)]
-    return ok[None, :] & (total == width)

@@ -70,3 +70,24 @@ def simulated_chain_tau(correct_top1: Tensor) -> float:
         return 0.0
     leading = correct_top1.bool().long().cumprod(dim=0).sum(dim=0)  # (N,)
     return float(1.0 + leading.float().mean())
+
+
+def align_chain(step_correct: list[Tensor]) -> Tensor:
+    """Stack per-step correctness so a chain reads down one column.
+
+    step_correct[j] (B, T) bool: the depth-(j+1) draft at position t was right. A chain anchored at s
+    uses step j at position s + j, so the result (D, B, T) holds step_correct[j][:, s + j] at [j, :, s]
+    (False past the end).
+    """
+    rows = []
+    for j, correct in enumerate(step_correct):
+        shifted = torch.zeros_like(correct, dtype=torch.bool)
+        shifted[:, : correct.shape[1] - j] = correct[:, j:].bool()
+        rows.append(shifted)
+    return torch.stack(rows)
+
+
+def chain_tau_sums(aligned: Tensor, anchors: Tensor) -> tuple[float, int]:
+    """(sum of simulated tau, number of anchors) for chains (D, B, T) starting at anchors (B, T) bool."""
+    correct = aligned[:, anchors.bool()]  # (D, N)
+    return simulated_chain_tau(correct) * correct.shape[1], int(correct.shape[1])

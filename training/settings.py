@@ -95,7 +95,7 @@ class HeadSettings:
 
     name: str
     family: str
-    layers: list[int]
+    layers: list[int] | None  # None = the family's default
     arch: dict[str, Any]
     loss: dict[str, Any]
 
@@ -151,10 +151,11 @@ def from_dict(cfg: dict[str, Any]) -> TrainSettings:
     for key in ("name", "family"):
         if key not in head:
             raise TrainError(f"head config lacks {key!r}: every head preset needs name and family")
+    layers = head.pop("layers", None)
     head_settings = HeadSettings(
         name=head.pop("name"),
         family=head.pop("family"),
-        layers=list(head.pop("layers", [-1])),
+        layers=None if layers is None else list(layers),
         loss=dict(head.pop("loss", {}) or {}),
         arch=head,
     )

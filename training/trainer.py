@@ -126,8 +126,10 @@ def train(s: TrainSettings) -> TrainResult:
         data = build_datasets(s.data, tokenizer, s.trainer.max_length, s.trainer.seed)
     accelerator.print(f"data: {data.stats.summary()}; {len(data.train)} train / {len(data.val)} val")
     target = load_target(s.model, accelerator.device)
-    objective = build_objective(s.head, target)
+    objective = build_objective(s.head, target, data.train)
     n_params = sum(p.numel() for p in objective.module().parameters() if p.requires_grad)
+    for note in objective.notes:
+        accelerator.print(note)
     procs = accelerator.num_processes
     accelerator.print(
         f"head: {s.head.name} ({n_params / 1e6:.2f}M trainable) on target {target.name_or_path}; "

@@ -13,10 +13,8 @@ from spechead.heads.eagle3 import (
     Eagle3Config,
     Eagle3Head,
     default_eagle3_layers,
-    ttt_allowed,
-    ttt_forward,
-    ttt_valid,
 )
+from spechead.heads.unroll import ttt_allowed, ttt_forward, ttt_valid
 
 H, V, L, VD = 32, 48, 8, 20
 

@@ -59,10 +59,11 @@ def tiny_overrides(target_dir: Path, data_path: Path, out: Path, **extra) -> lis
         "trainer.eval_every": 3,
         "trainer.save_every": 3,
         "trainer.log_every": 1,
-        "head.num_heads": 2,
         "logger": "none",
         **extra,
     }
+    if values.get("head", "medusa") in ("medusa", "medusa2"):
+        values.setdefault("head.num_heads", 2)
     return [f"{k}={v}" for k, v in values.items()]
 
 

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from spechead.heads.base import HeadConfig, head_class, resolve_layers
+from spechead.heads.decoder_layer import layer_config_from
+from spechead.heads.eagle import EagleConfig
+from spechead.heads.eagle3 import Eagle3Config, default_eagle3_layers
 from spechead.heads.errors import HeadError
 from spechead.heads.medusa import MedusaConfig
 from spechead.training.errors import TrainError
 from spechead.training.objectives.base import Objective
+from spechead.training.objectives.eagle import EagleLossConfig, EagleObjective
+from spechead.training.objectives.eagle3 import (
+    DEFAULT_DRAFT_VOCAB,
+    Eagle3LossConfig,
+    Eagle3Objective,
+    install_draft_vocab,
+)
 from spechead.training.objectives.medusa import MedusaLossConfig, MedusaObjective
 from spechead.training.objectives.medusa2 import LoraSettings, Medusa2LossConfig, Medusa2Objective
 from spechead.training.settings import HeadSettings, build
@@ -22,40 +32,61 @@ __all__ = ["FAMILIES", "Objective", "build_objective"]
 
 @dataclass
 class Family:
-    """How to train one family: its head and config classes, loss settings, and the objective."""
+    """How to train one family: its head config class, loss settings, and the objective."""
 
     config_cls: type[HeadConfig]
     loss_cls: type
-    make: Callable[..., Objective]  # (head, target, loss_cfg, sections) -> Objective
-    sections: dict[str, type]  # extra head.* sub-sections (e.g. lora) and their dataclasses
+    make: Callable[..., Objective]  # (head, target, loss_cfg, sections, train_data) -> Objective
+    sections: dict[str, type] = field(default_factory=dict)  # extra head.* sub-sections (e.g. lora)
+    default_layers: Callable[[int], list[int]] = lambda num_layers: [-1]
+
+
+def _make_eagle3(head, target, loss, sections, train_data) -> Objective:
+    objective = Eagle3Objective(head, loss, head.config.ttt_steps)
+    coverage = install_draft_vocab(head, train_data, target.lm_head.weight)
+    objective.notes.append(
+        f"draft vocabulary: {head.config.draft_vocab_size} tokens cover {coverage:.2%} of training targets"
+    )
+    return objective
 
 
 FAMILIES: dict[str, Family] = {
-    "medusa": Family(MedusaConfig, MedusaLossConfig, lambda h, t, loss, sec: MedusaObjective(h, loss), {}),
+    "medusa": Family(MedusaConfig, MedusaLossConfig, lambda h, t, loss, sec, data: MedusaObjective(h, loss)),
     "medusa2": Family(
         MedusaConfig,
         Medusa2LossConfig,
-        lambda h, t, loss, sec: Medusa2Objective(h, t, loss, sec["lora"]),
+        lambda h, t, loss, sec, data: Medusa2Objective(h, t, loss, sec["lora"]),
         {"lora": LoraSettings},
     ),
+    "eagle": Family(EagleConfig, EagleLossConfig, lambda h, t, loss, sec, data: EagleObjective(h, loss)),
+    "eagle3": Family(Eagle3Config, Eagle3LossConfig, _make_eagle3, default_layers=default_eagle3_layers),
 }
 
 
-def head_config(fam: Family, arch: dict[str, Any], layers: list[int], target: FrozenTarget) -> HeadConfig:
-    """The family's config for `target`: sizes and layer indices come from the target, never the YAML."""
-    reserved = {f.name for f in fields(HeadConfig)}
-    clash = sorted(reserved & set(arch))
+def head_config(
+    fam: Family, arch: dict[str, Any], layers: list[int] | None, target: FrozenTarget
+) -> HeadConfig:
+    """The family's config for `target`: sizes, depth and layer shapes come from the target, never the YAML."""
+    taken = {f.name for f in fields(HeadConfig)} | {"layer_config"}
+    clash = sorted(taken & set(arch))
     if clash:
         raise TrainError(f"head.{clash[0]} is taken from the target; remove it from the head config")
     values = {
         **arch,
         "hidden_size": target.hidden_size,
         "vocab_size": target.vocab_size,
-        "target_layers": resolve_layers(list(layers), target.num_layers),
+        "target_layers": resolve_layers(
+            list(layers or fam.default_layers(target.num_layers)), target.num_layers
+        ),
         "target_name_or_path": target.name_or_path,
         "target_num_layers": target.num_layers,
         "target_architecture": target.architecture,
     }
+    names = {f.name for f in fields(fam.config_cls)}
+    if "layer_config" in names:  # heads built from the target's own decoder-layer class
+        values["layer_config"] = layer_config_from(target.model.config)
+    if "draft_vocab_size" in names and values.get("draft_vocab_size") is None:
+        values["draft_vocab_size"] = min(DEFAULT_DRAFT_VOCAB, target.vocab_size)
     return build(fam.config_cls, values, "head")
 
 
@@ -74,8 +105,12 @@ def _init_from(head, directory: str, target: FrozenTarget) -> None:
     head.load_state_dict(theirs)
 
 
-def build_objective(settings: HeadSettings, target: FrozenTarget) -> Objective:
-    """A freshly initialised head of `settings.family` for `target`, wrapped in its training objective."""
+def build_objective(settings: HeadSettings, target: FrozenTarget, train_data=None) -> Objective:
+    """A fresh head of `settings.family` for `target`, wrapped in its training objective.
+
+    `train_data` (rows with input_ids and loss_mask) is read by families that size themselves on the
+    data, such as EAGLE-3's draft vocabulary.
+    """
     if settings.family not in FAMILIES:
         raise TrainError(f"unknown head family {settings.family!r} (known: {', '.join(sorted(FAMILIES))})")
     fam = FAMILIES[settings.family]
@@ -91,4 +126,4 @@ def build_objective(settings: HeadSettings, target: FrozenTarget) -> Objective:
         head.init_from_lm_head_(target.lm_head.weight)
     if init_from:
         _init_from(head, str(Path(init_from).expanduser()), target)
-    return fam.make(head, target, build(fam.loss_cls, settings.loss, "head.loss"), sections)
+    return fam.make(head, target, build(fam.loss_cls, settings.loss, "head.loss"), sections, train_data)

@@ -25,6 +25,13 @@ class Objective(ABC):
     needs_logits: bool = False  # whether the target's logits are captured with its hidden states
 
     @property
+    def notes(self) -> list[str]:
+        """Lines worth printing once at start (e.g. draft-vocabulary coverage)."""
+        if not hasattr(self, "_notes"):
+            self._notes: list[str] = []
+        return self._notes
+
+    @property
     def layers(self) -> list[int]:
         """Target hidden-state indices to capture for every batch."""
         return list(self.head.config.target_layers)

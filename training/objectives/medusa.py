@@ -25,10 +25,20 @@ class MedusaLossConfig:
     topk: list[int] = field(default_factory=lambda: [1, 5])
 
 
-def medusa_counts(logits: list[torch.Tensor], batch: dict, topk: list[int]) -> dict[str, torch.Tensor]:
-    """Summable accuracy and chain-acceptance counts of K head logits (B, T, V) on one batch."""
+def medusa_counts(
+    logits: list[torch.Tensor], batch: dict, topk: list[int], target_logits: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """Summable accuracy (vs the data) and chain-acceptance counts of K head logits (B, T, V).
+
+    The simulated tau compares head k at t with the target's greedy token at t + 1 + k (temperature
+    0 acceptance) when `target_logits` (B, T, V) are given, else with the data token.
+    """
     correct, total = medusa_topk_counts(logits, batch["input_ids"], batch["loss_mask"], tuple(topk))
-    chain = medusa_top1_correct(logits, batch["input_ids"], batch["loss_mask"])  # (K, N)
+    accepted = batch["input_ids"]
+    if target_logits is not None:  # token t+1 := the target's argmax at t
+        greedy = target_logits.argmax(-1)  # (B, T)
+        accepted = torch.cat([accepted[:, :1], greedy[:, :-1]], dim=1)
+    chain = medusa_top1_correct(logits, accepted, batch["loss_mask"])  # (K, N)
     return {
         "correct": correct,  # (K, len(topk))
         "total": total,  # (K,)
@@ -54,24 +64,19 @@ class MedusaObjective(Objective):
         self.cfg = loss_cfg
         self.weights = medusa_weights(head.config.num_heads, loss_cfg.decay)
 
-    def _logits(self, model, target, batch) -> list[torch.Tensor]:
-        return model(self.capture(target, batch).hidden[0])  # K x (B, T, V)
-
     def loss(self, model, target, batch, step):
-        loss, per_head = medusa_loss(
-            self._logits(model, target, batch), batch["input_ids"], batch["loss_mask"], self.weights
-        )
+        logits = model(self.capture(target, batch).hidden[0])  # K x (B, T, V)
+        loss, per_head = medusa_loss(logits, batch["input_ids"], batch["loss_mask"], self.weights)
         return loss, {f"loss/head{k}": float(v) for k, v in enumerate(per_head)}
 
     def eval_counts(self, model, target, batch):
-        logits = self._logits(model, target, batch)
+        # Evaluation also reads the target's logits: tau counts acceptance of its greedy tokens.
+        cap = target.capture(batch["input_ids"], batch["attention_mask"], self.layers, with_logits=True)
+        logits = model(cap.hidden[0].to(next(self.head.parameters()).dtype))
         loss, _ = medusa_loss(logits, batch["input_ids"], batch["loss_mask"], self.weights)
         rows = torch.tensor(float(batch["input_ids"].shape[0]))
-        return {
-            "loss_sum": loss.detach().cpu() * rows,
-            "batches": rows,
-            **medusa_counts(logits, batch, self.cfg.topk),
-        }
+        counts = medusa_counts(logits, batch, self.cfg.topk, cap.logits)
+        return {"loss_sum": loss.detach().cpu() * rows, "batches": rows, **counts}
 
     def summarize(self, counts):
         return {"loss": mean_metric(counts, "loss_sum", "batches"), **medusa_summary(counts, self.cfg.topk)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,16 @@ def head_weight(step: int, peak: float, warmup: int) -> float:
     if warmup <= 0:
         return peak
     return peak * math.sin(0.5 * math.pi * min(1.0, step / warmup))
+
+
+class JointLosses(NamedTuple):
+    total: torch.Tensor
+    lm: torch.Tensor
+    heads: torch.Tensor
+    per_head: torch.Tensor  # (K,)
+    lam: float
+    logits: torch.Tensor  # (B, T, V) of the adapted target
+    head_logits: list[torch.Tensor]  # K x (B, T, V)
 
 
 class JointModel(nn.Module):
@@ -141,7 +152,7 @@ class Medusa2Objective(Objective):
         lm = self._lm_loss(logits, batch)
         heads, per_head = medusa_loss(head_logits, batch["input_ids"], batch["loss_mask"], self.weights)
         lam = head_weight(step, self.cfg.head_weight, self.cfg.head_weight_warmup)
-        return lm + lam * heads, lm, heads, per_head, head_logits, lam
+        return JointLosses(lm + lam * heads, lm, heads, per_head, lam, logits, head_logits)
 
     def loss(self, model, target, batch, step):
         total, lm, heads, per_head, _, lam = self._losses(model, batch, step)
@@ -151,13 +162,14 @@ class Medusa2Objective(Objective):
 
     def eval_counts(self, model, target, batch):
         _, lm, heads, _, head_logits, _ = self._losses(model, batch, self.cfg.head_weight_warmup)
+        logits = self._last_logits
         rows = torch.tensor(float(batch["input_ids"].shape[0]))
         counts = {
             "lm_sum": lm.detach().cpu() * rows,
             "heads_sum": heads.detach().cpu() * rows,
             "batches": rows,
         }
-        return {**counts, **medusa_counts(head_logits, batch, self.cfg.topk)}
+        return {**counts, **medusa_counts(head_logits, batch, self.cfg.topk, logits)}
 
     def summarize(self, counts):
         out = {

@@ -1,0 +1,66 @@
+"""EAGLE-1 and EAGLE-3 train end to end on the tiny target, save heads that reload, and report tau."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.heads import Eagle3Head, EagleHead, MedusaHead, load_head
+from spechead.heads.errors import HeadError
+from spechead.training.errors import TrainError
+from spechead.training.metrics import align_chain, chain_tau_sums
+from spechead.training.trainer import train
+
+
+def test_chain_tau_hand_computed():
+    # Two steps over T=4; step j at position t is right where marked.
+    step0 = torch.tensor([[True, True, False, True]])
+    step1 = torch.tensor([[False, True, True, True]])
+    aligned = align_chain([step0, step1])  # chain at s uses step0[s], step1[s+1]
+    anchors = torch.tensor([[True, True, True, False]])
+    # s=0: step0 ok, step1[1] ok -> 3; s=1: step0 ok, step1[2] ok -> 3; s=2: step0 wrong -> 1.
+    tau_sum, n = chain_tau_sums(aligned, anchors)
+    assert n == 3 and tau_sum == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize("family, cls", [("eagle", EagleHead), ("eagle3", Eagle3Head)])
+def test_trains_saves_and_reloads(family, cls, tmp_path, tiny_target_dir, chat_file, training_kit, capsys):
+    out = tmp_path / family
+    extra = {"head": family, "trainer.lr": 0.003}
+    if family == "eagle3":
+        extra.update({"head.ttt_steps": 3, "head.draft_vocab_size": 200})
+    result = train(training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, out, **extra)))
+    head = load_head(result.head_dir)
+    assert isinstance(head, cls)
+    assert 1.0 <= result.metrics["tau"] <= 1.0 + (3 if family == "eagle3" else 5)
+    if family == "eagle3":
+        assert head.config.target_layers == [2, 2, 1]  # [2, L//2, L-3] of the 4-layer target
+        assert {"acc/step0_top1", "acc/step2_top1"} <= set(result.metrics)
+        assert int(head.t2d.sum()) == 200 and head.d2t.shape == (200,)
+        assert "draft vocabulary: 200 tokens cover" in capsys.readouterr().out
+    else:
+        assert {"feature_loss", "acc/step0_top1"} <= set(result.metrics)
+    names = set(head.state_dict())
+    assert not any("embed_tokens" in n for n in names)  # the target's embedding is never saved
+    with pytest.raises(HeadError, match=f"holds a '{family}' head"):
+        MedusaHead.from_pretrained(result.head_dir)
+
+
+def test_draft_vocab_larger_than_target(tmp_path, tiny_target_dir, chat_file, training_kit):
+    s = training_kit.settings(
+        training_kit.overrides(
+            tiny_target_dir, chat_file, tmp_path / "o", head="eagle3", **{"head.draft_vocab_size": 5000}
+        )
+    )
+    with pytest.raises((HeadError, TrainError), match="draft_vocab_size"):
+        train(s)
+
+
+def test_eagle3_layer_out_of_range(tmp_path, tiny_target_dir, chat_file, training_kit):
+    s = training_kit.settings(
+        training_kit.overrides(
+            tiny_target_dir, chat_file, tmp_path / "o", head="eagle3", **{"head.layers": "[1,2,7]"}
+        )
+    )
+    with pytest.raises(HeadError, match="layer index 7 does not exist"):
+        train(s)
