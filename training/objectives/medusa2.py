@@ -155,21 +155,20 @@ class Medusa2Objective(Objective):
         return JointLosses(lm + lam * heads, lm, heads, per_head, lam, logits, head_logits)
 
     def loss(self, model, target, batch, step):
-        total, lm, heads, per_head, _, lam = self._losses(model, batch, step)
-        logs = {"loss/lm": float(lm.detach()), "loss/heads": float(heads.detach()), "head_weight": lam}
-        logs.update({f"loss/head{k}": float(v) for k, v in enumerate(per_head)})
-        return total, logs
+        out = self._losses(model, batch, step)
+        logs = {
+            "loss/lm": float(out.lm.detach()),
+            "loss/heads": float(out.heads.detach()),
+            "head_weight": out.lam,
+        }
+        logs.update({f"loss/head{k}": float(v) for k, v in enumerate(out.per_head)})
+        return out.total, logs
 
     def eval_counts(self, model, target, batch):
-        _, lm, heads, _, head_logits, _ = self._losses(model, batch, self.cfg.head_weight_warmup)
-        logits = self._last_logits
+        out = self._losses(model, batch, self.cfg.head_weight_warmup)
         rows = torch.tensor(float(batch["input_ids"].shape[0]))
-        counts = {
-            "lm_sum": lm.detach().cpu() * rows,
-            "heads_sum": heads.detach().cpu() * rows,
-            "batches": rows,
-        }
-        return {**counts, **medusa_counts(head_logits, batch, self.cfg.topk, logits)}
+        counts = {"lm_sum": out.lm.cpu() * rows, "heads_sum": out.heads.cpu() * rows, "batches": rows}
+        return {**counts, **medusa_counts(out.head_logits, batch, self.cfg.topk, out.logits)}
 
     def summarize(self, counts):
         out = {
