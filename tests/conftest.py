@@ -16,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tiny models: one thread avoids thread-pool overhead that dominates at these sizes (and a busy CI box).
+torch.set_num_threads(1)
 # A private Hugging Face home: tests never read or write the user's caches (datasets, hub).
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="spechead-tests-hf-")
 
@@ -29,7 +31,15 @@ LLAMA3_TEMPLATE = (
     "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
-SPECIALS = ["<pad>", "<s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+SPECIALS = [
+    "<pad>",
+    "<s>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "What is the capital of France? The capital of France is Paris.",

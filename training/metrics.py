@@ -87,7 +87,23 @@ def align_chain(step_correct: list[Tensor]) -> Tensor:
     return torch.stack(rows)
 
 
-def chain_tau_sums(aligned: Tensor, anchors: Tensor) -> tuple[float, int]:
-    """(sum of simulated tau, number of anchors) for chains (D, B, T) starting at anchors (B, T) bool."""
-    correct = aligned[:, anchors.bool()]  # (D, N)
-    return simulated_chain_tau(correct) * correct.shape[1], int(correct.shape[1])
+def chain_counts(correct: Tensor) -> dict[str, Tensor]:
+    """Summable chain statistics of correct (D, N) bool (depth d+1 draft right, for chain n).
+
+    tau_sum / positions is the simulated acceptance length; depth_correct[d] / positions the
+    fraction of chains whose depth-(d+1) draft is right (regardless of the ones before it).
+    """
+    n = correct.shape[1]
+    return {
+        "tau_sum": torch.tensor(simulated_chain_tau(correct) * n),
+        "positions": torch.tensor(float(n)),
+        "depth_correct": correct.float().sum(dim=1).cpu(),  # (D,)
+    }
+
+
+def chain_summary(counts: dict[str, Tensor]) -> dict[str, float]:
+    """tau and per-depth greedy accuracy from summed chain_counts."""
+    n = counts["positions"].clamp(min=1)
+    out = {"tau": float(counts["tau_sum"] / n)}
+    out.update({f"acc/depth{d + 1}": float(c / n) for d, c in enumerate(counts["depth_correct"])})
+    return out

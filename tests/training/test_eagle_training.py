@@ -8,7 +8,7 @@ import torch
 from spechead.heads import Eagle3Head, EagleHead, MedusaHead, load_head
 from spechead.heads.errors import HeadError
 from spechead.training.errors import TrainError
-from spechead.training.metrics import align_chain, chain_tau_sums
+from spechead.training.metrics import align_chain, chain_counts, chain_summary
 from spechead.training.trainer import train
 
 
@@ -19,8 +19,12 @@ def test_chain_tau_hand_computed():
     aligned = align_chain([step0, step1])  # chain at s uses step0[s], step1[s+1]
     anchors = torch.tensor([[True, True, True, False]])
     # s=0: step0 ok, step1[1] ok -> 3; s=1: step0 ok, step1[2] ok -> 3; s=2: step0 wrong -> 1.
-    tau_sum, n = chain_tau_sums(aligned, anchors)
-    assert n == 3 and tau_sum == pytest.approx(7.0)
+    counts = chain_counts(aligned[:, anchors])
+    assert counts["positions"] == 3 and float(counts["tau_sum"]) == pytest.approx(7.0)
+    summary = chain_summary(counts)
+    assert summary["tau"] == pytest.approx(7 / 3)
+    # depth 1 right for s=0,1; depth 2 (step1 at s+1) right for s=0,1,2
+    assert summary["acc/depth1"] == pytest.approx(2 / 3) and summary["acc/depth2"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("family, cls", [("eagle", EagleHead), ("eagle3", Eagle3Head)])

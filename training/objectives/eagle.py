@@ -13,7 +13,7 @@ import torch
 from spechead.heads.eagle import EagleHead
 from spechead.heads.unroll import ttt_forward, ttt_valid
 from spechead.training.eagle_losses import eagle_loss
-from spechead.training.metrics import align_chain, chain_tau_sums
+from spechead.training.metrics import align_chain, chain_counts, chain_summary
 from spechead.training.objectives.base import Objective, mean_metric
 
 
@@ -49,8 +49,7 @@ def greedy_chain_tau(
         hit = logits_fn(out).argmax(-1) == target_next
         correct.append(hit & predicted & ttt_valid(batch["attention_mask"], j))
     anchors = predicted & ttt_valid(batch["attention_mask"], 0)
-    tau_sum, n = chain_tau_sums(align_chain(correct), anchors)
-    return {"tau_sum": torch.tensor(tau_sum), "positions": torch.tensor(float(n))}
+    return chain_counts(align_chain(correct)[:, anchors])
 
 
 class EagleObjective(Objective):
@@ -103,5 +102,5 @@ class EagleObjective(Objective):
             "loss": mean_metric(counts, "loss_sum", "count"),
             "feature_loss": mean_metric(counts, "feature_sum", "count"),
             "acc/step0_top1": mean_metric(counts, "correct", "count"),
-            "tau": mean_metric(counts, "tau_sum", "positions"),
+            **chain_summary(counts),
         }

@@ -17,8 +17,8 @@ from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.unroll import ttt_forward, ttt_valid
 from spechead.training.draft_vocab import build_draft_vocab, token_frequencies
 from spechead.training.eagle_losses import eagle3_step_loss, step_weights
-from spechead.training.metrics import align_chain, chain_tau_sums
-from spechead.training.objectives.base import Objective, mean_metric
+from spechead.training.metrics import align_chain, chain_counts, chain_summary
+from spechead.training.objectives.base import Objective
 from spechead.training.objectives.eagle import next_token_valid, shift_left
 
 DEFAULT_DRAFT_VOCAB = 32000
@@ -86,20 +86,18 @@ class Eagle3Objective(Objective):
     def eval_counts(self, model, target, batch):
         loss, correct, count, hits = self._run(model, target, batch)
         anchors = next_token_valid(batch) & ttt_valid(batch["attention_mask"], 0)
-        tau_sum, n = chain_tau_sums(align_chain(hits), anchors)
         return {
             "loss_sum": loss.detach().cpu() * count[0].cpu(),
             "correct": correct,  # (steps,)
             "count": count,  # (steps,)
-            "tau_sum": torch.tensor(tau_sum),
-            "positions": torch.tensor(float(n)),
+            **chain_counts(align_chain(hits)[:, anchors]),
         }
 
     def summarize(self, counts):
         acc = counts["correct"] / counts["count"].clamp(min=1)
         out = {"loss": float(counts["loss_sum"] / counts["count"][0].clamp(min=1))}
         out.update({f"acc/step{j}_top1": float(a) for j, a in enumerate(acc)})
-        out["tau"] = mean_metric(counts, "tau_sum", "positions")
+        out.update(chain_summary(counts))
         return out
 
 

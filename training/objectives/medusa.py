@@ -9,10 +9,11 @@ import torch
 from spechead.heads.medusa import MedusaHead
 from spechead.training.losses import medusa_loss, medusa_weights
 from spechead.training.metrics import (
+    chain_counts,
+    chain_summary,
     counts_to_accuracy,
     medusa_top1_correct,
     medusa_topk_counts,
-    simulated_chain_tau,
 )
 from spechead.training.objectives.base import Objective, mean_metric
 
@@ -42,9 +43,7 @@ def medusa_counts(
     return {
         "correct": correct,  # (K, len(topk))
         "total": total,  # (K,)
-        # tau is a mean over positions: carry its sum and count so batches and ranks add up.
-        "tau_sum": torch.tensor(simulated_chain_tau(chain) * chain.shape[1]),
-        "positions": torch.tensor(float(chain.shape[1])),
+        **chain_counts(chain),
     }
 
 
@@ -52,7 +51,7 @@ def medusa_summary(counts: dict[str, torch.Tensor], topk: list[int]) -> dict[str
     """Per-head top-k accuracy and simulated chain tau from summed counts."""
     acc = counts_to_accuracy(counts["correct"], counts["total"])  # (K, len(topk))
     out = {f"acc/head{k}_top{kk}": float(acc[k, j]) for k in range(acc.shape[0]) for j, kk in enumerate(topk)}
-    out["tau"] = mean_metric(counts, "tau_sum", "positions")
+    out.update(chain_summary(counts))
     return out
 
 
