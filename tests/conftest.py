@@ -5,6 +5,7 @@ Everything is built from configs in a temporary directory; nothing is downloaded
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -118,3 +119,32 @@ def tiny_target_dir(tmp_path_factory, chatml_tokenizer) -> Path:
     model.save_pretrained(path)
     chatml_tokenizer.save_pretrained(path)
     return path
+
+
+QUESTIONS = [
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("Please add 12 and 30.", "12 plus 30 is 42."),
+    ("Translate hello into Spanish.", "Hello in Spanish is hola."),
+    ("Write a short poem about the sea.", "The sea is wide, the sky is blue, the waves come in and out."),
+    ("What is the capital of Spain?", "The capital of Spain is Madrid."),
+    ("Please add 2 and 3.", "2 plus 3 is 5."),
+]
+
+
+def write_chats(path: Path, n: int = 48) -> Path:
+    """`n` short conversations (some multi-turn, some with a system prompt) as messages JSONL."""
+    with path.open("w") as f:
+        for i in range(n):
+            q, a = QUESTIONS[i % len(QUESTIONS)]
+            msgs = [{"role": "system", "content": "You are brief."}] if i % 5 == 0 else []
+            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+            if i % 3 == 0:
+                q2, a2 = QUESTIONS[(i + 1) % len(QUESTIONS)]
+                msgs += [{"role": "user", "content": "Thanks! " + q2}, {"role": "assistant", "content": a2}]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def chat_file(tmp_path_factory) -> Path:
+    return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,34 +15,6 @@ from spechead.training.cli import settings_from_config
 
 ROOT = Path(__file__).resolve().parents[2]
 register_resolvers()
-
-QUESTIONS = [
-    ("What is the capital of France?", "The capital of France is Paris."),
-    ("Please add 12 and 30.", "12 plus 30 is 42."),
-    ("Translate hello into Spanish.", "Hello in Spanish is hola."),
-    ("Write a short poem about the sea.", "The sea is wide, the sky is blue, the waves come in and out."),
-    ("What is the capital of Spain?", "The capital of Spain is Madrid."),
-    ("Please add 2 and 3.", "2 plus 3 is 5."),
-]
-
-
-def write_chats(path: Path, n: int = 48) -> Path:
-    """`n` short conversations (some multi-turn, some with a system prompt) as messages JSONL."""
-    with path.open("w") as f:
-        for i in range(n):
-            q, a = QUESTIONS[i % len(QUESTIONS)]
-            msgs = [{"role": "system", "content": "You are brief."}] if i % 5 == 0 else []
-            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-            if i % 3 == 0:
-                q2, a2 = QUESTIONS[(i + 1) % len(QUESTIONS)]
-                msgs += [{"role": "user", "content": "Thanks! " + q2}, {"role": "assistant", "content": a2}]
-            f.write(json.dumps({"messages": msgs}) + "\n")
-    return path
-
-
-@pytest.fixture(scope="session")
-def chat_file(tmp_path_factory) -> Path:
-    return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl")
 
 
 def tiny_overrides(target_dir: Path, data_path: Path, out: Path, **extra) -> list[str]:
@@ -90,6 +61,5 @@ def training_kit():
         overrides = staticmethod(tiny_overrides)
         settings = staticmethod(make_settings)
         cli = staticmethod(run_cli)
-        chats = staticmethod(write_chats)
 
     return Kit
