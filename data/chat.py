@@ -86,7 +86,7 @@ def require_chat_template(tokenizer: Any) -> None:
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise DataError(
             f"tokenizer of {name} has no chat template; use a chat/instruct model's tokenizer "
-            "or set tokenizer.chat_template to the template the model is served with"
+            "or set model.chat_template=FILE.jinja to the template the model is served with"
         )
 
 
