@@ -80,13 +80,15 @@ def test_cli_with_wandb_offline(tmp_path, tiny_target_dir, chat_file, training_k
 
 
 @pytest.mark.slow
-def test_two_processes(tmp_path, tiny_target_dir, chat_file, training_kit):
+@pytest.mark.parametrize("family", ["medusa", "eagle3"])
+def test_two_processes(family, tmp_path, tiny_target_dir, chat_file, training_kit):
     out = tmp_path / "run"
     launcher = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"),
     ]  # fmt: skip
-    proc = training_kit.cli(training_kit.overrides(tiny_target_dir, chat_file, out), launcher=launcher)
+    extra = {"head": family} if family == "medusa" else {"head": family, "head.ttt_steps": 2}
+    proc = training_kit.cli(training_kit.overrides(tiny_target_dir, chat_file, out, **extra), launcher=launcher)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 processes" in proc.stdout
     # Every rank restores its own RNG state: one file per process in each checkpoint.
@@ -94,7 +96,7 @@ def test_two_processes(tmp_path, tiny_target_dir, chat_file, training_kit):
         "random_states_0.pkl",
         "random_states_1.pkl",
     ]
-    assert load_head(out / "head").config.num_heads == 2
+    assert load_head(out / "head").family == family
 
 
 def _tensors(head_dir: Path) -> dict[str, torch.Tensor]:
