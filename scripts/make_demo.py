@@ -1,0 +1,343 @@
+#!/usr/bin/env python
+"""Build the shipped demo assets: a chat corpus, a BPE tokenizer and a small Llama target trained on it.
+
+    python scripts/make_demo.py            # writes data/demo/{chat.jsonl,target/,README.md}
+
+Everything is deterministic given the arguments (seeded corpus, tokenizer and training) and runs
+offline on CPU. The target is saved in bfloat16 to keep the repository small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    get_cosine_schedule_with_warmup,
+)
+
+from spechead.data.demo import make_conversations
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options; the defaults build the shipped assets."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "data" / "demo", help="output folder")
+    p.add_argument("--num-conversations", type=int, default=12000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-fraction", type=float, default=0.03, help="share of conversations held out")
+    p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--hidden-size", type=int, default=192)
+    p.add_argument("--num-layers", type=int, default=8)
+    p.add_argument("--num-heads", type=int, default=6)
+    p.add_argument("--num-kv-heads", type=int, default=2)
+    p.add_argument("--intermediate-size", type=int, default=512)
+    p.add_argument("--max-position-embeddings", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=800)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--eval-every", type=int, default=100, help="steps between quick validation passes")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    return p.parse_args(argv)
+
+
+def write_corpus(convs: list[dict], path: Path) -> None:
+    """One `{"messages": [...]}` JSON object per line (UTF-8, not ASCII-escaped)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for conv in convs:
+            f.write(json.dumps({"messages": conv["messages"]}, ensure_ascii=False) + "\n")
+
+
+def train_tokenizer(convs: list[dict], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on roles and contents, wrapped with the ChatML template."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()  # so decode() round-trips the original text
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Train on the pieces the template emits around special tokens, not on the rendered text:
+    # the trainer would otherwise learn merges inside "<|im_start|>" etc.
+    texts = (f"{m['role']}\n{m['content']}\n" for c in convs for m in c["messages"])
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=1024,
+    )
+
+
+def pack(tok: PreTrainedTokenizerFast, convs: list[dict], seq_len: int) -> torch.Tensor:
+    """Render with the chat template, concatenate and cut into (N, seq_len) blocks (tail dropped)."""
+    ids: list[int] = []
+    for conv in convs:
+        text = tok.apply_chat_template(conv["messages"], tokenize=False)
+        ids += tok(text, add_special_tokens=False)["input_ids"]
+    n = len(ids) // seq_len
+    if n == 0:
+        raise ValueError(f"corpus too small: {len(ids)} tokens < seq_len {seq_len}")
+    return torch.tensor(ids[: n * seq_len], dtype=torch.long).view(n, seq_len)  # (N, T)
+
+
+def build_model(args: argparse.Namespace, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    """A fresh fp32 Llama sized by the CLI, with the tokenizer's special ids in its config."""
+    torch.manual_seed(args.seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_kv_heads,
+        max_position_embeddings=args.max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+@torch.no_grad()
+def evaluate(
+    model: LlamaForCausalLM, blocks: torch.Tensor, batch_size: int, max_blocks: int | None = None
+) -> float:
+    """Mean next-token loss over (up to `max_blocks`) blocks, weighted by predicted tokens."""
+    model.eval()
+    blocks = blocks[:max_blocks] if max_blocks else blocks
+    total, count = 0.0, 0
+    for i in range(0, len(blocks), batch_size):
+        x = blocks[i : i + batch_size]  # (B, T)
+        n = x.numel() - len(x)  # every position but the last predicts a token
+        total += model(input_ids=x, labels=x).loss.item() * n
+        count += n
+    model.train()
+    return total / count
+
+
+def train(
+    model: LlamaForCausalLM, train_blocks: torch.Tensor, val_blocks: torch.Tensor, args: argparse.Namespace
+) -> dict:
+    """AdamW + warmup/cosine on shuffled blocks for `args.steps` steps; returns loss statistics."""
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+    sched = get_cosine_schedule_with_warmup(opt, args.warmup_steps, args.steps)
+    gen = torch.Generator().manual_seed(args.seed)
+    order, pos = torch.randperm(len(train_blocks), generator=gen), 0
+    model.train()
+    start, recent = time.perf_counter(), []
+    for step in range(1, args.steps + 1):
+        if pos + args.batch_size > len(order):  # new epoch: reshuffle
+            order, pos = torch.randperm(len(train_blocks), generator=gen), 0
+        x = train_blocks[order[pos : pos + args.batch_size]]  # (B, T)
+        pos += args.batch_size
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        recent.append(loss.item())
+        if step % args.eval_every == 0 or step == args.steps:
+            val = evaluate(model, val_blocks, args.batch_size, max_blocks=64)
+            train_loss = sum(recent) / len(recent)
+            elapsed = time.perf_counter() - start
+            print(
+                f"step {step:5d}/{args.steps}  train {train_loss:.4f}  val(64 blocks) {val:.4f}  "
+                f"lr {sched.get_last_lr()[0]:.2e}  {elapsed / step:.2f} s/step  {elapsed:.0f} s",
+                flush=True,
+            )
+            recent = []
+    train_time = time.perf_counter() - start
+    final_train = evaluate(model, train_blocks, args.batch_size, max_blocks=len(val_blocks))
+    final_val = evaluate(model, val_blocks, args.batch_size)
+    print(
+        f"final: train loss {final_train:.4f}  val loss {final_val:.4f}  ({train_time:.0f} s training)",
+        flush=True,
+    )
+    return {"train_loss": final_train, "val_loss": final_val, "train_time": train_time}
+
+
+@torch.no_grad()
+def show_samples(
+    model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, convs: list[dict], n: int = 3
+) -> list[str]:
+    """Greedy completions of the first user turn of `n` held-out conversations."""
+    model.eval()
+    shown = []
+    for conv in convs[:n]:
+        msgs = conv["messages"]
+        first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
+        prompt = tok.apply_chat_template(msgs[: first_user + 1], tokenize=False, add_generation_prompt=True)
+        ids = tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]  # (1, P)
+        out = model.generate(
+            ids,
+            max_new_tokens=96,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        reply = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        text = f"USER: {msgs[first_user]['content']}\nMODEL: {reply}\nREFERENCE: {msgs[first_user + 1]['content']}"
+        print(f"--- sample ---\n{text}", flush=True)
+        shown.append(text)
+    return shown
+
+
+def save_target(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, path: Path) -> None:
+    """Save the model in bfloat16 safetensors with a matching generation config, plus the tokenizer."""
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    # Shards under 5 MB keep every tracked file small (the whole demo folder stays under 20 MB).
+    model.to(torch.bfloat16).save_pretrained(path, max_shard_size="4MB")
+    tok.save_pretrained(path)
+    for f in path.iterdir():  # safetensors are written 0600; shipped assets should be readable by all
+        f.chmod(0o644)
+
+
+def _size(path: Path) -> str:
+    """Human-readable file size."""
+    n = path.stat().st_size
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB" if n >= 1e3 else f"{n} B"
+
+
+def write_readme(out: Path, argv: list[str], args: argparse.Namespace, stats: dict) -> None:
+    """Document what the assets are and exactly how they were produced."""
+    files = "\n".join(
+        f"| `{f.relative_to(out)}` | {_size(f)} |"
+        for f in sorted([out / "chat.jsonl", *sorted((out / "target").iterdir())])
+    )
+    cfg = json.dumps(stats["config"], indent=2)
+    text = f"""# Demo assets
+
+Built by `scripts/make_demo.py`; do not edit by hand, rerun the script instead.
+
+- `chat.jsonl`: {args.num_conversations} synthetic chat conversations (OpenAI `messages` format) from
+  `spechead.data.demo.make_conversations(n={args.num_conversations}, seed={args.seed})`: {stats["num_kinds"]} task kinds
+  (arithmetic, unit conversions, capitals, recipes, emails, summaries, Python snippets, ...).
+- `target/`: a small `LlamaForCausalLM` trained from scratch on that corpus (rendered with the ChatML
+  chat template), saved in bfloat16 safetensors with its byte-level BPE tokenizer (vocab {len(stats["vocab"])}).
+  It is the frozen demo target that the draft heads are trained against.
+
+## Command
+
+```
+{stats["command"]}
+```
+
+Seed {args.seed}; {stats["threads"]} CPU threads; wall time {stats["wall_time"] / 60:.1f} min
+(training {stats["train_time"] / 60:.1f} min). The tokenizer is trained on the training split only.
+
+## Model
+
+- parameters: {stats["num_params"]:,}
+- hidden {args.hidden_size}, {args.num_layers} layers, {args.num_heads} heads ({args.num_kv_heads} KV heads),
+  intermediate {args.intermediate_size}, max positions {args.max_position_embeddings}, untied embeddings
+- special tokens: bos `<s>` = {stats["vocab"]["<s>"]}, eos `<|im_end|>` = {stats["vocab"]["<|im_end|>"]},
+  pad `<pad>` = {stats["vocab"]["<pad>"]}
+
+```json
+{cfg}
+```
+
+## Training
+
+- {args.steps} steps x batch {args.batch_size} x {args.seq_len} tokens = {stats["tokens_seen"]:,} tokens seen
+  (train set {stats["train_tokens"]:,} tokens, {stats["tokens_seen"] / stats["train_tokens"]:.1f} epochs;
+  validation {stats["val_tokens"]:,} tokens from {stats["num_val"]} held-out conversations, the last ones in `chat.jsonl`)
+- AdamW (lr {args.lr}, betas 0.9/0.95, weight decay {args.weight_decay}), {args.warmup_steps} warmup steps then cosine,
+  grad clip 1.0, fp32
+- final train loss {stats["train_loss"]:.4f} (on as many training blocks as there are validation blocks),
+  final validation loss {stats["val_loss"]:.4f} (nats/token, every token of the rendered chats)
+
+Greedy completions of held-out prompts after training:
+
+```
+{chr(10).join(stats["samples"])}
+```
+
+## Files
+
+| file | size |
+|---|---|
+{files}
+"""
+    (out / "README.md").write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build corpus, tokenizer and target into `--out`."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    out = args.out.resolve()
+
+    convs = make_conversations(args.num_conversations, seed=args.seed, with_kind=True)
+    write_corpus(convs, out / "chat.jsonl")
+    n_val = max(1, math.ceil(len(convs) * args.val_fraction))
+    train_convs, val_convs = convs[:-n_val], convs[-n_val:]
+    print(f"corpus: {len(convs)} conversations ({n_val} held out) -> {out / 'chat.jsonl'}", flush=True)
+
+    tok = train_tokenizer(train_convs, args.vocab_size)
+    train_blocks, val_blocks = pack(tok, train_convs, args.seq_len), pack(tok, val_convs, args.seq_len)
+    print(
+        f"tokenizer: {len(tok)} tokens; train {train_blocks.numel():,} tokens, val {val_blocks.numel():,}",
+        flush=True,
+    )
+
+    model = build_model(args, tok)
+    n_params = model.num_parameters()
+    print(f"model: {n_params:,} parameters", flush=True)
+    stats = train(model, train_blocks, val_blocks, args)
+    samples = show_samples(model, tok, val_convs)
+    save_target(model, tok, out / "target")
+
+    stats.update(
+        command="python scripts/make_demo.py" + "".join(f" {shlex.quote(a)}" for a in argv),
+        threads=args.threads,
+        num_kinds=len({c["kind"] for c in convs}),
+        num_val=n_val,
+        vocab=tok.get_vocab(),
+        num_params=n_params,
+        config={k: v for k, v in model.config.to_diff_dict().items() if k not in ("transformers_version",)},
+        tokens_seen=args.steps * args.batch_size * args.seq_len,
+        train_tokens=train_blocks.numel(),
+        val_tokens=val_blocks.numel(),
+        samples=samples,
+        wall_time=time.perf_counter() - t0,
+    )
+    write_readme(out, argv, args, stats)
+    print(f"done in {stats['wall_time']:.0f} s -> {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
