@@ -170,7 +170,7 @@ def train(s: TrainSettings) -> TrainResult:
         total=max_steps, initial=state.step, disable=not main, desc="train", unit="step", dynamic_ncols=True
     )
     started = time.perf_counter()
-    window_start, window_tokens, run_tokens = time.perf_counter(), 0, 0
+    window_start, window_tokens, run_tokens, paused = time.perf_counter(), 0, 0, 0.0
     last_eval: dict[str, float] | None = None
     model.train()
     while state.step < max_steps:
@@ -212,6 +212,7 @@ def train(s: TrainSettings) -> TrainResult:
                 bar.set_postfix(loss=f"{mean_loss:.3f}", tok_s=f"{tok_s:,.0f}")
 
             # --- eval ------------------------------------------------------------------------------
+            pause_start = time.perf_counter()  # eval and checkpoints do not count as training time
             if state.step % s.trainer.eval_every == 0 or state.step == max_steps:
                 last_eval = evaluate(
                     accelerator, model, objective, target, val_loader, s.trainer.eval_batches
@@ -225,6 +226,9 @@ def train(s: TrainSettings) -> TrainResult:
             # --- checkpoint ------------------------------------------------------------------------
             if state.step % s.trainer.save_every == 0 or state.step == max_steps:
                 checkpoint.save(accelerator, out, state, s.trainer.keep_checkpoints)
+            pause = time.perf_counter() - pause_start
+            paused += pause
+            window_start += pause
             if state.step >= max_steps:
                 break
         else:
@@ -236,13 +240,14 @@ def train(s: TrainSettings) -> TrainResult:
     if last_eval is None:  # resumed a finished run: report its metrics again
         last_eval = evaluate(accelerator, model, objective, target, val_loader, s.trainer.eval_batches)
     seconds = time.perf_counter() - started
+    tokens_per_s = run_tokens / max(seconds - paused, 1e-9)  # training throughput, eval excluded
     head_dir = out / "head"
     if main:
         objective.save(head_dir)
         summary = {
             "step": state.step,
             "seconds": seconds,
-            "tokens_per_s": run_tokens / max(seconds, 1e-9),
+            "train_tokens_per_s": tokens_per_s,
             **last_eval,
         }
         (out / "metrics.json").write_text(json.dumps(summary, indent=1))
@@ -250,7 +255,10 @@ def train(s: TrainSettings) -> TrainResult:
     accelerator.end_training()
     accelerator.print(f"head saved to {head_dir}")
     accelerator.print("final: " + _fmt(last_eval))
-    return TrainResult(head_dir, last_eval, state.step, seconds, run_tokens / max(seconds, 1e-9))
+    accelerator.print(
+        f"time: {seconds:.0f} s for {state.step} steps; training throughput {tokens_per_s:,.0f} tokens/s"
+    )
+    return TrainResult(head_dir, last_eval, state.step, seconds, tokens_per_s)
 
 
 def _fmt(metrics: dict[str, float]) -> str:
