@@ -31,9 +31,10 @@ def tiny_overrides(target_dir: Path, data_path: Path, out: Path, **extra) -> lis
         "trainer.save_every": 3,
         "trainer.log_every": 1,
         "logger": "none",
+        "head": "medusa",
         **extra,
     }
-    if values.get("head", "medusa") in ("medusa", "medusa2"):
+    if values["head"] in ("medusa", "medusa2"):
         values.setdefault("head.num_heads", 2)
     return [f"{k}={v}" for k, v in values.items()]
 

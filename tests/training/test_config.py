@@ -27,10 +27,10 @@ def settings(*overrides: str):
 
 def test_defaults_are_the_offline_demo():
     s = settings()
-    assert s.head.family == "medusa"
+    assert s.head.family == "eagle3"
     assert s.model.name == "demo" and Path(s.model.path).is_dir()
     assert s.data.name == "demo" and Path(s.data.path).is_file()
-    assert s.trainer.output_dir == "outputs/medusa-demo"
+    assert s.trainer.output_dir == "outputs/eagle3-demo"
     assert s.trainer.max_steps > 0  # the demo tuning applies
 
 
