@@ -1,0 +1,193 @@
+"""Accepting a verified draft tree: greedy, lossless sampling (rules A, B, C) and lossy typical acceptance.
+
+Pure functions over ONE tree (a batch is a list of trees). Conventions:
+
+- `tree.tokens` [N], `tree.parents` [N]; node 0 is the root (last emitted token).
+- `target_logits` / `p` are [N, V]: row i is the target's output AT node i, i.e. the distribution of
+  node i's CHILD tokens (and of the token emitted after node i when the path stops there).
+- `q` [N, V]: row i is the draft distribution the children of node i were SAMPLED from (rules B, C).
+
+An `Acceptance` is the accepted path (node indices, root included) and the next token (the correction
+or bonus), which becomes the next tree's root. The emitted tokens are tokens[path[1:]] + [next_token].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from spechead.inference.sampling import sample
+from spechead.inference.tree import TokenTree, children, path_to_node
+
+RULES = ("deterministic", "iid", "without_replacement")
+
+
+@dataclass
+class Acceptance:
+    """`path`: accepted node indices INCLUDING the root (path[0] == 0); `next_token`: emitted after it."""
+
+    path: list[int]
+    next_token: int
+
+    @property
+    def num_accepted(self) -> int:
+        """Drafted tokens accepted (len(path) - 1); tokens emitted this step = num_accepted + 1."""
+        return len(self.path) - 1
+
+
+def _check_rows(tree: TokenTree, x: torch.Tensor, name: str) -> None:
+    if x.dim() != 2 or x.shape[0] != tree.size:
+        raise ValueError(f"{name} must be [N, V] with N = {tree.size}, got {tuple(x.shape)}")
+
+
+def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
+    """Deepest path whose every child token equals the argmax of its parent's logits [N, V].
+
+    Ties between equally deep paths: lowest node index. next_token = argmax at the path's last node.
+    Output equals plain greedy decoding token for token.
+    """
+    _check_rows(tree, target_logits, "target_logits")
+    best = target_logits.argmax(-1).tolist()  # [N], first max on ties
+    tokens, par = tree.tokens.tolist(), tree.parents.tolist()
+    ok = [True] + [False] * (tree.size - 1)
+    depth = [0] * tree.size
+    deepest = 0
+    for i in range(1, tree.size):
+        p = par[i]
+        depth[i] = depth[p] + 1
+        ok[i] = ok[p] and tokens[i] == best[p]
+        if ok[i] and depth[i] > depth[deepest]:
+            deepest = i
+    return Acceptance(path=path_to_node(tree.parents, deepest), next_token=int(best[deepest]))
+
+
+def _normalised(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """r / sum(r); if the mass vanished (or is not finite) fall back to `fallback` (= p at the node).
+
+    In exact arithmetic a rejection never empties the residual (rule A: a child of mass 1 is accepted
+    with probability 1; rules B/C: r == q implies acceptance with probability 1), so this only guards
+    against rounding; p itself is a valid target there.
+    """
+    s = float(r.sum())
+    if s > 0 and math.isfinite(s):
+        return r / s
+    return fallback.clone()
+
+
+def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    dev = generator.device if generator is not None else device
+    return float(torch.rand((), generator=generator, device=dev))
+
+
+def sample_accept(
+    tree: TokenTree,
+    p: torch.Tensor,
+    rule: str,
+    q: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
+    """Lossless speculative sampling on a tree: emitted tokens ~ p exactly, for p [N, V] probabilities.
+
+    Walk from the root; at each node try its children in index order with residual r = p[node]:
+    - "deterministic" (A, children chosen without randomness, e.g. top-k of a head): accept child x
+      with prob r(x)/sum(r); on rejection r(x) = 0. (q is ignored.)
+    - "iid" (B, children sampled i.i.d. from q[node]): accept with min(1, r(x)/q(x)); on rejection
+      r = norm(max(r - q, 0)).
+    - "without_replacement" (C, children sampled from q[node] without replacement): as B, then also
+      q(x) = 0 and q renormalised.
+    On acceptance descend into the child (residual restarts at p[child]); if every child is rejected
+    emit y ~ r; at a leaf emit a bonus y ~ p[leaf]. Duplicate sibling tokens are handled (a rejected
+    token has r(x) = 0 afterwards, so its duplicate is rejected). Under B/C a child with q(x) = 0 cannot
+    have been sampled from q: ValueError. `generator` must live on p's device (or be None).
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    _check_rows(tree, p, "p")
+    if rule != "deterministic":
+        if q is None:
+            raise ValueError(f"rule {rule!r} needs q [N, V], the draft distributions children were sampled from")
+        _check_rows(tree, q, "q")
+        if q.shape != p.shape:
+            raise ValueError(f"q {tuple(q.shape)} and p {tuple(p.shape)} must have the same shape [N, V]")
+    kids = children(tree.parents)
+    tokens = tree.tokens.tolist()
+    path = [0]
+    node = 0
+    while True:
+        p_node = p[node].float()  # [V]
+        if not kids[node]:  # whole path accepted: bonus token from p at the leaf
+            return Acceptance(path=path, next_token=sample(p_node, generator))
+        r = _normalised(p_node.clone(), p_node)  # [V] residual, normalised
+        q_node = q[node].float().clone() if q is not None and rule != "deterministic" else None  # [V]
+        accepted = None
+        for c in kids[node]:
+            x = tokens[c]
+            u = _uniform(generator, p.device)
+            if rule == "deterministic":
+                if u < float(r[x]):  # r is normalised: r(x) / sum(r)
+                    accepted = c
+                    break
+                r[x] = 0.0
+                r = _normalised(r, p_node)
+                continue
+            qx = float(q_node[x])
+            if not qx > 0:
+                raise ValueError(
+                    f"rule {rule!r}: child {c} (token {x}) has q = 0 at node {node}; "
+                    "children must be sampled from q[node]"
+                )
+            if u < min(1.0, float(r[x]) / qx):
+                accepted = c
+                break
+            r = _normalised(torch.clamp(r - q_node, min=0.0), p_node)
+            if rule == "without_replacement":
+                q_node[x] = 0.0
+                q_node = _normalised(q_node, q_node)
+        if accepted is None:  # every child rejected: correction token from the residual
+            return Acceptance(path=path, next_token=sample(r, generator))
+        path.append(accepted)
+        node = accepted
+
+
+def typical_accept(
+    tree: TokenTree,
+    logits: torch.Tensor,
+    temperature: float,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
+    """Medusa's typical acceptance. LOSSY: output does NOT follow the target distribution.
+
+    EXPLICIT OPT-IN ONLY, never a default. A child x of node i is accepted when
+    pi(x) > min(posterior_threshold, posterior_alpha * exp(-H(pi))) with pi = softmax(logits[i] / T)
+    and H its entropy; keep the deepest path of accepted nodes (ties: highest sum of log pi, then lowest
+    index); next_token ~ pi at the last node restricted to tokens above the same threshold (the argmax is
+    always kept). temperature 0 falls back to `greedy_accept` (which IS lossless).
+    """
+    _check_rows(tree, logits, "logits")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return greedy_accept(tree, logits)
+    pi = torch.softmax(logits.float() / temperature, dim=-1)  # [N, V]
+    entropy = -torch.special.xlogy(pi, pi).sum(-1)  # [N]
+    threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)  # [N]
+    par = tree.parents.tolist()
+    parent_idx = tree.parents.clamp(min=0).to(pi.device)  # [N]
+    child_p = pi[parent_idx, tree.tokens.to(pi.device)]  # [N]: prob of node i's token at its parent
+    ok_here = (child_p > threshold[parent_idx]).tolist()  # [N]
+    logp = torch.log(child_p.clamp(min=1e-30)).tolist()  # [N]
+    ok, depth, score = [True] * tree.size, [0] * tree.size, [0.0] * tree.size
+    best = 0
+    for i in range(1, tree.size):
+        j = par[i]
+        ok[i] = ok[j] and ok_here[i]
+        depth[i], score[i] = depth[j] + 1, score[j] + logp[i]
+        if ok[i] and (depth[i], score[i]) > (depth[best], score[best]):
+            best = i
+    keep = pi[best] > threshold[best]  # [V]
+    keep[pi[best].argmax()] = True
+    return Acceptance(path=path_to_node(tree.parents, best), next_token=sample(pi[best] * keep, generator))

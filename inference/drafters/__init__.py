@@ -1,0 +1,1 @@
+"""Drafters: one interface (base.Drafter), many ways to propose token trees."""

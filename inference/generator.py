@@ -1,0 +1,222 @@
+"""SpeculativeGenerator: decode with a target and a drafter, one target pass per drafted tree.
+
+Lossless by construction: greedy decoding keeps only drafts equal to the target's argmax; sampling
+uses the rule that matches how the drafter chose its children (see acceptance.py), so the output
+distribution is exactly the target's. Batch size 1; the state is per sequence so batches can follow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from spechead.inference.acceptance import greedy_accept, sample_accept
+from spechead.inference.drafters.base import Drafter, chain
+from spechead.inference.kv_cache import keep_positions
+from spechead.inference.sampling import SamplingParams, sample, target_probs
+from spechead.inference.verify import prefill, verify_tree
+
+
+@dataclass
+class GenerationStats:
+    """What one generate() call did. tau = emitted tokens per target pass after the prefill."""
+
+    target_passes: int = 0  # verification passes (the prefill not counted)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens the target accepted
+    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts + 1, per pass
+    new_tokens: int = 0
+    wall_time: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.wall_time, 1e-9)
+
+    def as_dict(self) -> dict:
+        return {
+            "tau": self.tau,
+            "target_passes": self.target_passes,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "new_tokens": self.new_tokens,
+            "wall_time": self.wall_time,
+            "tokens_per_s": self.tokens_per_s,
+            "accept_lengths": list(self.accept_lengths),
+        }
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated ids only
+    stats: GenerationStats
+
+
+class SpeculativeGenerator:
+    """A frozen target, its tokenizer and a drafter (None = plain decoding through the same engine)."""
+
+    def __init__(self, target: PreTrainedModel, tokenizer, drafter: Drafter | None = None):
+        self.target = target.eval()
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        cfg = target.config.get_text_config()
+        self.context = getattr(cfg, "max_position_embeddings", None)
+        if drafter is not None:
+            vocab = target.get_output_embeddings().weight.shape[0]
+            drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
+        self.eos = _eos_ids(target, tokenizer)
+
+    from_pretrained = classmethod(lambda cls, *a, **kw: _load(cls, *a, **kw))
+
+    # ---- public API ------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: list[dict[str, str]] | None = None,
+        input_ids: list[int] | torch.Tensor | None = None,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+    ) -> GenerationResult:
+        """Generate from a prompt string, chat messages (chat template) or token ids."""
+        stats = GenerationStats()
+        ids: list[int] = []
+        for chunk in self._decode(self._prompt_ids(prompt, messages, input_ids), max_new_tokens,
+                                  SamplingParams(temperature, top_k, top_p, seed), stats):  # fmt: skip
+            ids.extend(chunk)
+        return GenerationResult(self.tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
+
+    def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
+        """Yield text as tokens are accepted (same arguments as generate)."""
+        stats = GenerationStats()
+        params = SamplingParams(
+            kwargs.pop("temperature", 0.0),
+            kwargs.pop("top_k", 0),
+            kwargs.pop("top_p", 1.0),
+            kwargs.pop("seed", None),
+        )
+        max_new = kwargs.pop("max_new_tokens", 128)
+        ids = self._prompt_ids(prompt, kwargs.pop("messages", None), kwargs.pop("input_ids", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        emitted: list[int] = []
+        shown = ""
+        for chunk in self._decode(ids, max_new, params, stats):
+            emitted.extend(chunk)
+            text = self.tokenizer.decode(emitted, skip_special_tokens=True)
+            if len(text) > len(shown) and not text.endswith("\ufffd"):  # wait for whole UTF-8 characters
+                yield text[len(shown) :]
+                shown = text
+        self.last_stats = stats
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt, messages, input_ids) -> torch.Tensor:
+        given = [x is not None for x in (prompt, messages, input_ids)]
+        if sum(given) != 1:
+            raise ValueError("pass exactly one of prompt=, messages= or input_ids=")
+        if messages is not None:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        elif prompt is not None:
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        else:
+            ids = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
+        if len(ids) == 0:
+            raise ValueError("the prompt is empty: give at least one token")
+        return torch.tensor(ids, dtype=torch.long)
+
+    def _check_lengths(self, prompt_len: int, max_new_tokens: int) -> None:
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
+        if self.context and prompt_len + max_new_tokens > self.context:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
+                f"context of {self.context} tokens: shorten the prompt or lower max_new_tokens"
+            )
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
+        """The target's own next token from logits [V] (argmax, or a sample)."""
+        if params.is_greedy:
+            return int(logits.argmax())
+        return sample(target_probs(logits, params), generator)
+
+    @torch.no_grad()
+    def _decode(
+        self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats
+    ):
+        """Yield lists of new token ids as they are accepted; fills `stats`."""
+        self._check_lengths(len(prompt), max_new_tokens)
+        started = time.perf_counter()
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        layers = tuple(self.drafter.hidden_layers) if self.drafter else ()
+        cache, logits, hidden = prefill(self.target, prompt[None].to(self.target.device), layers)
+        root = self._pick(logits[-1], params, generator)
+        past_len = len(prompt)
+        if self.drafter:
+            self.drafter.start(prompt, hidden, root)
+        pending, accepted = [root], None  # tokens to emit; what the drafter has yet to hear about
+        while True:
+            out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
+            stats.new_tokens += len(out)
+            yield out
+            if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
+                break
+            if self.drafter and accepted is not None:
+                self.drafter.accept(*accepted)  # only when decoding goes on: no wasted draft pass at the end
+            draft = self.drafter.propose(root, params, generator) if self.drafter else None
+            tree = draft.tree if draft else chain([], root)
+            logits, hidden = verify_tree(self.target, cache, tree, past_len, layers)  # [N, V], {l: [N, H]}
+            if params.is_greedy:
+                acc = greedy_accept(tree, logits)
+            else:
+                rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
+                acc = sample_accept(tree, target_probs(logits, params), rule, q, generator)
+            path = torch.tensor(acc.path, dtype=torch.long)
+            keep_positions(cache, past_len, path)
+            past_len += len(acc.path)
+            stats.target_passes += 1
+            stats.drafted_tokens += tree.size - 1
+            stats.accepted_tokens += len(acc.path) - 1
+            stats.accept_lengths.append(len(acc.path))
+            root = acc.next_token
+            pending = [*tree.tokens[path[1:]].tolist(), root]
+            accepted = (tree.tokens[path], {k: v[path.to(v.device)] for k, v in hidden.items()}, root)
+        stats.wall_time = time.perf_counter() - started
+
+
+def _until_stop(tokens: list[int], eos: set[int], room: int) -> list[int]:
+    """tokens up to and including the first EOS, and at most `room` of them."""
+    out = []
+    for t in tokens[: max(room, 0)]:
+        out.append(t)
+        if t in eos:
+            break
+    return out
+
+
+def _eos_ids(target: PreTrainedModel, tokenizer) -> set[int]:
+    ids = set()
+    for value in (getattr(target.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _load(cls, *args, **kwargs):
+    from spechead.inference.loading import load_generator
+
+    return load_generator(cls, *args, **kwargs)

@@ -1,0 +1,91 @@
+"""Build a SpeculativeGenerator from names: a target (path or Hub id) and a head, draft model or method."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from spechead.heads import MedusaHead, load_head
+from spechead.inference.drafters.base import Drafter
+from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _config_of(name: str, revision: str | None) -> dict:
+    """config.json of a local directory or Hub repo ({} when there is none)."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        file = local / "config.json"
+    else:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            file = Path(hf_hub_download(name, "config.json", revision=revision))
+        except Exception as err:  # offline, missing repo: say which name could not be found
+            raise ValueError(
+                f"{name!r} is not a local directory and could not be fetched from the Hub ({type(err).__name__})"
+            ) from None
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def make_drafter(
+    spec: str | Drafter | None, target, *, device, dtype, revision=None, **options
+) -> Drafter | None:
+    """A drafter from a name: None (plain decoding), "prompt_lookup", a head directory/id, or a draft LM."""
+    if spec is None or isinstance(spec, Drafter):
+        return spec
+    if spec == "prompt_lookup":
+        return PromptLookupDrafter(**options)
+    if "family" in _config_of(spec, revision):  # a spechead head
+        head = load_head(spec, revision=revision, device=device, dtype=dtype)
+        head.attach_target_modules(
+            lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
+        )
+        if isinstance(head, MedusaHead):
+            return MedusaDrafter(head, **options)
+        from spechead.inference.drafters.eagle import EagleDrafter
+
+        return EagleDrafter(head, **options)
+    model = AutoModelForCausalLM.from_pretrained(spec, revision=revision, dtype=dtype).to(device)
+    return DraftModelDrafter(model, **options)
+
+
+def merge_medusa2_adapter(target, head_dir: str):
+    """Medusa-2 heads run on the target with their LoRA adapter merged in; plain targets pass through."""
+    config = _config_of(head_dir, None)
+    adapter = config.get("lora_adapter") if config.get("family") == "medusa" else None
+    if not adapter or not Path(head_dir, adapter).is_dir():
+        return target
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(target, str(Path(head_dir) / adapter)).merge_and_unload()
+
+
+def load_generator(
+    cls,
+    target: str,
+    drafter: str | Drafter | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    attn_implementation: str = "sdpa",
+    revision: str | None = None,
+    **drafter_options,
+):
+    """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter."""
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    model = AutoModelForCausalLM.from_pretrained(
+        target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
+    )
+    if isinstance(drafter, str) and drafter != "prompt_lookup":
+        model = merge_medusa2_adapter(model, drafter)
+    model = model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
+    built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
+    return cls(model, tokenizer, built)

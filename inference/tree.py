@@ -1,0 +1,195 @@
+"""Token trees for speculative decoding: structure, attention masks, position ids, paths.
+
+A tree for one sequence has N nodes in topological order. Node 0 is the ROOT: the last emitted token,
+which is NOT yet in the target's KV cache; nodes 1..N-1 are drafted tokens.
+
+- `tokens`  : LongTensor [N]
+- `parents` : LongTensor [N], parents[0] = -1 and 0 <= parents[i] < i for i >= 1.
+
+Trees are small (tens to a few hundred nodes), so structure is computed with Python loops on CPU lists;
+the tensors returned are put on `parents.device` (or the requested device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def _parent_list(parents: torch.Tensor) -> list[int]:
+    """Validate `parents` [N] and return it as a Python list (raises ValueError)."""
+    if not isinstance(parents, torch.Tensor):
+        raise ValueError(f"parents must be a torch.Tensor [N], got {type(parents).__name__}")
+    if parents.dim() != 1 or parents.numel() == 0:
+        raise ValueError(f"parents must be a non-empty 1-D tensor [N], got shape {tuple(parents.shape)}")
+    if parents.dtype.is_floating_point or parents.dtype == torch.bool:
+        raise ValueError(f"parents must be an integer tensor, got {parents.dtype}")
+    par = [int(x) for x in parents.tolist()]
+    if par[0] != -1:
+        raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {par[0]}")
+    for i, p in enumerate(par[1:], start=1):
+        if not 0 <= p < i:
+            raise ValueError(f"parents must be topological: need 0 <= parents[{i}] < {i}, got {p}")
+    return par
+
+
+@dataclass
+class TokenTree:
+    """A draft tree: `tokens` [N] long, `parents` [N] long (parents[0] = -1, parents[i] < i)."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+
+    def __post_init__(self) -> None:
+        _parent_list(self.parents)
+        if not isinstance(self.tokens, torch.Tensor) or self.tokens.dim() != 1:
+            raise ValueError("tokens must be a 1-D tensor [N]")
+        if self.tokens.dtype.is_floating_point or self.tokens.dtype == torch.bool:
+            raise ValueError(f"tokens must be an integer tensor, got {self.tokens.dtype}")
+        if self.tokens.shape != self.parents.shape:
+            raise ValueError(
+                f"tokens [N] and parents [N] must have the same length, got {self.tokens.numel()} "
+                f"and {self.parents.numel()}"
+            )
+
+    @property
+    def size(self) -> int:
+        """N, the number of nodes including the root."""
+        return int(self.tokens.numel())
+
+
+def children(parents: torch.Tensor) -> list[list[int]]:
+    """For each node, its children's indices in ascending order (a list of N lists)."""
+    par = _parent_list(parents)
+    kids: list[list[int]] = [[] for _ in par]
+    for i, p in enumerate(par[1:], start=1):
+        kids[p].append(i)
+    return kids
+
+
+def _depth_list(par: list[int]) -> list[int]:
+    d = [0] * len(par)
+    for i, p in enumerate(par[1:], start=1):
+        d[i] = d[p] + 1
+    return d
+
+
+def depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of each node: LongTensor [N], root depth 0."""
+    return torch.tensor(_depth_list(_parent_list(parents)), dtype=torch.long, device=parents.device)
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """BoolTensor [N, N]: [i, j] is True iff j is i or an ancestor of i."""
+    par = _parent_list(parents)
+    n = len(par)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(par):
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    return mask.to(parents.device)
+
+
+def tree_attention_mask(
+    parents: torch.Tensor, past_len: int, dtype: torch.dtype, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """ADDITIVE float mask [1, 1, N, past_len + N]: 0 = attend, `finfo(dtype).min` = blocked.
+
+    Every node attends to the whole prefix (the first `past_len` columns) and, in the last N columns,
+    to itself and its ancestors ([N, N] block = `ancestor_mask`). Never pass a bool or 0/1 mask to HF
+    (silently wrong under eager attention).
+    """
+    if not dtype.is_floating_point:
+        raise ValueError(f"the additive mask needs a floating dtype, got {dtype}")
+    if past_len < 0:
+        raise ValueError(f"past_len must be >= 0, got {past_len}")
+    anc = ancestor_mask(parents).cpu()  # [N, N]
+    n = anc.shape[0]
+    mask = torch.zeros(n, past_len + n, dtype=dtype)
+    mask[:, past_len:].masked_fill_(~anc, torch.finfo(dtype).min)
+    return mask.to(parents.device if device is None else device)[None, None]
+
+
+def tree_position_ids(parents: torch.Tensor, past_len: int) -> torch.Tensor:
+    """Position ids LongTensor [1, N] = past_len + depth (the root sits at position past_len)."""
+    return (depths(parents) + past_len)[None]
+
+
+def path_to_node(parents: torch.Tensor, node: int) -> list[int]:
+    """Node indices from the root to `node`, both included (e.g. [0, 2, 5])."""
+    par = _parent_list(parents)
+    if not 0 <= node < len(par):
+        raise ValueError(f"node must be in [0, {len(par)}), got {node}")
+    path = [node]
+    while par[path[-1]] >= 0:
+        path.append(par[path[-1]])
+    return path[::-1]
+
+
+def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
+    """Root-to-leaf paths: LongTensor [paths, max_depth + 1], one row per leaf (leaves in ascending
+    node index), each row the path's node indices right-padded with -1. A root-only tree gives [[0]]."""
+    par = _parent_list(parents)
+    has_child = [False] * len(par)
+    for p in par[1:]:
+        has_child[p] = True
+    rows = []
+    for leaf in (i for i, c in enumerate(has_child) if not c):
+        path = [leaf]
+        while par[path[-1]] >= 0:
+            path.append(par[path[-1]])
+        rows.append(path[::-1])
+    width = max(len(r) for r in rows)
+    out = [r + [-1] * (width - len(r)) for r in rows]
+    return torch.tensor(out, dtype=torch.long, device=parents.device)
+
+
+@dataclass
+class StaticTree:
+    """A static tree shape: `parents` [N], `depth` [N] (root 0), `rank` [N] (root -1).
+
+    Node i (i >= 1) is the rank[i]-th candidate (0 = most likely) for position depth[i] among the
+    children of parents[i]; a drafter fills `tokens[i]` from its top-k at that node.
+    """
+
+    parents: torch.Tensor
+    depth: torch.Tensor
+    rank: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        """N, the number of nodes including the root."""
+        return int(self.parents.numel())
+
+
+def tree_from_choices(choices: list[list[int]]) -> StaticTree:
+    """A static tree from Medusa-style paths of child ranks, e.g. [[0], [1], [0, 0], [0, 1]].
+
+    The root (node 0) is added; the other nodes are the paths sorted by (length, ranks), so parents
+    precede children. Every proper prefix of a path must itself be a path; no duplicates, ranks >= 0.
+    """
+    paths: list[tuple[int, ...]] = []
+    for c in choices:
+        path = tuple(int(x) for x in c)
+        if not path:
+            raise ValueError("tree_from_choices: empty path (the root is added implicitly)")
+        if any(x < 0 for x in path):
+            raise ValueError(f"tree_from_choices: ranks must be >= 0, got {list(path)}")
+        paths.append(path)
+    if len(set(paths)) != len(paths):
+        raise ValueError("tree_from_choices: duplicate paths in choices")
+    paths.sort(key=lambda p: (len(p), p))
+    index = {(): 0}
+    for i, path in enumerate(paths, start=1):
+        index[path] = i
+    parents, depth, rank = [-1], [0], [-1]
+    for path in paths:
+        if path[:-1] not in index:
+            raise ValueError(f"tree_from_choices: path {list(path)} has no parent path {list(path[:-1])}")
+        parents.append(index[path[:-1]])
+        depth.append(len(path))
+        rank.append(path[-1])
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
+    return StaticTree(parents=as_long(parents), depth=as_long(depth), rank=as_long(rank))
