@@ -57,7 +57,7 @@ class Drafter(ABC):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         """tokens [K] (root + accepted drafts) joined the target cache with states {layer: [K, H]}."""
 
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
+    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
         """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""
 
 
