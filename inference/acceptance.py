@@ -91,8 +91,9 @@ def sample_accept(
     """Lossless speculative sampling on a tree: emitted tokens ~ p exactly, for p [N, V] probabilities.
 
     Walk from the root; at each node try its children in index order with residual r = p[node]:
-    - "deterministic" (A, children chosen without randomness, e.g. top-k of a head): accept child x
-      with prob r(x)/sum(r); on rejection r(x) = 0. (q is ignored.)
+    - "deterministic" (A, e.g. top-k of a head, n-gram): accept child x with prob r(x)/sum(r); on
+      rejection r(x) = 0. q is ignored. Lossless for ANY children chosen independently of these
+      acceptance coins (even sampled ones); it just does not exploit q.
     - "iid" (B, children sampled i.i.d. from q[node]): accept with min(1, r(x)/q(x)); on rejection
       r = norm(max(r - q, 0)).
     - "without_replacement" (C, children sampled from q[node] without replacement): as B, then also
@@ -107,7 +108,9 @@ def sample_accept(
     _check_rows(tree, p, "p")
     if rule != "deterministic":
         if q is None:
-            raise ValueError(f"rule {rule!r} needs q [N, V], the draft distributions children were sampled from")
+            raise ValueError(
+                f"rule {rule!r} needs q [N, V], the draft distributions children were sampled from"
+            )
         _check_rows(tree, q, "q")
         if q.shape != p.shape:
             raise ValueError(f"q {tuple(q.shape)} and p {tuple(p.shape)} must have the same shape [N, V]")
@@ -120,7 +123,9 @@ def sample_accept(
         if not kids[node]:  # whole path accepted: bonus token from p at the leaf
             return Acceptance(path=path, next_token=sample(p_node, generator))
         r = _normalised(p_node.clone(), p_node)  # [V] residual, normalised
-        q_node = q[node].float().clone() if q is not None and rule != "deterministic" else None  # [V]
+        q_node = None  # [V] draft distribution (B, C), normalised
+        if q is not None and rule != "deterministic":
+            q_node = _normalised(q[node].float(), q[node].float())
         accepted = None
         for c in kids[node]:
             x = tokens[c]

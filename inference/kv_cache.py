@@ -67,4 +67,6 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
             continue
         idx = torch.tensor(keep_list, dtype=torch.long, device=layer.keys.device) + past_len  # [K]
         layer.keys = torch.cat([layer.keys[..., :past_len, :], layer.keys.index_select(-2, idx)], dim=-2)
-        layer.values = torch.cat([layer.values[..., :past_len, :], layer.values.index_select(-2, idx)], dim=-2)
+        layer.values = torch.cat(
+            [layer.values[..., :past_len, :], layer.values.index_select(-2, idx)], dim=-2
+        )

@@ -26,7 +26,9 @@ def _normalise_layers(hidden_layers: Sequence[int], num_layers: int) -> dict[int
     for idx in hidden_layers:
         canon = idx + num_layers + 1 if idx < 0 else idx
         if not 0 <= canon <= num_layers:
-            raise ValueError(f"hidden layer index {idx} out of range for {num_layers} layers ([-{num_layers + 1}, {num_layers}])")
+            raise ValueError(
+                f"hidden layer index {idx} out of range for {num_layers} layers ([-{num_layers + 1}, {num_layers}])"
+            )
         out[int(idx)] = canon
     return out
 
@@ -74,7 +76,9 @@ def capture_hidden(model: torch.nn.Module, hidden_layers: Sequence[int]) -> Iter
 def _check_model(model: torch.nn.Module) -> None:
     impl = getattr(model.config, "_attn_implementation", None) or ""
     if "flash" in impl:
-        raise ValueError(f"tree verification needs arbitrary 4D masks; attn_implementation {impl!r} cannot take them")
+        raise ValueError(
+            f"tree verification needs arbitrary 4D masks; attn_implementation {impl!r} cannot take them"
+        )
 
 
 @torch.no_grad()
@@ -138,7 +142,10 @@ def prefill(
     cache = DynamicCache(config=model.config)
     with capture_hidden(model, hidden_layers) as store:
         out = model(
-            input_ids=input_ids.to(device), past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep
+            input_ids=input_ids.to(device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
         )
     hidden = {k: v[0] for k, v in store.items()}  # [T, H] each
     return cache, out.logits[0].float(), hidden

@@ -1,0 +1,220 @@
+"""Acceptance: greedy on constructed logits; sampling rules A/B/C are LOSSLESS (tested statistically);
+deliberately wrong rules fail the same check; typical acceptance is the lossy opt-in."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from spechead.inference.acceptance import Acceptance, greedy_accept, sample_accept, typical_accept
+from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
+from spechead.inference.tree import TokenTree
+
+V = 8
+
+
+def one_hot_logits(argmaxes: list[int]) -> torch.Tensor:
+    """Logits [N, V] whose row i has its argmax at argmaxes[i]."""
+    logits = torch.zeros(len(argmaxes), V)
+    logits[torch.arange(len(argmaxes)), torch.tensor(argmaxes)] = 5.0
+    return logits
+
+
+#        0(root)
+#      /   \
+#   1:a=3   2:b=5
+#    |  \       \
+#  3:4  4:6     5:7
+#   |
+#  6:1
+PARENTS = torch.tensor([-1, 0, 0, 1, 1, 2, 3])
+TOKENS = torch.tensor([9 % V, 3, 5, 4, 6, 7, 1])
+
+
+def test_greedy_deep_path():
+    # argmax at root=3 (node 1), at node 1 = 4 (node 3), at node 3 = 1 (node 6), at node 6 = 2 (bonus)
+    acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([3, 4, 0, 1, 0, 0, 2]))
+    assert acc == Acceptance(path=[0, 1, 3, 6], next_token=2)
+    assert acc.num_accepted == 3
+
+
+def test_greedy_branch_choice_and_correction():
+    # root argmax = 5 -> node 2; at node 2 argmax = 0 (node 5 holds 7) -> correction 0
+    acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([5, 4, 0, 1, 0, 0, 2]))
+    assert acc == Acceptance(path=[0, 2], next_token=0)
+    # branch under node 1: argmax 6 -> node 4 (a leaf): bonus = argmax at node 4
+    acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([3, 6, 0, 1, 2, 0, 0]))
+    assert acc == Acceptance(path=[0, 1, 4], next_token=2)
+
+
+def test_greedy_nothing_accepted():
+    acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([0, 4, 0, 1, 0, 0, 2]))
+    assert acc == Acceptance(path=[0], next_token=0)
+    root_only = greedy_accept(TokenTree(torch.tensor([3]), torch.tensor([-1])), one_hot_logits([6]))
+    assert root_only == Acceptance(path=[0], next_token=6)
+
+
+def test_greedy_tie_prefers_lowest_index_at_equal_depth():
+    tree = TokenTree(torch.tensor([0, 2, 2, 3]), torch.tensor([-1, 0, 0, 2]))  # duplicate siblings
+    assert greedy_accept(tree, one_hot_logits([2, 0, 0, 0])).path == [0, 1]
+    assert greedy_accept(tree, one_hot_logits([2, 0, 3, 0])).path == [0, 2, 3]  # deeper wins
+
+
+def test_sampling_with_one_hot_target_is_greedy():
+    logits = torch.randn(7, V, generator=torch.Generator().manual_seed(1))
+    p = target_probs(logits, SamplingParams(temperature=0.0))
+    tokens = TOKENS.clone()
+    tokens[1] = int(logits[0].argmax())
+    tree = TokenTree(tokens, PARENTS)
+    want = greedy_accept(tree, logits)
+    for rule in ("deterministic", "iid", "without_replacement"):
+        q = torch.full((7, V), 1.0 / V)
+        assert sample_accept(tree, p, rule, q, make_generator(0)) == want
+
+
+def test_sample_accept_argument_errors():
+    tree = TokenTree(TOKENS, PARENTS)
+    p = torch.full((7, V), 1.0 / V)
+    with pytest.raises(ValueError, match="rule"):
+        sample_accept(tree, p, "greedy")
+    with pytest.raises(ValueError, match="needs q"):
+        sample_accept(tree, p, "iid")
+    with pytest.raises(ValueError, match=r"\[N, V\]"):
+        sample_accept(tree, p[:3], "deterministic")
+    q = p.clone()
+    q[0, 3] = 0.0  # node 1's token cannot have been sampled from q[0]
+    with pytest.raises(ValueError, match="q = 0"):
+        sample_accept(tree, p, "iid", q, make_generator(0))
+
+
+def test_sample_accept_does_not_mutate_inputs():
+    tree = TokenTree(TOKENS, PARENTS)
+    p = torch.softmax(torch.randn(7, V, generator=torch.Generator().manual_seed(3)), -1)
+    q = torch.softmax(torch.randn(7, V, generator=torch.Generator().manual_seed(4)), -1)
+    p0, q0 = p.clone(), q.clone()
+    for rule in ("deterministic", "iid", "without_replacement"):
+        for s in range(20):
+            sample_accept(tree, p, rule, q, make_generator(s))
+    assert torch.equal(p, p0) and torch.equal(q, q0)
+
+
+def test_typical_accept_is_lossy_opt_in_and_greedy_at_t0():
+    tree = TokenTree(TOKENS, PARENTS)
+    logits = one_hot_logits([3, 4, 0, 1, 0, 0, 2]) * 3
+    assert typical_accept(tree, logits, 0.0) == greedy_accept(tree, logits)
+    acc = typical_accept(tree, logits, 0.7, generator=make_generator(0))
+    assert acc.path == [0, 1, 3, 6] and acc.next_token == 2  # peaked target: same as greedy
+    # a flat-ish target: typical acceptance accepts a plausible token that is not the argmax
+    flat = torch.zeros(7, V)
+    flat[:, 0] = 0.5
+    acc = typical_accept(tree, flat, 1.0, generator=make_generator(0))
+    assert acc.path[:2] == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Statistical losslessness. A toy "target" is a fixed table of next-token distributions P[context]
+# (V_S = 4, contexts of length 0..2) and a toy "drafter" a different table Q[context]. Every trial
+# drafts a tree, verifies it and records the first two emitted tokens (when only one was emitted, the
+# second is drawn from P[(e1,)], as the next lossless step would). Their empirical joint must match the
+# EXACT target joint P[()](a) * P[(a,)](b) within a sampling-noise bound.
+# ---------------------------------------------------------------------------------------------------
+V_S = 4
+TRIALS = 6000
+#          0
+#      /   |   \
+#     1    2    3
+#    / \   |
+#   4   5  6
+S_PARENTS = torch.tensor([-1, 0, 0, 0, 1, 1, 2])
+KIDS = {0: [1, 2, 3], 1: [4, 5], 2: [6]}
+
+
+def _table(seed: int) -> dict[tuple[int, ...], torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ctxs = [()] + [(a,) for a in range(V_S)] + list(itertools.product(range(V_S), repeat=2))
+    return {c: torch.softmax(2.0 * torch.randn(V_S, generator=g), -1) for c in ctxs}
+
+
+P_TAB, Q_TAB = _table(0), _table(1)
+# at the root the drafter's favourites are unlikely for the target, one is impossible (p = 0)
+P_TAB[()] = torch.tensor([0.15, 0.05, 0.0, 0.8])
+Q_TAB[()] = torch.tensor([0.1, 0.3, 0.5, 0.1])
+EXACT = torch.stack([P_TAB[()][a] * P_TAB[(a,)] for a in range(V_S)])  # [V_S, V_S] joint of (e1, e2)
+
+
+def _draft(mode: str, g: torch.Generator) -> tuple[torch.Tensor, list[tuple[int, ...]]]:
+    """Tree tokens [N] and each node's context (its path's tokens after the root)."""
+    tokens, ctx = [0] * 7, [()] * 7
+    for node, kids in KIDS.items():
+        q = Q_TAB[ctx[node]]
+        if mode == "topk":
+            picks = torch.topk(q, len(kids)).indices.tolist()
+        elif mode == "dup":  # deterministic children with a duplicate: best, best, second
+            top = torch.topk(q, 2).indices.tolist()
+            picks = ([top[0], top[0], top[1]])[: len(kids)]
+        else:
+            picks = torch.multinomial(q, len(kids), replacement=(mode == "iid"), generator=g).tolist()
+        for kid, tok in zip(kids, picks):
+            tokens[kid], ctx[kid] = tok, ctx[node] + (tok,)
+    return torch.tensor(tokens), ctx
+
+
+def _accept_all(tree: TokenTree, p: torch.Tensor, g: torch.Generator) -> Acceptance:
+    """A WRONG rule: accept the first child at every level, then a bonus from p."""
+    path = [0]
+    while any(int(par) == path[-1] for par in tree.parents):
+        path.append(next(i for i, par in enumerate(tree.parents.tolist()) if par == path[-1]))
+    return Acceptance(path=path, next_token=sample(p[path[-1]], g))
+
+
+def _tv_to_exact(draft_mode: str, rule: str, seed: int) -> tuple[float, float]:
+    """(total variation of the empirical (e1, e2) joint to EXACT, noise bound for TRIALS samples)."""
+    g = make_generator(seed)
+    counts = torch.zeros(V_S, V_S)
+    for _ in range(TRIALS):
+        tokens, ctx = _draft(draft_mode, g)
+        tree = TokenTree(tokens, S_PARENTS)
+        p = torch.stack([P_TAB[c] for c in ctx])  # [N, V_S]
+        q = torch.stack([Q_TAB[c] for c in ctx])  # [N, V_S]
+        acc = _accept_all(tree, p, g) if rule == "accept_all" else sample_accept(tree, p, rule, q, g)
+        emitted = tokens[acc.path[1:]].tolist() + [acc.next_token]
+        e2 = emitted[1] if len(emitted) > 1 else sample(P_TAB[(emitted[0],)], g)
+        counts[emitted[0], e2] += 1
+    tv = 0.5 * (counts / TRIALS - EXACT).abs().sum().item()
+    # E|freq - p| <= sqrt(p (1 - p) / n) per cell; 3x that bound on E[TV] (~4x the typical noise TV,
+    # ~0.01 here) leaves room for any seed while a biased rule (TV ~0.2) is far above it
+    bound = 3 * 0.5 * (EXACT * (1 - EXACT) / TRIALS).sqrt().sum().item()
+    return tv, bound
+
+
+@pytest.mark.parametrize(
+    ("draft_mode", "rule"),
+    [
+        ("topk", "deterministic"),  # A: top-k children
+        ("dup", "deterministic"),  # A: duplicate sibling tokens
+        # A is lossless for ANY children chosen independently of the target's coins, sampled ones too:
+        # it is sequential rejection with point-mass proposals (residual r minus the rejected token)
+        ("iid", "deterministic"),
+        ("iid", "iid"),  # B
+        ("without_replacement", "without_replacement"),  # C
+    ],
+)
+def test_sampling_rules_are_lossless(draft_mode, rule):
+    tv, bound = _tv_to_exact(draft_mode, rule, seed=123)
+    assert tv < bound, f"{rule} on {draft_mode} children: TV {tv:.4f} >= bound {bound:.4f}"
+
+
+@pytest.mark.parametrize(
+    ("draft_mode", "rule"),
+    [
+        ("topk", "iid"),  # q ratios with deterministic children
+        ("topk", "accept_all"),  # accepting every child
+    ],
+)
+def test_wrong_rules_fail_the_same_check(draft_mode, rule):
+    tv, bound = _tv_to_exact(draft_mode, rule, seed=123)
+    assert tv > 2 * bound, (
+        f"the check has no teeth: {rule} on {draft_mode} gives TV {tv:.4f} (bound {bound:.4f})"
+    )

@@ -1,0 +1,247 @@
+"""EagleDrafter: committed-cache consistency across propose/accept, agreement with the training
+unroll (heads/unroll.ttt_forward) for chains and dynamic trees, and EAGLE-2 node selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from spechead.heads import HeadError
+from spechead.heads.eagle import EagleConfig, EagleHead
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+from spechead.heads.unroll import ttt_forward
+from spechead.inference.drafters.eagle import EagleDrafter, select_best
+from spechead.inference.sampling import SamplingParams
+from spechead.inference.tree import depths, path_to_node
+
+H, V, L, VD = 32, 64, 4, 40
+GREEDY = SamplingParams()
+STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(V, layers=L, hidden=H).requires_grad_(False)
+
+
+def make_head(target, kind: str):
+    torch.manual_seed(3)
+    if kind == "eagle":
+        head = EagleHead(EagleConfig.from_target(target.config))
+    else:
+        head = Eagle3Head(Eagle3Config.from_target(target.config, draft_vocab_size=VD))
+        # A non-trivial draft vocab: VD scattered target ids, so d2t offsets matter.
+        chosen = torch.randperm(V)[:VD].sort().values
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[chosen] = True
+        head.set_draft_vocab(chosen - torch.arange(VD), t2d)
+    for p in head.parameters():  # sharper logits than the default init: no near-ties
+        p.data.mul_(3.0)
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    return head.eval().requires_grad_(False)
+
+
+class Stream:
+    """A committed sequence with random target states {layer: [T, H]} (the drafter never checks them)."""
+
+    def __init__(self, head, length: int, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.layers = sorted(set(head.config.target_layers))
+        self.tokens = torch.randint(V, (length,), generator=self.gen)
+        self.states = {layer: torch.randn(length, H, generator=self.gen) for layer in self.layers}
+
+    def extend(self, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
+        new = {layer: torch.randn(len(tokens), H, generator=self.gen) for layer in self.layers}
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.states = {layer: torch.cat([self.states[layer], new[layer]]) for layer in self.layers}
+        return new
+
+    def features(self, head) -> torch.Tensor:
+        """[1, T, H] head input features of every committed position."""
+        states = [self.states[layer][None] for layer in head.config.target_layers]
+        return head.fuse(states) if isinstance(head, Eagle3Head) else states[0]
+
+
+def chain_scores(
+    head, stream: Stream, root: int, path: list[int], shift: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training's unroll over committed + root + path: (cumulative log-probs [D], argmax ids [D]).
+
+    Entry j is TTT step j at position C - 1 + j, which predicts path[j] (EAGLE-3 ids mapped to target).
+    shift != 0 moves positions >= C (a wrong convention for drafted nodes) to test sensitivity.
+    """
+    committed, depth = len(stream.tokens), len(path)
+    ids = torch.cat([stream.tokens, torch.tensor([root, *path])])[None]  # [1, C + 1 + D]
+    fused = torch.cat([stream.features(head), torch.zeros(1, depth + 1, H)], dim=1)  # unused tail
+    positions = torch.arange(ids.shape[1])
+    positions = (positions + shift * (positions >= committed).long())[None]  # [1, C + 1 + D]
+    outs = ttt_forward(head, fused, ids, None, depth, position_ids=positions)
+    logp = torch.stack(
+        [torch.log_softmax(head.logits(outs[j])[0, committed - 1 + j], -1) for j in range(depth)]
+    )
+    to_target = head.draft_to_target if isinstance(head, Eagle3Head) else (lambda x: x)
+    draft_ids = (
+        head.target_to_draft(torch.tensor(path)) if isinstance(head, Eagle3Head) else torch.tensor(path)
+    )
+    picked = logp.gather(1, draft_ids[:, None].clamp(min=0))[:, 0]  # [D]
+    return picked.double().cumsum(0), to_target(logp.argmax(-1))
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_cache_stays_consistent_across_cycles(target, kind, tree) -> None:
+    head = make_head(target, kind)
+    opts = dict(tree="dynamic", top_k=3, depth=4, total_tokens=12) if tree == "dynamic" else dict(tree=STATIC)
+    drafter = EagleDrafter(head, **opts)
+    stream = Stream(head, 7, seed=0)
+    root = 5
+    drafter.start(stream.tokens, stream.states, root)
+    pick = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        draft = drafter.propose(root, GREEDY, None)
+        assert draft.rule == "deterministic" and draft.q is None
+        node = int(torch.randint(draft.tree.size, (1,), generator=pick))  # any accepted path, maybe root only
+        accepted = draft.tree.tokens[path_to_node(draft.tree.parents, node)]
+        next_root = int(torch.randint(V, (1,), generator=pick))
+        hidden = stream.extend(torch.cat([torch.tensor([root]), accepted[1:]]))
+        drafter.accept(accepted, hidden, next_root)
+        root = next_root
+        # A fresh run over all committed pairs, at once, gives the same cache and last feature.
+        fresh = DynamicCache()
+        next_ids = torch.cat([stream.tokens[1:], torch.tensor([root])])[None]
+        out = head.step(stream.features(head), next_ids, past_key_values=fresh)  # [1, C, H]
+        assert drafter._cache.get_seq_length() == len(stream.tokens) == drafter._committed
+        for mine, ref in zip(drafter._cache.layers, fresh.layers):
+            torch.testing.assert_close(mine.keys, ref.keys, atol=2e-4, rtol=1e-4)
+            torch.testing.assert_close(mine.values, ref.values, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(drafter._feature, out[0, -1], atol=2e-4, rtol=1e-4)
+    # The next tree equals the one a drafter started on the whole committed sequence proposes.
+    mine = drafter.propose(root, GREEDY, None).tree
+    scores = drafter.last_scores
+    other = EagleDrafter(head, **opts)
+    other.start(stream.tokens, stream.states, root)
+    ref = other.propose(root, GREEDY, None).tree
+    assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
+    torch.testing.assert_close(scores, other.last_scores, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_static_chain_matches_training_unroll(target, kind) -> None:
+    head = make_head(target, kind)
+    depth = 5
+    drafter = EagleDrafter(head, tree=[[0] * d for d in range(1, depth + 1)])
+    stream = Stream(head, 6, seed=2)
+    drafter.start(stream.tokens, stream.states, 7)
+    drafted = drafter.propose(7, GREEDY, None).tree.tokens[1:]
+    hidden = stream.extend(torch.tensor([7, int(drafted[0])]))  # accept one draft, then draft again
+    drafter.accept(torch.tensor([7, int(drafted[0])]), hidden, 11)
+    draft = drafter.propose(11, GREEDY, None).tree
+    assert torch.equal(draft.parents, torch.arange(-1, depth))
+    path = draft.tokens[1:].tolist()
+    scores, argmax = chain_scores(head, stream, 11, path)
+    assert argmax.tolist() == path  # greedy step by step, as training unrolls the head
+    torch.testing.assert_close(drafter.last_scores[1:], scores, atol=1e-4, rtol=0)
+    # The check is sensitive to the convention: drafted nodes one position off give other scores.
+    for shift in (1, -1):
+        wrong = chain_scores(head, stream, 11, path, shift=shift)[0]
+        assert (wrong[1:] - scores[1:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_dynamic_tree_shape_and_path_scores(target, kind) -> None:
+    head = make_head(target, kind)
+    top_k, depth, total = 3, 4, 15
+    drafter = EagleDrafter(head, tree="dynamic", top_k=top_k, depth=depth, total_tokens=total)
+    stream = Stream(head, 9, seed=4)
+    drafter.start(stream.tokens, stream.states, 3)
+    tree = drafter.propose(3, GREEDY, None).tree
+    assert 2 <= tree.size <= total and int(depths(tree.parents).max()) <= depth
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    for p in set(parents[1:]):  # siblings are distinct tokens, at most top_k of them
+        kids = [tokens[i] for i in range(1, tree.size) if parents[i] == p]
+        assert len(kids) == len(set(kids)) <= top_k
+    if kind == "eagle3":
+        assert all(head.t2d[t] for t in tokens[1:])
+    # Every node's score is the training unroll's cumulative log-prob of its root-to-node path.
+    for node in range(1, tree.size):
+        path = [tokens[i] for i in path_to_node(tree.parents, node)[1:]]
+        scores, _ = chain_scores(head, stream, 3, path)
+        assert abs(float(scores[-1]) - float(drafter.last_scores[node])) < 1e-4
+
+
+def eagle2_oracle(table: torch.Tensor, root: int, top_k: int, depth: int, keep: int) -> dict[tuple, float]:
+    """EAGLE-2 by token paths: children logp depend on the last token only (logp [V, V])."""
+    logp = torch.log_softmax(table.double(), -1)
+    pool: dict[tuple, float] = {}
+    frontier = [((), 0.0)]
+    for _ in range(depth):
+        new = []
+        for path, score in frontier:
+            last = path[-1] if path else root
+            values, ids = logp[last].topk(top_k)
+            new += [(path + (int(i),), score + float(v)) for v, i in zip(values, ids)]
+        pool.update(new)
+        frontier = sorted(new, key=lambda x: -x[1])[:top_k]
+    best = sorted(pool.items(), key=lambda x: -x[1])[:keep]
+    return dict(best)
+
+
+def test_dynamic_keeps_highest_cumulative_probability(target, monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = type(target)(type(target.config)(**{**target.config.to_dict(), "vocab_size": H}))
+    head = make_head(model.eval(), "eagle")
+    table = torch.randn(H, H) * 3  # logits of a child given its parent's token: [V, V]
+    real_step = head.step
+
+    def step(features, next_ids, *args, **kwargs):  # keeps the cache real, output encodes the token
+        real_step(features, next_ids, *args, **kwargs)
+        return torch.nn.functional.one_hot(next_ids, H).float()  # [B, T, H]
+
+    monkeypatch.setattr(head, "step", step)
+    monkeypatch.setattr(head, "logits", lambda features: features @ table)
+    top_k, depth, total = 4, 5, 20
+    drafter = EagleDrafter(head, tree="dynamic", top_k=top_k, depth=depth, total_tokens=total)
+    stream = Stream(head, 5, seed=6)
+    stream.tokens %= H
+    drafter.start(stream.tokens, stream.states, 2)
+    tree = drafter.propose(2, GREEDY, None).tree
+    got = {}
+    for node in range(1, tree.size):
+        got[tuple(int(tree.tokens[i]) for i in path_to_node(tree.parents, node)[1:])] = float(
+            drafter.last_scores[node]
+        )
+    expected = eagle2_oracle(table, 2, top_k, depth, total - 1)
+    assert tree.size == total and set(got) == set(expected)
+    for path, score in got.items():
+        assert abs(score - expected[path]) < 1e-4
+    assert drafter._cache.get_seq_length() == drafter._committed == 5
+
+
+def test_select_best_closes_ancestors_within_budget() -> None:
+    parents = [-1, 0, 1, 0, 3]
+    scores = [0.0, -5.0, -1.0, -0.5, -0.2]  # node 2 beats its parent 1 (not a log-prob tree)
+    assert select_best(parents, scores, 2) == [0, 3, 4]
+    assert select_best(parents, scores, 3) == [0, 1, 3, 4]  # node 2 needs 1 too: does not fit
+    assert select_best(parents, scores, 4) == [0, 1, 2, 3, 4]
+
+
+def test_arguments_and_check_target(target) -> None:
+    head = make_head(target, "eagle3")
+    drafter = EagleDrafter(head)
+    assert drafter.hidden_layers == tuple(head.config.target_layers)
+    drafter.check_target(H, V, L)
+    with pytest.raises(HeadError):
+        drafter.check_target(H + 1, V, L)
+    with pytest.raises(ValueError, match="top_k"):
+        EagleDrafter(head, top_k=VD + 1)
+    with pytest.raises(ValueError, match="rank"):
+        EagleDrafter(head, tree=[[VD]])
+    with pytest.raises(RuntimeError, match="before start"):
+        drafter.propose(0, GREEDY, None)
+    stream = Stream(head, 4, seed=9)
+    drafter.start(stream.tokens, stream.states, 1)
+    with pytest.raises(ValueError, match="root"):
+        drafter.propose(2, GREEDY, None)
+    with pytest.raises(KeyError, match="missing"):
+        drafter.accept(torch.tensor([1]), {}, 3)

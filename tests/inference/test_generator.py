@@ -1,0 +1,238 @@
+"""SpeculativeGenerator is lossless: greedy output equals plain greedy decoding token for token, and
+sampled output follows the target's exact distribution, for every drafter and several tree shapes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from spechead.heads import MedusaConfig, MedusaHead
+from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams, target_probs
+from spechead.inference.tree import TokenTree
+
+
+class OracleDrafter(Drafter):
+    """Test drafter: proposes the reference continuation with corrupted tokens and wrong siblings."""
+
+    def __init__(self, reference: list[int], vocab: int, depth: int, seed: int):
+        self.reference, self.vocab, self.depth = reference, vocab, depth
+        self.rng = torch.Generator().manual_seed(seed)
+        self.done = 0  # reference tokens emitted so far (the root included)
+
+    def start(self, prompt, hidden, root):
+        self.done = 1
+
+    def propose(self, root, sampling, generator):
+        tokens, parents = [root], [-1]
+        parent = 0
+        for d in range(self.depth):
+            i = self.done + d
+            true = self.reference[i] if i < len(self.reference) else 0
+            wrong = (true + 1 + int(torch.randint(0, self.vocab - 1, (1,), generator=self.rng))) % self.vocab
+            first, second = (wrong, true) if torch.rand(1, generator=self.rng) < 0.3 else (true, wrong)
+            if torch.rand(1, generator=self.rng) < 0.15:
+                second = first = wrong  # a step where no sibling is right
+            tokens += [first, second]
+            parents += [parent, parent]
+            parent = len(tokens) - 2 if first == true else len(tokens) - 1
+        return Draft(TokenTree(torch.tensor(tokens), torch.tensor(parents)))
+
+    def accept(self, tokens, hidden, next_root):
+        self.done += len(tokens)
+
+
+def plain_greedy(model, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
+    """Hugging Face greedy decoding: the reference every drafter must reproduce."""
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    return model, chatml_tokenizer
+
+
+def prompts(n: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        torch.randint(5, vocab, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
+
+
+def medusa_drafter(model, choices=None):
+    cfg = model.config
+    head = MedusaHead(
+        MedusaConfig(
+            hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size,
+            num_heads=3,
+            target_num_layers=cfg.num_hidden_layers,
+        )
+    )
+    head.init_from_lm_head_(model.lm_head.weight)
+    return MedusaDrafter(head, choices)
+
+
+def drafters(model, reference, seed):
+    yield "plain", None
+    yield "prompt_lookup", PromptLookupDrafter(num_draft=4)
+    yield "medusa_default", medusa_drafter(model)
+    yield "medusa_chain", medusa_drafter(model, [[0], [0, 0], [0, 0, 0]])
+    yield (
+        "draft_model_self",
+        DraftModelDrafter(model, num_draft=4),
+    )  # drafts the target's own argmax: all accepted
+    yield "oracle_deep", OracleDrafter(reference, model.config.vocab_size, depth=6, seed=seed)
+
+
+def test_greedy_equals_plain_decoding(setup):
+    model, tok = setup
+    for i, prompt in enumerate(prompts(20, model.config.vocab_size)):
+        n = 12 + i % 7
+        reference = plain_greedy(model, prompt, n, eos=tok.eos_token_id)  # stops at EOS like ours
+        for name, drafter in drafters(model, reference, seed=i):
+            result = SpeculativeGenerator(model, tok, drafter).generate(input_ids=prompt, max_new_tokens=n)
+            assert result.token_ids == reference, f"{name} on prompt {i}"
+            assert result.stats.new_tokens == len(reference)
+            if name in ("draft_model_self",):
+                assert result.stats.tau > 3  # the target drafting for itself is always accepted
+
+
+def test_greedy_stops_at_eos_inside_a_tree(setup):
+    model, tok = setup
+    for i, prompt in enumerate(prompts(8, model.config.vocab_size)):
+        reference = plain_greedy(model, prompt, 30)
+        eos = reference[5 + i % 4]  # pretend this token is EOS: generation must stop at its first use
+        stop = reference.index(eos)
+        for name, drafter in drafters(model, reference, seed=i):
+            gen = SpeculativeGenerator(model, tok, drafter)
+            gen.eos = {eos}  # (the reference ran without any EOS)
+            result = gen.generate(input_ids=prompt, max_new_tokens=30)
+            assert result.token_ids == reference[: stop + 1], f"{name} on prompt {i}"
+
+
+def test_max_new_tokens_inside_a_tree(setup):
+    model, tok = setup
+    prompt = prompts(1, model.config.vocab_size)[0]
+    reference = plain_greedy(model, prompt, 20)
+    for n in (1, 2, 3, 5, 7):
+        drafter = DraftModelDrafter(model, num_draft=4)  # accepts 4 + 1 per pass, so most n end mid-path
+        gen = SpeculativeGenerator(model, tok, drafter)
+        gen.eos = set()
+        result = gen.generate(input_ids=prompt, max_new_tokens=n)
+        assert result.token_ids == reference[:n]
+
+
+def perturbed(model):
+    """A draft model close to the target but not equal (q overlaps p without being p)."""
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.add_(
+            0.004 * torch.randn(other.lm_head.weight.shape, generator=torch.Generator().manual_seed(5))
+        )
+    return other
+
+
+def exact_two_token_distribution(model, prompt, params) -> dict[tuple[int, int], float]:
+    """P(x1, x2 | prompt) under the target with the sampling transform, computed exactly."""
+    with torch.no_grad():
+        p1 = target_probs(model(torch.tensor([prompt])).logits[0, -1], params)
+        dist = {}
+        for x1 in p1.nonzero().flatten().tolist():
+            p2 = target_probs(model(torch.tensor([prompt + [x1]])).logits[0, -1], params)
+            for x2 in p2.nonzero().flatten().tolist():
+                dist[(x1, x2)] = float(p1[x1] * p2[x2])
+    return dist
+
+
+PROMPT = [7, 9, 7, 9, 7]  # repetitive, so prompt lookup drafts too
+PARAMS = SamplingParams(temperature=1.3, top_k=3)
+
+
+def sampling_tv(gen: SpeculativeGenerator, model, trials: int = 1500) -> float:
+    """Total variation between sampled (x1, x2) pairs and the target's exact distribution."""
+    exact = exact_two_token_distribution(model, PROMPT, PARAMS)
+    counts: dict[tuple[int, int], int] = {}
+    for seed in range(trials):
+        out = gen.generate(input_ids=PROMPT, max_new_tokens=2, temperature=1.3, top_k=3, seed=seed)
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+    assert set(counts) <= set(exact), "sampled a pair the target cannot produce"
+    return 0.5 * sum(abs(counts.get(k, 0) / trials - exact.get(k, 0.0)) for k in set(exact) | set(counts))
+
+
+@pytest.mark.parametrize("name", ["plain", "medusa", "draft_model", "draft_model_self", "prompt_lookup"])
+def test_sampling_matches_the_target_distribution(setup, name):
+    model, tok = setup
+    drafter = {
+        "plain": None,
+        "medusa": medusa_drafter(model, [[0], [1], [0, 0], [2]]),
+        "draft_model": DraftModelDrafter(perturbed(model), num_draft=2),  # rule B with q close to p
+        "draft_model_self": DraftModelDrafter(model, num_draft=2),  # q == p: everything accepted
+        "prompt_lookup": PromptLookupDrafter(num_draft=2),
+    }[name]
+    tv = sampling_tv(SpeculativeGenerator(model, tok, drafter), model)
+    # 9 outcomes, 1500 samples: sampling noise gives TV around 0.03; a biased rule is far above.
+    assert tv < 0.07, f"{name}: TV {tv:.3f}"
+
+
+def test_bad_generation_arguments(setup):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, None)
+    cases = [
+        (dict(input_ids=[]), "empty"),
+        (dict(input_ids=[5], max_new_tokens=0), "max_new_tokens"),
+        (dict(input_ids=[5], temperature=-1.0), "temperature"),
+        (dict(input_ids=[5], top_p=0.0), "top_p"),
+        (dict(input_ids=[5], top_p=1.5), "top_p"),
+        (dict(input_ids=[5] * 500, max_new_tokens=20), "context"),
+        (dict(), "exactly one"),
+    ]
+    for kwargs, needle in cases:
+        with pytest.raises(ValueError, match=needle):
+            gen.generate(**kwargs)
+
+
+def test_head_for_another_target_is_refused(setup):
+    model, tok = setup
+    head = MedusaHead(MedusaConfig(hidden_size=48, vocab_size=model.config.vocab_size, num_heads=2))
+    with pytest.raises(ValueError, match="hidden_size 48"):
+        SpeculativeGenerator(model, tok, MedusaDrafter(head))
+
+
+def test_stream_yields_the_same_text(setup):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, PromptLookupDrafter())
+    prompt = "What is the capital of France?"
+    text = "".join(gen.stream(prompt, max_new_tokens=15))
+    assert text == gen.generate(prompt, max_new_tokens=15).text
+    assert gen.last_stats.new_tokens == 15
+
+
+class TopChildrenClaimingIid(DraftModelDrafter):
+    """A deliberately WRONG drafter: argmax children verified with q-ratios as if sampled from q."""
+
+    def propose(self, root, sampling, generator):
+        sampled = super().propose(root, sampling, generator)  # q: the draft model's real distributions
+        top = sampled.q.argmax(-1)  # [N]: the children are the argmax, not samples from q
+        tokens = torch.cat([sampled.tree.tokens[:1], top[:-1]])
+        return Draft(TokenTree(tokens, sampled.tree.parents), rule="iid", q=sampled.q)
+
+
+def test_a_wrong_rule_fails_the_distribution_check(setup):
+    """The check above has teeth: q-ratios on deterministic (argmax) children are biased."""
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, TopChildrenClaimingIid(perturbed(model), num_draft=2))
+    tv = sampling_tv(gen, model)
+    assert tv > 0.1, f"the wrong rule went unnoticed (TV {tv:.3f})"

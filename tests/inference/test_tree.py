@@ -1,0 +1,116 @@
+"""Tree structure: depths, ancestor masks, additive attention masks, positions, paths, static trees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.tree import (
+    TokenTree,
+    ancestor_mask,
+    children,
+    depths,
+    path_to_node,
+    retrieve_indices,
+    tree_attention_mask,
+    tree_from_choices,
+    tree_position_ids,
+)
+
+#        0
+#      /   \
+#     1     2
+#    / \     \
+#   3   4     5
+#   |
+#   6
+PARENTS = torch.tensor([-1, 0, 0, 1, 1, 2, 3])
+
+
+def test_depths_children_paths():
+    assert depths(PARENTS).tolist() == [0, 1, 1, 2, 2, 2, 3]
+    assert children(PARENTS) == [[1, 2], [3, 4], [5], [6], [], [], []]
+    assert path_to_node(PARENTS, 6) == [0, 1, 3, 6]
+    assert path_to_node(PARENTS, 0) == [0]
+    with pytest.raises(ValueError, match="node"):
+        path_to_node(PARENTS, 7)
+
+
+def test_ancestor_mask():
+    m = ancestor_mask(PARENTS)  # [N, N]
+    assert m.dtype == torch.bool and m.shape == (7, 7)
+    expected = torch.zeros(7, 7, dtype=torch.bool)
+    for i in range(7):
+        expected[i, path_to_node(PARENTS, i)] = True
+    assert torch.equal(m, expected)
+    assert m[6].nonzero().flatten().tolist() == [0, 1, 3, 6]
+    assert not m[5, 1] and m[5, 2] and m[5, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tree_attention_mask_is_additive_with_prefix(dtype):
+    past = 3
+    mask = tree_attention_mask(PARENTS, past, dtype)  # [1, 1, N, past + N]
+    assert mask.shape == (1, 1, 7, past + 7) and mask.dtype == dtype
+    assert (mask[0, 0, :, :past] == 0).all()  # every node sees the whole prefix
+    blocked = mask[0, 0, :, past:] == torch.finfo(dtype).min  # [N, N]
+    assert torch.equal(~blocked, ancestor_mask(PARENTS))
+    assert set(mask.unique().tolist()) == {0.0, torch.finfo(dtype).min}
+    with pytest.raises(ValueError, match="floating"):
+        tree_attention_mask(PARENTS, past, torch.bool)
+
+
+def test_position_ids():
+    pos = tree_position_ids(PARENTS, 10)  # [1, N]
+    assert pos.shape == (1, 7) and pos.dtype == torch.long
+    assert pos.tolist() == [[10, 11, 11, 12, 12, 12, 13]]
+
+
+def test_retrieve_indices():
+    ri = retrieve_indices(PARENTS)  # [paths, max_depth + 1]
+    # one row per leaf, leaves (4, 5, 6) in ascending node index
+    assert ri.tolist() == [[0, 1, 4, -1], [0, 2, 5, -1], [0, 1, 3, 6]]
+    assert retrieve_indices(torch.tensor([-1])).tolist() == [[0]]
+    assert retrieve_indices(torch.tensor([-1, 0, 1, 2])).tolist() == [[0, 1, 2, 3]]
+
+
+def test_tree_from_choices():
+    st = tree_from_choices([[0, 1], [1], [0], [0, 0], [0, 0, 0], [2]])
+    # sorted by (length, ranks): [0], [1], [2], [0,0], [0,1], [0,0,0]
+    assert st.parents.tolist() == [-1, 0, 0, 0, 1, 1, 4]
+    assert st.depth.tolist() == [0, 1, 1, 1, 2, 2, 3]
+    assert st.rank.tolist() == [-1, 0, 1, 2, 0, 1, 0]
+    assert st.size == 7
+    assert torch.equal(st.depth, depths(st.parents))
+    TokenTree(torch.zeros(7, dtype=torch.long), st.parents)  # valid
+
+
+@pytest.mark.parametrize(
+    ("choices", "match"),
+    [([[0, 0]], "parent path"), ([[0], [0]], "duplicate"), ([[]], "empty"), ([[-1]], ">= 0")],
+)
+def test_tree_from_choices_errors(choices, match):
+    with pytest.raises(ValueError, match=match):
+        tree_from_choices(choices)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "parents", "match"),
+    [
+        (torch.tensor([1, 2]), torch.tensor([0, 0]), "root"),
+        (torch.tensor([1, 2, 3]), torch.tensor([-1, 2, 0]), "topological"),
+        (torch.tensor([1, 2]), torch.tensor([-1, 1]), "topological"),
+        (torch.tensor([1, 2, 3]), torch.tensor([-1, 0]), "same length"),
+        (torch.tensor([1.0, 2.0]), torch.tensor([-1, 0]), "integer"),
+        (torch.tensor([1, 2]), torch.tensor([-1.0, 0.0]), "integer"),
+        (torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long), "non-empty"),
+        (torch.tensor([[1, 2]]), torch.tensor([[-1, 0]]), "1-D"),
+    ],
+)
+def test_token_tree_validation(tokens, parents, match):
+    with pytest.raises(ValueError, match=match):
+        TokenTree(tokens, parents)
+
+
+def test_token_tree_size():
+    assert TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, 0])).size == 3
