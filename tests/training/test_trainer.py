@@ -88,7 +88,9 @@ def test_two_processes(family, tmp_path, tiny_target_dir, chat_file, training_ki
         "--config_file", str(ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"),
     ]  # fmt: skip
     extra = {"head": family} if family == "medusa" else {"head": family, "head.ttt_steps": 2}
-    proc = training_kit.cli(training_kit.overrides(tiny_target_dir, chat_file, out, **extra), launcher=launcher)
+    proc = training_kit.cli(
+        training_kit.overrides(tiny_target_dir, chat_file, out, **extra), launcher=launcher
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 processes" in proc.stdout
     # Every rank restores its own RNG state: one file per process in each checkpoint.
