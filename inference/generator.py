@@ -31,6 +31,9 @@ class GenerationStats:
     accept_lengths: list[int] = field(default_factory=list)  # accepted drafts + 1, per pass
     new_tokens: int = 0
     wall_time: float = 0.0
+    prefill_time: float = 0.0  # the prompt's target pass
+    draft_time: float = 0.0  # drafter propose + accept
+    verify_time: float = 0.0  # target tree passes, acceptance and cache compaction
 
     @property
     def tau(self) -> float:
@@ -48,6 +51,9 @@ class GenerationStats:
             "accepted_tokens": self.accepted_tokens,
             "new_tokens": self.new_tokens,
             "wall_time": self.wall_time,
+            "prefill_time": self.prefill_time,
+            "draft_time": self.draft_time,
+            "verify_time": self.verify_time,
             "tokens_per_s": self.tokens_per_s,
             "accept_lengths": list(self.accept_lengths),
         }
@@ -166,6 +172,7 @@ class SpeculativeGenerator:
         past_len = len(prompt)
         if self.drafter:
             self.drafter.start(prompt, hidden, root)
+        stats.prefill_time = time.perf_counter() - started
         pending, accepted = [root], None  # tokens to emit; what the drafter has yet to hear about
         while True:
             out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
@@ -173,10 +180,13 @@ class SpeculativeGenerator:
             yield out
             if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
                 break
+            tick = _now(self.target.device)
             if self.drafter and accepted is not None:
                 self.drafter.accept(*accepted)  # only when decoding goes on: no wasted draft pass at the end
             draft = self.drafter.propose(root, params, generator) if self.drafter else None
             tree = draft.tree if draft else chain([], root)
+            tock = _now(self.target.device)
+            stats.draft_time += tock - tick
             logits, hidden = verify_tree(self.target, cache, tree, past_len, layers)  # [N, V], {l: [N, H]}
             if params.is_greedy:
                 acc = greedy_accept(tree, logits)
@@ -186,6 +196,7 @@ class SpeculativeGenerator:
             path = torch.tensor(acc.path, dtype=torch.long)
             keep_positions(cache, past_len, path)
             past_len += len(acc.path)
+            stats.verify_time += _now(self.target.device) - tock
             stats.target_passes += 1
             stats.drafted_tokens += tree.size - 1
             stats.accepted_tokens += len(acc.path) - 1
@@ -194,6 +205,13 @@ class SpeculativeGenerator:
             pending = [*tree.tokens[path[1:]].tolist(), root]
             accepted = (tree.tokens[path], {k: v[path.to(v.device)] for k, v in hidden.items()}, root)
         stats.wall_time = time.perf_counter() - started
+
+
+def _now(device: torch.device) -> float:
+    """A timestamp after the device's queued work (GPU kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _until_stop(tokens: list[int], eos: set[int], room: int) -> list[int]:
