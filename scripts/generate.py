@@ -14,7 +14,10 @@ import argparse
 import json
 import sys
 
+import transformers
+
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,7 +40,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    transformers.utils.logging.disable_progress_bar()
     try:
+        # Check the decoding settings before loading anything (fail in a second, not after a load).
+        SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+        if args.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be > 0, got {args.max_new_tokens}")
         gen = SpeculativeGenerator.from_pretrained(
             args.target, args.drafter, device=args.device, dtype=args.dtype
         )

@@ -1,0 +1,59 @@
+"""scripts/generate.py and scripts/benchmark.py run end to end on a tiny target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_generate_prints_text_and_stats(tiny_target_dir):
+    proc = run("generate.py", "--target", str(tiny_target_dir), "--drafter", "prompt_lookup",
+               "--prompt", "What is the capital of France?", "--chat", "--max-new-tokens", "12", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert stats["new_tokens"] <= 12 and stats["target_passes"] >= 1 and stats["tau"] >= 1.0
+
+
+@pytest.mark.slow
+def test_generate_bad_input_is_one_line(tiny_target_dir):
+    proc = run("generate.py", "--target", str(tiny_target_dir), "--prompt", "hi", "--max-new-tokens", "0")
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip().startswith("error: max_new_tokens") and len(proc.stderr.strip().splitlines()) == 1
+    )
+
+
+@pytest.mark.slow
+def test_benchmark_writes_table_and_json(tiny_target_dir, tmp_path):
+    out = tmp_path / "bench"
+    proc = run("benchmark.py", "--target", str(tiny_target_dir), "--drafter", "lookup=prompt_lookup",
+               "--prompts", "2", "--max-new-tokens", "8", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((out / "decoding.json").read_text())
+    (row,) = data["rows"]
+    assert row["drafter"] == "lookup" and row["greedy_mismatches"] == 0
+    for key in (
+        "tau",
+        "passes_per_token",
+        "tokens_per_s",
+        "speedup",
+        "t_verify_ms",
+        "t_draft_ms",
+        "ideal_speedup",
+    ):
+        assert row[key] > 0 or key == "t_draft_ms"
+    assert set(data["verify_ms_by_size"]) == {"1", "2", "4", "8", "16", "32", "64"}
+    assert "| lookup |" in (out / "decoding.md").read_text()
