@@ -60,6 +60,12 @@ def run(gen: SpeculativeGenerator, prompts, max_new_tokens: int) -> dict:
     return totals
 
 
+def drafter_options(spec: str) -> tuple[str, dict]:
+    """'PATH@key=value,key=value' -> (PATH, {key: int value}), e.g. 'head@top_k=4,depth=5,total_tokens=16'."""
+    path, _, opts = spec.partition("@")
+    return path, {k: int(v) for k, v in (kv.split("=", 1) for kv in opts.split(",") if kv)}
+
+
 def verify_cost(model, sizes: list[int], context: int, repeats: int) -> dict[int, float]:
     """Median seconds of one tree verification pass (a chain of `size` nodes) after `context` tokens."""
     ids = torch.randint(5, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
@@ -105,7 +111,10 @@ def main(argv=None) -> int:
     t_step = base["verify"] / max(base["target_passes"], 1)
     rows = []
     for name, spec in specs.items():
-        gen = SpeculativeGenerator.from_pretrained(args.target, spec, device=args.device, dtype=args.dtype)
+        path, options = drafter_options(spec)
+        gen = SpeculativeGenerator.from_pretrained(
+            args.target, path, device=args.device, dtype=args.dtype, **options
+        )
         reference = run(SpeculativeGenerator(gen.target, gen.tokenizer, None), prompts, args.max_new_tokens)
         res = run(gen, prompts, args.max_new_tokens)
         passes = max(res["target_passes"], 1)
