@@ -8,9 +8,10 @@ import copy
 import pytest
 import torch
 
-from spechead.heads import MedusaConfig, MedusaHead
+from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, MedusaConfig, MedusaHead
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
@@ -85,6 +86,20 @@ def medusa_drafter(model, choices=None):
     return MedusaDrafter(head, choices)
 
 
+def eagle_drafter(model, family: str, **options):
+    """An EAGLE-1 or EAGLE-3 drafter with a random head (accepts little, but every code path runs)."""
+    torch.manual_seed(0)
+    if family == "eagle":
+        head = EagleHead(EagleConfig.from_target(model.config))
+    else:
+        layers = model.config.num_hidden_layers
+        head = Eagle3Head(Eagle3Config.from_target(model.config, target_layers=[1, layers // 2 + 1, layers]))
+    head.attach_target_modules(
+        lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+    )
+    return EagleDrafter(head.eval(), **options)
+
+
 def drafters(model, reference, seed):
     yield "plain", None
     yield "prompt_lookup", PromptLookupDrafter(num_draft=4)
@@ -95,6 +110,8 @@ def drafters(model, reference, seed):
         DraftModelDrafter(model, num_draft=4),
     )  # drafts the target's own argmax: all accepted
     yield "oracle_deep", OracleDrafter(reference, model.config.vocab_size, depth=6, seed=seed)
+    yield "eagle_dynamic", eagle_drafter(model, "eagle", top_k=4, depth=4, total_tokens=12)
+    yield "eagle3_static", eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
 
 
 def test_greedy_equals_plain_decoding(setup):
@@ -172,7 +189,9 @@ def sampling_tv(gen: SpeculativeGenerator, model, trials: int = 1500) -> float:
     return 0.5 * sum(abs(counts.get(k, 0) / trials - exact.get(k, 0.0)) for k in set(exact) | set(counts))
 
 
-@pytest.mark.parametrize("name", ["plain", "medusa", "draft_model", "draft_model_self", "prompt_lookup"])
+@pytest.mark.parametrize(
+    "name", ["plain", "medusa", "draft_model", "draft_model_self", "prompt_lookup", "eagle3"]
+)
 def test_sampling_matches_the_target_distribution(setup, name):
     model, tok = setup
     drafter = {
@@ -181,6 +200,7 @@ def test_sampling_matches_the_target_distribution(setup, name):
         "draft_model": DraftModelDrafter(perturbed(model), num_draft=2),  # rule B with q close to p
         "draft_model_self": DraftModelDrafter(model, num_draft=2),  # q == p: everything accepted
         "prompt_lookup": PromptLookupDrafter(num_draft=2),
+        "eagle3": eagle_drafter(model, "eagle3", top_k=3, depth=2, total_tokens=6),
     }[name]
     tv = sampling_tv(SpeculativeGenerator(model, tok, drafter), model)
     # 9 outcomes, 1500 samples: sampling noise gives TV around 0.03; a biased rule is far above.
