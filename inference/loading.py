@@ -13,6 +13,7 @@ from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+from spechead.inference.tree_search import load_tree_choices
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,6 +49,8 @@ def make_drafter(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
         if isinstance(head, MedusaHead):
+            if "choices" not in options and (saved := load_tree_choices(spec)) is not None:
+                options = {**options, "choices": saved}  # HEAD_DIR/tree.json from scripts/build_tree.py
             return MedusaDrafter(head, **options)
         from spechead.inference.drafters.eagle import EagleDrafter
 

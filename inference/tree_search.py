@@ -1,0 +1,150 @@
+"""Choose a Medusa static tree from measured head accuracies (the Medusa "optimal sparse tree").
+
+accuracy [depth, k]: accuracy[d, r] = probability that head d's r-th candidate (0 = most likely) is the
+token the target emits at that depth. A drafted node with child-rank path (r_1, ..., r_D) is assumed
+accepted with probability prod_d accuracy[d - 1, r_d] (depths independent), so a tree of paths is
+expected to emit 1 + sum of its nodes' probabilities tokens per target pass (the 1 is the target's own).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from spechead.heads.medusa import MedusaHead
+from spechead.inference.tree import tree_from_choices
+from spechead.inference.verify import prefill
+
+TREE_FILE = "tree.json"  # saved in a Medusa head directory; MedusaDrafter uses it by default
+
+
+def _accuracy_rows(accuracy: torch.Tensor) -> list[list[float]]:
+    """Validate accuracy [depth, k] (finite, in [0, 1]) and return it as nested Python floats."""
+    if not isinstance(accuracy, torch.Tensor) or accuracy.dim() != 2 or 0 in accuracy.shape:
+        raise ValueError("accuracy must be a non-empty 2-D tensor [depth, k]")
+    rows = accuracy.detach().double().cpu().tolist()
+    if not all(math.isfinite(x) and 0.0 <= x <= 1.0 for row in rows for x in row):
+        raise ValueError("accuracy entries must be probabilities in [0, 1]")
+    return rows
+
+
+def best_choices(accuracy: torch.Tensor, num_nodes: int) -> list[list[int]]:
+    """The `num_nodes`-node tree (root not counted) maximising the expected accept length.
+
+    Best-first on path probability: a path is never likelier than its prefix, so the `num_nodes` most
+    likely paths form a prefix-closed tree, and no other tree of that size has a larger sum. Ties go to
+    the shorter path, then the lexicographically smaller ranks (so prefixes always come first). Asking
+    for more nodes than the table's depth and width allow gives the full tree. Paths come back sorted
+    by (length, ranks), ready for `tree_from_choices`.
+    """
+    rows = _accuracy_rows(accuracy)
+    if num_nodes < 0:
+        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+    depth, width = len(rows), len(rows[0])
+    # heap entries: (-probability, length, ranks); the frontier = children of the chosen paths
+    frontier = [(-rows[0][r], 1, (r,)) for r in range(width)]
+    heapq.heapify(frontier)
+    chosen: list[tuple[int, ...]] = []
+    while frontier and len(chosen) < num_nodes:
+        neg_p, length, path = heapq.heappop(frontier)
+        chosen.append(path)
+        if length < depth:  # child probability = parent * accuracy <= parent: popped later
+            for r in range(width):
+                heapq.heappush(frontier, (neg_p * rows[length][r], length + 1, (*path, r)))
+    return [list(p) for p in sorted(chosen, key=lambda p: (len(p), p))]
+
+
+def expected_accept_length(accuracy: torch.Tensor, choices: Sequence[Sequence[int]]) -> float:
+    """1 + sum over the tree's paths of prod_d accuracy[d, rank_d] (tokens emitted per target pass)."""
+    rows = _accuracy_rows(accuracy)
+    tree_from_choices([list(c) for c in choices])  # validates: prefix-closed, no duplicates
+    total = 1.0
+    for path in choices:
+        if len(path) > len(rows) or max(path) >= len(rows[0]):
+            raise ValueError(
+                f"path {list(path)} needs an accuracy table of at least [{len(path)}, {max(path) + 1}], "
+                f"got {list(accuracy.shape)}"
+            )
+        total += math.prod(rows[d][r] for d, r in enumerate(path))
+    return total
+
+
+@torch.no_grad()
+def measure_topk_accuracy(
+    model: torch.nn.Module,
+    head: MedusaHead,
+    sequences: list[torch.Tensor],
+    topk: int,
+    starts: Sequence[int] | None = None,
+    chunk: int = 512,
+) -> torch.Tensor:
+    """accuracy [num_heads, topk]: accuracy[k, r] = share of positions where head k's r-th candidate
+    is the sequence's token t+2+k.
+
+    Each sequence [T] is run once through the target (`prefill`, capturing the head's layer). Head k
+    at position t sees the target state of token t and guesses token t+2+k, so position t counts for
+    head k when t+2+k < T. To mirror greedy decoding the sequences must be the target's OWN greedy
+    continuations of prompts: then token t+1 is the target's greedy token (the root a decoding step
+    starts from) and token t+2+k is exactly what a drafted node at depth k+1 must equal. `starts[i]`
+    = index of the first generated token of sequence i (its prompt length): only positions
+    t >= starts[i] - 1 count, so prompt tokens never serve as references (default 0: all count).
+    Counts are pooled over all sequences; `chunk` bounds the [chunk, V] logits held at a time.
+    """
+    num_heads, layer = head.num_heads, head.config.target_layers[0]
+    if topk < 1:
+        raise ValueError(f"topk must be >= 1, got {topk}")
+    starts = [0] * len(sequences) if starts is None else list(starts)
+    if len(starts) != len(sequences):
+        raise ValueError(f"got {len(starts)} starts for {len(sequences)} sequences")
+    dtype = next(head.parameters()).dtype
+    hits = torch.zeros(num_heads, topk, dtype=torch.long)
+    counts = torch.zeros(num_heads, dtype=torch.long)
+    for seq, start in zip(sequences, starts):
+        seq = seq.reshape(-1).long().cpu()  # [T]
+        first = max(start - 1, 0)  # first position t whose references are all generated
+        if len(seq) - first < 3:
+            continue  # not even head 0 has a reference
+        _, _, hidden = prefill(model, seq[None], (layer,))
+        state = hidden[layer].to(dtype)  # [T, H]
+        for k in range(num_heads):
+            stop = len(seq) - 2 - k  # positions t in [first, stop) have token t+2+k
+            for lo in range(first, stop, chunk):
+                hi = min(lo + chunk, stop)
+                logits = head.head_logits(k, state[None, lo:hi])[0]  # [n, V]
+                cand = logits.topk(topk, dim=-1).indices.cpu()  # [n, topk]
+                target = seq[lo + 2 + k : hi + 2 + k]  # [n]
+                hits[k] += (cand == target[:, None]).sum(0)
+                counts[k] += hi - lo
+    if int(counts.min()) == 0:
+        raise ValueError(
+            f"sequences too short: head(s) {[k for k in range(num_heads) if counts[k] == 0]} have no "
+            "position with a generated reference token; generate more tokens"
+        )
+    return hits.double().div(counts[:, None]).float()
+
+
+def save_tree(head_dir: str | Path, choices: list[list[int]], **info: object) -> Path:
+    """Write HEAD_DIR/tree.json = {"choices": ..., **info}; returns its path."""
+    tree_from_choices(choices)  # never save a tree the drafter would refuse
+    path = Path(head_dir) / TREE_FILE
+    path.write_text(json.dumps({"choices": choices, **info}, indent=2) + "\n")
+    return path
+
+
+def load_tree_choices(head_dir: str | Path) -> list[list[int]] | None:
+    """The choices of HEAD_DIR/tree.json, or None when the (local) head directory has none."""
+    path = Path(head_dir).expanduser() / TREE_FILE
+    if not path.is_file():
+        return None
+    try:
+        choices = json.loads(path.read_text())["choices"]
+        choices = [[int(x) for x in c] for c in choices]
+        tree_from_choices(choices)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not a valid tree file ({type(err).__name__}: {err})") from err
+    return choices

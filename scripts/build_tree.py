@@ -1,0 +1,137 @@
+"""Build a Medusa static tree from the head's measured top-k accuracies and save it as HEAD/tree.json.
+
+    python scripts/build_tree.py --target data/demo/target --head outputs/bench-heads/medusa/head \
+        --nodes 60 --prompts 32 --max-new-tokens 128
+
+The target greedily continues N chat prompts (the first user turns of
+`spechead.data.demo.make_conversations(N, seed=123)`, or --prompts-file JSONL lines {"prompt": ...});
+on those continuations each head's top-k accuracy is measured, the best tree of --nodes drafted nodes
+is chosen, and its expected accept length is compared with the default tree's. Decoding with the new
+tree is then timed on the same prompts (in-sample). MedusaDrafter loads HEAD/tree.json by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from spechead.data.demo import make_conversations
+from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES, MedusaDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.tree_search import (
+    best_choices,
+    expected_accept_length,
+    measure_topk_accuracy,
+    save_tree,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="target model directory or Hub id")
+    p.add_argument("--head", required=True, help="local Medusa head directory (tree.json is written there)")
+    p.add_argument("--nodes", type=int, default=60, help="drafted nodes in the tree (root not counted)")
+    p.add_argument("--prompts", type=int, default=32, help="number of prompts to continue")
+    p.add_argument("--prompts-file", default=None, help='JSONL with {"prompt": ...} per line')
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--topk", type=int, default=10, help="candidates measured per head")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--no-check", action="store_true", help="skip decoding again with the new tree")
+    return p.parse_args(argv)
+
+
+def load_prompts(n: int, path: str | None) -> tuple[list[str], str]:
+    """N prompt strings and a description of where they came from."""
+    if path is None:
+        convs = make_conversations(n, seed=123)
+        firsts = [next(m["content"] for m in c["messages"] if m["role"] == "user") for c in convs]
+        return firsts, "spechead.data.demo.make_conversations(seed=123) first user turns"
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    prompts = [str(row["prompt"]) for row in lines][:n]
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts, str(path)
+
+
+def decode_all(gen: SpeculativeGenerator, prompts: list[list[int]], max_new: int) -> tuple[list, float]:
+    """Greedy continuations (generated ids per prompt) and the mean tau over all target passes."""
+    outs = [gen.generate(input_ids=ids, max_new_tokens=max_new) for ids in prompts]
+    lengths = [n for o in outs for n in o.stats.accept_lengths]
+    return [o.token_ids for o in outs], sum(lengths) / max(len(lengths), 1)
+
+
+def format_table(accuracy: torch.Tensor) -> str:
+    """The accuracy table [heads, k] as fixed-width text, one row per head."""
+    head = "head " + "".join(f"{f'top{r}':>7}" for r in range(accuracy.shape[1]))
+    rows = [f"{k:>4} " + "".join(f"{x:7.3f}" for x in row) for k, row in enumerate(accuracy.tolist())]
+    return "\n".join([head, *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.nodes < 1 or args.prompts < 1 or args.topk < 1:
+            raise ValueError("--nodes, --prompts and --topk must be >= 1")
+        if not Path(args.head).is_dir():
+            raise ValueError(f"--head {args.head} is not a local directory (tree.json is saved there)")
+        texts, source = load_prompts(args.prompts, args.prompts_file)
+        # The default tree decodes the prompts (greedy = lossless, so the continuations are the
+        # target's own) and gives the baseline tau.
+        gen = SpeculativeGenerator.from_pretrained(
+            args.target, args.head, device=args.device, dtype=args.dtype, choices=DEFAULT_MEDUSA_CHOICES
+        )
+        if not isinstance(gen.drafter, MedusaDrafter):
+            raise ValueError(f"--head {args.head} is not a Medusa head (static trees are Medusa-only)")
+        tok = gen.tokenizer
+        chat = bool(getattr(tok, "chat_template", None))
+        prompts = [
+            tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=False)
+            if chat else tok(t, add_special_tokens=True)["input_ids"]
+            for t in texts
+        ]  # fmt: skip
+        generated, tau_default = decode_all(gen, prompts, args.max_new_tokens)
+        head = gen.drafter.head
+        sequences = [torch.tensor(p + g, dtype=torch.long) for p, g in zip(prompts, generated)]
+        accuracy = measure_topk_accuracy(gen.target, head, sequences, args.topk, [len(p) for p in prompts])
+    except (ValueError, OSError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    choices = best_choices(accuracy, args.nodes)
+    expected = expected_accept_length(accuracy, choices)
+    default = [c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= head.num_heads]
+    fits = max(max(c) for c in default) < args.topk
+    expected_default = expected_accept_length(accuracy, default) if fits else float("nan")
+    positions = sum(len(g) for g in generated)
+    print(f"top-{args.topk} accuracy of {head.num_heads} heads over {positions} generated tokens "
+          f"({len(prompts)} prompts, {source}):")  # fmt: skip
+    print(format_table(accuracy))
+    print(f"\nchosen tree ({len(choices)} nodes, depth {max(map(len, choices))}): {json.dumps(choices)}")
+    print(
+        f"expected accept length: chosen {expected:.3f} | default ({len(default)} nodes) {expected_default:.3f}"
+    )
+    print(f"measured tau, default tree: {tau_default:.3f}")
+    measured = {"target": str(args.target), "prompts": len(prompts), "prompt_source": source,
+                "max_new_tokens": args.max_new_tokens, "generated_tokens": positions, "topk": args.topk}  # fmt: skip
+    path = save_tree(
+        args.head,
+        choices,
+        expected_accept_length=expected,
+        default_expected_accept_length=expected_default if fits else None,
+        measured_on=measured,
+        accuracy=[[round(x, 6) for x in row] for row in accuracy.tolist()],
+    )
+    if not args.no_check:
+        gen.drafter = MedusaDrafter(head, choices)
+        _, tau_chosen = decode_all(gen, prompts, args.max_new_tokens)
+        print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

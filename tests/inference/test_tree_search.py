@@ -1,0 +1,165 @@
+"""Tree search: best_choices is the optimal prefix-closed tree; measured accuracies match by hand."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from spechead.heads import MedusaConfig, MedusaHead
+from spechead.inference.tree import tree_from_choices
+from spechead.inference.tree_search import (
+    TREE_FILE,
+    best_choices,
+    expected_accept_length,
+    load_tree_choices,
+    measure_topk_accuracy,
+    save_tree,
+)
+
+# exact binary fractions: products are exact, so ties are real ties
+TABLE = torch.tensor([[0.5, 0.25], [0.5, 0.125]])  # [depth 2, k 2]
+
+
+def all_paths(depth: int, width: int) -> list[tuple[int, ...]]:
+    return [p for d in range(1, depth + 1) for p in itertools.product(range(width), repeat=d)]
+
+
+def brute_force_best(accuracy: torch.Tensor, n: int) -> float:
+    """Largest expected accept length over every prefix-closed tree of n nodes."""
+    paths = all_paths(*accuracy.shape)
+    best = -1.0
+    for subset in itertools.combinations(paths, n):
+        chosen = set(subset)
+        if all(p[:-1] in chosen for p in subset if len(p) > 1):
+            best = max(best, expected_accept_length(accuracy, [list(p) for p in subset]))
+    return best
+
+
+@pytest.mark.parametrize(
+    "n, expected",
+    [
+        (0, []),
+        (1, [[0]]),
+        (2, [[0], [1]]),  # [1] and [0, 0] tie at 0.25: the shorter wins
+        (3, [[0], [1], [0, 0]]),
+        (4, [[0], [1], [0, 0], [1, 0]]),
+        (5, [[0], [1], [0, 0], [0, 1], [1, 0]]),  # [0, 1] = 0.0625 beats [1, 1] = 0.03125
+    ],
+)
+def test_best_choices_known_optimum(n, expected):
+    assert best_choices(TABLE, n) == expected
+
+
+def test_expected_accept_length_by_hand():
+    assert expected_accept_length(TABLE, []) == 1.0
+    assert expected_accept_length(TABLE, [[0], [1], [0, 0], [1, 0]]) == 1 + 0.5 + 0.25 + 0.25 + 0.125
+    with pytest.raises(ValueError, match="at least"):
+        expected_accept_length(TABLE, [[0], [0, 0], [0, 0, 0]])  # deeper than the table
+    with pytest.raises(ValueError, match="at least"):
+        expected_accept_length(TABLE, [[2]])  # rank beyond k
+    with pytest.raises(ValueError, match="parent"):
+        expected_accept_length(TABLE, [[0, 0]])  # not prefix-closed
+
+
+def test_lexicographic_ties_and_full_tree():
+    flat = torch.full((2, 2), 0.5)
+    assert best_choices(flat, 4) == [[0], [1], [0, 0], [0, 1]]
+    assert best_choices(flat, 100) == [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1]]  # capped: all 6 paths
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_best_choices_is_optimal_prefix_closed_and_sorted(seed):
+    g = torch.Generator().manual_seed(seed)
+    acc = torch.rand(3, 2, generator=g).sort(dim=1, descending=seed % 2 == 0).values  # [3, 2]
+    for n in range(1, 9):
+        choices = best_choices(acc, n)
+        assert len(choices) == n and len({tuple(c) for c in choices}) == n
+        assert all(c[:-1] in choices for c in choices if len(c) > 1)  # closed under prefixes
+        assert choices == sorted(choices, key=lambda c: (len(c), c))
+        tree_from_choices(choices)
+        assert math.isclose(expected_accept_length(acc, choices), brute_force_best(acc, n), rel_tol=1e-12)
+
+
+def test_best_choices_rejects_bad_tables():
+    for bad in (
+        torch.tensor([0.5]),
+        torch.tensor([[1.5]]),
+        torch.tensor([[float("nan")]]),
+        torch.zeros(0, 2),
+    ):
+        with pytest.raises(ValueError):
+            best_choices(bad, 3)
+    with pytest.raises(ValueError):
+        best_choices(TABLE, -1)
+
+
+@pytest.fixture(scope="module")
+def model_and_head(tiny_llama):
+    model = tiny_llama(64, layers=2, hidden=32, seed=5)
+    cfg = model.config
+    head = MedusaHead(MedusaConfig(hidden_size=32, vocab_size=64, num_heads=3, target_num_layers=2))
+    head.init_from_lm_head_(model.lm_head.weight)  # zero ResBlocks: every head = the target's lm_head
+    head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
+    assert head.config.target_layers == [cfg.num_hidden_layers]  # the final normed state
+    return model.eval(), head.eval()
+
+
+def planted(model, prefix: list[int], length: int, lag: int, rank_at) -> torch.Tensor:
+    """Extend `prefix` to `length` tokens so token t+lag is the target's rank_at(t)-th candidate at t."""
+    ids = list(prefix)
+    with torch.no_grad():
+        while len(ids) < length:
+            t = len(ids) - lag
+            logits = model(torch.tensor([ids[: t + 1]])).logits[0, -1]  # [V]: the target at position t
+            ids.append(int(logits.topk(4).indices[rank_at(t)]))
+    return torch.tensor(ids)
+
+
+def test_measure_topk_accuracy_by_hand(model_and_head):
+    model, head = model_and_head
+    # head 1 (lm_head on position t's state, reference t+3) finds token t+3 as its 3rd candidate everywhere
+    seqs = [planted(model, p, n, lag=3, rank_at=lambda t: 2) for p, n in (([7, 1, 30], 9), ([5, 5, 60], 14))]
+    acc = measure_topk_accuracy(model, head, seqs, topk=4)
+    assert acc.shape == (3, 4) and ((acc >= 0) & (acc <= 1)).all()
+    assert acc[1].tolist() == [0.0, 0.0, 1.0, 0.0]
+    # every entry against a plain forward of the target
+    hits, total = torch.zeros(3, 4), torch.zeros(3, 1)
+    for seq in seqs:
+        with torch.no_grad():
+            cand = model(seq[None]).logits[0].topk(4).indices  # [T, 4]
+        for k in range(3):
+            for t in range(len(seq) - 2 - k):
+                hits[k] += (cand[t] == seq[t + 2 + k]).float()
+                total[k] += 1
+    assert total.flatten().tolist() == [7 + 12, 6 + 11, 5 + 10]
+    torch.testing.assert_close(acc, hits / total)
+
+
+def test_measure_counts_generated_positions_only(model_and_head):
+    """Prompt tokens (index < start) never serve as references: position t counts iff t >= start - 1."""
+    model, head = model_and_head
+    start, length = 6, 16
+    # head 0 (reference t+2): rank 0 inside the prompt, rank 1 in the generated part
+    seq = planted(model, [11, 4], length, lag=2, rank_at=lambda t: 0 if t + 2 < start else 1)
+    acc = measure_topk_accuracy(model, head, [seq], topk=2, starts=[start])
+    assert acc[0].tolist() == [0.0, 1.0]  # positions 5..13, references 7..15: all rank 1
+    everything = measure_topk_accuracy(model, head, [seq], topk=2)  # positions 0..13
+    assert everything[0].tolist() == pytest.approx([4 / 14, 10 / 14])
+    with pytest.raises(ValueError, match="too short"):
+        measure_topk_accuracy(model, head, [seq], topk=2, starts=[length - 2])  # heads 1, 2: no position
+    with pytest.raises(ValueError, match="starts"):
+        measure_topk_accuracy(model, head, [seq], topk=2, starts=[1, 2])
+
+
+def test_save_and_load_tree(tmp_path):
+    assert load_tree_choices(tmp_path) is None
+    path = save_tree(tmp_path, [[0], [0, 0]], expected_accept_length=1.5)
+    assert path.name == TREE_FILE and json.loads(path.read_text())["expected_accept_length"] == 1.5
+    assert load_tree_choices(tmp_path) == [[0], [0, 0]]
+    path.write_text(json.dumps({"choices": [[0, 1]]}))
+    with pytest.raises(ValueError, match="not a valid tree"):
+        load_tree_choices(tmp_path)

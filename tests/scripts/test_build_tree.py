@@ -1,0 +1,66 @@
+"""scripts/build_tree.py measures a saved head, writes HEAD/tree.json, and the generator then uses it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from spechead.heads import MedusaConfig, MedusaHead
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.tree import tree_from_choices
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("build_tree_script", ROOT / "scripts" / "build_tree.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture()
+def head_dir(tmp_path, tiny_target_dir) -> Path:
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    cfg = model.config
+    head = MedusaHead(
+        MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=3,
+                     target_num_layers=cfg.num_hidden_layers)
+    )  # fmt: skip
+    head.init_from_lm_head_(model.lm_head.weight)
+    return head.save_pretrained(tmp_path / "head")
+
+
+def test_build_tree_end_to_end(tiny_target_dir, head_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello", "Add 2 and 3.", "Paris?")))
+    argv = ["--target", str(tiny_target_dir), "--head", str(head_dir), "--nodes", "7",
+            "--prompts", "2", "--prompts-file", str(prompts), "--max-new-tokens", "10", "--topk", "4"]  # fmt: skip
+    assert load_script().main(argv) == 0
+    out = capsys.readouterr().out
+    assert "expected accept length: chosen" in out and "measured tau, chosen tree" in out
+
+    saved = json.loads((head_dir / "tree.json").read_text())
+    choices = saved["choices"]
+    assert len(choices) == 7 and max(map(len, choices)) <= 3 and max(max(c) for c in choices) < 4
+    assert saved["expected_accept_length"] >= 1.0 and saved["measured_on"]["prompts"] == 2
+    assert len(saved["accuracy"]) == 3 and len(saved["accuracy"][0]) == 4
+
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir))
+    assert gen.drafter.static.parents.tolist() == tree_from_choices(choices).parents.tolist()
+    assert gen.drafter.static.rank.tolist() == tree_from_choices(choices).rank.tolist()
+    forced = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), choices=[[0]])
+    assert forced.drafter.static.size == 2  # an explicit `choices` option wins over tree.json
+
+
+def test_build_tree_demo_prompts_and_errors(tiny_target_dir, head_dir, capsys):
+    script = load_script()
+    prompts, source = script.load_prompts(5, None)
+    assert len(prompts) == 5 and all(prompts) and "seed=123" in source
+    argv = ["--target", str(tiny_target_dir), "--head", str(head_dir / "missing"), "--prompts", "1"]
+    assert script.main(argv) == 2 and "not a local directory" in capsys.readouterr().err
