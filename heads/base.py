@@ -180,6 +180,11 @@ class DraftHead(nn.Module):
         """The attached frozen target embedding (HeadError if none)."""
         return self._target_module("embed_tokens", "get_input_embeddings")
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> frozen target embeddings (B, T, H) in the head's dtype (no grad)."""
+        with torch.no_grad():
+            return self.target_embed_tokens(ids).to(next(self.parameters()).dtype)
+
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         """Raise HeadError unless this head fits a target of these sizes and depth."""
         cfg = self.config

@@ -106,11 +106,6 @@ class EagleHead(DraftHead):
         self.layers = nn.ModuleList(layer_class(layer_cfg, layer_idx=i) for i in range(config.num_layers))
         self.rotary = Rotary(layer_cfg)
 
-    def embed(self, ids: Tensor) -> Tensor:
-        """Token ids (B, T) -> frozen target embeddings (B, T, H) in the head's dtype (no grad)."""
-        with torch.no_grad():
-            return self.target_embed_tokens(ids).to(self.fc.weight.dtype)
-
     def forward(
         self,
         features: Tensor,

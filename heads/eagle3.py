@@ -160,11 +160,6 @@ class Eagle3Head(DraftHead):
         dtype = self.fc.weight.dtype
         return self.fc(torch.cat([h.to(dtype) for h in hidden_states], dim=-1))
 
-    def embed(self, ids: Tensor) -> Tensor:
-        """Token ids (B, T) -> frozen target embeddings (B, T, H) in the head's dtype (no grad)."""
-        with torch.no_grad():
-            return self.target_embed_tokens(ids).to(self.fc.weight.dtype)
-
     def step(
         self,
         hidden: Tensor,

@@ -23,11 +23,6 @@ CONVERSATION = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _datasets_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
-
-
 @pytest.fixture(params=["chatml_tokenizer", "llama3_tokenizer"])
 def tok_name(request):
     return request.param

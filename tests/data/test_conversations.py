@@ -24,11 +24,6 @@ SHAREGPT = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _datasets_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
-
-
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -14,11 +14,6 @@ from spechead.data.errors import DataError
 from spechead.data.pipeline import TrainData, build_datasets, val_count
 
 
-@pytest.fixture(autouse=True)
-def _datasets_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
-
-
 def write_conversations(path: Path, n: int) -> Path:
     """n ShareGPT conversations, each answer unique ("answer <i>")."""
     rows = [
