@@ -34,6 +34,10 @@ class MedusaConfig(HeadConfig):
             raise HeadError(f"num_heads must be >= 1, got {self.num_heads}")
         if self.num_layers < 0:
             raise HeadError(f"num_layers (ResBlocks per head) must be >= 0, got {self.num_layers}")
+        if self.num_layers == 0 and self.share_lm_head:
+            raise HeadError(
+                "a Medusa head with num_layers=0 and share_lm_head=true has nothing to train: change one"
+            )
         if len(self.target_layers) != 1:
             raise HeadError(
                 f"Medusa heads read exactly one target layer, got target_layers={self.target_layers}"

@@ -114,6 +114,7 @@ def sample_accept(
         _check_rows(tree, q, "q")
         if q.shape != p.shape:
             raise ValueError(f"q {tuple(q.shape)} and p {tuple(p.shape)} must have the same shape [N, V]")
+        q = q.to(p.device)  # drafters may run on another device than the target
     kids = children(tree.parents)
     tokens = tree.tokens.tolist()
     path = [0]

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from spechead.inference.acceptance import greedy_accept, sample_accept
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.kv_cache import keep_positions
-from spechead.inference.sampling import SamplingParams, sample, target_probs
+from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
 from spechead.inference.verify import prefill, verify_tree
 
 
@@ -125,6 +125,9 @@ class SpeculativeGenerator:
             if len(text) > len(shown) and not text.endswith("\ufffd"):  # wait for whole UTF-8 characters
                 yield text[len(shown) :]
                 shown = text
+        text = self.tokenizer.decode(emitted, skip_special_tokens=True)
+        if len(text) > len(shown):  # whatever was held back for a partial character
+            yield text[len(shown) :]
         self.last_stats = stats
 
     # ---- internals -------------------------------------------------------------------------------
@@ -165,9 +168,11 @@ class SpeculativeGenerator:
         """Yield lists of new token ids as they are accepted; fills `stats`."""
         self._check_lengths(len(prompt), max_new_tokens)
         started = time.perf_counter()
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        generator = make_generator(params.seed, self.target.device)  # multinomial needs it on the same device
         layers = tuple(self.drafter.hidden_layers) if self.drafter else ()
-        cache, logits, hidden = prefill(self.target, prompt[None].to(self.target.device), layers)
+        cache, logits, hidden = prefill(
+            self.target, prompt[None].to(self.target.device), layers, logits_to_keep=1
+        )
         root = self._pick(logits[-1], params, generator)
         past_len = len(prompt)
         if self.drafter:

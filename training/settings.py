@@ -65,6 +65,7 @@ class TrainerConfig:
                 "trainer.eval_every and trainer.save_every must be >= 1",
             ),
             (self.keep_checkpoints >= 1, "trainer.keep_checkpoints must be >= 1"),
+            (self.log_every >= 1, "trainer.log_every must be >= 1"),
         ]
         for ok, msg in checks:
             if not ok:

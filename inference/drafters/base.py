@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from spechead.inference.acceptance import RULES
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
-
-RULES = ("deterministic", "iid", "without_replacement")
 
 
 @dataclass

@@ -66,7 +66,7 @@ class DraftModelDrafter(Drafter):
         if sampling.is_greedy:
             return Draft(tree)
         q = torch.stack(rows + [rows[-1]])  # [N, V]: row i = distribution node i's child came from
-        return Draft(tree, rule="iid", q=q.cpu())
+        return Draft(tree, rule="iid", q=q)
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.pending = [*tokens[1:].tolist(), next_root]  # the root itself was fed in propose

@@ -50,7 +50,7 @@ class MedusaDrafter(Drafter):
         logits = torch.stack(
             [self.head.head_logits(k, state)[0, 0] for k in range(self.head.num_heads)]
         )  # [K, V]
-        candidates = logits.topk(width, dim=-1).indices  # [K, width]
+        candidates = logits.topk(width, dim=-1).indices.cpu()  # [K, width]; the tree lives on the CPU
         tokens = torch.full_like(depth, root)
         drafted = depth > 0
         tokens[drafted] = candidates[depth[drafted] - 1, rank[drafted]]

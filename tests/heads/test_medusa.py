@@ -106,3 +106,8 @@ def test_init_from_lm_head_and_config_validation(target) -> None:
         MedusaConfig(hidden_size=H, vocab_size=V, num_heads=0)
     with pytest.raises(HeadError, match="exactly one target layer"):
         MedusaConfig(hidden_size=H, vocab_size=V, target_layers=[1, 2])
+
+
+def test_a_head_with_nothing_to_train_is_refused() -> None:
+    with pytest.raises(HeadError, match="nothing to train"):
+        MedusaConfig(hidden_size=8, vocab_size=16, num_layers=0, share_lm_head=True)

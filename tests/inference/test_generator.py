@@ -162,15 +162,17 @@ def perturbed(model):
     return other
 
 
-def exact_two_token_distribution(model, prompt, params) -> dict[tuple[int, int], float]:
-    """P(x1, x2 | prompt) under the target with the sampling transform, computed exactly."""
+def exact_distribution(model, prompt, params, length: int = 2) -> dict[tuple[int, ...], float]:
+    """P(x1..x_length | prompt) under the target with the sampling transform, computed exactly."""
+    dist = {(): 1.0}
     with torch.no_grad():
-        p1 = target_probs(model(torch.tensor([prompt])).logits[0, -1], params)
-        dist = {}
-        for x1 in p1.nonzero().flatten().tolist():
-            p2 = target_probs(model(torch.tensor([prompt + [x1]])).logits[0, -1], params)
-            for x2 in p2.nonzero().flatten().tolist():
-                dist[(x1, x2)] = float(p1[x1] * p2[x2])
+        for _ in range(length):
+            grown = {}
+            for prefix, prob in dist.items():
+                p = target_probs(model(torch.tensor([prompt + list(prefix)])).logits[0, -1], params)
+                for x in p.nonzero().flatten().tolist():
+                    grown[(*prefix, x)] = prob * float(p[x])
+            dist = grown
     return dist
 
 
@@ -178,15 +180,33 @@ PROMPT = [7, 9, 7, 9, 7]  # repetitive, so prompt lookup drafts too
 PARAMS = SamplingParams(temperature=1.3, top_k=3)
 
 
-def sampling_tv(gen: SpeculativeGenerator, model, trials: int = 1500) -> float:
-    """Total variation between sampled (x1, x2) pairs and the target's exact distribution."""
-    exact = exact_two_token_distribution(model, PROMPT, PARAMS)
-    counts: dict[tuple[int, int], int] = {}
+def sampling_tv(gen: SpeculativeGenerator, model, trials: int = 1500, length: int = 2) -> float:
+    """Total variation between sampled first `length` tokens and the target's exact distribution."""
+    exact = exact_distribution(model, PROMPT, PARAMS, length)
+    counts: dict[tuple[int, ...], int] = {}
     for seed in range(trials):
-        out = gen.generate(input_ids=PROMPT, max_new_tokens=2, temperature=1.3, top_k=3, seed=seed)
+        out = gen.generate(input_ids=PROMPT, max_new_tokens=length, temperature=1.3, top_k=3, seed=seed)
         counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
-    assert set(counts) <= set(exact), "sampled a pair the target cannot produce"
+    assert set(counts) <= set(exact), "sampled a sequence the target cannot produce"
     return 0.5 * sum(abs(counts.get(k, 0) / trials - exact.get(k, 0.0)) for k in set(exact) | set(counts))
+
+
+def test_sampling_three_tokens_deep(setup):
+    """Acceptance below the root (a child's own children, q rows of deeper nodes, leaf bonus)."""
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, DraftModelDrafter(perturbed(model), num_draft=3))
+    tv = sampling_tv(gen, model, trials=3000, length=3)
+    # 27 outcomes, 3000 samples: noise TV is about 0.04.
+    assert tv < 0.09, f"TV {tv:.3f}"
+    assert (
+        sum(
+            gen.generate(
+                input_ids=PROMPT, max_new_tokens=3, temperature=1.3, top_k=3, seed=s
+            ).stats.accepted_tokens
+            for s in range(50)
+        )
+        > 25
+    )
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,7 @@ def test_stable_keys_override():
         ("trainer.schedule=cosin", "trainer.schedule"),
         ("model.dtype=float64", "model.dtype"),
         ("trainer.resume=maybe", "trainer.resume"),
+        ("trainer.log_every=0", "trainer.log_every"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(override, needle):

@@ -84,7 +84,7 @@ class JointModel(nn.Module):
         out = self.target(
             input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False
         )
-        hidden = out.hidden_states[-1]  # (B, T, H): after the final norm, what lm_head sees
+        hidden = out.hidden_states[self.head.config.target_layers[0]]  # (B, T, H): the layer the head reads
         return out.logits, self.head(hidden.to(next(self.head.parameters()).dtype))
 
 
