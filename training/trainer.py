@@ -136,14 +136,19 @@ def train(s: TrainSettings) -> TrainResult:
         f"{procs} process{'es' if procs > 1 else ''} on {accelerator.device}"
     )
 
+    # Loaders draw their seeds from their own generators, never from the global RNG: a resumed run
+    # re-creates its data iterator after restoring the RNG, which must not shift dropout or feature noise.
     train_loader = DataLoader(
         data.train,
         s.trainer.batch_size,
         shuffle=True,
         collate_fn=data.collator,
         num_workers=s.trainer.num_workers,
+        generator=torch.Generator().manual_seed(s.trainer.seed),
     )
-    val_loader = DataLoader(data.val, s.trainer.batch_size, collate_fn=data.collator)
+    val_loader = DataLoader(
+        data.val, s.trainer.batch_size, collate_fn=data.collator, generator=torch.Generator().manual_seed(0)
+    )
     train_loader, val_loader = accelerator.prepare(train_loader, val_loader)
     steps_per_epoch = math.ceil(len(train_loader) / s.trainer.grad_accum)
     max_steps = s.trainer.max_steps if s.trainer.max_steps > 0 else s.trainer.epochs * steps_per_epoch

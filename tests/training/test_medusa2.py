@@ -110,3 +110,32 @@ def test_init_from_other_architecture(tmp_path, tiny_target_dir, chat_file, trai
     )
     with pytest.raises(TrainError, match="another architecture"):
         build_objective(s.head, load_target(s.model))
+
+
+def test_checkpoints_hold_only_trained_weights_and_resume(tmp_path, tiny_target_dir, chat_file, training_kit):
+    """A Medusa-2 checkpoint carries adapter + heads (never the frozen target) and resumes exactly."""
+    from safetensors import safe_open
+
+    extra = {"head": "medusa2", "head.loss.lm_loss": "ce", "trainer.max_steps": 4, "trainer.save_every": 2}
+    first = train(
+        training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "a", **extra))
+    )
+    with safe_open(str(tmp_path / "a" / "checkpoints" / "step-00000002" / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert keys and all("lora_" in k or k.startswith("head.") for k in keys)
+    # Drop the last checkpoint and the outputs: the same command resumes from step 2 and ends identically.
+    import shutil
+
+    shutil.rmtree(tmp_path / "a" / "checkpoints" / "step-00000004")
+    shutil.rmtree(first.head_dir)
+    again = train(
+        training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "a", **extra))
+    )
+    assert again.steps == 4
+    a = load_head(first.head_dir).state_dict()  # the re-run wrote the same directory
+    ref = train(
+        training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "b", **extra))
+    )
+    b = load_head(ref.head_dir).state_dict()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)

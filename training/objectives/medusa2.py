@@ -87,6 +87,30 @@ class JointModel(nn.Module):
         hidden = out.hidden_states[self.head.config.target_layers[0]]  # (B, T, H): the layer the head reads
         return out.logits, self.head(hidden.to(next(self.head.parameters()).dtype))
 
+    def _trained_keys(self) -> set[str]:
+        """State-dict keys that change in training: the adapter, the heads' parameters and buffers."""
+        trainable = {name for name, p in self.named_parameters() if p.requires_grad}
+        return trainable | {f"head.{name}" for name in self.head.state_dict()}
+
+    def state_dict(self, *args, **kwargs):
+        """Only what training changes: checkpoints never carry a copy of the frozen target (GBs)."""
+        full = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+        keep = {prefix + key for key in self._trained_keys()}
+        for key in [k for k in full if k not in keep]:
+            del full[key]
+        return full
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a checkpoint made by state_dict(); the frozen target keeps its own weights."""
+        missing, unexpected = super().load_state_dict(state_dict, strict=False, assign=assign)
+        missing = [k for k in missing if k in self._trained_keys()]
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"Medusa-2 checkpoint mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+
 
 def add_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
     """Wrap `model` with a trainable LoRA adapter; its base weights stay frozen."""
