@@ -3,74 +3,20 @@
 Works with any Hugging Face causal LM (batch 1) whose decoder accepts a custom 4D ADDITIVE float mask:
 eager and sdpa attention; flash_attention_2 cannot take arbitrary masks and is refused.
 
-Hidden states are captured with hooks on `model.get_decoder()` modules, using HF `output_hidden_states`
-indices over L decoder layers: 0 = input of layer 0 (the embeddings), i in 1..L-1 = output of layer
-i-1 (pre-norm), L (or -1) = after the final norm. Negative indices count from L + 1 like HF's tuple.
+Hidden states are captured with `spechead.heads.capture.capture_hidden` (the same hooks training uses),
+by HF `output_hidden_states` indices.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
+from spechead.heads.capture import capture_hidden
 from spechead.inference.kv_cache import cache_length
 from spechead.inference.tree import TokenTree, tree_attention_mask, tree_position_ids
-
-
-def _normalise_layers(hidden_layers: Sequence[int], num_layers: int) -> dict[int, int]:
-    """Requested index -> canonical index in [0, L]; raises ValueError when out of range."""
-    out = {}
-    for idx in hidden_layers:
-        canon = idx + num_layers + 1 if idx < 0 else idx
-        if not 0 <= canon <= num_layers:
-            raise ValueError(
-                f"hidden layer index {idx} out of range for {num_layers} layers ([-{num_layers + 1}, {num_layers}])"
-            )
-        out[int(idx)] = canon
-    return out
-
-
-@contextmanager
-def capture_hidden(model: torch.nn.Module, hidden_layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
-    """Context manager: while active, forwards of `model` fill the yielded dict {requested index: [B, T, H]}."""
-    decoder = model.get_decoder()
-    layers = decoder.layers
-    wanted = _normalise_layers(hidden_layers, len(layers))
-    store: dict[int, torch.Tensor] = {}
-    handles = []
-
-    def first(t: object) -> torch.Tensor:
-        return t[0] if isinstance(t, (tuple, list)) else t
-
-    def save(canon: int):
-        def hook(_module, _args, output):
-            for req, c in wanted.items():
-                if c == canon:
-                    store[req] = first(output)
-
-        return hook
-
-    def save_input(_module, args, kwargs):
-        x = args[0] if args else kwargs["hidden_states"]
-        for req, c in wanted.items():
-            if c == 0:
-                store[req] = x
-
-    try:
-        canon_set = set(wanted.values())
-        if 0 in canon_set:
-            handles.append(layers[0].register_forward_pre_hook(save_input, with_kwargs=True))
-        for c in canon_set - {0, len(layers)}:
-            handles.append(layers[c - 1].register_forward_hook(save(c)))
-        if len(layers) in canon_set:
-            handles.append(decoder.norm.register_forward_hook(save(len(layers))))
-        yield store
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _check_model(model: torch.nn.Module) -> None:

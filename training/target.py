@@ -1,8 +1,7 @@
 """Load the frozen target model and capture exactly the hidden states a head needs.
 
-Layer indices follow Hugging Face `output_hidden_states`: 0 = embeddings, i = output of decoder
-layer i-1 (before the final norm), L = the final hidden state after the final norm (what lm_head
-sees). Hooks capture only the requested states instead of all L+1, which matters for 70B targets.
+Layer indices follow Hugging Face `output_hidden_states` (see spechead.heads.capture, shared with
+inference so training and decoding read exactly the same states).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spechead.heads.base import resolve_layers
+from spechead.heads.capture import capture_hidden
 from spechead.training.errors import TrainError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -111,13 +111,6 @@ class FrozenTarget:
         self.model.to(device)
         return self
 
-    def _module_for(self, layer: int) -> nn.Module:
-        if layer == 0:
-            return self.decoder.embed_tokens
-        if layer == self.num_layers:
-            return self.decoder.norm
-        return self.decoder.layers[layer - 1]
-
     @torch.no_grad()
     def capture(
         self,
@@ -128,21 +121,10 @@ class FrozenTarget:
     ) -> Captured:
         """Run the target on (B, T) ids; return the states at `layers` (each (B, T, H)) and logits."""
         layers = resolve_layers(list(layers), self.num_layers)
-        grabbed: dict[int, torch.Tensor] = {}
-        handles = []
-        for layer in sorted(set(layers)):
-
-            def hook(_mod, _inp, out, layer=layer):
-                grabbed[layer] = out[0] if isinstance(out, tuple) else out
-
-            handles.append(self._module_for(layer).register_forward_hook(hook))
-        try:
-            # Without logits, run the decoder only: the lm_head over a 128k vocab is the costly part.
-            runner = self.model if with_logits else self.decoder
+        # Without logits, run the decoder only: the lm_head over a 128k vocab is the costly part.
+        runner = self.model if with_logits else self.decoder
+        with capture_hidden(self.model, layers) as grabbed:
             out = runner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        finally:
-            for h in handles:
-                h.remove()
         return Captured(hidden=[grabbed[i] for i in layers], logits=out.logits if with_logits else None)
 
 

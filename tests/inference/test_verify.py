@@ -120,7 +120,7 @@ def test_verify_errors(model):
     tree = random_tree(4, 0)
     with pytest.raises(ValueError, match="past_len"):
         verify_tree(model, cache, tree, past_len=2)
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match="does not exist"):
         verify_tree(model, cache, tree, past_len=3, hidden_layers=(5,))
     with pytest.raises(ValueError, match="batch 1"):
         prefill(model, torch.tensor([[1, 2], [3, 4]]))
