@@ -1,0 +1,56 @@
+"""The same engine on CUDA (fp32 and bf16): skipped where there is no GPU (CI has none)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
+from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.generator import SpeculativeGenerator
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _drafters(model):
+    cfg = model.config
+    medusa = MedusaHead(MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=3,
+                                     target_num_layers=cfg.num_hidden_layers))  # fmt: skip
+    medusa.init_from_lm_head_(model.lm_head.weight)
+    eagle = EagleHead(EagleConfig.from_target(cfg))
+    for head in (medusa, eagle):
+        head.to(model.device, model.dtype).attach_target_modules(
+            lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+        )
+    return {"medusa": MedusaDrafter(medusa), "eagle": EagleDrafter(eagle.eval(), top_k=4, depth=4, total_tokens=16),
+            "self": DraftModelDrafter(model, num_draft=4)}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_on_cuda_equals_plain_decoding_through_the_engine(tiny_llama, chatml_tokenizer, dtype):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda", dtype)
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None)
+    for name, drafter in _drafters(model).items():
+        gen = SpeculativeGenerator(model, chatml_tokenizer, drafter)
+        for i in range(5):
+            prompt = list(range(5 + i, 15 + i))
+            ref = plain.generate(input_ids=prompt, max_new_tokens=24).token_ids
+            assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref, f"{name} {dtype} {i}"
+
+
+def test_seeded_sampling_runs_on_cuda(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    for drafter in _drafters(model).values():
+        gen = SpeculativeGenerator(model, chatml_tokenizer, drafter)
+        a = gen.generate(input_ids=[5, 6, 7], max_new_tokens=12, temperature=0.9, top_p=0.9, seed=3).token_ids
+        assert (
+            a
+            == gen.generate(
+                input_ids=[5, 6, 7], max_new_tokens=12, temperature=0.9, top_p=0.9, seed=3
+            ).token_ids
+        )
