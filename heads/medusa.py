@@ -101,11 +101,6 @@ class MedusaHead(DraftHead):
                 head[-1].weight.copy_(lm_head_weight)
         return self
 
-    def head_hidden(self, k: int, hidden: Tensor) -> Tensor:
-        """Head k's features before its projection: (B, T, H) -> (B, T, H)."""
-        blocks = self.heads[k] if self.config.share_lm_head else self.heads[k][:-1]
-        return blocks(hidden)
-
     def head_logits(self, k: int, hidden: Tensor) -> Tensor:
         """Head k's logits for token t+2+k at each position t: (B, T, H) -> (B, T, V)."""
         if not 0 <= k < self.config.num_heads:

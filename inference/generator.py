@@ -25,15 +25,23 @@ from spechead.inference.verify import prefill, verify_tree
 class GenerationStats:
     """What one generate() call did. tau = emitted tokens per target pass after the prefill."""
 
-    target_passes: int = 0  # verification passes (the prefill not counted)
     drafted_tokens: int = 0
-    accepted_tokens: int = 0  # drafted tokens the target accepted
-    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts + 1, per pass
+    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts + 1, per verification pass
     new_tokens: int = 0
     wall_time: float = 0.0
     prefill_time: float = 0.0  # the prompt's target pass
     draft_time: float = 0.0  # drafter propose + accept
     verify_time: float = 0.0  # target tree passes, acceptance and cache compaction
+
+    @property
+    def target_passes(self) -> int:
+        """Verification passes (the prefill not counted)."""
+        return len(self.accept_lengths)
+
+    @property
+    def accepted_tokens(self) -> int:
+        """Drafted tokens the target accepted."""
+        return sum(self.accept_lengths) - len(self.accept_lengths)
 
     @property
     def tau(self) -> float:
@@ -202,9 +210,7 @@ class SpeculativeGenerator:
             keep_positions(cache, past_len, path)
             past_len += len(acc.path)
             stats.verify_time += _now(self.target.device) - tock
-            stats.target_passes += 1
             stats.drafted_tokens += tree.size - 1
-            stats.accepted_tokens += len(acc.path) - 1
             stats.accept_lengths.append(len(acc.path))
             root = acc.next_token
             pending = [*tree.tokens[path[1:]].tolist(), root]
