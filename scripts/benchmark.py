@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from spechead.data.demo import make_conversations
+from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.kv_cache import keep_positions
 from spechead.inference.tree import TokenTree
@@ -35,28 +35,36 @@ DEMO_HEADS = {
 }
 
 
-def demo_prompts(n: int) -> list[list[dict]]:
-    """First user turns of demo conversations the heads never trained on (another seed)."""
-    convs = make_conversations(n, seed=2027)
-    return [[m for m in c["messages"] if m["role"] != "assistant"][:2] for c in convs]
+def _add(totals: dict, stats) -> None:
+    totals["new_tokens"] += stats.new_tokens
+    totals["target_passes"] += stats.target_passes
+    totals["wall"] += stats.wall_time - stats.prefill_time  # decoding only: prefill is the same for all
+    totals["draft"] += stats.draft_time
+    totals["verify"] += stats.verify_time
+    totals["lengths"] += stats.accept_lengths
 
 
-def run(gen: SpeculativeGenerator, prompts, max_new_tokens: int) -> dict:
-    """Greedy-decode every prompt; totals of the stats and the token ids."""
-    totals = {"new_tokens": 0, "target_passes": 0, "accepted": 0, "wall": 0.0, "draft": 0.0, "verify": 0.0}
-    outputs, lengths = [], []
-    for messages in prompts:
-        r = gen.generate(messages=messages, max_new_tokens=max_new_tokens)
-        s = r.stats
-        outputs.append(r.token_ids)
-        lengths += s.accept_lengths
-        totals["new_tokens"] += s.new_tokens
-        totals["target_passes"] += s.target_passes
-        totals["wall"] += s.wall_time - s.prefill_time  # decoding only: prefill is the same for all
-        totals["draft"] += s.draft_time
-        totals["verify"] += s.verify_time
-    totals["tau"] = sum(lengths) / max(len(lengths), 1)
+def _empty() -> dict:
+    return {"new_tokens": 0, "target_passes": 0, "wall": 0.0, "draft": 0.0, "verify": 0.0, "lengths": []}
+
+
+def run(gen: SpeculativeGenerator, prompts: list[EvalPrompt], max_new_tokens: int) -> dict:
+    """Greedy-decode every prompt (multi-turn: answers fed back); totals overall and per category."""
+    totals, by_category, outputs = _empty(), {}, []
+    for prompt in prompts:
+        messages = []
+        for turn in prompt.turns:
+            messages.append({"role": "user", "content": turn})
+            r = gen.generate(messages=messages, max_new_tokens=max_new_tokens)
+            messages.append({"role": "assistant", "content": r.text})
+            outputs.append(r.token_ids)
+            _add(totals, r.stats)
+            _add(by_category.setdefault(prompt.category, _empty()), r.stats)
+    for t in [totals, *by_category.values()]:
+        t["tau"] = sum(t["lengths"]) / max(len(t["lengths"]), 1)
+        t["tokens_per_s"] = t["new_tokens"] / max(t["wall"], 1e-9)
     totals["outputs"] = outputs
+    totals["by_category"] = by_category
     return totals
 
 
@@ -89,7 +97,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--drafter", action="append", default=[], help="NAME=SPEC (head dir/id, draft model, prompt_lookup)"
     )
-    p.add_argument("--prompts", type=int, default=12)
+    p.add_argument("--prompt-set", default="demo", help="'demo' or a JSONL file of {category, turns}")
+    p.add_argument("--prompts", type=int, default=12, help="at most this many prompts")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
@@ -104,7 +113,7 @@ def main(argv=None) -> int:
         "prompt_lookup": "prompt_lookup",
         **{name: path for name, path in DEMO_HEADS.items() if Path(path).is_dir()},
     }
-    prompts = demo_prompts(args.prompts)
+    prompts = load_prompt_set(args.prompt_set, args.prompts)
     plain = SpeculativeGenerator.from_pretrained(args.target, None, device=args.device, dtype=args.dtype)
     run(plain, prompts[:2], 8)  # warm-up
     base = run(plain, prompts, args.max_new_tokens)
@@ -128,6 +137,10 @@ def main(argv=None) -> int:
             "t_step_ms": 1e3 * t_step, "t_verify_ms": 1e3 * t_verify, "t_draft_ms": 1e3 * t_draft,
             "ideal_speedup": res["tau"] * t_step / (t_verify + t_draft),
             "greedy_mismatches": mismatches,
+            "tau_by_category": {c: t["tau"] for c, t in res["by_category"].items()},
+            "speedup_by_category": {
+                c: t["tokens_per_s"] / base["by_category"][c]["tokens_per_s"] for c, t in res["by_category"].items()
+            },
         })  # fmt: skip
         if mismatches:
             print(f"!!! {name}: {mismatches} outputs differ from plain greedy decoding", file=sys.stderr)
@@ -146,6 +159,16 @@ def main(argv=None) -> int:
             f"{r['speedup']:.2f}x | {r['t_verify_ms']:.2f} | {r['t_draft_ms']:.2f} | {r['ideal_speedup']:.2f}x | "
             f"{'yes' if not r['greedy_mismatches'] else 'NO (' + str(r['greedy_mismatches']) + ')'} |"
         )
+    lines += [
+        "",
+        "tau (speedup) by category:",
+        "",
+        "| category | " + " | ".join(r["drafter"] for r in rows) + " |",
+    ]
+    lines.append("|---|" + "---:|" * len(rows))
+    for c in sorted(base["by_category"]):
+        cells = [f"{r['tau_by_category'][c]:.2f} ({r['speedup_by_category'][c]:.2f}x)" for r in rows]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "verification pass by tree size (context 128): "

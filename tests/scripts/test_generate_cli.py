@@ -39,8 +39,13 @@ def test_generate_bad_input_is_one_line(tiny_target_dir):
 @pytest.mark.slow
 def test_benchmark_writes_table_and_json(tiny_target_dir, tmp_path):
     out = tmp_path / "bench"
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text(
+        json.dumps({"question_id": 1, "category": "writing", "turns": ["Write a poem.", "Shorter."]}) + "\n"
+        + json.dumps({"question_id": 2, "category": "math", "turns": ["What is 2+2?"]}) + "\n"
+    )  # fmt: skip
     proc = run("benchmark.py", "--target", str(tiny_target_dir), "--drafter", "lookup=prompt_lookup",
-               "--prompts", "2", "--max-new-tokens", "8", "--out", str(out))  # fmt: skip
+               "--prompt-set", str(prompts), "--max-new-tokens", "8", "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads((out / "decoding.json").read_text())
     (row,) = data["rows"]
@@ -56,4 +61,5 @@ def test_benchmark_writes_table_and_json(tiny_target_dir, tmp_path):
     ):
         assert row[key] > 0 or key == "t_draft_ms"
     assert set(data["verify_ms_by_size"]) == {"1", "2", "4", "8", "16", "32", "64"}
+    assert set(row["tau_by_category"]) == {"writing", "math"} and row["speedup_by_category"]["math"] > 0
     assert "| lookup |" in (out / "decoding.md").read_text()
