@@ -37,6 +37,7 @@ DEMO_HEADS = {
 
 def _add(totals: dict, stats) -> None:
     totals["new_tokens"] += stats.new_tokens
+    totals["wall_total"] += stats.wall_time
     totals["target_passes"] += stats.target_passes
     totals["wall"] += stats.wall_time - stats.prefill_time  # decoding only: prefill is the same for all
     totals["draft"] += stats.draft_time
@@ -45,7 +46,15 @@ def _add(totals: dict, stats) -> None:
 
 
 def _empty() -> dict:
-    return {"new_tokens": 0, "target_passes": 0, "wall": 0.0, "draft": 0.0, "verify": 0.0, "lengths": []}
+    return {
+        "new_tokens": 0,
+        "target_passes": 0,
+        "wall": 0.0,
+        "wall_total": 0.0,
+        "draft": 0.0,
+        "verify": 0.0,
+        "lengths": [],
+    }
 
 
 def run(gen: SpeculativeGenerator, prompts: list[EvalPrompt], max_new_tokens: int) -> dict:
@@ -66,6 +75,29 @@ def run(gen: SpeculativeGenerator, prompts: list[EvalPrompt], max_new_tokens: in
     totals["outputs"] = outputs
     totals["by_category"] = by_category
     return totals
+
+
+def hf_baseline(model, tokenizer, prompts: list[EvalPrompt], max_new_tokens: int, **generate_kwargs) -> dict:
+    """Hugging Face `generate` (greedy) on the same prompts: whole-call tokens/s and the outputs."""
+    new, wall, outputs = 0, 0.0, []
+    for prompt in prompts:
+        messages = []
+        for turn in prompt.turns:
+            messages.append({"role": "user", "content": turn})
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+            start = time.perf_counter()
+            out = model.generate(
+                torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, do_sample=False,
+                pad_token_id=tokenizer.pad_token_id, **generate_kwargs,
+            )  # fmt: skip
+            wall += time.perf_counter() - start
+            generated = out[0, len(ids) :].tolist()
+            messages.append(
+                {"role": "assistant", "content": tokenizer.decode(generated, skip_special_tokens=True)}
+            )
+            outputs.append(generated)
+            new += len(generated)
+    return {"tokens_per_s": new / max(wall, 1e-9), "outputs": outputs}
 
 
 def drafter_options(spec: str) -> tuple[str, dict]:
@@ -100,6 +132,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-set", default="demo", help="'demo' or a JSONL file of {category, turns}")
     p.add_argument("--prompts", type=int, default=12, help="at most this many prompts")
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--assistant", default=None, help="a small draft model for HF assisted generation")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
@@ -144,6 +177,20 @@ def main(argv=None) -> int:
         })  # fmt: skip
         if mismatches:
             print(f"!!! {name}: {mismatches} outputs differ from plain greedy decoding", file=sys.stderr)
+    baselines = {"hf_generate": {}, "hf_prompt_lookup": {"prompt_lookup_num_tokens": 10}}
+    if args.assistant:
+        from transformers import AutoModelForCausalLM
+
+        assistant = AutoModelForCausalLM.from_pretrained(args.assistant).to(args.device)
+        baselines["hf_assisted"] = {"assistant_model": assistant}
+    ours_total = base["new_tokens"] / max(base["wall_total"], 1e-9)  # whole calls, prefill included, like HF
+    hf_rows = []
+    for name, kwargs in baselines.items():
+        res = hf_baseline(plain.target, plain.tokenizer, prompts, args.max_new_tokens, **kwargs)
+        hf_rows.append({
+            "method": name, "tokens_per_s": res["tokens_per_s"], "vs_spechead_plain": res["tokens_per_s"] / ours_total,
+            "greedy_mismatches": sum(a != b for a, b in zip(res["outputs"], base["outputs"])),
+        })  # fmt: skip
     costs = verify_cost(plain.target, [1, 2, 4, 8, 16, 32, 64], context=128, repeats=5)
     plain_tps = base["new_tokens"] / base["wall"]
     lines = [
@@ -159,6 +206,11 @@ def main(argv=None) -> int:
             f"{r['speedup']:.2f}x | {r['t_verify_ms']:.2f} | {r['t_draft_ms']:.2f} | {r['ideal_speedup']:.2f}x | "
             f"{'yes' if not r['greedy_mismatches'] else 'NO (' + str(r['greedy_mismatches']) + ')'} |"
         )
+    lines += ["", f"Hugging Face baselines (whole calls incl. prefill; spechead plain decoding: {ours_total:,.1f} tokens/s):", "",
+              "| method | tokens/s | vs spechead plain | greedy == plain |", "|---|---:|---:|---|"]  # fmt: skip
+    for r in hf_rows:
+        same = "yes" if not r["greedy_mismatches"] else f"NO ({r['greedy_mismatches']})"
+        lines.append(f"| {r['method']} | {r['tokens_per_s']:,.1f} | {r['vs_spechead_plain']:.2f}x | {same} |")
     lines += [
         "",
         "tau (speedup) by category:",
@@ -179,7 +231,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decoding.md").write_text(text + "\n")
     (args.out / "decoding.json").write_text(json.dumps({"plain_tokens_per_s": plain_tps, "t_step_ms": 1e3 * t_step,
-                                                        "rows": rows, "verify_ms_by_size": {k: 1e3 * v for k, v in costs.items()},
+                                                        "rows": rows, "hf_baselines": hf_rows, "verify_ms_by_size": {k: 1e3 * v for k, v in costs.items()},
                                                         "settings": vars(args) | {"out": str(args.out)}}, indent=1))  # fmt: skip
     return 0
 
