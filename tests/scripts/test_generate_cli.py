@@ -66,3 +66,7 @@ def test_benchmark_writes_table_and_json(tiny_target_dir, tmp_path):
     assert [b["method"] for b in data["hf_baselines"]] == ["hf_generate", "hf_prompt_lookup"]
     assert all(b["greedy_mismatches"] == 0 and b["tokens_per_s"] > 0 for b in data["hf_baselines"])
     assert "| lookup |" in (out / "decoding.md").read_text()
+    assert all(0 <= a <= 1 for a in row["acceptance_by_depth"]) and row["speedup_min"] <= row["speedup_max"]
+    assert data["versions"]["torch"] and data["settings"]["max_new_tokens"] == 8
+    for png in ("speedup_by_category.png", "acceptance_by_depth.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
