@@ -148,3 +148,46 @@ def load_tree_choices(head_dir: str | Path) -> list[list[int]] | None:
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a valid tree file ({type(err).__name__}: {err})") from err
     return choices
+
+
+def interpolate_cost(cost_by_size: dict[int, float], size: int) -> float:
+    """Verification time of a `size`-node tree from measured {size: time}, linear between points."""
+    points = sorted((int(k), float(v)) for k, v in cost_by_size.items())
+    if not points:
+        raise ValueError("the cost profile has no measured tree sizes")
+    (x0, y0), (x1, y1) = (points[0], points[1]) if len(points) > 1 else (points[0], points[0])
+    for a, b in zip(points, points[1:]):
+        (x0, y0), (x1, y1) = a, b
+        if size <= b[0]:
+            break
+    if x1 == x0:
+        return y0
+    return y0 + (y1 - y0) * (size - x0) / (x1 - x0)  # beyond the last point: the last slope
+
+
+def best_choices_for_cost(
+    accuracy: torch.Tensor,
+    verify_ms_by_size: dict[int, float],
+    step_ms: float,
+    draft_ms: float = 0.0,
+    max_nodes: int = 128,
+) -> tuple[list[list[int]], float]:
+    """The static tree with the highest expected speedup on measured hardware, and that speedup.
+
+    Expected speedup of an N-node tree = expected_accept_length * step_ms / (verify(N + 1) + draft_ms),
+    with verify() interpolated from `verify_ms_by_size` (tree sizes counting the root, as
+    scripts/benchmark.py measures them). Trees of 1..max_nodes nodes are compared.
+    """
+    best: tuple[list[list[int]], float] = ([], 0.0)
+    for n in range(1, max_nodes + 1):
+        choices = best_choices(accuracy, n)
+        if len(choices) < n:  # the accuracy table allows no bigger tree
+            break
+        speedup = (
+            expected_accept_length(accuracy, choices)
+            * step_ms
+            / (interpolate_cost(verify_ms_by_size, n + 1) + draft_ms)
+        )
+        if speedup > best[1]:
+            best = (choices, speedup)
+    return best

@@ -24,6 +24,7 @@ from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES, MedusaDra
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tree_search import (
     best_choices,
+    best_choices_for_cost,
     expected_accept_length,
     measure_topk_accuracy,
     save_tree,
@@ -41,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--topk", type=int, default=10, help="candidates measured per head")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--cost-profile", default=None,
+        help="decoding.json from scripts/benchmark.py on this hardware: pick the node count that maximises the "
+        "expected speedup (overrides --nodes)",
+    )  # fmt: skip
     p.add_argument("--no-check", action="store_true", help="skip decoding again with the new tree")
     return p.parse_args(argv)
 
@@ -101,7 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
-    choices = best_choices(accuracy, args.nodes)
+    extra = {}
+    if args.cost_profile:
+        profile = json.loads(Path(args.cost_profile).read_text())
+        choices, speedup = best_choices_for_cost(accuracy, profile["verify_ms_by_size"], profile["t_step_ms"])
+        extra = {"expected_speedup": speedup, "cost_profile": str(args.cost_profile)}
+        print(
+            f"cost profile {args.cost_profile}: {len(choices)} nodes give the best expected speedup {speedup:.2f}x"
+        )
+    else:
+        choices = best_choices(accuracy, args.nodes)
     expected = expected_accept_length(accuracy, choices)
     default = [c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= head.num_heads]
     fits = max(max(c) for c in default) < args.topk
@@ -124,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         default_expected_accept_length=expected_default if fits else None,
         measured_on=measured,
         accuracy=[[round(x, 6) for x in row] for row in accuracy.tolist()],
+        **extra,
     )
     if not args.no_check:
         gen.drafter = MedusaDrafter(head, choices)

@@ -163,3 +163,19 @@ def test_save_and_load_tree(tmp_path):
     path.write_text(json.dumps({"choices": [[0, 1]]}))
     with pytest.raises(ValueError, match="not a valid tree"):
         load_tree_choices(tmp_path)
+
+
+def test_interpolated_cost_and_best_tree_for_cost():
+    from spechead.inference.tree_search import best_choices_for_cost, interpolate_cost
+
+    costs = {1: 4.0, 2: 5.0, 4: 6.0, 8: 8.0}
+    assert interpolate_cost(costs, 3) == pytest.approx(5.5)
+    assert interpolate_cost(costs, 12) == pytest.approx(10.0)  # the last slope, extrapolated
+    accuracy = torch.tensor([[0.9, 0.05], [0.8, 0.05], [0.7, 0.05]])
+    choices, speedup = best_choices_for_cost(accuracy, costs, step_ms=4.0)
+    # Cheap verification: the long greedy spine pays, the 0.05 siblings never do.
+    assert choices == [[0], [0, 0], [0, 0, 0]]
+    assert speedup == pytest.approx((1 + 0.9 + 0.72 + 0.504) * 4.0 / interpolate_cost(costs, 4))
+    # Expensive verification: drafting nothing extra is not allowed, the smallest tree wins.
+    choices, _ = best_choices_for_cost(accuracy, {1: 4.0, 2: 40.0}, step_ms=4.0)
+    assert choices == [[0]]

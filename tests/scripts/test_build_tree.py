@@ -57,6 +57,13 @@ def test_build_tree_end_to_end(tiny_target_dir, head_dir, tmp_path, capsys):
     forced = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), choices=[[0]])
     assert forced.drafter.static.size == 2  # an explicit `choices` option wins over tree.json
 
+    # With a hardware cost profile (scripts/benchmark.py's JSON) the node count is chosen for speed.
+    profile = tmp_path / "decoding.json"
+    profile.write_text(json.dumps({"t_step_ms": 4.0, "verify_ms_by_size": {"1": 4.0, "2": 400.0}}))
+    assert load_script().main([*argv, "--cost-profile", str(profile), "--no-check"]) == 0
+    saved = json.loads((head_dir / "tree.json").read_text())
+    assert len(saved["choices"]) == 1 and saved["expected_speedup"] > 0  # verification this dear: one node
+
 
 def test_build_tree_demo_prompts_and_errors(tiny_target_dir, head_dir, capsys):
     script = load_script()
