@@ -260,7 +260,7 @@ def plot(out: Path, rows: list[dict]) -> None:
     if not rows:
         return
     categories = sorted(rows[0]["speedup_by_category"])
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(categories) * len(rows)), 4))
+    fig, ax = plt.subplots(figsize=(min(14, max(6, 0.2 * len(categories) * len(rows))), 4.5))
     width = 0.8 / len(rows)
     for i, r in enumerate(rows):
         xs = [j + i * width for j in range(len(categories))]
