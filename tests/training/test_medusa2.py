@@ -61,20 +61,27 @@ def test_merged_adapter_reproduces_adapted_logits(medusa2_run, tiny_target_dir):
     assert (unmerged - base).abs().max() > 1e-4  # the adapter really learned something
 
 
-def test_two_stage_starts_from_stage_one_heads(tmp_path, tiny_target_dir, chat_file, training_kit):
-    stage1 = tmp_path / "stage1"
-    train(
+@pytest.fixture(scope="module")
+def stage1_head(tmp_path_factory, tiny_target_dir, chat_file, training_kit):
+    """A Medusa-1 head (stage one of the two-stage recipe), trained for 2 steps."""
+    out = tmp_path_factory.mktemp("stage1") / "run"
+    return train(
         training_kit.settings(
-            training_kit.overrides(tiny_target_dir, chat_file, stage1, **{"trainer.max_steps": 2})
+            training_kit.overrides(tiny_target_dir, chat_file, out, **{"trainer.max_steps": 2})
         )
-    )
+    ).head_dir
+
+
+def test_two_stage_starts_from_stage_one_heads(
+    tmp_path, tiny_target_dir, chat_file, training_kit, stage1_head
+):
     s = training_kit.settings(
         training_kit.overrides(
-            tiny_target_dir, chat_file, tmp_path / "s2", head="medusa2", **{"head.init_from": stage1 / "head"}
+            tiny_target_dir, chat_file, tmp_path / "s2", head="medusa2", **{"head.init_from": stage1_head}
         )
     )
     objective = build_objective(s.head, load_target(s.model))
-    trained = load_head(stage1 / "head").state_dict()
+    trained = load_head(stage1_head).state_dict()
     for key, value in objective.head.state_dict().items():
         torch.testing.assert_close(value, trained[key])
 
@@ -93,19 +100,10 @@ def test_bad_lora_target_modules(tiny_target_dir, chat_file, tmp_path, training_
         build_objective(s.head, load_target(TargetConfig(path=str(tiny_target_dir))))
 
 
-def test_init_from_other_architecture(tmp_path, tiny_target_dir, chat_file, training_kit):
-    stage1 = tmp_path / "stage1"
-    train(
-        training_kit.settings(
-            training_kit.overrides(tiny_target_dir, chat_file, stage1, **{"trainer.max_steps": 1})
-        )
-    )
+def test_init_from_other_architecture(tmp_path, tiny_target_dir, chat_file, training_kit, stage1_head):
     s = training_kit.settings(
         training_kit.overrides(
-            tiny_target_dir,
-            chat_file,
-            tmp_path / "o",
-            **{"head.num_heads": 3, "head.init_from": stage1 / "head"},
+            tiny_target_dir, chat_file, tmp_path / "o", **{"head.num_heads": 3, "head.init_from": stage1_head}
         )
     )
     with pytest.raises(TrainError, match="another architecture"):
