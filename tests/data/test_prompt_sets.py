@@ -10,10 +10,47 @@ from spechead.data.errors import DataError
 from spechead.data.prompt_sets import load_prompt_set
 
 
-def test_demo_set_has_categories_and_is_deterministic():
+def test_demo_set_has_the_spec_bench_categories_and_is_deterministic():
     a, b = load_prompt_set("demo", 30), load_prompt_set("demo", 30)
     assert a == b and len(a) == 30
-    assert len({p.category for p in a}) >= 10 and all(len(p.turns) == 1 and p.turns[0] for p in a)
+    assert [p.category for p in a[:6]] == [
+        "mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag",
+    ]  # fmt: skip
+    assert all(p.turns and all(t.strip() for t in p.turns) for p in a)
+    assert all(len(p.turns) == 2 for p in a if p.category == "mt_bench")
+    assert all(len(p.turns) == 1 for p in a if p.category != "mt_bench")
+    rag = next(p for p in a if p.category == "rag").turns[0]
+    assert "Passages:" in rag and "Question:" in rag
+    assert load_prompt_set("demo", 12) == a[:12]  # a smaller set is a prefix: numbers stay comparable
+
+
+def test_demo_mt_and_kinds_sets():
+    mt = load_prompt_set("demo-mt", 8)
+    assert len(mt) == 8 and all(len(p.turns) == 2 for p in mt)
+    kinds = load_prompt_set("demo-kinds", 40)
+    assert len({p.category for p in kinds}) >= 10 and all(len(p.turns) == 1 for p in kinds)
+
+
+def test_limit_spreads_over_categories(tmp_path):
+    path = tmp_path / "sorted.jsonl"
+    rows = [{"category": c, "turns": [f"{c} {i}"]} for c in ("a", "b", "c") for i in range(5)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert [p.category for p in load_prompt_set(str(path), limit=5)] == ["a", "b", "c", "a", "b"]
+
+
+def test_dataset_directory_or_hub_id(tmp_path):
+    """A `datasets` source (local directory here; a Hub id goes through the same load_dataset call)."""
+    import datasets
+
+    data = tmp_path / "spec_bench"
+    data.mkdir()
+    datasets.Dataset.from_list(
+        [{"question_id": 1, "category": "qa", "prompt": "Who?"}, {"category": "rag", "prompt": "Why?"}]
+    ).to_parquet(str(data / "train.parquet"))
+    prompts = load_prompt_set(str(data))
+    assert [(p.id, p.category, p.turns) for p in prompts] == [("1", "qa", ["Who?"]), ("1", "rag", ["Why?"])]
+    with pytest.raises(DataError, match="could not load prompt set 'nobody/no-such-set'"):
+        load_prompt_set("nobody/no-such-set")
 
 
 def test_jsonl_mt_bench_style(tmp_path):

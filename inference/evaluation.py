@@ -1,0 +1,160 @@
+"""Decode a prompt set with a generator and measure it: tau, acceptance by depth, tokens/s, time split.
+
+Shared by scripts/benchmark.py and the trainer's decode evaluation (wired in by train.py), so the
+numbers a training run logs are computed exactly as the benchmark computes them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tqdm.auto import tqdm
+
+from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+
+
+class Prompt(Protocol):
+    """An evaluation prompt (e.g. spechead.data.prompt_sets.EvalPrompt): a category and user turns."""
+
+    category: str
+    turns: list[str]
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How every prompt is decoded. temperature 0 = greedy; sampling seeds are `seed + turn index`."""
+
+    max_new_tokens: int = 96
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Tally:
+    """Sums over generate() calls. `wall` excludes the prefill (the same for every method)."""
+
+    new_tokens: int = 0
+    wall: float = 0.0
+    wall_total: float = 0.0
+    draft: float = 0.0
+    verify: float = 0.0
+    lengths: list[int] = field(default_factory=list)  # accept length (accepted drafts + 1) per target pass
+
+    def add(self, stats: GenerationStats) -> None:
+        self.new_tokens += stats.new_tokens
+        self.wall += stats.wall_time - stats.prefill_time
+        self.wall_total += stats.wall_time
+        self.draft += stats.draft_time
+        self.verify += stats.verify_time
+        self.lengths += stats.accept_lengths
+
+    @property
+    def target_passes(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def tau(self) -> float:
+        """Emitted tokens per target verification pass."""
+        return sum(self.lengths) / max(len(self.lengths), 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.wall, 1e-9)
+
+
+@dataclass
+class PromptSetRun:
+    """One pass over a prompt set: totals, per-category totals, and the generated ids per turn."""
+
+    total: Tally
+    by_category: dict[str, Tally]
+    outputs: list[list[int]]
+
+
+def decode_prompts(
+    gen: SpeculativeGenerator,
+    prompts: Sequence[Prompt],
+    settings: DecodeSettings,
+    desc: str | None = None,
+) -> PromptSetRun:
+    """Decode every prompt turn by turn (each answer fed back before the next turn).
+
+    A progress bar over prompts is shown on a terminal when `desc` is given.
+    """
+    total, by_category, outputs = Tally(), {}, []
+    turn_index = 0
+    for prompt in tqdm(prompts, desc=desc, unit="prompt", leave=False, disable=None if desc else True):
+        messages: list[dict[str, str]] = []
+        for turn in prompt.turns:
+            messages.append({"role": "user", "content": turn})
+            r = gen.generate(
+                messages=messages,
+                max_new_tokens=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k,
+                seed=settings.seed + turn_index,
+            )
+            turn_index += 1
+            messages.append({"role": "assistant", "content": r.text})
+            outputs.append(r.token_ids)
+            total.add(r.stats)
+            by_category.setdefault(prompt.category, Tally()).add(r.stats)
+    return PromptSetRun(total, by_category, outputs)
+
+
+def acceptance_by_depth(lengths: Sequence[int], depth: int) -> list[float]:
+    """P(at least d drafted tokens accepted in a pass), d = 1..depth, from per-pass accept lengths."""
+    n = max(len(lengths), 1)
+    return [sum(length - 1 >= d for length in lengths) / n for d in range(1, depth + 1)]
+
+
+def mismatches(outputs: Sequence[list[int]], reference: Sequence[list[int]]) -> int:
+    """How many turns' outputs differ from the reference outputs (greedy must match exactly)."""
+    return sum(a != b for a, b in zip(outputs, reference, strict=True))
+
+
+def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], settings: DecodeSettings) -> dict:
+    """Every number for one method: its runs against plain decoding runs of the same prompts.
+
+    Speedups are per repeat (run i against plain run i), reported as median [min, max]; acceptance
+    statistics come from the last run. Greedy outputs are compared with plain decoding's; sampled
+    ones cannot be (they are checked for losslessness by the tests, not per run).
+    """
+    res, base = runs[-1].total, plains[-1].total
+    speedups = [r.total.tokens_per_s / p.total.tokens_per_s for r, p in zip(runs, plains, strict=True)]
+    passes = max(res.target_passes, 1)
+    t_step = base.verify / max(base.target_passes, 1)
+    t_verify, t_draft = res.verify / passes, res.draft / passes
+    return {
+        "tau": res.tau,
+        "tau_distribution": {str(k): res.lengths.count(k) for k in sorted(set(res.lengths))},
+        "acceptance_by_depth": acceptance_by_depth(res.lengths, max(res.lengths, default=1) - 1),
+        "passes_per_token": res.target_passes / max(res.new_tokens, 1),
+        "new_tokens": res.new_tokens,
+        "tokens_per_s": res.tokens_per_s,
+        "speedup": statistics.median(speedups),
+        "speedup_min": min(speedups),
+        "speedup_max": max(speedups),
+        "speedups": speedups,
+        "t_step_ms": 1e3 * t_step,
+        "t_verify_ms": 1e3 * t_verify,
+        "t_draft_ms": 1e3 * t_draft,
+        "t_other_ms": 1e3 * max(res.wall / passes - t_verify - t_draft, 0.0),
+        "ideal_speedup": res.tau * t_step / max(t_verify + t_draft, 1e-12),
+        "greedy_mismatches": mismatches(runs[-1].outputs, plains[-1].outputs) if settings.greedy else None,
+        "tau_by_category": {c: t.tau for c, t in runs[-1].by_category.items()},
+        "speedup_by_category": {
+            c: t.tokens_per_s / plains[-1].by_category[c].tokens_per_s
+            for c, t in runs[-1].by_category.items()
+        },
+    }

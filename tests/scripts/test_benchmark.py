@@ -1,0 +1,118 @@
+"""scripts/benchmark.py on a tiny setup: every method, the JSON's fields, plots, and the greedy equality check."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from spechead.heads import MedusaConfig, MedusaHead
+from spechead.inference.evaluation import DecodeSettings, PromptSetRun, Tally, summarize
+from spechead.inference.report import render
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def medusa_dir(tmp_path_factory, tiny_target_dir) -> Path:
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    cfg = model.config
+    head = MedusaHead(
+        MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=2,
+                     target_num_layers=cfg.num_hidden_layers)
+    )  # fmt: skip
+    head.init_from_lm_head_(model.lm_head.weight)
+    return head.save_pretrained(tmp_path_factory.mktemp("bench") / "medusa")
+
+
+def prompt_file(path: Path) -> Path:
+    rows = [
+        {"question_id": 1, "category": "qa", "turns": ["What is the capital of France?"]},
+        {"question_id": 2, "category": "math", "turns": ["Please add 12 and 30.", "And 2 and 3?"]},
+        {"question_id": 3, "category": "qa", "turns": ["Translate hello into Spanish."]},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_benchmark_writes_table_json_and_plots(tiny_target_dir, medusa_dir, tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}",
+            "--drafter", "lookup=prompt_lookup@num_draft=4", "--prompt-set", str(prompt_file(tmp_path / "p.jsonl")),
+            "--max-new-tokens", "12", "--repeats", "2", "--warmup", "1",
+            "--assistant", str(tiny_target_dir), "--out", str(out)]  # fmt: skip
+    assert load_script().main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| medusa |" in table and "| hf_assisted |" in table and "tau (speedup) by category" in table
+
+    report = json.loads((out / "decoding.json").read_text())
+    assert report["categories"] == ["math", "qa"]
+    assert [r["drafter"] for r in report["rows"]] == ["medusa", "lookup"]
+    for row in report["rows"]:
+        assert row["greedy_mismatches"] == 0  # lossless: identical to plain greedy decoding
+        assert row["tau"] >= 1.0 and len(row["speedups"]) == 2
+        assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
+        assert set(row["tau_by_category"]) == set(row["speedup_by_category"]) == {"math", "qa"}
+        assert sum(row["tau_distribution"].values()) == round(row["new_tokens"] * row["passes_per_token"])
+        assert all(0.0 <= a <= 1.0 for a in row["acceptance_by_depth"])
+        for key in ("tokens_per_s", "t_step_ms", "t_verify_ms", "t_draft_ms", "t_other_ms", "ideal_speedup"):
+            assert row[key] >= 0.0
+    assert [r["method"] for r in report["hf_baselines"]] == ["hf_generate", "hf_prompt_lookup", "hf_assisted"]
+    assert all(r["greedy_mismatches"] == 0 for r in report["hf_baselines"])
+    assert report["settings"]["repeats"] == 2 and report["versions"]["torch"] == torch.__version__
+    assert sorted(int(k) for k in report["verify_ms_by_size"]) == [1, 2, 4, 8, 16, 32, 64]
+    for png in ("speedup_by_category.png", "acceptance_by_depth.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert (out / "decoding.md").read_text().startswith("plain decoding:")
+
+
+def test_benchmark_sampling(tiny_target_dir, medusa_dir, tmp_path):
+    out = tmp_path / "bench"
+    argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}", "--prompt-set", "demo",
+            "--prompts", "2", "--max-new-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--no-hf",
+            "--out", str(out)]  # fmt: skip
+    assert load_script().main(argv) == 0
+    report = json.loads((out / "decoding.json").read_text())
+    assert report["rows"][0]["greedy_mismatches"] is None  # sampled outputs are not compared
+    assert report["settings"]["temperature"] == 0.8 and report["hf_baselines"] == []
+    assert "n/a (sampling)" in (out / "decoding.md").read_text()
+
+
+def _run(outputs: list[list[int]], lengths: list[int]) -> PromptSetRun:
+    tally = Tally(new_tokens=sum(lengths), wall=1.0, wall_total=1.2, draft=0.1, verify=0.5, lengths=lengths)
+    return PromptSetRun(tally, {"qa": tally}, outputs)
+
+
+def test_greedy_mismatch_is_counted_and_shown():
+    plain = _run([[1, 2, 3], [4, 5]], [1] * 5)
+    drafted = _run([[1, 2, 3], [4, 6]], [3, 2])
+    row = {"drafter": "bad", **summarize([drafted], [plain], DecodeSettings())}
+    assert row["greedy_mismatches"] == 1 and row["tau"] == 2.5 and row["acceptance_by_depth"] == [1.0, 0.5]
+    assert "| bad |" in render("h", [row], [], {}) and "NO (1)" in render("h", [row], [], {})
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--drafter", "no-equals-sign"], "NAME=SPEC"),
+        (["--prompt-set", "missing.jsonl"], "not found"),
+        (["--drafter", "m=prompt_lookup@depth=x"], "key=integer"),
+    ],
+)
+def test_benchmark_bad_input(tiny_target_dir, tmp_path, capsys, argv, needle):
+    argv = ["--target", str(tiny_target_dir), "--prompts", "1", "--max-new-tokens", "2", "--no-hf",
+            "--out", str(tmp_path), *argv]  # fmt: skip
+    assert load_script().main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error:") and needle in err[-1]
