@@ -1,10 +1,14 @@
 """Train a speculative-decoding draft head. `python train.py --help` lists the config groups.
 
-python train.py                                  # the offline demo (Medusa on the demo target)
-accelerate launch train.py head=medusa model=llama3-8b-instruct data=sharegpt
+python train.py                                  # the offline demo (EAGLE-3 on the demo target)
+accelerate launch train.py head=eagle3 model=llama3-8b-instruct data=ultrachat
+
+The entry point wires inference's decoding into the trainer's decode evaluation
+(trainer.decode_eval_every): training itself never imports inference.
 """
 
+from spechead.inference.evaluation import decode_eval_hook
 from spechead.training.cli import main
 
 if __name__ == "__main__":
-    main()
+    main(decode_eval=decode_eval_hook)

@@ -9,11 +9,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
+import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel
 
+from spechead.heads import DraftHead, MedusaHead
+from spechead.inference.drafters.base import Drafter
 from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category
 
 
 class Prompt(Protocol):
@@ -158,3 +164,53 @@ def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], sett
             for c, t in runs[-1].by_category.items()
         },
     }
+
+
+def drafter_for_head(head: DraftHead, **options) -> Drafter:
+    """The drafter that decodes with an in-memory head: Medusa static tree or EAGLE tree (options pass on)."""
+    from spechead.inference.drafters.eagle import EagleDrafter
+    from spechead.inference.drafters.medusa import MedusaDrafter
+
+    return MedusaDrafter(head, **options) if isinstance(head, MedusaHead) else EagleDrafter(head, **options)
+
+
+@torch.no_grad()
+def evaluate_head(
+    target: PreTrainedModel,
+    tokenizer,
+    head: DraftHead,
+    prompts: Sequence[Prompt],
+    settings: DecodeSettings,
+    plot_dir: Path | None = None,
+) -> tuple[dict[str, float], dict[str, Path]]:
+    """Real decoding with a head being trained: (metrics, plots) from one plain and one drafted pass.
+
+    `head` needs its target modules attached (training does that). Its mode is restored afterwards.
+    Metrics: tau, speedup, tokens_per_s, passes_per_token, acceptance_depth_{d}, greedy_mismatches.
+    """
+    was_training = head.training
+    head.eval()
+    try:
+        gen = SpeculativeGenerator(target, tokenizer, drafter_for_head(head))
+        plain = SpeculativeGenerator(target, tokenizer, None)
+        row = summarize([decode_prompts(gen, prompts, settings)], [decode_prompts(plain, prompts, settings)], settings)
+    finally:
+        head.train(was_training)
+    metrics = {k: float(row[k]) for k in ("tau", "speedup", "tokens_per_s", "passes_per_token")}
+    metrics.update({f"acceptance_depth_{d}": a for d, a in enumerate(row["acceptance_by_depth"][:8], start=1)})
+    if row["greedy_mismatches"] is not None:
+        metrics["greedy_mismatches"] = float(row["greedy_mismatches"])
+    plots = {}
+    if plot_dir is not None:
+        row["drafter"] = head.config.family
+        plots["acceptance_by_depth"] = plot_acceptance_by_depth([row], plot_dir / "acceptance_by_depth.png")
+        plots["speedup_by_category"] = plot_speedup_by_category([row], plot_dir / "speedup_by_category.png")
+    return metrics, plots
+
+
+def decode_eval_hook(
+    target: PreTrainedModel, tokenizer, head: DraftHead, prompts: Sequence[Prompt], max_new_tokens: int,
+    plot_dir: Path | None,
+) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
+    """The trainer's DecodeEval (spechead.training.decode_eval): greedy evaluate_head."""
+    return evaluate_head(target, tokenizer, head, prompts, DecodeSettings(max_new_tokens=max_new_tokens), plot_dir)

@@ -7,6 +7,7 @@ on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +18,9 @@ from spechead.data.errors import DataError
 from spechead.heads.errors import HeadError
 from spechead.training.errors import TrainError
 from spechead.training.settings import TrainSettings, from_dict
+
+if TYPE_CHECKING:
+    from spechead.training.decode_eval import DecodeEval
 
 USER_ERRORS = (TrainError, DataError, HeadError)
 
@@ -35,12 +39,17 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
 register_resolvers()
 
 
-@hydra.main(version_base=None, config_path="pkg://spechead.configs", config_name="train")
-def main(cfg: DictConfig) -> None:
-    from spechead.training.trainer import train  # heavy imports only once the config is valid
+def main(decode_eval: DecodeEval | None = None) -> None:
+    """Parse the command line with Hydra and train; `decode_eval` is handed to the trainer as is."""
 
-    try:
-        train(settings_from_config(cfg))
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    @hydra.main(version_base=None, config_path="pkg://spechead.configs", config_name="train")
+    def run(cfg: DictConfig) -> None:
+        from spechead.training.trainer import train  # heavy imports only once the config is valid
+
+        try:
+            train(settings_from_config(cfg), decode_eval)
+        except USER_ERRORS as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    run()

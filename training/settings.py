@@ -46,6 +46,10 @@ class TrainerConfig:
     resume: str | bool = "auto"  # auto: continue if output_dir has a checkpoint; true: must; false: must not
     seed: int = 0
     num_workers: int = 0
+    decode_eval_every: int = 0  # > 0: real decoding of a prompt set every N steps (and at the end)
+    decode_eval_prompt_set: str = "demo"  # built-in set name, JSONL file or Hub dataset id
+    decode_eval_prompts: int = 6
+    decode_eval_max_new_tokens: int = 64
 
     def __post_init__(self) -> None:
         self.resume = str(self.resume).lower()
@@ -66,6 +70,11 @@ class TrainerConfig:
             ),
             (self.keep_checkpoints >= 1, "trainer.keep_checkpoints must be >= 1"),
             (self.log_every >= 1, "trainer.log_every must be >= 1"),
+            (self.decode_eval_every >= 0, "trainer.decode_eval_every must be >= 0 (0 = off)"),
+            (
+                self.decode_eval_prompts >= 1 and self.decode_eval_max_new_tokens >= 1,
+                "trainer.decode_eval_prompts and trainer.decode_eval_max_new_tokens must be >= 1",
+            ),
         ]
         for ok, msg in checks:
             if not ok:

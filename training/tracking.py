@@ -79,3 +79,14 @@ class MetricsFile:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def log_images(accelerator: Accelerator, images: dict[str, Path], step: int) -> None:
+    """Log image files (PNG plots) to W&B when it is the tracker; no-op otherwise."""
+    if not images or not accelerator.is_main_process:
+        return
+    for tracker in accelerator.trackers:
+        if tracker.name == "wandb":
+            import wandb
+
+            tracker.run.log({k: wandb.Image(str(p)) for k, p in images.items()}, step=step)

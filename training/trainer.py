@@ -24,6 +24,7 @@ from transformers import get_scheduler
 from spechead.data.pipeline import build_datasets
 from spechead.training import checkpoint, tracking
 from spechead.training.checkpoint import TrainState
+from spechead.training.decode_eval import DecodeEval, DecodeEvaluator
 from spechead.training.errors import TrainError
 from spechead.training.objectives import Objective, build_objective
 from spechead.training.settings import TrainSettings
@@ -112,8 +113,12 @@ def _tokens(batch: dict[str, torch.Tensor]) -> int:
     return int(batch["attention_mask"].sum())
 
 
-def train(s: TrainSettings) -> TrainResult:
-    """Train a head as `s` says; resumable; returns where the head went and its final metrics."""
+def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResult:
+    """Train a head as `s` says; resumable; returns where the head went and its final metrics.
+
+    `decode_eval` decodes real prompts with the head at `trainer.decode_eval_every` steps (train.py
+    passes spechead.inference's; training itself never imports inference).
+    """
     # --- setup ---------------------------------------------------------------------------------
     out = Path(s.trainer.output_dir)
     accelerator = make_accelerator(s)
@@ -169,6 +174,7 @@ def train(s: TrainSettings) -> TrainResult:
         (out / "config.yaml").write_text(yaml.safe_dump(s.resolved, sort_keys=False))
     tracking.start(accelerator, s.logger, s.resolved, out)
     metrics_file = tracking.MetricsFile(out / "metrics.jsonl", main)
+    decoder = DecodeEvaluator(decode_eval, s.trainer, accelerator)
 
     # --- loop ----------------------------------------------------------------------------------
     bar = tqdm(
@@ -177,6 +183,7 @@ def train(s: TrainSettings) -> TrainResult:
     started = time.perf_counter()
     window_start, window_tokens, run_tokens, paused = time.perf_counter(), 0, 0, 0.0
     last_eval: dict[str, float] | None = None
+    last_decode: dict[str, float] = {}
     model.train()
     while state.step < max_steps:
         train_loader.set_epoch(state.epoch)
@@ -227,6 +234,10 @@ def train(s: TrainSettings) -> TrainResult:
                     state.best_tau = last_eval["tau"]
                     if main:
                         objective.save(out / "best")
+            if decoder.due(state.step, max_steps):
+                last_decode = decoder.run(target.model, tokenizer, objective.head, out, state.step)
+                metrics_file.write(state.step, last_decode)
+                model.train()
 
             # --- checkpoint ------------------------------------------------------------------------
             if state.step % s.trainer.save_every == 0 or state.step == max_steps:
@@ -254,6 +265,7 @@ def train(s: TrainSettings) -> TrainResult:
             "seconds": seconds,
             "train_tokens_per_s": tokens_per_s,
             **last_eval,
+            **last_decode,
         }
         (out / "metrics.json").write_text(json.dumps(summary, indent=1))
     accelerator.wait_for_everyone()

@@ -135,8 +135,10 @@ class EagleDrafter(Drafter):
         missing = [layer for layer in self.hidden_layers if layer not in hidden]
         if missing:
             raise KeyError(f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})")
-        device = self.head.fc.weight.device
-        states = [hidden[layer].to(device)[None] for layer in self.hidden_layers]  # each [1, K, H]
+        weight = self.head.fc.weight  # a bf16 target may feed an fp32 head (e.g. evaluated while training)
+        states = [
+            hidden[layer].to(weight.device, weight.dtype)[None] for layer in self.hidden_layers
+        ]  # [1, K, H]
         for layer, state in zip(self.hidden_layers, states):
             if state.shape[1] != length:
                 raise ValueError(f"hidden[{layer}] has {state.shape[1]} positions, expected {length}")
