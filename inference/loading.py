@@ -54,6 +54,9 @@ def make_drafter(
             return MedusaDrafter(head, **options)
         from spechead.inference.drafters.eagle import EagleDrafter
 
+        dynamic_options = {"tree", "top_k", "depth", "total_tokens"} & set(options)
+        if not dynamic_options and (saved := load_tree_choices(spec)) is not None:
+            options = {**options, "tree": saved}  # HEAD_DIR/tree.json from scripts/build_tree.py
         return EagleDrafter(head, **options)
     model = AutoModelForCausalLM.from_pretrained(spec, revision=revision, dtype=dtype).to(device)
     return DraftModelDrafter(model, **options)

@@ -1,4 +1,4 @@
-"""Choose a Medusa static tree from measured head accuracies (the Medusa "optimal sparse tree").
+"""Choose a static tree from measured head accuracies (the Medusa "optimal sparse tree"; EAGLE too).
 
 accuracy [depth, k]: accuracy[d, r] = probability that head d's r-th candidate (0 = most likely) is the
 token the target emits at that depth. A drafted node with child-rank path (r_1, ..., r_D) is assumed
@@ -16,11 +16,14 @@ from pathlib import Path
 
 import torch
 
+from spechead.heads.eagle import EagleHead
+from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.medusa import MedusaHead
+from spechead.heads.unroll import ttt_forward
 from spechead.inference.tree import tree_from_choices
 from spechead.inference.verify import prefill
 
-TREE_FILE = "tree.json"  # saved in a Medusa head directory; MedusaDrafter uses it by default
+TREE_FILE = "tree.json"  # saved in a head directory; Medusa and EAGLE drafters use it by default
 
 
 def _accuracy_rows(accuracy: torch.Tensor) -> list[list[float]]:
@@ -125,6 +128,56 @@ def measure_topk_accuracy(
             f"sequences too short: head(s) {[k for k in range(num_heads) if counts[k] == 0]} have no "
             "position with a generated reference token; generate more tokens"
         )
+    return hits.double().div(counts[:, None]).float()
+
+
+@torch.no_grad()
+def measure_eagle_accuracy(
+    model: torch.nn.Module,
+    head: EagleHead | Eagle3Head,
+    sequences: list[torch.Tensor],
+    depth: int,
+    topk: int,
+    starts: Sequence[int] | None = None,
+    chunk: int = 512,
+) -> torch.Tensor:
+    """accuracy [depth, topk] of an EAGLE head: accuracy[d, r] = share of depth-(d+1) draft steps whose
+    r-th candidate is the sequence's next token, when the steps before it drafted the true tokens.
+
+    Each sequence [T] (the target's own greedy continuation, as for `measure_topk_accuracy`) is run once
+    through the target; the head is then unrolled `depth` steps over all positions at once on its own
+    features (heads.unroll.ttt_forward, the attention a depth-d tree node has when decoding). Step j at
+    position t continues the root context ending at t - j and guesses token t + 2; it counts when
+    t - j >= starts[i] - 1 (references generated, not prompt) and t + 2 < T. Tokens outside an EAGLE-3
+    draft vocab are misses. `chunk` bounds the logits rows held at a time.
+    """
+    if topk < 1 or depth < 1:
+        raise ValueError(f"topk and depth must be >= 1, got topk={topk}, depth={depth}")
+    starts = [0] * len(sequences) if starts is None else list(starts)
+    if len(starts) != len(sequences):
+        raise ValueError(f"got {len(starts)} starts for {len(sequences)} sequences")
+    layers = tuple(head.config.target_layers)
+    weight = head.fc.weight
+    hits = torch.zeros(depth, topk, dtype=torch.long)
+    counts = torch.zeros(depth, dtype=torch.long)
+    for seq, start in zip(sequences, starts):
+        seq = seq.reshape(-1).long().cpu()  # [T]
+        first = max(start - 1, 0)
+        _, _, hidden = prefill(model, seq[None], layers, logits_to_keep=1)
+        states = [hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers]  # each [1, T, H]
+        fused = head.fuse(states) if isinstance(head, Eagle3Head) else states[0]  # [1, T, H]
+        outputs = ttt_forward(head, fused, seq[None].to(weight.device), None, depth)  # depth x [1, T, H]
+        for j, out in enumerate(outputs):
+            for lo in range(first + j, len(seq) - 2, chunk):
+                hi = min(lo + chunk, len(seq) - 2)  # positions t in [lo, hi) guess token t + 2
+                cand = head.logits(out[:, lo:hi])[0].topk(topk, dim=-1).indices.cpu()  # [n, topk]
+                ref = seq[lo + 2 : hi + 2]  # [n] target ids
+                if isinstance(head, Eagle3Head):
+                    ref = head.target_to_draft(ref.to(head.t2d.device)).cpu()  # -1 (never a hit) if outside
+                hits[j] += (cand == ref[:, None]).sum(0)
+                counts[j] += hi - lo
+    if int(counts.min()) == 0:
+        raise ValueError(f"sequences too short for depth {depth}: generate more tokens or lower --depth")
     return hits.double().div(counts[:, None]).float()
 
 

@@ -1,13 +1,18 @@
-"""Build a Medusa static tree from the head's measured top-k accuracies and save it as HEAD/tree.json.
+"""Build a static tree from a head's measured top-k accuracies and save it as HEAD/tree.json.
 
     python scripts/build_tree.py --target data/demo/target --head outputs/bench-heads/medusa/head \
         --nodes 60 --prompts 32 --max-new-tokens 128
+    python scripts/build_tree.py --target data/demo/target --head outputs/eagle3-demo/head \
+        --depth 6 --cost-profile outputs/benchmark/decoding.json
 
 The target greedily continues N chat prompts (the first user turns of
 `spechead.data.demo.make_conversations(N, seed=123)`, or --prompts-file JSONL lines {"prompt": ...});
-on those continuations each head's top-k accuracy is measured, the best tree of --nodes drafted nodes
-is chosen, and its expected accept length is compared with the default tree's. Decoding with the new
-tree is then timed on the same prompts (in-sample). MedusaDrafter loads HEAD/tree.json by default.
+on those continuations the head's top-k accuracy by depth is measured (Medusa: per head; EAGLE: per
+unrolled draft step), the best tree of --nodes drafted nodes is chosen (or, with --cost-profile, the
+node count with the best expected speedup on that hardware), and its expected accept length is
+compared with the default tree's. Decoding with the new tree is then measured on the same prompts
+(in-sample). Medusa and EAGLE drafters load HEAD/tree.json by default (EAGLE: instead of the dynamic
+tree; pass tree="dynamic" to get that back).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from pathlib import Path
 import torch
 
 from spechead.data.demo import make_conversations
+from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES, MedusaDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tree_search import (
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
+    measure_eagle_accuracy,
     measure_topk_accuracy,
     save_tree,
 )
@@ -39,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=32, help="number of prompts to continue")
     p.add_argument("--prompts-file", default=None, help='JSONL with {"prompt": ...} per line')
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--topk", type=int, default=10, help="candidates measured per head")
+    p.add_argument("--topk", type=int, default=10, help="candidates measured per depth")
+    p.add_argument("--depth", type=int, default=6, help="EAGLE heads: draft steps measured (tree depth)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
@@ -73,26 +81,28 @@ def decode_all(gen: SpeculativeGenerator, prompts: list[list[int]], max_new: int
 
 def format_table(accuracy: torch.Tensor) -> str:
     """The accuracy table [heads, k] as fixed-width text, one row per head."""
-    head = "head " + "".join(f"{f'top{r}':>7}" for r in range(accuracy.shape[1]))
-    rows = [f"{k:>4} " + "".join(f"{x:7.3f}" for x in row) for k, row in enumerate(accuracy.tolist())]
+    head = "depth" + "".join(f"{f'top{r}':>7}" for r in range(accuracy.shape[1]))
+    rows = [f"{k + 1:>5}" + "".join(f"{x:7.3f}" for x in row) for k, row in enumerate(accuracy.tolist())]
     return "\n".join([head, *rows])
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        if args.nodes < 1 or args.prompts < 1 or args.topk < 1:
-            raise ValueError("--nodes, --prompts and --topk must be >= 1")
+        if min(args.nodes, args.prompts, args.topk, args.depth) < 1:
+            raise ValueError("--nodes, --prompts, --topk and --depth must be >= 1")
         if not Path(args.head).is_dir():
             raise ValueError(f"--head {args.head} is not a local directory (tree.json is saved there)")
         texts, source = load_prompts(args.prompts, args.prompts_file)
         # The default tree decodes the prompts (greedy = lossless, so the continuations are the
-        # target's own) and gives the baseline tau.
+        # target's own) and gives the baseline tau. An existing tree.json is ignored for this.
+        family = json.loads((Path(args.head) / "config.json").read_text()).get("family")
+        if family not in ("medusa", "eagle", "eagle3"):
+            raise ValueError(f"--head {args.head} is not a spechead Medusa or EAGLE head (family {family!r})")
+        default_tree = {"choices": DEFAULT_MEDUSA_CHOICES} if family == "medusa" else {"tree": "dynamic"}
         gen = SpeculativeGenerator.from_pretrained(
-            args.target, args.head, device=args.device, dtype=args.dtype, choices=DEFAULT_MEDUSA_CHOICES
+            args.target, args.head, device=args.device, dtype=args.dtype, **default_tree
         )
-        if not isinstance(gen.drafter, MedusaDrafter):
-            raise ValueError(f"--head {args.head} is not a Medusa head (static trees are Medusa-only)")
         tok = gen.tokenizer
         chat = bool(getattr(tok, "chat_template", None))
         prompts = [
@@ -103,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         generated, tau_default = decode_all(gen, prompts, args.max_new_tokens)
         head = gen.drafter.head
         sequences = [torch.tensor(p + g, dtype=torch.long) for p, g in zip(prompts, generated)]
-        accuracy = measure_topk_accuracy(gen.target, head, sequences, args.topk, [len(p) for p in prompts])
+        starts = [len(p) for p in prompts]
+        if family == "medusa":
+            accuracy = measure_topk_accuracy(gen.target, head, sequences, args.topk, starts)
+        else:
+            accuracy = measure_eagle_accuracy(gen.target, head, sequences, args.depth, args.topk, starts)
     except (ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -118,18 +132,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         choices = best_choices(accuracy, args.nodes)
     expected = expected_accept_length(accuracy, choices)
-    default = [c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= head.num_heads]
-    fits = max(max(c) for c in default) < args.topk
+    default = [c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= accuracy.shape[0]]
+    fits = family == "medusa" and max(max(c) for c in default) < args.topk  # EAGLE's default is dynamic
     expected_default = expected_accept_length(accuracy, default) if fits else float("nan")
     positions = sum(len(g) for g in generated)
-    print(f"top-{args.topk} accuracy of {head.num_heads} heads over {positions} generated tokens "
+    print(f"top-{args.topk} accuracy by depth ({family}) over {positions} generated tokens "
           f"({len(prompts)} prompts, {source}):")  # fmt: skip
     print(format_table(accuracy))
     print(f"\nchosen tree ({len(choices)} nodes, depth {max(map(len, choices))}): {json.dumps(choices)}")
+    if fits:
+        print(
+            f"expected accept length: chosen {expected:.3f} | default ({len(default)} nodes) {expected_default:.3f}"
+        )
+    else:
+        print(f"expected accept length: chosen {expected:.3f}")
     print(
-        f"expected accept length: chosen {expected:.3f} | default ({len(default)} nodes) {expected_default:.3f}"
+        f"measured tau, default tree ({'dynamic' if family != 'medusa' else 'Medusa default'}): {tau_default:.3f}"
     )
-    print(f"measured tau, default tree: {tau_default:.3f}")
     measured = {"target": str(args.target), "prompts": len(prompts), "prompt_source": source,
                 "max_new_tokens": args.max_new_tokens, "generated_tokens": positions, "topk": args.topk}  # fmt: skip
     path = save_tree(
@@ -137,12 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         choices,
         expected_accept_length=expected,
         default_expected_accept_length=expected_default if fits else None,
+        family=family,
         measured_on=measured,
         accuracy=[[round(x, 6) for x in row] for row in accuracy.tolist()],
         **extra,
     )
     if not args.no_check:
-        gen.drafter = MedusaDrafter(head, choices)
+        gen.drafter = MedusaDrafter(head, choices) if family == "medusa" else EagleDrafter(head, tree=choices)
         _, tau_chosen = decode_all(gen, prompts, args.max_new_tokens)
         print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
     print(f"saved {path}")

@@ -71,3 +71,30 @@ def test_build_tree_demo_prompts_and_errors(tiny_target_dir, head_dir, capsys):
     assert len(prompts) == 5 and all(prompts) and "seed=123" in source
     argv = ["--target", str(tiny_target_dir), "--head", str(head_dir / "missing"), "--prompts", "1"]
     assert script.main(argv) == 2 and "not a local directory" in capsys.readouterr().err
+
+
+def test_build_tree_for_an_eagle3_head(tiny_target_dir, tmp_path, capsys):
+    """EAGLE heads get a static tree from measured accuracy by draft step; decoding then uses it."""
+    from spechead.heads import Eagle3Config, Eagle3Head
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    head = Eagle3Head(Eagle3Config.from_target(model.config))
+    head.init_lm_head_from_target_(model.lm_head.weight)
+    head_dir = head.save_pretrained(tmp_path / "eagle3")
+    argv = ["--target", str(tiny_target_dir), "--head", str(head_dir), "--nodes", "6", "--prompts", "2",
+            "--max-new-tokens", "12", "--topk", "3", "--depth", "3"]  # fmt: skip
+    assert load_script().main(argv) == 0
+    out = capsys.readouterr().out
+    assert "measured tau, default tree (dynamic)" in out and "measured tau, chosen tree" in out
+    saved = json.loads((head_dir / "tree.json").read_text())
+    assert saved["family"] == "eagle3" and len(saved["choices"]) == 6 and len(saved["accuracy"]) == 3
+    assert max(map(len, saved["choices"])) <= 3 and max(max(c) for c in saved["choices"]) < 3
+
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir))
+    assert gen.drafter._static is not None and gen.drafter._static.size == 7  # root + 6 nodes
+    dynamic = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), tree="dynamic")
+    assert dynamic.drafter._static is None
+    ids = gen.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
+                                            return_dict=False)  # fmt: skip
+    plain = SpeculativeGenerator(gen.target, gen.tokenizer, None).generate(input_ids=ids, max_new_tokens=10)
+    assert gen.generate(input_ids=ids, max_new_tokens=10).token_ids == plain.token_ids  # still lossless
