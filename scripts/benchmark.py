@@ -50,7 +50,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--drafter", action="append", default=[],
         help="NAME=SPEC[@key=value,...]: a head dir/Hub id, a draft model, or prompt_lookup; options go to the "
-        "drafter, e.g. eagle3=outputs/eagle3-demo/head@top_k=8,depth=6,total_tokens=48 (repeatable)",
+        "drafter, e.g. eagle3=outputs/eagle3-demo/head@top_k=8,depth=6,total_tokens=48 or "
+        "eagle3=HEAD@tree=tree.json (static tree; Medusa: choices=tree.json) (repeatable)",
     )  # fmt: skip
     p.add_argument(
         "--prompt-set", default="demo",
@@ -79,12 +80,24 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def drafter_options(spec: str) -> tuple[str, dict]:
-    """'PATH@key=value,key=value' -> (PATH, {key: int value}), e.g. 'head@top_k=4,depth=5,total_tokens=16'."""
+    """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, or a tree file (tree.json
+    or a JSON list of rank paths) for `tree=` (EAGLE) / `choices=` (Medusa)."""
     path, _, opts = spec.partition("@")
-    try:
-        return path, {k: int(v) for k, v in (kv.split("=", 1) for kv in opts.split(",") if kv)}
-    except ValueError:
-        raise ValueError(f"drafter options {opts!r}: use key=integer pairs separated by commas") from None
+    options: dict = {}
+    for item in filter(None, opts.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"drafter option {item!r}: use key=value, e.g. top_k=8 or tree=tree.json")
+        if value.lstrip("-").isdigit():
+            options[key] = int(value)
+        elif value == "dynamic":
+            options[key] = value
+        elif Path(value).is_file():
+            loaded = json.loads(Path(value).read_text())
+            options[key] = loaded["choices"] if isinstance(loaded, dict) else loaded
+        else:
+            raise ValueError(f"drafter option {item!r}: the value must be an integer, dynamic or a tree file")
+    return path, options
 
 
 def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: DecodeSettings) -> dict:

@@ -107,7 +107,7 @@ def test_greedy_mismatch_is_counted_and_shown():
     [
         (["--drafter", "no-equals-sign"], "NAME=SPEC"),
         (["--prompt-set", "missing.jsonl"], "not found"),
-        (["--drafter", "m=prompt_lookup@depth=x"], "key=integer"),
+        (["--drafter", "m=prompt_lookup@depth=x"], "must be an integer, dynamic or a tree file"),
     ],
 )
 def test_benchmark_bad_input(tiny_target_dir, tmp_path, capsys, argv, needle):
@@ -116,3 +116,11 @@ def test_benchmark_bad_input(tiny_target_dir, tmp_path, capsys, argv, needle):
     assert load_script().main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error:") and needle in err[-1]
+
+
+def test_drafter_options_parse_tree_files(tmp_path):
+    tree = tmp_path / "tree.json"
+    tree.write_text('{"choices": [[0], [1], [0, 0]]}')
+    path, options = load_script().drafter_options(f"heads/x@tree={tree},top_k=4")
+    assert path == "heads/x" and options == {"tree": [[0], [1], [0, 0]], "top_k": 4}
+    assert load_script().drafter_options("h@tree=dynamic") == ("h", {"tree": "dynamic"})
