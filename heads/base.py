@@ -29,6 +29,10 @@ from spechead.heads.errors import HeadError
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
+# What a head fetched from the Hub needs (fnmatch: `*` also matches `/`): config.json and weights, and
+# what decoding reads beside them: tree.json (a Medusa static tree) and a Medusa-2 LoRA adapter's
+# adapter_config.json + weights. Never the card or plots.
+HUB_PATTERNS = ("*.json", "*.safetensors")
 
 
 def resolve_layers(layers: list[int], num_layers: int) -> list[int]:
@@ -231,7 +235,12 @@ class DraftHead(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> DraftHead:
         """Load a head saved by save_pretrained from a local directory or a Hub repo (eval mode)."""
-        directory = _resolve_dir(path_or_hub_id, revision)
+        directory = resolve_head_dir(path_or_hub_id, revision)
+        foreign = _import_foreign(
+            directory, path_or_hub_id, revision, family=cls.family, device=device, dtype=dtype
+        )
+        if foreign is not None:
+            return foreign
         raw = _read_config(directory)
         family = raw.pop("family")
         if not cls.family:  # DraftHead.from_pretrained: dispatch on the saved family
@@ -256,10 +265,27 @@ class DraftHead(nn.Module):
 
 
 def load_head(path_or_hub_id: str | Path, **kwargs: Any) -> DraftHead:
-    """Load any registered head family from a local directory or Hub repo (kwargs as from_pretrained)."""
-    directory = _resolve_dir(path_or_hub_id, kwargs.pop("revision", None))
+    """Load any registered head family from a local directory or Hub repo (kwargs as from_pretrained).
+
+    Heads published in a reference project's layout are converted on the fly (spechead.heads.formats);
+    `target_config=target.config` fills what such a layout leaves implicit (ignored for spechead heads).
+    """
+    revision, target_config = kwargs.pop("revision", None), kwargs.pop("target_config", None)
+    directory = resolve_head_dir(path_or_hub_id, revision)
+    foreign = _import_foreign(directory, path_or_hub_id, revision, target_config=target_config, **kwargs)
+    if foreign is not None:
+        return foreign
     family = _read_config(directory)["family"]
     return _registered(family, directory).from_pretrained(directory, **kwargs)
+
+
+def _import_foreign(
+    directory: Path, source: str | Path, revision: str | None, **kwargs: Any
+) -> DraftHead | None:
+    """The head converted from another project's layout (EAGLE, EAGLE-3, speculators, Medusa), else None."""
+    from spechead.heads.formats import load_foreign  # lazy: the formats package builds on this module
+
+    return load_foreign(directory, source=source, revision=revision, **kwargs)
 
 
 def _registered(family: str, directory: Path) -> type[DraftHead]:
@@ -278,8 +304,8 @@ def _spechead_version() -> str:
         return "0+unknown"
 
 
-def _resolve_dir(path_or_hub_id: str | Path, revision: str | None) -> Path:
-    """A local directory as is; anything else is fetched from the Hub (config and safetensors only)."""
+def resolve_head_dir(path_or_hub_id: str | Path, revision: str | None = None) -> Path:
+    """A head's local directory: a local path as is, a Hub id as its snapshot (HUB_PATTERNS files only)."""
     local = Path(path_or_hub_id).expanduser()
     if local.is_dir():
         return local
@@ -288,9 +314,7 @@ def _resolve_dir(path_or_hub_id: str | Path, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download  # lazy: only Hub loads need it
 
     try:
-        fetched = snapshot_download(
-            str(path_or_hub_id), revision=revision, allow_patterns=[CONFIG_NAME, "*.safetensors"]
-        )
+        fetched = snapshot_download(str(path_or_hub_id), revision=revision, allow_patterns=list(HUB_PATTERNS))
     except Exception as err:  # offline, unreachable, missing repo, bad id: all mean "cannot fetch"
         raise HeadError(
             f"head {path_or_hub_id} is not a local directory and could not be fetched from the Hub: "

@@ -72,6 +72,9 @@ class EagleConfig(HeadConfig):
     layer_config: dict[str, Any]
     num_layers: int = 1
     attn_implementation: str = "sdpa"
+    # False: layer 0 skips its input_layernorm (fc's output enters attention un-normed), as in the
+    # heads published by the EAGLE authors; spechead's own heads keep the architecture's layer as is.
+    first_layer_input_norm: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -104,6 +107,8 @@ class EagleHead(DraftHead):
         layer_class = decoder_layer_class(layer_cfg)
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.layers = nn.ModuleList(layer_class(layer_cfg, layer_idx=i) for i in range(config.num_layers))
+        if not config.first_layer_input_norm:
+            self.layers[0].input_layernorm = nn.Identity()
         self.rotary = Rotary(layer_cfg)
 
     def forward(

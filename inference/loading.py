@@ -9,6 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spechead.heads import MedusaHead, load_head
+from spechead.heads.base import resolve_head_dir
+from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
@@ -43,8 +45,11 @@ def make_drafter(
         return spec
     if spec == "prompt_lookup":
         return PromptLookupDrafter(**options)
-    if "family" in _config_of(spec, revision):  # a spechead head
-        head = load_head(spec, revision=revision, device=device, dtype=dtype)
+    if is_head_dir(_config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
+        # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
+        head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
+        # A Hub head becomes its local snapshot (tree.json and adapter included) for everything below.
+        spec = str(resolve_head_dir(spec, revision))
         head.attach_target_modules(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
@@ -66,11 +71,16 @@ def merge_medusa2_adapter(target, head_dir: str):
     """Medusa-2 heads run on the target with their LoRA adapter merged in; plain targets pass through."""
     config = _config_of(head_dir, None)
     adapter = config.get("lora_adapter") if config.get("family") == "medusa" else None
-    if not adapter or not Path(head_dir, adapter).is_dir():
+    if not adapter:
         return target
+    local = resolve_head_dir(head_dir)  # a Hub head: its snapshot holds the adapter files
+    if not Path(local, adapter).is_dir():
+        raise ValueError(
+            f"Medusa-2 head {head_dir} names the LoRA adapter {adapter!r} but has no {adapter}/ folder"
+        )
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(target, str(Path(head_dir) / adapter)).merge_and_unload()
+    return PeftModel.from_pretrained(target, str(Path(local) / adapter)).merge_and_unload()
 
 
 def load_generator(

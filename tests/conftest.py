@@ -148,3 +148,18 @@ def write_chats(path: Path, n: int = 48) -> Path:
 @pytest.fixture(scope="session")
 def chat_file(tmp_path_factory) -> Path:
     return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl")
+
+
+@pytest.fixture
+def fake_hub():
+    """A local in-memory Hugging Face Hub (tests/fake_hub.py) serving on `fake_hub.url` for the test."""
+    import importlib.util
+    import sys
+
+    name = "spechead_tests_fake_hub"  # tests are not a package: load the helper module by path, once
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fake_hub.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    with sys.modules[name].FakeHub() as hub:
+        yield hub

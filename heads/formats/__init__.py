@@ -1,0 +1,111 @@
+"""Heads in other projects' layouts: import them on the fly, export spechead heads for serving engines.
+
+Import (through `load_head` / `DraftHead.from_pretrained`, hence `SpeculativeGenerator.from_pretrained`):
+EAGLE-1/2 heads of the EAGLE authors, EAGLE-3 heads (official, SGLang, SpecForge), vLLM `speculators`
+EAGLE-3 heads, Medusa-1 heads (FasterDecoding and vLLM). Export: EAGLE-3 heads to `speculators`
+(vLLM) and `sglang` (SGLang / official layout), Medusa heads to `medusa` (vLLM's Medusa loader).
+A layout spechead's modules cannot reproduce exactly is refused with a HeadError saying what.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from spechead.heads.base import DraftHead
+from spechead.heads.errors import HeadError
+from spechead.heads.formats.detect import LAYOUTS, detect_layout, layout_of_config
+from spechead.heads.formats.eagle import WEIGHT_NAMES as EAGLE_WEIGHTS
+from spechead.heads.formats.eagle import is_eagle_tensors
+from spechead.heads.formats.eagle3_export import export_sglang, export_speculators
+from spechead.heads.formats.medusa import export_medusa
+from spechead.heads.formats.weights import read_json, read_tensors, tensor_names, weight_files
+
+# Head family -> {format name: exporter}.
+EXPORTERS = {
+    "eagle3": {"speculators": export_speculators, "sglang": export_sglang},
+    "medusa": {"medusa": export_medusa},
+}
+FORMATS = sorted({name for formats in EXPORTERS.values() for name in formats})
+
+
+def export_formats(family: str) -> list[str]:
+    """Formats a head of `family` can be exported to ([] if none)."""
+    return sorted(EXPORTERS.get(family, {}))
+
+
+def export_head(
+    head: DraftHead, fmt: str, out: str | Path, *, dtype: torch.dtype | None = None, **options: Any
+) -> Path:
+    """Write `head` into directory `out` in format `fmt` (options: speculative_tokens, verifier)."""
+    exporters = EXPORTERS.get(head.family, {})
+    if fmt not in exporters:
+        valid = ", ".join(export_formats(head.family)) or "none"
+        raise HeadError(
+            f"a {head.family} head cannot be exported as {fmt!r}: formats for {head.family} heads: {valid}"
+        )
+    return exporters[fmt](head, Path(out), dtype=dtype, **options)
+
+
+def is_head_dir(config: dict[str, Any], path: str | Path) -> bool:
+    """True if `config` (the config.json at `path`) is a spechead head or a head in a known layout."""
+    if isinstance(config, dict) and "family" in config:
+        return True
+    local = Path(path).expanduser()
+    return (detect_layout(local, config) if local.is_dir() else layout_of_config(config)) is not None
+
+
+def load_foreign(
+    directory: Path,
+    *,
+    source: str | Path | None = None,
+    revision: str | None = None,
+    family: str = "",
+    target_config: PretrainedConfig | None = None,
+    device: torch.device | str | int | None = None,
+    dtype: torch.dtype | None = None,
+) -> DraftHead | None:
+    """The head in `directory` converted from a reference layout, or None if it is not one.
+
+    source / revision: where `directory` came from (a Hub id lets missing pickled weights be fetched).
+    family: the head family the caller needs ("" = any). target_config: the target's config, which
+    fills what a layout leaves implicit (EAGLE-3 default layers need the target's depth).
+    """
+    file = directory / "config.json"
+    if not file.is_file():
+        return None
+    config = read_json(file)
+    if "family" in config:
+        return None  # a spechead head
+    hub = None if source is None or Path(source).expanduser().is_dir() else str(source)
+    layout = detect_layout(directory, config) or _eagle_on_hub(directory, config, hub, revision)
+    if layout is None:
+        return None
+    what, names, importer = LAYOUTS[layout]
+    tensors = read_tensors(weight_files(directory, names, hub, revision))
+    head = importer(directory, config, tensors, target_config=target_config, device=device, dtype=dtype)
+    if family and head.family != family:
+        raise HeadError(
+            f"{directory} holds a {head.family!r} head ({what}), not a {family!r} head: use load_head()"
+        )
+    return head
+
+
+def _eagle_on_hub(
+    directory: Path, config: dict[str, Any], hub: str | None, revision: str | None
+) -> str | None:
+    """Return "eagle" for a Hub EAGLE-1/2 head whose pickled weights the snapshot left out, else None."""
+    # Published EAGLE heads have one decoder layer (rarely two): never fetch a whole model's pickle.
+    if hub is None or "architectures" not in config or int(config.get("num_hidden_layers") or 99) > 2:
+        return None
+    try:
+        files = weight_files(directory, EAGLE_WEIGHTS, hub, revision)
+    except HeadError:
+        return None
+    return "eagle" if is_eagle_tensors(tensor_names(files)) else None
+
+
+__all__ = ["FORMATS", "export_formats", "export_head", "is_head_dir", "load_foreign"]

@@ -1,0 +1,166 @@
+"""Import EAGLE-3 heads: the official / SGLang / SpecForge layout and vLLM's `speculators` layout.
+
+Official, SGLang, SpecForge: a Llama config.json with architectures ["LlamaForCausalLMEagle3"],
+draft_vocab_size, optional target_hidden_size and optional
+eagle_config.eagle_aux_hidden_state_layer_ids (0-based layer OUTPUT ids: HF hidden-state index
+id + 1); tensors midlayer.*, fc, norm, lm_head, d2t, t2d, sometimes embed_tokens.
+speculators: config.json with speculators_model_type "eagle3", transformer_layer_config,
+draft_vocab_size, norm_before_residual, optional eagle_aux_hidden_state_layer_ids (layer INPUT ids,
+= HF hidden-state indices) and speculators_config.verifier; tensors layers.0.* instead of midlayer.*.
+Without layer ids the heads read the EAGLE-3 default [2, L//2, L-3], which needs the target's depth.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import PretrainedConfig
+
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers
+from spechead.heads.errors import HeadError
+from spechead.heads.formats.build import fill_head, renamed
+from spechead.heads.formats.llama import layer_config_of, target_fields
+
+WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "*.safetensors")
+# Frozen target copies or training-only tensors some exporters keep; spechead uses the target's own.
+_DROPPED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight")
+# speculators options that change the computation (norms before the residual, on fc's input or output).
+_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def import_eagle3(
+    directory: Path,
+    config: dict[str, Any],
+    tensors: dict[str, Tensor],
+    target_config: PretrainedConfig | None = None,
+    **load: Any,
+) -> Eagle3Head:
+    """An Eagle3Head from the official / SGLang / SpecForge layout."""
+    where = f"EAGLE-3 head {directory}"
+    eagle_config = config.get("eagle_config") or {}
+    if eagle_config.get("use_aux_hidden_state") is False:
+        raise HeadError(f"{where} has use_aux_hidden_state=false (no fused target layers): not supported")
+    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    layers = [int(i) + 1 for i in ids] if ids else None  # layer output i = HF hidden-state index i + 1
+    return _eagle3_head(where, config, config, tensors, layers, target_config, {}, load)
+
+
+def import_speculators(
+    directory: Path,
+    config: dict[str, Any],
+    tensors: dict[str, Tensor],
+    target_config: PretrainedConfig | None = None,
+    **load: Any,
+) -> Eagle3Head:
+    """An Eagle3Head from vLLM's speculators layout (speculators_model_type "eagle3")."""
+    where = f"speculators head {directory}"
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        raise HeadError(
+            f"{where} is a speculators {kind!r} model; spechead imports speculators 'eagle3' only"
+        )
+    # The speculators library (0.9) writes these flags, all false by default (the published EAGLE-3 design).
+    for flag in _VARIANTS:
+        if config.get(flag):
+            raise HeadError(
+                f"{where} has {flag}=true, a variant of the EAGLE-3 layer spechead does not implement"
+            )
+    if config.get("embed_requires_grad"):
+        raise HeadError(
+            f"{where} trained its own embedding (embed_requires_grad=true); spechead uses the target's"
+        )
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise HeadError(f"{where}: config.json has no transformer_layer_config object")
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    known = {
+        "target_name_or_path": verifier.get("name_or_path") or "",
+        "target_architecture": (verifier.get("architectures") or [""])[0],
+    }
+    head_fields = {**layer, "draft_vocab_size": config.get("draft_vocab_size")}
+    head_fields["target_hidden_size"] = config.get("target_hidden_size")
+    return _eagle3_head(where, head_fields, layer, tensors, ids, target_config, known, load)
+
+
+def _eagle3_head(
+    where: str,
+    config: dict[str, Any],
+    layer: dict[str, Any],
+    tensors: dict[str, Tensor],
+    layers: list[int] | None,
+    target_config: PretrainedConfig | None,
+    known: dict[str, Any],
+    load: dict[str, Any],
+) -> Eagle3Head:
+    """Shared EAGLE-3 conversion once the layout's config fields are found."""
+    if int(layer.get("num_hidden_layers", 1)) != 1 or any(k.startswith("layers.1.") for k in tensors):
+        raise HeadError(f"{where} has several decoder layers; spechead's EAGLE-3 head has exactly one")
+    tensors = renamed({k: v for k, v in tensors.items() if k not in _DROPPED}, "layers.0.", "midlayer.")
+    for name in ("fc.weight", "lm_head.weight"):
+        if name not in tensors:
+            raise HeadError(f"{where} has no {name} (tied or missing draft weights are not supported)")
+    hidden = int(tensors["fc.weight"].shape[0])
+    if config.get("target_hidden_size") not in (None, hidden) or tensors["fc.weight"].shape[1] != 3 * hidden:
+        raise HeadError(
+            f"{where} fuses target states of another width than its own ({hidden}): not supported"
+        )
+    d2t, t2d = _draft_vocab(where, tensors, config)
+    vocab, draft_vocab = t2d.numel(), d2t.numel()
+    if config.get("draft_vocab_size") not in (None, draft_vocab):
+        raise HeadError(
+            f"{where}: draft_vocab_size {config['draft_vocab_size']} != lm_head rows {draft_vocab}"
+        )
+    fields = {**known, **target_fields(target_config, hidden, vocab, where)}
+    head = Eagle3Head(
+        Eagle3Config(
+            hidden_size=hidden,
+            vocab_size=vocab,
+            draft_vocab_size=draft_vocab,
+            layer_config=layer_config_of(layer, where),
+            target_layers=layers or _default_layers(where, fields.get("target_num_layers", 0)),
+            **fields,
+        )
+    )
+    fill_head(head, {**tensors, "d2t": d2t, "t2d": t2d}, where, **load)
+    head.set_draft_vocab(head.d2t.clone(), head.t2d.clone())  # HeadError unless d2t and t2d agree
+    return head
+
+
+def _default_layers(where: str, num_layers: int) -> list[int]:
+    if not num_layers:
+        raise HeadError(
+            f"{where} does not say which target layers it fuses (the EAGLE-3 default [2, L//2, L-3] needs the "
+            "target's depth L): load it with load_head(path, target_config=target.config) or through "
+            "SpeculativeGenerator.from_pretrained(target, head)"
+        )
+    return default_eagle3_layers(num_layers)
+
+
+def _draft_vocab(where: str, tensors: dict[str, Tensor], config: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    """(d2t (Vd,) long, t2d (V,) bool), completing whichever of the two a layout leaves out."""
+    draft_vocab = int(tensors["lm_head.weight"].shape[0])
+    d2t, t2d = tensors.pop("d2t", None), tensors.pop("t2d", None)
+    if t2d is not None:
+        t2d = t2d.bool()
+    if d2t is None and t2d is not None:
+        d2t = t2d.nonzero().squeeze(-1) - torch.arange(int(t2d.sum()))
+    if d2t is None:
+        vocab = config.get("vocab_size")
+        if vocab != draft_vocab:
+            raise HeadError(
+                f"{where} has no d2t/t2d but its draft vocab ({draft_vocab}) != vocab_size ({vocab})"
+            )
+        d2t = torch.zeros(draft_vocab, dtype=torch.long)
+    d2t = d2t.long()
+    if t2d is None:
+        vocab = int(config.get("vocab_size") or 0)
+        targets = torch.arange(d2t.numel()) + d2t
+        if not vocab or int(targets.max()) >= vocab:
+            raise HeadError(f"{where} has d2t but no t2d and no vocab_size covering its target ids")
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[targets] = True
+    return d2t, t2d

@@ -1,0 +1,84 @@
+"""Export a spechead head for a serving engine, then check the export by loading it back.
+
+    python scripts/export.py HEAD_DIR --format speculators --out exported/   # EAGLE-3 -> vLLM
+    python scripts/export.py HEAD_DIR --format sglang --out exported/        # EAGLE-3 -> SGLang
+    python scripts/export.py HEAD_DIR --format medusa --out exported/        # Medusa -> vLLM
+
+HEAD_DIR is a head saved by spechead (a local directory or a Hub id). The export is re-imported
+through spechead's loader and its tensors compared with the head's (printed as a check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from spechead.heads import HeadError, load_head
+from spechead.heads.formats import FORMATS, export_formats, export_head
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("head", help="spechead head directory or Hub id")
+    p.add_argument("--format", required=True, choices=FORMATS, dest="fmt", help="layout to write")
+    p.add_argument("--out", required=True, help="new (or empty) output directory")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weight dtype (default: the head's)")
+    p.add_argument(
+        "--verifier",
+        default=None,
+        help="speculators: target name or path to record (default: the head's target)",
+    )
+    p.add_argument("--speculative-tokens", type=int, default=3, help="speculators: default draft length")
+    return p.parse_args(argv)
+
+
+def check_round_trip(head, out: Path, dtype: torch.dtype | None) -> int:
+    """Reload the export with spechead's loader; HeadError unless every tensor matches the head's."""
+    back = load_head(out)
+    mine, theirs = head.state_dict(), back.state_dict()
+    if set(mine) != set(theirs):
+        raise HeadError(
+            f"the export in {out} reloads with other tensors than the head's: {sorted(set(mine) ^ set(theirs))[:4]}"
+        )
+    for name, tensor in mine.items():
+        expected = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+        if not torch.equal(theirs[name].to(expected.dtype), expected):
+            raise HeadError(f"the export in {out} reloads {name} with other values than the head's")
+    return len(mine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out).expanduser()
+    dtype = DTYPES[args.dtype] if args.dtype else None
+    try:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise HeadError(f"--out {out} exists and is not an empty directory: choose a new one")
+        head = load_head(args.head)
+        if args.fmt not in export_formats(head.family):
+            valid = ", ".join(export_formats(head.family)) or "none"
+            raise HeadError(f"{args.head} is a {head.family} head; formats for {head.family} heads: {valid}")
+        export_head(
+            head,
+            args.fmt,
+            out,
+            dtype=dtype,
+            verifier=args.verifier,
+            speculative_tokens=args.speculative_tokens,
+        )
+        checked = check_round_trip(head, out, dtype)
+    except (HeadError, OSError) as err:  # OSError: the output directory cannot be written
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {args.head} ({head.family}) as {args.fmt} to {out}")
+    print(f"round-trip check: reloaded with spechead, {checked} tensors identical")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Import of EAGLE-1/2 heads in the EAGLE authors' layout: config, pickled weights, layer 0 without
+input_layernorm, optional fc / q,k,v biases, and the embed_tokens copy they ship."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spechead.heads import HeadError, load_head
+from spechead.heads.decoder_layer import causal_mask4d, layer_config_from
+from spechead.heads.eagle import EagleConfig, EagleHead
+from spechead.heads.formats import is_head_dir
+
+H, V, L = 32, 48, 4
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(V, layers=L, hidden=H).requires_grad_(False)
+
+
+def random_head(target, **overrides) -> EagleHead:
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig.from_target(target.config, first_layer_input_norm=False, **overrides))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.2)
+    return attach(head.eval(), target)
+
+
+def attach(head, target):
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    return head
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(2, 6, H, generator=g), torch.randint(0, V, (2, 6), generator=g)
+
+
+def eagle_config(num_layers: int = 1, **extra) -> dict:
+    """config.json as the EAGLE authors publish it (a transformers v4 Llama config)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": 2 * H,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": num_layers,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "vocab_size": V,
+        "torch_dtype": "float16",
+        "transformers_version": "4.28.1",
+        **extra,
+    }
+
+
+def write_reference(directory, config: dict, state: dict, target) -> None:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    torch.save({**state, "embed_tokens.weight": target.get_input_embeddings().weight.clone()},
+               directory / "pytorch_model.bin")  # fmt: skip
+
+
+def test_layer_zero_without_input_norm_is_the_reference_computation(target) -> None:
+    """fc -> attention on the UN-normed fc output (residual too) -> post-attention norm + MLP."""
+    head = random_head(target)
+    assert "layers.0.input_layernorm.weight" not in head.state_dict()
+    features, ids = inputs()
+    layer = head.layers[0]
+    with torch.no_grad():
+        x = head.fc(torch.cat([target.get_input_embeddings()(ids), features], dim=-1))
+        positions = torch.arange(6).expand(2, 6)
+        attn, _ = layer.self_attn(
+            hidden_states=x,
+            position_embeddings=head.rotary(x, positions),
+            attention_mask=causal_mask4d(x, None),
+        )
+        x = x + attn
+        expected = x + layer.mlp(layer.post_attention_layernorm(x))
+        assert torch.allclose(head(features, ids), expected, atol=1e-6)
+
+
+def test_import_published_eagle_head(target, tmp_path) -> None:
+    head = random_head(target)
+    write_reference(tmp_path / "eagle", eagle_config(), head.state_dict(), target)
+    assert is_head_dir(json.loads((tmp_path / "eagle" / "config.json").read_text()), tmp_path / "eagle")
+    back = attach(load_head(tmp_path / "eagle"), target)
+    assert isinstance(back, EagleHead) and back.config.first_layer_input_norm is False
+    assert back.config.target_layers == [-1]  # the final normed state, as the reference reads
+    features, ids = inputs()
+    with torch.no_grad():
+        assert torch.equal(back.logits(back(features, ids)), head.logits(head(features, ids)))
+
+
+def test_import_two_layers_without_fc_bias_with_qkv_bias(target, tmp_path) -> None:
+    """Reference options: `bias: false` (no fc bias) and `qkv_bias` (q/k/v biases, none on o_proj)."""
+    layer_config = {**layer_config_from(target.config), "attention_bias": True}
+    head = random_head(target, num_layers=2, layer_config=layer_config)
+    with torch.no_grad():
+        head.fc.bias.zero_()
+        for layer in head.layers:
+            layer.self_attn.o_proj.bias.zero_()
+    state = {k: v for k, v in head.state_dict().items() if k != "fc.bias" and not k.endswith("o_proj.bias")}
+    assert "layers.1.input_layernorm.weight" in state  # only layer 0 drops its input norm
+    write_reference(tmp_path / "eagle", eagle_config(2, bias=False, qkv_bias=True), state, target)
+    back = attach(load_head(tmp_path / "eagle", target_config=target.config), target)
+    assert back.config.num_layers == 2 and back.config.target_layers == [L]
+    features, ids = inputs()
+    with torch.no_grad():
+        assert torch.equal(back(features, ids), head(features, ids))
+
+
+def test_a_target_model_directory_is_not_taken_for_a_head(tiny_target_dir) -> None:
+    config = json.loads((tiny_target_dir / "config.json").read_text())
+    assert not is_head_dir(config, tiny_target_dir)
+    with pytest.raises(HeadError, match="not a spechead head config"):
+        load_head(tiny_target_dir)
+
+
+def test_a_mismatching_checkpoint_is_refused(target, tmp_path) -> None:
+    head = random_head(target)
+    state = {k: v for k, v in head.state_dict().items() if "mlp.up_proj" not in k}
+    write_reference(tmp_path / "eagle", eagle_config(), state, target)
+    with pytest.raises(HeadError, match=r"missing tensors \['layers.0.mlp.up_proj.weight'\]"):
+        load_head(tmp_path / "eagle")
+    with pytest.raises(HeadError, match="vocab_size 48 but the target has 56"):
+        other = type(target.config)(**{**target.config.to_dict(), "vocab_size": V + 8})
+        load_head(tmp_path / "eagle", target_config=other)

@@ -1,0 +1,110 @@
+"""Medusa heads: export to the layout vLLM's Medusa loader reads, import of it and of FasterDecoding's
+`medusa_lm_head.pt`, checked by identical head logits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from spechead.heads import HeadError, load_head
+from spechead.heads.eagle import EagleHead
+from spechead.heads.formats import export_head
+from spechead.heads.medusa import MedusaConfig, MedusaHead
+
+H, V, L = 16, 40, 4
+
+
+def random_head(num_heads: int = 3, num_layers: int = 2, **overrides) -> MedusaHead:
+    torch.manual_seed(0)
+    config = MedusaConfig(
+        hidden_size=H,
+        vocab_size=V,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        target_num_layers=L,
+        **overrides,
+    )
+    head = MedusaHead(config)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    return head.eval()
+
+
+def same_logits(a: MedusaHead, b: MedusaHead) -> bool:
+    hidden = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return all(torch.equal(x, y) for x, y in zip(a(hidden), b(hidden), strict=True))
+
+
+def test_vllm_export_round_trip(tmp_path) -> None:
+    head = random_head(target_name_or_path="org/tiny")
+    out = export_head(head, "medusa", tmp_path / "vllm")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "medusa" and config["architectures"] == ["MedusaModel"]
+    assert (config["num_heads"], config["num_hidden_layers"]) == (3, 2)
+    assert config["medusa_fc_bias"] is True and config["truncated_vocab_size"] == V == config["vocab_size"]
+    # vLLM renames every key holding "num" and "heads"/"layers"; only num_heads/num_hidden_layers may.
+    assert [k for k in config if "num" in k] == ["num_heads", "num_hidden_layers"]
+    names = set(load_file(out / "model.safetensors"))
+    assert names == {
+        f"blocks.{k}.layers.{j}.{p}" for k in range(3) for j in range(2) for p in ("weight", "bias")
+    } | {f"lm_heads.{k}.weight" for k in range(3)}
+    back = load_head(out)
+    assert back.config.num_heads == 3 and back.config.num_layers == 2 and back.config.target_layers == [-1]
+    assert same_logits(head, back) and same_logits(head, MedusaHead.from_pretrained(out))
+    with pytest.raises(HeadError, match="holds a 'medusa' head .* not a 'eagle' head"):
+        EagleHead.from_pretrained(out)
+
+
+def test_fasterdecoding_import(tmp_path) -> None:
+    head = random_head(num_heads=4, num_layers=1)
+    directory = tmp_path / "medusa"
+    directory.mkdir()
+    config = {
+        "medusa_num_heads": 4,
+        "medusa_num_layers": 1,
+        "base_model_name_or_path": "lmsys/vicuna-7b-v1.3",
+    }
+    (directory / "config.json").write_text(json.dumps({**config, "transformers_version": "4.34.0"}))
+    # medusa_lm_head.pt is the state dict of the bare ModuleList: "{k}.{j}.linear.weight", "{k}.{n}.weight".
+    torch.save(
+        {k.removeprefix("heads."): v for k, v in head.state_dict().items()}, directory / "medusa_lm_head.pt"
+    )
+    back = load_head(directory)
+    assert isinstance(back, MedusaHead) and back.config.num_heads == 4
+    assert same_logits(head, back)
+
+
+def test_vllm_layout_with_shared_lm_head_and_no_block_bias(tmp_path) -> None:
+    head = random_head(num_heads=2, num_layers=1)
+    with torch.no_grad():
+        head.heads[1][1].weight.copy_(head.heads[0][1].weight)
+        for seq in head.heads:
+            seq[0].linear.bias.zero_()
+    out = export_head(head, "medusa", tmp_path / "vllm")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(
+        json.dumps({**config, "medusa_fc_bias": False, "original_lm_head": True})
+    )
+    state = load_file(out / "model.safetensors")
+    save_file({k: v for k, v in state.items() if not k.endswith("bias") and k != "lm_heads.1.weight"},
+              out / "model.safetensors")  # fmt: skip
+    assert same_logits(head, load_head(out))
+
+
+def test_what_vllm_cannot_run_is_refused(tmp_path) -> None:
+    with pytest.raises(HeadError, match="share_lm_head=true"):
+        export_head(random_head(share_lm_head=True), "medusa", tmp_path / "a")
+    with pytest.raises(HeadError, match="final normed state"):
+        export_head(random_head(target_layers=[2]), "medusa", tmp_path / "b")
+    with pytest.raises(HeadError, match="formats for medusa heads: medusa"):
+        export_head(random_head(), "sglang", tmp_path / "c")
+    out = export_head(random_head(), "medusa", tmp_path / "d")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "truncated_vocab_size": V // 2}))
+    with pytest.raises(HeadError, match="truncated vocabulary"):
+        load_head(out)

@@ -1,0 +1,79 @@
+"""SpeculativeGenerator.from_pretrained(target, head) with heads in reference projects' layouts: they
+are recognised, converted, given what the target implies (EAGLE-3 default layers) and decode losslessly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from spechead.heads.eagle import EagleConfig, EagleHead
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.generator import SpeculativeGenerator
+
+PROMPT = "What is the capital of France?"
+
+
+def randomised(head):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.1)
+    return head
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_target_dir) -> list[int]:
+    return (
+        SpeculativeGenerator.from_pretrained(str(tiny_target_dir))
+        .generate(PROMPT, max_new_tokens=12)
+        .token_ids
+    )
+
+
+def llama_fields(target_config) -> dict:
+    """The Llama config fields a published head repeats from its target (transformers v4 names)."""
+    text = target_config.to_dict()
+    sizes = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    return {k: text[k] for k in sizes} | {"model_type": "llama", "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+
+
+def official_eagle3(target_config, directory):
+    """An EAGLE-3 head in the official layout, which records no layers (the target's default applies)."""
+    layers = default_eagle3_layers(target_config.num_hidden_layers)
+    head = randomised(Eagle3Head(Eagle3Config.from_target(target_config, target_layers=layers)))
+    directory.mkdir()
+    config = llama_fields(target_config) | {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "num_hidden_layers": 1,
+    }
+    config["draft_vocab_size"] = head.config.draft_vocab_size
+    (directory / "config.json").write_text(json.dumps(config))
+    torch.save(head.state_dict(), directory / "pytorch_model.bin")  # midlayer.*, fc, norm, lm_head, d2t, t2d
+    return head
+
+
+def published_eagle(target_config, directory):
+    """An EAGLE-1 head as the EAGLE authors publish it: Llama config + pytorch_model.bin."""
+    head = randomised(EagleHead(EagleConfig.from_target(target_config, first_layer_input_norm=False)))
+    directory.mkdir()
+    config = llama_fields(target_config) | {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}
+    (directory / "config.json").write_text(json.dumps(config))
+    torch.save(head.state_dict(), directory / "pytorch_model.bin")
+    return head
+
+
+@pytest.mark.parametrize("make", [official_eagle3, published_eagle])
+def test_reference_heads_decode_losslessly(tiny_target_dir, tmp_path, plain, make) -> None:
+    target_config = AutoConfig.from_pretrained(tiny_target_dir)
+    source = make(target_config, tmp_path / "head")
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
+    assert isinstance(gen.drafter, EagleDrafter)
+    head = gen.drafter.head
+    assert type(head) is type(source) and head.config.target_layers == source.config.target_layers
+    mine, theirs = head.state_dict(), source.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert gen.generate(PROMPT, max_new_tokens=12).token_ids == plain

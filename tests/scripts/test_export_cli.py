@@ -1,0 +1,102 @@
+"""scripts/export.py: exports saved heads, checks the export by reloading it, and answers bad input
+with one `error:` line and exit status 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spechead.heads import load_head
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+from spechead.heads.medusa import MedusaConfig, MedusaHead
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(argv: list[str]) -> int:
+    spec = importlib.util.spec_from_file_location("export_script", ROOT / "scripts" / "export.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory, tiny_llama) -> Path:
+    target = tiny_llama(40, layers=8, hidden=16)  # default layers [2, 4, 5]: distinct and ascending
+    torch.manual_seed(0)
+    head = Eagle3Head(
+        Eagle3Config.from_target(target.config, draft_vocab_size=24, target_name_or_path="org/t")
+    )
+    return head.save_pretrained(tmp_path_factory.mktemp("eagle3") / "head")
+
+
+@pytest.fixture(scope="module")
+def medusa_dir(tmp_path_factory) -> Path:
+    head = MedusaHead(MedusaConfig(hidden_size=16, vocab_size=40, num_heads=2, target_num_layers=6))
+    return head.save_pretrained(tmp_path_factory.mktemp("medusa") / "head")
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "sglang"])
+def test_exports_an_eagle3_head(eagle3_dir, tmp_path, capsys, fmt) -> None:
+    out = tmp_path / fmt
+    assert run([eagle3_dir, "--format", fmt, "--out", out, "--dtype", "bfloat16"]) == 0
+    printed = capsys.readouterr().out
+    assert f"as {fmt} to {out}" in printed and "tensors identical" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == "bfloat16"
+    assert {t.dtype for n, t in load_file(out / "model.safetensors").items() if n not in ("d2t", "t2d")} == {
+        torch.bfloat16
+    }
+    back, head = load_head(out, dtype=torch.bfloat16), load_head(eagle3_dir)
+    assert torch.equal(back.lm_head.weight, head.lm_head.weight.to(torch.bfloat16))
+
+
+def test_speculators_options(eagle3_dir, tmp_path) -> None:
+    out = tmp_path / "spec"
+    argv = [
+        eagle3_dir,
+        "--format",
+        "speculators",
+        "--out",
+        out,
+        "--verifier",
+        "/models/t",
+        "--speculative-tokens",
+        "5",
+    ]
+    assert run(argv) == 0
+    spec = json.loads((out / "config.json").read_text())["speculators_config"]
+    assert (
+        spec["verifier"]["name_or_path"] == "/models/t"
+        and spec["proposal_methods"][0]["speculative_tokens"] == 5
+    )
+
+
+def test_exports_a_medusa_head(medusa_dir, tmp_path) -> None:
+    assert run([medusa_dir, "--format", "medusa", "--out", tmp_path / "m"]) == 0
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "medusa"
+
+
+@pytest.mark.parametrize(
+    ("which", "fmt", "message"),
+    [
+        ("medusa", "speculators", "is a medusa head; formats for medusa heads: medusa"),
+        ("eagle3", "medusa", "is a eagle3 head; formats for eagle3 heads: sglang, speculators"),
+        ("missing", "medusa", "could not be fetched from the Hub"),
+        ("taken", "medusa", "is not an empty directory"),
+    ],
+)
+def test_bad_input_is_one_error_line(eagle3_dir, medusa_dir, tmp_path, capsys, which, fmt, message) -> None:
+    head = {"medusa": medusa_dir, "eagle3": eagle3_dir, "taken": medusa_dir}.get(which, tmp_path / "nope")
+    out = tmp_path / "out"
+    if which == "taken":
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+    assert run([head, "--format", fmt, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
