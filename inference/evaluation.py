@@ -193,11 +193,15 @@ def evaluate_head(
     try:
         gen = SpeculativeGenerator(target, tokenizer, drafter_for_head(head))
         plain = SpeculativeGenerator(target, tokenizer, None)
-        row = summarize([decode_prompts(gen, prompts, settings)], [decode_prompts(plain, prompts, settings)], settings)
+        row = summarize(
+            [decode_prompts(gen, prompts, settings)], [decode_prompts(plain, prompts, settings)], settings
+        )
     finally:
         head.train(was_training)
     metrics = {k: float(row[k]) for k in ("tau", "speedup", "tokens_per_s", "passes_per_token")}
-    metrics.update({f"acceptance_depth_{d}": a for d, a in enumerate(row["acceptance_by_depth"][:8], start=1)})
+    metrics.update(
+        {f"acceptance_depth_{d}": a for d, a in enumerate(row["acceptance_by_depth"][:8], start=1)}
+    )
     if row["greedy_mismatches"] is not None:
         metrics["greedy_mismatches"] = float(row["greedy_mismatches"])
     plots = {}
@@ -213,4 +217,6 @@ def decode_eval_hook(
     plot_dir: Path | None,
 ) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
     """The trainer's DecodeEval (spechead.training.decode_eval): greedy evaluate_head."""
-    return evaluate_head(target, tokenizer, head, prompts, DecodeSettings(max_new_tokens=max_new_tokens), plot_dir)
+    return evaluate_head(
+        target, tokenizer, head, prompts, DecodeSettings(max_new_tokens=max_new_tokens), plot_dir
+    )
