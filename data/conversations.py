@@ -32,6 +32,7 @@ JSON_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 PARQUET_SUFFIXES = (".parquet",)
 # How many rows to look at when detecting the turn keys (enough to see optional keys, cheap to read).
 SNIFF_ROWS = 100
+HIDDEN_STATES = ("online", "offline")
 
 
 @dataclass
@@ -52,6 +53,17 @@ class DataConfig:
     max_examples: int | None = None
     val_size: float = 0.05  # fraction (<1) or count (>=1) held out for validation
     num_proc: int = 1
+    hidden_states: str = "online"  # online: run the target every step | offline: read a hidden-state cache
+    cache_dir: str | None = None  # the cache of scripts/cache_hidden_states.py (offline, and where it builds)
+
+    def __post_init__(self) -> None:
+        if self.hidden_states not in HIDDEN_STATES:
+            raise DataError(f"data.hidden_states={self.hidden_states!r}: use online or offline")
+        if self.hidden_states == "offline" and not self.cache_dir:
+            raise DataError(
+                "data.hidden_states=offline needs data.cache_dir=DIR "
+                "(build the cache first with scripts/cache_hidden_states.py data.cache_dir=DIR)"
+            )
 
 
 def load_conversations(cfg: DataConfig) -> datasets.Dataset:

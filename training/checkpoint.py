@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 STATE_FILE = "trainer_state.json"
 
@@ -49,7 +50,10 @@ def save(accelerator: Accelerator, output_dir: Path, state: TrainState, keep: in
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    # DeepSpeed ZeRO-2 would otherwise also write every frozen parameter (under Medusa-2, the whole
+    # target) into each checkpoint; the frozen ones come from the target's own files on resume.
+    deepspeed = accelerator.distributed_type == DistributedType.DEEPSPEED
+    accelerator.save_state(str(tmp), **({"exclude_frozen_parameters": True} if deepspeed else {}))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))

@@ -37,15 +37,23 @@ class DecodeEval(Protocol):
 class DecodeEvaluator:
     """Runs a DecodeEval hook on the main process at the configured steps and logs what it returns."""
 
-    def __init__(self, hook: DecodeEval | None, cfg: TrainerConfig, accelerator: Accelerator) -> None:
+    def __init__(
+        self, hook: DecodeEval | None, cfg: TrainerConfig, accelerator: Accelerator, offline: bool = False
+    ) -> None:
         self.hook, self.cfg, self.accelerator = hook, cfg, accelerator
         self.enabled = hook is not None and cfg.decode_eval_every > 0
         if cfg.decode_eval_every > 0 and hook is None:
             accelerator.print("decode eval: no decoding hook given (train.py wires one in); skipped")
-        if self.enabled and _zero3(accelerator):
-            accelerator.print("decode eval: skipped under ZeRO-3 (the target is sharded across processes)")
+        skip = "" if not self.enabled else (
+            "ZeRO-3 shards the target across processes" if _zero3(accelerator)
+            else "data.hidden_states=offline loads no full target" if offline else ""
+        )  # fmt: skip
+        if skip:
+            accelerator.print(f"decode eval: skipped ({skip})")
             self.enabled = False
-        self.prompts = load_prompt_set(cfg.decode_eval_prompt_set, cfg.decode_eval_prompts) if self.enabled else []
+        self.prompts = (
+            load_prompt_set(cfg.decode_eval_prompt_set, cfg.decode_eval_prompts) if self.enabled else []
+        )
 
     def due(self, step: int, max_steps: int) -> bool:
         return self.enabled and (step % self.cfg.decode_eval_every == 0 or step == max_steps)

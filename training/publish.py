@@ -202,6 +202,22 @@ def publish(
     return upload_to_hub(upload, repo_id, private=private, revision=revision, token=token, endpoint=endpoint)
 
 
+def preflight(repo_id: str, token: str | None = None) -> str:
+    """The token to upload to `repo_id` with; TrainError (before any work) when an upload cannot start."""
+    from huggingface_hub import constants, get_token
+
+    check_repo_id(repo_id)
+    if constants.is_offline_mode():
+        raise TrainError("HF_HUB_OFFLINE is set: unset it to upload (or use --dry-run OUT_DIR)")
+    token = token or get_token()
+    if not token:
+        raise TrainError(
+            "no Hugging Face token: run `hf auth login` or set HF_TOKEN (or use --dry-run OUT_DIR to only "
+            "write the folder)"
+        )
+    return token
+
+
 def upload_to_hub(
     upload: Upload,
     repo_id: str,
@@ -217,18 +233,9 @@ def upload_to_hub(
     Files of an earlier publish that loading would read (heads.base.HUB_PATTERNS) and this upload
     does not replace are deleted in the same commit, so the repo loads exactly this head.
     """
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants, get_token
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
 
-    check_repo_id(repo_id)
-    if constants.is_offline_mode():
-        raise TrainError("HF_HUB_OFFLINE is set: unset it to upload (or use --dry-run OUT_DIR)")
-    token = token or get_token()
-    if not token:
-        raise TrainError(
-            "no Hugging Face token: run `hf auth login` or set HF_TOKEN (or use --dry-run OUT_DIR to only "
-            "write the folder)"
-        )
-    api = HfApi(endpoint=endpoint, token=token)
+    api = HfApi(endpoint=endpoint, token=preflight(repo_id, token))
     try:
         api.create_repo(repo_id, private=private or None, exist_ok=True)  # None: the namespace's default
         if revision and revision != constants.DEFAULT_REVISION:

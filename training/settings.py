@@ -50,6 +50,8 @@ class TrainerConfig:
     decode_eval_prompt_set: str = "demo"  # built-in set name, JSONL file or Hub dataset id
     decode_eval_prompts: int = 6
     decode_eval_max_new_tokens: int = 64
+    push_to_hub: str | None = None  # NAMESPACE/NAME: publish the final head (scripts/publish.py) at the end
+    push_private: bool = False
 
     def __post_init__(self) -> None:
         self.resume = str(self.resume).lower()

@@ -107,6 +107,11 @@ class FrozenTarget:
     def embed_tokens(self) -> nn.Module:
         return self.model.get_input_embeddings()
 
+    @property
+    def config(self):
+        """The target's transformers config."""
+        return self.model.config
+
     def to(self, device: torch.device | str) -> FrozenTarget:
         self.model.to(device)
         return self
@@ -126,6 +131,10 @@ class FrozenTarget:
         with capture_hidden(self.model, layers) as grabbed:
             out = runner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         return Captured(hidden=[grabbed[i] for i in layers], logits=out.logits if with_logits else None)
+
+    def capture_batch(self, batch: dict, layers: Sequence[int], with_logits: bool = False) -> Captured:
+        """`capture` on a collated batch (input_ids, attention_mask (B, T)); CachedTarget reads a cache."""
+        return self.capture(batch["input_ids"], batch["attention_mask"], layers, with_logits)
 
 
 def load_target(cfg: TargetConfig, device: torch.device | str = "cpu") -> FrozenTarget:

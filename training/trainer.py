@@ -21,14 +21,14 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from spechead.data.pipeline import build_datasets
-from spechead.training import checkpoint, tracking
+from spechead.training import checkpoint, memory_plan, publish, tracking, zero
 from spechead.training.checkpoint import TrainState
 from spechead.training.decode_eval import DecodeEval, DecodeEvaluator
 from spechead.training.errors import TrainError
 from spechead.training.objectives import Objective, build_objective
+from spechead.training.offline import training_data, training_target
 from spechead.training.settings import TrainSettings
-from spechead.training.target import FrozenTarget, load_target, load_tokenizer
+from spechead.training.target import FrozenTarget, load_tokenizer
 
 SCHEDULE_NAMES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
@@ -45,7 +45,7 @@ class TrainResult:
 def make_accelerator(s: TrainSettings) -> Accelerator:
     """CPU (gloo) when there is no GPU; our own scheduler stepping; a seeded, resumable data order."""
     return Accelerator(
-        cpu=not torch.cuda.is_available(),
+        **zero.device_options(),  # DeepSpeed on CPU needs cpu=False + gloo
         mixed_precision=s.trainer.mixed_precision,
         gradient_accumulation_steps=s.trainer.grad_accum,
         log_with=tracking.log_with(s.logger) or None,
@@ -122,15 +122,24 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
     # --- setup ---------------------------------------------------------------------------------
     out = Path(s.trainer.output_dir)
     accelerator = make_accelerator(s)
+    stage = zero.configure(accelerator, s)  # DeepSpeed "auto" entries from s.trainer; 0 = no DeepSpeed
     main = accelerator.is_main_process
     resume_from = resume_point(s)
     tracking.check(s.logger)
+    if s.trainer.push_to_hub:  # fail now, not after hours of training
+        publish.preflight(s.trainer.push_to_hub)
     set_seed(s.trainer.seed)
     tokenizer = load_tokenizer(s.model)
     with accelerator.main_process_first():
-        data = build_datasets(s.data, tokenizer, s.trainer.max_length, s.trainer.seed)
+        data = training_data(s, tokenizer)  # data.hidden_states=offline: rows of the hidden-state cache
     accelerator.print(f"data: {data.stats.summary()}; {len(data.train)} train / {len(data.val)} val")
-    target = load_target(s.model, accelerator.device)
+    if stage == 3:  # the target loaded sharded across processes, for inference; the head trains at ZeRO-2
+        from spechead.training.sharded_target import load_sharded_target  # imports deepspeed
+
+        target = load_sharded_target(s, accelerator)
+        set_seed(s.trainer.seed)  # zero.Init drew random numbers: start the head as without ZeRO-3
+    else:
+        target = training_target(s, data, accelerator.device)  # offline: only embedding + lm_head
     objective = build_objective(s.head, target, data.train)
     n_params = sum(p.numel() for p in objective.module().parameters() if p.requires_grad)
     for note in objective.notes:
@@ -140,6 +149,11 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
         f"head: {s.head.name} ({n_params / 1e6:.2f}M trainable) on target {target.name_or_path}; "
         f"{procs} process{'es' if procs > 1 else ''} on {accelerator.device}"
     )
+    plan = memory_plan.from_run(
+        target, objective, processes=procs, stage=stage, mixed_precision=s.trainer.mixed_precision,
+        batch_size=s.trainer.batch_size, seq_len=s.trainer.max_length,
+    )  # fmt: skip
+    accelerator.print(plan.summary())
 
     # Loaders draw their seeds from their own generators, never from the global RNG: a resumed run
     # re-creates its data iterator after restoring the RNG, which must not shift dropout or feature noise.
@@ -174,7 +188,7 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
         (out / "config.yaml").write_text(yaml.safe_dump(s.resolved, sort_keys=False))
     tracking.start(accelerator, s.logger, s.resolved, out)
     metrics_file = tracking.MetricsFile(out / "metrics.jsonl", main)
-    decoder = DecodeEvaluator(decode_eval, s.trainer, accelerator)
+    decoder = DecodeEvaluator(decode_eval, s.trainer, accelerator, offline=s.data.hidden_states == "offline")
 
     # --- loop ----------------------------------------------------------------------------------
     bar = tqdm(
@@ -233,7 +247,7 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
                 if last_eval.get("tau", 0.0) > state.best_tau:
                     state.best_tau = last_eval["tau"]
                     if main:
-                        objective.save(out / "best")
+                        zero.save_head(objective, out / "best")
             if decoder.due(state.step, max_steps):
                 last_decode = decoder.run(target.model, tokenizer, objective.head, out, state.step)
                 metrics_file.write(state.step, last_decode)
@@ -259,7 +273,7 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
     tokens_per_s = run_tokens / max(seconds - paused, 1e-9)  # training throughput, eval excluded
     head_dir = out / "head"
     if main:
-        objective.save(head_dir)
+        zero.save_head(objective, head_dir)
         summary = {
             "step": state.step,
             "seconds": seconds,
@@ -271,11 +285,24 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
     accelerator.wait_for_everyone()
     accelerator.end_training()
     accelerator.print(f"head saved to {head_dir}")
+    if main and s.trainer.push_to_hub:
+        _push(head_dir, s.trainer.push_to_hub, s.trainer.push_private)
     accelerator.print("final: " + _fmt(last_eval))
     accelerator.print(
         f"time: {seconds:.0f} s for {state.step} steps; training throughput {tokens_per_s:,.0f} tokens/s"
     )
     return TrainResult(head_dir, last_eval, state.step, seconds, tokens_per_s)
+
+
+def _push(head_dir: Path, repo_id: str, private: bool) -> None:
+    """Publish the final head; a failed upload says how to retry (the head itself is saved)."""
+    try:
+        url = publish.publish(head_dir, repo_id, private=private)
+    except TrainError as err:
+        raise TrainError(
+            f"{err} (the head is saved: retry with python scripts/publish.py {head_dir} --repo-id {repo_id})"
+        ) from None
+    print(f"published to {url}")
 
 
 def _fmt(metrics: dict[str, float]) -> str:

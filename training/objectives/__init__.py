@@ -84,7 +84,7 @@ def head_config(
     }
     names = {f.name for f in fields(fam.config_cls)}
     if "layer_config" in names:  # heads built from the target's own decoder-layer class
-        values["layer_config"] = layer_config_from(target.model.config)
+        values["layer_config"] = layer_config_from(target.config)
     if "draft_vocab_size" in names and values.get("draft_vocab_size") is None:
         values["draft_vocab_size"] = min(DEFAULT_DRAFT_VOCAB, target.vocab_size)
     return build(fam.config_cls, values, "head")

@@ -46,7 +46,7 @@ class Objective(ABC):
 
     def capture(self, target: FrozenTarget, batch: Batch) -> Captured:
         """The frozen target pass for `batch`; states cast to the head's dtype (bf16 target, fp32 head)."""
-        cap = target.capture(batch["input_ids"], batch["attention_mask"], self.layers, self.needs_logits)
+        cap = target.capture_batch(batch, self.layers, self.needs_logits)
         dtype = next(self.head.parameters()).dtype
         return Captured([h.to(dtype) for h in cap.hidden], cap.logits)
 

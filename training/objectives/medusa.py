@@ -70,7 +70,7 @@ class MedusaObjective(Objective):
 
     def eval_counts(self, model, target, batch):
         # Evaluation also reads the target's logits: tau counts acceptance of its greedy tokens.
-        cap = target.capture(batch["input_ids"], batch["attention_mask"], self.layers, with_logits=True)
+        cap = target.capture_batch(batch, self.layers, with_logits=True)
         logits = model(cap.hidden[0].to(next(self.head.parameters()).dtype))
         loss, _ = medusa_loss(logits, batch["input_ids"], batch["loss_mask"], self.weights)
         rows = torch.tensor(float(batch["input_ids"].shape[0]))
