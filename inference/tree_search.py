@@ -224,23 +224,27 @@ def best_choices_for_cost(
     step_ms: float,
     draft_ms: float = 0.0,
     max_nodes: int = 128,
+    draft_ms_per_depth: float = 0.0,
 ) -> tuple[list[list[int]], float]:
     """The static tree with the highest expected speedup on measured hardware, and that speedup.
 
-    Expected speedup of an N-node tree = expected_accept_length * step_ms / (verify(N + 1) + draft_ms),
-    with verify() interpolated from `verify_ms_by_size` (tree sizes counting the root, as
-    scripts/benchmark.py measures them). Trees of 1..max_nodes nodes are compared.
+    Expected speedup of an N-node tree of depth D = expected_accept_length * step_ms /
+    (verify(N + 1) + draft_ms + draft_ms_per_depth * D), with verify() interpolated from
+    `verify_ms_by_size` (tree sizes counting the root, as scripts/benchmark.py measures them).
+    Medusa drafts every depth in one pass (draft_ms); an EAGLE head runs once per depth
+    (draft_ms_per_depth). Trees of 1..max_nodes nodes are compared.
     """
     best: tuple[list[list[int]], float] = ([], 0.0)
     for n in range(1, max_nodes + 1):
         choices = best_choices(accuracy, n)
         if len(choices) < n:  # the accuracy table allows no bigger tree
             break
-        speedup = (
-            expected_accept_length(accuracy, choices)
-            * step_ms
-            / (interpolate_cost(verify_ms_by_size, n + 1) + draft_ms)
+        cost = (
+            interpolate_cost(verify_ms_by_size, n + 1)
+            + draft_ms
+            + draft_ms_per_depth * max(map(len, choices))
         )
+        speedup = expected_accept_length(accuracy, choices) * step_ms / cost
         if speedup > best[1]:
             best = (choices, speedup)
     return best

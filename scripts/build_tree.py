@@ -72,11 +72,14 @@ def load_prompts(n: int, path: str | None) -> tuple[list[str], str]:
     return prompts, str(path)
 
 
-def decode_all(gen: SpeculativeGenerator, prompts: list[list[int]], max_new: int) -> tuple[list, float]:
-    """Greedy continuations (generated ids per prompt) and the mean tau over all target passes."""
+def decode_all(
+    gen: SpeculativeGenerator, prompts: list[list[int]], max_new: int
+) -> tuple[list, float, float]:
+    """Greedy continuations (generated ids per prompt), the mean tau and the draft ms per target pass."""
     outs = [gen.generate(input_ids=ids, max_new_tokens=max_new) for ids in prompts]
     lengths = [n for o in outs for n in o.stats.accept_lengths]
-    return [o.token_ids for o in outs], sum(lengths) / max(len(lengths), 1)
+    draft_ms = 1e3 * sum(o.stats.draft_time for o in outs) / max(len(lengths), 1)
+    return [o.token_ids for o in outs], sum(lengths) / max(len(lengths), 1), draft_ms
 
 
 def format_table(accuracy: torch.Tensor) -> str:
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             if chat else tok(t, add_special_tokens=True)["input_ids"]
             for t in texts
         ]  # fmt: skip
-        generated, tau_default = decode_all(gen, prompts, args.max_new_tokens)
+        generated, tau_default, draft_ms = decode_all(gen, prompts, args.max_new_tokens)
         head = gen.drafter.head
         sequences = [torch.tensor(p + g, dtype=torch.long) for p, g in zip(prompts, generated)]
         starts = [len(p) for p in prompts]
@@ -124,8 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     extra = {}
     if args.cost_profile:
         profile = json.loads(Path(args.cost_profile).read_text())
-        choices, speedup = best_choices_for_cost(accuracy, profile["verify_ms_by_size"], profile["t_step_ms"])
-        extra = {"expected_speedup": speedup, "cost_profile": str(args.cost_profile)}
+        # Draft cost measured here while decoding with the default tree: Medusa's is one pass for all
+        # depths; an EAGLE head runs once per depth of the dynamic tree.
+        per_pass = (
+            {"draft_ms": draft_ms}
+            if family == "medusa"
+            else {"draft_ms_per_depth": draft_ms / gen.drafter.depth}
+        )
+        choices, speedup = best_choices_for_cost(
+            accuracy, profile["verify_ms_by_size"], profile["t_step_ms"], **per_pass
+        )
+        extra = {"expected_speedup": speedup, "cost_profile": str(args.cost_profile), **per_pass}
         print(
             f"cost profile {args.cost_profile}: {len(choices)} nodes give the best expected speedup {speedup:.2f}x"
         )
@@ -163,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.no_check:
         gen.drafter = MedusaDrafter(head, choices) if family == "medusa" else EagleDrafter(head, tree=choices)
-        _, tau_chosen = decode_all(gen, prompts, args.max_new_tokens)
+        _, tau_chosen, _ = decode_all(gen, prompts, args.max_new_tokens)
         print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
     print(f"saved {path}")
     return 0

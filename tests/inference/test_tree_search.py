@@ -14,6 +14,7 @@ from spechead.inference.tree import tree_from_choices
 from spechead.inference.tree_search import (
     TREE_FILE,
     best_choices,
+    best_choices_for_cost,
     expected_accept_length,
     load_tree_choices,
     measure_topk_accuracy,
@@ -179,3 +180,13 @@ def test_interpolated_cost_and_best_tree_for_cost():
     # Expensive verification: drafting nothing extra is not allowed, the smallest tree wins.
     choices, _ = best_choices_for_cost(accuracy, {1: 4.0, 2: 40.0}, step_ms=4.0)
     assert choices == [[0]]
+
+
+def test_cost_per_draft_depth_favours_shallow_trees():
+    """An EAGLE head runs once per depth: a dear draft step makes the best tree shallower."""
+    accuracy = torch.tensor([[0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05]])
+    costs = {1: 10.0, 2: 10.0, 64: 10.0}
+    deep, _ = best_choices_for_cost(accuracy, costs, step_ms=10.0, draft_ms_per_depth=0.1)
+    shallow, speedup = best_choices_for_cost(accuracy, costs, step_ms=10.0, draft_ms_per_depth=20.0)
+    assert max(map(len, deep)) == 4 and max(map(len, shallow)) == 1
+    assert speedup == pytest.approx(expected_accept_length(accuracy, shallow) * 10.0 / (10.0 + 20.0))
