@@ -9,8 +9,9 @@
 Per drafter: tau (emitted tokens per target pass) and its distribution, acceptance by depth, target
 passes per token, tokens/s, speedup over plain decoding (median of --repeats [min, max]) overall and
 per category, and the time split (verification pass, draft work, other) with the ideal speedup
-tau * t_step / (t_verify + t_draft). Baselines in the same process: HF generate, HF prompt lookup and,
-with --assistant, HF assisted generation. Greedy outputs are checked against plain decoding and any
+tau * t_step / (t_verify + t_draft). Baselines in the same process: HF generate, HF prompt lookup and
+HF assisted generation with a small draft model (--assistant; for the demo target the shipped demo
+draft model). Greedy outputs are checked against plain decoding and any
 mismatch is reported loudly. Writes OUT/decoding.md, OUT/decoding.json (every number, the settings and
 versions) and OUT/speedup_by_category.png, OUT/acceptance_by_depth.png; partial results survive Ctrl-C.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.evaluation import DecodeSettings, PromptSetRun, decode_prompts, mismatches, summarize
@@ -46,7 +48,9 @@ TREE_SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", default="data/demo/target", help="target model directory or Hub id")
+    p.add_argument(
+        "--target", default=demo_asset("target"), help="target model directory or Hub id (default: demo)"
+    )
     p.add_argument(
         "--drafter", action="append", default=[],
         help="NAME=SPEC[@key=value,...]: a head dir/Hub id, a draft model, or prompt_lookup; options go to the "
@@ -66,7 +70,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the first turn (turn i: seed + i)")
-    p.add_argument("--assistant", default=None, help="a small draft model for HF assisted generation")
+    p.add_argument(
+        "--assistant", default="auto",
+        help="a small draft model for HF assisted generation; auto = the demo draft model with the demo target, "
+        "else none; none = skip",
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="runs per drafter; speedup is their median")
     p.add_argument("--warmup", type=int, default=2, help="prompts decoded once before timing")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
@@ -149,10 +157,11 @@ def hf_generate(gen: SpeculativeGenerator, prompts, settings: DecodeSettings, **
 def measure_baselines(args, plain: SpeculativeGenerator, prompts, settings, base: PromptSetRun) -> list[dict]:
     """HF generate, HF prompt lookup decoding and (with --assistant) HF assisted generation."""
     baselines = {"hf_generate": {}, "hf_prompt_lookup": {"prompt_lookup_num_tokens": 10}}
-    if args.assistant:
+    if assistant_path := _assistant(args):
         from transformers import AutoModelForCausalLM
 
-        assistant = AutoModelForCausalLM.from_pretrained(args.assistant).to(args.device)
+        dtype = getattr(torch, args.dtype)
+        assistant = AutoModelForCausalLM.from_pretrained(assistant_path, dtype=dtype).to(args.device)
         baselines["hf_assisted"] = {"assistant_model": assistant}
     rows, reference = [], None
     for name, kwargs in baselines.items():
@@ -166,6 +175,17 @@ def measure_baselines(args, plain: SpeculativeGenerator, prompts, settings, base
             print(f"!!! {name}: {rows[-1]['greedy_mismatches']} outputs differ from plain greedy decoding",
                   file=sys.stderr)  # fmt: skip
     return rows
+
+
+def _assistant(args) -> str | None:
+    """The assistant model for HF assisted generation (see --assistant)."""
+    if args.assistant == "none":
+        return None
+    if args.assistant != "auto":
+        return args.assistant
+    demo = Path(demo_asset("target"))
+    same = Path(args.target).expanduser().resolve() == demo.resolve()
+    return demo_asset("draft") if same and Path(demo_asset("draft")).is_dir() else None
 
 
 def verify_cost(model, sizes: list[int], context: int, repeats: int) -> dict[int, float]:

@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--eval-every", type=int, default=100, help="steps between quick validation passes")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument(
+        "--draft", action="store_true",
+        help="instead: train a small draft LM with the existing target's tokenizer on the same corpus into "
+        "OUT/draft (the assistant model of HF assisted generation in scripts/benchmark.py); use with e.g. "
+        "--hidden-size 64 --num-layers 2 --num-heads 2 --num-kv-heads 1 --intermediate-size 192",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -293,11 +299,42 @@ Greedy completions of held-out prompts after training:
     (out / "README.md").write_text(text, encoding="utf-8")
 
 
+def make_draft(args: argparse.Namespace, argv: list[str]) -> None:
+    """Train a small LM with the target's tokenizer on the same training split -> OUT/draft."""
+    t0 = time.perf_counter()
+    out = args.out.resolve()
+    tok = PreTrainedTokenizerFast.from_pretrained(out / "target")
+    convs = make_conversations(args.num_conversations, seed=args.seed, with_kind=True)
+    n_val = max(1, math.ceil(len(convs) * args.val_fraction))
+    train_blocks, val_blocks = (
+        pack(tok, convs[:-n_val], args.seq_len),
+        pack(tok, convs[-n_val:], args.seq_len),
+    )
+    model = build_model(args, tok)
+    print(f"draft model: {model.num_parameters():,} parameters", flush=True)
+    stats = train(model, train_blocks, val_blocks, args)
+    save_target(model, tok, out / "draft")
+    command = "python scripts/make_demo.py" + "".join(f" {shlex.quote(a)}" for a in argv)
+    (out / "draft" / "README.md").write_text(
+        "# Demo draft model\n\nA small `LlamaForCausalLM` with the demo target's tokenizer, trained on the same "
+        "demo corpus split: the assistant model for the HF assisted-generation baseline of "
+        f"`scripts/benchmark.py`.\n\n```\n{command}\n```\n\n{model.num_parameters():,} parameters; "
+        f"{args.steps} steps x batch {args.batch_size} x {args.seq_len} tokens; final train loss "
+        f"{stats['train_loss']:.4f}, validation loss {stats['val_loss']:.4f}; "
+        f"{(time.perf_counter() - t0) / 60:.1f} min on {args.threads} CPU threads.\n",
+        encoding="utf-8",
+    )
+    (out / "draft" / "README.md").chmod(0o644)
+    print(f"done in {time.perf_counter() - t0:.0f} s -> {out / 'draft'}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Build corpus, tokenizer and target into `--out`."""
+    """Build corpus, tokenizer and target into `--out` (or, with --draft, the draft model)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.draft:
+        return make_draft(args, argv)
     t0 = time.perf_counter()
     out = args.out.resolve()
 

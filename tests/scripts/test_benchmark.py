@@ -124,3 +124,13 @@ def test_drafter_options_parse_tree_files(tmp_path):
     path, options = load_script().drafter_options(f"heads/x@tree={tree},top_k=4")
     assert path == "heads/x" and options == {"tree": [[0], [1], [0, 0]], "top_k": 4}
     assert load_script().drafter_options("h@tree=dynamic") == ("h", {"tree": "dynamic"})
+
+
+def test_assistant_defaults_to_the_demo_draft_for_the_demo_target(tiny_target_dir):
+    from spechead.configs import demo_asset
+
+    script = load_script()
+    assert script._assistant(script.parse([])) == demo_asset("draft")  # the demo target is the default
+    assert script._assistant(script.parse(["--target", str(tiny_target_dir)])) is None
+    assert script._assistant(script.parse(["--assistant", "none"])) is None
+    assert (Path(demo_asset("draft")) / "model.safetensors").is_file()
