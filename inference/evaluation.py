@@ -16,9 +16,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from spechead.heads import DraftHead, MedusaHead
-from spechead.inference.drafters.base import Drafter
+from spechead.heads import DraftHead
 from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+from spechead.inference.loading import drafter_for_head
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category
 
 
@@ -50,7 +50,6 @@ class Tally:
 
     new_tokens: int = 0
     wall: float = 0.0
-    wall_total: float = 0.0
     draft: float = 0.0
     verify: float = 0.0
     lengths: list[int] = field(default_factory=list)  # accept length (accepted drafts + 1) per target pass
@@ -58,7 +57,6 @@ class Tally:
     def add(self, stats: GenerationStats) -> None:
         self.new_tokens += stats.new_tokens
         self.wall += stats.wall_time - stats.prefill_time
-        self.wall_total += stats.wall_time
         self.draft += stats.draft_time
         self.verify += stats.verify_time
         self.lengths += stats.accept_lengths
@@ -164,14 +162,6 @@ def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], sett
             for c, t in runs[-1].by_category.items()
         },
     }
-
-
-def drafter_for_head(head: DraftHead, **options) -> Drafter:
-    """The drafter that decodes with an in-memory head: Medusa static tree or EAGLE tree (options pass on)."""
-    from spechead.inference.drafters.eagle import EagleDrafter
-    from spechead.inference.drafters.medusa import MedusaDrafter
-
-    return MedusaDrafter(head, **options) if isinstance(head, MedusaHead) else EagleDrafter(head, **options)
 
 
 @torch.no_grad()

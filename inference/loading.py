@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from spechead.heads import MedusaHead, load_head
+from spechead.heads import DraftHead, MedusaHead, load_head
 from spechead.heads.base import resolve_head_dir
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
@@ -53,18 +53,27 @@ def make_drafter(
         head.attach_target_modules(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
-        if isinstance(head, MedusaHead):
-            if "choices" not in options and (saved := load_tree_choices(spec)) is not None:
-                options = {**options, "choices": saved}  # HEAD_DIR/tree.json from scripts/build_tree.py
-            return MedusaDrafter(head, **options)
-        from spechead.inference.drafters.eagle import EagleDrafter
-
-        dynamic_options = {"tree", "top_k", "depth", "total_tokens"} & set(options)
-        if not dynamic_options and (saved := load_tree_choices(spec)) is not None:
-            options = {**options, "tree": saved}  # HEAD_DIR/tree.json from scripts/build_tree.py
-        return EagleDrafter(head, **options)
+        return drafter_for_head(head, spec, **options)
     model = AutoModelForCausalLM.from_pretrained(spec, revision=revision, dtype=dtype).to(device)
     return DraftModelDrafter(model, **options)
+
+
+def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter:
+    """The drafter of a loaded head (target modules attached): Medusa static tree or EAGLE tree.
+
+    Without tree options, a HEAD_DIR/tree.json from scripts/build_tree.py is the default tree
+    (EAGLE: instead of the dynamic tree unless tree/top_k/depth/total_tokens are given).
+    """
+    saved = load_tree_choices(head_dir) if head_dir is not None else None
+    if isinstance(head, MedusaHead):
+        if "choices" not in options and saved is not None:
+            options = {**options, "choices": saved}
+        return MedusaDrafter(head, **options)
+    from spechead.inference.drafters.eagle import EagleDrafter
+
+    if not {"tree", "top_k", "depth", "total_tokens"} & set(options) and saved is not None:
+        options = {**options, "tree": saved}
+    return EagleDrafter(head, **options)
 
 
 def merge_medusa2_adapter(target, head_dir: str):

@@ -90,7 +90,7 @@ def test_benchmark_sampling(tiny_target_dir, medusa_dir, tmp_path):
 
 
 def _run(outputs: list[list[int]], lengths: list[int]) -> PromptSetRun:
-    tally = Tally(new_tokens=sum(lengths), wall=1.0, wall_total=1.2, draft=0.1, verify=0.5, lengths=lengths)
+    tally = Tally(new_tokens=sum(lengths), wall=1.0, draft=0.1, verify=0.5, lengths=lengths)
     return PromptSetRun(tally, {"qa": tally}, outputs)
 
 

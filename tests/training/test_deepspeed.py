@@ -105,7 +105,7 @@ def test_zero2_medusa2_checkpoints_leave_the_frozen_target_out(
     assert proc.returncode == 0, proc.stderr[-3000:]
     states = torch.load(
         out / "checkpoints" / "step-00000003" / "pytorch_model" / "mp_rank_00_model_states.pt",
-        weights_only=False,
+        weights_only=True,
     )
     assert any("lora_A" in k for k in states["module"]) and any(
         k.startswith("head.") for k in states["module"]
@@ -124,7 +124,7 @@ def test_zero3_shards_the_target_and_trains_like_ddp(runs):
     # Checkpoints hold the head only: the sharded target is never given to accelerate.
     states = torch.load(
         out / "checkpoints" / "step-00000006" / "pytorch_model" / "mp_rank_00_model_states.pt",
-        weights_only=False,
+        weights_only=True,
     )
     assert states["module"] and not any(k.startswith("model.") for k in states["module"])
 
