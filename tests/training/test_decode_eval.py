@@ -7,7 +7,7 @@ import json
 import pytest
 
 
-@pytest.mark.parametrize("head", ["medusa", "eagle3"])
+@pytest.mark.parametrize("head", ["medusa", "eagle", "eagle3"])
 def test_decode_eval_logs_real_tau_and_plots(training_kit, tiny_target_dir, chat_file, tmp_path, head):
     out = tmp_path / "run"
     extra = {"head": head, "trainer.decode_eval_every": 3, "trainer.decode_eval_prompts": 2,
