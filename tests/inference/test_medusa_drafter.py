@@ -1,0 +1,78 @@
+"""MedusaDrafter fills its static tree from controlled head logits: a node at depth d with child rank
+r carries head (d-1)'s r-th best token, read at the LAST committed position."""
+
+from __future__ import annotations
+
+import torch
+
+from spechead.heads import MedusaConfig, MedusaHead
+from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES, MedusaDrafter
+from spechead.inference.sampling import SamplingParams
+from spechead.inference.tree import tree_from_choices
+
+H, V, K = 8, 24, 4  # hidden size, vocab, Medusa heads
+LAYER = 2  # the target layer the heads read (target_num_layers = 2: index -1 resolves to 2)
+
+
+def controlled_head(seed: int = 0) -> tuple[MedusaHead, torch.Tensor, torch.Tensor]:
+    """A Medusa head whose head k, on state e_0 (e_1), ranks the vocab as rankings[0][k] ([1][k]).
+
+    ResBlocks stay zero (the identity), so head k's logits on e_j are column j of its projection.
+    Returns (head, rankings [2, K, V]: [j, k, r] = head k's r-th best token on e_j, one-hot states [2, H]).
+    """
+    head = MedusaHead(MedusaConfig(hidden_size=H, vocab_size=V, num_heads=K, target_num_layers=LAYER))
+    g = torch.Generator().manual_seed(seed)
+    rankings = torch.stack(
+        [torch.stack([torch.randperm(V, generator=g) for _ in range(K)]) for _ in range(2)]
+    )
+    with torch.no_grad():
+        for k in range(K):
+            proj = head.heads[k][-1].weight  # (V, H)
+            proj.zero_()
+            for j in range(2):
+                proj[rankings[j, k], j] = torch.linspace(
+                    5.0, -5.0, V
+                )  # r-th ranked token gets the r-th value
+    return head.eval(), rankings, torch.eye(H)[:2]
+
+
+def expected_tokens(choices: list[list[int]], ranking: torch.Tensor, root: int) -> list[int]:
+    """Tokens [N] of the static tree: root, then node (depth d, rank r) = ranking[d - 1, r]."""
+    static = tree_from_choices(choices)
+    return [root] + [
+        int(ranking[d - 1, r]) for d, r in zip(static.depth[1:].tolist(), static.rank[1:].tolist())
+    ]
+
+
+def test_depth_d_nodes_carry_head_d_minus_1_ranked_candidates():
+    head, rankings, states = controlled_head()
+    choices = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 3], [0, 0, 0], [0, 0, 5], [1, 0, 0], [0, 0, 0, 0]]
+    drafter = MedusaDrafter(head, choices)
+    root = 7
+    prompt = torch.tensor([3, 4, 5])
+    # The prompt's last position holds e_0; an earlier one e_1 (which must not be read).
+    drafter.start(prompt, {LAYER: torch.stack([states[1], states[1], states[0]])}, root)
+    draft = drafter.propose(root, SamplingParams(), None)
+    assert draft.rule == "deterministic" and draft.q is None
+    assert torch.equal(draft.tree.parents, tree_from_choices(choices).parents)
+    assert draft.tree.tokens.tolist() == expected_tokens(choices, rankings[0], root)
+    # Spelled out for a few nodes (sorted by (depth, ranks): [1] is node 2, [2, 3] node 7, [0, 0, 5] node 9).
+    tokens = draft.tree.tokens.tolist()
+    assert tokens[2] == int(rankings[0, 0, 1])  # depth 1, rank 1: head 0's second best
+    assert tokens[7] == int(rankings[0, 1, 3])  # depth 2, rank 3: head 1's fourth best
+    assert tokens[9] == int(rankings[0, 2, 5])  # depth 3, rank 5: head 2's sixth best
+    assert tokens[11] == int(rankings[0, 3, 0])  # depth 4: the last head's best
+
+    # accept() moves the heads to the last ACCEPTED row's state (here e_1).
+    drafter.accept(torch.tensor([root, 9]), {LAYER: torch.stack([states[0], states[1]])}, 11)
+    draft = drafter.propose(11, SamplingParams(temperature=1.0), None)
+    assert draft.tree.tokens.tolist() == expected_tokens(choices, rankings[1], 11)
+
+
+def test_default_tree_is_clipped_to_the_number_of_heads():
+    head, rankings, states = controlled_head(seed=1)
+    drafter = MedusaDrafter(head)  # DEFAULT_MEDUSA_CHOICES go 8 deep; K = 4 heads
+    drafter.start(torch.tensor([1]), {LAYER: states[:1]}, 2)
+    tokens = drafter.propose(2, SamplingParams(), None).tree.tokens.tolist()
+    clipped = [c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= K]
+    assert tokens == expected_tokens(clipped, rankings[0], 2)
