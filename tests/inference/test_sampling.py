@@ -87,3 +87,80 @@ def test_sample_follows_probs_and_seed():
     a = [sample(probs, make_generator(7)) for _ in range(3)]
     assert a == [sample(probs, make_generator(7)) for _ in range(3)]
     assert make_generator(None) is None
+
+
+# Temperature, then top-k, then top-p (Hugging Face `generate`'s warper order). Logits / 0.5 are
+# [4, 3, 2, 1, 0]; top-3 renormalised is [0.6652, 0.2447, 0.0900], whose first two hold 0.9099 >= 0.9,
+# so top-p 0.9 keeps two: [e^4, e^3] / (e^4 + e^3) = [0.7311, 0.2689]. Top-p before top-k (0.8808 < 0.9
+# on the full softmax keeps three) or temperature last (top-p on the unsharpened logits) keep three.
+ORDER_CASES = [
+    (
+        [2.0, 1.5, 1.0, 0.5, 0.0],
+        SamplingParams(temperature=0.5, top_k=3, top_p=0.9),
+        [0.7311, 0.2689, 0.0, 0.0, 0.0],
+    ),
+    # Logits / 0.5 = [5, 4, 2, 1, 0]: top-3 renormalised puts 0.7054 >= 0.7 on the argmax, so only it
+    # stays; top-p on the full softmax (0.6932 < 0.7) or before the temperature keeps two.
+    (
+        [2.5, 2.0, 1.0, 0.5, 0.0],
+        SamplingParams(temperature=0.5, top_k=3, top_p=0.7),
+        [1.0, 0.0, 0.0, 0.0, 0.0],
+    ),
+]
+
+
+def hf_warped(logits: torch.Tensor, params: SamplingParams, order: str = "TKP") -> torch.Tensor:
+    """Probs [V] after Hugging Face's own warpers, applied in `order` (T = temperature, K, P)."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    warpers = {
+        "T": TemperatureLogitsWarper(params.temperature),
+        "K": TopKLogitsWarper(params.top_k),
+        "P": TopPLogitsWarper(params.top_p),
+    }
+    scores = logits[None].clone()  # [1, V]
+    for name in order:
+        scores = warpers[name](torch.zeros(1, 1, dtype=torch.long), scores)
+    return torch.softmax(scores, -1)[0]
+
+
+@pytest.mark.parametrize(("logits", "params", "expected"), ORDER_CASES)
+def test_temperature_then_top_k_then_top_p(logits, params, expected):
+    logits, expected = torch.tensor(logits), torch.tensor(expected)
+    probs = target_probs(logits, params)
+    torch.testing.assert_close(probs, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(probs, hf_warped(logits, params, "TKP"), atol=1e-6, rtol=0)
+    for wrong in ("TPK", "KPT", "PKT"):  # the case has teeth: any other order gives another answer
+        assert not torch.allclose(hf_warped(logits, params, wrong), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize(("logits", "params", "expected"), ORDER_CASES)
+def test_order_matches_hugging_face_generate(tiny_llama, logits, params, expected):
+    """HF `generate` itself (whatever order it uses): its processed scores give our distribution."""
+    model = tiny_llama(16, layers=1, hidden=16, seed=0)
+    prompt = torch.tensor([[3, 1, 4]])
+    wanted = torch.full((16,), -30.0)  # [V]: the case on tokens 0..4, the rest negligible
+    wanted[:5] = torch.tensor(logits)
+    with torch.no_grad():  # lm_head = wanted (x) h / |h|^2 makes the last logits exactly `wanted`
+        h = model(prompt, output_hidden_states=True).hidden_states[-1][0, -1]  # [H], after the final norm
+        model.lm_head.weight.copy_(wanted[:, None] * (h / h.dot(h))[None])
+    out = model.generate(
+        prompt,
+        do_sample=True,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        max_new_tokens=1,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    raw, processed = out.logits[0][0], out.scores[0][0]  # [V] each
+    torch.testing.assert_close(raw, wanted, atol=1e-4, rtol=0)
+    torch.testing.assert_close(target_probs(raw, params), torch.softmax(processed, -1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(target_probs(raw, params)[:5], torch.tensor(expected), atol=1e-4, rtol=0)
