@@ -218,3 +218,149 @@ def test_wrong_rules_fail_the_same_check(draft_mode, rule):
     assert tv > 2 * bound, (
         f"the check has no teeth: {rule} on {draft_mode} gives TV {tv:.4f} (bound {bound:.4f})"
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# EXACT output distributions (no sampling noise). `Enumerator` runs the real `sample_accept` once per
+# outcome of its random draws: every uniform coin `u < t` and every `sample(probs)` call is a branch
+# point whose outcomes are replayed depth-first with their exact probabilities. The drafted children are
+# enumerated too (every ordered draw, with its exact probability), so the result is the exact joint
+# distribution of the first two emitted tokens, to be compared with EXACT up to float rounding.
+# ---------------------------------------------------------------------------------------------------
+class Enumerator:
+    """Replays a function over all branches of its random choices: `outcomes(fn)` -> [(prob, result)]."""
+
+    def __init__(self) -> None:
+        self.prefix: list[int] = []  # branch taken at each choice point of the current run
+        self.sizes: list[int] = []  # number of branches at each choice point of the current run
+        self.weight = 1.0
+        self.depth = 0
+
+    def choose(self, probs: list[float]) -> int:
+        """A choice point with outcome i of probability probs[i] (zero-probability outcomes skipped)."""
+        live = [i for i, x in enumerate(probs) if x > 0]
+        if self.depth == len(self.prefix):
+            self.prefix.append(0)
+            self.sizes.append(len(live))
+        i = live[self.prefix[self.depth]]
+        self.depth += 1
+        self.weight *= probs[i]
+        return i
+
+    def outcomes(self, fn) -> list[tuple[float, object]]:
+        results = []
+        while True:
+            self.weight, self.depth = 1.0, 0
+            out = fn()
+            results.append((self.weight, out))
+            del self.prefix[self.depth :], self.sizes[self.depth :]
+            while self.prefix and self.prefix[-1] + 1 == self.sizes[-1]:
+                self.prefix.pop()
+                self.sizes.pop()
+            if not self.prefix:
+                return results
+            self.prefix[-1] += 1
+
+
+class _Coin:
+    """What `_uniform` returns under enumeration: `u < t` is a branch, True with probability t."""
+
+    def __init__(self, enum: Enumerator) -> None:
+        self.enum = enum
+
+    def __lt__(self, t: float) -> bool:
+        t = min(max(float(t), 0.0), 1.0)
+        return self.enum.choose([t, 1.0 - t]) == 0
+
+
+def _enumerated(monkeypatch) -> Enumerator:
+    """Route sample_accept's randomness (its uniforms and its `sample` draws) through an Enumerator."""
+    import spechead.inference.acceptance as acceptance
+
+    enum = Enumerator()
+    monkeypatch.setattr(acceptance, "_uniform", lambda generator, device: _Coin(enum))
+
+    def draw(probs, generator=None):
+        w = probs.double() / probs.double().sum()
+        return enum.choose(w.tolist())
+
+    monkeypatch.setattr(acceptance, "sample", draw)
+    return enum
+
+
+def _draw_orders(q: torch.Tensor, k: int, mode: str) -> list[tuple[float, list[int]]]:
+    """Every ordered draw of k children from q [V_S] with its exact probability."""
+    out = []
+    for picks in itertools.product(range(V_S), repeat=k):
+        prob, left = 1.0, q.double().clone()
+        for x in picks:
+            if mode == "iid":
+                prob *= float(q[x])
+            else:  # without replacement: sequential draws from the renormalised rest
+                if left[x] == 0:
+                    prob = 0.0
+                    break
+                prob *= float(left[x] / left.sum())
+                left[x] = 0.0
+        if prob > 0:
+            out.append((prob, list(picks)))
+    return out
+
+
+def exact_joint(monkeypatch, draft_mode: str, rule: str, kids: dict[int, list[int]]) -> torch.Tensor:
+    """Exact joint [V_S, V_S] of the first two emitted tokens: the drafter's draws x sample_accept's."""
+    enum = _enumerated(monkeypatch)
+    n = 1 + sum(len(v) for v in kids.values())
+    parents = torch.tensor([-1] + [p for p, cs in sorted(kids.items()) for _ in cs])
+    order = [c for _, cs in sorted(kids.items()) for c in cs]
+    assert order == list(range(1, n)), "kids must number the nodes breadth-first"
+    joint = torch.zeros(V_S, V_S, dtype=torch.float64)
+
+    def expand(node_list, tokens, ctx, prob):
+        if not node_list:
+            tree = TokenTree(torch.tensor(tokens), parents)
+            p = torch.stack([P_TAB[c] for c in ctx]).double()  # [N, V_S]
+            q = torch.stack([Q_TAB[c] for c in ctx]).double()  # [N, V_S]
+            for w, acc in enum.outcomes(lambda: sample_accept(tree, p, rule, q)):
+                emitted = [tokens[i] for i in acc.path[1:]] + [acc.next_token]
+                if len(emitted) > 1:
+                    joint[emitted[0], emitted[1]] += prob * w
+                else:  # the next lossless step draws e2 from the target at (e1,)
+                    joint[emitted[0]] += prob * w * P_TAB[(emitted[0],)].double()
+            return
+        node, rest = node_list[0], node_list[1:]
+        for w, picks in _draw_orders(Q_TAB[ctx[node]], len(kids[node]), draft_mode):
+            t, c = list(tokens), list(ctx)
+            for kid, tok in zip(kids[node], picks):
+                t[kid], c[kid] = tok, ctx[node] + (tok,)
+            expand(rest, t, c, prob * w)
+
+    expand(sorted(kids), [0] * n, [()] * n, 1.0)
+    return joint
+
+
+#      0
+#    / | \
+#   1  2  3        siblings at two levels, so a rejected child's q(x) matters twice
+#  / \
+# 4   5
+EXACT_KIDS = {0: [1, 2, 3], 1: [4, 5]}
+
+
+@pytest.mark.parametrize(
+    ("draft_mode", "rule"),
+    [("iid", "iid"), ("without_replacement", "without_replacement"), ("iid", "deterministic")],
+)
+def test_sampling_rules_are_exactly_lossless(monkeypatch, draft_mode, rule):
+    joint = exact_joint(monkeypatch, draft_mode, rule, EXACT_KIDS)
+    assert abs(float(joint.sum()) - 1.0) < 1e-6  # every branch enumerated (sample_accept runs in fp32)
+    err = float((joint - EXACT.double()).abs().max())
+    assert err < 1e-6, f"{rule} on {draft_mode} children: max |P - exact| = {err:.2e}"
+
+
+def test_without_replacement_needs_q_renormalised(monkeypatch):
+    """Teeth for rule C: children drawn WITHOUT replacement but verified as rule B (which is rule C
+    minus "remove the rejected x from q and renormalise") are off by far more than rounding."""
+    joint = exact_joint(monkeypatch, "without_replacement", "iid", EXACT_KIDS)
+    err = float((joint - EXACT.double()).abs().max())
+    assert err > 1e-3, f"skipping the q update went unnoticed (max |P - exact| = {err:.2e})"
