@@ -10,6 +10,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from spechead.data.conversations import DataConfig
@@ -120,6 +121,7 @@ class TrainSettings:
     trainer: TrainerConfig
     logger: LoggerConfig
     resolved: dict[str, Any]  # the whole resolved config, for logging and the run directory
+    tuning: str | None = None  # the tuning file applied (e.g. "tuning/demo.yaml"), None = trainer defaults
 
 
 def build(cls: type, values: dict[str, Any], where: str):
@@ -153,7 +155,7 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
 def from_dict(cfg: dict[str, Any]) -> TrainSettings:
     """Typed settings from a resolved config dict (the composed Hydra config as plain containers)."""
     expected = {"head", "model", "data", "trainer", "logger"}
-    unknown = sorted(set(cfg) - expected)
+    unknown = sorted(set(cfg) - expected - {"tuning"})
     if unknown:
         raise TrainError(f"unknown top-level key {unknown[0]!r} (valid: {', '.join(sorted(expected))})")
     missing = sorted(expected - set(cfg))
@@ -163,6 +165,8 @@ def from_dict(cfg: dict[str, Any]) -> TrainSettings:
     for key in ("name", "family"):
         if key not in head:
             raise TrainError(f"head config lacks {key!r}: every head preset needs name and family")
+    model = build(TargetConfig, cfg["model"], "model")
+    tuning = _check_tuning(cfg.get("tuning"), model)
     layers = head.pop("layers", None)
     head_settings = HeadSettings(
         name=head.pop("name"),
@@ -173,9 +177,28 @@ def from_dict(cfg: dict[str, Any]) -> TrainSettings:
     )
     return TrainSettings(
         head=head_settings,
-        model=build(TargetConfig, cfg["model"], "model"),
+        model=model,
         data=build(DataConfig, cfg["data"], "data"),
         trainer=build(TrainerConfig, cfg["trainer"], "trainer"),
         logger=build(LoggerConfig, cfg["logger"], "logger"),
         resolved=cfg,
+        tuning=tuning,
     )
+
+
+def _check_tuning(tuning: dict[str, Any] | None, model: TargetConfig) -> str | None:
+    """The applied tuning file's name; a tuning made for one target refuses any other model.path."""
+    if not tuning:
+        return None
+    target = tuning.get("target")
+    if target is not None and not _same_path(str(target), model.path):
+        raise TrainError(
+            f"model.path={model.path} is not the target {tuning.get('file')} is for, yet model={model.name} "
+            f"applies it ({tuning.get('about')}): for your own model use model=local model.path={model.path}"
+        )
+    return str(tuning.get("file"))
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two model paths name the same directory (relative paths from the working directory)."""
+    return a == b or Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

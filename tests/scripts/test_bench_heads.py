@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_heads_table(tmp_path, tiny_target_dir, chat_file):
     out = tmp_path / "bench"
     overrides = [
+        "model=local",
         f"model.path={tiny_target_dir}",
         "data=jsonl",
         f"data.path={chat_file}",

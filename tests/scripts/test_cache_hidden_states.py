@@ -35,6 +35,7 @@ def script():
 def args(target: Path, chats: Path, cache: Path, *extra: str) -> list[str]:
     return [
         "head=eagle3",
+        "model=local",
         f"model.path={target}",
         "data=jsonl",
         f"data.path={chats}",

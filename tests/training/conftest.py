@@ -20,6 +20,7 @@ register_resolvers()
 def tiny_overrides(target_dir: Path, data_path: Path, out: Path, **extra) -> list[str]:
     """CLI overrides for a seconds-long run on the tiny target."""
     values = {
+        "model": "local",
         "model.path": str(target_dir),
         "data": "jsonl",
         "data.path": str(data_path),

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import re
+import shlex
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
 
 from spechead.configs import register_resolvers
-from spechead.training.cli import settings_from_config
+from spechead.training.cli import check_overrides, settings_from_config
 from spechead.training.errors import TrainError
+from spechead.training.settings import TrainerConfig
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
 register_resolvers()
 
 
@@ -32,12 +36,82 @@ def test_defaults_are_the_offline_demo():
     assert s.data.name == "demo" and Path(s.data.path).is_file()
     assert s.trainer.output_dir == "outputs/eagle3-demo"
     assert s.trainer.max_steps > 0  # the demo tuning applies
+    assert s.tuning == "tuning/demo.yaml"
+    assert (s.trainer.max_length, s.trainer.batch_size, s.trainer.decode_eval_every) == (384, 8, 200)
 
 
 def test_real_world_presets_keep_real_defaults():
     s = settings("head=medusa", "model=llama3-70b", "data=sharegpt")
     assert s.model.path == "meta-llama/Meta-Llama-3-70B" and s.model.dtype == "bfloat16"
     assert s.trainer.max_length == 2048 and s.trainer.max_steps == -1  # no demo tuning
+    assert s.tuning is None
+
+
+def trainer_defaults() -> dict:
+    """configs/trainer/default.yaml as read by a model with no tuning (a Hub preset)."""
+    return vars(settings("model=llama3-8b").trainer)
+
+
+def test_own_model_gets_the_trainer_defaults():
+    """The README's own-model command: no demo tuning, a run named after the model, no decode eval."""
+    s = settings(
+        "model=local",
+        "model.path=/models/my-llama",
+        "data=jsonl",
+        "data.path=chats.jsonl",
+        "trainer.max_steps=2000",
+    )
+    assert s.tuning is None and s.model.name == "my-llama" and s.model.path == "/models/my-llama"
+    assert s.trainer.output_dir == "outputs/eagle3-my-llama"
+    expected = {**trainer_defaults(), "max_steps": 2000, "output_dir": "outputs/eagle3-my-llama"}
+    assert vars(s.trainer) == expected
+    assert (s.trainer.max_length, s.trainer.batch_size, s.trainer.decode_eval_every) == (2048, 4, 0)
+
+
+def test_own_model_path_with_the_demo_preset_is_refused():
+    """model.path=... alone keeps model=demo, whose tuning is for the shipped demo target only."""
+    with pytest.raises(
+        TrainError, match=r"^model\.path=/models/my-llama .*use model=local model\.path=/models/my-llama$"
+    ):
+        settings("model.path=/models/my-llama", "data=jsonl", "data.path=chats.jsonl")
+    with pytest.raises(TrainError, match="model=local"):
+        settings("model=demo", "model.path=/models/my-llama")
+    demo = settings()
+    same = settings(f"model.path={demo.model.path}/")  # the demo target itself, spelled differently
+    assert same.tuning == "tuning/demo.yaml" and vars(same.trainer) == vars(demo.trainer)
+
+
+def test_local_model_needs_a_path():
+    with pytest.raises(TrainError, match=r"^model\.path is required"):
+        settings("model=local")
+
+
+@pytest.mark.parametrize("model", options("model"))
+def test_data_default_follows_the_model(model):
+    """The demo corpus for the demo target; a real chat dataset (UltraChat) for every other model."""
+    path = ["model.path=/models/x"] if model == "local" else []
+    s = settings(f"model={model}", *path)
+    assert s.data.name == ("demo" if model == "demo" else "ultrachat")
+    assert s.data.path == (s.data.path if model == "demo" else "HuggingFaceH4/ultrachat_200k")
+    for order in ([f"model={model}", "data=sharegpt"], ["data=sharegpt", f"model={model}"]):
+        assert settings(*order, *path).data.name == "sharegpt"  # the command line wins, in any order
+
+
+def readme_train_commands() -> list[list[str]]:
+    """The overrides of every `train.py` command in the README's Real-world use section."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Real-world use") :]
+    section = section[: section.index("\n### ")]
+    commands = re.findall(r"^(?:accelerate launch|python)[^\n]*train\.py[^\n]*$", section, flags=re.M)
+    assert len(commands) >= 4
+    return [[a for a in shlex.split(c.split("train.py", 1)[1]) if "=" in a] for c in commands]
+
+
+def test_readme_train_commands_compose_without_demo_tuning():
+    for overrides in readme_train_commands():
+        s = settings_from_config(check_overrides(overrides))
+        if s.model.name != "demo":
+            assert s.tuning is None and s.trainer.max_length == TrainerConfig.max_length, overrides
 
 
 def test_every_group_combination_composes():
@@ -49,12 +123,15 @@ def test_every_group_combination_composes():
             overrides = [f"{g}={o}" for g, o in zip(groups, combo)]
             if "data=jsonl" in overrides:
                 overrides.append("data.path=/some/file.jsonl")
+            if "model=local" in overrides:
+                overrides.append("model.path=/models/mine")
             s = settings_from_config(compose("train", overrides=overrides))
-            assert s.model.name == combo[1] and s.data.name == combo[2]
+            assert s.model.name == (combo[1] if combo[1] != "local" else "mine") and s.data.name == combo[2]
 
 
 def test_stable_keys_override():
     s = settings(
+        "model=local",
         "model.path=/models/mine",
         "data=jsonl",
         "data.path=my.jsonl",
@@ -97,3 +174,38 @@ def test_bad_keys_and_values_name_the_key(override, needle):
 def test_missing_data_path_for_jsonl():
     with pytest.raises(TrainError, match="data.path"):
         settings("data=jsonl")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "trainer.lrr=1",
+            r"^trainer\.lrr=1: unknown key trainer\.lrr \(valid keys for trainer: output_dir, .* lr, ",
+        ),
+        ("model.dtyp=float16", r"unknown key model\.dtyp \(valid keys for model: name, path, dtype, "),
+        (
+            "head=eagle4",
+            r"^head=eagle4: head has no option 'eagle4' \(valid head options: eagle, eagle3, medusa, medusa2\)$",
+        ),
+        (
+            "model=llama4",
+            r"^model=llama4: model has no option 'llama4' \(valid model options: demo, .*local, ",
+        ),
+        (
+            "foo=1",
+            r"^foo=1: there is no config group or section 'foo' \(groups: head, model, data, trainer, logger\)$",
+        ),
+        ("trainer.lr", r"^Error parsing override 'trainer\.lr' \(overrides look like key=value"),
+    ],
+)
+def test_bad_command_line_is_one_line_naming_it(override, message):
+    """What Hydra reports in several lines (exit 1) is checked first: one line, the valid choices."""
+    with pytest.raises(TrainError, match=message) as err:
+        check_overrides([override])
+    assert "\n" not in str(err.value)
+
+
+def test_good_command_lines_pass_the_check():
+    assert check_overrides(["head=eagle", "+head.foo=1", "head.layers=[1,2]", "~logger"]) is not None
+    assert check_overrides(["head=eagle,eagle3"]) is None  # a sweep: Hydra's -m handles it
