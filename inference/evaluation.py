@@ -2,6 +2,9 @@
 
 Shared by scripts/benchmark.py and the trainer's decode evaluation (wired in by train.py), so the
 numbers a training run logs are computed exactly as the benchmark computes them.
+
+tau is POOLED: total emitted tokens / total target passes over every pass of a prompt set (or of a
+category), as vLLM and SGLang count acceptance length, never a mean of per-prompt taus.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class Tally:
 
     @property
     def tau(self) -> float:
-        """Emitted tokens per target verification pass."""
+        """Emitted tokens per target verification pass, pooled over every pass of every call added."""
         return sum(self.lengths) / max(len(self.lengths), 1)
 
     @property
@@ -131,7 +134,8 @@ def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], sett
     """Every number for one method: its runs against plain decoding runs of the same prompts.
 
     Speedups are per repeat (run i against plain run i), reported as median [min, max]; acceptance
-    statistics come from the last run. Greedy outputs are compared with plain decoding's; sampled
+    statistics come from the last run. `tau` and `tau_by_category` are pooled over passes (see
+    DEFINITIONS). Greedy outputs are compared with plain decoding's; sampled
     ones cannot be (they are checked for losslessness by the tests, not per run).
     """
     res, base = runs[-1].total, plains[-1].total
@@ -164,6 +168,18 @@ def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], sett
     }
 
 
+DEFINITIONS = {
+    "tau": "emitted tokens per target verification pass (accepted drafts + 1), POOLED over all passes of "
+    "the prompt set: total emitted tokens / total passes, as vLLM and SGLang count it (not a mean of "
+    "per-prompt taus)",
+    "tau_by_category": "tau pooled over the passes of each category's prompts",
+    "tau_distribution": "number of target passes that emitted k tokens, by k",
+    "acceptance_by_depth": "P(at least d drafted tokens accepted in a pass), d = 1, 2, ...",
+    "passes_per_token": "target passes per emitted token (pooled, 1 / tau up to the prefill token)",
+    "speedup": "tokens/s over plain decoding of the same prompts, median of the repeats",
+}
+
+
 @torch.no_grad()
 def evaluate_head(
     target: PreTrainedModel,
@@ -176,7 +192,8 @@ def evaluate_head(
     """Real decoding with a head being trained: (metrics, plots) from one plain and one drafted pass.
 
     `head` needs its target modules attached (training does that). Its mode is restored afterwards.
-    Metrics: tau, speedup, tokens_per_s, passes_per_token, acceptance_depth_{d}, greedy_mismatches.
+    Metrics: tau (pooled over all passes, see DEFINITIONS), speedup, tokens_per_s, passes_per_token,
+    acceptance_depth_{d}, greedy_mismatches.
     """
     was_training = head.training
     head.eval()

@@ -1,11 +1,17 @@
 """Benchmark results as a Markdown table and matplotlib PNG plots (no display needed).
 
-Rows are the dicts `evaluation.summarize` returns, each with a "drafter" name added.
+Rows are the dicts `evaluation.summarize` returns, each with a "drafter" name added. tau is pooled
+over all target passes of the prompt set (TAU_NOTE), and every table that shows it says so.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+TAU_NOTE = (
+    "tau = emitted tokens per target pass, pooled over all passes of the prompt set (total tokens / "
+    "total passes, as vLLM and SGLang count it; not a mean of per-prompt taus)."
+)
 
 
 def _same(mismatches: int | None) -> str:
@@ -19,7 +25,7 @@ def render(header: str, rows: list[dict], hf_rows: list[dict], costs: dict[int, 
     lines = [
         header,
         "",
-        "| drafter | tau | target passes/token | tokens/s | speedup [min, max] | t_verify ms | t_draft ms "
+        "| drafter | tau (pooled) | target passes/token | tokens/s | speedup [min, max] | t_verify ms | t_draft ms "
         "| t_other ms | ideal speedup | greedy == plain |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -31,6 +37,7 @@ def render(header: str, rows: list[dict], hf_rows: list[dict], costs: dict[int, 
             f"{_same(r['greedy_mismatches'])} |"
         )
     if rows:
+        lines += ["", TAU_NOTE]
         lines += ["", "P(at least d drafts accepted per pass), d = 1, 2, ...:", ""]
         lines += [
             f"- {r['drafter']}: " + ", ".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:8]) for r in rows
@@ -51,7 +58,7 @@ def render(header: str, rows: list[dict], hf_rows: list[dict], costs: dict[int, 
     if rows:
         lines += [
             "",
-            "tau (speedup) by category:",
+            "tau, pooled per category (speedup):",
             "",
             "| category | " + " | ".join(r["drafter"] for r in rows) + " |",
         ]
@@ -87,7 +94,7 @@ def plot_acceptance_by_depth(rows: list[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         acc = r["acceptance_by_depth"]
-        ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{r['drafter']} (tau {r['tau']:.2f})")
+        ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{r['drafter']} (pooled tau {r['tau']:.2f})")
     ax.set_xlabel("draft depth d")
     ax.set_ylabel("P(at least d drafts accepted per pass)")
     ax.set_ylim(0, 1)

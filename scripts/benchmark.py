@@ -6,9 +6,11 @@
     python scripts/benchmark.py --target meta-llama/Llama-3.1-8B-Instruct --device cuda --dtype bfloat16 \\
         --drafter eagle3=USER/HEAD --prompt-set spec_bench/question.jsonl --temperature 1.0
 
-Per drafter: tau (emitted tokens per target pass) and its distribution, acceptance by depth, target
-passes per token, tokens/s, speedup over plain decoding (median of --repeats [min, max]) overall and
-per category, and the time split (verification pass, draft work, other) with the ideal speedup
+Per drafter: tau (emitted tokens per target pass, pooled over all passes of the prompt set: total
+tokens / total passes, as vLLM and SGLang count it, not a mean of per-prompt taus) and its
+distribution, acceptance by depth, target passes per token, tokens/s, speedup over plain decoding
+(median of --repeats [min, max]) overall and per category, and the time split (verification pass,
+draft work, other) with the ideal speedup
 tau * t_step / (t_verify + t_draft). Baselines in the same process: HF generate, HF prompt lookup and
 HF assisted generation with a small draft model (--assistant; for the demo target the shipped demo
 draft model). Greedy outputs are checked against plain decoding and any
@@ -30,7 +32,15 @@ import torch
 from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
-from spechead.inference.evaluation import DecodeSettings, PromptSetRun, decode_prompts, mismatches, summarize
+from spechead.inference.devices import check_device
+from spechead.inference.evaluation import (
+    DEFINITIONS,
+    DecodeSettings,
+    PromptSetRun,
+    decode_prompts,
+    mismatches,
+    summarize,
+)
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.kv_cache import keep_positions
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category, render
@@ -227,6 +237,7 @@ def write(args, prompts, base: PromptSetRun, rows, hf_rows, costs) -> str:
         "plain_tokens_per_s": base.total.tokens_per_s,
         "t_step_ms": 1e3 * t_step,
         "categories": sorted(base.by_category),
+        "definitions": DEFINITIONS,
         "rows": rows,
         "hf_baselines": hf_rows,
         "verify_ms_by_size": {k: 1e3 * v for k, v in costs.items()},
@@ -261,6 +272,7 @@ def main(argv=None) -> int:
         **{name: path for name, path in DEMO_HEADS.items() if Path(path).is_dir()},
     }
     try:
+        check_device(args.device)
         settings = DecodeSettings(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)
         prompts = load_prompt_set(args.prompt_set, args.prompts)
         plain = SpeculativeGenerator.from_pretrained(args.target, None, device=args.device, dtype=args.dtype)

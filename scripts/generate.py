@@ -16,6 +16,7 @@ import sys
 
 import transformers
 
+from spechead.inference.devices import check_device
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()
     try:
         # Check the decoding settings before loading anything (fail in a second, not after a load).
+        check_device(args.device)
         SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
         if args.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {args.max_new_tokens}")
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(stats.as_dict()))
     else:
         print(
-            f"\n[tau {stats.tau:.2f} | {stats.new_tokens} tokens in {stats.target_passes} target passes | "
+            f"\n[tau {stats.tau:.2f} tokens per target pass | {stats.new_tokens} tokens in {stats.target_passes} target passes | "
             f"{stats.accepted_tokens}/{stats.drafted_tokens} drafts accepted | {stats.tokens_per_s:.1f} tokens/s]",
             file=sys.stderr,
         )

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.evaluation import DecodeSettings, PromptSetRun, Tally, summarize
-from spechead.inference.report import render
+from spechead.inference.generator import GenerationStats
+from spechead.inference.report import TAU_NOTE, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +55,8 @@ def test_benchmark_writes_table_json_and_plots(tiny_target_dir, medusa_dir, tmp_
             "--assistant", str(tiny_target_dir), "--out", str(out)]  # fmt: skip
     assert load_script().main(argv) == 0
     table = capsys.readouterr().out
-    assert "| medusa |" in table and "| hf_assisted |" in table and "tau (speedup) by category" in table
+    assert "| medusa |" in table and "| hf_assisted |" in table and "tau, pooled per category" in table
+    assert "| drafter | tau (pooled) |" in table and TAU_NOTE in table
 
     report = json.loads((out / "decoding.json").read_text())
     assert report["categories"] == ["math", "qa"]
@@ -65,11 +67,14 @@ def test_benchmark_writes_table_json_and_plots(tiny_target_dir, medusa_dir, tmp_
         assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
         assert set(row["tau_by_category"]) == set(row["speedup_by_category"]) == {"math", "qa"}
         assert sum(row["tau_distribution"].values()) == round(row["new_tokens"] * row["passes_per_token"])
+        dist = {int(k): n for k, n in row["tau_distribution"].items()}
+        assert row["tau"] == pytest.approx(sum(k * n for k, n in dist.items()) / sum(dist.values()))  # pooled
         assert all(0.0 <= a <= 1.0 for a in row["acceptance_by_depth"])
         for key in ("tokens_per_s", "t_step_ms", "t_verify_ms", "t_draft_ms", "t_other_ms", "ideal_speedup"):
             assert row[key] >= 0.0
     assert [r["method"] for r in report["hf_baselines"]] == ["hf_generate", "hf_prompt_lookup", "hf_assisted"]
     assert all(r["greedy_mismatches"] == 0 for r in report["hf_baselines"])
+    assert "POOLED" in report["definitions"]["tau"] and "per-prompt" in report["definitions"]["tau"]
     assert report["settings"]["repeats"] == 2 and report["versions"]["torch"] == torch.__version__
     assert sorted(int(k) for k in report["verify_ms_by_size"]) == [1, 2, 4, 8, 16, 32, 64]
     for png in ("speedup_by_category.png", "acceptance_by_depth.png"):
@@ -92,6 +97,29 @@ def test_benchmark_sampling(tiny_target_dir, medusa_dir, tmp_path):
 def _run(outputs: list[list[int]], lengths: list[int]) -> PromptSetRun:
     tally = Tally(new_tokens=sum(lengths), wall=1.0, draft=0.1, verify=0.5, lengths=lengths)
     return PromptSetRun(tally, {"qa": tally}, outputs)
+
+
+def test_tau_is_pooled_over_passes_not_a_mean_of_prompt_means():
+    """Prompt a (qa): 1 pass of 5 tokens; b (qa): 4 passes of 1; c (math): passes of 3 and 1.
+
+    Pooled: (5 + 4 + 4) / 7 passes = 13/7. The mean of per-prompt taus would be (5 + 1 + 2) / 3 = 8/3,
+    and of per-category taus (9/5 + 2) / 2 = 1.9: vLLM and SGLang count the pooled value.
+    """
+    calls = [("qa", [5]), ("qa", [1, 1, 1, 1]), ("math", [3, 1])]
+    run = PromptSetRun(Tally(), {}, [])
+    for category, lengths in calls:  # what decode_prompts does with each generate() result
+        stats = GenerationStats(accept_lengths=lengths, new_tokens=sum(lengths) + 1, wall_time=1.0)
+        run.total.add(stats)
+        run.by_category.setdefault(category, Tally()).add(stats)
+        run.outputs.append(list(range(sum(lengths) + 1)))
+    plain = PromptSetRun(run.total, run.by_category, run.outputs)
+    row = {"drafter": "d", **summarize([run], [plain], DecodeSettings())}
+    assert row["tau"] == pytest.approx(13 / 7)
+    assert row["tau"] != pytest.approx(sum(sum(x) / len(x) for _, x in calls) / len(calls))
+    assert row["tau_by_category"] == pytest.approx({"qa": 9 / 5, "math": 2.0})
+    assert row["tau_distribution"] == {"1": 5, "3": 1, "5": 1}
+    table = render("h", [row], [], {})
+    assert "| d | 1.86 |" in table and "| qa | 1.80 (" in table and TAU_NOTE in table
 
 
 def test_greedy_mismatch_is_counted_and_shown():
