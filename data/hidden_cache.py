@@ -116,12 +116,19 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> int:
-    """Save a shard's tensors atomically (temporary name, fsync, rename); returns its size in bytes."""
+    """Save a shard's tensors atomically (temporary name, fsync, rename); returns its size in bytes.
+
+    Nothing ever exists under `path` unless the whole shard was written; on failure the temporary is removed.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    os.chmod(tmp, 0o644)  # safetensors creates files readable by their owner only
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.chmod(tmp, 0o644)  # safetensors creates files readable by their owner only
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write (disk full, interrupt) leaves no partial file
+        raise
     os.replace(tmp, path)
     _fsync_dir(path.parent)
     return path.stat().st_size

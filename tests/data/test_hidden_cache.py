@@ -7,6 +7,7 @@ import struct
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from spechead.data import hidden_cache as hc
 from spechead.data.cached_batches import HiddenCollator, open_split
@@ -161,3 +162,27 @@ def test_storage_dtype_names():
     assert hc.storage_dtype("bf16") is torch.bfloat16 and hc.storage_dtype("float32") is torch.float32
     with pytest.raises(DataError, match="cache.dtype='int8'"):
         hc.storage_dtype("int8")
+
+
+def test_a_failed_shard_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    part = rows([5, 4])
+    tensors = hc.shard_tensors(
+        [r["input_ids"] for r in part],
+        [r["loss_mask"] for r in part],
+        {i: [r["states"][i] for r in part] for i in LAYERS},
+    )
+    path = tmp_path / "train-00000-rank0.safetensors"
+    hc.write_shard(path, tensors, {"shard": "train 0"})
+    before = path.read_bytes()
+
+    def half_then_disk_full(tensors, filename, metadata=None):
+        save_file(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hc, "save_file", half_then_disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        hc.write_shard(path, {**tensors, "input_ids": tensors["input_ids"] + 1}, {"shard": "train 0"})
+    assert path.read_bytes() == before  # a reader never sees the half-written file
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
