@@ -26,7 +26,10 @@ class GenerationStats:
     """What one generate() call did. tau = emitted tokens per target pass after the prefill."""
 
     drafted_tokens: int = 0
-    accept_lengths: list[int] = field(default_factory=list)  # accepted drafts + 1, per verification pass
+    # Tokens each verification pass emitted: accepted drafts + 1 (the correction or bonus); the last
+    # pass's count stops at EOS / max_new_tokens. sum(accept_lengths) == new_tokens - 1 (the prefill
+    # emits the first token).
+    accept_lengths: list[int] = field(default_factory=list)
     new_tokens: int = 0
     wall_time: float = 0.0
     prefill_time: float = 0.0  # the prompt's target pass
@@ -190,6 +193,8 @@ class SpeculativeGenerator:
         while True:
             out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
             stats.new_tokens += len(out)
+            if accepted is not None:  # a verification pass emitted `out` (the prefill emits the first root)
+                stats.accept_lengths.append(len(out))
             yield out
             if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
                 break
@@ -211,7 +216,6 @@ class SpeculativeGenerator:
             past_len += len(acc.path)
             stats.verify_time += _now(self.target.device) - tock
             stats.drafted_tokens += tree.size - 1
-            stats.accept_lengths.append(len(acc.path))
             root = acc.next_token
             pending = [*tree.tokens[path[1:]].tolist(), root]
             accepted = (tree.tokens[path], {k: v[path.to(v.device)] for k, v in hidden.items()}, root)

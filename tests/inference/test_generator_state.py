@@ -1,0 +1,192 @@
+"""What generate() tells drafters and reports: the drafter's committed state follows the ACCEPTED tree
+rows, `accept_lengths` counts exactly the tokens each pass emitted, and a fully accepted path emits its
+bonus token under sampling too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead
+from spechead.inference.drafters.base import Draft, Drafter, chain
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams, sample, target_probs
+from spechead.inference.tree import TokenTree
+from spechead.inference.verify import prefill
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    return model, chatml_tokenizer
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Hugging Face greedy decoding (no EOS): the target's own continuation."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+def split_lengths(emitted: int, full: int) -> list[int]:
+    """accept_lengths of passes that each emit `full` tokens, the last cut short: `emitted` in all."""
+    return [full] * (emitted // full) + ([emitted % full] if emitted % full else [])
+
+
+class ReferenceChain(Drafter):
+    """Drafts the next `depth` tokens of a known continuation (the target's own greedy tokens)."""
+
+    def __init__(self, reference: list[int], depth: int):
+        self.reference, self.depth, self.done = reference, depth, 0
+
+    def start(self, prompt, hidden, root):
+        self.done = 1  # reference tokens emitted so far (the root included)
+
+    def propose(self, root, sampling, generator):
+        return Draft(chain(self.reference[self.done : self.done + self.depth], root))
+
+    def accept(self, tokens, hidden, next_root):
+        self.done += len(tokens)
+
+
+def test_accept_lengths_are_exact(setup):
+    """A drafter that drafts the target's own tokens: every pass emits depth + 1 tokens but the last,
+    which max_new_tokens or EOS cuts short; the lengths add up to the tokens emitted after the prefill."""
+    model, tok = setup
+    prompt = [11, 42, 7, 99, 5]
+    reference = hf_greedy(model, prompt, 40)
+    depth = 4
+    for n in (1, 2, 5, 6, 13, 16, 21, 24):
+        gen = SpeculativeGenerator(model, tok, ReferenceChain(reference, depth))
+        gen.eos = set()
+        stats = gen.generate(input_ids=prompt, max_new_tokens=n).stats
+        assert stats.accept_lengths == split_lengths(n - 1, depth + 1), f"max_new_tokens={n}"
+        assert stats.new_tokens == n and stats.accepted_tokens == n - 1 - len(stats.accept_lengths)
+    for stop in (3, 10, 11, 17):  # EOS inside a drafted path (or as the bonus) ends the last pass early
+        gen = SpeculativeGenerator(model, tok, ReferenceChain(reference, depth))
+        gen.eos = {reference[stop]}
+        first = reference.index(reference[stop])  # generation stops at the first use of that token
+        result = gen.generate(input_ids=prompt, max_new_tokens=40)
+        assert result.token_ids == reference[: first + 1]
+        assert result.stats.accept_lengths == split_lengths(first, depth + 1), f"EOS at {first}"
+
+
+class SelfSampler(Drafter):
+    """Samples a chain from the target's own distribution (q = p up to rounding, so rule B accepts
+    every draft) by re-running the target on the whole committed sequence."""
+
+    def __init__(self, model, depth: int):
+        self.model, self.depth, self.seq = model, depth, []
+
+    def start(self, prompt, hidden, root):
+        self.seq = [*prompt.tolist(), root]
+
+    @torch.no_grad()
+    def propose(self, root, sampling, generator):
+        drafted, rows = [], []
+        for _ in range(self.depth):
+            logits = self.model(torch.tensor([self.seq + drafted])).logits[0, -1]  # [V]
+            rows.append(target_probs(logits, sampling))
+            drafted.append(sample(rows[-1], generator))
+        q = torch.stack(rows + [rows[-1]])  # [N, V]: row i = distribution node i's child came from
+        return Draft(chain(drafted, root), rule="iid", q=q)
+
+    def accept(self, tokens, hidden, next_root):
+        self.seq += [*tokens[1:].tolist(), next_root]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0, seed=0), SamplingParams(0.7, top_k=1, seed=0)])
+def test_fully_accepted_path_emits_the_bonus_when_sampling(setup, params):
+    """Every path is accepted whole: each pass must emit len(path) + 1 tokens (the bonus from p at the
+    leaf), under sampling as under greedy decoding."""
+    model, tok = setup
+    prompt, depth, n = [3, 14, 15, 92, 65], 3, 18
+    for seed in range(3):
+        gen = SpeculativeGenerator(model, tok, SelfSampler(model, depth))
+        gen.eos = set()
+        result = gen.generate(
+            input_ids=prompt, max_new_tokens=n, temperature=params.temperature, top_k=params.top_k, seed=seed
+        )
+        assert len(result.token_ids) == n
+        assert result.stats.accept_lengths == split_lengths(n - 1, depth + 1), f"seed {seed}"
+        if params.top_k == 1:  # p is one-hot at the argmax: sampling must reproduce greedy decoding
+            assert result.token_ids == hf_greedy(model, prompt, n)
+
+
+def eagle_head(model, family: str):
+    torch.manual_seed(0)
+    if family == "eagle":
+        head = EagleHead(EagleConfig.from_target(model.config))
+    else:
+        head = Eagle3Head(Eagle3Config.from_target(model.config, target_layers=[1, 2, 2]))
+    head.attach_target_modules(
+        lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+    )
+    return head.eval().requires_grad_(False)
+
+
+class EagleWithReferenceBranch(EagleDrafter):
+    """The head's own tree plus the target's greedy continuation as a chain under the root, appended as
+    the LAST nodes: accepted paths run through the last rows of the tree, not the first."""
+
+    def __init__(self, head, reference: list[int], branch: int, **options):
+        super().__init__(head, **options)
+        self.reference, self.branch, self.done = reference, branch, 0
+
+    def start(self, prompt, hidden, root):
+        super().start(prompt, hidden, root)
+        self.done = 1
+
+    def accept(self, tokens, hidden, next_root):
+        super().accept(tokens, hidden, next_root)
+        self.done += len(tokens)
+
+    def propose(self, root, sampling, generator):
+        tree = super().propose(root, sampling, generator).tree
+        extra = self.reference[self.done : self.done + self.branch]
+        n = tree.size
+        parents = [0] + [n + i for i in range(len(extra) - 1)]  # [len(extra)]: a chain under the root
+        return Draft(
+            TokenTree(
+                torch.cat([tree.tokens, torch.tensor(extra, dtype=torch.long)]),
+                torch.cat([tree.parents, torch.tensor(parents[: len(extra)], dtype=torch.long)]),
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [
+        ("eagle", dict(tree="dynamic", top_k=3, depth=3, total_tokens=10)),
+        ("eagle3", dict(tree=[[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]])),
+    ],
+)
+def test_drafter_state_follows_the_accepted_rows(setup, family, options):
+    """After generate() on branching trees, the EAGLE head's committed cache and last feature equal a
+    fresh head run over the target's states of the emitted sequence (the accepted rows were handed on)."""
+    model, tok = setup
+    head = eagle_head(model, family)
+    prompt = [17, 23, 5, 88, 130, 64, 9]
+    reference = hf_greedy(model, prompt, 30)
+    drafter = EagleWithReferenceBranch(head, reference, branch=5, **options)
+    gen = SpeculativeGenerator(model, tok, drafter)
+    gen.eos = set()
+    result = gen.generate(input_ids=prompt, max_new_tokens=30)
+    assert result.token_ids == reference
+    assert result.stats.tau > 3  # long paths through the appended (last) rows were accepted
+
+    committed = drafter._committed  # the passes the drafter heard about (not the last one)
+    sequence = torch.tensor(prompt + result.token_ids)
+    assert committed == len(prompt) + sum(result.stats.accept_lengths[:-1])
+    _, _, states = prefill(model, sequence[:committed], head.config.target_layers)  # {layer: [C, H]}
+    inputs = [states[layer][None] for layer in head.config.target_layers]  # [1, C, H] each
+    features = head.fuse(inputs) if family == "eagle3" else inputs[0]
+    fresh = DynamicCache()
+    out = head.step(features, sequence[1 : committed + 1][None], past_key_values=fresh)  # [1, C, H]
+    assert drafter._cache.get_seq_length() == committed
+    for mine, ref in zip(drafter._cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, ref.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(mine.values, ref.values, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(drafter._feature, out[0, -1], atol=1e-4, rtol=1e-4)
