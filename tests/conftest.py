@@ -84,8 +84,9 @@ def llama3_tokenizer():
     return build_tokenizer(LLAMA3_TEMPLATE, "<|eot_id|>")
 
 
-def build_tiny_llama(vocab_size: int, *, layers: int = 4, hidden: int = 32, seed: int = 0):
-    """A tiny LlamaForCausalLM from a config (random weights, for unit tests only)."""
+def build_tiny_llama(vocab_size: int, *, layers: int = 4, hidden: int = 32, seed: int = 0, **config):
+    """A tiny LlamaForCausalLM from a config (random weights, for unit tests only); extra keyword
+    arguments go to LlamaConfig (e.g. rope_theta)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -98,6 +99,7 @@ def build_tiny_llama(vocab_size: int, *, layers: int = 4, hidden: int = 32, seed
         num_key_value_heads=2,
         max_position_embeddings=512,
         tie_word_embeddings=False,
+        **config,
     )
     return LlamaForCausalLM(cfg).eval()
 
