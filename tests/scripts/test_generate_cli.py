@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +35,17 @@ def test_generate_bad_input_is_one_line(tiny_target_dir):
     assert (
         proc.stderr.strip().startswith("error: max_new_tokens") and len(proc.stderr.strip().splitlines()) == 1
     )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("script", ["generate.py", "benchmark.py"])
+@pytest.mark.slow
+def test_device_cuda_without_cuda_is_one_line(tiny_target_dir, tmp_path, script):
+    extra = ["--prompt", "hi"] if script == "generate.py" else ["--out", str(tmp_path / "b"), "--no-hf"]
+    proc = run(script, "--target", str(tiny_target_dir), "--device", "cuda", *extra)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: --device cuda: CUDA is not available") and "--device cpu" in lines[0]
 
 
 @pytest.mark.slow

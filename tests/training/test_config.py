@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from spechead.configs import register_resolvers
-from spechead.training.cli import check_overrides, settings_from_config
+from spechead.training.cli import check_overrides, settings_from_config, startup_line
 from spechead.training.errors import TrainError
 from spechead.training.settings import TrainerConfig
 
@@ -209,3 +209,9 @@ def test_bad_command_line_is_one_line_naming_it(override, message):
 def test_good_command_lines_pass_the_check():
     assert check_overrides(["head=eagle", "+head.foo=1", "head.layers=[1,2]", "~logger"]) is not None
     assert check_overrides(["head=eagle,eagle3"]) is None  # a sweep: Hydra's -m handles it
+
+
+def test_startup_line_names_the_tuning_file():
+    assert "tuning=tuning/demo.yaml " in startup_line(settings())
+    own = startup_line(settings("model=local", "model.path=/models/my-llama"))
+    assert "model=my-llama (/models/my-llama)" in own and "tuning=none (trainer defaults)" in own
