@@ -87,7 +87,9 @@ def check_overrides(overrides: list[str]) -> DictConfig | None:
                 f"(valid {o.key_or_group} options: {', '.join(options)})"
             )
     with initialize_config_module("spechead.configs", version_base=None):
-        base = compose("train", overrides=[o.input_line for o in picks])
+        base = OmegaConf.to_container(
+            compose("train", overrides=[o.input_line for o in picks]), resolve=False
+        )
         for o in mine:
             if o.key_or_group not in GROUPS and not (o.is_add() or o.is_force_add() or o.is_delete()):
                 _check_key(base, o.key_or_group, o.input_line)
@@ -97,13 +99,15 @@ def check_overrides(overrides: list[str]) -> DictConfig | None:
             raise TrainError(_one_line(err)) from None
 
 
-def _check_key(cfg: DictConfig, key: str, line: str) -> None:
-    """Raise TrainError when dotted `key` is not in `cfg`, listing the keys that are."""
+def _check_key(cfg: dict, key: str, line: str) -> None:
+    """Raise TrainError when dotted `key` is not in `cfg` (unresolved containers), listing the keys that are."""
     node, parts = cfg, key.split(".")
     for depth, part in enumerate(parts):
-        keys = list(node.keys()) if isinstance(node, DictConfig) else []
+        where = ".".join(parts[:depth])
+        if not isinstance(node, dict):
+            raise TrainError(f"{line}: {where} is a value, not a section with keys")
+        keys = list(node)
         if part not in keys:
-            where = ".".join(parts[:depth])
             if not where:
                 raise TrainError(
                     f"{line}: there is no config group or section {part!r} (groups: {', '.join(GROUPS)})"
@@ -111,7 +115,7 @@ def _check_key(cfg: DictConfig, key: str, line: str) -> None:
             raise TrainError(
                 f"{line}: unknown key {key} (valid keys for {where}: {', '.join(map(str, keys))})"
             )
-        node = node[part] if not OmegaConf.is_missing(node, part) else None
+        node = node[part]
 
 
 def check_output_dir(path: str) -> None:

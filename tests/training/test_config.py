@@ -208,6 +208,11 @@ def test_bad_command_line_is_one_line_naming_it(override, message):
 
 def test_good_command_lines_pass_the_check():
     assert check_overrides(["head=eagle", "+head.foo=1", "head.layers=[1,2]", "~logger"]) is not None
+    # keys whose defaults interpolate a value set later on the same line (output_dir <- model.name <- path)
+    cfg = check_overrides(
+        ["model=local", "model.path=/m/x", "trainer.output_dir=/tmp/o", "trainer.max_steps=3"]
+    )
+    assert (cfg.trainer.output_dir, cfg.model.name, cfg.trainer.max_steps) == ("/tmp/o", "x", 3)
     assert check_overrides(["head=eagle,eagle3"]) is None  # a sweep: Hydra's -m handles it
 
 
