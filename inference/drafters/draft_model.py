@@ -1,27 +1,140 @@
-"""An independent small draft model (any HF causal LM sharing the target's tokenizer), drafting a chain.
+"""An independent small draft model (any HF causal LM sharing the target's tokenizer) drafting chains or
+token trees (SpecInfer).
 
-Greedy decoding drafts its argmax (deterministic children); sampling drafts i.i.d. from its own
-distribution after the same temperature/top-k/top-p, and returns it as q for lossless rule B.
+Shapes (one draft forward per depth over the whole frontier, never one per node):
+- chain (default): `num_draft` (or `depth`) tokens, one child per node;
+- static: `width` children per node at every depth (an int, or one int per depth: `[4, 2, 2, 1]` or
+  the string "4x2x2x1"), or `tree=[[0], [1], [0, 0], ...]` paths of child ranks (`tree_from_choices`);
+- dynamic (`tree="dynamic"`, EAGLE-2 style): per depth expand the `top_k` frontier nodes of highest
+  cumulative draft log-prob with their `top_k` children, down to `depth`; keep the best
+  `total_tokens - 1` nodes.
+
+Children and the lossless rule that verifies them (`acceptance.sample_accept`):
+- greedy decoding: the draft's top-k children (rank r = r-th most likely), verified greedily;
+- sampling, rule "iid" (B): a node's c children are c i.i.d. draws from its draft distribution q;
+- sampling, rule "without_replacement" (C): c draws from q without replacement (the i-th child is the
+  i-th draw; fewer children when q has fewer than c tokens);
+- sampling, rule "deterministic" (A): top-k children as under greedy (the only rule for dynamic trees:
+  keeping the best-scored sampled nodes would bias the draws).
+Default rule: "iid" for chains, "without_replacement" for trees. q (the distribution after the same
+temperature/top-k/top-p as the target) is returned per node for rules B/C.
+
+Draft cache: the committed tokens (the root last, at position C - 1); the speculative nodes of a
+`propose` are appended depth by depth under an additive tree mask (`tree_attention_mask`) with
+position ids C - 1 + depth (`tree_position_ids`), then cropped away (`keep_positions`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from spechead.inference.drafters.base import Draft, Drafter, chain
+from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.eagle import select_best
 from spechead.inference.kv_cache import cache_length, keep_positions
 from spechead.inference.sampling import SamplingParams, sample, target_probs
+from spechead.inference.tree import (
+    StaticTree,
+    TokenTree,
+    tree_attention_mask,
+    tree_from_choices,
+    tree_position_ids,
+)
+
+SAMPLING_RULES = ("iid", "without_replacement", "deterministic")
+MAX_NODES = 1024  # drafted nodes of a static shape (a width per depth multiplies quickly)
+
+
+def parse_width(width: int | str | Sequence[int]) -> list[int]:
+    """Children per node at each depth: 4 -> [4], "4x2x2x1" -> [4, 2, 2, 1], [4, 2] -> [4, 2]."""
+    if isinstance(width, str):
+        parts = width.lower().split("x")
+        if not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"width {width!r}: give an int or one int per depth like 4x2x2x1")
+        values = [int(p) for p in parts]
+    elif isinstance(width, int) and not isinstance(width, bool):
+        values = [width]
+    else:
+        values = list(width)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise ValueError(f"width must be ints >= 1 (one per depth), got {width!r}")
+    return values
+
+
+def width_tree(widths: list[int]) -> StaticTree:
+    """The full static tree with widths[d] children under every node of depth d ([N] nodes)."""
+    paths: list[list[int]] = []
+    level: list[list[int]] = [[]]
+    for w in widths:
+        level = [p + [r] for p in level for r in range(w)]
+        paths += level
+        if len(paths) > MAX_NODES:
+            raise ValueError(
+                f"width {widths} makes more than {MAX_NODES} draft nodes: use smaller widths deeper down, "
+                "e.g. 4x2x2x1"
+            )
+    return tree_from_choices(paths)
 
 
 class DraftModelDrafter(Drafter):
-    """Chain drafting with a small causal LM and its own KV cache (kept to the committed tokens)."""
+    """Chains or token trees from a small causal LM with its own KV cache (kept to committed tokens)."""
 
-    def __init__(self, model: PreTrainedModel, num_draft: int = 5):
-        if num_draft < 1:
-            raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        num_draft: int = 5,
+        *,
+        width: int | str | Sequence[int] = 1,
+        depth: int | None = None,
+        tree: str | list[list[int]] | None = None,
+        rule: str | None = None,
+        top_k: int = 10,
+        total_tokens: int = 60,
+    ):
+        if not isinstance(num_draft, int) or num_draft < 1:
+            raise ValueError(f"num_draft must be an int >= 1, got {num_draft!r}")
+        if depth is not None and (not isinstance(depth, int) or depth < 1):
+            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        if rule is not None and rule not in SAMPLING_RULES:
+            raise ValueError(f"rule must be one of {SAMPLING_RULES}, got {rule!r}")
         self.model = model.eval()
-        self.num_draft = num_draft
+        self.dynamic = tree == "dynamic"
+        self.shape: StaticTree | None = None
+        if self.dynamic:
+            for name, value, low in (("top_k", top_k, 1), ("total_tokens", total_tokens, 2)):
+                if not isinstance(value, int) or value < low:
+                    raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            if rule not in (None, "deterministic"):
+                raise ValueError(
+                    f'tree="dynamic" keeps the best-scored nodes, which biases sampled children: '
+                    f"use rule=deterministic (top-k children, lossless rule A), not {rule!r}"
+                )
+            rule = "deterministic"
+            self.depth = depth or num_draft
+        elif tree is not None:
+            if isinstance(tree, str):
+                raise ValueError(f'tree must be "dynamic" or a list of rank paths, got {tree!r}')
+            self.shape = tree_from_choices(tree)
+        else:
+            widths = parse_width(width)
+            if len(widths) == 1:
+                widths = widths * (depth or num_draft)
+            elif depth is not None and depth != len(widths):
+                raise ValueError(f"width {widths} has {len(widths)} depths but depth={depth}")
+            self.shape = width_tree(widths)
+        if self.shape is not None:
+            self.depth = int(self.shape.depth.max())
+            branching = torch.bincount(self.shape.parents[1:], minlength=self.shape.size).max()
+            rule = rule or ("iid" if int(branching) == 1 else "without_replacement")
+            if int(branching) > 1:
+                _check_attention(model)
+        else:
+            _check_attention(model)
+        self.rule = rule  # how sampled decoding picks and verifies children
+        self.num_draft = self.depth  # (the old name: the chain length)
+        self.top_k, self.total_tokens = top_k, total_tokens
         self.cache: DynamicCache | None = None
         self.pending: list[int] = []  # committed tokens not yet in the draft cache
 
@@ -36,37 +149,150 @@ class DraftModelDrafter(Drafter):
         self.cache = DynamicCache(config=self.model.config)
         self.pending = [*prompt.tolist(), root]
 
-    @torch.no_grad()
-    def _feed(self, ids: list[int]) -> torch.Tensor:
-        """Append ids to the draft cache; returns the last position's logits [V]."""
-        device = self.model.device
-        out = self.model(
-            input_ids=torch.tensor([ids], device=device), past_key_values=self.cache, use_cache=True
-        )
-        return out.logits[0, -1].float()
-
-    def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        logits = self._feed(self.pending)
-        self.pending = []
-        committed = cache_length(self.cache)
-        drafted, rows = [], []
-        for i in range(self.num_draft):
-            if sampling.is_greedy:
-                token = int(logits.argmax())
-            else:
-                q = target_probs(logits, sampling)  # [V]
-                rows.append(q)
-                token = sample(q, generator)
-            drafted.append(token)
-            if i + 1 < self.num_draft:
-                logits = self._feed([token])
-        # Drop the speculative entries: only committed tokens stay in the draft cache.
-        keep_positions(self.cache, committed, torch.empty(0, dtype=torch.long))
-        tree = chain(drafted, root)
-        if sampling.is_greedy:
-            return Draft(tree)
-        q = torch.stack(rows + [rows[-1]])  # [N, V]: row i = distribution node i's child came from
-        return Draft(tree, rule="iid", q=q)
-
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.pending = [*tokens[1:].tolist(), next_root]  # the root itself was fed in propose
+
+    @torch.no_grad()
+    def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+        if self.cache is None:
+            raise RuntimeError("DraftModelDrafter.propose called before start")
+        device = self.model.device
+        out = self.model(
+            input_ids=torch.tensor([self.pending], device=device), past_key_values=self.cache, use_cache=True
+        )
+        self.pending = []
+        grower = _Grower(self, int(root), out.logits[0, -1].float())
+        rule = "deterministic" if sampling.is_greedy else self.rule
+        try:
+            if self.dynamic:
+                keep = self._grow_dynamic(grower)
+            else:
+                self._grow_static(grower, rule, sampling, generator)
+                keep = list(range(len(grower.tok)))
+        finally:
+            # Drop the speculative entries: only committed tokens stay in the draft cache.
+            keep_positions(self.cache, grower.committed, torch.empty(0, dtype=torch.long))
+        index = {node: i for i, node in enumerate(keep)}  # keep is ascending, so topological
+        tree = TokenTree(
+            tokens=torch.tensor([grower.tok[n] for n in keep], dtype=torch.long),
+            parents=torch.tensor([index.get(grower.par[n], -1) for n in keep], dtype=torch.long),
+        )
+        if rule == "deterministic":
+            return Draft(tree)
+        # [N, V]: row i = the distribution node i's children were drawn from (a leaf: its parent's row)
+        q = torch.stack([grower.q(n if n in grower.logits else grower.par[n], sampling) for n in keep])
+        return Draft(tree, rule=rule, q=q)
+
+    # ---- tree growth ---------------------------------------------------------------------------
+
+    def _grow_static(self, grower: _Grower, rule: str, sampling: SamplingParams, generator) -> None:
+        """Fill the static shape depth by depth; node i of the shape becomes grower node made[i]."""
+        shape = self.shape
+        parents, depth, rank = shape.parents.tolist(), shape.depth.tolist(), shape.rank.tolist()  # [N]
+        has_kids = set(parents[1:])
+        made = {0: 0}  # shape node -> grower node (nodes whose parent got too few children are dropped)
+        for d in range(1, self.depth + 1):
+            nodes = [i for i in range(shape.size) if depth[i] == d and parents[i] in made]
+            new = []
+            for parent in sorted({parents[i] for i in nodes}):
+                kids = [i for i in nodes if parents[i] == parent]  # ascending rank
+                g = made[parent]
+                if rule == "deterministic":
+                    ranked = grower.logits[g].topk(min(max(rank[i] for i in kids) + 1, grower.vocab)).indices
+                    picks = [int(ranked[rank[i]]) if rank[i] < len(ranked) else None for i in kids]
+                else:  # the j-th child is the j-th draw (B: i.i.d., C: without replacement)
+                    picks = grower.draw(g, len(kids), rule, sampling, generator)
+                for i, token in zip(kids, picks):
+                    if token is not None:
+                        made[i] = grower.add(token, g)
+                        new.append(i)
+            grower.run([made[i] for i in new if i in has_kids])  # one forward for this depth
+
+    def _grow_dynamic(self, grower: _Grower) -> list[int]:
+        """EAGLE-2: a beam of `top_k` nodes per depth by cumulative log-prob; returns kept node ids."""
+        frontier = [0]
+        k = min(self.top_k, grower.vocab)
+        for d in range(1, self.depth + 1):
+            new = []
+            for node in frontier:
+                values, ids = torch.log_softmax(grower.logits[node], -1).topk(k)
+                new += [grower.add(int(t), node, float(v)) for t, v in zip(ids, values)]
+            if d < self.depth:
+                frontier = sorted(sorted(new, key=lambda n: (-grower.score[n], n))[: self.top_k])
+                grower.run(frontier)
+        return select_best(grower.par, grower.score, self.total_tokens - 1)
+
+
+class _Grower:
+    """A growing draft tree. Node lists tok / par / dep / score are [n] (node 0 = the root, already in
+    the draft cache at position C - 1); `logits[node]` [V] are the draft logits of node's children,
+    for the nodes run so far; `fed` lists the nodes in the cache after the C committed entries."""
+
+    def __init__(self, drafter: DraftModelDrafter, root: int, root_logits: torch.Tensor):
+        self.model, self.cache = drafter.model, drafter.cache
+        self.committed = cache_length(self.cache)  # C
+        self.tok, self.par, self.dep, self.score = [root], [-1], [0], [0.0]
+        self.logits = {0: root_logits}
+        self.vocab = int(root_logits.shape[-1])
+        self.fed = [0]  # fed[j] = node at cache column C - 1 + j (the root at C - 1)
+        self.slot = {0: 0}
+        self._q: dict[int, torch.Tensor] = {}
+
+    def add(self, token: int, parent: int, logp: float = 0.0) -> int:
+        self.tok.append(int(token))
+        self.par.append(parent)
+        self.dep.append(self.dep[parent] + 1)
+        self.score.append(self.score[parent] + logp)
+        return len(self.tok) - 1
+
+    def q(self, node: int, sampling: SamplingParams) -> torch.Tensor:
+        """The draft distribution [V] at `node` after the sampling transforms (cached)."""
+        if node not in self._q:
+            self._q[node] = target_probs(self.logits[node], sampling)
+        return self._q[node]
+
+    def draw(self, node: int, count: int, rule: str, sampling: SamplingParams, generator) -> list[int | None]:
+        """`count` children of `node` drawn from q (i.i.d. or without replacement); None = none left."""
+        q = self.q(node, sampling)
+        if count == 1:
+            return [sample(q, generator)]
+        if rule == "iid":
+            return torch.multinomial(q, count, replacement=True, generator=generator).tolist()
+        n = min(count, int((q > 0).sum()))
+        drawn = torch.multinomial(q, n, replacement=False, generator=generator).tolist()
+        return drawn + [None] * (count - n)
+
+    def run(self, nodes: list[int]) -> None:
+        """ONE draft forward over `nodes` (their parents already run): tree mask, positions C - 1 + d."""
+        if not nodes:
+            return
+        for node in nodes:
+            self.slot[node] = len(self.fed)
+            self.fed.append(node)
+        parents = torch.tensor([-1] + [self.slot[self.par[n]] for n in self.fed[1:]])  # [M] over fed
+        device = self.model.device
+        kwargs = {}
+        if len(nodes) > 1 or not torch.equal(parents, torch.arange(-1, len(parents) - 1)):
+            past = self.committed - 1  # the root is fed node 0, at column C - 1
+            dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+            kwargs = {
+                "attention_mask": tree_attention_mask(parents, past, dtype, device)[:, :, -len(nodes) :],
+                "position_ids": tree_position_ids(parents, past)[:, -len(nodes) :].to(device),
+            }  # mask [1, 1, n, C - 1 + M], positions [1, n]; a chain runs as a plain causal step
+        out = self.model(
+            input_ids=torch.tensor([[self.tok[n] for n in nodes]], device=device),
+            past_key_values=self.cache,
+            use_cache=True,
+            **kwargs,
+        )
+        for i, node in enumerate(nodes):
+            self.logits[node] = out.logits[0, i].float()  # [V]
+
+
+def _check_attention(model: PreTrainedModel) -> None:
+    impl = getattr(model.config, "_attn_implementation", None) or ""
+    if "flash" in impl:
+        raise ValueError(
+            f"draft-model trees need arbitrary 4D masks; attn_implementation {impl!r} cannot take them "
+            "(load the draft model with sdpa or eager, or draft a chain: width=1)"
+        )
