@@ -123,6 +123,33 @@ def chain_summary(batch) -> dict[str, float]:
     return out
 
 
+def test_eagle3_step0_reads_the_target_states_at_t_and_x_t_plus_1(target, reference, batch):
+    objective = eagle3_objective(target, reference, batch)
+    head = objective.head
+    with torch.no_grad():
+        out = target.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+        )
+    states = torch.cat([out.hidden_states[i] for i in head.config.target_layers], dim=-1)  # (B, T, 3H)
+    fused_in: list[torch.Tensor] = []
+    embedded: list[torch.Tensor] = []
+    hooks = [
+        head.fc.register_forward_pre_hook(lambda module, args: fused_in.append(args[0])),
+        target.embed_tokens.register_forward_pre_hook(lambda module, args: embedded.append(args[0])),
+    ]
+    try:
+        with torch.no_grad():
+            objective.loss(objective.module(), target, batch, step=0)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(fused_in) == 1 and len(embedded) == 1 + STEPS  # the target's own pass, then one per step
+    for b, t in expected_positions(batch, 0):
+        torch.testing.assert_close(fused_in[0][b, t], states[b, t], msg=f"fused input at {b, t}")
+        for j, ids in enumerate(embedded[1:]):  # (B, T): the token every step reads at t
+            assert ids[b, t] == batch["input_ids"][b, t + 1], f"step {j} token at {b, t} is not x_(t+1)"
+
+
 def test_eagle3_every_step_is_trained_toward_the_target_at_t_plus_1(target, reference, batch):
     """The loss gradient on step j's logits at t is (softmax(draft) - p_{t+1}) * weight_j / count_j."""
     objective = eagle3_objective(target, reference, batch)
