@@ -17,6 +17,8 @@ from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.tree_search import load_tree_choices
 
+# DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
+DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -54,6 +56,11 @@ def make_drafter(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
         return drafter_for_head(head, spec, **options)
+    unknown = sorted(set(options) - set(DRAFT_MODEL_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"draft model {spec}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(DRAFT_MODEL_OPTIONS)}"
+        )
     model = AutoModelForCausalLM.from_pretrained(spec, revision=revision, dtype=dtype).to(device)
     return DraftModelDrafter(model, **options)
 

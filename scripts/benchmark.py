@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -65,7 +66,8 @@ def parse(argv=None) -> argparse.Namespace:
         "--drafter", action="append", default=[],
         help="NAME=SPEC[@key=value,...]: a head dir/Hub id, a draft model, or prompt_lookup; options go to the "
         "drafter, e.g. eagle3=outputs/eagle3-demo/head@top_k=8,depth=6,total_tokens=48 or "
-        "eagle3=HEAD@tree=tree.json (static tree; Medusa: choices=tree.json) (repeatable)",
+        "eagle3=HEAD@tree=tree.json (static tree; Medusa: choices=tree.json) or "
+        "draft=DRAFT_MODEL@width=4x2x2x1,rule=without_replacement (repeatable)",
     )  # fmt: skip
     p.add_argument(
         "--prompt-set", default="demo",
@@ -97,9 +99,13 @@ def parse(argv=None) -> argparse.Namespace:
     return args
 
 
+WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings
+
+
 def drafter_options(spec: str) -> tuple[str, dict]:
-    """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, or a tree file (tree.json
-    or a JSON list of rank paths) for `tree=` (EAGLE) / `choices=` (Medusa)."""
+    """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, a draft-model rule
+    (`iid`, `without_replacement`, `deterministic`), a width per depth like `4x2x2x1`, or a tree file
+    (tree.json or a JSON list of rank paths) for `tree=` (EAGLE, draft model) / `choices=` (Medusa)."""
     path, _, opts = spec.partition("@")
     options: dict = {}
     for item in filter(None, opts.split(",")):
@@ -108,13 +114,16 @@ def drafter_options(spec: str) -> tuple[str, dict]:
             raise ValueError(f"drafter option {item!r}: use key=value, e.g. top_k=8 or tree=tree.json")
         if value.lstrip("-").isdigit():
             options[key] = int(value)
-        elif value == "dynamic":
+        elif value in WORDS or re.fullmatch(r"\d+(x\d+)+", value):
             options[key] = value
         elif Path(value).is_file():
             loaded = json.loads(Path(value).read_text())
             options[key] = loaded["choices"] if isinstance(loaded, dict) else loaded
         else:
-            raise ValueError(f"drafter option {item!r}: the value must be an integer, dynamic or a tree file")
+            raise ValueError(
+                f"drafter option {item!r}: the value must be an integer, one of {', '.join(WORDS)}, "
+                "a width per depth like 4x2x2x1 or a tree file"
+            )
     return path, options
 
 
