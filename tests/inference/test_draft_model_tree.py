@@ -189,6 +189,9 @@ def test_greedy_stops_at_eos_and_max_new_tokens_inside_a_draft(setup):
             gen.eos = {eos}
             assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == reference[: stop + 1], name
             gen.eos = set()
+            full = gen.generate(input_ids=prompt, max_new_tokens=24)
+            if name != "dynamic":  # the draft cache follows the accepted tokens: every path is accepted
+                assert all(a == gen.drafter.depth + 1 for a in full.stats.accept_lengths[:-1]), name
             for n in (1, 2, 3, 6):
                 assert gen.generate(input_ids=prompt, max_new_tokens=n).token_ids == reference[:n], (name, n)
 
