@@ -121,8 +121,8 @@ def drafter_options(spec: str) -> tuple[str, dict]:
             options[key] = loaded["choices"] if isinstance(loaded, dict) else loaded
         else:
             raise ValueError(
-                f"drafter option {item!r}: the value must be an integer, one of {', '.join(WORDS)}, "
-                "a width per depth like 4x2x2x1 or a tree file"
+                f"drafter option {item!r}: the value must be an integer, dynamic or a tree file, a draft-model "
+                f"rule ({', '.join(WORDS[1:])}) or a width per depth like 4x2x2x1"
             )
     return path, options
 

@@ -158,7 +158,10 @@ class DraftModelDrafter(Drafter):
             raise RuntimeError("DraftModelDrafter.propose called before start")
         device = self.model.device
         out = self.model(
-            input_ids=torch.tensor([self.pending], device=device), past_key_values=self.cache, use_cache=True
+            input_ids=torch.tensor([self.pending], device=device),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,  # the prompt's [T, V] logits would be wasted (and large)
         )
         self.pending = []
         grower = _Grower(self, int(root), out.logits[0, -1].float())
