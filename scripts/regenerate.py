@@ -32,6 +32,7 @@ from spechead.data.conversations import DataConfig, load_conversations
 from spechead.data.errors import DataError
 from spechead.data.regenerate import RegenerateSettings, regenerate_into, run_key
 from spechead.data.resumable_jsonl import ResumableJsonl
+from spechead.inference.devices import check_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,6 +112,10 @@ def run(args: argparse.Namespace) -> str:
         raise DataError(f"--max-examples {args.max_examples} must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise DataError(f"--threads {args.threads} must be at least 1")
+    try:
+        check_device(args.device)  # before any loading: one line, not a CUDA traceback after minutes
+    except ValueError as err:
+        raise DataError(str(err)) from None
     data_cfg = DataConfig(path=args.data, format=args.data_format, messages_field=args.messages_field,
                           split=args.split, subset=args.subset)  # fmt: skip
     data_key = {k: getattr(data_cfg, k) for k in ("path", "format", "messages_field", "split", "subset")}

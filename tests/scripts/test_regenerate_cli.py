@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,6 +106,7 @@ def no_template_target(tiny_target_dir: Path, tmp_path: Path) -> Path:
         ("bad_temperature", "temperature=-1.0 must be >= 0"),
         ("bad_max_examples", "--max-examples 0 must be at least 1"),
         ("out_is_data", "is the input data"),
+        ("no_cuda", "--device cuda: CUDA is not available"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(case, message, tiny_target_dir, chat_file, tmp_path, capsys):
@@ -127,6 +129,10 @@ def test_bad_input_is_one_line_exit_2(case, message, tiny_target_dir, chat_file,
         extra = ["--max-examples", "0"]
     elif case == "out_is_data":
         out = chat_file
+    elif case == "no_cuda":
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+        extra = ["--device", "cuda"]
     code = load_script().main(["--target", str(target), "--data", str(data), "--out", str(out), *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: ") and message in err[-1], err
