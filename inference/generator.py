@@ -105,6 +105,7 @@ class SpeculativeGenerator:
             vocab = target.get_output_embeddings().weight.shape[0]
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
         self.eos = _eos_ids(target, tokenizer)
+        self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         if buckets is None and next(target.parameters()).device.type == "cuda":
             buckets = CUDA_BUCKETS
         layers = tuple(drafter.hidden_layers) if drafter else ()
