@@ -77,7 +77,7 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 5) -> float:
 
     def depth() -> None:
         out = drafter._step(feats, ids, allowed, 1)
-        drafter._logprobs(out).topk(min(width, 4), dim=-1)
+        drafter._top(out, min(width, 4))
         drafter._crop()
 
     try:

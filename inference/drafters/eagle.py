@@ -170,9 +170,13 @@ class EagleDrafter(Drafter):
         """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""
         return self.head.draft_to_target(ids) if isinstance(self.head, Eagle3Head) else ids
 
-    def _logprobs(self, features: Tensor) -> Tensor:
-        """Output features [q, H] -> log-probs [q, Vd] of their children."""
-        return torch.log_softmax(self.head.logits(features[None])[0].float(), dim=-1)
+    def _top(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
+
+        top-k of the raw logits minus their logsumexp (= top-k of log_softmax, without writing it)."""
+        logits = self.head.logits(features[None])[0].float()  # [q, Vd]
+        values, ids = logits.topk(k, dim=-1)
+        return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
     def _step(self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int) -> Tensor:
         """One head call on q nodes at `depth` >= 1: parent features [q, H], tokens [q], allowed_spec
@@ -189,7 +193,7 @@ class EagleDrafter(Drafter):
         """EAGLE-2: expand the `top_k` best frontier nodes per depth with one head call over them all;
         keep the best `total_tokens - 1` nodes. Returns tokens, parents, scores [N] (float64)."""
         k, device = self.top_k, self.head.fc.weight.device
-        values, ids = self._logprobs(self._feature[None]).topk(k, dim=-1)  # [1, k] each
+        values, ids = self._top(self._feature[None], k)  # [1, k] each
         tokens = [torch.tensor([root], device=device), self._to_target(ids[0])]  # node tokens, by depth
         parents = [torch.tensor([-1], device=device), torch.zeros(k, dtype=torch.long, device=device)]
         scores = [torch.zeros(1, dtype=torch.float64, device=device), values[0].double()]
@@ -201,7 +205,7 @@ class EagleDrafter(Drafter):
         eye = torch.eye(k, dtype=torch.bool, device=device)
         for d in range(2, self.depth + 1):
             out = self._step(front_feat, front_tok, torch.cat([anc, eye], dim=1), d - 1)  # [k, H]
-            values, ids = self._logprobs(out).topk(k, dim=-1)  # [k, k] each
+            values, ids = self._top(out, k)  # [k, k] each
             new_score = (front_score[:, None] + values.double()).reshape(-1)  # [k * k]
             new_tok = self._to_target(ids).reshape(-1)  # [k * k]
             tokens.append(new_tok)
@@ -238,7 +242,7 @@ class EagleDrafter(Drafter):
             if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head
                 run, allowed = step["run"], step["allowed"]
                 out[run] = self._step(out[step["run_parent"]], tokens[run], allowed, step["depth"] - 1)
-            values, ids = self._logprobs(out[step["expand"]]).topk(step["need"], dim=-1)  # [E, need]
+            values, ids = self._top(out[step["expand"]], step["need"])  # [E, need] each
             nodes, row, rank = step["nodes"], step["row"], step["rank"]
             tokens[nodes] = self._to_target(ids[row, rank])
             scores[nodes] = scores[self._static.parents.to(device)[nodes]] + values[row, rank].double()
