@@ -243,10 +243,10 @@ class EagleDrafter(Drafter):
                 run, allowed = step["run"], step["allowed"]
                 out[run] = self._step(out[step["run_parent"]], tokens[run], allowed, step["depth"] - 1)
             values, ids = self._top(out[step["expand"]], step["need"])  # [E, need] each
-            nodes, row, rank = step["nodes"], step["row"], step["rank"]
-            tokens[nodes] = self._to_target(ids[row, rank])
-            scores[nodes] = scores[self._static.parents.to(device)[nodes]] + values[row, rank].double()
-        return tokens, self._static.parents.to(device), scores
+            nodes, pick = step["nodes"], step["pick"]  # [n_d] each: pick = row * need + rank
+            tokens[nodes] = self._to_target(ids.reshape(-1)[pick])
+            scores[nodes] = scores[step["node_parents"]] + values.reshape(-1)[pick].double()
+        return tokens, self._parents_on_device, scores
 
     def _static_plan(self) -> list[dict]:
         """Per depth (precomputed once): nodes, their parents' rows, ranks, and the head run + mask."""
@@ -261,9 +261,10 @@ class EagleDrafter(Drafter):
             nodes = [i for i in range(st.size) if depth[i] == d]
             expand = sorted({parents[i] for i in nodes})
             row = {p: r for r, p in enumerate(expand)}
-            step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None,
-                    "row": as_long([row[parents[i]] for i in nodes]), "rank": as_long([rank[i] for i in nodes]),
-                    "need": max(rank[i] for i in nodes) + 1}  # fmt: skip
+            need = max(rank[i] for i in nodes) + 1
+            step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
+                    "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
+                    "node_parents": as_long([parents[i] for i in nodes])}  # fmt: skip
             if d >= 2:  # the expanded nodes sit at depth d - 1 >= 1: run them now
                 base = len(slot)
                 allowed = torch.zeros(len(expand), base + len(expand), dtype=torch.bool)
@@ -279,6 +280,7 @@ class EagleDrafter(Drafter):
                             allowed=allowed.to(device))  # fmt: skip
             plan.append(step)
         self._plan = plan
+        self._parents_on_device = st.parents.to(device)
         return plan
 
 
