@@ -23,6 +23,14 @@ from spechead.inference.tree_search import TREE_FILE, best_choices_for_cost
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
+def assumed_eagle_accuracy(depth: int = 7) -> torch.Tensor:
+    """A typical trained EAGLE head's accuracy [depth, 4] (top-1 0.7, decaying 3% per depth): used on a
+    CPU when a head comes without a measured table, so its tree is sized for the CPU's costs (an
+    EAGLE-2 60-node tree costs several decode steps there). scripts/build_tree.py measures the real one."""
+    ranks = torch.tensor([0.70, 0.08, 0.03, 0.02], dtype=torch.float64)
+    return torch.stack([ranks * 0.97**d for d in range(depth)])
+
+
 def saved_accuracy(head_dir: str | Path | None) -> torch.Tensor | None:
     """accuracy [depth, k] from HEAD_DIR/tree.json, or None when there is none."""
     path = Path(head_dir).expanduser() / TREE_FILE if head_dir is not None else None

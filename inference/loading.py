@@ -109,9 +109,9 @@ def load_generator(
     """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter.
 
     cache / max_cache_len: the target's KV cache back-end (see SpeculativeGenerator). calibrate: when
-    the head directory's tree.json holds an accuracy table and no tree option is given, time verify
-    and draft costs on this device now and use the static tree with the best expected speedup here
-    (`gen.calibration` says what was measured).
+    no tree option is given and the head directory's tree.json holds an accuracy table (or, for an
+    EAGLE head on a CPU, a typical assumed one), time verify and draft costs on this device now and use
+    the static tree with the best expected speedup here (`gen.calibration` says what was measured).
     """
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     model = AutoModelForCausalLM.from_pretrained(
@@ -124,11 +124,14 @@ def load_generator(
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
     tree_options = {"tree", "top_k", "depth", "total_tokens", "choices"} & set(drafter_options)
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not tree_options:
-        from spechead.inference.calibrate import calibrated_choices, saved_accuracy
+        from spechead.inference.calibrate import assumed_eagle_accuracy, calibrated_choices, saved_accuracy
 
-        accuracy = saved_accuracy(resolve_head_dir(drafter, revision))
+        accuracy, source = saved_accuracy(resolve_head_dir(drafter, revision)), "tree.json"
+        if accuracy is None and model.device.type == "cpu" and not isinstance(built.head, MedusaHead):
+            accuracy, source = assumed_eagle_accuracy(), "assumed (no tree.json: run scripts/build_tree.py)"
         if accuracy is not None:
             choices, info = calibrated_choices(model, built, accuracy)
+            info["accuracy_source"] = source
             key = "choices" if isinstance(built.head, MedusaHead) else "tree"
             built = drafter_for_head(built.head, None, **{key: choices})
             gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len)

@@ -48,3 +48,13 @@ def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
     assert off.calibration is None and off.drafter._static.size == 2  # the saved [[0]]
     chosen, _ = calibrated_choices(gen.target, gen.drafter, torch.tensor(accuracy), max_nodes=4)
     assert 1 <= len(chosen) <= 4
+
+
+def test_an_eagle_head_without_a_table_gets_a_cpu_sized_tree(tiny_target_dir, tmp_path):
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
+    assert gen.calibration["accuracy_source"].startswith("assumed")
+    assert gen.drafter._static is not None  # a measured static tree, not the GPU-sized dynamic default
+    dynamic = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"), tree="dynamic")
+    assert dynamic.calibration is None and dynamic.drafter._static is None
