@@ -17,6 +17,7 @@ BOTH_BACKENDS = {
     "test_generator",
     "test_sampling",
     "test_medusa_drafter",
+    "test_draft_model_tree",
     "test_foreign_heads",
     "test_engine",
 }
