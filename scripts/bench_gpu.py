@@ -149,13 +149,6 @@ def deepest_path(parents: torch.Tensor) -> torch.Tensor:
     return torch.tensor(path[::-1], dtype=torch.long)
 
 
-def static_addresses(cache: SlotCache) -> None:
-    """Tell dynamo the preallocated KV buffers never move (CUDA graphs may then write them in place)."""
-    for layer in cache.layers:
-        torch._dynamo.mark_static_address(layer.keys)
-        torch._dynamo.mark_static_address(layer.values)
-
-
 @torch.no_grad()
 def measure_runner(model, head, args, timer: Timer, compile_mode: str | None = None) -> dict:
     """Decode step, verify by tree size, commit, EAGLE-3 propose by depth and accept (batch 1).
@@ -169,8 +162,8 @@ def measure_runner(model, head, args, timer: Timer, compile_mode: str | None = N
     prompt, tree_ids = ids[:, :ctx], ids[:, ctx:].to(device)
     logits, hidden = runner.prefill(prompt)
     if compile_mode is not None:
-        if device.type == "cuda":
-            static_addresses(runner.cache)
+        for buffer in (t for layer in runner.cache.layers for t in (layer.keys, layer.values)):
+            torch._dynamo.mark_static_address(buffer)  # the KV buffers never move: graphs write them in place
         model.forward = torch.compile(model.forward, mode=compile_mode)  # what runner.verify calls
     hidden = {layer: h[0].clone() for layer, h in hidden.items()}  # [T, H] (graph outputs get reused)
     root = int(logits.argmax(-1)[0])
@@ -202,9 +195,7 @@ def measure_runner(model, head, args, timer: Timer, compile_mode: str | None = N
 def batch_speculative_supported(model, layers: list[int]) -> bool:
     """Whether this engine's runner takes a batch > 1 (today: ValueError for B != 1)."""
     try:
-        TargetRunner(model, layers, cache="static", max_length=16).prefill(
-            torch.zeros(2, 4, dtype=torch.long)
-        )
+        TargetRunner(model, layers, cache="static", max_length=16).prefill(torch.zeros(2, 4, dtype=torch.long))  # fmt: skip
     except ValueError:
         return False
     return True
@@ -226,12 +217,7 @@ def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
 
     step_ms = timer.ms(lambda: forward(ids[:, ctx : ctx + 1], position_ids=step_pos))
     verify_ms = timer.ms(lambda: forward(ids[:, ctx:], attention_mask=mask, position_ids=positions))
-    return {
-        "batch": b,
-        "plain_step_ms": step_ms,
-        "plain_tokens_per_s": 1e3 * b / step_ms,
-        "verify_ms": verify_ms,
-    }
+    return {"batch": b, "plain_step_ms": step_ms, "plain_tokens_per_s": 1e3 * b / step_ms, "verify_ms": verify_ms}  # fmt: skip
 
 
 def project_batch(row: dict, extra_ms: float, tau: float) -> dict:
@@ -257,6 +243,11 @@ def summarize(args, parts: dict, bandwidth: float, weight_bytes: int, streamed_b
         "draft_ms_per_depth": {d: t - parts["propose_ms"].get(d - 1, 0.0) for d, t in parts["propose_ms"].items()},
         "pass_ms": pass_ms, "projected_speedup": {str(tau): tau * step / pass_ms for tau in TAUS},
     }  # fmt: skip
+    head_steps = [t for d, t in out["draft_ms_per_depth"].items() if d > 1] or [
+        draft
+    ]  # depth 1: no head call
+    out["draft_depth_ms"] = statistics.mean(head_steps)  # one head call + top-k over the frontier
+    out["draft_depth_x_step"] = out["draft_depth_ms"] / step
     out["verify_64_x_step"] = out["verify_x_step"][64]
     out["speedup_tau_5.4"] = out["projected_speedup"]["5.4"]
     return out
@@ -284,7 +275,8 @@ def render(r: dict) -> str:
             f"{n}: {t:.2f} ms ({r['verify_x_step'][n]:.2f}x)" for n, t in r["verify_ms"].items()),
         "draft (propose) by depth, total ms:  " + "  ".join(f"{d}: {t:.2f}" for d, t in r["propose_ms"].items()),
         f"depth-{r['depth']} draft {r['draft_ms']:.3f} ms = {r['draft_x_step']:.1%} of a step; per depth "
-        + ", ".join(f"{t:.2f}" for t in r["draft_ms_per_depth"].values()) + " ms",
+        + ", ".join(f"{t:.2f}" for t in r["draft_ms_per_depth"].values())
+        + f" ms (a head depth {r['draft_depth_ms']:.3f} ms = {r['draft_depth_x_step']:.1%} of a step)",
         f"commit (target, {r['commit_path_len']}-node path) {r['commit_ms']:.3f} ms; drafter accept of "
         f"{ACCEPTED} tokens {r['accept_ms']:.3f} ms; pass = verify + commit + draft + accept = {r['pass_ms']:.3f} ms",
         "projected speedup tau * t_step / t_pass:  " + "  ".join(
@@ -304,12 +296,14 @@ def render(r: dict) -> str:
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
     """The device to run on; ValueError on bad options (no CUDA without --tiny, bad numbers)."""
-    for name in ("iters", "context"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0 or args.top_k < 1 or args.depth < 1 or args.draft_vocab < 1:
-        raise ValueError("--warmup must be >= 0 and --top-k, --depth, --draft-vocab >= 1")
+    numbers = {"iters": (args.iters, 1), "warmup": (args.warmup, 0), "context": (1 if args.context is None else args.context, 1),
+               "top-k": (args.top_k, 1), "depth": (args.depth, 1), "draft-vocab": (args.draft_vocab, 1)}  # fmt: skip
+    for name, (value, low) in numbers.items():
+        if value < low:
+            raise ValueError(f"--{name} must be >= {low}, got {value}")
     device = torch.device(args.device)
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {args.device}: cuda or cpu only (timed with CUDA events or perf_counter)")
     if device.type == "cuda" and not torch.cuda.is_available():
         if not args.tiny:
             raise ValueError(

@@ -40,6 +40,14 @@ def tiny_run(tmp_path_factory) -> tuple[dict, str]:
 @pytest.mark.slow
 def test_tiny_run_reports_every_part(tiny_run):
     r, _ = tiny_run
+    keys = {"device", "device_name", "target", "compile", "context", "draft_vocab", "top_k", "depth", "tree_size",
+            "verify_ms", "verify_x_step", "verify_64_x_step", "decode_step_ms", "copy_bandwidth_GBps",
+            "weight_bytes", "streamed_bytes", "roofline_ms", "roofline_fraction", "roofline_fraction_streamed",
+            "propose_ms", "draft_ms", "draft_x_step", "draft_ms_per_depth", "draft_depth_ms", "draft_depth_x_step",
+            "commit_ms", "commit_path_len", "accept_ms", "pass_ms", "projected_speedup", "speedup_tau_5.4",
+            "batch", "batch_speculative", "batch_speculative_supported", "goals"}  # fmt: skip
+    assert keys <= set(r), keys - set(r)
+    assert r["context"] == 64 and r["draft_vocab"] == 1024 and r["top_k"] == 8
     assert r["device"] == "cpu" and r["compile"] == "off" and r["tree_size"] == 64 and r["depth"] == 7
     for key in ("decode_step_ms", "copy_bandwidth_GBps", "weight_bytes", "streamed_bytes", "roofline_ms",
                 "commit_ms", "accept_ms", "draft_ms", "pass_ms"):  # fmt: skip
@@ -54,6 +62,9 @@ def test_tiny_run_reports_every_part(tiny_run):
     assert all(positive(t) for t in r["propose_ms"].values()) and r["draft_ms"] == r["propose_ms"]["7"]
     assert math.isclose(sum(r["draft_ms_per_depth"].values()), r["draft_ms"])
     assert math.isclose(r["draft_x_step"], r["draft_ms"] / r["decode_step_ms"])
+    head_steps = [r["draft_ms_per_depth"][str(d)] for d in range(2, 8)]
+    assert math.isclose(r["draft_depth_ms"], sum(head_steps) / 6)
+    assert math.isclose(r["draft_depth_x_step"], r["draft_depth_ms"] / r["decode_step_ms"])
     assert r["commit_path_len"] >= 2
 
 
