@@ -101,25 +101,23 @@ class Timer:
         for _ in range(self.warmup):
             setup()
             fn()
-        times: list[float] = []
+        marks = []  # start, end, start, end, ... (CUDA events, read after one synchronisation; or seconds)
+        for _ in range(self.iters):
+            setup()
+            marks.append(self._mark())
+            fn()
+            marks.append(self._mark())
         if self.cuda:
-            pairs = []
-            for _ in range(self.iters):
-                setup()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                pairs.append((start, end))
             torch.cuda.synchronize()
-            times = [start.elapsed_time(end) for start, end in pairs]
-        else:
-            for _ in range(self.iters):
-                setup()
-                t0 = time.perf_counter()
-                fn()
-                times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times)
+            return statistics.median(a.elapsed_time(b) for a, b in zip(marks[::2], marks[1::2]))
+        return statistics.median(1e3 * (b - a) for a, b in zip(marks[::2], marks[1::2]))
+
+    def _mark(self) -> torch.cuda.Event | float:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
 
 def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
@@ -281,11 +279,11 @@ def render(r: dict) -> str:
         f"{ACCEPTED} tokens {r['accept_ms']:.3f} ms; pass = verify + commit + draft + accept = {r['pass_ms']:.3f} ms",
         "projected speedup tau * t_step / t_pass:  " + "  ".join(
             f"tau {t}: {s:.2f}x" for t, s in r["projected_speedup"].items()),
-        "batch | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain",
+        "batch (eager HF forward, SlotCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain",
     ]  # fmt: skip
     for row in r["batch"]:
         lines.append(
-            f"{row['batch']:5d} | {row['plain_step_ms']:13.3f} | {row['plain_tokens_per_s']:11.1f} | "
+            f"{row['batch']:35d} | {row['plain_step_ms']:13.3f} | {row['plain_tokens_per_s']:11.1f} | "
             f"{row['verify_ms']:12.3f} | {row['projected_tokens_per_s']:10.1f} ({row['projected_row_tokens_per_s']:.1f})"
             f" | {row['projected_speedup']:.2f}x"
         )
