@@ -140,3 +140,21 @@ def test_hooks_are_installed_once(model):
         assert hidden[2].shape == (1, 3, 32)
     model(torch.tensor([[1, 2]]))  # a forward outside the runner records nothing
     assert not runners[0]._capture.store
+
+
+def test_a_fixed_cache_cuts_trees_near_its_end_losslessly(model, chatml_tokenizer):
+    from spechead.inference.drafters.draft_model import DraftModelDrafter
+    from spechead.inference.generator import SpeculativeGenerator
+
+    prompt, n = [3, 9, 27, 17], 14
+    reference = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
+    drafter = DraftModelDrafter(model, num_draft=6)  # the target drafting for itself: long accepted paths
+    gen = SpeculativeGenerator(
+        model, chatml_tokenizer, drafter, cache="static", max_cache_len=len(prompt) + n
+    )
+    gen.eos = set()
+    assert gen.generate(input_ids=prompt, max_new_tokens=n).token_ids == reference
+    with pytest.raises(ValueError, match="too small"):
+        gen.generate(input_ids=prompt, max_new_tokens=n + 1)
