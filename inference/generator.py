@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from spechead.inference.acceptance import Acceptance, greedy_accept_batch, sample_accept
+from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
@@ -229,7 +229,9 @@ class SpeculativeGenerator:
             logits, hidden = runner.verify(tree.tokens[None], tree.parents[None])  # [1, N, V], {l: [1, N, H]}
             if tree.size == 1:  # plain decoding (or an empty draft): the target's own next token
                 acc = Acceptance(path=[0], next_token=self._pick(logits[0, 0], params, generator))
-            elif params.is_greedy:
+            elif params.is_greedy and logits.device.type == "cpu":  # host = device: a list walk is cheapest
+                acc = greedy_accept(tree, logits[0])
+            elif params.is_greedy:  # on an accelerator: on the device, one host round trip
                 anc = runner.last_ancestors
                 tokens = tree.tokens.to(anc.device)[None]
                 acc = greedy_accept_batch(tokens, tree.parents.to(anc.device)[None], anc, logits)[0]
