@@ -2,7 +2,9 @@
 
 Lossless by construction: greedy decoding keeps only drafts equal to the target's argmax; sampling
 uses the rule that matches how the drafter chose its children (see acceptance.py), so the output
-distribution is exactly the target's. Batch size 1; the state is per sequence so batches can follow.
+distribution is exactly the target's. The target's cache and hidden-state capture live in a
+`TargetRunner` (runner.py): cache="static" (preallocated slots, the default) or "dynamic"
+(DynamicCache). Batch size 1; the runner's API carries a batch dimension so batches can follow.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from spechead.inference.acceptance import greedy_accept, sample_accept
+from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.drafters.base import Drafter, chain
-from spechead.inference.kv_cache import keep_positions
+from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
-from spechead.inference.verify import prefill, verify_tree
+from spechead.inference.tree import TokenTree
 
 
 @dataclass
@@ -78,9 +80,25 @@ class GenerationResult:
 
 
 class SpeculativeGenerator:
-    """A frozen target, its tokenizer and a drafter (None = plain decoding through the same engine)."""
+    """A frozen target, its tokenizer and a drafter (None = plain decoding through the same engine).
 
-    def __init__(self, target: PreTrainedModel, tokenizer, drafter: Drafter | None = None):
+    cache: "static" (preallocated KV slots) or "dynamic" (DynamicCache); None = `default_cache`.
+    max_cache_len: a fixed KV cache size (static), checked against prompt + max_new_tokens; None =
+    sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
+    """
+
+    default_cache = "static"
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer,
+        drafter: Drafter | None = None,
+        *,
+        cache: str | None = None,
+        max_cache_len: int | None = None,
+        buckets: tuple[int, ...] | None = None,
+    ):
         self.target = target.eval()
         self.tokenizer = tokenizer
         self.drafter = drafter
@@ -90,6 +108,13 @@ class SpeculativeGenerator:
             vocab = target.get_output_embeddings().weight.shape[0]
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
         self.eos = _eos_ids(target, tokenizer)
+        self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
+        if buckets is None and next(target.parameters()).device.type == "cuda":
+            buckets = CUDA_BUCKETS
+        layers = tuple(drafter.hidden_layers) if drafter else ()
+        self.runner = TargetRunner(
+            target, layers, cache=cache or self.default_cache, max_length=max_cache_len, buckets=buckets
+        )
 
     from_pretrained = classmethod(lambda cls, *a, **kw: _load(cls, *a, **kw))
 
@@ -178,17 +203,16 @@ class SpeculativeGenerator:
     ):
         """Yield lists of new token ids as they are accepted; fills `stats`."""
         self._check_lengths(len(prompt), max_new_tokens)
-        started = time.perf_counter()
+        runner, drafter = self.runner, self.drafter
+        runner.use_layers(tuple(drafter.hidden_layers) if drafter else ())  # (a drafter may be swapped in)
+        runner.reserve(len(prompt), max_new_tokens, getattr(drafter, "max_nodes", 64))
+        clock = _Clock(self.target.device)
         generator = make_generator(params.seed, self.target.device)  # multinomial needs it on the same device
-        layers = tuple(self.drafter.hidden_layers) if self.drafter else ()
-        cache, logits, hidden = prefill(
-            self.target, prompt[None].to(self.target.device), layers, logits_to_keep=1
-        )
-        root = self._pick(logits[-1], params, generator)
-        past_len = len(prompt)
-        if self.drafter:
-            self.drafter.start(prompt, hidden, root)
-        stats.prefill_time = time.perf_counter() - started
+        logits, hidden = runner.prefill(prompt[None])  # [1, V], {l: [1, T, H]}
+        root = self._pick(logits[0], params, generator)
+        if drafter:
+            drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
+        clock.mark("prefill")
         pending, accepted = [root], None  # tokens to emit; what the drafter has yet to hear about
         while True:
             out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
@@ -198,35 +222,74 @@ class SpeculativeGenerator:
             yield out
             if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
                 break
-            tick = _now(self.target.device)
-            if self.drafter and accepted is not None:
-                self.drafter.accept(*accepted)  # only when decoding goes on: no wasted draft pass at the end
-            draft = self.drafter.propose(root, params, generator) if self.drafter else None
+            clock.mark("other")
+            if drafter and accepted is not None:
+                drafter.accept(*accepted)  # only when decoding goes on: no wasted draft pass at the end
+            draft = drafter.propose(root, params, generator) if drafter else None
             tree = draft.tree if draft else chain([], root)
-            tock = _now(self.target.device)
-            stats.draft_time += tock - tick
-            logits, hidden = verify_tree(self.target, cache, tree, past_len, layers)  # [N, V], {l: [N, H]}
-            if params.is_greedy:
-                acc = greedy_accept(tree, logits)
+            room = runner.room()
+            if room is not None and tree.size > room:  # near a fixed cache's end: keep the first nodes
+                tree = TokenTree(tree.tokens[:room], tree.parents[:room])  # (lossless: fewer candidates)
+            clock.mark("draft")
+            logits, hidden = runner.verify(tree.tokens[None], tree.parents[None])  # [1, N, V], {l: [1, N, H]}
+            if tree.size == 1:  # plain decoding (or an empty draft): the target's own next token
+                acc = Acceptance(path=[0], next_token=self._pick(logits[0, 0], params, generator))
+            elif params.is_greedy and logits.device.type == "cpu":  # host = device: a list walk is cheapest
+                acc = greedy_accept(tree, logits[0])
+            elif params.is_greedy:  # on an accelerator: on the device, one host round trip
+                anc = runner.last_ancestors
+                tokens = tree.tokens.to(anc.device)[None]
+                acc = greedy_accept_batch(tokens, tree.parents.to(anc.device)[None], anc, logits)[0]
             else:
                 rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
-                acc = sample_accept(tree, target_probs(logits, params), rule, q, generator)
+                q = q[: tree.size] if q is not None else None  # [N, V]
+                acc = sample_accept(tree, target_probs(logits[0], params), rule, q, generator)
             path = torch.tensor(acc.path, dtype=torch.long)
-            keep_positions(cache, past_len, path)
-            past_len += len(acc.path)
-            stats.verify_time += _now(self.target.device) - tock
+            runner.commit(path)
+            clock.mark("verify")
             stats.drafted_tokens += tree.size - 1
             root = acc.next_token
             pending = [*tree.tokens[path[1:]].tolist(), root]
-            accepted = (tree.tokens[path], {k: v[path.to(v.device)] for k, v in hidden.items()}, root)
-        stats.wall_time = time.perf_counter() - started
+            if drafter:
+                dev_path = path.to(self.target.device)
+                accepted = (tree.tokens[path], {k: v[0, dev_path] for k, v in hidden.items()}, root)
+        spent = clock.totals()
+        stats.prefill_time = spent["prefill"]
+        stats.draft_time = spent["draft"]
+        stats.verify_time = spent["verify"]
+        stats.wall_time = sum(spent.values())
 
 
-def _now(device: torch.device) -> float:
-    """A timestamp after the device's queued work (GPU kernels run asynchronously)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+class _Clock:
+    """Time between marks, attributed to the named phase. CPU: perf_counter. CUDA: events, resolved
+    once at the end (no synchronisation inside the decoding loop)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+        self.start = self._stamp()
+
+    def _stamp(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, self._stamp()))
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase (prefill, draft, verify, other) since the clock started."""
+        self.mark("other")
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0)
+        last = self.start
+        for phase, stamp in self.marks:
+            out[phase] += last.elapsed_time(stamp) / 1e3 if self.cuda else stamp - last
+            last = stamp
+        return out
 
 
 def _until_stop(tokens: list[int], eos: set[int], room: int) -> list[int]:

@@ -15,7 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers.cache_utils import BaseQuantizedLayer, Cache, DynamicIndexedLayer, DynamicLayer
+from transformers.cache_utils import (
+    BaseQuantizedLayer,
+    Cache,
+    CacheLayerMixin,
+    DynamicIndexedLayer,
+    DynamicLayer,
+)
 
 
 def cache_length(cache: Cache) -> int:
@@ -70,3 +76,107 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
         layer.values = torch.cat(
             [layer.values[..., :past_len, :], layer.values.index_select(-2, idx)], dim=-2
         )
+
+
+# ---- preallocated back-end -----------------------------------------------------------------------
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's PREALLOCATED keys/values [B, kv_heads, S_max, D], written at explicit slots.
+
+    `length` is the number of valid positions; `update` writes the new entries at slots
+    length..length+n-1 (in place, no concatenation) and returns views [B, kv, length + n, D]. Entries
+    past `length` are scratch (rejected drafts are simply overwritten by the next pass).
+    """
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, max_length: int) -> None:
+        super().__init__()
+        self.max_length = max_length
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        batch, heads, _, k_dim = key_states.shape
+        shape = (batch, heads, self.max_length)
+        self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
+        self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write key/value states [B, kv, n, D] at slots length.. and return the valid views."""
+        if not self.is_initialized or self.keys.shape[0] != key_states.shape[0]:
+            self.lazy_initialization(key_states, value_states)
+        start, n = self.length, key_states.shape[-2]
+        end = start + n
+        if end > self.max_length:
+            raise ValueError(
+                f"preallocated KV cache full: {start} + {n} positions > max_length {self.max_length}"
+            )
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.max_length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class SlotCache(Cache):
+    """A preallocated KV cache for `num_layers` full-attention layers (buffers allocated on first use).
+
+    Verification writes the N tree entries at slots past_len..past_len+N-1; `commit_path` copies the
+    accepted path's entries into place and sets the length: no concatenation, no reallocation.
+    """
+
+    def __init__(self, num_layers: int, max_length: int) -> None:
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        super().__init__(layers=[SlotLayer(max_length) for _ in range(num_layers)])
+        self.max_length = max_length
+
+    def grow(self, max_length: int) -> None:
+        """Reallocate every layer to `max_length` slots, keeping the valid entries (rare: amortised doubling)."""
+        for layer in self.layers:
+            layer.max_length = max_length
+            if layer.is_initialized:
+                keys, values = layer.keys, layer.values
+                layer.lazy_initialization(keys, values)
+                layer.keys[:, :, : layer.length] = keys[:, :, : layer.length]
+                layer.values[:, :, : layer.length] = values[:, :, : layer.length]
+        self.max_length = max_length
+
+    def set_length(self, length: int) -> None:
+        """Declare the first `length` slots valid in every layer (later slots become scratch)."""
+        if not 0 <= length <= self.max_length:
+            raise ValueError(f"length must be in [0, {self.max_length}], got {length}")
+        for layer in self.layers:
+            layer.length = length
+
+
+def commit_path(cache: Cache, past_len: int, path: torch.Tensor, contiguous: bool = False) -> None:
+    """Keep prefix [0, past_len) + the tree entries of nodes `path` [K] (ascending), any back-end.
+
+    SlotCache: entries past_len + path are copied to slots past_len..past_len+K-1 (skipped when
+    `contiguous`, i.e. path == arange(K)) and the length set; DynamicCache: `keep_positions`.
+    """
+    if not isinstance(cache, SlotCache):
+        keep_positions(cache, past_len, path)
+        return
+    k = int(path.numel())
+    if not contiguous:
+        src = path.to(cache.layers[0].keys.device) + past_len  # [K] slots of the accepted nodes
+        for layer in cache.layers:
+            layer.keys[:, :, past_len : past_len + k] = layer.keys.index_select(2, src)
+            layer.values[:, :, past_len : past_len + k] = layer.values.index_select(2, src)
+    cache.set_length(past_len + k)

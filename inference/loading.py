@@ -108,9 +108,18 @@ def load_generator(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str = "sdpa",
     revision: str | None = None,
+    cache: str | None = None,
+    max_cache_len: int | None = None,
+    calibrate: bool = True,
     **drafter_options,
 ):
-    """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter."""
+    """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter.
+
+    cache / max_cache_len: the target's KV cache back-end (see SpeculativeGenerator). calibrate: when
+    no tree option is given and the head directory's tree.json holds an accuracy table (or, for an
+    EAGLE head on a CPU, a typical assumed one), time verify and draft costs on this device now and use
+    the static tree with the best expected speedup here (`gen.calibration` says what was measured).
+    """
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     model = AutoModelForCausalLM.from_pretrained(
         target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
@@ -120,4 +129,19 @@ def load_generator(
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
-    return cls(model, tokenizer, built)
+    tree_options = {"tree", "top_k", "depth", "total_tokens", "choices"} & set(drafter_options)
+    if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not tree_options:
+        from spechead.inference.calibrate import assumed_eagle_accuracy, calibrated_choices, saved_accuracy
+
+        accuracy, source = saved_accuracy(resolve_head_dir(drafter, revision)), "tree.json"
+        if accuracy is None and model.device.type == "cpu" and not isinstance(built.head, MedusaHead):
+            accuracy, source = assumed_eagle_accuracy(), "assumed (no tree.json: run scripts/build_tree.py)"
+        if accuracy is not None:
+            choices, info = calibrated_choices(model, built, accuracy)
+            info["accuracy_source"] = source
+            key = "choices" if isinstance(built.head, MedusaHead) else "tree"
+            built = drafter_for_head(built.head, None, **{key: choices})
+            gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len)
+            gen.calibration = {"choices": choices, **info}
+            return gen
+    return cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len)

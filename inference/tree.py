@@ -193,3 +193,38 @@ def tree_from_choices(choices: list[list[int]]) -> StaticTree:
         rank.append(path[-1])
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
     return StaticTree(parents=as_long(parents), depth=as_long(depth), rank=as_long(rank))
+
+
+# ---- on the device: batched trees, no Python loops over nodes --------------------------------------
+
+
+def ancestors_on_device(parents: torch.Tensor) -> torch.Tensor:
+    """Bool [B, N, N] from parents [B, N] (on any device): [b, i, j] iff j is i or an ancestor of i.
+
+    Pointer jumping: ceil(log2 N) rounds of gathers, the same count for every tree of that size (no
+    host round trip, nothing data-dependent). parents[b, 0] = -1; padded nodes may point anywhere < i.
+    """
+    batch, n = parents.shape
+    idx = torch.arange(n, device=parents.device)
+    anc = (idx[:, None] == idx[None, :]).expand(batch, n, n)  # [B, N, N] distance 0
+    jump = parents.clamp(min=0)  # [B, N] the 2^k-th ancestor (clamped at the root)
+    for _ in range(max(n - 1, 0).bit_length()):  # covers distances < 2^rounds >= N
+        anc = anc | torch.gather(anc, 1, jump[:, :, None].expand(batch, n, n))
+        jump = torch.gather(jump, 1, jump)
+    return anc
+
+
+def tree_inputs_on_device(
+    parents: torch.Tensor, past_len: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Additive mask [B, 1, N, past_len + N], position ids [B, N] and ancestors [B, N, N] for parents [B, N].
+
+    Built on parents' device: every node sees the prefix and, in the last N columns, its ancestors and
+    itself (0 = attend, finfo(dtype).min = blocked); position = past_len + depth.
+    """
+    anc = ancestors_on_device(parents)  # [B, N, N]
+    batch, n = parents.shape
+    positions = anc.sum(-1) - 1 + past_len  # [B, N]
+    mask = torch.zeros(batch, 1, n, past_len + n, dtype=dtype, device=parents.device)
+    mask[:, 0, :, past_len:].masked_fill_(~anc, torch.finfo(dtype).min)
+    return mask, positions, anc

@@ -43,6 +43,9 @@ class Drafter(ABC):
 
     #: HF hidden-state indices of the target the drafter reads (captured during prefill and verify).
     hidden_layers: tuple[int, ...] = ()
+    #: Optional: the most nodes (root included) a proposed tree can have; the target runner reserves
+    #: that much KV scratch after prompt + max_new_tokens (near a fixed cache's end trees are cut to fit).
+    max_nodes: int = 64
 
     @abstractmethod
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:

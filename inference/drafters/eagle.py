@@ -1,6 +1,7 @@
 """EAGLE-1/2 and EAGLE-3 drafting: static (Medusa-style) or dynamic (EAGLE-2) trees from a feature head.
 
-Cache convention (the same as training, see spechead.heads.unroll): the head's DynamicCache holds one
+Cache convention (the same as training, see spechead.heads.unroll): the head's cache (a preallocated
+`SlotCache`, grown by doubling when a sequence outgrows it) holds one
 COMMITTED entry per position t whose pair (target feature f_t, token x_{t+1}) is known, at rotary
 position t; C = number of committed entries = the target's cached length. The output of the last pair
 (position C - 1, token x_C = the root) predicts the root's children.
@@ -8,19 +9,20 @@ position t; C = number of committed entries = the target's cached length. The ou
 Drafting a tree rooted at x_C: a node at depth d >= 1 (token x_{C+d}) is run as TTT step d at
 position C + d - 1: it reads its parent's output feature and its own token, and attends to the C
 committed entries, the entries of its ancestors at depths 1..d-1 and itself (exactly
-`ttt_allowed`). Those speculative entries are cropped away after every `propose`.
+`ttt_allowed`). Those speculative entries are dropped (the length reset to C) after every `propose`.
+Growth runs on the head's device: one head call per depth over the whole frontier, top-k and
+cumulative scores kept as tensors; the tree comes back to the host once, at the end.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
-from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.kv_cache import SlotCache
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import StaticTree, TokenTree, tree_from_choices
 
@@ -64,8 +66,13 @@ class EagleDrafter(Drafter):
             if int(self._static.rank.max()) >= self._vocab:
                 raise ValueError(f"a static tree rank exceeds the head's (draft) vocab size {self._vocab}")
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
-        self._cache: DynamicCache | None = None
+        self._cache: SlotCache | None = None  # the head's preallocated cache
         self._committed = 0  # C: committed cache entries
+        self._plan: list[dict] | None = None  # static tree: per-depth index tensors, built once
+        # speculative slots one propose may write: depth-1 runs of top_k nodes, or the static inner nodes
+        self._spec_slots = (
+            (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
+        )
         self._feature: Tensor | None = None  # [H]: output of the last committed pair
         self._root: int | None = None  # the token x_C that pair was fed with
         self.last_scores: Tensor | None = None  # [N] float64
@@ -80,7 +87,8 @@ class EagleDrafter(Drafter):
         """Reset and commit the pairs (f_t, x_{t+1}) of the prompt [T], with x_T = root."""
         if prompt.dim() != 1 or prompt.numel() == 0:
             raise ValueError(f"prompt must be a non-empty 1-D tensor [T], got shape {tuple(prompt.shape)}")
-        self._cache, self._committed, self._feature = DynamicCache(), 0, None
+        size = max(256, -(-(prompt.numel() + 128 + self._spec_slots) // 256) * 256)
+        self._cache, self._committed, self._feature = SlotCache(1, size), 0, None
         self._commit(prompt, hidden, root)
 
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:
@@ -98,23 +106,21 @@ class EagleDrafter(Drafter):
             raise RuntimeError("EagleDrafter.propose called before start")
         if int(root) != self._root:
             raise ValueError(f"propose got root {int(root)} but start/accept announced {self._root}")
+        self._ensure_room(self.max_nodes)
         try:
             with torch.no_grad():
-                grower = _Grower(self, root)
-                if self._static is not None:
-                    self._grow_static(grower)
-                    keep = list(range(len(grower.tok)))
-                else:
-                    keep = self._grow_dynamic(grower)
+                grow = self._grow_static if self._static is not None else self._grow_dynamic
+                tokens, parents, scores = grow(int(root))  # [N] each, on the head's device
         finally:
             self._crop()  # drop every speculative entry: the cache holds the C committed ones only
-        index = {node: i for i, node in enumerate(keep)}  # keep is ascending, so topological
-        self.last_scores = torch.tensor([grower.score[n] for n in keep], dtype=torch.float64)
-        tree = TokenTree(
-            tokens=torch.tensor([grower.tok[n] for n in keep], dtype=torch.long),
-            parents=torch.tensor([index.get(grower.par[n], -1) for n in keep], dtype=torch.long),
-        )
-        return Draft(tree=tree, rule="deterministic")
+        tokens, parents, scores = (x.cpu() for x in (tokens, parents, scores))  # the one host transfer
+        self.last_scores = scores
+        return Draft(tree=TokenTree(tokens=tokens, parents=parents), rule="deterministic")
+
+    @property
+    def max_nodes(self) -> int:
+        """Most nodes a proposed tree can have (the root included)."""
+        return self._static.size if self._static is not None else self.total_tokens
 
     # ---- committed cache ---------------------------------------------------------------------
 
@@ -124,11 +130,18 @@ class EagleDrafter(Drafter):
         tokens = tokens.to(device=device, dtype=torch.long)
         features = self._features(hidden, tokens.numel())  # [1, K, H]
         next_ids = torch.cat([tokens[1:], tokens.new_tensor([int(next_token)])])[None]  # [1, K]
+        self._ensure_room(tokens.numel())
         with torch.no_grad():
             out = self.head.step(features, next_ids, past_key_values=self._cache)  # [1, K, H]
         self._committed += tokens.numel()
         self._feature = out[0, -1]
         self._root = int(next_token)
+
+    def _ensure_room(self, extra: int) -> None:
+        """Grow the preallocated head cache (doubling, rare) so C + extra + a full tree fit."""
+        need = self._committed + extra + self._spec_slots
+        if need > self._cache.max_length:
+            self._cache.grow(max(need, 2 * self._cache.max_length))
 
     def _features(self, hidden: dict[int, Tensor], length: int) -> Tensor:
         """Target states {layer: [K, H]} -> the head's input features [1, K, H] (fused for EAGLE-3)."""
@@ -148,104 +161,127 @@ class EagleDrafter(Drafter):
         return states[0]
 
     def _crop(self) -> None:
-        extra = self._cache.get_seq_length() - self._committed if self._cache is not None else 0
-        if extra > 0:
-            self._cache.crop(-extra)
+        if self._cache is not None:
+            self._cache.set_length(self._committed)
 
-    # ---- tree growth ---------------------------------------------------------------------------
+    # ---- tree growth (tensors on the head's device; no host round trip inside the depth loop) -----
 
-    def _grow_static(self, grower: _Grower) -> None:
-        """Fill the static tree depth by depth: node i is the rank[i]-th child of its parent."""
-        st = self._static
-        parents, depth, rank = st.parents.tolist(), st.depth.tolist(), st.rank.tolist()  # [N] each
+    def _to_target(self, ids: Tensor) -> Tensor:
+        """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""
+        return self.head.draft_to_target(ids) if isinstance(self.head, Eagle3Head) else ids
+
+    def _top(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
+
+        top-k of the raw logits minus their logsumexp (= top-k of log_softmax, without writing it)."""
+        logits = self.head.logits(features[None])[0].float()  # [q, Vd]
+        values, ids = logits.topk(k, dim=-1)
+        return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+
+    def _step(self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int) -> Tensor:
+        """One head call on q nodes at `depth` >= 1: parent features [q, H], tokens [q], allowed_spec
+        [q, S + q] (their ancestors' speculative slots and themselves) -> output features [q, H]."""
+        committed = self._committed
+        q = ids.shape[0]
+        dtype = self.head.fc.weight.dtype
+        mask = torch.zeros(1, 1, q, committed + allowed_spec.shape[1], dtype=dtype, device=ids.device)
+        mask[0, 0, :, committed:].masked_fill_(~allowed_spec, torch.finfo(dtype).min)  # [1, 1, q, C + S + q]
+        positions = torch.full((1, q), committed + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
+        return self.head.step(features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
+
+    def _grow_dynamic(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
+        """EAGLE-2: expand the `top_k` best frontier nodes per depth with one head call over them all;
+        keep the best `total_tokens - 1` nodes. Returns tokens, parents, scores [N] (float64)."""
+        k, device = self.top_k, self.head.fc.weight.device
+        values, ids = self._top(self._feature[None], k)  # [1, k] each
+        tokens = [torch.tensor([root], device=device), self._to_target(ids[0])]  # node tokens, by depth
+        parents = [torch.tensor([-1], device=device), torch.zeros(k, dtype=torch.long, device=device)]
+        scores = [torch.zeros(1, dtype=torch.float64, device=device), values[0].double()]
+        count = 1 + k  # nodes so far; the depth-1 nodes are ids 1..k
+        frontier = torch.arange(1, 1 + k, device=device)  # [k] node ids to expand next
+        front_feat = self._feature.expand(k, -1)  # [k, H] features of their parents
+        front_tok, front_score = tokens[1], scores[1]  # [k] each
+        anc = torch.zeros(k, 0, dtype=torch.bool, device=device)  # [k, S] ancestors' speculative slots
+        eye = torch.eye(k, dtype=torch.bool, device=device)
+        for d in range(2, self.depth + 1):
+            out = self._step(front_feat, front_tok, torch.cat([anc, eye], dim=1), d - 1)  # [k, H]
+            values, ids = self._top(out, k)  # [k, k] each
+            new_score = (front_score[:, None] + values.double()).reshape(-1)  # [k * k]
+            new_tok = self._to_target(ids).reshape(-1)  # [k * k]
+            tokens.append(new_tok)
+            parents.append(frontier.repeat_interleave(k))
+            scores.append(new_score)
+            if d < self.depth:  # the next frontier: best k new nodes (ties: lower id), in id order
+                pick = torch.sort(-new_score, stable=True).indices[:k].sort().values  # [k]
+                row = pick // k  # which expanded node each one hangs from
+                anc = torch.cat([anc[row], eye[row]], dim=1)  # [k, S + k]
+                frontier, front_feat = count + pick, out[row]
+                front_tok, front_score = new_tok[pick], new_score[pick]
+            count += k * k
+        tokens, parents, scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)  # [M] each
+        budget = min(self.total_tokens - 1, count - 1)
+        # Scores never grow along a path (log-probs <= 0) and ties go to the lower id (a parent), so the
+        # best `budget` nodes are closed under ancestors: `select_best` reduces to this sort.
+        keep = torch.sort(-scores[1:], stable=True).indices[:budget].sort().values + 1
+        keep = torch.cat([keep.new_zeros(1), keep])  # [N] ascending, root first
+        index = torch.full((count,), -1, dtype=torch.long, device=device)
+        index[keep] = torch.arange(keep.numel(), device=device)
+        kept_parents = torch.where(parents[keep] >= 0, index[parents[keep].clamp(min=0)], -1)
+        return tokens[keep], kept_parents, scores[keep]
+
+    def _grow_static(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Fill the static tree depth by depth (node i = the rank[i]-th child of its parent), one head
+        call per depth over the nodes that have children. Returns tokens, parents, scores [N]."""
+        plan, device = self._static_plan(), self.head.fc.weight.device
+        n = self._static.size
+        tokens = torch.full((n,), root, dtype=torch.long, device=device)
+        scores = torch.zeros(n, dtype=torch.float64, device=device)
+        out = self._feature.new_empty(n, self._feature.shape[-1])  # [N, H] output features
+        out[0] = self._feature
+        for step in plan:
+            if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head
+                run, allowed = step["run"], step["allowed"]
+                out[run] = self._step(out[step["run_parent"]], tokens[run], allowed, step["depth"] - 1)
+            values, ids = self._top(out[step["expand"]], step["need"])  # [E, need] each
+            nodes, pick = step["nodes"], step["pick"]  # [n_d] each: pick = row * need + rank
+            tokens[nodes] = self._to_target(ids.reshape(-1)[pick])
+            scores[nodes] = scores[step["node_parents"]] + values.reshape(-1)[pick].double()
+        return tokens, self._parents_on_device, scores
+
+    def _static_plan(self) -> list[dict]:
+        """Per depth (precomputed once): nodes, their parents' rows, ranks, and the head run + mask."""
+        if self._plan is not None:
+            return self._plan
+        st, device = self._static, self.head.fc.weight.device
+        parents, depth, rank = st.parents.tolist(), st.depth.tolist(), st.rank.tolist()
+        slot: dict[int, int] = {}  # node -> speculative slot
+        plan = []
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
         for d in range(1, max(depth) + 1):
             nodes = [i for i in range(st.size) if depth[i] == d]
             expand = sorted({parents[i] for i in nodes})
-            logp = grower.logprobs(expand)  # [len(expand), Vd]
-            need = max(rank[i] for i in nodes) + 1
-            values, ids = logp.topk(need, dim=-1)  # [len(expand), need] each
-            ids, values = grower.target_ids(ids).tolist(), values.tolist()
             row = {p: r for r, p in enumerate(expand)}
-            for i in nodes:
-                r, k = row[parents[i]], rank[i]
-                added = grower.add(ids[r][k], parents[i], values[r][k])
-                assert added == i, "static tree nodes must be added in their topological order"
-
-    def _grow_dynamic(self, grower: _Grower) -> list[int]:
-        """EAGLE-2: beam of `top_k` nodes per depth; returns the kept node ids (ascending)."""
-        frontier = [0]
-        for d in range(1, self.depth + 1):
-            logp = grower.logprobs(frontier)  # [F, Vd]
-            values, ids = logp.topk(self.top_k, dim=-1)  # [F, top_k] each
-            ids, values = grower.target_ids(ids).tolist(), values.tolist()
-            new = [
-                grower.add(ids[f][j], node, values[f][j])
-                for f, node in enumerate(frontier)
-                for j in range(self.top_k)
-            ]
-            if d < self.depth:
-                frontier = sorted(sorted(new, key=lambda n: (-grower.score[n], n))[: self.top_k])
-        return select_best(grower.par, grower.score, self.total_tokens - 1)
-
-
-class _Grower:
-    """A growing draft tree whose nodes run on the head against the committed cache.
-
-    Node lists tok / par / dep / score are [n] Python lists (node 0 = root); `out[node]` is the
-    node's output feature [H] (root: the last committed output); `slot[node]` its speculative
-    cache column after the C committed ones.
-    """
-
-    def __init__(self, drafter: EagleDrafter, root: int) -> None:
-        self.drafter = drafter
-        self.tok, self.par, self.dep, self.score = [int(root)], [-1], [0], [0.0]
-        self.out: dict[int, Tensor] = {0: drafter._feature}
-        self.slot: dict[int, int] = {}
-
-    def target_ids(self, ids: Tensor) -> Tensor:
-        """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""
-        head = self.drafter.head
-        return head.draft_to_target(ids) if isinstance(head, Eagle3Head) else ids
-
-    def add(self, token: int, parent: int, logp: float) -> int:
-        """Append child `token` (a target id) of `parent` with log-prob `logp`; returns its node id."""
-        self.tok.append(token)
-        self.par.append(parent)
-        self.dep.append(self.dep[parent] + 1)
-        self.score.append(self.score[parent] + logp)
-        return len(self.tok) - 1
-
-    def logprobs(self, nodes: list[int]) -> Tensor:
-        """Log-probs [len(nodes), Vd] of each node's children (runs the head on non-root nodes)."""
-        todo = [n for n in nodes if n not in self.out]
-        if todo:
-            self._run(todo)
-        feats = torch.stack([self.out[n] for n in nodes])[None]  # [1, n, H]
-        return torch.log_softmax(self.drafter.head.logits(feats)[0].float(), dim=-1)
-
-    def _run(self, nodes: list[int]) -> None:
-        """One head step on `nodes` (their ancestors already run): tree mask + positions C + d - 1."""
-        drafter, head = self.drafter, self.drafter.head
-        cache, committed = drafter._cache, drafter._committed
-        spec = cache.get_seq_length() - committed  # S speculative entries so far
-        q = len(nodes)
-        device = head.fc.weight.device
-        allowed = torch.zeros(q, committed + spec + q, dtype=torch.bool)  # [q, C + S + q]
-        allowed[:, :committed] = True
-        for i, node in enumerate(nodes):
-            allowed[i, committed + spec + i] = True
-            anc = self.par[node]
-            while anc > 0:  # ancestors at depth >= 1 (the root's pair is committed)
-                allowed[i, committed + self.slot[anc]] = True
-                anc = self.par[anc]
-        features = torch.stack([self.out[self.par[n]] for n in nodes])[None]  # [1, q, H]
-        ids = torch.tensor([[self.tok[n] for n in nodes]], device=device)  # [1, q]
-        positions = torch.tensor([[committed + self.dep[n] - 1 for n in nodes]], device=device)  # [1, q]
-        mask = additive_mask(allowed[None].to(device), head.fc.weight.dtype)  # [1, 1, q, C + S + q]
-        out = head.step(features, ids, mask, positions, cache)  # [1, q, H]
-        for i, node in enumerate(nodes):
-            self.out[node] = out[0, i]
-            self.slot[node] = spec + i
+            need = max(rank[i] for i in nodes) + 1
+            step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
+                    "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
+                    "node_parents": as_long([parents[i] for i in nodes])}  # fmt: skip
+            if d >= 2:  # the expanded nodes sit at depth d - 1 >= 1: run them now
+                base = len(slot)
+                allowed = torch.zeros(len(expand), base + len(expand), dtype=torch.bool)
+                for r, node in enumerate(expand):
+                    allowed[r, base + r] = True
+                    anc = parents[node]
+                    while anc > 0:
+                        allowed[r, slot[anc]] = True
+                        anc = parents[anc]
+                for r, node in enumerate(expand):
+                    slot[node] = base + r
+                step.update(run=as_long(expand), run_parent=as_long([parents[i] for i in expand]),
+                            allowed=allowed.to(device))  # fmt: skip
+            plan.append(step)
+        self._plan = plan
+        self._parents_on_device = st.parents.to(device)
+        return plan
 
 
 def select_best(parents: list[int], scores: list[float], budget: int) -> list[int]:

@@ -33,6 +33,13 @@ class MedusaDrafter(Drafter):
         depth_limit = head.config.num_heads
         choices = [c for c in (choices or DEFAULT_MEDUSA_CHOICES) if len(c) <= depth_limit]
         self.static = tree_from_choices(choices)  # parents [N], depth [N], rank [N]
+        # Precomputed once: which heads run, how many candidates each gives, where they go.
+        depth, rank = self.static.depth, self.static.rank  # [N], [N]
+        self._drafted = torch.nonzero(depth > 0)[:, 0]  # [N - 1] node indices
+        self._head_of = depth[self._drafted] - 1  # [N - 1] which head fills each node
+        self._rank_of = rank[self._drafted]  # [N - 1] which of its candidates
+        self._width = int(rank.max()) + 1 if len(rank) > 1 else 1
+        self._used_heads = int(depth.max())  # heads deeper than the tree never run
         self.hidden_layers = (head.config.target_layers[0],)
         self.last_hidden: torch.Tensor | None = None  # [H] target state of the last cached token
 
@@ -44,17 +51,13 @@ class MedusaDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        depth, rank = self.static.depth, self.static.rank  # [N], [N]
-        width = int(rank.max()) + 1 if len(rank) > 1 else 1
         state = self.last_hidden.to(next(self.head.parameters()).dtype)[None, None]  # [1, 1, H]
-        logits = torch.stack(
-            [self.head.head_logits(k, state)[0, 0] for k in range(self.head.num_heads)]
-        )  # [K, V]
-        candidates = logits.topk(width, dim=-1).indices.cpu()  # [K, width]; the tree lives on the CPU
-        tokens = torch.full_like(depth, root)
-        drafted = depth > 0
-        tokens[drafted] = candidates[depth[drafted] - 1, rank[drafted]]
-        return Draft(TokenTree(tokens=tokens.cpu(), parents=self.static.parents))
+        logits = [self.head.head_logits(k, state)[0, 0] for k in range(self._used_heads)]  # K x [V]
+        tokens = torch.full((self.static.size,), int(root), dtype=torch.long)  # [N]
+        if logits:
+            candidates = torch.stack(logits).topk(self._width, dim=-1).indices.cpu()  # [K, width]
+            tokens[self._drafted] = candidates[self._head_of, self._rank_of]  # the tree lives on the CPU
+        return Draft(TokenTree(tokens=tokens, parents=self.static.parents))
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]

@@ -51,7 +51,12 @@ def test_build_tree_end_to_end(tiny_target_dir, head_dir, tmp_path, capsys):
     assert saved["expected_accept_length"] >= 1.0 and saved["measured_on"]["prompts"] == 2
     assert len(saved["accuracy"]) == 3 and len(saved["accuracy"][0]) == 4
 
-    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir))
+    # By default the saved accuracy table is re-optimised for this device's measured costs
+    # (inference/calibrate.py); calibrate=False uses the saved choices as they are.
+    calibrated = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir))
+    assert calibrated.calibration["accuracy_source"] == "tree.json"
+    assert calibrated.drafter.static.size == len(calibrated.calibration["choices"]) + 1
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), calibrate=False)
     assert gen.drafter.static.parents.tolist() == tree_from_choices(choices).parents.tolist()
     assert gen.drafter.static.rank.tolist() == tree_from_choices(choices).rank.tolist()
     forced = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), choices=[[0]])
@@ -90,7 +95,7 @@ def test_build_tree_for_an_eagle3_head(tiny_target_dir, tmp_path, capsys):
     assert saved["family"] == "eagle3" and len(saved["choices"]) == 6 and len(saved["accuracy"]) == 3
     assert max(map(len, saved["choices"])) <= 3 and max(max(c) for c in saved["choices"]) < 3
 
-    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir))
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), calibrate=False)
     assert gen.drafter._static is not None and gen.drafter._static.size == 7  # root + 6 nodes
     dynamic = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), tree="dynamic")
     assert dynamic.drafter._static is None

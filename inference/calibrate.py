@@ -1,0 +1,136 @@
+"""The tree follows the hardware: measure verification and drafting costs on the device at load time
+and pick the static tree with the best expected speedup for a head's measured accuracy table.
+
+A head directory's tree.json (scripts/build_tree.py) stores `accuracy` [depth, k] (acceptance by depth
+and child rank, a property of the head and the data, not of the machine). What a tree costs is a property
+of the machine: on a GPU at batch 1 a 60-node tree costs about one decode step; on a CPU it costs
+several. `calibrated_choices` times the target's verify pass by tree size and the drafter's per-depth
+(EAGLE) or per-pass (Medusa) cost here, then runs `tree_search.best_choices_for_cost`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from spechead.inference.runner import TargetRunner
+from spechead.inference.tree_search import TREE_FILE, best_choices_for_cost
+
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def assumed_eagle_accuracy(depth: int = 7) -> torch.Tensor:
+    """A typical trained EAGLE head's accuracy [depth, 4] (top-1 0.7, decaying 3% per depth): used on a
+    CPU when a head comes without a measured table, so its tree is sized for the CPU's costs (an
+    EAGLE-2 60-node tree costs several decode steps there). scripts/build_tree.py measures the real one."""
+    ranks = torch.tensor([0.70, 0.08, 0.03, 0.02], dtype=torch.float64)
+    return torch.stack([ranks * 0.97**d for d in range(depth)])
+
+
+def saved_accuracy(head_dir: str | Path | None) -> torch.Tensor | None:
+    """accuracy [depth, k] from HEAD_DIR/tree.json, or None when there is none."""
+    path = Path(head_dir).expanduser() / TREE_FILE if head_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    table = json.loads(path.read_text()).get("accuracy")
+    return torch.tensor(table, dtype=torch.float64) if table else None
+
+
+def _timed(fn, repeats: int, device: torch.device) -> float:
+    """Median milliseconds of fn() over `repeats` runs (warm up first).
+
+    CUDA: wall time around synchronisations. CPU: the thread's CPU time, so that other processes on a
+    shared machine do not skew the costs (torch runs CPU ops in the calling thread at 1 thread; with
+    more intra-op threads this undercounts, uniformly for every size)."""
+    cuda = device.type == "cuda"
+    clock = time.perf_counter if cuda else time.thread_time
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = clock()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(1e3 * (clock() - start))
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def verify_cost_ms(
+    model: torch.nn.Module, sizes=SIZES, context: int = 128, repeats: int = 7
+) -> dict[int, float]:
+    """{tree size: ms} of one verification pass (a chain of that size) after `context` tokens.
+
+    Sizes are timed round-robin (load changes hit them alike), the minimum per size is kept (noise only
+    adds) and costs are made non-decreasing in size (a bigger tree never costs less)."""
+    runner = TargetRunner(model, cache="static")
+    runner.reserve(context, max(sizes) + 1)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
+    runner.prefill(ids)
+    calls = {n: (lambda n=n: runner.verify(ids[:, :n], torch.arange(-1, n - 1)[None])) for n in sizes}
+    times = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n, call in calls.items():
+            times[n].append(_timed(call, 1, runner.device))
+    out, floor = {}, 0.0
+    for n in sorted(sizes):
+        floor = max(floor, min(times[n]))
+        out[n] = floor
+    return out
+
+
+@torch.no_grad()
+def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
+    """ms of one EAGLE draft depth (head step + logits + top-k over `width` nodes) after 128 committed."""
+    head = drafter.head
+    device, hidden = head.fc.weight.device, head.config.hidden_size
+    states = {layer: torch.randn(128, hidden, device=device) for layer in drafter.hidden_layers}
+    drafter.start(torch.zeros(128, dtype=torch.long), states, 0)
+    feats = torch.randn(width, hidden, device=device, dtype=head.fc.weight.dtype)
+    ids = torch.zeros(width, dtype=torch.long, device=device)
+    allowed = torch.eye(width, dtype=torch.bool, device=device)
+
+    def depth() -> None:
+        out = drafter._step(feats, ids, allowed, 1)
+        drafter._top(out, min(width, 4))
+        drafter._crop()
+
+    try:
+        depth()
+        return min(_timed(depth, 1, device) for _ in range(repeats))
+    finally:
+        drafter._cache = None  # a fresh start() comes with the next sequence
+
+
+def calibrated_choices(
+    model: torch.nn.Module, drafter, accuracy: torch.Tensor, max_nodes: int = 64
+) -> tuple[list[list[int]], dict]:
+    """The static tree with the best expected speedup measured on this device, and what was measured."""
+    from spechead.inference.drafters.eagle import EagleDrafter
+
+    verify = verify_cost_ms(model, tuple(s for s in SIZES if s <= max_nodes + 1))
+    info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
+    if isinstance(drafter, EagleDrafter):
+        info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4)
+    else:  # Medusa: one pass over every head, whatever the tree
+        state = {drafter.hidden_layers[0]: torch.randn(1, model.config.get_text_config().hidden_size)}
+        drafter.start(torch.zeros(1, dtype=torch.long), state, 0)
+        propose = lambda: drafter.propose(0, None, None)  # noqa: E731
+        propose()
+        info["draft_ms"] = min(_timed(propose, 1, next(model.parameters()).device) for _ in range(7))
+    choices, speedup = best_choices_for_cost(
+        accuracy.float(),
+        verify,
+        verify[1],
+        draft_ms=info.get("draft_ms", 0.0),
+        max_nodes=max_nodes,
+        draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
+    )
+    info["expected_speedup"] = speedup
+    return choices, info

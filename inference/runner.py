@@ -1,0 +1,243 @@
+"""The target runner: the one place that owns the target's KV cache and hidden-state capture.
+
+    runner = TargetRunner(model, hidden_layers=(2, 4, 6), cache="static")
+    logits, hidden = runner.prefill(ids)                  # ids [B, T] -> [B, V] (last position), {l: [B, T, H]}
+    logits, hidden = runner.verify(tokens, parents)       # [B, N] each -> [B, N, V], {l: [B, N, H]}
+    runner.commit(path)                                   # accepted node indices [K] (ascending, path[0] = 0)
+
+Back-ends: "dynamic" (transformers `DynamicCache`, any HF causal LM; commit = index_select + cat) and
+"static" (`SlotCache`: preallocated [B, kv, S_max, D] buffers; verify writes the N tree entries at
+slots past_len.., commit copies the accepted path's entries into place; no concatenation, no
+reallocation). Tree masks and positions are built on the device from `parents` (`tree_inputs_on_device`),
+optionally padded to fixed tree-size `buckets` (for captured graphs; pure waste on a CPU, so off there).
+Capture hooks are installed once per model and only record while the runner runs a forward.
+
+Batch: the API carries B; this version runs B = 1 (ValueError otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from spechead.heads.base import resolve_layers
+from spechead.inference.kv_cache import SlotCache, commit_path
+from spechead.inference.tree import tree_inputs_on_device
+
+CACHES = ("dynamic", "static")
+CUDA_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class _Capture:
+    """Forward hooks on a model's decoder, installed once; record {canonical index: [B, T, H]} when active."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.decoder = model.get_decoder()
+        self.num_layers = len(self.decoder.layers)
+        self.wanted: set[int] = set()
+        self.store: dict[int, Tensor] = {}
+        self.active = False
+
+    def want(self, canonical: Sequence[int]) -> None:
+        """Install hooks for canonical indices not hooked yet (0 = embeddings, L = after the final norm)."""
+        layers = self.decoder.layers
+        for c in sorted(set(canonical) - self.wanted):
+            if c == 0:
+                layers[0].register_forward_pre_hook(self._save_input, with_kwargs=True)
+            elif c == self.num_layers:
+                self.decoder.norm.register_forward_hook(self._saver(c))
+            else:
+                layers[c - 1].register_forward_hook(self._saver(c))
+            self.wanted.add(c)
+
+    def _saver(self, c: int):
+        def hook(_module, _args, output):
+            if self.active:
+                self.store[c] = output[0] if isinstance(output, (tuple, list)) else output
+
+        return hook
+
+    def _save_input(self, _module, args, kwargs):
+        if self.active:
+            self.store[0] = args[0] if args else kwargs["hidden_states"]
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> _Capture:
+        """The model's capture (created on first use and kept on the model)."""
+        capture = model.__dict__.get("_spechead_capture")
+        if capture is None:
+            capture = cls(model)
+            model.__dict__["_spechead_capture"] = capture
+        return capture
+
+
+def check_tree_attention(model: torch.nn.Module) -> None:
+    """ValueError when the target's attention cannot take arbitrary 4D (tree) masks."""
+    impl = getattr(model.config, "_attn_implementation", None) or ""
+    if "flash" in impl:
+        raise ValueError(
+            f"tree verification needs arbitrary 4D masks; attn_implementation {impl!r} cannot take them "
+            "(load the target with attn_implementation='sdpa' or 'eager')"
+        )
+
+
+class TargetRunner:
+    """Prefill, verify token trees and commit accepted paths on one target (see the module doc)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        hidden_layers: Sequence[int] = (),
+        *,
+        cache: str = "dynamic",
+        max_length: int | None = None,
+        buckets: Sequence[int] | None = None,
+    ) -> None:
+        if cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+        check_tree_attention(model)
+        self.model = model
+        self.kind = cache
+        self.fixed_length = max_length  # None: sized by `reserve` for each sequence
+        self.buckets = tuple(sorted(buckets)) if buckets else ()
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype if param.dtype.is_floating_point else torch.float32
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+        self._capture = _Capture.of(model)
+        self.layers: dict[int, int] = {}  # requested HF index -> canonical index
+        self.use_layers(hidden_layers)
+        self.cache: DynamicCache | SlotCache | None = None
+        self.length = 0  # committed positions (past_len)
+        self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify
+
+    def use_layers(self, hidden_layers: Sequence[int]) -> None:
+        """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
+        wanted = tuple(int(x) for x in hidden_layers)
+        if tuple(self.layers) != wanted:
+            canon = resolve_layers(list(wanted), self._capture.num_layers)
+            self._capture.want(canon)
+            self.layers = dict(zip(wanted, canon))
+
+    # ---- sizing --------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int | None:
+        """Positions the preallocated cache can hold (None: the dynamic cache grows)."""
+        return self.cache.max_length if isinstance(self.cache, SlotCache) else self.fixed_length
+
+    def reserve(self, prompt_len: int, max_new_tokens: int, tree_room: int = 64) -> None:
+        """Make room for prompt + max_new_tokens (+ tree scratch); ValueError when a fixed cache is too small."""
+        need = prompt_len + max_new_tokens
+        if self.fixed_length is not None and need > self.fixed_length:
+            raise ValueError(
+                f"KV cache of {self.fixed_length} positions is too small for the prompt ({prompt_len} tokens) + "
+                f"max_new_tokens ({max_new_tokens}): raise max_cache_len or lower max_new_tokens"
+            )
+        if self.kind == "static":
+            size = self.fixed_length or -(-(need + tree_room) // 256) * 256  # rounded: reused across calls
+            if not isinstance(self.cache, SlotCache) or self.cache.max_length < size:
+                self.cache = SlotCache(self.num_layers, size)
+
+    def room(self) -> int | None:
+        """Tree nodes that still fit after the committed positions (None: unbounded)."""
+        cap = self.capacity
+        return None if cap is None else cap - self.length
+
+    # ---- passes --------------------------------------------------------------------------------
+
+    def _forward(self, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
+        store = self._capture.store
+        store.clear()
+        self._capture.active = True
+        try:
+            out = self.model(past_key_values=self.cache, use_cache=True, **kwargs)
+        finally:
+            self._capture.active = False
+        hidden = {req: store[c] for req, c in self.layers.items()}  # [B, T, H] each
+        store.clear()
+        return out.logits, hidden
+
+    @torch.no_grad()
+    def prefill(self, input_ids: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
+        """Run the prompt input_ids [B, T] from an empty cache: logits [B, V] (fp32, last position), {l: [B, T, H]}."""
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"prefill takes input_ids [B, T] with T >= 1, got {tuple(input_ids.shape)}")
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"this runner decodes batch size 1, got B = {input_ids.shape[0]}")
+        if self.kind == "static":
+            if self.cache is None:
+                self.reserve(input_ids.shape[1], 1)
+            if input_ids.shape[1] > self.cache.max_length:
+                raise ValueError(
+                    f"prompt of {input_ids.shape[1]} tokens > KV cache of {self.cache.max_length}"
+                )
+            self.cache.set_length(0)
+        else:
+            self.cache = DynamicCache(config=self.model.config)
+        logits, hidden = self._forward(input_ids=input_ids.to(self.device), logits_to_keep=1)
+        self.length = input_ids.shape[1]
+        return logits[:, -1].float(), hidden
+
+    @torch.no_grad()
+    def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
+        """ONE target forward over trees tokens [B, N] / parents [B, N] on top of the committed cache.
+
+        Returns logits [B, N, V] (fp32; row i = the target's output at node i, as if its root-to-node path
+        ran as a plain sequence) and {l: [B, N, H]}. Writes N entries after the committed ones; follow with
+        `commit`. N = 1 (plain decoding) uses the model's own causal path.
+        """
+        if self.cache is None:
+            raise RuntimeError("verify before prefill")
+        if tokens.shape != parents.shape or tokens.dim() != 2 or tokens.shape[0] != 1:
+            raise ValueError(
+                f"tokens and parents must both be [1, N], got {tuple(tokens.shape)}, {tuple(parents.shape)}"
+            )
+        n = tokens.shape[1]
+        room = self.room()
+        if room is not None and n > room:
+            raise ValueError(
+                f"a tree of {n} nodes does not fit: {room} KV slots left (cache {self.capacity})"
+            )
+        self._rewind()
+        tokens, parents = tokens.to(self.device), parents.to(self.device)
+        if n == 1:
+            self.last_ancestors = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
+            positions = torch.full((1, 1), self.length, dtype=torch.long, device=self.device)
+            logits, hidden = self._forward(input_ids=tokens, position_ids=positions)
+            return logits.float(), hidden
+        size = self._bucket(n, room)
+        if size > n:  # pad: children of the root nobody attends to, cut off again below
+            pad = size - n
+            tokens = torch.cat([tokens, tokens[:, :1].expand(1, pad)], dim=1)
+            parents = torch.cat([parents, parents.new_zeros(1, pad)], dim=1)
+        mask, positions, anc = tree_inputs_on_device(parents, self.length, self.dtype)
+        self.last_ancestors = anc[:, :n, :n]
+        logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
+        return logits[:, :n].float(), {k: v[:, :n] for k, v in hidden.items()}
+
+    def _bucket(self, n: int, room: int | None) -> int:
+        for size in self.buckets:
+            if size >= n and (room is None or size <= room):
+                return size
+        return n
+
+    def _rewind(self) -> None:
+        """Drop scratch entries of an uncommitted verify (dynamic: crop; static: just the length)."""
+        if isinstance(self.cache, SlotCache):
+            self.cache.set_length(self.length)
+        elif self.cache.get_seq_length() > self.length:
+            self.cache.crop(self.length - self.cache.get_seq_length())
+
+    def commit(self, path: Tensor | Sequence[int]) -> None:
+        """Keep the accepted nodes `path` [K] (ascending, path[0] = 0) of the last verify after the prefix."""
+        path = torch.as_tensor(path, dtype=torch.long)
+        if path.dim() == 2:
+            path = path[0]
+        k = int(path.numel())
+        contiguous = bool(k and int(path[-1]) == k - 1)  # ascending and ends at k-1: path == arange(k)
+        commit_path(self.cache, self.length, path, contiguous=contiguous)
+        self.length += k

@@ -1,0 +1,389 @@
+"""GPU cost benchmark with no download: a Llama-3.1-8B-shaped target and an EAGLE-3 head, random bf16 weights.
+
+    python scripts/bench_gpu.py                              # one H100: about a minute eager
+    python scripts/bench_gpu.py --compile --out gpu.json     # torch.compile(mode="reduce-overhead") on the target
+    python scripts/bench_gpu.py --tiny --device cpu          # a tiny Llama on the CPU, seconds (what the test runs)
+
+Measures, through the engine's own TargetRunner (static SlotCache) and EagleDrafter: the plain decode step
+(batch 1, one token after --context tokens) against the HBM roofline (weight bytes / a measured device copy
+bandwidth), verification by tree size (random trees), EAGLE-3 drafting (EAGLE-2 dynamic expansion, timed
+for depth 1..D; per depth = the increments), the drafter's accept and the target's commit, and the speedup
+projected from those parts: tau * t_step / (t_verify(N) + t_commit + t_draft + t_accept). Batch 1, 4, 16:
+plain batched decoding ([B, 1] steps with a cache) and batched tree verification, with projected speculative
+tokens/s. Weights are random: times are real, accepted lengths are not (tau is an input). The EAGLE-3 draft
+vocab is --draft-vocab (default 32000, the published heads' size). Rope scaling is left out (no cost).
+Timing: CUDA events (one synchronisation per measurement) on CUDA, perf_counter on CPU; medians of --iters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.kv_cache import SlotCache
+from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
+from spechead.inference.sampling import SamplingParams
+from spechead.inference.tree import tree_inputs_on_device
+
+TREE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
+BATCHES = (1, 4, 16)
+ACCEPTED = 5  # tokens committed per pass when timing commit/accept (about tau)
+GOALS = {  # name: (JSON value it reads, bound, "min" = value >= bound / "max" = value <= bound)
+    "plain decode >= 70% of roofline": ("roofline_fraction", 0.70, "min"),
+    "verify(64) <= 1.3x a decode step": ("verify_64_x_step", 1.3, "max"),
+    "depth-7 EAGLE-3 draft <= 25% of a decode step": ("draft_x_step", 0.25, "max"),
+    "projected speedup at tau 5.4 >= 3x": ("speedup_tau_5.4", 3.0, "min"),
+}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu (cpu needs --tiny)")
+    p.add_argument("--tiny", action="store_true", help="a tiny Llama config (runs on a CPU in seconds)")
+    p.add_argument(
+        "--compile", action="store_true", help='torch.compile the target (CUDA: "reduce-overhead")'
+    )
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs before each measurement")
+    p.add_argument("--iters", type=int, default=20, help="timed runs per measurement (median)")
+    p.add_argument("--context", type=int, default=None, help="tokens before the step (default 512; tiny 64)")
+    p.add_argument("--draft-vocab", type=int, default=32000, help="EAGLE-3 draft vocab (capped at the vocab)")
+    p.add_argument("--top-k", type=int, default=8, help="EAGLE-2 expansion width")
+    p.add_argument("--depth", type=int, default=7, help="EAGLE-2 draft depth")
+    p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
+    p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
+    return p.parse_args(argv)
+
+
+def target_config(tiny: bool, context: int) -> LlamaConfig:
+    """Llama-3.1-8B's shape (or a tiny one), sdpa attention (tree masks)."""
+    sizes = (
+        dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=1024)
+        if tiny
+        else dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                  intermediate_size=14336, vocab_size=128256)
+    )  # fmt: skip
+    positions = max(8192, context + 2 * max(TREE_SIZES))
+    return LlamaConfig(
+        **sizes, rope_theta=500000.0, max_position_embeddings=positions, tie_word_embeddings=False
+    )
+
+
+def build(cfg: LlamaConfig, draft_vocab: int, device: torch.device) -> tuple[LlamaForCausalLM, Eagle3Head]:
+    """Target (bf16, created on the device: no host copy) and an EAGLE-3 head of its width, random weights."""
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        head_cfg = Eagle3Config.from_target(model.config, draft_vocab_size=min(draft_vocab, cfg.vocab_size))
+        head = Eagle3Head(head_cfg).to(torch.bfloat16).eval()
+    head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
+    return model, head
+
+
+class Timer:
+    """Median ms of fn() over `iters` runs after `warmup` ones; `setup` runs untimed before each."""
+
+    def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
+        self.cuda, self.iters, self.warmup = device.type == "cuda", iters, warmup
+
+    def ms(self, fn: Callable[[], object], setup: Callable[[], object] | None = None) -> float:
+        setup = setup or (lambda: None)
+        for _ in range(self.warmup):
+            setup()
+            fn()
+        marks = []  # start, end, start, end, ... (CUDA events, read after one synchronisation; or seconds)
+        for _ in range(self.iters):
+            setup()
+            marks.append(self._mark())
+            fn()
+            marks.append(self._mark())
+        if self.cuda:
+            torch.cuda.synchronize()
+            return statistics.median(a.elapsed_time(b) for a, b in zip(marks[::2], marks[1::2]))
+        return statistics.median(1e3 * (b - a) for a, b in zip(marks[::2], marks[1::2]))
+
+    def _mark(self) -> torch.cuda.Event | float:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+
+def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
+    """Device copy bandwidth in bytes/s: read + write of an nbytes buffer."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = timer.ms(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms / 1e3)
+
+
+def random_parents(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    """Parents [batch, n] of one random tree (node i hangs from a node < i; root -1), repeated per row."""
+    gen = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
+    return torch.tensor(parents, dtype=torch.long)[None].expand(batch, n).contiguous()
+
+
+def deepest_path(parents: torch.Tensor) -> torch.Tensor:
+    """Node ids root..deepest node (ascending) of parents [N]."""
+    depth = [0] * parents.numel()
+    for i in range(1, parents.numel()):
+        depth[i] = depth[int(parents[i])] + 1
+    node, path = max(range(len(depth)), key=depth.__getitem__), []
+    while node >= 0:
+        path.append(node)
+        node = int(parents[node])
+    return torch.tensor(path[::-1], dtype=torch.long)
+
+
+@torch.no_grad()
+def measure_runner(model, head, args, timer: Timer, compile_mode: str | None = None) -> dict:
+    """Decode step, verify by tree size, commit, EAGLE-3 propose by depth and accept (batch 1).
+
+    compile_mode: torch.compile the target's forward after the (eager) prefill; the caller restores it."""
+    device, ctx, vocab = next(model.parameters()).device, args.context, model.config.vocab_size
+    buckets = CUDA_BUCKETS if device.type == "cuda" else None
+    runner = TargetRunner(model, head.config.target_layers, cache="static",
+                          max_length=ctx + 2 * max(TREE_SIZES), buckets=buckets)  # fmt: skip
+    ids = torch.randint(0, vocab, (1, ctx + max(TREE_SIZES)), generator=torch.Generator().manual_seed(0))
+    prompt, tree_ids = ids[:, :ctx], ids[:, ctx:].to(device)
+    logits, hidden = runner.prefill(prompt)
+    if compile_mode is not None:
+        for buffer in (t for layer in runner.cache.layers for t in (layer.keys, layer.values)):
+            torch._dynamo.mark_static_address(buffer)  # the KV buffers never move: graphs write them in place
+        model.forward = torch.compile(model.forward, mode=compile_mode)  # what runner.verify calls
+    hidden = {layer: h[0].clone() for layer, h in hidden.items()}  # [T, H] (graph outputs get reused)
+    root = int(logits.argmax(-1)[0])
+    verify_ms = {}
+    for n in TREE_SIZES:
+        parents = random_parents(n).to(device)
+        verify_ms[n] = timer.ms(lambda n=n, parents=parents: runner.verify(tree_ids[:, :n], parents))
+    parents = random_parents(args.tree_size)
+    path = deepest_path(parents[0])
+
+    def verify_tree() -> None:
+        runner.length = ctx  # drop the previous commit: every pass starts after the same context
+        runner.verify(tree_ids[:, : args.tree_size], parents)
+
+    commit_ms = timer.ms(lambda: runner.commit(path), setup=verify_tree)
+    runner.length = ctx
+    sampling, propose_ms = SamplingParams(), {}
+    for depth in range(1, args.depth + 1):
+        drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
+                               depth=depth, total_tokens=args.tree_size)  # fmt: skip
+        drafter.start(prompt[0], hidden, root)
+        propose_ms[depth] = timer.ms(lambda d=drafter: d.propose(root, sampling, None))
+    accepted = {layer: h[:ACCEPTED] for layer, h in hidden.items()}
+    accept_ms = timer.ms(lambda: drafter.accept(prompt[0, :ACCEPTED], accepted, root))
+    return {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
+            "commit_path_len": int(path.numel())}  # fmt: skip
+
+
+def batch_speculative_supported(model, layers: list[int]) -> bool:
+    """Whether this engine's runner takes a batch > 1 (today: ValueError for B != 1)."""
+    try:
+        TargetRunner(model, layers, cache="static", max_length=16).prefill(torch.zeros(2, 4, dtype=torch.long))  # fmt: skip
+    except ValueError:
+        return False
+    return True
+
+
+@torch.no_grad()
+def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
+    """Batch b: a plain [b, 1] step and a [b, n] tree verify, HF forward on a SlotCache (eager)."""
+    device, cache = next(model.parameters()).device, SlotCache(model.config.num_hidden_layers, ctx + n)
+    ids = torch.randint(0, model.config.vocab_size, (b, ctx + n), generator=torch.Generator().manual_seed(b))
+    ids = ids.to(device)
+    model(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    mask, positions, _ = tree_inputs_on_device(random_parents(n, b).to(device), ctx, torch.bfloat16)
+    step_pos = torch.full((b, 1), ctx, dtype=torch.long, device=device)
+
+    def forward(tokens: torch.Tensor, **kwargs) -> None:
+        cache.set_length(ctx)
+        model(input_ids=tokens, past_key_values=cache, use_cache=True, **kwargs)
+
+    step_ms = timer.ms(lambda: forward(ids[:, ctx : ctx + 1], position_ids=step_pos))
+    verify_ms = timer.ms(lambda: forward(ids[:, ctx:], attention_mask=mask, position_ids=positions))
+    return {"batch": b, "plain_step_ms": step_ms, "plain_tokens_per_s": 1e3 * b / step_ms, "verify_ms": verify_ms}  # fmt: skip
+
+
+def project_batch(row: dict, extra_ms: float, tau: float) -> dict:
+    """Projected speculative numbers of a batch row: pass = verify(b, N) + the batch-1 draft/commit/accept."""
+    pass_ms = row["verify_ms"] + extra_ms
+    return {**row, "projected_pass_ms": pass_ms, "projected_row_tokens_per_s": 1e3 * tau / pass_ms,
+            "projected_tokens_per_s": 1e3 * row["batch"] * tau / pass_ms,
+            "projected_speedup": tau * row["plain_step_ms"] / pass_ms}  # fmt: skip
+
+
+def summarize(args, parts: dict, bandwidth: float, weight_bytes: int, streamed_bytes: int) -> dict:
+    """Derived numbers: roofline fractions, multiples of the step, projected speedups, goals."""
+    step = parts["verify_ms"][1]
+    draft = parts["propose_ms"][args.depth]
+    pass_ms = parts["verify_ms"][args.tree_size] + parts["commit_ms"] + draft + parts["accept_ms"]
+    out = {
+        "decode_step_ms": step, "copy_bandwidth_GBps": bandwidth / 1e9, "weight_bytes": weight_bytes,
+        "streamed_bytes": streamed_bytes, "roofline_ms": 1e3 * weight_bytes / bandwidth,
+        "roofline_fraction": 1e3 * weight_bytes / bandwidth / step,
+        "roofline_fraction_streamed": 1e3 * streamed_bytes / bandwidth / step,
+        "verify_x_step": {n: t / step for n, t in parts["verify_ms"].items()},
+        "draft_ms": draft, "draft_x_step": draft / step,
+        "draft_ms_per_depth": {d: t - parts["propose_ms"].get(d - 1, 0.0) for d, t in parts["propose_ms"].items()},
+        "pass_ms": pass_ms, "projected_speedup": {str(tau): tau * step / pass_ms for tau in TAUS},
+    }  # fmt: skip
+    head_steps = [t for d, t in out["draft_ms_per_depth"].items() if d > 1] or [
+        draft
+    ]  # depth 1: no head call
+    out["draft_depth_ms"] = statistics.mean(head_steps)  # one head call + top-k over the frontier
+    out["draft_depth_x_step"] = out["draft_depth_ms"] / step
+    out["verify_64_x_step"] = out["verify_x_step"][64]
+    out["speedup_tau_5.4"] = out["projected_speedup"]["5.4"]
+    return out
+
+
+def goals(report: dict) -> dict:
+    """{goal: {value, bound, met}} for the issue's GPU goals."""
+    met = lambda value, bound, kind: value >= bound if kind == "min" else value <= bound  # noqa: E731
+    return {name: {"value": report[key], "bound": bound, "met": met(report[key], bound, kind)}
+            for name, (key, bound, kind) in GOALS.items()}  # fmt: skip
+
+
+def render(r: dict) -> str:
+    gb = 1e9
+    lines = [
+        f"device: {r['device_name']} ({r['device']}); target {r['target']}, bf16, context {r['context']}; "
+        f"compile: {r['compile']}",
+        f"EAGLE-3 head: draft vocab {r['draft_vocab']}, EAGLE-2 dynamic top_k {r['top_k']}, depth {r['depth']}, "
+        f"tree {r['tree_size']} nodes",
+        f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
+        f"{r['roofline_ms']:.3f} ms",
+        f"plain decode step {r['decode_step_ms']:.3f} ms = {r['roofline_fraction']:.1%} of roofline "
+        f"({r['roofline_fraction_streamed']:.1%} counting streamed bytes: no embedding table, + KV)",
+        "verify by tree size:  " + "  ".join(
+            f"{n}: {t:.2f} ms ({r['verify_x_step'][n]:.2f}x)" for n, t in r["verify_ms"].items()),
+        "draft (propose) by depth, total ms:  " + "  ".join(f"{d}: {t:.2f}" for d, t in r["propose_ms"].items()),
+        f"depth-{r['depth']} draft {r['draft_ms']:.3f} ms = {r['draft_x_step']:.1%} of a step; per depth "
+        + ", ".join(f"{t:.2f}" for t in r["draft_ms_per_depth"].values())
+        + f" ms (a head depth {r['draft_depth_ms']:.3f} ms = {r['draft_depth_x_step']:.1%} of a step)",
+        f"commit (target, {r['commit_path_len']}-node path) {r['commit_ms']:.3f} ms; drafter accept of "
+        f"{ACCEPTED} tokens {r['accept_ms']:.3f} ms; pass = verify + commit + draft + accept = {r['pass_ms']:.3f} ms",
+        "projected speedup tau * t_step / t_pass:  " + "  ".join(
+            f"tau {t}: {s:.2f}x" for t, s in r["projected_speedup"].items()),
+        "batch (eager HF forward, SlotCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain",
+    ]  # fmt: skip
+    for row in r["batch"]:
+        lines.append(
+            f"{row['batch']:35d} | {row['plain_step_ms']:13.3f} | {row['plain_tokens_per_s']:11.1f} | "
+            f"{row['verify_ms']:12.3f} | {row['projected_tokens_per_s']:10.1f} ({row['projected_row_tokens_per_s']:.1f})"
+            f" | {row['projected_speedup']:.2f}x"
+        )
+    lines.append(r["batch_speculative"])
+    lines += [f"goal: {name}: {g['value']:.3f} -> {'met' if g['met'] else 'NOT met'}" for name, g in r["goals"].items()]  # fmt: skip
+    return "\n".join(lines)
+
+
+def resolve_device(args: argparse.Namespace) -> torch.device:
+    """The device to run on; ValueError on bad options (no CUDA without --tiny, bad numbers)."""
+    numbers = {"iters": (args.iters, 1), "warmup": (args.warmup, 0), "context": (1 if args.context is None else args.context, 1),
+               "top-k": (args.top_k, 1), "depth": (args.depth, 1), "draft-vocab": (args.draft_vocab, 1)}  # fmt: skip
+    for name, (value, low) in numbers.items():
+        if value < low:
+            raise ValueError(f"--{name} must be >= {low}, got {value}")
+    device = torch.device(args.device)
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {args.device}: cuda or cpu only (timed with CUDA events or perf_counter)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        if not args.tiny:
+            raise ValueError(
+                f"--device {args.device}: CUDA is not available on this machine (--tiny runs on a CPU)"
+            )
+        print("note: CUDA is not available; --tiny runs on the CPU")
+        device = torch.device("cpu")
+    if device.type == "cpu" and not args.tiny:
+        raise ValueError("an 8B-shaped target on the CPU is not a meaningful GPU benchmark: add --tiny")
+    return device
+
+
+def weight_and_streamed_bytes(model: LlamaForCausalLM, context: int) -> tuple[int, int]:
+    """All parameter bytes; bytes one decode step reads (no embedding table, + the KV cache)."""
+    cfg = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * 2  # bf16 K and V
+    return weights, weights - model.get_input_embeddings().weight.nbytes + kv
+
+
+def measure_compiled(model, head, args, timer: Timer, device: torch.device) -> tuple[dict, str]:
+    """measure_runner with the target compiled when --compile (eager numbers, said so, if that fails)."""
+    if not args.compile:
+        return measure_runner(model, head, args, timer), "off"
+    mode, start = ("reduce-overhead" if device.type == "cuda" else "default"), time.perf_counter()
+    try:
+        parts = measure_runner(model, head, args, timer, compile_mode=mode)
+        status = (
+            f"on, target only (mode={mode}; compiling + measuring took {time.perf_counter() - start:.0f} s)"
+        )
+    except Exception as err:  # noqa: BLE001 - any compile failure still yields eager numbers
+        model.__dict__.pop("forward", None)  # back to the class's eager forward
+        status = f"FAILED ({type(err).__name__}: {str(err).splitlines()[0][:200]}); eager numbers"
+        parts = measure_runner(model, head, args, timer)
+    model.__dict__.pop("forward", None)  # the batch table runs eager
+    return parts, status
+
+
+def run(args: argparse.Namespace, device: torch.device) -> dict:
+    args.context = args.context or (64 if args.tiny else 512)
+    torch.manual_seed(0)
+    model, head = build(target_config(args.tiny, args.context), args.draft_vocab, device)
+    timer = Timer(device, args.iters, args.warmup)
+    bandwidth = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (32 << 20))
+    weight_bytes, streamed = weight_and_streamed_bytes(model, args.context)
+    parts, status = measure_compiled(model, head, args, timer, device)
+    report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
+              else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
+              "compile": status, "context": args.context, "draft_vocab": head.config.draft_vocab_size,
+              "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
+    report.update(summarize(args, parts, bandwidth, weight_bytes, streamed))
+    extra = report["pass_ms"] - parts["verify_ms"][args.tree_size]  # commit + draft + accept at batch 1
+    report["batch"] = [
+        project_batch(batch_row(model, b, args.context, args.tree_size, timer), extra, tau=5.4)
+        for b in BATCHES
+    ]
+    supported = batch_speculative_supported(model, head.config.target_layers)
+    report["batch_speculative_supported"] = supported
+    report["batch_speculative"] = (
+        "batch > 1 speculative: the runner takes B > 1 now, but this script still projects it (tau 5.4)"
+        if supported
+        else "batch > 1 speculative: not supported by this engine version (projected at tau 5.4, drafting "
+        "assumed to cost what it does at batch 1: one head call per depth over every row's frontier)"
+    )
+    report["goals"] = goals(report)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        device = resolve_device(args)
+    except (ValueError, RuntimeError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    report = run(args, device)
+    print(render(report))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

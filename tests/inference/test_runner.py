@@ -1,0 +1,160 @@
+"""TargetRunner on a real tiny Llama, both cache back-ends: verified tree logits/hidden states equal the
+plain root-to-node paths, commit leaves a cache equal to a plain run (slot copies included), padding
+to buckets changes nothing, device masks equal the Python ones, hooks are installed once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
+from spechead.inference.kv_cache import SlotCache
+from spechead.inference.runner import TargetRunner
+from spechead.inference.tree import (
+    TokenTree,
+    ancestor_mask,
+    ancestors_on_device,
+    depths,
+    path_to_node,
+    tree_attention_mask,
+    tree_inputs_on_device,
+)
+
+VOCAB = 64
+HIDDEN = (0, 2, -1)
+
+
+@pytest.fixture(params=["eager", "sdpa"])
+def model(request, tiny_llama):
+    m = tiny_llama(VOCAB, layers=4, hidden=32, seed=0)
+    m.set_attn_implementation(request.param)
+    return m
+
+
+def random_tree(n: int, seed: int) -> TokenTree:
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(max(0, i - 3), i, (), generator=g)) for i in range(1, n)]
+    return TokenTree(torch.randint(0, VOCAB, (n,), generator=g), torch.tensor(parents))
+
+
+def plain(model, ids: list[int]):
+    out = model(torch.tensor([ids]), output_hidden_states=True)
+    return out.logits[0], out.hidden_states
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 17, 40])
+def test_device_tree_inputs_equal_python_ones(n):
+    for seed in range(3):
+        parents = random_tree(n, seed).parents
+        anc = ancestors_on_device(parents[None])[0]
+        assert torch.equal(anc, ancestor_mask(parents))
+        mask, positions, _ = tree_inputs_on_device(parents[None], 7, torch.float32)
+        assert torch.equal(mask, tree_attention_mask(parents, 7, torch.float32))
+        assert torch.equal(positions[0], depths(parents) + 7)
+
+
+def test_greedy_accept_batch_equals_greedy_accept():
+    g = torch.Generator().manual_seed(0)
+    for seed in range(30):
+        tree = random_tree(1 + seed % 13, seed)
+        logits = torch.randn(tree.size, 6, generator=g)
+        tree = TokenTree(tree.tokens % 6, tree.parents)
+        if seed % 2:  # make many nodes match their parent's argmax
+            best = logits.argmax(-1)
+            tree = TokenTree(torch.cat([tree.tokens[:1], best[tree.parents[1:]]]), tree.parents)
+        anc = ancestors_on_device(tree.parents[None])
+        got = greedy_accept_batch(tree.tokens[None], tree.parents[None], anc, logits[None])[0]
+        assert got == greedy_accept(tree, logits)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("buckets", [None, (4, 16, 64)])
+def test_verify_equals_plain_paths_and_commit_equals_plain_run(model, cache, buckets):
+    runner = TargetRunner(model, HIDDEN, cache=cache, buckets=buckets)
+    runner.reserve(6, 40)
+    seq = [3, 9, 27, 17, 51, 25]
+    logits, hidden = runner.prefill(torch.tensor([seq]))
+    ref_logits, ref_hidden = plain(model, seq)
+    torch.testing.assert_close(logits[0], ref_logits[-1], atol=1e-5, rtol=0)
+    for k in HIDDEN:
+        torch.testing.assert_close(hidden[k][0], ref_hidden[k][0], atol=1e-5, rtol=0)
+    for step, n in enumerate([12, 1, 7, 3, 12]):
+        tree = random_tree(n, step)
+        logits, hidden = runner.verify(tree.tokens[None], tree.parents[None])
+        assert logits.shape == (1, n, VOCAB) and all(h.shape[:2] == (1, n) for h in hidden.values())
+        for node in range(n):
+            path = path_to_node(tree.parents, node)
+            ref_logits, ref_hidden = plain(model, seq + tree.tokens[path].tolist())
+            torch.testing.assert_close(logits[0, node], ref_logits[-1], atol=1e-5, rtol=0)
+            for k in HIDDEN:
+                torch.testing.assert_close(hidden[k][0, node], ref_hidden[k][0, -1], atol=1e-5, rtol=0)
+        keep = path_to_node(tree.parents, n - 1 - step % 2 if n > 1 else 0)  # a non-contiguous path too
+        runner.commit(torch.tensor(keep))
+        seq += tree.tokens[keep].tolist()
+        assert runner.length == len(seq) == runner.cache.get_seq_length()
+    if cache == "static":  # the committed slots hold exactly a plain run's keys/values
+        assert isinstance(runner.cache, SlotCache)
+        fresh = TargetRunner(model, cache="dynamic")
+        fresh.prefill(torch.tensor([seq]))
+        for mine, ref in zip(runner.cache.layers, fresh.cache.layers):
+            torch.testing.assert_close(mine.keys[:, :, : len(seq)], ref.keys, atol=1e-5, rtol=0)
+            torch.testing.assert_close(mine.values[:, :, : len(seq)], ref.values, atol=1e-5, rtol=0)
+
+
+def test_static_cache_is_preallocated_once(model):
+    runner = TargetRunner(model, cache="static")
+    runner.reserve(4, 20)
+    runner.prefill(torch.tensor([[1, 2, 3, 4]]))
+    buffers = [layer.keys.data_ptr() for layer in runner.cache.layers]
+    for step in range(5):
+        tree = random_tree(6, step)
+        runner.verify(tree.tokens[None], tree.parents[None])
+        runner.commit(torch.tensor(path_to_node(tree.parents, 5)))
+    assert [layer.keys.data_ptr() for layer in runner.cache.layers] == buffers  # written in place
+
+
+def test_cache_too_small_is_one_clear_line(model):
+    runner = TargetRunner(model, cache="static", max_length=16)
+    with pytest.raises(
+        ValueError, match=r"too small for the prompt \(10 tokens\) \+ max_new_tokens \(8\)"
+    ) as err:
+        runner.reserve(10, 8)
+    assert "\n" not in str(err.value)
+    runner.reserve(10, 6)
+    runner.prefill(torch.arange(10)[None])
+    with pytest.raises(ValueError, match="does not fit"):
+        runner.verify(torch.zeros(1, 7, dtype=torch.long), torch.arange(-1, 6)[None])
+    with pytest.raises(ValueError, match="cache must be one of"):
+        TargetRunner(model, cache="paged")
+
+
+def test_hooks_are_installed_once(model):
+    layer = model.get_decoder().layers[1]
+    before = len(layer._forward_hooks)
+    runners = [TargetRunner(model, (2,), cache=c) for c in ("dynamic", "static", "dynamic")]
+    assert len(layer._forward_hooks) == before + 1  # one hook for layer index 2, shared by all runners
+    for runner in runners:
+        runner.reserve(3, 4)
+        _, hidden = runner.prefill(torch.tensor([[5, 6, 7]]))
+        assert hidden[2].shape == (1, 3, 32)
+    model(torch.tensor([[1, 2]]))  # a forward outside the runner records nothing
+    assert not runners[0]._capture.store
+
+
+def test_a_fixed_cache_cuts_trees_near_its_end_losslessly(model, chatml_tokenizer):
+    from spechead.inference.drafters.draft_model import DraftModelDrafter
+    from spechead.inference.generator import SpeculativeGenerator
+
+    prompt, n = [3, 9, 27, 17], 14
+    reference = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
+    drafter = DraftModelDrafter(model, num_draft=6)  # the target drafting for itself: long accepted paths
+    gen = SpeculativeGenerator(
+        model, chatml_tokenizer, drafter, cache="static", max_cache_len=len(prompt) + n
+    )
+    gen.eos = set()
+    assert gen.generate(input_ids=prompt, max_new_tokens=n).token_ids == reference
+    with pytest.raises(ValueError, match="too small"):
+        gen.generate(input_ids=prompt, max_new_tokens=n + 1)

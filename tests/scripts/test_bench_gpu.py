@@ -1,0 +1,144 @@
+"""scripts/bench_gpu.py: the --tiny CPU run (the same code as the H100 run) and its one-line error."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "bench_gpu.py"
+SIZES = ["1", "2", "4", "8", "16", "32", "64", "128"]
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+    )
+
+
+def positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[dict, str]:
+    cwd = tmp_path_factory.mktemp("bench_gpu")
+    proc = run("--tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--out", "tmp.json", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((cwd / "tmp.json").read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_tiny_run_reports_every_part(tiny_run):
+    r, _ = tiny_run
+    keys = {"device", "device_name", "target", "compile", "context", "draft_vocab", "top_k", "depth", "tree_size",
+            "verify_ms", "verify_x_step", "verify_64_x_step", "decode_step_ms", "copy_bandwidth_GBps",
+            "weight_bytes", "streamed_bytes", "roofline_ms", "roofline_fraction", "roofline_fraction_streamed",
+            "propose_ms", "draft_ms", "draft_x_step", "draft_ms_per_depth", "draft_depth_ms", "draft_depth_x_step",
+            "commit_ms", "commit_path_len", "accept_ms", "pass_ms", "projected_speedup", "speedup_tau_5.4",
+            "batch", "batch_speculative", "batch_speculative_supported", "goals"}  # fmt: skip
+    assert keys <= set(r), keys - set(r)
+    assert r["context"] == 64 and r["draft_vocab"] == 1024 and r["top_k"] == 8
+    assert r["device"] == "cpu" and r["compile"] == "off" and r["tree_size"] == 64 and r["depth"] == 7
+    for key in ("decode_step_ms", "copy_bandwidth_GBps", "weight_bytes", "streamed_bytes", "roofline_ms",
+                "commit_ms", "accept_ms", "draft_ms", "pass_ms"):  # fmt: skip
+        assert positive(r[key]), (key, r[key])
+    assert 0 < r["streamed_bytes"] < r["weight_bytes"] + 10**6
+    assert 0 < r["roofline_fraction"] and 0 < r["roofline_fraction_streamed"]
+    assert math.isclose(r["roofline_fraction"], r["roofline_ms"] / r["decode_step_ms"], rel_tol=1e-9)
+    assert list(r["verify_ms"]) == SIZES and all(positive(t) for t in r["verify_ms"].values())
+    assert r["decode_step_ms"] == r["verify_ms"]["1"] and r["verify_x_step"]["1"] == 1.0
+    assert math.isclose(r["verify_64_x_step"], r["verify_ms"]["64"] / r["decode_step_ms"])
+    assert list(r["propose_ms"]) == [str(d) for d in range(1, 8)]
+    assert all(positive(t) for t in r["propose_ms"].values()) and r["draft_ms"] == r["propose_ms"]["7"]
+    assert math.isclose(sum(r["draft_ms_per_depth"].values()), r["draft_ms"])
+    assert math.isclose(r["draft_x_step"], r["draft_ms"] / r["decode_step_ms"])
+    head_steps = [r["draft_ms_per_depth"][str(d)] for d in range(2, 8)]
+    assert math.isclose(r["draft_depth_ms"], sum(head_steps) / 6)
+    assert math.isclose(r["draft_depth_x_step"], r["draft_depth_ms"] / r["decode_step_ms"])
+    assert r["commit_path_len"] >= 2
+
+
+@pytest.mark.slow
+def test_projected_speedup_is_computed_from_the_parts(tiny_run):
+    r, _ = tiny_run
+    pass_ms = r["verify_ms"]["64"] + r["commit_ms"] + r["propose_ms"]["7"] + r["accept_ms"]
+    assert math.isclose(r["pass_ms"], pass_ms)
+    assert set(r["projected_speedup"]) == {"3.0", "4.0", "5.0", "5.4", "6.0"}
+    for tau, speedup in r["projected_speedup"].items():
+        assert math.isclose(speedup, float(tau) * r["decode_step_ms"] / pass_ms)
+    assert r["speedup_tau_5.4"] == r["projected_speedup"]["5.4"]
+
+
+@pytest.mark.slow
+def test_batch_rows_and_goals(tiny_run):
+    r, out = tiny_run
+    assert [row["batch"] for row in r["batch"]] == [1, 4, 16]
+    extra = r["pass_ms"] - r["verify_ms"]["64"]
+    for row in r["batch"]:
+        assert positive(row["plain_step_ms"]) and positive(row["verify_ms"])
+        assert math.isclose(row["plain_tokens_per_s"], 1e3 * row["batch"] / row["plain_step_ms"])
+        assert math.isclose(row["projected_pass_ms"], row["verify_ms"] + extra)
+        assert math.isclose(row["projected_tokens_per_s"], row["batch"] * row["projected_row_tokens_per_s"])
+        assert math.isclose(row["projected_speedup"], 5.4 * row["plain_step_ms"] / row["projected_pass_ms"])
+    assert r["batch_speculative_supported"] is False  # this engine version decodes B = 1
+    assert "batch > 1 speculative: not supported by this engine version" in out
+    assert len(r["goals"]) == 4
+    for name, goal in r["goals"].items():
+        assert isinstance(goal["met"], bool) and f"goal: {name}:" in out
+    assert r["goals"]["projected speedup at tau 5.4 >= 3x"]["value"] == r["speedup_tau_5.4"]
+    assert "of roofline" in out and "compile: off" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
+def test_cuda_without_tiny_on_a_cpu_machine_is_one_error_line(tmp_path):
+    proc = run("--device", "cuda", "--iters", "1", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "CUDA is not available" in lines[0]
+
+
+def test_bad_numbers_are_one_error_line(tmp_path):
+    proc = run("--tiny", "--device", "cpu", "--iters", "0", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["error: --iters must be >= 1, got 0"]
+
+
+def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def broken(fn, **kwargs):
+        def compiled(*args, **kw):
+            raise RuntimeError("no compiler here\nsecond line")
+
+        return compiled
+
+    monkeypatch.setattr(module.torch, "compile", broken)
+    argv = [
+        "--tiny",
+        "--device",
+        "cpu",
+        "--compile",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path / "r.json"),
+    ]
+    assert module.main(argv) == 0
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["compile"].startswith("FAILED (RuntimeError: no compiler here)") and positive(
+        r["decode_step_ms"]
+    )
+    assert "compile: FAILED" in capsys.readouterr().out
