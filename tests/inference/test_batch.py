@@ -107,3 +107,13 @@ def test_fixed_cache_near_its_end_still_lossless(setup):
     out = gen.generate_batch(input_ids=PROMPTS[:3], max_new_tokens=[20, 30, 24])
     for b, n in enumerate([20, 30, 24]):
         assert out[b].token_ids == plain_greedy(model, PROMPTS[b], n)
+
+
+def test_row_drafters_share_the_head_weights(setup):
+    from spechead.inference.batch_decode import clone_drafter
+
+    model, _ = setup
+    drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0]])
+    twin = clone_drafter(drafter)
+    assert twin is not drafter and twin.head is drafter.head  # own state, same modules
+    assert twin.head._target_modules["embed_tokens"] is model.get_input_embeddings()
