@@ -10,13 +10,14 @@ distribution is exactly the target's. The target's cache and hidden-state captur
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
+from spechead.inference.batch_decode import decode_batch
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
@@ -139,6 +140,62 @@ class SpeculativeGenerator:
                                   SamplingParams(temperature, top_k, top_p, seed), stats):  # fmt: skip
             ids.extend(chunk)
         return GenerationResult(self.tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str] | None = None,
+        *,
+        messages: Sequence[list[dict[str, str]]] | None = None,
+        input_ids: Sequence[list[int] | torch.Tensor] | None = None,
+        max_new_tokens: int | Sequence[int] = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | Sequence[int | None] | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for B prompts at once (one target forward per pass over all active rows).
+
+        Give exactly one of prompts (strings), messages (one chat per row) or input_ids (one id list per
+        row). max_new_tokens and seed: one value for all rows or one per row. Each row has its own tree,
+        stop and (sampling) generator seeded with its seed, so result[b] equals
+        `generate(<row b>, max_new_tokens=..., seed=seed[b])`: greedy token for token, sampling draw for
+        draw. Static cache only (`max_cache_len` applies to every row); a row's stats carry its own
+        tokens and passes, with the batch's wall/phase times.
+        """
+        given = [x is not None for x in (prompts, messages, input_ids)]
+        if sum(given) != 1:
+            raise ValueError("pass exactly one of prompts=, messages= or input_ids= (a list, one per row)")
+        rows_in = next(x for x in (prompts, messages, input_ids) if x is not None)
+        if isinstance(rows_in, str) or len(rows_in) == 0:
+            raise ValueError("generate_batch takes a non-empty list of prompts (one per row)")
+        if self.runner.kind != "static":
+            raise ValueError(f"batch decoding needs cache='static', this generator uses {self.runner.kind!r}")
+        batch = len(rows_in)
+        ids = []
+        for b, row in enumerate(rows_in):
+            slot = 0 if prompts is not None else 1 if messages is not None else 2
+            args = [None, None, None]
+            args[slot] = row
+            try:
+                ids.append(self._prompt_ids(*args))
+            except ValueError as err:
+                raise ValueError(f"row {b}: {err}") from None
+        max_new = _per_row(max_new_tokens, batch, "max_new_tokens")
+        seeds = _per_row(seed, batch, "seed")
+        for b in range(batch):
+            try:
+                self._check_lengths(len(ids[b]), max_new[b])
+            except ValueError as err:
+                raise ValueError(f"row {b}: {err}") from None
+        params = [SamplingParams(temperature, top_k, top_p, s) for s in seeds]
+        stats = [GenerationStats() for _ in range(batch)]
+        out, _ = decode_batch(
+            self.target, self.drafter, ids, max_new, params, self.eos, stats, self.runner.fixed_length
+        )
+        return [
+            GenerationResult(self.tokenizer.decode(o, skip_special_tokens=True), o, s)
+            for o, s in zip(out, stats)
+        ]
 
     def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
         """Yield text as tokens are accepted (same arguments as generate)."""
@@ -290,6 +347,15 @@ class _Clock:
             out[phase] += last.elapsed_time(stamp) / 1e3 if self.cuda else stamp - last
             last = stamp
         return out
+
+
+def _per_row(value, batch: int, name: str) -> list:
+    """One value per row from a scalar or a list of length `batch` (ValueError otherwise)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != batch:
+            raise ValueError(f"{name} has {len(value)} values for {batch} prompts")
+        return list(value)
+    return [value] * batch
 
 
 def _until_stop(tokens: list[int], eos: set[int], room: int) -> list[int]:

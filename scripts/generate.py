@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory or Hub id")
     p.add_argument("--drafter", default=None, help="head dir/id, draft model dir/id, or prompt_lookup")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, action="append", help="repeat for a batch (one row each)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         gen = SpeculativeGenerator.from_pretrained(
             args.target, args.drafter, device=args.device, dtype=args.dtype
         )
-        source = (
-            {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
-        )
+        if len(args.prompt) > 1 and args.stream:
+            raise ValueError("--stream takes a single --prompt")
+        chats = [[{"role": "user", "content": p}] for p in args.prompt]
+        source = {"messages": chats[0]} if args.chat else {"prompt": args.prompt[0]}
         options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                        top_k=args.top_k, seed=args.seed)  # fmt: skip
         if args.stream:
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(piece, end="", flush=True)
             print()
             stats = gen.last_stats
+        elif len(args.prompt) > 1:  # a batch: one target forward per pass over all rows
+            batch = {"messages": chats} if args.chat else {"prompts": args.prompt}
+            results = gen.generate_batch(**batch, **options)
+            for i, result in enumerate(results):
+                print(f"--- row {i}\n{result.text}")
+            return _report([r.stats for r in results], args.json)
         else:
             result = gen.generate(**source, **options)
             print(result.text)
@@ -68,9 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(stats.as_dict()))
-    else:
+    return _report([stats], args.json)
+
+
+def _report(all_stats: list, as_json: bool) -> int:
+    """Print each row's stats (JSON: one object, or a list for a batch); returns 0."""
+    if as_json:
+        dicts = [s.as_dict() for s in all_stats]
+        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts))
+        return 0
+    for stats in all_stats:
         print(
             f"\n[tau {stats.tau:.2f} tokens per target pass | {stats.new_tokens} tokens in {stats.target_passes} target passes | "
             f"{stats.accepted_tokens}/{stats.drafted_tokens} drafts accepted | {stats.tokens_per_s:.1f} tokens/s]",

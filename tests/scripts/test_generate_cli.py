@@ -29,6 +29,32 @@ def test_generate_prints_text_and_stats(tiny_target_dir):
 
 
 @pytest.mark.slow
+def test_generate_several_prompts_is_a_batch(tiny_target_dir):
+    common = [
+        "--target",
+        str(tiny_target_dir),
+        "--drafter",
+        "prompt_lookup",
+        "--chat",
+        "--max-new-tokens",
+        "10",
+    ]
+    proc = run(
+        "generate.py", *common, "--prompt", "What is the capital of France?", "--prompt", "Add 2 and 3."
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("--- row ") == 2
+    row1 = proc.stdout.split("--- row 1\n", 1)[1].rstrip("\n")
+    single = run("generate.py", *common, "--prompt", "Add 2 and 3.")
+    assert single.returncode == 0 and single.stdout.rstrip("\n") == row1  # greedy: row == its batch-1 output
+    js = run("generate.py", *common, "--prompt", "a", "--prompt", "b", "--json")
+    stats = json.loads(js.stdout.strip().splitlines()[-1])
+    assert isinstance(stats, list) and len(stats) == 2 and all(s["new_tokens"] <= 10 for s in stats)
+    bad = run("generate.py", *common, "--prompt", "a", "--prompt", "b", "--stream")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --stream takes a single --prompt"
+
+
+@pytest.mark.slow
 def test_generate_bad_input_is_one_line(tiny_target_dir):
     proc = run("generate.py", "--target", str(tiny_target_dir), "--prompt", "hi", "--max-new-tokens", "0")
     assert proc.returncode == 2

@@ -1,0 +1,213 @@
+"""Batch > 1 target runner: B rows with their OWN committed lengths in one preallocated KV cache.
+
+    runner = BatchRunner(model, hidden_layers=(2, 4, 6), max_length=S_max)
+    logits, hidden = runner.prefill([ids_0, ids_1, ...])   # ids_b [T_b] -> [B, V], [{l: [T_b, H]}] per row
+    logits, hidden = runner.verify(tokens, parents)        # [B, N] each -> [B, N, V], {l: [B, N, H]}
+    runner.commit(paths)                                   # per row: accepted node indices [K_b]
+    runner.keep(rows)                                      # drop finished rows (the others go on untouched)
+
+Layout: `BatchSlotCache` keeps keys/values [B, kv, S_max, D] per layer and `lengths` [B]. Row b's
+committed entries sit at slots [0, len_b). A verify pass writes row b's N tree entries at slots
+[len_b, len_b + N) (one scatter per layer) and attends through an additive float mask [B, 1, N, S]
+(S = max_b len_b + N) that, for row b, opens slots < len_b plus the node's own ancestors in its tree
+and blocks everything else (other rows' longer prefixes, stale scratch). Position ids = len_b + depth.
+Trees of different sizes are padded to the batch's max N with dummy children of the root that no real
+node attends to. Prefill runs row by row (mixed prompt lengths, no padding) and copies each row's K/V
+into its slots. The static layout only: the dynamic back-end stays batch 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from spechead.heads.base import resolve_layers
+from spechead.inference.runner import _Capture, check_tree_attention
+from spechead.inference.tree import ancestors_on_device
+
+
+class BatchSlotLayer(CacheLayerMixin):
+    """One layer's preallocated keys/values [B, kv, S_max, D]; writes go to the slots the cache names."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner: BatchSlotCache) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        batch, heads, _, k_dim = key_states.shape
+        shape = (self.owner.batch, heads, self.owner.max_length)
+        self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
+        self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs):
+        """Scatter key/value states [B, kv, N, D] to slots [B, N]; return views [B, kv, S, D]."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        slots, view = self.owner.write_slots, self.owner.view_length  # [B, N], S
+        b, h, n, d = key_states.shape
+        self.keys.scatter_(2, slots[:, None, :, None].expand(b, h, n, d), key_states)
+        dv = value_states.shape[-1]
+        self.values.scatter_(2, slots[:, None, :, None].expand(b, h, n, dv), value_states)
+        return self.keys[:, :, :view], self.values[:, :, :view]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.view_length, 0
+
+    def get_seq_length(self) -> int:
+        return int(self.owner.view_length)
+
+    def get_max_length(self) -> int:
+        return self.owner.max_length
+
+    def reset(self) -> None:
+        pass
+
+
+class BatchSlotCache(Cache):
+    """Preallocated KV cache for B rows of different committed lengths (see the module doc)."""
+
+    def __init__(self, num_layers: int, batch: int, max_length: int) -> None:
+        if max_length < 1 or batch < 1:
+            raise ValueError(f"need batch >= 1 and max_length >= 1, got {batch}, {max_length}")
+        self.batch, self.max_length = batch, max_length
+        self.write_slots: Tensor | None = None  # [B, N] where the next forward writes
+        self.view_length = 0  # S: slots the next forward attends over
+        super().__init__(layers=[BatchSlotLayer(self) for _ in range(num_layers)])
+
+
+class BatchRunner:
+    """Prefill, verify and commit B rows at once on the target (static slots; see the module doc)."""
+
+    def __init__(self, model: torch.nn.Module, hidden_layers: Sequence[int] = (), *, max_length: int) -> None:
+        check_tree_attention(model)
+        self.model = model
+        param = next(model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype if param.dtype.is_floating_point else torch.float32
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+        self.max_length = max_length
+        self._capture = _Capture.of(model)
+        canon = resolve_layers(list(hidden_layers), self._capture.num_layers) if hidden_layers else []
+        self._capture.want(canon)
+        self.layers = dict(zip(tuple(hidden_layers), canon))
+        self.cache: BatchSlotCache | None = None
+        self.lengths = torch.zeros(0, dtype=torch.long)  # [B] committed positions per row (host)
+
+    def _forward(self, cache: Cache, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
+        store = self._capture.store
+        store.clear()
+        self._capture.active = True
+        try:
+            out = self.model(past_key_values=cache, use_cache=True, **kwargs)
+        finally:
+            self._capture.active = False
+        hidden = {req: store[c] for req, c in self.layers.items()}  # [B, T, H] each
+        store.clear()
+        return out.logits, hidden
+
+    def room(self) -> int:
+        """Tree nodes every active row can still take (the padded N must fit after the longest row)."""
+        return self.max_length - int(self.lengths.max())
+
+    @torch.no_grad()
+    def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
+        """Prefill prompts ids_b [T_b] one row at a time: logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
+        batch = len(prompts)
+        for b, ids in enumerate(prompts):
+            if ids.dim() != 1 or ids.numel() == 0:
+                raise ValueError(f"row {b}: prompt must be a non-empty 1-D id tensor, got {tuple(ids.shape)}")
+            if ids.numel() > self.max_length:
+                raise ValueError(f"row {b}: prompt of {ids.numel()} tokens > KV cache of {self.max_length}")
+        self.cache = BatchSlotCache(self.num_layers, batch, self.max_length)
+        all_logits, hiddens = [], []
+        for b, ids in enumerate(prompts):
+            row_cache = DynamicCache(config=self.model.config)
+            logits, hidden = self._forward(row_cache, input_ids=ids[None].to(self.device), logits_to_keep=1)
+            all_logits.append(logits[0, -1].float())  # [V]
+            hiddens.append({k: v[0] for k, v in hidden.items()})  # {l: [T_b, H]}
+            t = ids.numel()
+            for layer, row_layer in zip(self.cache.layers, row_cache.layers):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(row_layer.keys, row_layer.values)
+                layer.keys[b, :, :t] = row_layer.keys[0]  # [kv, T_b, D]
+                layer.values[b, :, :t] = row_layer.values[0]
+        self.lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.long)
+        return torch.stack(all_logits), hiddens  # [B, V]
+
+    @torch.no_grad()
+    def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
+        """ONE target forward over trees tokens [B, N] / parents [B, N] (row b on top of its own prefix).
+
+        Returns logits [B, N, V] (fp32) and {l: [B, N, H]}. Padded nodes must be children of earlier
+        nodes that no real node descends from; their outputs are garbage and ignored.
+        """
+        if self.cache is None:
+            raise RuntimeError("verify before prefill")
+        batch, n = tokens.shape
+        if parents.shape != tokens.shape or batch != self.lengths.numel():
+            raise ValueError(
+                f"tokens and parents must be [B={self.lengths.numel()}, N], got "
+                f"{tuple(tokens.shape)}, {tuple(parents.shape)}"
+            )
+        if n > self.room():
+            raise ValueError(f"a tree of {n} nodes does not fit: {self.room()} KV slots left")
+        dev = self.device
+        tokens, parents = tokens.to(dev), parents.to(dev)
+        lengths = self.lengths.to(dev)  # [B]
+        view = int(self.lengths.max()) + n  # S
+        anc = ancestors_on_device(parents)  # [B, N, N]
+        positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
+        slots = lengths[:, None] + torch.arange(n, device=dev)  # [B, N]
+        cols = torch.arange(view, device=dev)  # [S]
+        allowed = (cols[None, :] < lengths[:, None])[:, None, :].expand(batch, n, view).clone()  # [B, N, S]
+        allowed.scatter_(2, slots[:, None, :].expand(batch, n, n), anc)  # own tree: ancestors + self
+        mask = torch.zeros(batch, 1, n, view, dtype=self.dtype, device=dev)  # [B, 1, N, S]
+        mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        self.cache.write_slots, self.cache.view_length = slots, view
+        logits, hidden = self._forward(
+            self.cache, input_ids=tokens, attention_mask=mask, position_ids=positions
+        )
+        return logits.float(), hidden  # [B, N, V]
+
+    def commit(self, paths: Sequence[Tensor | Sequence[int]]) -> None:
+        """Row b keeps the accepted nodes paths[b] [K_b] (ascending, paths[b][0] = 0) after its prefix."""
+        paths = [torch.as_tensor(p, dtype=torch.long) for p in paths]
+        if len(paths) != self.lengths.numel():
+            raise ValueError(f"need one path per row ({self.lengths.numel()}), got {len(paths)}")
+        ks = torch.tensor([p.numel() for p in paths], dtype=torch.long)  # [B]
+        kmax = int(ks.max())
+        # pad each path by repeating its last node: duplicate writes of the same value are harmless
+        src = torch.stack([torch.cat([p, p[-1:].expand(kmax - p.numel())]) for p in paths])  # [B, Kmax]
+        dst = torch.minimum(torch.arange(kmax)[None, :], ks[:, None] - 1)  # [B, Kmax]
+        src, dst = src + self.lengths[:, None], dst + self.lengths[:, None]
+        if not torch.equal(src, dst):  # some row's path is not already in place
+            src, dst = src.to(self.device), dst.to(self.device)
+            for layer in self.cache.layers:
+                for buf in (layer.keys, layer.values):
+                    b, h, _, d = buf.shape
+                    s_idx = src[:, None, :, None].expand(b, h, kmax, d)  # [B, kv, Kmax, D]
+                    d_idx = dst[:, None, :, None].expand(b, h, kmax, d)
+                    buf.scatter_(2, d_idx, buf.gather(2, s_idx))  # gather copies first: overlap is fine
+        self.lengths = self.lengths + ks
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only these rows (in this order), e.g. drop the finished ones."""
+        rows = list(rows)
+        if rows == list(range(self.lengths.numel())):
+            return
+        idx = torch.tensor(rows, dtype=torch.long)
+        self.lengths = self.lengths[idx]
+        self.cache.batch = len(rows)
+        dev_idx = idx.to(self.device)
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys = layer.keys.index_select(0, dev_idx)
+                layer.values = layer.values.index_select(0, dev_idx)

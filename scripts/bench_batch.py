@@ -1,0 +1,122 @@
+"""Batch decoding benchmark: tokens/s over the batch, speculative vs plain batched decoding.
+
+    python scripts/bench_batch.py --batch-size 1 8 \\
+        --drafter eagle3=outputs/bench-heads/eagle3/head --drafter medusa2=outputs/bench-heads/medusa2/head
+
+For each batch size B the prompt set (first user turn of each prompt, chat template) is cut into
+batches of B and decoded greedily three ways on the same loaded target: our engine with no drafter
+(`generate_batch`, plain batched decoding), Hugging Face `generate` with left padding (tokens counted
+up to each row's EOS), and our engine with the drafter. tokens/s = all new tokens / all wall time.
+Speculative rows are checked against plain rows (greedy: they must be equal) and mismatches printed.
+Prints one line per (drafter, B) and writes OUT/bench_batch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from spechead.configs import demo_asset
+from spechead.data.prompt_sets import load_prompt_set
+from spechead.inference.generator import SpeculativeGenerator
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=None, help="target model (default: the demo target)")
+    p.add_argument("--drafter", action="append", default=[], help="NAME=PATH of a head (repeatable)")
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt-set", default="demo")
+    p.add_argument("--prompts", type=int, default=24)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
+    return p.parse_args(argv)
+
+
+def run_engine(gen: SpeculativeGenerator, chats: list, batch: int, max_new: int) -> tuple[float, list, float]:
+    """tokens/s, the outputs per prompt and tau (tokens per target pass, pooled) for batches of `batch`."""
+    new, wall, outputs, passes = 0, 0.0, [], 0
+    for i in range(0, len(chats), batch):
+        chunk = chats[i : i + batch]
+        start = time.perf_counter()
+        results = gen.generate_batch(messages=chunk, max_new_tokens=max_new)
+        wall += time.perf_counter() - start
+        outputs += [r.token_ids for r in results]
+        new += sum(r.stats.new_tokens for r in results)
+        passes += sum(r.stats.target_passes for r in results)
+    return new / max(wall, 1e-9), outputs, (new - len(chats)) / max(passes, 1)
+
+
+def run_hf(gen: SpeculativeGenerator, chats: list, batch: int, max_new: int) -> float:
+    """Hugging Face greedy `generate` with left padding: tokens/s counting each row up to its EOS."""
+    model, tok = gen.target, gen.tokenizer
+    side, tok.padding_side = tok.padding_side, "left"
+    new, wall = 0, 0.0
+    try:
+        for i in range(0, len(chats), batch):
+            texts = [
+                tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+                for c in chats[i : i + batch]
+            ]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            start = time.perf_counter()
+            out = model.generate(
+                **enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id
+            )
+            wall += time.perf_counter() - start
+            for row in out[:, enc["input_ids"].shape[1] :].tolist():
+                stop = next((j + 1 for j, t in enumerate(row) if t in gen.eos), len(row))
+                new += stop
+    finally:
+        tok.padding_side = side
+    return new / max(wall, 1e-9)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    target = args.target or str(demo_asset("target"))
+    prompts = load_prompt_set(args.prompt_set, args.prompts)
+    chats = [[{"role": "user", "content": p.turns[0]}] for p in prompts]
+    specs = [d.split("=", 1) for d in args.drafter] or [("plain", None)]
+    rows = []
+    for name, path in specs:
+        gen = SpeculativeGenerator.from_pretrained(target, path, device=args.device, dtype=args.dtype)
+        plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)  # e.g. with a Medusa-2 adapter merged
+        gen.generate_batch(messages=chats[:2], max_new_tokens=8)  # warm-up
+        plain.generate_batch(messages=chats[:2], max_new_tokens=8)
+        for batch in args.batch_size:
+            plain_tps, plain_out, _ = run_engine(plain, chats, batch, args.max_new_tokens)
+            hf_tps = None if args.no_hf else run_hf(plain, chats, batch, args.max_new_tokens)
+            if path is None:
+                spec_tps, spec_out, tau = plain_tps, plain_out, 1.0
+            else:
+                spec_tps, spec_out, tau = run_engine(gen, chats, batch, args.max_new_tokens)
+            bad = sum(a != b for a, b in zip(spec_out, plain_out))
+            row = {"drafter": name, "batch": batch, "tau": tau, "plain_tokens_per_s": plain_tps,
+                   "hf_tokens_per_s": hf_tps, "spec_tokens_per_s": spec_tps,
+                   "speedup_vs_plain": spec_tps / plain_tps, "greedy_mismatches": bad}  # fmt: skip
+            rows.append(row)
+            hf = "-" if hf_tps is None else f"{hf_tps:.1f}"
+            print(
+                f"{name:10s} B={batch:<3d} tau {tau:.2f}  plain {plain_tps:.1f} tok/s  HF {hf} tok/s  "
+                f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  mismatches {bad}",
+                flush=True,
+            )
+            if bad:
+                print(
+                    f"!!! {name} B={batch}: {bad} outputs differ from plain greedy decoding", file=sys.stderr
+                )
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    (args.out / "bench_batch.json").write_text(json.dumps({"settings": settings, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

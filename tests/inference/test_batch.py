@@ -1,0 +1,119 @@
+"""Batch > 1 decoding is lossless: every row equals its batch-1 output (== HF greedy) with mixed prompt
+lengths, per-row max_new_tokens, a row stopping at EOS inside an accepted tree while others go on;
+seeded sampling rows equal their batch-1 draws; bad input gets one clear line."""
+
+from __future__ import annotations
+
+import pytest
+
+from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.generator import SpeculativeGenerator
+
+from .test_generator import eagle_drafter, medusa_drafter, plain_greedy
+
+PROMPTS = [
+    [7, 9, 11, 13, 15, 17, 19, 21, 23],
+    [40],
+    [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18],
+    [33, 34, 35],
+]
+MAX_NEW = [14, 9, 20, 5]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    return model, chatml_tokenizer
+
+
+def make_drafter(model, kind):
+    if kind == "plain":
+        return None
+    if kind == "medusa":
+        return medusa_drafter(model)
+    if kind == "draft_model_self":  # drafts the target's own argmax: whole trees accepted
+        return DraftModelDrafter(model, num_draft=4)
+    if kind == "eagle_dynamic":
+        return eagle_drafter(model, "eagle", top_k=4, depth=4, total_tokens=12)
+    return eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+
+
+@pytest.mark.parametrize("kind", ["plain", "medusa", "draft_model_self", "eagle_dynamic", "eagle3_static"])
+def test_greedy_batch_equals_batch1_and_hf(setup, kind):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), cache="static")
+    # row 0 stops at an EOS in the middle of its output (inside a tree when drafts are accepted)
+    eos = plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]
+    gen.eos = {eos}
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        hf = plain_greedy(model, prompt, n, eos=eos)
+        single = gen.generate(input_ids=prompt, max_new_tokens=n).token_ids
+        assert batch[b].token_ids == single == hf, (kind, b)
+        assert batch[b].stats.new_tokens == len(hf)
+    assert len(batch[0].token_ids) == 7 and batch[0].token_ids[-1] == eos  # stopped early, others went on
+    assert len(batch[2].token_ids) == 20 or eos in batch[2].token_ids
+    if kind == "draft_model_self":
+        assert max(batch[0].stats.accept_lengths) > 1  # the EOS row accepted whole trees
+
+
+@pytest.mark.parametrize("kind", ["plain", "medusa", "eagle_dynamic"])
+def test_sampling_rows_equal_their_batch1_draws(setup, kind):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), cache="static")
+    seeds = [11, 12, 13, 14]
+    kw = {"temperature": 0.9, "top_k": 20}
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, seed=seeds, **kw)
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        single = gen.generate(input_ids=prompt, max_new_tokens=n, seed=seeds[b], **kw).token_ids
+        assert batch[b].token_ids == single, (kind, b)
+
+
+def test_batch_of_strings_and_single_row(setup):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, medusa_drafter(model), cache="static")
+    out = gen.generate_batch(["hello there", "a"], max_new_tokens=6)
+    assert [r.token_ids for r in out] == [
+        gen.generate("hello there", max_new_tokens=6).token_ids,
+        gen.generate("a", max_new_tokens=6).token_ids,
+    ]
+    one = gen.generate_batch(input_ids=[PROMPTS[2]], max_new_tokens=8)
+    assert one[0].token_ids == plain_greedy(model, PROMPTS[2], 8)
+
+
+def test_bad_input_lines(setup):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, None, cache="static")
+    with pytest.raises(ValueError, match=r"row 1: the prompt is empty"):
+        gen.generate_batch(input_ids=[[5, 6], [], [7]], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"max_new_tokens has 2 values for 3 prompts"):
+        gen.generate_batch(input_ids=[[5], [6], [7]], max_new_tokens=[4, 4])
+    with pytest.raises(ValueError, match=r"non-empty list"):
+        gen.generate_batch(input_ids=[], max_new_tokens=4)
+    small = SpeculativeGenerator(model, tok, None, cache="static", max_cache_len=16)
+    with pytest.raises(
+        ValueError, match=r"too small for row 1: prompt \(14 tokens\) \+ max_new_tokens \(8\)"
+    ):
+        small.generate_batch(input_ids=[[5], PROMPTS[2]], max_new_tokens=8)
+    dynamic = SpeculativeGenerator(model, tok, None, cache="dynamic")
+    with pytest.raises(ValueError, match=r"needs cache='static'"):
+        dynamic.generate_batch(input_ids=[[5]], max_new_tokens=4)
+
+
+def test_fixed_cache_near_its_end_still_lossless(setup):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, medusa_drafter(model), cache="static", max_cache_len=40)
+    out = gen.generate_batch(input_ids=PROMPTS[:3], max_new_tokens=[20, 30, 24])
+    for b, n in enumerate([20, 30, 24]):
+        assert out[b].token_ids == plain_greedy(model, PROMPTS[b], n)
+
+
+def test_row_drafters_share_the_head_weights(setup):
+    from spechead.inference.batch_decode import clone_drafter
+
+    model, _ = setup
+    drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0]])
+    twin = clone_drafter(drafter)
+    assert twin is not drafter and twin.head is drafter.head  # own state, same modules
+    assert twin.head._target_modules["embed_tokens"] is model.get_input_embeddings()
