@@ -271,10 +271,11 @@ class SpeculativeGenerator:
             drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
         clock.mark("prefill")
         pending, accepted = [root], None  # tokens to emit; what the drafter has yet to hear about
+        verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
             out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
             stats.new_tokens += len(out)
-            if accepted is not None:  # a verification pass emitted `out` (the prefill emits the first root)
+            if verified:
                 stats.accept_lengths.append(len(out))
             yield out
             if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
@@ -303,6 +304,7 @@ class SpeculativeGenerator:
                 acc = sample_accept(tree, target_probs(logits[0], params), rule, q, generator)
             path = torch.tensor(acc.path, dtype=torch.long)
             runner.commit(path)
+            verified = True
             clock.mark("verify")
             stats.drafted_tokens += tree.size - 1
             root = acc.next_token

@@ -73,6 +73,18 @@ def test_accept_lengths_are_exact(setup):
         assert result.stats.accept_lengths == split_lengths(first, depth + 1), f"EOS at {first}"
 
 
+def test_plain_decoding_counts_one_pass_per_token(setup):
+    """No drafter: every token after the prefill's costs one target pass, so tau is exactly 1 and the
+    benchmark's time per plain step (verify time / passes) is a real step time."""
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, None)
+    gen.eos = set()
+    for n in (1, 2, 9):
+        stats = gen.generate(input_ids=[11, 42, 7], max_new_tokens=n).stats
+        assert stats.accept_lengths == [1] * (n - 1) and stats.target_passes == n - 1, f"max_new_tokens={n}"
+        assert stats.drafted_tokens == 0 and (n == 1 or stats.tau == 1.0)
+
+
 class SelfSampler(Drafter):
     """Samples a chain from the target's own distribution (q = p up to rounding, so rule B accepts
     every draft) by re-running the target on the whole committed sequence."""
