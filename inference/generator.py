@@ -86,6 +86,9 @@ class SpeculativeGenerator:
     cache: "static" (preallocated KV slots) or "dynamic" (DynamicCache); None = `default_cache`.
     max_cache_len: a fixed KV cache size (static), checked against prompt + max_new_tokens; None =
     sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
+    compile: torch.compile the target's verify pass with fixed shapes (static cache; CUDA: CUDA graphs;
+    True = inductor, or a torch.compile backend name), one graph per tree-size bucket (see runner.py).
+    Batch decoding (`generate_batch`) runs eager.
     """
 
     default_cache = "static"
@@ -99,6 +102,7 @@ class SpeculativeGenerator:
         cache: str | None = None,
         max_cache_len: int | None = None,
         buckets: tuple[int, ...] | None = None,
+        compile: bool | str = False,
     ):
         self.target = target.eval()
         self.tokenizer = tokenizer
@@ -114,8 +118,9 @@ class SpeculativeGenerator:
             buckets = CUDA_BUCKETS
         layers = tuple(drafter.hidden_layers) if drafter else ()
         self.runner = TargetRunner(
-            target, layers, cache=cache or self.default_cache, max_length=max_cache_len, buckets=buckets
-        )
+            target, layers, cache=cache or self.default_cache, max_length=max_cache_len, buckets=buckets,
+            compile=compile,
+        )  # fmt: skip
 
     from_pretrained = classmethod(lambda cls, *a, **kw: _load(cls, *a, **kw))
 

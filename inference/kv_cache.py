@@ -87,15 +87,22 @@ class SlotLayer(CacheLayerMixin):
     `length` is the number of valid positions; `update` writes the new entries at slots
     length..length+n-1 (in place, no concatenation) and returns views [B, kv, length + n, D]. Entries
     past `length` are scratch (rejected drafts are simply overwritten by the next pass).
+
+    static_shapes (for torch.compile / CUDA graphs): the write slots come from `length_t`, a 0-d device
+    tensor, and `update` returns the WHOLE buffers [B, kv, S_max, D], so one compiled graph serves every
+    length; the caller's 4D mask hides the slots past the valid ones and `SlotCache.set_length` (outside
+    the graph) moves the length after each pass.
     """
 
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, max_length: int) -> None:
+    def __init__(self, max_length: int, static_shapes: bool = False) -> None:
         super().__init__()
         self.max_length = max_length
         self.length = 0
+        self.static_shapes = static_shapes
+        self.length_t: torch.Tensor | None = None  # static_shapes: `length` on the buffers' device
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, k_dim = key_states.shape
@@ -103,11 +110,21 @@ class SlotLayer(CacheLayerMixin):
         self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
         self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
         self.is_initialized = True
+        if self.static_shapes:
+            self.length_t = torch.tensor(self.length, dtype=torch.long, device=key_states.device)
+            if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may replay over them
+                for buffer in (self.keys, self.values, self.length_t):
+                    torch._dynamo.mark_static_address(buffer)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write key/value states [B, kv, n, D] at slots length.. and return the valid views."""
         if not self.is_initialized or self.keys.shape[0] != key_states.shape[0]:
             self.lazy_initialization(key_states, value_states)
+        if self.static_shapes:
+            slots = torch.arange(key_states.shape[-2], device=key_states.device) + self.length_t  # [n]
+            self.keys.index_copy_(2, slots, key_states)
+            self.values.index_copy_(2, slots, value_states)
+            return self.keys, self.values  # [B, kv, S_max, D]: the mask hides invalid slots
         start, n = self.length, key_states.shape[-2]
         end = start + n
         if end > self.max_length:
@@ -120,7 +137,7 @@ class SlotLayer(CacheLayerMixin):
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
+        return (self.max_length if self.static_shapes else self.length + query_length), 0
 
     def get_seq_length(self) -> int:
         return self.length
@@ -129,7 +146,13 @@ class SlotLayer(CacheLayerMixin):
         return self.max_length
 
     def reset(self) -> None:
-        self.length = 0
+        self.set_length(0)
+
+    def set_length(self, length: int) -> None:
+        """The first `length` slots are valid (static_shapes: the device copy follows, no sync)."""
+        self.length = length
+        if self.length_t is not None:
+            self.length_t.fill_(length)
 
 
 class SlotCache(Cache):
@@ -139,11 +162,12 @@ class SlotCache(Cache):
     accepted path's entries into place and sets the length: no concatenation, no reallocation.
     """
 
-    def __init__(self, num_layers: int, max_length: int) -> None:
+    def __init__(self, num_layers: int, max_length: int, static_shapes: bool = False) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        super().__init__(layers=[SlotLayer(max_length) for _ in range(num_layers)])
+        super().__init__(layers=[SlotLayer(max_length, static_shapes) for _ in range(num_layers)])
         self.max_length = max_length
+        self.static_shapes = static_shapes
 
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the valid entries (rare: amortised doubling)."""
@@ -161,7 +185,7 @@ class SlotCache(Cache):
         if not 0 <= length <= self.max_length:
             raise ValueError(f"length must be in [0, {self.max_length}], got {length}")
         for layer in self.layers:
-            layer.length = length
+            layer.set_length(length)
 
 
 def commit_path(cache: Cache, past_len: int, path: torch.Tensor, contiguous: bool = False) -> None:

@@ -111,6 +111,7 @@ def load_generator(
     cache: str | None = None,
     max_cache_len: int | None = None,
     calibrate: bool = True,
+    compile: bool | str = False,
     **drafter_options,
 ):
     """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter.
@@ -119,6 +120,7 @@ def load_generator(
     no tree option is given and the head directory's tree.json holds an accuracy table (or, for an
     EAGLE head on a CPU, a typical assumed one), time verify and draft costs on this device now and use
     the static tree with the best expected speedup here (`gen.calibration` says what was measured).
+    compile: see SpeculativeGenerator (the target's verify pass under torch.compile).
     """
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     model = AutoModelForCausalLM.from_pretrained(
@@ -141,7 +143,7 @@ def load_generator(
             info["accuracy_source"] = source
             key = "choices" if isinstance(built.head, MedusaHead) else "tree"
             built = drafter_for_head(built.head, None, **{key: choices})
-            gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len)
+            gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
             gen.calibration = {"choices": choices, **info}
             return gen
-    return cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len)
+    return cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)

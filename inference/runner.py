@@ -12,6 +12,11 @@ reallocation). Tree masks and positions are built on the device from `parents` (
 optionally padded to fixed tree-size `buckets` (for captured graphs; pure waste on a CPU, so off there).
 Capture hooks are installed once per model and only record while the runner runs a forward.
 
+compile: the static back-end with fixed shapes (`SlotCache(static_shapes=True)`: writes at a device-side
+length, attention over the whole buffer behind a [B, 1, N, S_max] mask) and the target's forward under
+`torch.compile(dynamic=False)`, one graph per tree-size bucket; on CUDA with mode "reduce-overhead"
+(CUDA graphs). The prefill stays eager (its length varies).
+
 Batch: the API carries B; this version runs B = 1 (ValueError otherwise).
 """
 
@@ -25,7 +30,7 @@ from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
 from spechead.inference.kv_cache import SlotCache, commit_path
-from spechead.inference.tree import tree_inputs_on_device
+from spechead.inference.tree import causal_inputs_static, tree_inputs_on_device, tree_inputs_static
 
 CACHES = ("dynamic", "static")
 CUDA_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -74,6 +79,19 @@ class _Capture:
         return capture
 
 
+def compiled_forward(model: torch.nn.Module, compile: bool | str):
+    """torch.compile of `model.forward` for fixed shapes. True / "inductor": inductor (on CUDA with CUDA
+    graphs, mode "reduce-overhead"); another string: that torch.compile backend ("eager", "aot_eager"
+    trace without code generation: what the CPU tests use to check one graph per bucket)."""
+    # graphs per forward: buckets x (with / without hidden states); dynamo's default limit of 8 per
+    # function would silently send the rest back to eager
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    if compile is True or compile == "inductor":
+        cuda = next(model.parameters()).device.type == "cuda"
+        return torch.compile(model.forward, dynamic=False, mode="reduce-overhead" if cuda else None)
+    return torch.compile(model.forward, dynamic=False, backend=compile)
+
+
 def check_tree_attention(model: torch.nn.Module) -> None:
     """ValueError when the target's attention cannot take arbitrary 4D (tree) masks."""
     impl = getattr(model.config, "_attn_implementation", None) or ""
@@ -95,14 +113,20 @@ class TargetRunner:
         cache: str = "dynamic",
         max_length: int | None = None,
         buckets: Sequence[int] | None = None,
+        compile: bool | str = False,
     ) -> None:
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+        if compile and cache != "static":
+            raise ValueError(f"compile=True needs cache='static' (fixed shapes), got cache={cache!r}")
         check_tree_attention(model)
         self.model = model
         self.kind = cache
         self.fixed_length = max_length  # None: sized by `reserve` for each sequence
-        self.buckets = tuple(sorted(buckets)) if buckets else ()
+        self.static_shapes = bool(compile)
+        self._compiled = compiled_forward(model, compile) if compile else None
+        # compiled: every tree is padded to a bucket, so a handful of graphs serve every size
+        self.buckets = tuple(sorted(buckets or (CUDA_BUCKETS if compile else ())))
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype if param.dtype.is_floating_point else torch.float32
@@ -138,9 +162,12 @@ class TargetRunner:
                 f"max_new_tokens ({max_new_tokens}): raise max_cache_len or lower max_new_tokens"
             )
         if self.kind == "static":
-            size = self.fixed_length or -(-(need + tree_room) // 256) * 256  # rounded: reused across calls
+            step = (
+                1024 if self.static_shapes else 256
+            )  # rounded: reused across calls (compiled: no recompile)
+            size = self.fixed_length or -(-(need + tree_room) // step) * step
             if not isinstance(self.cache, SlotCache) or self.cache.max_length < size:
-                self.cache = SlotCache(self.num_layers, size)
+                self.cache = SlotCache(self.num_layers, size, static_shapes=self.static_shapes)
 
     def room(self) -> int | None:
         """Tree nodes that still fit after the committed positions (None: unbounded)."""
@@ -149,7 +176,12 @@ class TargetRunner:
 
     # ---- passes --------------------------------------------------------------------------------
 
-    def _forward(self, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
+    def _forward(self, compiled: bool = False, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
+        if compiled:  # states as graph outputs: hooks added after a graph was traced would not run in it
+            out = self._compiled(
+                past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs
+            )
+            return out.logits, {req: out.hidden_states[c] for req, c in self.layers.items()}  # [B, T, H]
         store = self._capture.store
         store.clear()
         self._capture.active = True
@@ -178,7 +210,19 @@ class TargetRunner:
             self.cache.set_length(0)
         else:
             self.cache = DynamicCache(config=self.model.config)
-        logits, hidden = self._forward(input_ids=input_ids.to(self.device), logits_to_keep=1)
+        if self.static_shapes:  # eager, but over the whole buffer like the compiled passes
+            mask, positions = causal_inputs_static(
+                input_ids.shape[1], 0, self.cache.max_length, self.dtype, self.device
+            )
+            logits, hidden = self._forward(
+                input_ids=input_ids.to(self.device),
+                attention_mask=mask,
+                position_ids=positions,
+                logits_to_keep=1,
+            )
+            self.cache.set_length(input_ids.shape[1])
+        else:
+            logits, hidden = self._forward(input_ids=input_ids.to(self.device), logits_to_keep=1)
         self.length = input_ids.shape[1]
         return logits[:, -1].float(), hidden
 
@@ -204,7 +248,7 @@ class TargetRunner:
             )
         self._rewind()
         tokens, parents = tokens.to(self.device), parents.to(self.device)
-        if n == 1:
+        if n == 1 and not self.static_shapes:
             self.last_ancestors = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
             positions = torch.full((1, 1), self.length, dtype=torch.long, device=self.device)
             logits, hidden = self._forward(input_ids=tokens, position_ids=positions)
@@ -214,9 +258,14 @@ class TargetRunner:
             pad = size - n
             tokens = torch.cat([tokens, tokens[:, :1].expand(1, pad)], dim=1)
             parents = torch.cat([parents, parents.new_zeros(1, pad)], dim=1)
-        mask, positions, anc = tree_inputs_on_device(parents, self.length, self.dtype)
+        if self.static_shapes:
+            mask, positions, anc = tree_inputs_static(parents, self.length, self.cache.max_length, self.dtype)
+        else:
+            mask, positions, anc = tree_inputs_on_device(parents, self.length, self.dtype)
         self.last_ancestors = anc[:, :n, :n]
-        logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
+        logits, hidden = self._forward(
+            self.static_shapes, input_ids=tokens, attention_mask=mask, position_ids=positions
+        )
         return logits[:, :n].float(), {k: v[:, :n] for k, v in hidden.items()}
 
     def _bucket(self, n: int, room: int | None) -> int:

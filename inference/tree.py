@@ -228,3 +228,34 @@ def tree_inputs_on_device(
     mask = torch.zeros(batch, 1, n, past_len + n, dtype=dtype, device=parents.device)
     mask[:, 0, :, past_len:].masked_fill_(~anc, torch.finfo(dtype).min)
     return mask, positions, anc
+
+
+def tree_inputs_static(
+    parents: torch.Tensor, past_len: int, max_len: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`tree_inputs_on_device` over a whole preallocated cache: mask [B, 1, N, max_len] (fixed shape).
+
+    Column j is cache slot j: the prefix [0, past_len) is visible, slots past_len.. hold the N nodes
+    (ancestors and self visible), every later slot is blocked. Positions [B, N], ancestors [B, N, N].
+    """
+    anc = ancestors_on_device(parents)  # [B, N, N]
+    batch, n = parents.shape
+    if past_len + n > max_len:
+        raise ValueError(f"{n} nodes after {past_len} positions do not fit a cache of {max_len}")
+    positions = anc.sum(-1) - 1 + past_len
+    blocked = torch.finfo(dtype).min
+    mask = torch.full((batch, 1, n, max_len), blocked, dtype=dtype, device=parents.device)
+    mask[..., :past_len] = 0
+    mask[:, 0, :, past_len : past_len + n].masked_fill_(anc, 0)
+    return mask, positions, anc
+
+
+def causal_inputs_static(
+    length: int, past_len: int, max_len: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask [1, 1, T, max_len] and positions [1, T] for T = `length` tokens in a row after `past_len`."""
+    rows = torch.arange(past_len, past_len + length, device=device)  # [T] each token's slot
+    cols = torch.arange(max_len, device=device)  # [S]
+    mask = torch.zeros(1, 1, length, max_len, dtype=dtype, device=device)
+    mask.masked_fill_(cols[None, :] > rows[:, None], torch.finfo(dtype).min)
+    return mask, rows[None]

@@ -148,21 +148,17 @@ def deepest_path(parents: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure_runner(model, head, args, timer: Timer, compile_mode: str | None = None) -> dict:
+def measure_runner(model, head, args, timer: Timer, compile: bool = False) -> dict:
     """Decode step, verify by tree size, commit, EAGLE-3 propose by depth and accept (batch 1).
 
-    compile_mode: torch.compile the target's forward after the (eager) prefill; the caller restores it."""
+    compile: the runner's compiled verify (fixed-shape cache, one graph per bucket; CUDA graphs on CUDA)."""
     device, ctx, vocab = next(model.parameters()).device, args.context, model.config.vocab_size
-    buckets = CUDA_BUCKETS if device.type == "cuda" else None
+    buckets = CUDA_BUCKETS if device.type == "cuda" or compile else None
     runner = TargetRunner(model, head.config.target_layers, cache="static",
-                          max_length=ctx + 2 * max(TREE_SIZES), buckets=buckets)  # fmt: skip
+                          max_length=ctx + 2 * max(TREE_SIZES), buckets=buckets, compile=compile)  # fmt: skip
     ids = torch.randint(0, vocab, (1, ctx + max(TREE_SIZES)), generator=torch.Generator().manual_seed(0))
     prompt, tree_ids = ids[:, :ctx], ids[:, ctx:].to(device)
     logits, hidden = runner.prefill(prompt)
-    if compile_mode is not None:
-        for buffer in (t for layer in runner.cache.layers for t in (layer.keys, layer.values)):
-            torch._dynamo.mark_static_address(buffer)  # the KV buffers never move: graphs write them in place
-        model.forward = torch.compile(model.forward, mode=compile_mode)  # what runner.verify calls
     hidden = {layer: h[0].clone() for layer, h in hidden.items()}  # [T, H] (graph outputs get reused)
     root = int(logits.argmax(-1)[0])
     verify_ms = {}
@@ -328,15 +324,13 @@ def measure_compiled(model, head, args, timer: Timer, device: torch.device) -> t
         return measure_runner(model, head, args, timer), "off"
     mode, start = ("reduce-overhead" if device.type == "cuda" else "default"), time.perf_counter()
     try:
-        parts = measure_runner(model, head, args, timer, compile_mode=mode)
+        parts = measure_runner(model, head, args, timer, compile=True)
         status = (
             f"on, target only (mode={mode}; compiling + measuring took {time.perf_counter() - start:.0f} s)"
         )
     except Exception as err:  # noqa: BLE001 - any compile failure still yields eager numbers
-        model.__dict__.pop("forward", None)  # back to the class's eager forward
         status = f"FAILED ({type(err).__name__}: {str(err).splitlines()[0][:200]}); eager numbers"
         parts = measure_runner(model, head, args, timer)
-    model.__dict__.pop("forward", None)  # the batch table runs eager
     return parts, status
 
 

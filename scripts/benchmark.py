@@ -92,6 +92,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--compile", action="store_true",
+        help="torch.compile our verify pass (plain decoding too; CUDA: CUDA graphs). HF baselines stay eager",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
     args = p.parse_args(argv)
     if args.prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.warmup < 0:
@@ -131,9 +135,9 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
     """One drafter: `args.repeats` runs, each against a plain decoding run of the same loaded target."""
     path, options = drafter_options(spec)
     gen = SpeculativeGenerator.from_pretrained(
-        args.target, path, device=args.device, dtype=args.dtype, **options
+        args.target, path, device=args.device, dtype=args.dtype, compile=args.compile, **options
     )
-    plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)  # e.g. with a Medusa-2 adapter merged
+    plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)  # Medusa-2: merged
     decode_prompts(gen, prompts[: args.warmup], DecodeSettings(max_new_tokens=8))
     runs, plains = [], []
     for i in range(args.repeats):
@@ -237,7 +241,8 @@ def write(args, prompts, base: PromptSetRun, rows, hf_rows, costs) -> str:
     header = (
         f"plain decoding: {base.total.tokens_per_s:,.1f} tokens/s, {1e3 * t_step:.2f} ms per step "
         f"({len(prompts)} prompts, {len(base.outputs)} turns, max_new_tokens={args.max_new_tokens}, "
-        f"temperature={args.temperature}, {args.device}, {args.dtype}; speedup = median of {args.repeats} "
+        f"temperature={args.temperature}, {args.device}, {args.dtype}{', compiled' if args.compile else ''}; "
+        f"speedup = median of {args.repeats} "
         "repeat(s) [min, max])"
     )
     text = render(header, rows, hf_rows, costs)
@@ -284,7 +289,9 @@ def main(argv=None) -> int:
         check_device(args.device)
         settings = DecodeSettings(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)
         prompts = load_prompt_set(args.prompt_set, args.prompts)
-        plain = SpeculativeGenerator.from_pretrained(args.target, None, device=args.device, dtype=args.dtype)
+        plain = SpeculativeGenerator.from_pretrained(
+            args.target, None, device=args.device, dtype=args.dtype, compile=args.compile
+        )
         decode_prompts(plain, prompts[: args.warmup], DecodeSettings(max_new_tokens=8))
         base = decode_prompts(plain, prompts, settings, desc="plain")
     except (DataError, ValueError, OSError) as err:

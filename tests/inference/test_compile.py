@@ -1,0 +1,103 @@
+"""The compiled verify pass (compile=...): a fixed-shape static cache, whole-buffer masks, one graph per
+tree-size bucket, and output still equal to plain greedy decoding."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.kv_cache import SlotCache, commit_path
+from spechead.inference.runner import TargetRunner
+from spechead.inference.tree import causal_inputs_static, tree_inputs_on_device, tree_inputs_static
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generator_tests = _load("test_generator")  # the drafters, prompts and reference of the lossless tests
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    return model, chatml_tokenizer
+
+
+def test_static_slot_layer_writes_at_its_device_length_and_returns_whole_buffers():
+    cache = SlotCache(1, 8, static_shapes=True)
+    layer = cache.layers[0]
+    first = torch.arange(12.0).view(1, 1, 3, 4)  # [B, kv, n, D]
+    keys, _ = layer.update(first, -first)
+    assert keys.shape == (1, 1, 8, 4)  # the whole buffer: one shape for every length
+    cache.set_length(3)
+    assert int(layer.length_t) == 3 and layer.get_mask_sizes(2) == (8, 0)
+    second = torch.full((1, 1, 2, 4), 7.0)
+    keys, values = layer.update(second, -second)
+    assert torch.equal(keys[0, 0, :3], first[0, 0]) and torch.equal(keys[0, 0, 3:5], second[0, 0])
+    assert torch.equal(values[0, 0, 3:5], -second[0, 0])
+    commit_path(cache, 3, torch.tensor([1]))  # keep the second new entry only
+    assert int(layer.length_t) == 4 and torch.equal(layer.keys[0, 0, 3], second[0, 0, 1])
+
+
+def test_static_tree_inputs_are_the_dynamic_ones_padded_with_blocked_slots():
+    parents = torch.tensor([[-1, 0, 0, 1, 3, 2]])  # [1, N]
+    dyn_mask, dyn_pos, dyn_anc = tree_inputs_on_device(parents, 5, torch.float32)  # [1, 1, N, 5 + N]
+    mask, pos, anc = tree_inputs_static(parents, 5, 16, torch.float32)  # [1, 1, N, 16]
+    assert mask.shape == (1, 1, 6, 16)
+    assert torch.equal(mask[..., :11], dyn_mask) and torch.equal(pos, dyn_pos) and torch.equal(anc, dyn_anc)
+    assert (mask[..., 11:] == torch.finfo(torch.float32).min).all()
+    causal, positions = causal_inputs_static(3, 2, 8, torch.float32, torch.device("cpu"))
+    visible = causal[0, 0] == 0  # [T, S]
+    assert visible.tolist() == [[j <= i + 2 for j in range(8)] for i in range(3)]
+    assert positions.tolist() == [[2, 3, 4]]
+    with pytest.raises(ValueError, match="do not fit"):
+        tree_inputs_static(parents, 12, 16, torch.float32)
+
+
+def test_compile_needs_the_static_cache(setup):
+    model, _ = setup
+    with pytest.raises(ValueError, match="compile=True needs cache='static'"):
+        TargetRunner(model, cache="dynamic", compile="eager")
+
+
+def test_compiled_greedy_equals_plain_decoding_with_one_graph_per_bucket(setup):
+    """Traced by dynamo (backend "eager": the same graphs inductor would compile, without code generation)."""
+    model, tok = setup
+    torch._dynamo.reset()
+    counters.clear()
+    sizes = set()
+    for i, prompt in enumerate(generator_tests.prompts(10, model.config.vocab_size)):
+        n = 12 + i % 7
+        reference = generator_tests.plain_greedy(model, prompt, n, eos=tok.eos_token_id)
+        for name, drafter in generator_tests.drafters(model, reference, seed=i):
+            gen = SpeculativeGenerator(model, tok, drafter, compile="eager")
+            result = gen.generate(input_ids=prompt, max_new_tokens=n)
+            assert result.token_ids == reference, f"{name} on prompt {i}"
+            sizes.add(gen.runner.cache.max_length)
+    # one graph per bucket the trees used (1..64), with and without hidden states: never one per length
+    assert sizes == {1024}
+    assert 1 <= counters["stats"]["unique_graphs"] <= 12
+
+
+def test_inductor_compiled_decoding_equals_eager(tiny_llama, chatml_tokenizer):
+    """The real compiler on the CPU (small model: a few seconds per graph)."""
+    model = tiny_llama(len(chatml_tokenizer), layers=1, hidden=32, seed=4)
+    model.generation_config.eos_token_id = None
+    torch._dynamo.reset()
+    prompt = generator_tests.prompts(1, model.config.vocab_size)[0]
+    reference = generator_tests.plain_greedy(model, prompt, 16)
+    for drafter in (None, PromptLookupDrafter(num_draft=3)):
+        gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile=True, buckets=(1, 4))
+        gen.eos = set()
+        assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == reference
