@@ -87,7 +87,8 @@ class SpeculativeGenerator:
     max_cache_len: a fixed KV cache size (static), checked against prompt + max_new_tokens; None =
     sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
     compile: torch.compile the target's verify pass with fixed shapes (static cache; CUDA: CUDA graphs;
-    True = inductor, or a torch.compile backend name), one graph per tree-size bucket (see runner.py).
+    True = inductor, or a torch.compile backend name), one graph per tree-size bucket (see runner.py),
+    and the drafter's own steps (`Drafter.use_compile`: EAGLE's head step and top-k per depth).
     Batch decoding (`generate_batch`) runs eager.
     """
 
@@ -112,6 +113,8 @@ class SpeculativeGenerator:
         if drafter is not None:
             vocab = target.get_output_embeddings().weight.shape[0]
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
+            if compile:
+                drafter.use_compile(compile)
         self.eos = _eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         if buckets is None and next(target.parameters()).device.type == "cuda":

@@ -79,17 +79,21 @@ class _Capture:
         return capture
 
 
-def compiled_forward(model: torch.nn.Module, compile: bool | str):
-    """torch.compile of `model.forward` for fixed shapes. True / "inductor": inductor (on CUDA with CUDA
-    graphs, mode "reduce-overhead"); another string: that torch.compile backend ("eager", "aot_eager"
-    trace without code generation: what the CPU tests use to check one graph per bucket)."""
-    # graphs per forward: buckets x (with / without hidden states); dynamo's default limit of 8 per
+def compile_function(fn, compile: bool | str, cuda: bool = False):
+    """torch.compile of `fn` for fixed shapes. True / "inductor": inductor (with CUDA graphs, mode
+    "reduce-overhead", when `cuda`); another string: that torch.compile backend ("eager", "aot_eager"
+    trace without code generation: what the CPU tests use to check the graph count)."""
+    # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
     # function would silently send the rest back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if compile is True or compile == "inductor":
-        cuda = next(model.parameters()).device.type == "cuda"
-        return torch.compile(model.forward, dynamic=False, mode="reduce-overhead" if cuda else None)
-    return torch.compile(model.forward, dynamic=False, backend=compile)
+        return torch.compile(fn, dynamic=False, mode="reduce-overhead" if cuda else None)
+    return torch.compile(fn, dynamic=False, backend=compile)
+
+
+def compiled_forward(model: torch.nn.Module, compile: bool | str):
+    """`compile_function` of the model's forward (CUDA graphs when the model is on CUDA)."""
+    return compile_function(model.forward, compile, next(model.parameters()).device.type == "cuda")
 
 
 def check_tree_attention(model: torch.nn.Module) -> None:

@@ -62,6 +62,10 @@ class Drafter(ABC):
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
         """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""
 
+    def use_compile(self, compile: bool | str) -> None:  # noqa: B027
+        """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
+        it; default: nothing to compile)."""
+
 
 def chain(tokens: list[int], root: int) -> TokenTree:
     """A single-path tree: root -> tokens[0] -> tokens[1] -> ... ([N] = len(tokens) + 1)."""

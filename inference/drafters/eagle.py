@@ -24,7 +24,7 @@ from spechead.heads.eagle3 import Eagle3Head
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import StaticTree, TokenTree, tree_from_choices
+from spechead.inference.tree import StaticTree, TokenTree, causal_inputs_static, tree_from_choices
 
 
 class EagleDrafter(Drafter):
@@ -74,6 +74,7 @@ class EagleDrafter(Drafter):
             (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
         )
         self._feature: Tensor | None = None  # [H]: output of the last committed pair
+        self._compiled = None  # set by `use_compile`: the head step and top-k under torch.compile
         self._root: int | None = None  # the token x_C that pair was fed with
         self.last_scores: Tensor | None = None  # [N] float64
 
@@ -88,8 +89,29 @@ class EagleDrafter(Drafter):
         if prompt.dim() != 1 or prompt.numel() == 0:
             raise ValueError(f"prompt must be a non-empty 1-D tensor [T], got shape {tuple(prompt.shape)}")
         size = max(256, -(-(prompt.numel() + 128 + self._spec_slots) // 256) * 256)
-        self._cache, self._committed, self._feature = SlotCache(1, size), 0, None
+        if self._compiled is None:
+            self._cache = SlotCache(1, size)
+        elif self._cache is None or self._cache.max_length < size:  # fixed shapes: kept across sequences
+            self._cache = SlotCache(1, -(-size // 1024) * 1024, static_shapes=True)
+        self._cache.set_length(0)
+        self._committed, self._feature = 0, None
         self._commit(prompt, hidden, root)
+
+    def use_compile(self, compile: bool | str) -> None:
+        """Run each draft depth's head step and top-k under torch.compile (fixed shapes: the head cache
+        is written at a device-side length and read whole behind the mask; one graph per frontier size).
+        compile: True (inductor; CUDA graphs on CUDA) or a torch.compile backend name; False: eager."""
+        if not compile:
+            self._compiled, self._cache = None, None
+            return
+        from spechead.inference.runner import compile_function
+
+        cuda = self.head.fc.weight.device.type == "cuda"
+        self._compiled = (
+            compile_function(self.head.step, compile, cuda),
+            compile_function(self._top, compile, cuda),
+        )
+        self._cache = None  # the next `start` allocates the fixed-shape cache
 
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:
         """Commit the pairs of tokens [K] (root + accepted drafts) in one head step."""
@@ -132,8 +154,15 @@ class EagleDrafter(Drafter):
         next_ids = torch.cat([tokens[1:], tokens.new_tensor([int(next_token)])])[None]  # [1, K]
         self._ensure_room(tokens.numel())
         with torch.no_grad():
-            out = self.head.step(features, next_ids, past_key_values=self._cache)  # [1, K, H]
+            if self._cache.static_shapes:  # eager (K varies), over the whole buffer
+                mask, positions = causal_inputs_static(
+                    tokens.numel(), self._committed, self._cache.max_length, self.head.fc.weight.dtype, device
+                )
+                out = self.head.step(features, next_ids, mask, positions, self._cache)  # [1, K, H]
+            else:
+                out = self.head.step(features, next_ids, past_key_values=self._cache)  # [1, K, H]
         self._committed += tokens.numel()
+        self._cache.set_length(self._committed)
         self._feature = out[0, -1]
         self._root = int(next_token)
 
@@ -141,7 +170,8 @@ class EagleDrafter(Drafter):
         """Grow the preallocated head cache (doubling, rare) so C + extra + a full tree fit."""
         need = self._committed + extra + self._spec_slots
         if need > self._cache.max_length:
-            self._cache.grow(max(need, 2 * self._cache.max_length))
+            step = 1024 if self._cache.static_shapes else 1  # fixed shapes: few sizes, few recompiles
+            self._cache.grow(-(-max(need, 2 * self._cache.max_length) // step) * step)
 
     def _features(self, hidden: dict[int, Tensor], length: int) -> Tensor:
         """Target states {layer: [K, H]} -> the head's input features [1, K, H] (fused for EAGLE-3)."""
@@ -174,6 +204,8 @@ class EagleDrafter(Drafter):
         """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
 
         top-k of the raw logits minus their logsumexp (= top-k of log_softmax, without writing it)."""
+        if self._compiled is not None and not torch.compiler.is_compiling():
+            return self._compiled[1](features, k)
         logits = self.head.logits(features[None])[0].float()  # [q, Vd]
         values, ids = logits.topk(k, dim=-1)
         return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
@@ -184,10 +216,24 @@ class EagleDrafter(Drafter):
         committed = self._committed
         q = ids.shape[0]
         dtype = self.head.fc.weight.dtype
-        mask = torch.zeros(1, 1, q, committed + allowed_spec.shape[1], dtype=dtype, device=ids.device)
-        mask[0, 0, :, committed:].masked_fill_(~allowed_spec, torch.finfo(dtype).min)  # [1, 1, q, C + S + q]
         positions = torch.full((1, q), committed + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
-        return self.head.step(features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
+        if self._compiled is None:
+            mask = torch.zeros(1, 1, q, committed + allowed_spec.shape[1], dtype=dtype, device=ids.device)
+            mask[0, 0, :, committed:].masked_fill_(
+                ~allowed_spec, torch.finfo(dtype).min
+            )  # [1, 1, q, C + S + q]
+            return self.head.step(features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
+        # fixed shapes: [1, 1, q, S_max], the speculative slots written so far + these q at C + S..
+        end = committed + allowed_spec.shape[1]
+        mask = torch.full(
+            (1, 1, q, self._cache.max_length), torch.finfo(dtype).min, dtype=dtype, device=ids.device
+        )
+        mask[..., :committed] = 0
+        mask[0, 0, :, committed:end].masked_fill_(allowed_spec, 0)
+        self._cache.set_length(end - q)  # write slot of these q nodes
+        out = self._compiled[0](features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
+        self._cache.set_length(end)
+        return out
 
     def _grow_dynamic(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
         """EAGLE-2: expand the `top_k` best frontier nodes per depth with one head call over them all;

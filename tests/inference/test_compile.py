@@ -10,11 +10,18 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.kv_cache import SlotCache, commit_path
 from spechead.inference.runner import TargetRunner
-from spechead.inference.tree import causal_inputs_static, tree_inputs_on_device, tree_inputs_static
+from spechead.inference.sampling import SamplingParams
+from spechead.inference.tree import (
+    causal_inputs_static,
+    path_to_node,
+    tree_inputs_on_device,
+    tree_inputs_static,
+)
 
 
 def _load(name: str):
@@ -85,9 +92,10 @@ def test_compiled_greedy_equals_plain_decoding_with_one_graph_per_bucket(setup):
             result = gen.generate(input_ids=prompt, max_new_tokens=n)
             assert result.token_ids == reference, f"{name} on prompt {i}"
             sizes.add(gen.runner.cache.max_length)
-    # one graph per bucket the trees used (1..64), with and without hidden states: never one per length
+    # target: one graph per bucket the trees used (1..64), with and without hidden states; EAGLE heads:
+    # one per frontier size (dynamic tree: 1 and top_k; static: per depth). Never one per length.
     assert sizes == {1024}
-    assert 1 <= counters["stats"]["unique_graphs"] <= 12
+    assert 1 <= counters["stats"]["unique_graphs"] <= 24
 
 
 def test_inductor_compiled_decoding_equals_eager(tiny_llama, chatml_tokenizer):
@@ -101,3 +109,41 @@ def test_inductor_compiled_decoding_equals_eager(tiny_llama, chatml_tokenizer):
         gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile=True, buckets=(1, 4))
         gen.eos = set()
         assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == reference
+
+
+eagle_tests = _load("test_eagle_drafter")  # make_head, Stream, the static tree
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama) -> None:
+    """The head's fixed-shape cache and whole-buffer draft masks: same trees and scores as eager drafting,
+    across accept cycles (a wrong committed or speculative column changes the head's top-k)."""
+    target = tiny_llama(eagle_tests.V, layers=eagle_tests.L, hidden=eagle_tests.H).requires_grad_(False)
+    head = eagle_tests.make_head(target, kind)
+    opts = (
+        {"tree": "dynamic", "top_k": 3, "depth": 4, "total_tokens": 12}
+        if tree == "dynamic"
+        else {"tree": eagle_tests.STATIC}
+    )
+    eager, compiled = EagleDrafter(head, **opts), EagleDrafter(head, **opts)
+    compiled.use_compile("eager")
+    stream = eagle_tests.Stream(head, 7, seed=0)
+    root, pick = 5, torch.Generator().manual_seed(1)
+    for drafter in (eager, compiled):
+        drafter.start(stream.tokens, stream.states, root)
+    for _ in range(4):
+        mine, ref = (
+            compiled.propose(root, SamplingParams(), None).tree,
+            eager.propose(root, SamplingParams(), None).tree,
+        )
+        assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
+        torch.testing.assert_close(compiled.last_scores, eager.last_scores, atol=1e-3, rtol=0)
+        node = int(torch.randint(ref.size, (1,), generator=pick))
+        accepted = ref.tokens[path_to_node(ref.parents, node)]
+        next_root = int(torch.randint(eagle_tests.V, (1,), generator=pick))
+        hidden = stream.extend(torch.cat([torch.tensor([root]), accepted[1:]]))
+        for drafter in (eager, compiled):
+            drafter.accept(accepted, hidden, next_root)
+        root = next_root
+    assert compiled._cache.static_shapes and compiled._cache.max_length == 1024
