@@ -270,11 +270,8 @@ class SpeculativeGenerator:
         if drafter:
             drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
         clock.mark("prefill")
-        pending, accepted, checked = (
-            [root],
-            None,
-            None,
-        )  # tokens to emit; what the drafter has yet to hear about
+        pending = [root]  # tokens to emit
+        accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
         verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
             out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
@@ -285,9 +282,7 @@ class SpeculativeGenerator:
             if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
                 break
             clock.mark("other")
-            if (
-                drafter and accepted is not None
-            ):  # only when decoding goes on: no wasted draft pass at the end
+            if drafter and accepted is not None:  # only when decoding goes on (no wasted work at the end)
                 drafter.verified(*checked)  # the whole tree's outputs first (lookahead's Jacobi guesses)
                 drafter.accept(*accepted)
             draft = drafter.propose(root, params, generator) if drafter else None
