@@ -57,6 +57,18 @@ def test_pool_keeps_recent_continuations_per_first_token():
     assert ngrams([1, 2], 3) == []
 
 
+def test_pool_holds_every_ngram_of_the_prompt_and_the_output():
+    """Without window outputs, the pool is exactly the sequence's n-grams, across several accepts."""
+    drafter = LookaheadDrafter(ngram=3, pool_size=100)
+    drafter.start(torch.tensor([1, 2, 3, 4]), {}, 5)
+    for tokens, root in [([5, 6, 7], 8), ([8], 9), ([9, 10], 11)]:
+        drafter.accept(torch.tensor(tokens), {}, root)
+    sequence = list(range(1, 12))
+    assert drafter.tokens == sequence
+    held = {(key, *cont) for key, conts in drafter.pool.items() for cont in conts}
+    assert held == set(ngrams(sequence, 3))
+
+
 def test_window_branch_is_the_lookahead_mask_with_depth_positions():
     """Cell (l, c) sees the root, level-0 cells of columns <= c and its own column below level l, and
     sits at offset c + l + 1: the paper's lookahead mask, expressed as a tree."""
