@@ -135,6 +135,9 @@ def test_proposal_and_jacobi_outputs_from_the_target(setup):
     assert drafter._top == logits[top_nodes].argmax(-1).tolist()
     column = [drafter.grid[level][0] for level in range(2)]
     assert (*column[1:], drafter._top[0]) in drafter.pool[column[0]]  # the column's n-gram is in the pool
+    old, top = [list(row) for row in drafter.grid], list(drafter._top)
+    drafter.accept(torch.tensor([9, 7, 12]), {}, 40)  # root + 2 drafts: the new root is 3 tokens on
+    assert drafter.grid[0][0] == old[1][2] and drafter.grid[1][0] == top[2]
 
 
 def test_greedy_equals_plain_decoding(setup):
