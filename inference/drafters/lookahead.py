@@ -21,6 +21,11 @@ shifts the window by the emitted tokens (the new root sits k tokens further: new
 (l + 1, c + k - 1), the new top level = the outputs; columns that fall off are refilled from the
 sequence) and adds the N-grams of the prompt (`pool_from_prompt`) and of the emitted text to the pool.
 The pool is a dict first token -> recent continuations, bounded per key; it lives for one sequence.
+
+Choices of this version (none affects losslessness): the window cells are verified too (a right guess
+is accepted like any candidate); the window starts full of prompt tokens (fixed seed) and its n-grams
+enter the pool from the first pass, with no level-by-level warm-up; the Jacobi outputs are the target's
+argmax also when sampling, so the tree stays deterministic.
 """
 
 from __future__ import annotations
