@@ -57,6 +57,7 @@ class _Row:
     root: int = 0
     pending: list[int] = field(default_factory=list)
     accepted: tuple | None = None
+    checked: tuple | None = None  # (tree, logits [N_b, V]) of the last pass, for Drafter.verified
     draft: Draft | None = None
     tree: TokenTree | None = None
 
@@ -146,6 +147,7 @@ def decode_batch(
         t0 = time.perf_counter()
         for row in active:
             if row.drafter and row.accepted is not None:
+                row.drafter.verified(*row.checked)
                 row.drafter.accept(*row.accepted)
             row.draft = row.drafter.propose(row.root, row.params, row.generator) if row.drafter else None
             row.tree = row.draft.tree if row.draft else chain([], row.root)
@@ -177,6 +179,7 @@ def decode_batch(
             if row.drafter:
                 dev_path = path.to(device)
                 row.accepted = (tree.tokens[path], {k: v[b, dev_path] for k, v in hidden.items()}, row.root)
+                row.checked = (tree, row_logits)
         runner.commit(paths)
         t2 = time.perf_counter()
         times["draft"] += t1 - t0

@@ -278,7 +278,8 @@ class SpeculativeGenerator:
         if drafter:
             drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
         clock.mark("prefill")
-        pending, accepted = [root], None  # tokens to emit; what the drafter has yet to hear about
+        pending = [root]  # tokens to emit
+        accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
         verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
             out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
@@ -289,8 +290,9 @@ class SpeculativeGenerator:
             if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
                 break
             clock.mark("other")
-            if drafter and accepted is not None:
-                drafter.accept(*accepted)  # only when decoding goes on: no wasted draft pass at the end
+            if drafter and accepted is not None:  # only when decoding goes on (no wasted work at the end)
+                drafter.verified(*checked)  # the whole tree's outputs first (lookahead's Jacobi guesses)
+                drafter.accept(*accepted)
             draft = drafter.propose(root, params, generator) if drafter else None
             tree = draft.tree if draft else chain([], root)
             room = runner.room()
@@ -320,6 +322,7 @@ class SpeculativeGenerator:
             if drafter:
                 dev_path = path.to(self.target.device)
                 accepted = (tree.tokens[path], {k: v[0, dev_path] for k, v in hidden.items()}, root)
+                checked = (tree, logits[0])  # [N], [N, V]
         spent = clock.totals()
         stats.prefill_time = spent["prefill"]
         stats.draft_time = spent["draft"]

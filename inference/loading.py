@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -13,12 +14,15 @@ from spechead.heads.base import resolve_head_dir
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.tree_search import load_tree_choices
 
 # DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
+# Drafters without weights, by name (options are their constructor's keyword arguments).
+BUILTIN_DRAFTERS = {"prompt_lookup": PromptLookupDrafter, "lookahead": LookaheadDrafter}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -42,11 +46,12 @@ def _config_of(name: str, revision: str | None) -> dict:
 def make_drafter(
     spec: str | Drafter | None, target, *, device, dtype, revision=None, **options
 ) -> Drafter | None:
-    """A drafter from a name: None (plain decoding), "prompt_lookup", a head directory/id, or a draft LM."""
+    """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", a head directory/id, or a
+    draft LM."""
     if spec is None or isinstance(spec, Drafter):
         return spec
-    if spec == "prompt_lookup":
-        return PromptLookupDrafter(**options)
+    if spec in BUILTIN_DRAFTERS:
+        return _builtin(spec, options)
     if is_head_dir(_config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
         # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
         head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
@@ -63,6 +68,16 @@ def make_drafter(
         )
     model = AutoModelForCausalLM.from_pretrained(spec, revision=revision, dtype=dtype).to(device)
     return DraftModelDrafter(model, **options)
+
+
+def _builtin(name: str, options: dict) -> Drafter:
+    """A weightless drafter by name; unknown options raise ValueError naming the valid ones."""
+    cls = BUILTIN_DRAFTERS[name]
+    valid = [k for k in inspect.signature(cls).parameters]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"{name}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    return cls(**options)
 
 
 def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter:
@@ -126,7 +141,7 @@ def load_generator(
     model = AutoModelForCausalLM.from_pretrained(
         target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
     )
-    if isinstance(drafter, str) and drafter != "prompt_lookup":
+    if isinstance(drafter, str) and drafter not in BUILTIN_DRAFTERS:
         model = merge_medusa2_adapter(model, drafter)
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)

@@ -5,7 +5,8 @@
     python scripts/generate.py --target meta-llama/Llama-3.1-8B-Instruct --drafter prompt_lookup --prompt "..."
 
 --drafter takes a spechead head directory or Hub id, a draft model (any causal LM with the target's
-tokenizer), `prompt_lookup`, or nothing (plain decoding through the same engine).
+tokenizer), `prompt_lookup`, `lookahead` (default options), or nothing (plain decoding through the same
+engine).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from spechead.inference.sampling import SamplingParams
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory or Hub id")
-    p.add_argument("--drafter", default=None, help="head dir/id, draft model dir/id, or prompt_lookup")
+    p.add_argument("--drafter", default=None, help="head dir/id, draft model, prompt_lookup or lookahead")
     p.add_argument("--prompt", required=True, action="append", help="repeat for a batch (one row each)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     p.add_argument("--max-new-tokens", type=int, default=128)

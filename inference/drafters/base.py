@@ -4,7 +4,9 @@ Timeline of one sequence (batch 1): the prompt is prefilled into the target's ca
 next token becomes the ROOT (emitted, not yet cached). Each step the drafter proposes a tree rooted at
 the root; the target verifies all nodes in one pass; the accepted path (root + accepted drafts) is
 kept in the target cache and `accept` tells the drafter which tokens became real, with the target's
-hidden states at those positions, and the new root.
+hidden states at those positions, and the new root. Just before `accept`, the optional `verified` hook
+hands over the target's logits at EVERY node of the tree it verified (lookahead decoding reads its Jacobi
+guesses there); drafters that only need the accepted path ignore it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class Drafter(ABC):
     @abstractmethod
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         """tokens [K] (root + accepted drafts) joined the target cache with states {layer: [K, H]}."""
+
+    def verified(self, tree: TokenTree, logits: torch.Tensor) -> None:  # noqa: B027
+        """Optional (default: nothing): the target's logits [N, V] at every node of `tree`, the tree as
+        verified (the proposed one, or its first nodes when cut to fit a fixed cache). Called once per
+        pass, before `accept`, only when decoding goes on; logits stay on the target's device."""
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
         """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""
