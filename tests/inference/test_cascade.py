@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spechead.inference.batch_decode import clone_drafter
 from spechead.inference.drafters.base import Draft, chain
 from spechead.inference.drafters.cascade import CascadeDrafter
 from spechead.inference.generator import SpeculativeGenerator
@@ -158,7 +159,10 @@ def test_demo_cascade_is_the_default_pair():
 def test_batch_rows_equal_single_rows(setup):
     """generate_batch clones the drafter per row (sharing both models' weights); each row = batch 1."""
     model, tok, medium, tiny = setup
-    gen = SpeculativeGenerator(model, tok, cascade(tiny, medium, num_draft=4, tiny_draft=2), cache="static")
+    drafter = cascade(tiny, medium, num_draft=4, tiny_draft=2)
+    clone = clone_drafter(drafter)
+    assert clone.medium is medium and clone.tiny.model is tiny and clone.tiny is not drafter.tiny
+    gen = SpeculativeGenerator(model, tok, drafter, cache="static")
     gen.eos = set()
     rows = prompts(4, model.config.vocab_size)
     batch = gen.generate_batch(input_ids=rows, max_new_tokens=[10, 14, 7, 12])
