@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from spechead.inference.tree_search import load_tree_choices
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 # Drafters without weights, by name (options are their constructor's keyword arguments).
 BUILTIN_DRAFTERS = {"prompt_lookup": PromptLookupDrafter, "lookahead": LookaheadDrafter}
+CASCADE_OPTIONS = ("num_draft", "tiny_draft")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -46,12 +48,14 @@ def _config_of(name: str, revision: str | None) -> dict:
 def make_drafter(
     spec: str | Drafter | None, target, *, device, dtype, revision=None, **options
 ) -> Drafter | None:
-    """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", a head directory/id, or a
-    draft LM."""
+    """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]",
+    a head directory/id, or a draft LM."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if spec in BUILTIN_DRAFTERS:
         return _builtin(spec, options)
+    if _is_cascade(spec):
+        return load_cascade(spec, device=device, dtype=dtype, revision=revision, **options)
     if is_head_dir(_config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
         # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
         head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
@@ -78,6 +82,37 @@ def _builtin(name: str, options: dict) -> Drafter:
     if unknown:
         raise ValueError(f"{name}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
     return cls(**options)
+
+
+def _is_cascade(spec: str) -> bool:
+    return spec == "cascade" or spec.startswith("cascade:")
+
+
+def cascade_models(spec: str) -> tuple[str, str]:
+    """ "cascade:TINY+MEDIUM" -> (TINY, MEDIUM); plain "cascade" = the shipped demo pair (draft, medium)."""
+    if spec == "cascade":
+        demo = Path(str(files("spechead.data"))) / "demo"
+        return str(demo / "draft"), str(demo / "medium")
+    tiny, plus, medium = spec.removeprefix("cascade:").partition("+")
+    if not plus or not tiny or not medium or "+" in medium:
+        raise ValueError(f"cascade drafter {spec!r}: use cascade:TINY+MEDIUM (two model dirs or Hub ids)")
+    return tiny, medium
+
+
+def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> Drafter:
+    """A CascadeDrafter from "cascade" (the demo pair) or "cascade:TINY+MEDIUM"; options: CASCADE_OPTIONS."""
+    from spechead.inference.drafters.cascade import CascadeDrafter
+
+    unknown = sorted(set(options) - set(CASCADE_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"cascade drafter: unknown option(s) {', '.join(unknown)}; valid: {', '.join(CASCADE_OPTIONS)}"
+        )
+    tiny, medium = (
+        AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype).to(device)
+        for path in cascade_models(spec)
+    )
+    return CascadeDrafter(tiny, medium, **options)
 
 
 def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter:
@@ -141,7 +176,7 @@ def load_generator(
     model = AutoModelForCausalLM.from_pretrained(
         target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
     )
-    if isinstance(drafter, str) and drafter not in BUILTIN_DRAFTERS:
+    if isinstance(drafter, str) and drafter not in BUILTIN_DRAFTERS and not _is_cascade(drafter):
         model = merge_medusa2_adapter(model, drafter)
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)

@@ -64,11 +64,12 @@ def parse(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--drafter", action="append", default=[],
-        help="NAME=SPEC[@key=value,...]: a head dir/Hub id, a draft model, prompt_lookup or lookahead; options go "
-        "to the drafter, e.g. eagle3=outputs/eagle3-demo/head@top_k=8,depth=6,total_tokens=48 or "
+        help="NAME=SPEC[@key=value,...]: a head dir/Hub id, a draft model, a cascade, prompt_lookup or lookahead; "
+        "options go to the drafter, e.g. eagle3=outputs/eagle3-demo/head@top_k=8,depth=6,total_tokens=48 or "
         "la=lookahead@window=5,ngram=4,candidates=5 or "
         "eagle3=HEAD@tree=tree.json (static tree; Medusa: choices=tree.json) or "
-        "draft=DRAFT_MODEL@width=4x2x2x1,rule=without_replacement (repeatable)",
+        "draft=DRAFT_MODEL@width=4x2x2x1,rule=without_replacement or casc=cascade:TINY+MEDIUM@num_draft=8,tiny_draft=4 "
+        "(plain `cascade`: the demo tiny+medium pair) (repeatable)",
     )  # fmt: skip
     p.add_argument(
         "--prompt-set", default="demo",

@@ -25,7 +25,10 @@ from spechead.inference.sampling import SamplingParams
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory or Hub id")
-    p.add_argument("--drafter", default=None, help="head dir/id, draft model, prompt_lookup or lookahead")
+    p.add_argument(
+        "--drafter", default=None,
+        help="head dir/id, draft model dir/id, prompt_lookup, lookahead, or cascade[:TINY+MEDIUM] (tiny -> medium -> target)",
+    )  # fmt: skip
     p.add_argument("--prompt", required=True, action="append", help="repeat for a batch (one row each)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     p.add_argument("--max-new-tokens", type=int, default=128)

@@ -65,7 +65,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "OUT/draft (the assistant model of HF assisted generation in scripts/benchmark.py); use with e.g. "
         "--hidden-size 64 --num-layers 2 --num-heads 2 --num-kv-heads 1 --intermediate-size 192",
     )  # fmt: skip
-    return p.parse_args(argv)
+    p.add_argument(
+        "--medium", action="store_true",
+        help="instead: train the medium LM of the demo cascade (tiny draft -> medium -> target, the "
+        "`cascade` drafter) like --draft, into OUT/medium; use with e.g. --hidden-size 128 --num-layers 3 "
+        "--num-heads 4 --num-kv-heads 2 --intermediate-size 320",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    if args.draft and args.medium:
+        p.error("give --draft or --medium, not both")
+    return args
 
 
 def write_corpus(convs: list[dict], path: Path) -> None:
@@ -252,6 +261,9 @@ Built by `scripts/make_demo.py`; do not edit by hand, rerun the script instead.
 - `target/`: a small `LlamaForCausalLM` trained from scratch on that corpus (rendered with the ChatML
   chat template), saved in bfloat16 safetensors with its byte-level BPE tokenizer (vocab {len(stats["vocab"])}).
   It is the frozen demo target that the draft heads are trained against.
+- `draft/` (made by `--draft`) and `medium/` (made by `--medium`): smaller Llamas with the target's
+  tokenizer trained on the same split, the HF assisted-generation baseline's draft model and the
+  tiny and medium levels of the `cascade` drafter; their READMEs record their commands and losses.
 
 ## Command
 
@@ -299,8 +311,22 @@ Greedy completions of held-out prompts after training:
     (out / "README.md").write_text(text, encoding="utf-8")
 
 
-def make_draft(args: argparse.Namespace, argv: list[str]) -> None:
-    """Train a small LM with the target's tokenizer on the same training split -> OUT/draft."""
+SMALL_MODELS = {
+    "draft": (
+        "Demo draft model",
+        "the assistant model for the HF assisted-generation baseline of `scripts/benchmark.py` and the "
+        "tiny model of the `cascade` drafter",
+    ),
+    "medium": (
+        "Demo medium model",
+        "the middle level of the `cascade` drafter (the draft model drafts for it, its verified output "
+        "drafts for the target)",
+    ),
+}
+
+
+def make_small(args: argparse.Namespace, argv: list[str], name: str) -> None:
+    """Train a small LM with the target's tokenizer on the same training split -> OUT/NAME."""
     t0 = time.perf_counter()
     out = args.out.resolve()
     tok = PreTrainedTokenizerFast.from_pretrained(out / "target")
@@ -311,30 +337,30 @@ def make_draft(args: argparse.Namespace, argv: list[str]) -> None:
         pack(tok, convs[-n_val:], args.seq_len),
     )
     model = build_model(args, tok)
-    print(f"draft model: {model.num_parameters():,} parameters", flush=True)
+    print(f"{name} model: {model.num_parameters():,} parameters", flush=True)
     stats = train(model, train_blocks, val_blocks, args)
-    save_target(model, tok, out / "draft")
+    save_target(model, tok, out / name)
     command = "python scripts/make_demo.py" + "".join(f" {shlex.quote(a)}" for a in argv)
-    (out / "draft" / "README.md").write_text(
-        "# Demo draft model\n\nA small `LlamaForCausalLM` with the demo target's tokenizer, trained on the same "
-        "demo corpus split: the assistant model for the HF assisted-generation baseline of "
-        f"`scripts/benchmark.py`.\n\n```\n{command}\n```\n\n{model.num_parameters():,} parameters; "
+    title, role = SMALL_MODELS[name]
+    (out / name / "README.md").write_text(
+        f"# {title}\n\nA small `LlamaForCausalLM` with the demo target's tokenizer, trained on the same "
+        f"demo corpus split: {role}.\n\n```\n{command}\n```\n\n{model.num_parameters():,} parameters; "
         f"{args.steps} steps x batch {args.batch_size} x {args.seq_len} tokens; final train loss "
         f"{stats['train_loss']:.4f}, validation loss {stats['val_loss']:.4f}; "
         f"{(time.perf_counter() - t0) / 60:.1f} min on {args.threads} CPU threads.\n",
         encoding="utf-8",
     )
-    (out / "draft" / "README.md").chmod(0o644)
-    print(f"done in {time.perf_counter() - t0:.0f} s -> {out / 'draft'}", flush=True)
+    (out / name / "README.md").chmod(0o644)
+    print(f"done in {time.perf_counter() - t0:.0f} s -> {out / name}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Build corpus, tokenizer and target into `--out` (or, with --draft, the draft model)."""
+    """Build corpus, tokenizer and target into `--out` (or, with --draft / --medium, that small model)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.draft:
-        return make_draft(args, argv)
+    if args.draft or args.medium:
+        return make_small(args, argv, "draft" if args.draft else "medium")
     t0 = time.perf_counter()
     out = args.out.resolve()
 

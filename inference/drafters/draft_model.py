@@ -152,6 +152,16 @@ class DraftModelDrafter(Drafter):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.pending = [*tokens[1:].tolist(), next_root]  # the root itself was fed in propose
 
+    def rewind(self, sequence: list[int]) -> None:
+        """Continue from `sequence` (committed tokens, the root last) when the draft cache holds a prefix
+        of it, possibly followed by tokens that were not kept (a cascade level rolled back): the cache
+        is cropped to the shared prefix, the rest becomes pending."""
+        if self.cache is None:
+            raise RuntimeError("DraftModelDrafter.rewind called before start")
+        keep = min(cache_length(self.cache), len(sequence) - 1)
+        keep_positions(self.cache, keep, torch.empty(0, dtype=torch.long))
+        self.pending = list(sequence[keep:])
+
     @torch.no_grad()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         if self.cache is None:

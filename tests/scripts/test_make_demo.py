@@ -68,6 +68,13 @@ def test_tiny_build_is_loadable(tmp_path):
     assert "python scripts/make_demo.py --out" in readme and "final validation loss" in readme
     assert (out / "target" / "model.safetensors").stat().st_mode & 0o044 == 0o044  # readable by all
     _check_target(out / "target")
+    medium = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_demo.py"), "--out", str(out), "--medium", *TINY],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert medium.returncode == 0, medium.stderr[-3000:]
+    assert "--medium" in (out / "medium" / "README.md").read_text()
+    _check_target(out / "medium")  # the target's tokenizer, trained on the same split
 
 
 @pytest.mark.skipif(not (SHIPPED / "target" / "config.json").is_file(), reason="demo assets not built")
@@ -77,4 +84,5 @@ def test_shipped_assets_are_current_and_small():
     assert [json.loads(line) for line in lines] == make_conversations(len(lines), seed=0)
     assert len((SHIPPED / "chat.jsonl").read_bytes()) <= 4_000_000
     assert sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file()) < 20_000_000
-    _check_target(SHIPPED / "target")
+    for name in ("target", "draft", "medium"):  # the demo target and the cascade's tiny and medium levels
+        _check_target(SHIPPED / name)

@@ -1,0 +1,145 @@
+"""Cascade drafting (tiny -> medium -> target): a drafter that is itself a speculative decoder.
+
+A tiny draft LM (a `DraftModelDrafter` chain) drafts for a medium LM, which verifies with the same
+lossless rules as the target (`acceptance.greedy_accept` / `sample_accept`, rule "iid" on the tiny's q)
+on its own KV cache, until the medium has produced `num_draft` tokens. Those tokens go to the target
+as ONE chain.
+
+Why this is lossless at both levels: the inner loop is exact speculative sampling, so the chain is
+distributed exactly like sampling from the medium itself, token by token (greedy: the medium's own
+greedy continuation). The target therefore sees children drawn from q = the medium's per-node
+distribution (after the same temperature/top-k/top-p), which is rule "iid" (B) with that q. Handing
+the target the tiny's q, or the tiny's proposal before the medium verified it, would be biased: a
+medium-level rejection must never leak into the target's distribution (tests/inference/test_cascade.py).
+
+Caches: each level keeps the tokens it has run (a prefix of the sequence). During `propose` the
+medium's cache grows with its verified chain; `accept` crops the medium's and the tiny's caches back
+to what the target accepted, so accepted chain tokens are not recomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from spechead.inference.acceptance import greedy_accept, sample_accept
+from spechead.inference.drafters.base import Draft, Drafter, chain
+from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.kv_cache import cache_length, keep_positions
+from spechead.inference.sampling import SamplingParams, target_probs
+
+
+class CascadeDrafter(Drafter):
+    """Chains of `num_draft` tokens: the medium model's output, itself drafted by the tiny model in
+    chains of `tiny_draft` tokens. Both models must share the target's tokenizer."""
+
+    def __init__(
+        self, tiny: PreTrainedModel, medium: PreTrainedModel, num_draft: int = 8, tiny_draft: int = 4
+    ):
+        for name, value in (("num_draft", num_draft), ("tiny_draft", tiny_draft)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        tiny_vocab = tiny.get_output_embeddings().weight.shape[0]
+        medium_vocab = medium.get_output_embeddings().weight.shape[0]
+        if tiny_vocab != medium_vocab:
+            raise ValueError(
+                f"cascade: the tiny model has a vocabulary of {tiny_vocab} tokens, the medium {medium_vocab}: "
+                "both must use the target's tokenizer"
+            )
+        # Both models are attributes of this object so per-row clones share them (batch_decode.clone_drafter).
+        self.tiny_model, self.medium = tiny.eval(), medium.eval()
+        self.tiny = DraftModelDrafter(tiny, tiny_draft)  # a chain, rule "iid" under sampling
+        self.num_draft, self.tiny_draft = num_draft, tiny_draft
+        self.max_nodes = num_draft + 1
+        self.eos = _eos_ids(medium)  # the chain stops there: tokens after an EOS are never emitted
+        self.cache: DynamicCache | None = None  # the medium's: a prefix of context + chain
+        self.context: list[int] = []  # tokens in the target's cache (the root not yet)
+        self.medium_passes = 0  # medium forwards, for diagnostics (tokens per medium pass)
+        self.medium_tokens = 0
+
+    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
+        mine = self.medium.get_output_embeddings().weight.shape[0]
+        if mine != vocab_size:
+            raise ValueError(
+                f"cascade: the medium and tiny models have a vocabulary of {mine} tokens, the target {vocab_size}: "
+                "use cascade:TINY+MEDIUM with models that share the target's tokenizer"
+            )
+
+    def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
+        self.cache = DynamicCache(config=self.medium.config)
+        self.context = prompt.tolist()
+        self.tiny.start(prompt, {}, root)
+
+    def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
+        self.context += tokens.tolist()  # root + accepted drafts: a prefix of the proposed chain
+        # Both caches hold a prefix of context + chain: keep what the target accepted, drop the rest.
+        keep_positions(self.cache, min(cache_length(self.cache), len(self.context)), [])
+        self.tiny.rewind([*self.context, next_root])
+
+    @torch.no_grad()
+    def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+        if self.cache is None:
+            raise RuntimeError("CascadeDrafter.propose called before start")
+        seq = [*self.context, root]  # grows with the medium's verified tokens
+        start = len(seq)
+        rows: list[torch.Tensor] = []  # [V] each: the medium's distribution at tree node i (sampling)
+        while len(seq) - start < self.num_draft:
+            tokens, p = self._inner_step(seq, sampling, generator)
+            rows += p
+            seq += tokens
+            if self.eos.intersection(tokens):
+                break
+        drafted = _until_eos(seq[start : start + self.num_draft], self.eos)
+        tree = chain(drafted, root)
+        if sampling.is_greedy or not drafted:
+            return Draft(tree)
+        # [N, V]: row i = the medium's distribution of node i's child; the leaf repeats its parent's
+        q = torch.stack(rows[: len(drafted)] + rows[len(drafted) - 1 : len(drafted)])
+        return Draft(tree, rule="iid", q=q)
+
+    def _inner_step(self, seq: list[int], sampling: SamplingParams, generator) -> tuple[list[int], list]:
+        """One tiny draft verified by the medium: the medium's new tokens (accepted drafts + its own
+        correction/bonus) and its distributions [V] at the inner root and each accepted draft."""
+        draft = self.tiny.propose(seq[-1], sampling, generator)  # chain rooted at seq[-1], q = tiny's
+        done = cache_length(self.cache)
+        n = draft.tree.size  # the inner root (seq[-1]) + the tiny's drafts
+        fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet
+        out = self.medium(
+            input_ids=torch.tensor([fed], device=self.medium.device),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=n,
+        )
+        logits = out.logits[0].float()  # [n, V] at the inner root and each draft
+        if sampling.is_greedy:
+            acc, p = greedy_accept(draft.tree, logits), None
+        else:
+            p = target_probs(logits, sampling)  # [n, V]: what the medium would sample from
+            acc = sample_accept(draft.tree, p, draft.rule, draft.q, generator)
+        # The medium keeps the inner root and its accepted drafts (a chain: the first entries).
+        keep_positions(self.cache, len(seq) - 1, list(range(len(acc.path))))
+        accepted = draft.tree.tokens[acc.path]  # [a + 1], the inner root first
+        self.tiny.accept(accepted, {}, acc.next_token)
+        self.medium_passes += 1
+        self.medium_tokens += len(acc.path)
+        rows = [] if p is None else [p[i] for i in acc.path]
+        return [*accepted[1:].tolist(), acc.next_token], rows
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """tokens up to and including the first EOS."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _eos_ids(model: PreTrainedModel) -> set[int]:
+    """The model's EOS ids (generation config, else config), as a set."""
+    gen = getattr(model, "generation_config", None)
+    value = getattr(gen, "eos_token_id", None)
+    if value is None:
+        value = getattr(model.config, "eos_token_id", None)
+    if value is None:
+        return set()
+    return {int(value)} if isinstance(value, int) else {int(v) for v in value}
