@@ -13,6 +13,7 @@ from spechead.heads.base import resolve_head_dir
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.tree_search import load_tree_choices
@@ -42,11 +43,15 @@ def _config_of(name: str, revision: str | None) -> dict:
 def make_drafter(
     spec: str | Drafter | None, target, *, device, dtype, revision=None, **options
 ) -> Drafter | None:
-    """A drafter from a name: None (plain decoding), "prompt_lookup", a head directory/id, or a draft LM."""
+    """A drafter from a name: None (plain decoding), "prompt_lookup", the target itself with layers skipped
+    (`layer_skip[@skip=2+3]`, `early_exit[@layer=4]`, a drafter file from scripts/search_skip.py), a head
+    directory/id, or a draft LM."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if spec == "prompt_lookup":
         return PromptLookupDrafter(**options)
+    if is_self_spec(spec):
+        return make_self_drafter(spec, target, **options)
     if is_head_dir(_config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
         # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
         head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
@@ -124,7 +129,7 @@ def load_generator(
     model = AutoModelForCausalLM.from_pretrained(
         target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
     )
-    if isinstance(drafter, str) and drafter != "prompt_lookup":
+    if isinstance(drafter, str) and drafter != "prompt_lookup" and not is_self_spec(drafter):
         model = merge_medusa2_adapter(model, drafter)
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
