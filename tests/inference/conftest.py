@@ -18,6 +18,7 @@ BOTH_BACKENDS = {
     "test_sampling",
     "test_medusa_drafter",
     "test_draft_model_tree",
+    "test_layer_skip",
     "test_foreign_heads",
     "test_engine",
 }
