@@ -24,7 +24,11 @@ from spechead.inference.sampling import SamplingParams
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="target model directory or Hub id")
-    p.add_argument("--drafter", default=None, help="head dir/id, draft model dir/id, or prompt_lookup")
+    p.add_argument(
+        "--drafter", default=None,
+        help="head dir/id, draft model dir/id, prompt_lookup, or the target itself: layer_skip[@skip=2+3], "
+        "early_exit[@layer=4], a drafter file from scripts/search_skip.py",
+    )  # fmt: skip
     p.add_argument("--prompt", required=True, action="append", help="repeat for a batch (one row each)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
     p.add_argument("--max-new-tokens", type=int, default=128)
