@@ -15,6 +15,7 @@ from spechead.heads.base import resolve_head_dir
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
@@ -49,13 +50,16 @@ def make_drafter(
     spec: str | Drafter | None, target, *, device, dtype, revision=None, **options
 ) -> Drafter | None:
     """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]",
-    a head directory/id, or a draft LM."""
+    the target itself with layers skipped (`layer_skip[@skip=2+3]`, `early_exit[@layer=4]`, a drafter file
+    from scripts/search_skip.py), a head directory/id, or a draft LM."""
     if spec is None or isinstance(spec, Drafter):
         return spec
     if spec in BUILTIN_DRAFTERS:
         return _builtin(spec, options)
     if _is_cascade(spec):
         return load_cascade(spec, device=device, dtype=dtype, revision=revision, **options)
+    if is_self_spec(spec):
+        return make_self_drafter(spec, target, **options)
     if is_head_dir(_config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
         # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
         head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
@@ -176,7 +180,10 @@ def load_generator(
     model = AutoModelForCausalLM.from_pretrained(
         target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
     )
-    if isinstance(drafter, str) and drafter not in BUILTIN_DRAFTERS and not _is_cascade(drafter):
+    own = isinstance(drafter, str) and (
+        drafter in BUILTIN_DRAFTERS or _is_cascade(drafter) or is_self_spec(drafter)
+    )
+    if isinstance(drafter, str) and not own:  # a head directory may carry a Medusa-2 adapter
         model = merge_medusa2_adapter(model, drafter)
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)

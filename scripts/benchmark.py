@@ -34,6 +34,7 @@ from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.devices import check_device
+from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation import (
     DEFINITIONS,
     DecodeSettings,
@@ -69,7 +70,9 @@ def parse(argv=None) -> argparse.Namespace:
         "la=lookahead@window=5,ngram=4,candidates=5 or "
         "eagle3=HEAD@tree=tree.json (static tree; Medusa: choices=tree.json) or "
         "draft=DRAFT_MODEL@width=4x2x2x1,rule=without_replacement or casc=cascade:TINY+MEDIUM@num_draft=8,tiny_draft=4 "
-        "(plain `cascade`: the demo tiny+medium pair) (repeatable)",
+        "(plain `cascade`: the demo tiny+medium pair) or the target itself with layers skipped: "
+        "skip=layer_skip@skip=2+3+6, exit=early_exit@layer=4, skip=outputs/skip.json (scripts/search_skip.py) "
+        "(repeatable)",
     )  # fmt: skip
     p.add_argument(
         "--prompt-set", default="demo",
@@ -89,6 +92,11 @@ def parse(argv=None) -> argparse.Namespace:
         help="a small draft model for HF assisted generation; auto = the demo draft model with the demo target, "
         "else none; none = skip",
     )  # fmt: skip
+    p.add_argument(
+        "--hf-early-exit", default="auto",
+        help="exit layer for HF's self-speculative mode (generate(assistant_early_exit=N)); auto = the layer of "
+        "an early_exit drafter given with --drafter, else none; none = skip",
+    )  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="runs per drafter; speedup is their median")
     p.add_argument("--warmup", type=int, default=2, help="prompts decoded once before timing")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
@@ -102,6 +110,10 @@ def parse(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.warmup < 0:
         p.error("--prompts, --repeats and --max-new-tokens must be >= 1, --warmup >= 0")
+    if args.hf_early_exit not in ("auto", "none") and not (
+        args.hf_early_exit.isdigit() and int(args.hf_early_exit) > 0
+    ):
+        p.error(f"--hf-early-exit takes auto, none or a layer number >= 1, got {args.hf_early_exit!r}")
     return args
 
 
@@ -120,15 +132,15 @@ def drafter_options(spec: str) -> tuple[str, dict]:
             raise ValueError(f"drafter option {item!r}: use key=value, e.g. top_k=8 or tree=tree.json")
         if value.lstrip("-").isdigit():
             options[key] = int(value)
-        elif value in WORDS or re.fullmatch(r"\d+(x\d+)+", value):
-            options[key] = value
+        elif value in WORDS or re.fullmatch(r"\d+(x\d+)+", value) or re.fullmatch(r"\d+([+-]\d+)+", value):
+            options[key] = value  # a width per depth (4x2x2x1) or layers to skip (2+3+6, 4-7)
         elif Path(value).is_file():
             loaded = json.loads(Path(value).read_text())
             options[key] = loaded["choices"] if isinstance(loaded, dict) else loaded
         else:
             raise ValueError(
                 f"drafter option {item!r}: the value must be an integer, dynamic or a tree file, a draft-model "
-                f"rule ({', '.join(WORDS[1:])}) or a width per depth like 4x2x2x1"
+                f"rule ({', '.join(WORDS[1:])}), a width per depth like 4x2x2x1 or layers like 2+3+6"
             )
     return path, options
 
@@ -188,6 +200,8 @@ def measure_baselines(args, plain: SpeculativeGenerator, prompts, settings, base
         dtype = getattr(torch, args.dtype)
         assistant = AutoModelForCausalLM.from_pretrained(assistant_path, dtype=dtype).to(args.device)
         baselines["hf_assisted"] = {"assistant_model": assistant}
+    if exit_layer := _hf_early_exit(args, plain.target):
+        baselines[f"hf_early_exit@{exit_layer}"] = {"assistant_early_exit": exit_layer}
     rows, reference = [], None
     for name, kwargs in baselines.items():
         tokens_per_s, outputs = hf_generate(plain, prompts, settings, **kwargs)
@@ -200,6 +214,21 @@ def measure_baselines(args, plain: SpeculativeGenerator, prompts, settings, base
             print(f"!!! {name}: {rows[-1]['greedy_mismatches']} outputs differ from plain greedy decoding",
                   file=sys.stderr)  # fmt: skip
     return rows
+
+
+def _hf_early_exit(args, target) -> int | None:
+    """The exit layer of HF's early-exit baseline (see --hf-early-exit): given, or an early_exit drafter's."""
+    if args.hf_early_exit == "none":
+        return None
+    if args.hf_early_exit != "auto":
+        return int(args.hf_early_exit)
+    for spec in args.drafter:
+        path, options = drafter_options(spec.split("=", 1)[-1])
+        saved = read_drafter_file(Path(path)) or {}
+        if path == "early_exit" or saved.get("drafter") == "early_exit":
+            default = saved.get("exit_layer", len(target.get_decoder().layers) // 2)
+            return int(options.get("layer", options.get("exit_layer", default)))
+    return None
 
 
 def _assistant(args) -> str | None:

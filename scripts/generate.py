@@ -27,7 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", required=True, help="target model directory or Hub id")
     p.add_argument(
         "--drafter", default=None,
-        help="head dir/id, draft model dir/id, prompt_lookup, lookahead, or cascade[:TINY+MEDIUM] (tiny -> medium -> target)",
+        help="head dir/id, draft model dir/id, prompt_lookup, lookahead, cascade[:TINY+MEDIUM] (tiny -> medium -> "
+        "target), or the target itself: layer_skip[@skip=2+3], early_exit[@layer=4], a drafter file from "
+        "scripts/search_skip.py",
     )  # fmt: skip
     p.add_argument("--prompt", required=True, action="append", help="repeat for a batch (one row each)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")

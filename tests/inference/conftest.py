@@ -19,6 +19,7 @@ BOTH_BACKENDS = {
     "test_medusa_drafter",
     "test_draft_model_tree",
     "test_lookahead",
+    "test_layer_skip",
     "test_foreign_heads",
     "test_engine",
 }

@@ -1,0 +1,186 @@
+"""Self-speculative drafting: the target drafts for itself with some of its decoder layers skipped
+(Draft & Verify) or by exiting early through its own final norm and lm_head (LayerSkip-style). No
+extra weights.
+
+The draft model is a VIEW of the target (`skip_view`): shallow copies of the causal-LM wrapper, the
+decoder, the kept decoder layers and their attention modules, sharing every parameter with the
+target. The copies carry no hooks (the target runner's capture hooks never fire for a draft pass),
+the kept layers' attention modules are renumbered 0..K-1 (`layer_idx` indexes the cache) and the
+view's config says K layers. The target's modules are never modified. Early exit at layer k is the
+skip set {k, ..., L-1}: the first k layers, then the final norm and lm_head.
+
+On top of the view, `LayerSkipDrafter` is a `DraftModelDrafter` (chains, static or dynamic trees and
+their lossless rules come from there), with defaults for a draft that costs a sizeable share of a
+target pass (short chains).
+
+Cache, and what is reused: the draft keeps its OWN `DynamicCache` (K layers, committed tokens only;
+speculative nodes are cropped after each propose), so it never touches the target's cache. Shared
+exactly: all weights (embeddings, kept layers, final norm, lm_head). NOT reused, although for early
+exit the target's first-k-layer K/V at accepted positions equal the draft's up to float rounding:
+(1) the drafter interface hands over hidden states, not the target's cache, whose layout (static
+slots, per-row batch slots) and compaction belong to the runner, and reading it would couple the
+two and risk the draft's tree entries landing in the target's cache; (2) the saving is small: the
+accepted tokens ride along in the draft's first forward of the next propose (one pass, a few more
+query tokens), so the only extra work is the prompt's prefill through the K kept layers, once per
+sequence.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from torch import nn
+from transformers import PreTrainedModel
+
+from spechead.inference.drafters.draft_model import DraftModelDrafter
+
+KINDS = ("layer_skip", "early_exit")
+
+
+def num_layers_of(target: PreTrainedModel) -> int:
+    """The number of decoder layers of `target`."""
+    return len(target.get_decoder().layers)
+
+
+def default_skip(num_layers: int) -> list[int]:
+    """Every other layer from the second to the second-to-last (first and last layers kept):
+    8 layers -> [1, 3, 5], 32 -> [1, 3, ..., 29]."""
+    return list(range(1, num_layers - 1, 2))
+
+
+def parse_layers(value: int | str | Sequence[int], num_layers: int) -> list[int]:
+    """Layer indices from 3, "2+3+6", "4-7" (a range, both ends), "1+4-6" or [2, 3]; sorted, checked."""
+    if isinstance(value, bool):
+        raise ValueError(f"skip layers must be layer indices, got {value!r}")
+    if isinstance(value, int):
+        layers = [value]
+    elif isinstance(value, str):
+        layers = []
+        for part in filter(None, value.replace(" ", "").split("+")):
+            low, sep, high = part.partition("-")
+            if not low.isdigit() or (sep and not high.isdigit()):
+                raise ValueError(f"skip layers {value!r}: give indices joined by + and ranges like 2+3+5-7")
+            layers += list(range(int(low), int(high) + 1)) if sep else [int(low)]
+    else:
+        layers = list(value)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise ValueError(f"skip layers must be ints, got {value!r}")
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"skip layers {bad} out of range: the target has layers 0..{num_layers - 1}")
+    layers = sorted(set(layers))
+    if len(layers) == num_layers:
+        raise ValueError(f"skip layers {layers} skip all {num_layers} layers: keep at least one")
+    return layers
+
+
+def _light_copy(module: nn.Module) -> nn.Module:
+    """A new module object sharing `module`'s parameters, buffers and children, with no hooks; its
+    own child/parameter dicts, so replacing a child of the copy leaves `module` untouched."""
+    view = copy.copy(module)
+    for name, value in vars(module).items():
+        if name in ("_modules", "_parameters", "_buffers"):
+            view.__dict__[name] = dict(value)
+        elif "hooks" in name and isinstance(value, dict):
+            view.__dict__[name] = OrderedDict()
+    view.__dict__.pop("_spechead_capture", None)  # the target runner's capture belongs to the target
+    return view
+
+
+def skip_view(target: PreTrainedModel, skip: Sequence[int]) -> PreTrainedModel:
+    """The target run without the decoder layers `skip` (indices), sharing all weights (see module doc)."""
+    decoder = target.get_decoder()
+    owner = next((name for name, child in target.named_children() if child is decoder), None)
+    if owner is None or not isinstance(getattr(decoder, "layers", None), nn.ModuleList):
+        raise ValueError(
+            f"{type(target).__name__}: layer skipping needs a decoder-only LM whose decoder (a direct child) "
+            "has a `layers` ModuleList, like LlamaForCausalLM"
+        )
+    kept = [i for i in range(len(decoder.layers)) if i not in set(skip)]
+    layers = []
+    for new_index, old_index in enumerate(kept):
+        layer = _light_copy(decoder.layers[old_index])
+        attention = getattr(layer, "self_attn", None)
+        if attention is None or not hasattr(attention, "layer_idx"):
+            raise ValueError(
+                f"layer {old_index} has no self_attn.layer_idx: cannot give the draft its own cache"
+            )
+        layer.self_attn = _light_copy(attention)
+        layer.self_attn.layer_idx = new_index  # the draft cache holds the kept layers only
+        if hasattr(layer, "layer_idx"):
+            layer.layer_idx = new_index
+        layers.append(layer)
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = len(kept)
+    if isinstance(getattr(config, "layer_types", None), list):  # e.g. sliding / full attention per layer
+        config.layer_types = [config.layer_types[i] for i in kept]
+    view_decoder = _light_copy(decoder)
+    view_decoder.layers = nn.ModuleList(layers)
+    if isinstance(getattr(decoder, "norm", None), nn.Module):
+        view_decoder.norm = _light_copy(decoder.norm)  # the runner may hook the target's final norm
+    view_decoder.config = config
+    view = _light_copy(target)
+    setattr(view, owner, view_decoder)
+    view.config = config
+    return view
+
+
+class LayerSkipDrafter(DraftModelDrafter):
+    """The target drafting for itself through `skip_view` (chains by default; every DraftModelDrafter
+    shape option works: width, depth, tree, rule, top_k, total_tokens).
+
+    skip_layers: indices to skip (int, "2+3+6", "4-7" or a list); default `default_skip`.
+    exit_layer: instead, early exit after the first `exit_layer` layers (1..L-1).
+    num_draft: chain length (default 3: each draft token costs (L - skipped) / L of a target pass).
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        skip_layers: int | str | Sequence[int] | None = None,
+        *,
+        exit_layer: int | None = None,
+        num_draft: int = 3,
+        **shape,
+    ):
+        total = num_layers_of(target)
+        if exit_layer is not None:
+            if skip_layers is not None:
+                raise ValueError("give skip_layers (layer skip) or exit_layer (early exit), not both")
+            if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < total:
+                raise ValueError(
+                    f"exit_layer must be an int in 1..{total - 1} (the target has {total} layers)"
+                )
+            skip = list(range(exit_layer, total))
+        else:
+            skip = default_skip(total) if skip_layers is None else parse_layers(skip_layers, total)
+        self.skip_layers = tuple(skip)
+        self.exit_layer = exit_layer
+        self.num_target_layers = total
+        super().__init__(skip_view(target, skip), num_draft, **shape)
+
+    @property
+    def kind(self) -> str:
+        return "layer_skip" if self.exit_layer is None else "early_exit"
+
+    def describe(self) -> dict:
+        """What the drafter file stores: kind, the layers, the target's layer count, the chain length."""
+        layers = (
+            {"exit_layer": self.exit_layer} if self.exit_layer else {"skip_layers": list(self.skip_layers)}
+        )
+        return {
+            "drafter": self.kind,
+            **layers,
+            "num_layers": self.num_target_layers,
+            "num_draft": self.num_draft,
+        }
+
+    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
+        super().check_target(hidden_size, vocab_size, num_layers)
+        if num_layers != self.num_target_layers:
+            raise ValueError(
+                f"this {self.kind} drafter was built on a target with {self.num_target_layers} layers, "
+                f"not {num_layers}: build it from the generator's own target"
+            )

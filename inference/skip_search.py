@@ -1,0 +1,172 @@
+"""Choosing the layers a self-speculative drafter skips: acceptance from one teacher-forced pass per
+candidate, cost from timed forwards, and a beam search over skip sets (scripts/search_skip.py).
+
+Exact greedy acceptance without decoding: for a greedy chain drafter, a drafted token is kept only
+while every earlier one matched the target's own continuation, so the draft at every step sees the
+target's tokens. One forward of the draft (the target without the skipped layers) over prompt +
+greedy continuation therefore gives every draft prediction the decoder would see: `match[j]` = the
+draft's argmax after generated token j equals generated token j + 1. `chain_accept_lengths` replays
+the passes of a chain of `k` drafts on those matches, as GenerationStats counts them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from spechead.inference.drafters.base import Drafter
+from spechead.inference.runner import TargetRunner
+from spechead.inference.sampling import SamplingParams
+
+
+@torch.no_grad()
+def draft_matches(
+    draft: PreTrainedModel, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], batch: int = 8
+) -> list[torch.Tensor]:
+    """Per sequence (prompt [P] + generated [n]): bool [n - 1], the draft's argmax at generated token j
+    (position P + j) == generated token j + 1. Right-padded batches of `batch` sequences."""
+    out = []
+    device = draft.device
+    for start in range(0, len(sequences), batch):
+        rows = sequences[start : start + batch]
+        width = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, T]; pads after a row never reach it
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = torch.tensor(row)
+        predicted = draft(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [B, T]
+        for b, row in enumerate(rows):
+            p = prompt_lengths[start + b]
+            out.append(predicted[b, p : len(row) - 1] == ids[b, p + 1 : len(row)])  # [n - 1]
+    return out
+
+
+def chain_accept_lengths(match: torch.Tensor, k: int) -> list[int]:
+    """Tokens each target pass emits (accepted drafts + 1, the last pass clipped) when a chain of `k`
+    drafts decodes the n = len(match) + 1 generated tokens; the prefill emitted token 0."""
+    hits = match.tolist()
+    n, emitted, root, lengths = len(hits) + 1, 1, 0, []
+    while emitted < n:
+        accepted = 0
+        while accepted < k and root + accepted < len(hits) and hits[root + accepted]:
+            accepted += 1
+        step = min(accepted + 1, n - emitted)
+        lengths.append(step)
+        emitted += step
+        root += accepted + 1
+    return lengths
+
+
+def pooled_tau(matches: Sequence[torch.Tensor], k: int) -> float:
+    """Emitted tokens per target pass over every pass of every sequence (as the benchmark pools it)."""
+    lengths = [x for m in matches for x in chain_accept_lengths(m, k)]
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def _median_seconds(run: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):  # the first run warms up
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+@torch.no_grad()
+def time_verify(target: PreTrainedModel, nodes: int, context: int = 128, repeats: int = 9) -> float:
+    """Median seconds of the generator's verification pass over a chain of `nodes` tokens (root
+    included) after `context` committed ones (the static-cache runner, as SpeculativeGenerator uses)."""
+    runner = TargetRunner(target, cache="static")
+    runner.reserve(context, 1, tree_room=nodes)
+    runner.prefill(
+        torch.randint(5, target.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    )
+    tokens = torch.arange(5, 5 + nodes).unsqueeze(0)  # [1, N]
+    parents = torch.arange(-1, nodes - 1).unsqueeze(0)  # [1, N]: a chain
+
+    def run() -> None:
+        runner.verify(tokens, parents)[0].argmax(-1).tolist()  # .tolist() waits for the device
+
+    return _median_seconds(run, repeats)
+
+
+@torch.no_grad()
+def time_draft(drafter: Drafter, context: int = 128, repeats: int = 9) -> float:
+    """Median seconds of one drafter pass (accept one draft token + the bonus, then propose) after
+    `context` committed tokens, greedy: the drafter's forwards AND its Python/cache work."""
+    vocab = drafter.model.config.vocab_size
+    prompt = torch.randint(5, vocab, (context,), generator=torch.Generator().manual_seed(0))
+    drafter.start(prompt, {}, 7)
+    greedy = SamplingParams()
+    draft = drafter.propose(7, greedy, None)
+
+    def run() -> None:
+        nonlocal draft
+        drafter.accept(draft.tree.tokens[:2], {}, 9)
+        draft = drafter.propose(9, greedy, None)
+
+    return _median_seconds(run, repeats)
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
+    """Least-squares line through (xs, ys), evaluated at xs: smooths noisy timings of a cost that
+    grows linearly (a drafter pass with more kept layers)."""
+    x = torch.tensor(xs, dtype=torch.float64)
+    design = torch.stack([torch.ones_like(x), x], 1)  # [n, 2]
+    coef = torch.linalg.lstsq(design, torch.tensor(ys, dtype=torch.float64).unsqueeze(1)).solution  # [2, 1]
+    return (design @ coef).squeeze(1).tolist()
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds, timed through the real engine: a plain target step (1 token), a verification pass of a
+    chain of k drafts [k + 1 tokens] by k, and a drafter pass by (kept layers, k)."""
+
+    step: float
+    verify: dict[int, float]
+    draft: dict[tuple[int, int], float]
+
+    def speedup(self, tau: float, k: int, kept: int) -> float:
+        """Expected speedup over plain decoding: tau * t_step / (t_verify(k + 1) + t_draft(kept, k))."""
+        return tau * self.step / (self.verify[k] + self.draft[kept, k])
+
+
+@dataclass(frozen=True)
+class Candidate:
+    skip: tuple[int, ...]
+    num_draft: int
+    tau: float
+    speedup: float
+
+
+def best_chain(
+    skip: tuple[int, ...], matches: Sequence[torch.Tensor], costs: Costs, num_layers: int
+) -> Candidate:
+    """The chain length (one of costs.verify) with the highest expected speedup for this skip set."""
+    kept = num_layers - len(skip)
+    options = [(costs.speedup(pooled_tau(matches, k), k, kept), k) for k in sorted(costs.verify)]
+    speedup, k = max(options)
+    return Candidate(skip, k, pooled_tau(matches, k), speedup)
+
+
+def beam_search(
+    evaluate: Callable[[tuple[int, ...]], Candidate],
+    num_layers: int,
+    beam: int = 4,
+    max_skip: int | None = None,
+) -> dict[tuple[int, ...], Candidate]:
+    """Grow skip sets one layer at a time, keeping the `beam` best per size (up to `max_skip` layers,
+    default L - 1); returns every candidate evaluated, by skip set."""
+    seen: dict[tuple[int, ...], Candidate] = {}
+    frontier: list[tuple[int, ...]] = [()]
+    for _ in range(max_skip if max_skip is not None else num_layers - 1):
+        grown = sorted({tuple(sorted((*s, i))) for s in frontier for i in range(num_layers) if i not in s})
+        for skip in grown:
+            if skip not in seen:
+                seen[skip] = evaluate(skip)
+        frontier = sorted(grown, key=lambda s: -seen[s].speedup)[:beam]
+    return seen
