@@ -100,6 +100,7 @@ class BatchRunner:
         self.layers = dict(zip(tuple(hidden_layers), canon))
         self.cache: BatchSlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long)  # [B] committed positions per row (host)
+        self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify (for acceptance)
 
     def _forward(self, cache: Cache, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
         store = self._capture.store
@@ -164,6 +165,7 @@ class BatchRunner:
         lengths = self.lengths.to(dev)  # [B]
         view = int(self.lengths.max()) + n  # S
         anc = ancestors_on_device(parents)  # [B, N, N]
+        self.last_ancestors = anc
         positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
         slots = lengths[:, None] + torch.arange(n, device=dev)  # [B, N]
         cols = torch.arange(view, device=dev)  # [S]
