@@ -7,11 +7,11 @@ depth share that head's candidates, as in the reference design.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from spechead.heads.medusa import MedusaHead
-from collections.abc import Sequence
-
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree, tree_from_choices

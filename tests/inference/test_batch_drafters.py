@@ -61,7 +61,7 @@ def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind):
         d.start(prompts, first, roots)
     rows = [0, 1, 2, 3]
     plans = [([3, 1, 5, 2], None), ([1, 4, 2, 1], [2, 0, 3]), ([2, 2, 1], [1, 2]), ([5, 1], None)]
-    for step, (lengths, keep) in enumerate(plans):
+    for lengths, keep in plans:
         greedy = [SamplingParams()] * len(rows)
         same(
             batched.propose(roots, greedy, [None] * len(rows)),
