@@ -30,10 +30,44 @@ def build(model, kind):
     if kind == "medusa":
         return medusa_drafter(model)
     if kind == "eagle_dynamic":
-        return eagle_drafter(model, "eagle", top_k=3, depth=4, total_tokens=10)
-    if kind == "eagle3_dynamic":
-        return eagle_drafter(model, "eagle3", top_k=4, depth=3, total_tokens=12)
-    return eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+        drafter = eagle_drafter(model, "eagle", top_k=3, depth=4, total_tokens=10)
+    elif kind == "eagle3_dynamic":
+        drafter = eagle_drafter(model, "eagle3", top_k=4, depth=3, total_tokens=12)
+    else:
+        drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # weights at 1/sqrt(fan_in), not 0.02: every input (features too) moves the top-k
+        for weight in drafter.head.parameters():
+            if weight.dim() == 2:
+                weight.copy_(torch.randn(weight.shape, generator=g) / weight.shape[1] ** 0.5)
+    return drafter
+
+
+def fitted_medusa(model, prompts, new_tokens: int = 24):
+    """A Medusa drafter fitted (a few hundred Adam steps) to the target's own greedy continuations of
+    `prompts`: it drafts them well, so decoding accepts whole paths (and stops inside trees)."""
+    from spechead.inference.batch import BatchRunner
+
+    from .test_generator import plain_greedy
+
+    drafter = medusa_drafter(model)
+    head, layer = drafter.head, drafter.hidden_layers[0]
+    seqs = [torch.tensor(p + plain_greedy(model, p, new_tokens)) for p in prompts]
+    runner = BatchRunner(model, (layer,), max_length=max(s.numel() for s in seqs))
+    _, hidden = runner.prefill(seqs)
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = 0.0
+        for seq, states in zip(seqs, hidden):
+            for k in range(head.num_heads):  # head k at position t predicts token t + 2 + k
+                logits = head.head_logits(k, states[layer][None, : -(2 + k)])[0]  # [T - 2 - k, V]
+                loss = loss + torch.nn.functional.cross_entropy(logits, seq[2 + k :])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    head.eval().requires_grad_(False)
+    return drafter
 
 
 def states(drafter, lengths, hidden, seed):
@@ -83,13 +117,15 @@ def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind):
     )
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle_dynamic", "eagle3_static"])
+@pytest.mark.parametrize("kind", ["medusa_fitted", "medusa", "eagle_dynamic", "eagle3_static"])
 def test_batched_drafting_keeps_every_rows_batch1_passes(model, chatml_tokenizer, kind):
-    """Mixed prompt lengths, per-row max_new_tokens, a row stopping at EOS: each row's tokens AND
-    accept lengths / drafted counts equal its batch-1 run (so its trees were its batch-1 trees)."""
+    """Mixed prompt lengths, per-row max_new_tokens, a row stopping at EOS (inside an accepted tree
+    with the fitted head): each row's tokens AND accept lengths / drafted counts equal its batch-1 run
+    (so its trees were its batch-1 trees)."""
     from .test_generator import plain_greedy
 
-    gen = SpeculativeGenerator(model, chatml_tokenizer, make_drafter(model, kind), cache="static")
+    drafter = fitted_medusa(model, PROMPTS) if kind == "medusa_fitted" else make_drafter(model, kind)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
     gen.eos = {plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]}
     for kw in ({}, {"temperature": 0.8, "top_k": 30, "seed": [3, 4, 5, 6]}):
         batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, **kw)
@@ -99,6 +135,9 @@ def test_batched_drafting_keeps_every_rows_batch1_passes(model, chatml_tokenizer
             assert batch[b].token_ids == single.token_ids, (kind, b, kw)
             assert batch[b].stats.accept_lengths == single.stats.accept_lengths, (kind, b, kw)
             assert batch[b].stats.drafted_tokens == single.stats.drafted_tokens, (kind, b, kw)
+        if kind == "medusa_fitted" and not kw:  # whole paths accepted; row 0 stopped inside a tree
+            assert max(batch[0].stats.accept_lengths) > 2 and min(batch[0].stats.accept_lengths) < 4
+            assert all(max(r.stats.accept_lengths) > 1 for r in batch)
 
 
 def test_padding_nodes_are_never_accepted():
