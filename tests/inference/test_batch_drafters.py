@@ -30,7 +30,7 @@ def build(model, kind):
     if kind == "medusa":
         return medusa_drafter(model)
     if kind == "eagle_dynamic":
-        drafter = eagle_drafter(model, "eagle", top_k=3, depth=4, total_tokens=10)
+        drafter = eagle_drafter(model, "eagle", top_k=2, depth=4, total_tokens=14)  # keeps depth 3-4
     elif kind == "eagle3_dynamic":
         drafter = eagle_drafter(model, "eagle3", top_k=4, depth=3, total_tokens=12)
     else:
