@@ -59,6 +59,10 @@ class MedusaDrafter(Drafter):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]
 
+    def with_tree(self, choices: list[list[int]]) -> MedusaDrafter:
+        """The same heads with another static tree (rank paths, see `tree_from_choices`)."""
+        return MedusaDrafter(self.head, choices)
+
     def batched(self) -> MedusaBatchDrafter:
         return MedusaBatchDrafter(self)
 

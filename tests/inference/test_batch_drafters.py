@@ -154,3 +154,34 @@ def test_padding_nodes_are_never_accepted():
     accs = accept_rows(draft, logits, ancestors_on_device(draft.parents), rows)
     assert [a.path for a in accs] == [[0], [0, 1, 2]]
     assert [a.next_token for a in accs] == [7, 2]
+
+
+def test_tree_follows_the_batch(model, chatml_tokenizer):
+    """With an accuracy table, generate_batch re-picks the static tree for the batch size by measuring
+    here (once per size); greedy rows still equal HF greedy; tree_for_batch=False keeps the batch-1
+    tree and so the batch-1 sampling draws."""
+    from spechead.inference.batch_tree import assumed_medusa_accuracy
+
+    from .test_generator import plain_greedy
+
+    drafter = medusa_drafter(model)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
+    gen.tree_accuracy = assumed_medusa_accuracy(drafter.head.num_heads)
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    info = gen.batch_calibration[len(PROMPTS)]
+    used = gen._batch_drafters[len(PROMPTS)]
+    assert used.static.size == len(info["choices"]) + 1 <= 64 // len(PROMPTS) + 1
+    assert set(info["verify_ms_by_size"]) >= {1, 2, 4} and info["expected_speedup"] > 0
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        assert batch[b].token_ids == plain_greedy(model, prompt, n)
+        assert batch[b].stats.drafted_tokens == len(info["choices"]) * len(batch[b].stats.accept_lengths)
+    gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)  # measured once per batch size
+    assert list(gen.batch_calibration) == [len(PROMPTS)]
+    kw = {"temperature": 0.9, "top_k": 20, "seed": [1, 2, 3, 4], "max_new_tokens": MAX_NEW}
+    same_tree = gen.generate_batch(input_ids=PROMPTS, tree_for_batch=False, **kw)
+    for b, prompt in enumerate(PROMPTS):
+        single = gen.generate(
+            input_ids=prompt, max_new_tokens=MAX_NEW[b], temperature=0.9, top_k=20, seed=b + 1
+        )
+        assert same_tree[b].token_ids == single.token_ids
+        assert same_tree[b].stats.drafted_tokens == single.stats.drafted_tokens
