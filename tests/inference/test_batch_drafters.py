@@ -171,7 +171,7 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
     info = gen.batch_calibration[len(PROMPTS)]
     used = gen._batch_drafters[len(PROMPTS)]
     assert used.static.size == len(info["choices"]) + 1 <= 64 // len(PROMPTS) + 1
-    assert set(info["verify_ms_by_size"]) >= {1, 2, 4} and info["expected_speedup"] > 0
+    assert max(info["verify_ms_by_size"]) == 64 // len(PROMPTS) + 1 and info["expected_speedup"] > 0
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
         assert batch[b].token_ids == plain_greedy(model, prompt, n)
         assert batch[b].stats.drafted_tokens == len(info["choices"]) * len(batch[b].stats.accept_lengths)
