@@ -91,6 +91,7 @@ def main(argv=None) -> int:
         gen.generate_batch(messages=chats[:2], max_new_tokens=8)  # warm-up
         plain.generate_batch(messages=chats[:2], max_new_tokens=8)
         for batch in args.batch_size:
+            gen.generate_batch(messages=chats[:batch], max_new_tokens=8)  # picks this size's tree (untimed)
             plain_tps, plain_out, _ = run_engine(plain, chats, batch, args.max_new_tokens)
             hf_tps = None if args.no_hf else run_hf(plain, chats, batch, args.max_new_tokens)
             if path is None:
@@ -98,14 +99,17 @@ def main(argv=None) -> int:
             else:
                 spec_tps, spec_out, tau = run_engine(gen, chats, batch, args.max_new_tokens)
             bad = sum(a != b for a, b in zip(spec_out, plain_out))
-            row = {"drafter": name, "batch": batch, "tau": tau, "plain_tokens_per_s": plain_tps,
+            tree = gen.batch_calibration.get(batch, {}).get("choices") if batch > 1 else None
+            tree = tree or (gen.calibration or {}).get("choices")
+            row = {"drafter": name, "batch": batch, "tau": tau, "tree": tree, "plain_tokens_per_s": plain_tps,
                    "hf_tokens_per_s": hf_tps, "spec_tokens_per_s": spec_tps,
                    "speedup_vs_plain": spec_tps / plain_tps, "greedy_mismatches": bad}  # fmt: skip
             rows.append(row)
             hf = "-" if hf_tps is None else f"{hf_tps:.1f}"
             print(
                 f"{name:10s} B={batch:<3d} tau {tau:.2f}  plain {plain_tps:.1f} tok/s  HF {hf} tok/s  "
-                f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  mismatches {bad}",
+                f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  mismatches {bad}"
+                + (f"  tree {len(tree)} nodes" if tree else ""),
                 flush=True,
             )
             if bad:
