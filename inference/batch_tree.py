@@ -3,7 +3,8 @@ tokens, so a tree that is nearly free at batch 1 can cost several decode steps a
 compute-bound device (a CPU). `choices_for_batch` times the target's batched verify pass by tree size
 and the batched drafter's cost at B on this device, then picks the static tree with the best expected
 speedup for the head's accuracy table (`tree_search.best_choices_for_cost`, as `calibrate.py` does
-at load time for batch 1). `SpeculativeGenerator.generate_batch` calls it once per batch size.
+at load time for batch 1). `SpeculativeGenerator.generate_batch` calls it once per batch size and
+decodes plain when no tree is expected to beat plain batched decoding.
 """
 
 from __future__ import annotations

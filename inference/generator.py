@@ -214,12 +214,14 @@ class SpeculativeGenerator:
         drafter = self.drafter
         if batch == 1 or drafter is None or self.tree_accuracy is None or not hasattr(drafter, "with_tree"):
             return drafter
-        if batch not in self._batch_drafters:
+        if batch not in self.batch_calibration:
             from spechead.inference.batch_tree import choices_for_batch
 
             choices, info = choices_for_batch(self.target, drafter, self.tree_accuracy, batch)
-            self._batch_drafters[batch] = drafter.with_tree(choices)
-            self.batch_calibration[batch] = {"choices": choices, **info}
+            # no tree expected to beat plain batched decoding here: decode plain (drafting would not pay)
+            pays = info["expected_speedup"] > 1
+            self._batch_drafters[batch] = drafter.with_tree(choices) if pays else None
+            self.batch_calibration[batch] = {"choices": choices if pays else [], **info}
         return self._batch_drafters[batch]
 
     def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:

@@ -99,8 +99,8 @@ def main(argv=None) -> int:
             else:
                 spec_tps, spec_out, tau = run_engine(gen, chats, batch, args.max_new_tokens)
             bad = sum(a != b for a, b in zip(spec_out, plain_out))
-            tree = gen.batch_calibration.get(batch, {}).get("choices") if batch > 1 else None
-            tree = tree or (gen.calibration or {}).get("choices")
+            picked = gen.batch_calibration.get(batch) if batch > 1 else None
+            tree = picked["choices"] if picked else (gen.calibration or {}).get("choices")
             row = {"drafter": name, "batch": batch, "tau": tau, "tree": tree, "plain_tokens_per_s": plain_tps,
                    "hf_tokens_per_s": hf_tps, "spec_tokens_per_s": spec_tps,
                    "speedup_vs_plain": spec_tps / plain_tps, "greedy_mismatches": bad}  # fmt: skip
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             print(
                 f"{name:10s} B={batch:<3d} tau {tau:.2f}  plain {plain_tps:.1f} tok/s  HF {hf} tok/s  "
                 f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  mismatches {bad}"
-                + (f"  tree {len(tree)} nodes" if tree else ""),
+                + (f"  tree {len(tree)} nodes" if tree else "  no tree (plain pays best)" if picked else ""),
                 flush=True,
             )
             if bad:

@@ -160,13 +160,11 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
     """With an accuracy table, generate_batch re-picks the static tree for the batch size by measuring
     here (once per size); greedy rows still equal HF greedy; tree_for_batch=False keeps the batch-1
     tree and so the batch-1 sampling draws."""
-    from spechead.inference.batch_tree import assumed_medusa_accuracy
-
     from .test_generator import plain_greedy
 
     drafter = medusa_drafter(model)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
-    gen.tree_accuracy = assumed_medusa_accuracy(drafter.head.num_heads)
+    gen.tree_accuracy = torch.tensor([[0.97, 0.02, 0.01]] * 3)  # drafting surely pays
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     info = gen.batch_calibration[len(PROMPTS)]
     used = gen._batch_drafters[len(PROMPTS)]
@@ -185,3 +183,17 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
         )
         assert same_tree[b].token_ids == single.token_ids
         assert same_tree[b].stats.drafted_tokens == single.stats.drafted_tokens
+
+
+def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer):
+    """A head that is never right: no tree beats plain batched decoding, so the batch decodes plain."""
+    from .test_generator import plain_greedy
+
+    drafter = medusa_drafter(model)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
+    gen.tree_accuracy = torch.full((3, 3), 0.001)
+    batch = gen.generate_batch(input_ids=PROMPTS[:2], max_new_tokens=MAX_NEW[:2])
+    assert gen.batch_calibration[2]["choices"] == [] and gen.batch_calibration[2]["expected_speedup"] < 1
+    for b in range(2):
+        assert batch[b].token_ids == plain_greedy(model, PROMPTS[b], MAX_NEW[b])
+        assert batch[b].stats.drafted_tokens == 0
