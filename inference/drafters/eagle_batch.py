@@ -137,11 +137,12 @@ class EagleBatchDrafter(BatchDrafter):
 
     # ---- tree growth -------------------------------------------------------------------------------
 
-    def _top(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """Features [B, q, H] -> the k best children: log-probs [B, q, k], head-vocab ids [B, q, k]."""
+    def _top(self, features: Tensor, k: int, scores: bool = True) -> tuple[Tensor, Tensor]:
+        """Features [B, q, H] -> the k best children: log-probs [B, q, k] (raw logits when not
+        `scores`: a static tree needs only the ranks), head-vocab ids [B, q, k]."""
         logits = self.head.logits(features).float()  # [B, q, Vd]
         values, ids = logits.topk(k, dim=-1)
-        return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+        return (values - torch.logsumexp(logits, dim=-1, keepdim=True) if scores else values), ids
 
     def _grow_dynamic(self, roots: Tensor) -> tuple[Tensor, Tensor]:
         """EAGLE-2 per row (see `EagleDrafter._grow_dynamic`), every depth one head call over [B, k]."""
@@ -204,6 +205,6 @@ class EagleBatchDrafter(BatchDrafter):
                 own = allowed.expand(batch, -1, -1)
                 out[:, run] = self._forward(out[:, step["run_parent"]], tokens[:, run], own, offsets, spec)
                 spec += run.numel()
-            values, ids = self._top(out[:, step["expand"]], step["need"])  # [B, E, need]
+            _, ids = self._top(out[:, step["expand"]], step["need"], scores=False)  # [B, E, need]
             tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
         return tokens, self.drafter._parents_on_device.expand(batch, -1)

@@ -197,3 +197,18 @@ def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer):
     for b in range(2):
         assert batch[b].token_ids == plain_greedy(model, PROMPTS[b], MAX_NEW[b])
         assert batch[b].stats.drafted_tokens == 0
+
+
+def test_batch_tree_for_an_eagle_head(model, chatml_tokenizer):
+    """EAGLE: the batched head step is timed per depth; the static tree found is drafted and verified
+    for every row (greedy rows equal HF greedy)."""
+    from .test_generator import plain_greedy
+
+    gen = SpeculativeGenerator(model, chatml_tokenizer, build(model, "eagle3_static"), cache="static")
+    gen.tree_accuracy = torch.tensor([[0.97, 0.02]] * 4)
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    info = gen.batch_calibration[len(PROMPTS)]
+    assert info["draft_ms_per_depth"] > 0 and "draft_ms" not in info and info["choices"]
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        assert batch[b].token_ids == plain_greedy(model, prompt, n)
+        assert batch[b].stats.drafted_tokens == len(info["choices"]) * len(batch[b].stats.accept_lengths)
