@@ -82,6 +82,23 @@ class BatchSlotCache(Cache):
         self.view_length = 0  # S: slots the next forward attends over
         super().__init__(layers=[BatchSlotLayer(self) for _ in range(num_layers)])
 
+    def keep_rows(self, rows: Tensor) -> None:
+        """Keep only rows [B'] (long, any device) of every layer, in this order."""
+        self.batch = rows.numel()
+        for layer in self.layers:
+            if layer.is_initialized:
+                idx = rows.to(layer.keys.device)
+                layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
+
+    def grow(self, max_length: int) -> None:
+        """Reallocate every layer to `max_length` slots, keeping the old ones (rare: amortised doubling)."""
+        old, self.max_length = self.max_length, max_length
+        for layer in self.layers:
+            if layer.is_initialized:
+                keys, values = layer.keys, layer.values
+                layer.lazy_initialization(keys, values)
+                layer.keys[:, :, :old], layer.values[:, :, :old] = keys, values
+
 
 class BatchRunner:
     """Prefill, verify and commit B rows at once on the target (static slots; see the module doc)."""
@@ -100,6 +117,7 @@ class BatchRunner:
         self.layers = dict(zip(tuple(hidden_layers), canon))
         self.cache: BatchSlotCache | None = None
         self.lengths = torch.zeros(0, dtype=torch.long)  # [B] committed positions per row (host)
+        self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify (for acceptance)
 
     def _forward(self, cache: Cache, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
         store = self._capture.store
@@ -164,6 +182,7 @@ class BatchRunner:
         lengths = self.lengths.to(dev)  # [B]
         view = int(self.lengths.max()) + n  # S
         anc = ancestors_on_device(parents)  # [B, N, N]
+        self.last_ancestors = anc
         positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
         slots = lengths[:, None] + torch.arange(n, device=dev)  # [B, N]
         cols = torch.arange(view, device=dev)  # [S]
@@ -205,9 +224,4 @@ class BatchRunner:
             return
         idx = torch.tensor(rows, dtype=torch.long)
         self.lengths = self.lengths[idx]
-        self.cache.batch = len(rows)
-        dev_idx = idx.to(self.device)
-        for layer in self.cache.layers:
-            if layer.is_initialized:
-                layer.keys = layer.keys.index_select(0, dev_idx)
-                layer.values = layer.values.index_select(0, dev_idx)
+        self.cache.keep_rows(idx)

@@ -1,17 +1,17 @@
 """The batch > 1 decoding loop behind `SpeculativeGenerator.generate_batch`.
 
-Each row has its own drafter (a clone of the generator's drafter sharing its weights), its own tree,
-its own accepted length, its own stop (EOS, its max_new_tokens) and, when sampling, its own
-generator seeded per row. The rows' trees are verified in ONE target forward per pass (`BatchRunner`);
-drafting and acceptance run per row in a Python loop (first version: the batched part is the
-target). Every row makes exactly the calls of batch-1 decoding, in the same order, with its own
-generator, so row b's output equals its batch-1 output (greedy: token for token; sampling with the
-same seed: the same draws). Finished rows leave the batch (`BatchRunner.keep`).
+Each row has its own tree, its own accepted length, its own stop (EOS, its max_new_tokens) and, when
+sampling, its own generator seeded per row. Per pass: ONE draft call over all active rows (a
+`BatchDrafter`: batched head forwards for Medusa/EAGLE, per-row clones otherwise), ONE target forward
+verifying every row's tree (`BatchRunner`), acceptance (one batched greedy walk when every row is
+greedy; per row with its own generator otherwise), one commit. Every row's drafter and acceptance see
+exactly the inputs of its batch-1 run, and random draws come from the row's own generator in the
+batch-1 order, so row b's output equals its batch-1 output (greedy: token for token; sampling with
+the same seed: the same draws). Finished rows leave the batch (`keep`).
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,47 +19,25 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from spechead.inference.acceptance import Acceptance, greedy_accept, sample_accept
+from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.batch import BatchRunner
-from spechead.inference.drafters.base import Draft, Drafter, chain
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
-from spechead.inference.tree import TokenTree
-
-
-def clone_drafter(drafter: Drafter) -> Drafter:
-    """A per-row copy of `drafter`: its own state, the SAME modules (weights are shared, not copied)."""
-    memo: dict[int, object] = {}
-
-    def share(obj: object) -> None:
-        if isinstance(obj, nn.Module) and id(obj) not in memo:
-            for module in obj.modules():
-                memo[id(module)] = module
-                for value in vars(module).values():  # modules attached outside _modules (target lm_head)
-                    share(value)
-
-    for value in vars(drafter).values():
-        share(value)
-    return copy.deepcopy(drafter, memo)
 
 
 @dataclass
 class _Row:
     """One sequence of the batch while it decodes."""
 
-    index: int  # position in the caller's list
     prompt: torch.Tensor  # [T]
     max_new: int
     params: SamplingParams
     generator: torch.Generator | None
-    drafter: Drafter | None
     stats: object
     ids: list[int] = field(default_factory=list)
     root: int = 0
     pending: list[int] = field(default_factory=list)
-    accepted: tuple | None = None
-    checked: tuple | None = None  # (tree, logits [N_b, V]) of the last pass, for Drafter.verified
-    draft: Draft | None = None
-    tree: TokenTree | None = None
+    verified: bool = False  # whether `pending` came from a verify pass (the prefill emits the first root)
 
 
 def pick(logits: torch.Tensor, params: SamplingParams, generator) -> int:
@@ -77,6 +55,39 @@ def until_stop(tokens: list[int], eos: set[int], room: int) -> list[int]:
         if t in eos:
             break
     return out
+
+
+def accept_rows(
+    draft: BatchDraft, logits: torch.Tensor, ancestors: torch.Tensor, rows: Sequence[_Row]
+) -> list:
+    """Acceptance of every row's tree from verify logits [B, N, V] and ancestors [B, N, N].
+
+    All greedy: one batched walk (padding nodes get token -1 so they never match). Otherwise per row,
+    in row order, each with its own generator (the batch-1 draws)."""
+    if all(r.params.is_greedy for r in rows):
+        n = draft.tokens.shape[1]
+        real = torch.arange(n)[None, :] < torch.tensor(draft.sizes)[:, None]  # [B, N]
+        tokens = torch.where(real, draft.tokens, -1).to(logits.device)
+        return greedy_accept_batch(tokens, draft.parents.to(logits.device), ancestors, logits)
+    out = []
+    for b, row in enumerate(rows):
+        tree, row_logits = draft.tree(b), logits[b, : draft.sizes[b]]  # [N_b, V]
+        if tree.size == 1:
+            out.append(Acceptance(path=[0], next_token=pick(row_logits[0], row.params, row.generator)))
+        elif row.params.is_greedy:
+            out.append(greedy_accept(tree, row_logits))
+        else:
+            q = draft.q[b, : tree.size] if draft.q is not None else None  # [N_b, V]
+            probs = target_probs(row_logits, row.params)
+            out.append(sample_accept(tree, probs, draft.rule, q, row.generator))
+    return out
+
+
+def padded_paths(accs: Sequence[Acceptance]) -> tuple[torch.Tensor, list[int]]:
+    """Accepted paths as [B, K_max] (each padded by repeating its last node) and their lengths."""
+    lengths = [len(a.path) for a in accs]
+    k = max(lengths)
+    return torch.tensor([a.path + a.path[-1:] * (k - len(a.path)) for a in accs], dtype=torch.long), lengths
 
 
 @torch.no_grad()
@@ -107,16 +118,9 @@ def decode_batch(
         )
     device = next(target.parameters()).device
     runner = BatchRunner(target, tuple(drafter.hidden_layers) if drafter else (), max_length=size)
+    batched: BatchDrafter | None = drafter.batched() if drafter else None
     rows = [
-        _Row(
-            b,
-            prompts[b],
-            max_new[b],
-            params[b],
-            make_generator(params[b].seed, device),
-            clone_drafter(drafter) if drafter else None,
-            stats[b],
-        )  # fmt: skip
+        _Row(prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
         for b in range(len(prompts))
     ]
     start = time.perf_counter()
@@ -124,63 +128,65 @@ def decode_batch(
     logits, hiddens = runner.prefill([r.prompt for r in rows])  # [B, V], [{l: [T_b, H]}]
     for b, row in enumerate(rows):
         row.root = pick(logits[b], row.params, row.generator)
-        if row.drafter:
-            row.drafter.start(row.prompt, hiddens[b], row.root)
         row.pending = [row.root]
+    if batched:
+        batched.start([r.prompt for r in rows], hiddens, [r.root for r in rows])
     times["prefill"] = time.perf_counter() - start
-    active = rows
+    active, accepted = rows, None  # accepted: what the drafter has yet to hear (tokens, lengths, hidden)
     while True:
         going = []
-        for row in active:
+        for b, row in enumerate(active):
             out = until_stop(row.pending, eos, row.max_new - row.stats.new_tokens)
             row.stats.new_tokens += len(out)
-            if row.accepted is not None or row.tree is not None:
+            if row.verified:
                 row.stats.accept_lengths.append(len(out))
             row.ids.extend(out)
-            stop = len(out) < len(row.pending) or out[-1] in eos or row.stats.new_tokens >= row.max_new
-            if not stop:
-                going.append(row)
+            if not (len(out) < len(row.pending) or out[-1] in eos or row.stats.new_tokens >= row.max_new):
+                going.append(b)
         if not going:
             break
-        runner.keep([active.index(r) for r in going])  # finished rows leave; the others are untouched
-        active = going
+        if len(going) < len(active):  # finished rows leave; the others are untouched
+            runner.keep(going)
+            if batched:
+                batched.keep(going)
+            if accepted is not None:
+                idx = torch.tensor(going)
+                tokens, lengths, hidden = accepted
+                accepted = (
+                    tokens[idx],
+                    [lengths[b] for b in going],
+                    {k: v[idx.to(v.device)] for k, v in hidden.items()},
+                )
+            active = [active[b] for b in going]
         t0 = time.perf_counter()
-        for row in active:
-            if row.drafter and row.accepted is not None:
-                row.drafter.verified(*row.checked)
-                row.drafter.accept(*row.accepted)
-            row.draft = row.drafter.propose(row.root, row.params, row.generator) if row.drafter else None
-            row.tree = row.draft.tree if row.draft else chain([], row.root)
-        room = runner.room()
-        for row in active:
-            if row.tree.size > room:  # near a fixed cache's end: keep the first nodes (lossless)
-                row.tree = TokenTree(row.tree.tokens[:room], row.tree.parents[:room])
-        n = max(r.tree.size for r in active)
-        tokens = torch.stack([_pad(r.tree.tokens, n, r.root) for r in active])  # [B, N]
-        parents = torch.stack([_pad(r.tree.parents, n, 0) for r in active])  # [B, N]
+        roots = [r.root for r in active]
+        if batched:
+            if accepted is not None:
+                batched.accept(*accepted, roots)
+            draft = batched.propose(roots, [r.params for r in active], [r.generator for r in active])
+        else:  # plain decoding: every tree is its root
+            draft = BatchDraft(
+                torch.tensor(roots)[:, None], torch.full((len(roots), 1), -1), [1] * len(roots)
+            )
+        draft = draft.cut(runner.room())  # near a fixed cache's end: keep the first nodes (lossless)
         t1 = time.perf_counter()
-        logits, hidden = runner.verify(tokens, parents)  # [B, N, V], {l: [B, N, H]}
-        paths = []
-        for b, row in enumerate(active):
-            tree, row_logits = row.tree, logits[b, : row.tree.size]  # [N_b, V]
-            if tree.size == 1:
-                acc = Acceptance(path=[0], next_token=pick(row_logits[0], row.params, row.generator))
-            elif row.params.is_greedy:
-                acc = greedy_accept(tree, row_logits)
-            else:
-                rule, q = (row.draft.rule, row.draft.q) if row.draft else ("deterministic", None)
-                q = q[: tree.size] if q is not None else None  # [N_b, V]
-                acc = sample_accept(tree, target_probs(row_logits, row.params), rule, q, row.generator)
-            path = torch.tensor(acc.path, dtype=torch.long)
-            paths.append(path)
-            row.stats.drafted_tokens += tree.size - 1
-            row.root = acc.next_token
-            row.pending = [*tree.tokens[path[1:]].tolist(), row.root]
-            if row.drafter:
-                dev_path = path.to(device)
-                row.accepted = (tree.tokens[path], {k: v[b, dev_path] for k, v in hidden.items()}, row.root)
-                row.checked = (tree, row_logits)
-        runner.commit(paths)
+        logits, hidden = runner.verify(draft.tokens, draft.parents)  # [B, N, V], {l: [B, N, H]}
+        if batched:
+            batched.verified(draft, logits)  # before the next accept (lookahead reads its Jacobi guesses)
+        accs = accept_rows(draft, logits, runner.last_ancestors, active)
+        paths, lengths = padded_paths(accs)  # [B, K], K_b
+        runner.commit([a.path for a in accs])
+        tokens = draft.tokens.gather(1, paths)  # [B, K] root + accepted drafts (padded)
+        for row, acc, k, toks, n in zip(active, accs, lengths, tokens.tolist(), draft.sizes):
+            row.stats.drafted_tokens += n - 1
+            row.root, row.verified = acc.next_token, True
+            row.pending = [*toks[1:k], row.root]
+        if batched:
+            dev_paths = paths.to(device)
+            gathered = {
+                k: v.gather(1, dev_paths[:, :, None].expand(-1, -1, v.shape[-1])) for k, v in hidden.items()
+            }
+            accepted = (tokens, lengths, gathered)  # {l: [B, K, H]}
         t2 = time.perf_counter()
         times["draft"] += t1 - t0
         times["verify"] += t2 - t1
@@ -189,8 +195,3 @@ def decode_batch(
         row.stats.wall_time, row.stats.prefill_time = wall, times["prefill"]
         row.stats.draft_time, row.stats.verify_time = times["draft"], times["verify"]
     return [row.ids for row in rows], wall
-
-
-def _pad(x: torch.Tensor, n: int, fill: int) -> torch.Tensor:
-    """x [N_b] padded to [n] with `fill` (dummy nodes: children of the root nobody attends to)."""
-    return torch.cat([x, x.new_full((n - x.numel(),), fill)]) if x.numel() < n else x

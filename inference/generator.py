@@ -117,6 +117,10 @@ class SpeculativeGenerator:
                 drafter.use_compile(compile)
         self.eos = _eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
+        # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size
+        self.tree_accuracy: torch.Tensor | None = None
+        self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
+        self._batch_drafters: dict[int, Drafter] = {}
         if buckets is None and next(target.parameters()).device.type == "cuda":
             buckets = CUDA_BUCKETS
         layers = tuple(drafter.hidden_layers) if drafter else ()
@@ -160,6 +164,7 @@ class SpeculativeGenerator:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int | Sequence[int | None] | None = None,
+        tree_for_batch: bool = True,
     ) -> list[GenerationResult]:
         """Generate for B prompts at once (one target forward per pass over all active rows).
 
@@ -169,6 +174,12 @@ class SpeculativeGenerator:
         `generate(<row b>, max_new_tokens=..., seed=seed[b])`: greedy token for token, sampling draw for
         draw. Static cache only (`max_cache_len` applies to every row); a row's stats carry its own
         tokens and passes, with the batch's wall/phase times.
+
+        tree_for_batch: when the head's accuracy table is known (`tree_accuracy`, set by
+        from_pretrained), the static tree is re-picked for this batch size by measuring this device
+        (`batch_tree.choices_for_batch`, once per size; `batch_calibration` says what was measured).
+        Greedy rows still equal batch 1 token for token; sampled rows are then exact samples of the
+        target but not the batch-1 draws (another tree): pass False to keep the batch-1 tree and draws.
         """
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
@@ -197,13 +208,29 @@ class SpeculativeGenerator:
                 raise ValueError(f"row {b}: {err}") from None
         params = [SamplingParams(temperature, top_k, top_p, s) for s in seeds]
         stats = [GenerationStats() for _ in range(batch)]
+        drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
         out, _ = decode_batch(
-            self.target, self.drafter, ids, max_new, params, self.eos, stats, self.runner.fixed_length
+            self.target, drafter, ids, max_new, params, self.eos, stats, self.runner.fixed_length
         )
         return [
             GenerationResult(self.tokenizer.decode(o, skip_special_tokens=True), o, s)
             for o, s in zip(out, stats)
         ]
+
+    def _drafter_for_batch(self, batch: int) -> Drafter | None:
+        """The drafter with the tree measured best for `batch` rows here (see generate_batch)."""
+        drafter = self.drafter
+        if batch == 1 or drafter is None or self.tree_accuracy is None or not hasattr(drafter, "with_tree"):
+            return drafter
+        if batch not in self.batch_calibration:
+            from spechead.inference.batch_tree import choices_for_batch
+
+            choices, info = choices_for_batch(self.target, drafter, self.tree_accuracy, batch)
+            # no tree expected to beat plain batched decoding here: decode plain (drafting would not pay)
+            pays = info["expected_speedup"] > 1
+            self._batch_drafters[batch] = drafter.with_tree(choices) if pays else None
+            self.batch_calibration[batch] = {"choices": choices if pays else [], **info}
+        return self._batch_drafters[batch]
 
     def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
         """Yield text as tokens are accepted (same arguments as generate)."""

@@ -190,6 +190,7 @@ def load_generator(
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
     tree_options = {"tree", "top_k", "depth", "total_tokens", "choices"} & set(drafter_options)
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not tree_options:
+        from spechead.inference.batch_tree import assumed_medusa_accuracy
         from spechead.inference.calibrate import assumed_eagle_accuracy, calibrated_choices, saved_accuracy
 
         accuracy, source = saved_accuracy(resolve_head_dir(drafter, revision)), "tree.json"
@@ -202,5 +203,10 @@ def load_generator(
             built = drafter_for_head(built.head, None, **{key: choices})
             gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
             gen.calibration = {"choices": choices, **info}
+            gen.tree_accuracy = accuracy
+            return gen
+        if isinstance(built.head, MedusaHead):  # batch-1 keeps its tree; batch trees need some table
+            gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len)
+            gen.tree_accuracy = assumed_medusa_accuracy(built.head.num_heads)
             return gen
     return cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)

@@ -6,7 +6,8 @@
 For each batch size B the prompt set (first user turn of each prompt, chat template) is cut into
 batches of B and decoded greedily three ways on the same loaded target: our engine with no drafter
 (`generate_batch`, plain batched decoding), Hugging Face `generate` with left padding (tokens counted
-up to each row's EOS), and our engine with the drafter. tokens/s = all new tokens / all wall time.
+up to each row's EOS), and our engine with the drafter (plain and speculative take turns batch by
+batch, so a shared machine's drifting load hits both alike). tokens/s = all new tokens / all wall time.
 Speculative rows are checked against plain rows (greedy: they must be equal) and mismatches printed.
 Prints one line per (drafter, B) and writes OUT/bench_batch.json.
 """
@@ -39,18 +40,24 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_engine(gen: SpeculativeGenerator, chats: list, batch: int, max_new: int) -> tuple[float, list, float]:
-    """tokens/s, the outputs per prompt and tau (tokens per target pass, pooled) for batches of `batch`."""
-    new, wall, outputs, passes = 0, 0.0, [], 0
+def run_engines(gens: list, chats: list, batch: int, max_new: int) -> list[tuple[float, list, float]]:
+    """Per generator: tokens/s, the outputs per prompt and tau (tokens per target pass, pooled) for
+    batches of `batch`. The generators take turns on each batch (a shared machine's load drifts: it
+    then hits them alike)."""
+    new, wall, outputs, passes = [0] * len(gens), [0.0] * len(gens), [[] for _ in gens], [0] * len(gens)
     for i in range(0, len(chats), batch):
         chunk = chats[i : i + batch]
-        start = time.perf_counter()
-        results = gen.generate_batch(messages=chunk, max_new_tokens=max_new)
-        wall += time.perf_counter() - start
-        outputs += [r.token_ids for r in results]
-        new += sum(r.stats.new_tokens for r in results)
-        passes += sum(r.stats.target_passes for r in results)
-    return new / max(wall, 1e-9), outputs, (new - len(chats)) / max(passes, 1)
+        for g, gen in enumerate(gens):
+            start = time.perf_counter()
+            results = gen.generate_batch(messages=chunk, max_new_tokens=max_new)
+            wall[g] += time.perf_counter() - start
+            outputs[g] += [r.token_ids for r in results]
+            new[g] += sum(r.stats.new_tokens for r in results)
+            passes[g] += sum(r.stats.target_passes for r in results)
+    return [
+        (new[g] / max(wall[g], 1e-9), outputs[g], (new[g] - len(chats)) / max(passes[g], 1))
+        for g in range(len(gens))
+    ]
 
 
 def run_hf(gen: SpeculativeGenerator, chats: list, batch: int, max_new: int) -> float:
@@ -91,21 +98,24 @@ def main(argv=None) -> int:
         gen.generate_batch(messages=chats[:2], max_new_tokens=8)  # warm-up
         plain.generate_batch(messages=chats[:2], max_new_tokens=8)
         for batch in args.batch_size:
-            plain_tps, plain_out, _ = run_engine(plain, chats, batch, args.max_new_tokens)
+            gen.generate_batch(messages=chats[:batch], max_new_tokens=8)  # picks this size's tree (untimed)
+            engines = [plain] if path is None else [plain, gen]
+            runs = run_engines(engines, chats, batch, args.max_new_tokens)
+            (plain_tps, plain_out, _), (spec_tps, spec_out, tau) = runs[0], runs[-1]
+            tau = 1.0 if path is None else tau
             hf_tps = None if args.no_hf else run_hf(plain, chats, batch, args.max_new_tokens)
-            if path is None:
-                spec_tps, spec_out, tau = plain_tps, plain_out, 1.0
-            else:
-                spec_tps, spec_out, tau = run_engine(gen, chats, batch, args.max_new_tokens)
             bad = sum(a != b for a, b in zip(spec_out, plain_out))
-            row = {"drafter": name, "batch": batch, "tau": tau, "plain_tokens_per_s": plain_tps,
+            picked = getattr(gen, "batch_calibration", {}).get(batch) if batch > 1 else None
+            tree = picked["choices"] if picked else (gen.calibration or {}).get("choices")
+            row = {"drafter": name, "batch": batch, "tau": tau, "tree": tree, "plain_tokens_per_s": plain_tps,
                    "hf_tokens_per_s": hf_tps, "spec_tokens_per_s": spec_tps,
                    "speedup_vs_plain": spec_tps / plain_tps, "greedy_mismatches": bad}  # fmt: skip
             rows.append(row)
             hf = "-" if hf_tps is None else f"{hf_tps:.1f}"
             print(
                 f"{name:10s} B={batch:<3d} tau {tau:.2f}  plain {plain_tps:.1f} tok/s  HF {hf} tok/s  "
-                f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  mismatches {bad}",
+                f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  mismatches {bad}"
+                + (f"  tree {len(tree)} nodes" if tree else "  no tree (plain pays best)" if picked else ""),
                 flush=True,
             )
             if bad:

@@ -7,11 +7,20 @@ kept in the target cache and `accept` tells the drafter which tokens became real
 hidden states at those positions, and the new root. Just before `accept`, the optional `verified` hook
 hands over the target's logits at EVERY node of the tree it verified (lookahead decoding reads its Jacobi
 guesses there); drafters that only need the accepted path ignore it.
+
+Batch > 1 (`SpeculativeGenerator.generate_batch`): the decoding loop talks to a `BatchDrafter`, the
+same timeline for B rows at once (start / propose / accept over all active rows, `keep` when rows
+finish). `Drafter.batched()` makes one. A drafter that can draft all rows in one head call per
+depth overrides it (Medusa, EAGLE); the default, `RowLoopDrafter`, runs a per-row clone of the
+drafter (own state, shared weights) in a Python loop. Either way row b's tree must be the tree its
+batch-1 run would propose (up to float rounding of batched matmuls), and a drafter that samples
+draws only from row b's own generator, so every row keeps its batch-1 output.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +82,95 @@ class Drafter(ABC):
         """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
         it; default: nothing to compile)."""
 
+    def batched(self) -> BatchDrafter:
+        """A drafter for B rows sharing this one's weights (default: per-row clones in a loop)."""
+        from spechead.inference.drafters.row_loop import RowLoopDrafter
+
+        return RowLoopDrafter(self)
+
+
+@dataclass
+class BatchDraft:
+    """Trees for B rows padded to one size N: tokens [B, N], parents [B, N] (host tensors).
+
+    Row b's tree is its first sizes[b] nodes; nodes after them are padding (children of the root
+    that no real node descends from; the verify pass computes and ignores them). rule as `Draft`;
+    q [B, N, V] (zeros on padding) for the sampled rules, None for deterministic children.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    sizes: list[int]
+    rule: str = "deterministic"
+    q: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, drafts: Sequence[Draft]) -> BatchDraft:
+        """Stack per-row drafts (all with the same rule), padding each to the largest."""
+        n = max(d.tree.size for d in drafts)
+        tokens = torch.stack([_pad(d.tree.tokens, n, int(d.tree.tokens[0])) for d in drafts])  # [B, N]
+        parents = torch.stack([_pad(d.tree.parents, n, 0) for d in drafts])  # [B, N]
+        q = None
+        if drafts[0].q is not None:
+            q = torch.zeros(len(drafts), n, drafts[0].q.shape[-1], dtype=drafts[0].q.dtype)  # [B, N, V]
+            for b, d in enumerate(drafts):
+                q[b, : d.tree.size] = d.q[: d.tree.size]
+        return cls(tokens, parents, [d.tree.size for d in drafts], drafts[0].rule, q)
+
+    def cut(self, room: int) -> BatchDraft:
+        """Only the first `room` nodes of every tree (near a fixed cache's end; lossless)."""
+        if self.tokens.shape[1] <= room:
+            return self
+        q = self.q[:, :room] if self.q is not None else None
+        return BatchDraft(self.tokens[:, :room], self.parents[:, :room], [min(s, room) for s in self.sizes],
+                          self.rule, q)  # fmt: skip
+
+    def tree(self, b: int) -> TokenTree:
+        """Row b's tree (its real nodes only)."""
+        n = self.sizes[b]
+        return TokenTree(self.tokens[b, :n], self.parents[b, :n])
+
+
+class BatchDrafter(ABC):
+    """Drafts for B rows at once; `Drafter.batched()` makes one (see the module doc).
+
+    Rows are indexed 0..B-1 in the decoding loop's current order; `keep` drops finished rows.
+    """
+
+    @abstractmethod
+    def start(
+        self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
+    ) -> None:
+        """New sequences: prompts [T_b] in the target cache, states {layer: [T_b, H]} per row, roots."""
+
+    @abstractmethod
+    def propose(
+        self,
+        roots: Sequence[int],
+        sampling: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> BatchDraft:
+        """Every row's tree rooted at roots[b], with row b's own sampling params and generator."""
+
+    @abstractmethod
+    def accept(
+        self,
+        tokens: torch.Tensor,
+        lengths: Sequence[int],
+        hidden: dict[int, torch.Tensor],
+        next_roots: Sequence[int],
+    ) -> None:
+        """Row b's first lengths[b] of tokens [B, K] (root + accepted drafts; padded after) joined the
+        target cache with states {layer: [B, K, H]} (same padding); next_roots [B]."""
+
+    @abstractmethod
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only these rows (in this order)."""
+
+    def verified(self, draft: BatchDraft, logits: torch.Tensor) -> None:  # noqa: B027
+        """Optional (default: nothing): the target's logits [B, N, V] at every node of `draft` as
+        verified, right after the pass and before the next `accept` (see `Drafter.verified`)."""
+
 
 def chain(tokens: list[int], root: int) -> TokenTree:
     """A single-path tree: root -> tokens[0] -> tokens[1] -> ... ([N] = len(tokens) + 1)."""
@@ -81,3 +179,8 @@ def chain(tokens: list[int], root: int) -> TokenTree:
         tokens=torch.tensor([root, *tokens], dtype=torch.long),
         parents=torch.arange(-1, n - 1, dtype=torch.long),
     )
+
+
+def _pad(x: torch.Tensor, n: int, fill: int) -> torch.Tensor:
+    """x [N_b] padded to [n] with `fill`."""
+    return torch.cat([x, x.new_full((n - x.numel(),), fill)]) if x.numel() < n else x

@@ -139,6 +139,16 @@ class EagleDrafter(Drafter):
         self.last_scores = scores
         return Draft(tree=TokenTree(tokens=tokens, parents=parents), rule="deterministic")
 
+    def with_tree(self, choices: list[list[int]]) -> EagleDrafter:
+        """The same head with a static tree of these rank paths (see `tree_from_choices`)."""
+        return EagleDrafter(self.head, tree=choices)
+
+    def batched(self):
+        """B rows drafting in one head call per depth (drafters/eagle_batch.py)."""
+        from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+
+        return EagleBatchDrafter(self)
+
     @property
     def max_nodes(self) -> int:
         """Most nodes a proposed tree can have (the root included)."""

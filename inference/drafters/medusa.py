@@ -7,10 +7,12 @@ depth share that head's candidates, as in the reference design.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from spechead.heads.medusa import MedusaHead
-from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree, tree_from_choices
 
@@ -51,13 +53,54 @@ class MedusaDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        state = self.last_hidden.to(next(self.head.parameters()).dtype)[None, None]  # [1, 1, H]
-        logits = [self.head.head_logits(k, state)[0, 0] for k in range(self._used_heads)]  # K x [V]
-        tokens = torch.full((self.static.size,), int(root), dtype=torch.long)  # [N]
-        if logits:
-            candidates = torch.stack(logits).topk(self._width, dim=-1).indices.cpu()  # [K, width]
-            tokens[self._drafted] = candidates[self._head_of, self._rank_of]  # the tree lives on the CPU
+        tokens = self.fill(self.last_hidden[None], [root])[0]  # [N]
         return Draft(TokenTree(tokens=tokens, parents=self.static.parents))
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]
+
+    def with_tree(self, choices: list[list[int]]) -> MedusaDrafter:
+        """The same heads with another static tree (rank paths, see `tree_from_choices`)."""
+        return MedusaDrafter(self.head, choices)
+
+    def batched(self) -> MedusaBatchDrafter:
+        return MedusaBatchDrafter(self)
+
+    @torch.no_grad()
+    def fill(self, states: torch.Tensor, roots: Sequence[int]) -> torch.Tensor:
+        """The static tree's tokens [B, N] (host) for rows with last target states [B, H] and roots [B]:
+        each head runs ONCE over all rows."""
+        state = states.to(next(self.head.parameters()).dtype)[:, None]  # [B, 1, H]
+        logits = [self.head.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
+        tokens = torch.tensor(roots, dtype=torch.long)[:, None].repeat(1, self.static.size)  # [B, N]
+        if logits:
+            candidates = torch.stack(logits, 1).topk(self._width, dim=-1).indices.cpu()  # [B, K, width]
+            tokens[:, self._drafted] = candidates[
+                :, self._head_of, self._rank_of
+            ]  # the tree lives on the CPU
+        return tokens
+
+
+class MedusaBatchDrafter(BatchDrafter):
+    """Medusa for B rows: one call per head over every row's last target state, the static tree for all."""
+
+    def __init__(self, drafter: MedusaDrafter) -> None:
+        self.drafter = drafter
+        self.layer = drafter.hidden_layers[0]
+        self.last_hidden: torch.Tensor | None = None  # [B, H] target state of each row's last cached token
+
+    def start(self, prompts, hidden, roots) -> None:
+        self.last_hidden = torch.stack([h[self.layer][-1] for h in hidden])  # [B, H]
+
+    def propose(self, roots, sampling, generators) -> BatchDraft:
+        tokens = self.drafter.fill(self.last_hidden, roots)  # [B, N]
+        parents = self.drafter.static.parents.expand_as(tokens)  # [B, N]
+        return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
+
+    def accept(self, tokens, lengths, hidden, next_roots) -> None:
+        states = hidden[self.layer]  # [B, K, H]
+        last = torch.tensor(lengths, device=states.device) - 1  # [B]
+        self.last_hidden = states[torch.arange(states.shape[0], device=states.device), last]
+
+    def keep(self, rows) -> None:
+        self.last_hidden = self.last_hidden[torch.tensor(rows, device=self.last_hidden.device)]

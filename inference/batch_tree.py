@@ -1,0 +1,101 @@
+"""The tree follows the batch: at batch B every row's tree is verified in one target forward of B x N
+tokens, so a tree that is nearly free at batch 1 can cost several decode steps at batch 8 on a
+compute-bound device (a CPU). `choices_for_batch` times the target's batched verify pass by tree size
+and the batched drafter's cost at B on this device, then picks the static tree with the best expected
+speedup for the head's accuracy table (`tree_search.best_choices_for_cost`, as `calibrate.py` does
+at load time for batch 1). `SpeculativeGenerator.generate_batch` calls it once per batch size and
+decodes plain when no tree is expected to beat plain batched decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spechead.inference.batch import BatchRunner
+from spechead.inference.calibrate import SIZES, _timed
+from spechead.inference.tree_search import best_choices_for_cost
+
+
+def assumed_medusa_accuracy(num_heads: int) -> torch.Tensor:
+    """A typical trained Medusa head set's accuracy [heads, 4] (head 0 top-1 0.6, each further head
+    x0.75): used to size batch trees when a head comes without a measured table (scripts/build_tree.py
+    measures the real one into HEAD/tree.json)."""
+    ranks = torch.tensor([0.60, 0.10, 0.05, 0.03], dtype=torch.float64)
+    return torch.stack([ranks * 0.75**k for k in range(num_heads)])
+
+
+@torch.no_grad()
+def batch_verify_cost_ms(model: torch.nn.Module, batch: int, sizes, context: int = 128, repeats: int = 5):
+    """{tree size: ms} of one verify pass of `batch` rows (chains of that size) after `context` tokens
+    (round-robin over sizes, minimum kept, made non-decreasing in size: see `calibrate.verify_cost_ms`)."""
+    runner = BatchRunner(model, (), max_length=context + max(sizes) + 1)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
+    runner.prefill(list(ids))
+    calls = {
+        n: (lambda n=n: runner.verify(ids[:, :n], torch.arange(-1, n - 1).expand(batch, n))) for n in sizes
+    }
+    times = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n, call in calls.items():
+            times[n].append(_timed(call, 1, runner.device))
+    out, floor = {}, 0.0
+    for n in sorted(sizes):
+        floor = max(floor, min(times[n]))
+        out[n] = floor
+    return out
+
+
+@torch.no_grad()
+def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, float]:
+    """The batched drafter's cost at `batch` rows after 128 committed tokens: Medusa {"draft_ms": one
+    propose}; EAGLE {"draft_ms_per_depth": one head step + top-k over one node per row (the trees
+    that pay at batch > 1 are narrow; the commit of the accepted tokens costs about one such step)}."""
+    from spechead.inference.drafters.eagle import EagleDrafter
+
+    head = drafter.head
+    param = next(head.parameters())
+    hidden = head.config.hidden_size
+    states = [
+        {layer: torch.randn(128, hidden, device=param.device) for layer in drafter.hidden_layers}
+    ] * batch
+    prompts = [torch.zeros(128, dtype=torch.long)] * batch
+    rows = drafter.batched()
+    rows.start(prompts, states, [0] * batch)
+    if not isinstance(drafter, EagleDrafter):
+        propose = lambda: rows.propose([0] * batch, None, None)  # noqa: E731
+        propose()
+        return {"draft_ms": min(_timed(propose, 1, param.device) for _ in range(repeats))}
+    feats = torch.randn(batch, 1, hidden, device=param.device, dtype=param.dtype)
+    ids = torch.zeros(batch, 1, dtype=torch.long, device=param.device)
+    own = torch.ones(batch, 1, 1, dtype=torch.bool, device=param.device)
+    offsets = torch.zeros(1, dtype=torch.long, device=param.device)
+
+    def depth() -> None:
+        rows._top(rows._forward(feats, ids, own, offsets), 1)
+
+    depth()
+    return {"draft_ms_per_depth": min(_timed(depth, 1, param.device) for _ in range(repeats))}
+
+
+def choices_for_batch(
+    model: torch.nn.Module, drafter, accuracy: torch.Tensor, batch: int, max_tokens: int = 64
+) -> tuple[list[list[int]], dict]:
+    """The static tree with the best expected speedup at `batch` rows on this device, and what was
+    measured. Trees are compared up to max(4, max_tokens // batch) nodes per row."""
+    max_nodes = max(4, max_tokens // batch)
+    verify = batch_verify_cost_ms(
+        model, batch, sorted({s for s in SIZES if s <= max_nodes} | {max_nodes + 1})
+    )
+    info: dict = {"batch": batch, "verify_ms_by_size": verify, "step_ms": verify[1]}
+    info.update(batch_draft_cost_ms(drafter, batch))
+    choices, speedup = best_choices_for_cost(
+        accuracy.float(),
+        verify,
+        verify[1],
+        draft_ms=info.get("draft_ms", 0.0),
+        max_nodes=max_nodes,
+        draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
+    )
+    info["expected_speedup"] = speedup
+    return choices, info

@@ -1,0 +1,210 @@
+"""EAGLE / EAGLE-3 drafting for B rows at once: one head forward per depth over every row's frontier.
+
+The same tree growth as `EagleDrafter` (see drafters/eagle.py for the cache convention), with a batch
+dimension: the head's preallocated cache is a `BatchSlotCache` [B, kv, S_max, D] with per-row
+committed lengths C_b (like `BatchRunner` for the target). Row b's committed entries sit at slots
+[0, C_b); a propose writes its speculative entries at C_b + 0, 1, ... and attends through an additive
+mask [B, 1, q, S] that opens slots < C_b plus the node's speculative ancestors and itself; positions
+are C_b + depth - 1. Speculative slots are scratch: the next commit overwrites them. Top-k, scores
+and frontiers are [B, ...] tensors on the head's device; trees come back to the host once per pass.
+Row b's tree equals its batch-1 tree (same ties rule: stable sorts), up to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from spechead.heads.eagle3 import Eagle3Head
+from spechead.inference.batch import BatchSlotCache
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+
+
+class EagleBatchDrafter(BatchDrafter):
+    """B rows of an `EagleDrafter` (its head, tree settings and static plan are shared)."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+        self.head = drafter.head
+        self.device = self.head.fc.weight.device
+        self.dtype = self.head.fc.weight.dtype
+        self.cache: BatchSlotCache | None = None
+        self.committed = torch.zeros(0, dtype=torch.long)  # [B] C_b on the head's device
+        self.longest = 0  # max_b C_b (host int)
+        self.feature: Tensor | None = None  # [B, H] output of each row's last committed pair
+
+    # ---- BatchDrafter ------------------------------------------------------------------------------
+
+    def start(
+        self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
+    ) -> None:
+        """Commit every row's prompt pairs (f_t, x_{t+1}), x_T = root, in one causal head pass."""
+        longest = max(p.numel() for p in prompts)
+        layers = len(getattr(self.head, "layers", [None]))  # EAGLE-1/2: its decoder layers; EAGLE-3: one
+        size = max(256, -(-(longest + 128 + self._spec_room()) // 256) * 256)
+        self.cache = BatchSlotCache(layers, len(prompts), size)
+        self.committed = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
+        self.longest = 0
+        tokens = torch.zeros(len(prompts), longest, dtype=torch.long)  # [B, T] padded
+        for b, p in enumerate(prompts):
+            tokens[b, : p.numel()] = p
+        states = {}
+        for layer in self.drafter.hidden_layers:  # {l: [B, T, H]} padded with zeros
+            rows = [h[layer] for h in hidden]
+            states[layer] = rows[0].new_zeros(len(rows), longest, rows[0].shape[-1])
+            for b, h in enumerate(rows):
+                states[layer][b, : h.shape[0]] = h
+        self._commit(tokens, [p.numel() for p in prompts], states, roots)
+
+    def accept(
+        self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
+    ) -> None:
+        self._commit(tokens, lengths, hidden, next_roots)
+
+    def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
+        """Every row's tree of the head's top-k children (deterministic: greedy / lossless rule A)."""
+        self._ensure_room(0)
+        roots_t = torch.tensor(list(roots), dtype=torch.long, device=self.device)  # [B]
+        with torch.no_grad():
+            grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
+            tokens, parents = grow(roots_t)  # [B, N] each
+        tokens, parents = tokens.cpu(), parents.cpu()  # the one host transfer
+        return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        self.cache.keep_rows(idx)
+        self.committed, self.feature = self.committed[idx], self.feature[idx]
+        self.longest = int(self.committed.max())
+
+    # ---- committed cache ---------------------------------------------------------------------------
+
+    def _spec_room(self) -> int:
+        return self.drafter._spec_slots + self.drafter.max_nodes
+
+    def _ensure_room(self, extra: int) -> None:
+        need = self.longest + extra + self._spec_room()
+        if need > self.cache.max_length:
+            self.cache.grow(max(need, 2 * self.cache.max_length))
+
+    def _commit(self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots) -> None:
+        """Step the head on row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} at
+        positions C_b.. (causal within the block); padded queries write scratch slots after them."""
+        batch, k = tokens.shape
+        dev = self.device
+        tokens = tokens.to(dev)
+        lens = torch.tensor(list(lengths), dtype=torch.long, device=dev)  # [B]
+        rows = torch.arange(batch, device=dev)
+        next_ids = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, K]: x_{t+1} of each pair
+        next_ids[rows, lens - 1] = torch.tensor(list(next_roots), dtype=torch.long, device=dev)
+        self._ensure_room(k)
+        own = torch.ones(k, k, dtype=torch.bool, device=dev).tril()  # [K, K] causal inside the block
+        out = self._forward(
+            self._features(hidden), next_ids, own.expand(batch, k, k), torch.arange(k, device=dev)
+        )
+        self.feature = out[rows, lens - 1]  # [B, H]
+        self.committed = self.committed + lens
+        self.longest = int(self.committed.max())
+
+    def _features(self, hidden: dict[int, Tensor]) -> Tensor:
+        """Target states {layer: [B, K, H]} -> the head's input features [B, K, H] (fused for EAGLE-3)."""
+        missing = [layer for layer in self.drafter.hidden_layers if layer not in hidden]
+        if missing:
+            raise KeyError(
+                f"hidden states of layers {missing} missing (drafter reads {self.drafter.hidden_layers})"
+            )
+        states = [hidden[layer].to(self.device, self.dtype) for layer in self.drafter.hidden_layers]
+        return self.head.fuse(states) if isinstance(self.head, Eagle3Head) else states[0]
+
+    def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
+        """One head call on q queries per row: features [B, q, H], tokens [B, q]. Query i of row b
+        writes slot C_b + spec + i, sits at position C_b + offsets[i] and sees slots < C_b plus the
+        block [C_b, C_b + spec + q) where own [B, q, spec + q] is True. Returns features [B, q, H]."""
+        batch, q = ids.shape
+        dev, c = self.device, self.committed  # [B]
+        width = own.shape[-1]  # spec + q
+        view = self.longest + width  # S
+        block = c[:, None] + torch.arange(width, device=dev)  # [B, spec + q] slots of the block
+        allowed = (torch.arange(view, device=dev)[None, :] < c[:, None])[:, None, :].expand(batch, q, view)
+        allowed = allowed.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [B, q, S]
+        mask = torch.zeros(batch, 1, q, view, dtype=self.dtype, device=dev)
+        mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)  # [B, 1, q, S]
+        self.cache.write_slots, self.cache.view_length = block[:, spec:], view
+        positions = c[:, None] + offsets[None, :]  # [B, q]
+        return self.head.step(features, ids, mask, positions, self.cache)
+
+    # ---- tree growth -------------------------------------------------------------------------------
+
+    def _top(self, features: Tensor, k: int, scores: bool = True) -> tuple[Tensor, Tensor]:
+        """Features [B, q, H] -> the k best children: log-probs [B, q, k] (raw logits when not
+        `scores`: a static tree needs only the ranks), head-vocab ids [B, q, k]."""
+        logits = self.head.logits(features).float()  # [B, q, Vd]
+        values, ids = logits.topk(k, dim=-1)
+        return (values - torch.logsumexp(logits, dim=-1, keepdim=True) if scores else values), ids
+
+    def _grow_dynamic(self, roots: Tensor) -> tuple[Tensor, Tensor]:
+        """EAGLE-2 per row (see `EagleDrafter._grow_dynamic`), every depth one head call over [B, k]."""
+        k, dev, batch = self.drafter.top_k, self.device, roots.shape[0]
+        rows = torch.arange(batch, device=dev)[:, None]  # [B, 1]
+        values, ids = self._top(self.feature[:, None], k)  # [B, 1, k]
+        to_target = self.drafter._to_target
+        tokens = [roots[:, None], to_target(ids[:, 0])]  # by depth: [B, 1], [B, k], ...
+        parents = [
+            torch.full((batch, 1), -1, device=dev),
+            torch.zeros(batch, k, dtype=torch.long, device=dev),
+        ]
+        scores = [torch.zeros(batch, 1, dtype=torch.float64, device=dev), values[:, 0].double()]
+        count = 1 + k
+        frontier = torch.arange(1, 1 + k, device=dev).expand(batch, k)  # [B, k] node ids to expand next
+        front_feat = self.feature[:, None].expand(batch, k, -1)  # [B, k, H]
+        front_tok, front_score = tokens[1], scores[1]  # [B, k]
+        anc = torch.zeros(batch, k, 0, dtype=torch.bool, device=dev)  # [B, k, S] speculative ancestors
+        eye = torch.eye(k, dtype=torch.bool, device=dev)
+        for d in range(2, self.drafter.depth + 1):
+            spec = anc.shape[-1]
+            own = torch.cat([anc, eye.expand(batch, k, k)], dim=2)  # [B, k, S + k]
+            offsets = torch.full((k,), d - 2, device=dev)  # position C_b + (d - 1) - 1
+            out = self._forward(front_feat, front_tok, own, offsets, spec)  # [B, k, H]
+            values, ids = self._top(out, k)  # [B, k, k]
+            new_score = (front_score[:, :, None] + values.double()).reshape(batch, -1)  # [B, k * k]
+            new_tok = to_target(ids).reshape(batch, -1)
+            tokens.append(new_tok)
+            parents.append(frontier.repeat_interleave(k, dim=1))
+            scores.append(new_score)
+            if d < self.drafter.depth:  # next frontier per row: best k new nodes (ties: lower id), id order
+                pick = torch.sort(-new_score, dim=1, stable=True).indices[:, :k].sort(dim=1).values  # [B, k]
+                row = pick // k  # [B, k] which expanded node each hangs from
+                anc = torch.cat([anc[rows, row], eye[row]], dim=2)  # [B, k, S + k]
+                frontier, front_feat = count + pick, out[rows, row]
+                front_tok, front_score = new_tok.gather(1, pick), new_score.gather(1, pick)
+            count += k * k
+        tokens, parents, scores = (torch.cat(x, dim=1) for x in (tokens, parents, scores))  # [B, M]
+        budget = min(self.drafter.total_tokens - 1, count - 1)
+        keep = torch.sort(-scores[:, 1:], dim=1, stable=True).indices[:, :budget].sort(dim=1).values + 1
+        keep = torch.cat([keep.new_zeros(batch, 1), keep], dim=1)  # [B, N] ascending, root first
+        index = torch.full((batch, count), -1, dtype=torch.long, device=dev)
+        index.scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand(batch, -1))
+        kept_parents = parents.gather(1, keep)  # [B, N]
+        kept_parents = torch.where(kept_parents >= 0, index.gather(1, kept_parents.clamp(min=0)), -1)
+        return tokens.gather(1, keep), kept_parents
+
+    def _grow_static(self, roots: Tensor) -> tuple[Tensor, Tensor]:
+        """The static tree per row (see `EagleDrafter._grow_static`), one head call per depth over [B, E]."""
+        plan, st = self.drafter._static_plan(), self.drafter._static
+        batch, n = roots.shape[0], st.size
+        tokens = roots[:, None].repeat(1, n)  # [B, N]
+        out = self.feature.new_empty(batch, n, self.feature.shape[-1])  # [B, N, H]
+        out[:, 0] = self.feature
+        spec = 0
+        for step in plan:
+            if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head
+                run, allowed = step["run"], step["allowed"]  # [E], [E, spec + E]
+                offsets = torch.full((run.numel(),), step["depth"] - 2, device=self.device)
+                own = allowed.expand(batch, -1, -1)
+                out[:, run] = self._forward(out[:, step["run_parent"]], tokens[:, run], own, offsets, spec)
+                spec += run.numel()
+            _, ids = self._top(out[:, step["expand"]], step["need"], scores=False)  # [B, E, need]
+            tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
+        return tokens, self.drafter._parents_on_device.expand(batch, -1)

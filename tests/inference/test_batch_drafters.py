@@ -1,0 +1,214 @@
+"""Batched drafters (one head call per depth over all rows) propose exactly each row's batch-1 tree:
+compared pass by pass with the per-row clone loop (`RowLoopDrafter`, the batch-1 behaviour) through
+mixed prompt lengths, accepted paths of different lengths and rows leaving the batch; and decoding with
+them keeps every row's batch-1 passes (accept lengths), not only its tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+from spechead.inference.drafters.medusa import MedusaBatchDrafter
+from spechead.inference.drafters.row_loop import RowLoopDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams
+
+from .test_batch import MAX_NEW, PROMPTS, make_drafter
+from .test_generator import eagle_drafter, medusa_drafter
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def build(model, kind):
+    if kind == "medusa":
+        return medusa_drafter(model)
+    if kind == "eagle_dynamic":
+        drafter = eagle_drafter(model, "eagle", top_k=2, depth=4, total_tokens=14)  # keeps depth 3-4
+    elif kind == "eagle3_dynamic":
+        drafter = eagle_drafter(model, "eagle3", top_k=4, depth=3, total_tokens=12)
+    else:
+        drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # weights at 1/sqrt(fan_in), not 0.02: every input (features too) moves the top-k
+        for weight in drafter.head.parameters():
+            if weight.dim() == 2:
+                weight.copy_(torch.randn(weight.shape, generator=g) / weight.shape[1] ** 0.5)
+    return drafter
+
+
+def fitted_medusa(model, prompts, new_tokens: int = 24):
+    """A Medusa drafter fitted (a few hundred Adam steps) to the target's own greedy continuations of
+    `prompts`: it drafts them well, so decoding accepts whole paths (and stops inside trees)."""
+    from spechead.inference.batch import BatchRunner
+
+    from .test_generator import plain_greedy
+
+    drafter = medusa_drafter(model)
+    head, layer = drafter.head, drafter.hidden_layers[0]
+    seqs = [torch.tensor(p + plain_greedy(model, p, new_tokens)) for p in prompts]
+    runner = BatchRunner(model, (layer,), max_length=max(s.numel() for s in seqs))
+    _, hidden = runner.prefill(seqs)
+    torch.manual_seed(0)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = 0.0
+        for seq, states in zip(seqs, hidden):
+            for k in range(head.num_heads):  # head k at position t predicts token t + 2 + k
+                logits = head.head_logits(k, states[layer][None, : -(2 + k)])[0]  # [T - 2 - k, V]
+                loss = loss + torch.nn.functional.cross_entropy(logits, seq[2 + k :])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    head.eval().requires_grad_(False)
+    return drafter
+
+
+def states(drafter, lengths, hidden, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [{layer: torch.randn(n, hidden, generator=g) for layer in drafter.hidden_layers} for n in lengths]
+
+
+def same(a: BatchDraft, b: BatchDraft) -> None:
+    assert a.sizes == b.sizes
+    assert torch.equal(a.tokens, b.tokens), (a.tokens, b.tokens)
+    assert torch.equal(a.parents, b.parents)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle_dynamic", "eagle3_dynamic", "eagle3_static"])
+def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind):
+    drafter = build(model, kind)
+    batched, reference = drafter.batched(), RowLoopDrafter(drafter)
+    assert isinstance(batched, (MedusaBatchDrafter, EagleBatchDrafter))
+    hidden, vocab = model.config.hidden_size, model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, vocab, (n,), generator=g) for n in (9, 1, 14, 3)]
+    roots = [11, 12, 13, 14]
+    first = states(drafter, [p.numel() for p in prompts], hidden, 2)
+    for d in (batched, reference):
+        d.start(prompts, first, roots)
+    rows = [0, 1, 2, 3]
+    plans = [([3, 1, 5, 2], None), ([1, 4, 2, 1], [2, 0, 3]), ([2, 2, 1], [1, 2]), ([5, 1], None)]
+    for lengths, keep in plans:
+        greedy = [SamplingParams()] * len(rows)
+        same(
+            batched.propose(roots, greedy, [None] * len(rows)),
+            reference.propose(roots, greedy, [None] * len(rows)),
+        )
+        k = max(lengths)
+        tokens = torch.randint(5, vocab, (len(rows), k), generator=g)  # [B, K] (padded after lengths[b])
+        new = {layer: torch.randn(len(rows), k, hidden, generator=g) for layer in drafter.hidden_layers}
+        roots = [int(x) for x in torch.randint(5, vocab, (len(rows),), generator=g)]
+        for d in (batched, reference):
+            d.accept(tokens, lengths, new, roots)
+        if keep is not None:  # rows leave (and the order changes)
+            for d in (batched, reference):
+                d.keep(keep)
+            rows, roots = [rows[i] for i in keep], [roots[i] for i in keep]
+    same(
+        batched.propose(roots, greedy[: len(rows)], [None] * len(rows)),
+        reference.propose(roots, greedy[: len(rows)], [None] * len(rows)),
+    )
+
+
+@pytest.mark.parametrize("kind", ["medusa_fitted", "medusa", "eagle_dynamic", "eagle3_static"])
+def test_batched_drafting_keeps_every_rows_batch1_passes(model, chatml_tokenizer, kind):
+    """Mixed prompt lengths, per-row max_new_tokens, a row stopping at EOS (inside an accepted tree
+    with the fitted head): each row's tokens AND accept lengths / drafted counts equal its batch-1 run
+    (so its trees were its batch-1 trees)."""
+    from .test_generator import plain_greedy
+
+    drafter = fitted_medusa(model, PROMPTS) if kind == "medusa_fitted" else make_drafter(model, kind)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
+    gen.eos = {plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]}
+    for kw in ({}, {"temperature": 0.8, "top_k": 30, "seed": [3, 4, 5, 6]}):
+        batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, **kw)
+        for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+            one = {**kw, "seed": kw["seed"][b]} if kw else {}
+            single = gen.generate(input_ids=prompt, max_new_tokens=n, **one)
+            assert batch[b].token_ids == single.token_ids, (kind, b, kw)
+            assert batch[b].stats.accept_lengths == single.stats.accept_lengths, (kind, b, kw)
+            assert batch[b].stats.drafted_tokens == single.stats.drafted_tokens, (kind, b, kw)
+        if kind == "medusa_fitted" and not kw:  # whole paths accepted; row 0 stopped inside a tree
+            assert max(batch[0].stats.accept_lengths) > 2 and min(batch[0].stats.accept_lengths) < 4
+            assert all(max(r.stats.accept_lengths) > 1 for r in batch)
+
+
+def test_padding_nodes_are_never_accepted():
+    """A row whose tree is shorter than the batch's: its padding (copies of the root, children of
+    the root) must not be accepted even where the target's argmax at the root equals the root."""
+    from spechead.inference.batch_decode import _Row, accept_rows
+    from spechead.inference.tree import ancestors_on_device
+
+    draft = BatchDraft(torch.tensor([[7, 7, 7], [5, 6, 8]]), torch.tensor([[-1, 0, 0], [-1, 0, 1]]), [1, 3])
+    logits = torch.zeros(2, 3, 10)
+    logits[0, :, 7] = 1.0  # row 0: the target continues with 7 = its root token
+    logits[1, 0, 6], logits[1, 1, 8], logits[1, 2, 2] = 1.0, 1.0, 1.0  # row 1: the whole chain, then 2
+    rows = [_Row(torch.tensor([1]), 4, SamplingParams(), None, None) for _ in range(2)]
+    accs = accept_rows(draft, logits, ancestors_on_device(draft.parents), rows)
+    assert [a.path for a in accs] == [[0], [0, 1, 2]]
+    assert [a.next_token for a in accs] == [7, 2]
+
+
+def test_tree_follows_the_batch(model, chatml_tokenizer):
+    """With an accuracy table, generate_batch re-picks the static tree for the batch size by measuring
+    here (once per size); greedy rows still equal HF greedy; tree_for_batch=False keeps the batch-1
+    tree and so the batch-1 sampling draws."""
+    from .test_generator import plain_greedy
+
+    drafter = medusa_drafter(model)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
+    gen.tree_accuracy = torch.tensor([[0.97, 0.02, 0.01]] * 3)  # drafting surely pays
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    info = gen.batch_calibration[len(PROMPTS)]
+    used = gen._batch_drafters[len(PROMPTS)]
+    assert used.static.size == len(info["choices"]) + 1 <= 64 // len(PROMPTS) + 1
+    assert max(info["verify_ms_by_size"]) == 64 // len(PROMPTS) + 1 and info["expected_speedup"] > 0
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        assert batch[b].token_ids == plain_greedy(model, prompt, n)
+        assert batch[b].stats.drafted_tokens == len(info["choices"]) * len(batch[b].stats.accept_lengths)
+    gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)  # measured once per batch size
+    assert list(gen.batch_calibration) == [len(PROMPTS)]
+    kw = {"temperature": 0.9, "top_k": 20, "seed": [1, 2, 3, 4], "max_new_tokens": MAX_NEW}
+    same_tree = gen.generate_batch(input_ids=PROMPTS, tree_for_batch=False, **kw)
+    for b, prompt in enumerate(PROMPTS):
+        single = gen.generate(
+            input_ids=prompt, max_new_tokens=MAX_NEW[b], temperature=0.9, top_k=20, seed=b + 1
+        )
+        assert same_tree[b].token_ids == single.token_ids
+        assert same_tree[b].stats.drafted_tokens == single.stats.drafted_tokens
+
+
+def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer):
+    """A head that is never right: no tree beats plain batched decoding, so the batch decodes plain."""
+    from .test_generator import plain_greedy
+
+    drafter = medusa_drafter(model)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
+    gen.tree_accuracy = torch.full((3, 3), 0.001)
+    batch = gen.generate_batch(input_ids=PROMPTS[:2], max_new_tokens=MAX_NEW[:2])
+    assert gen.batch_calibration[2]["choices"] == [] and gen.batch_calibration[2]["expected_speedup"] < 1
+    for b in range(2):
+        assert batch[b].token_ids == plain_greedy(model, PROMPTS[b], MAX_NEW[b])
+        assert batch[b].stats.drafted_tokens == 0
+
+
+def test_batch_tree_for_an_eagle_head(model, chatml_tokenizer):
+    """EAGLE: the batched head step is timed per depth; the static tree found is drafted and verified
+    for every row (greedy rows equal HF greedy)."""
+    from .test_generator import plain_greedy
+
+    gen = SpeculativeGenerator(model, chatml_tokenizer, build(model, "eagle3_static"), cache="static")
+    gen.tree_accuracy = torch.tensor([[0.97, 0.02]] * 4)
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    info = gen.batch_calibration[len(PROMPTS)]
+    assert info["draft_ms_per_depth"] > 0 and "draft_ms" not in info and info["choices"]
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        assert batch[b].token_ids == plain_greedy(model, prompt, n)
+        assert batch[b].stats.drafted_tokens == len(info["choices"]) * len(batch[b].stats.accept_lengths)
