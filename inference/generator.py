@@ -4,7 +4,8 @@ Lossless by construction: greedy decoding keeps only drafts equal to the target'
 uses the rule that matches how the drafter chose its children (see acceptance.py), so the output
 distribution is exactly the target's. The target's cache and hidden-state capture live in a
 `TargetRunner` (runner.py): cache="static" (preallocated slots, the default) or "dynamic"
-(DynamicCache). Batch size 1; the runner's API carries a batch dimension so batches can follow.
+(DynamicCache). `generate`/`stream` decode one prompt; `generate_batch` decodes B prompts at once
+(batch_decode.py: one target forward per pass over every active row, static cache).
 """
 
 from __future__ import annotations
