@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spechead.inference.batch_decode import clone_drafter
 from spechead.inference.drafters.base import Draft, chain
 from spechead.inference.drafters.cascade import CascadeDrafter
+from spechead.inference.drafters.row_loop import clone_drafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import cascade_models
 from spechead.inference.sampling import SamplingParams, target_probs
