@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from spechead.inference.batch import BatchRunner
-from spechead.inference.calibrate import SIZES, _timed
+from spechead.inference.calibrate import SIZES, _timed, size_costs_ms
 from spechead.inference.tree_search import best_choices_for_cost
 
 
@@ -35,15 +35,7 @@ def batch_verify_cost_ms(model: torch.nn.Module, batch: int, sizes, context: int
     calls = {
         n: (lambda n=n: runner.verify(ids[:, :n], torch.arange(-1, n - 1).expand(batch, n))) for n in sizes
     }
-    times = {n: [] for n in sizes}
-    for _ in range(repeats):
-        for n, call in calls.items():
-            times[n].append(_timed(call, 1, runner.device))
-    out, floor = {}, 0.0
-    for n in sorted(sizes):
-        floor = max(floor, min(times[n]))
-        out[n] = floor
-    return out
+    return size_costs_ms(calls, repeats, runner.device)
 
 
 @torch.no_grad()

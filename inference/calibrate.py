@@ -74,12 +74,18 @@ def verify_cost_ms(
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
     runner.prefill(ids)
     calls = {n: (lambda n=n: runner.verify(ids[:, :n], torch.arange(-1, n - 1)[None])) for n in sizes}
-    times = {n: [] for n in sizes}
+    return size_costs_ms(calls, repeats, runner.device)
+
+
+def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, float]:
+    """{size: ms} of `calls` {size: fn}: timed round-robin `repeats` times, the minimum per size kept,
+    made non-decreasing in size."""
+    times = {n: [] for n in calls}
     for _ in range(repeats):
         for n, call in calls.items():
-            times[n].append(_timed(call, 1, runner.device))
+            times[n].append(_timed(call, 1, device))
     out, floor = {}, 0.0
-    for n in sorted(sizes):
+    for n in sorted(calls):
         floor = max(floor, min(times[n]))
         out[n] = floor
     return out

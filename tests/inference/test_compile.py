@@ -34,11 +34,7 @@ def _load(name: str):
 generator_tests = _load("test_generator")  # the drafters, prompts and reference of the lossless tests
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_llama, chatml_tokenizer):
-    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
-    model.generation_config.eos_token_id = None
-    return model, chatml_tokenizer
+setup = generator_tests.setup  # the 2-layer target of the lossless tests (a module-scoped fixture)
 
 
 def test_static_slot_layer_writes_at_its_device_length_and_returns_whole_buffers():
