@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
+from spechead.inference.calibrate import verify_cost_ms
 from spechead.inference.devices import check_device
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation import (
@@ -44,10 +44,7 @@ from spechead.inference.evaluation import (
     summarize,
 )
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.kv_cache import keep_positions
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category, render
-from spechead.inference.tree import TokenTree
-from spechead.inference.verify import prefill, verify_tree
 
 DEMO_HEADS = {
     "medusa": "outputs/bench-heads/medusa/head",
@@ -56,6 +53,8 @@ DEMO_HEADS = {
     "eagle3": "outputs/eagle3-demo/head",
 }
 TREE_SIZES = [1, 2, 4, 8, 16, 32, 64]
+# our engine's plain decoding, whole calls, timed turn by turn beside HF generate (same load)
+OURS_PLAIN = "spechead_plain (ours)"
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -166,18 +165,30 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
     return row
 
 
-def hf_generate(gen: SpeculativeGenerator, prompts, settings: DecodeSettings, **kwargs) -> tuple[float, list]:
-    """Hugging Face `generate` on the same prompts: whole-call tokens/s and the generated ids per turn."""
+def hf_generate(
+    gen: SpeculativeGenerator,
+    prompts,
+    settings: DecodeSettings,
+    ours: SpeculativeGenerator | None = None,
+    **kwargs,
+) -> tuple[float, list, tuple[float, list] | None]:
+    """Hugging Face `generate` on the same prompts: whole-call tokens/s and the generated ids per turn.
+
+    With `ours` (our engine's plain decoding), each turn is also decoded by it right after HF's call,
+    on the same ids and timed the same way (whole call, prefill included), so both see the same load:
+    its tokens/s and outputs come third (None without `ours`)."""
     model, tok = gen.target, gen.tokenizer
     sampling = {} if settings.greedy else {"temperature": settings.temperature, "top_p": settings.top_p,
                                            "top_k": settings.top_k}  # fmt: skip
     new, wall, outputs = 0, 0.0, []
+    ours_new, ours_wall, ours_outputs = 0, 0.0, []
     for prompt in prompts:
         messages = []
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
             ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-            torch.manual_seed(settings.seed + len(outputs))
+            seed = settings.seed + len(outputs)
+            torch.manual_seed(seed)
             start = time.perf_counter()
             out = model.generate(
                 torch.tensor([ids], device=model.device), max_new_tokens=settings.max_new_tokens,
@@ -185,14 +196,23 @@ def hf_generate(gen: SpeculativeGenerator, prompts, settings: DecodeSettings, **
             )  # fmt: skip
             wall += time.perf_counter() - start
             generated = out[0, len(ids) :].tolist()
+            if ours is not None:
+                r = ours.generate(
+                    input_ids=ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                    top_p=settings.top_p, top_k=settings.top_k, seed=seed,
+                )  # fmt: skip
+                ours_new, ours_wall = ours_new + r.stats.new_tokens, ours_wall + r.stats.wall_time
+                ours_outputs.append(r.token_ids)
             messages.append({"role": "assistant", "content": tok.decode(generated, skip_special_tokens=True)})
             outputs.append(generated)
             new += len(generated)
-    return new / max(wall, 1e-9), outputs
+    mine = (ours_new / max(ours_wall, 1e-9), ours_outputs) if ours is not None else None
+    return new / max(wall, 1e-9), outputs, mine
 
 
 def measure_baselines(args, plain: SpeculativeGenerator, prompts, settings, base: PromptSetRun) -> list[dict]:
-    """HF generate, HF prompt lookup decoding and (with --assistant) HF assisted generation."""
+    """HF generate (beside our own plain decoding, turn by turn), HF prompt lookup decoding and (with
+    --assistant) HF assisted generation."""
     baselines = {"hf_generate": {}, "hf_prompt_lookup": {"prompt_lookup_num_tokens": 10}}
     if assistant_path := _assistant(args):
         from transformers import AutoModelForCausalLM
@@ -204,15 +224,23 @@ def measure_baselines(args, plain: SpeculativeGenerator, prompts, settings, base
         baselines[f"hf_early_exit@{exit_layer}"] = {"assistant_early_exit": exit_layer}
     rows, reference = [], None
     for name, kwargs in baselines.items():
-        tokens_per_s, outputs = hf_generate(plain, prompts, settings, **kwargs)
+        ours = plain if reference is None else None
+        tokens_per_s, outputs, mine = hf_generate(plain, prompts, settings, ours=ours, **kwargs)
         reference = reference or tokens_per_s
+        first = len(rows)
         rows.append({
             "method": name, "tokens_per_s": tokens_per_s, "speedup_vs_hf_generate": tokens_per_s / reference,
             "greedy_mismatches": mismatches(outputs, base.outputs) if settings.greedy else None,
         })  # fmt: skip
-        if rows[-1]["greedy_mismatches"]:
-            print(f"!!! {name}: {rows[-1]['greedy_mismatches']} outputs differ from plain greedy decoding",
-                  file=sys.stderr)  # fmt: skip
+        if mine is not None:  # our plain decoding, timed turn by turn beside HF generate
+            rows.append({
+                "method": OURS_PLAIN, "tokens_per_s": mine[0], "speedup_vs_hf_generate": mine[0] / reference,
+                "greedy_mismatches": mismatches(mine[1], base.outputs) if settings.greedy else None,
+            })  # fmt: skip
+        for row in rows[first:]:
+            if row["greedy_mismatches"]:
+                print(f"!!! {row['method']}: {row['greedy_mismatches']} outputs differ from plain greedy decoding",
+                      file=sys.stderr)  # fmt: skip
     return rows
 
 
@@ -243,24 +271,9 @@ def _assistant(args) -> str | None:
 
 
 def verify_cost(model, sizes: list[int], context: int, repeats: int) -> dict[int, float]:
-    """Median seconds of one tree verification pass (a chain of `size` nodes) after `context` tokens."""
-    ids = torch.randint(5, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
-    out = {}
-    for size in sizes:
-        times = []
-        for _ in range(repeats):
-            cache, _, _ = prefill(model, ids.to(model.device))
-            tree = TokenTree(torch.randint(5, 100, (size,)), torch.arange(-1, size - 1))
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            verify_tree(model, cache, tree, context)
-            keep_positions(cache, context, torch.tensor([0]))
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        out[size] = statistics.median(times)
-    return out
+    """Seconds of one verification pass through our engine's runner (a chain of `size` nodes after
+    `context` tokens): the same measurement the load-time tree calibration makes (calibrate.py)."""
+    return {n: ms / 1e3 for n, ms in verify_cost_ms(model, sizes, context, repeats).items()}
 
 
 def write(args, prompts, base: PromptSetRun, rows, hf_rows, costs) -> str:

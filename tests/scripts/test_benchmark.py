@@ -72,8 +72,13 @@ def test_benchmark_writes_table_json_and_plots(tiny_target_dir, medusa_dir, tmp_
         assert all(0.0 <= a <= 1.0 for a in row["acceptance_by_depth"])
         for key in ("tokens_per_s", "t_step_ms", "t_verify_ms", "t_draft_ms", "t_other_ms", "ideal_speedup"):
             assert row[key] >= 0.0
-    assert [r["method"] for r in report["hf_baselines"]] == ["hf_generate", "hf_prompt_lookup", "hf_assisted"]
+    methods = ["hf_generate", "spechead_plain (ours)", "hf_prompt_lookup", "hf_assisted"]
+    assert [r["method"] for r in report["hf_baselines"]] == methods
     assert all(r["greedy_mismatches"] == 0 for r in report["hf_baselines"])
+    ours = report["hf_baselines"][1]  # our plain decoding, whole calls beside HF generate's
+    assert ours["tokens_per_s"] > 0 and ours["speedup_vs_hf_generate"] == pytest.approx(
+        ours["tokens_per_s"] / report["hf_baselines"][0]["tokens_per_s"]
+    )
     assert "POOLED" in report["definitions"]["tau"] and "per-prompt" in report["definitions"]["tau"]
     assert report["settings"]["repeats"] == 2 and report["versions"]["torch"] == torch.__version__
     assert sorted(int(k) for k in report["verify_ms_by_size"]) == [1, 2, 4, 8, 16, 32, 64]

@@ -101,7 +101,11 @@ def test_benchmark_writes_table_and_json(tiny_target_dir, tmp_path):
     assert set(data["verify_ms_by_size"]) == {"1", "2", "4", "8", "16", "32", "64"}
     assert set(row["tau_by_category"]) == {"writing", "math"} and row["speedup_by_category"]["math"] > 0
     # Hugging Face baselines on the same prompts, checked against our plain greedy decoding.
-    assert [b["method"] for b in data["hf_baselines"]] == ["hf_generate", "hf_prompt_lookup"]
+    assert [b["method"] for b in data["hf_baselines"]] == [
+        "hf_generate",
+        "spechead_plain (ours)",
+        "hf_prompt_lookup",
+    ]
     assert all(b["greedy_mismatches"] == 0 and b["tokens_per_s"] > 0 for b in data["hf_baselines"])
     assert "| lookup |" in (out / "decoding.md").read_text()
     assert all(0 <= a <= 1 for a in row["acceptance_by_depth"]) and row["speedup_min"] <= row["speedup_max"]
