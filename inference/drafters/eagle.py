@@ -21,6 +21,7 @@ from torch import Tensor
 
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
+from spechead.heads.fused import fused_step
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.sampling import SamplingParams
@@ -46,6 +47,8 @@ class EagleDrafter(Drafter):
         total_tokens: int = 60,
     ) -> None:
         self.head = head
+        # the head's step as a short chain of ops on its own weights where its layer kind allows
+        self.head_step = fused_step(head) or head.step
         self.hidden_layers = tuple(head.config.target_layers)
         self._vocab = getattr(head.config, "draft_vocab_size", head.config.vocab_size)  # Vd
         self._static: StaticTree | None = None
@@ -108,7 +111,7 @@ class EagleDrafter(Drafter):
 
         cuda = self.head.fc.weight.device.type == "cuda"
         self._compiled = (
-            compile_function(self.head.step, compile, cuda),
+            compile_function(self.head_step, compile, cuda),
             compile_function(self._top, compile, cuda),
         )
         self._cache = None  # the next `start` allocates the fixed-shape cache
@@ -168,9 +171,9 @@ class EagleDrafter(Drafter):
                 mask, positions = causal_inputs_static(
                     tokens.numel(), self._committed, self._cache.max_length, self.head.fc.weight.dtype, device
                 )
-                out = self.head.step(features, next_ids, mask, positions, self._cache)  # [1, K, H]
+                out = self.head_step(features, next_ids, mask, positions, self._cache)  # [1, K, H]
             else:
-                out = self.head.step(features, next_ids, past_key_values=self._cache)  # [1, K, H]
+                out = self.head_step(features, next_ids, past_key_values=self._cache)  # [1, K, H]
         self._committed += tokens.numel()
         self._cache.set_length(self._committed)
         self._feature = out[0, -1]
@@ -232,7 +235,7 @@ class EagleDrafter(Drafter):
             mask[0, 0, :, committed:].masked_fill_(
                 ~allowed_spec, torch.finfo(dtype).min
             )  # [1, 1, q, C + S + q]
-            return self.head.step(features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
+            return self.head_step(features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
         # fixed shapes: [1, 1, q, S_max], the speculative slots written so far + these q at C + S..
         end = committed + allowed_spec.shape[1]
         mask = torch.full(

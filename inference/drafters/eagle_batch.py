@@ -133,7 +133,7 @@ class EagleBatchDrafter(BatchDrafter):
         mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)  # [B, 1, q, S]
         self.cache.write_slots, self.cache.view_length = block[:, spec:], view
         positions = c[:, None] + offsets[None, :]  # [B, q]
-        return self.head.step(features, ids, mask, positions, self.cache)
+        return self.drafter.head_step(features, ids, mask, positions, self.cache)
 
     # ---- tree growth -------------------------------------------------------------------------------
 

@@ -199,10 +199,10 @@ def test_dynamic_keeps_highest_cumulative_probability(target, monkeypatch) -> No
         real_step(features, next_ids, *args, **kwargs)
         return torch.nn.functional.one_hot(next_ids, H).float()  # [B, T, H]
 
-    monkeypatch.setattr(head, "step", step)
     monkeypatch.setattr(head, "logits", lambda features: features @ table)
     top_k, depth, total = 4, 5, 20
     drafter = EagleDrafter(head, tree="dynamic", top_k=top_k, depth=depth, total_tokens=total)
+    drafter.head_step = step  # what the drafter runs per depth
     stream = Stream(head, 5, seed=6)
     stream.tokens %= H
     drafter.start(stream.tokens, stream.states, 2)

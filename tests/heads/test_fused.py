@@ -1,0 +1,125 @@
+"""heads/fused.py: the drafting step as a short functional chain equals `head.step` exactly, on every
+cache kind drafting uses, for the layer kinds it accepts; other kinds are left to `head.step`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, DynamicCache
+
+from spechead.heads.eagle import EagleConfig, EagleHead
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+from spechead.heads.fused import fused_step
+from spechead.inference.batch import BatchSlotCache
+from spechead.inference.kv_cache import SlotCache
+
+V, H = 48, 32
+COMMON = dict(vocab_size=V, hidden_size=H, intermediate_size=40, num_hidden_layers=4, num_attention_heads=4)
+CONFIGS = {
+    "llama": dict(num_key_value_heads=2),  # grouped-query attention
+    "mistral": dict(num_key_value_heads=4),
+    "qwen2": dict(num_key_value_heads=2),  # q/k/v biases
+    "llama-rope3": dict(
+        num_key_value_heads=2,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),  # fmt: skip
+}
+
+
+def make_head(model_type: str, family: str, **kw):
+    extra = CONFIGS[model_type]
+    cfg = AutoConfig.for_model(model_type.split("-")[0], **COMMON, **extra)
+    torch.manual_seed(0)
+    if family == "eagle3":
+        head = Eagle3Head(Eagle3Config.from_target(cfg, draft_vocab_size=V))
+    else:
+        head = EagleHead(EagleConfig.from_target(cfg, **kw))
+    for p in head.parameters():  # away from the identity-like init: every weight matters
+        p.data.add_(0.2 * torch.randn_like(p))
+    embed = torch.nn.Embedding(V, H)
+    head.attach_target_modules(lm_head=torch.nn.Linear(H, V, bias=False), embed_tokens=embed)
+    return head.eval()
+
+
+def cache_of(kind: str, layers: int, batch: int):
+    if kind == "slot":
+        return SlotCache(layers, 96)
+    if kind == "dynamic":
+        return DynamicCache()
+    cache = BatchSlotCache(layers, batch, 96)
+    return cache
+
+
+def run(step, cache, kind, feats, ids, mask=None, positions=None):
+    if kind == "batch":  # writes go to explicit slots, reads over the first view_length slots
+        batch, q = ids.shape
+        start = 0 if mask is None else mask.shape[-1] - q
+        cache.write_slots = (start + torch.arange(q)).expand(batch, q)
+        cache.view_length = start + q
+        if mask is None:
+            mask = torch.zeros(batch, 1, q, q).masked_fill_(~torch.ones(q, q, dtype=torch.bool).tril(), -1e30)
+            positions = torch.arange(q).expand(batch, q)
+    return step(feats, ids, mask, positions, cache)
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+@pytest.mark.parametrize("family", ["eagle3", "eagle", "eagle-2-layers"])
+@pytest.mark.parametrize("kind", ["slot", "dynamic", "batch"])
+def test_fused_step_equals_the_module_step(model_type, family, kind) -> None:
+    kw = {"num_layers": 2, "first_layer_input_norm": False} if family == "eagle-2-layers" else {}
+    head = make_head(model_type, family.split("-")[0], **kw)
+    fused = fused_step(head)
+    assert fused is not None
+    layers = kw.get("num_layers", 1)
+    batch = 2 if kind == "batch" else 1
+    gen = torch.Generator().manual_seed(1)
+    feats = torch.randn(batch, 12, H, generator=gen)
+    ids = torch.randint(0, V, (batch, 12), generator=gen)
+    ref_cache, new_cache = cache_of(kind, layers, batch), cache_of(kind, layers, batch)
+    with torch.no_grad():
+        # a causal block (commit), then a tree block: 3 nodes at explicit positions under a mask
+        ref = run(head.step, ref_cache, kind, feats, ids)
+        new = run(fused, new_cache, kind, feats, ids)
+        torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
+        if kind == "slot":
+            ref_cache.set_length(12)
+            new_cache.set_length(12)
+        mask = torch.zeros(batch, 1, 3, 15)
+        mask[:, 0, 2, 13] = torch.finfo(torch.float32).min  # node 2 does not see node 1
+        positions = torch.tensor([[12, 13, 13]]).expand(batch, 3)
+        ref = run(head.step, ref_cache, kind, feats[:, :3] * 2, ids[:, 3:6], mask, positions)
+        new = run(fused, new_cache, kind, feats[:, :3] * 2, ids[:, 3:6], mask, positions)
+    torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
+    for a, b in zip(ref_cache.layers, new_cache.layers):  # the same keys/values were written
+        torch.testing.assert_close(b.keys[..., :15, :], a.keys[..., :15, :], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(b.values[..., :15, :], a.values[..., :15, :], atol=1e-6, rtol=1e-6)
+
+
+def test_angles_follow_a_grown_cache() -> None:
+    head = make_head("llama", "eagle3")
+    fused = fused_step(head)
+    feats, ids = torch.randn(1, 1, H), torch.randint(0, V, (1, 1))
+    with torch.no_grad():
+        for length in (100, 300, 700):  # positions past the first table: it is rebuilt
+            ref_cache, new_cache = SlotCache(1, length + 1), SlotCache(1, length + 1)
+            for cache in (ref_cache, new_cache):
+                cache.set_length(0)
+            mask, pos = torch.zeros(1, 1, 1, 1), torch.tensor([[length]])
+            ref = head.step(feats, ids, mask, pos, ref_cache)
+            new = fused(feats, ids, mask, pos, new_cache)
+            torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_other_layer_kinds_are_left_to_the_module_step() -> None:
+    cfg = AutoConfig.for_model("qwen3", num_key_value_heads=2, head_dim=8, **COMMON)  # q/k norms
+    assert fused_step(EagleHead(EagleConfig.from_target(cfg))) is None
+    cfg = AutoConfig.for_model("llama", num_key_value_heads=2, hidden_act="gelu", **COMMON)
+    assert fused_step(EagleHead(EagleConfig.from_target(cfg))) is None
+    assert fused_step(torch.nn.Linear(2, 2)) is None
