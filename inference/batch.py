@@ -181,6 +181,8 @@ class BatchRunner:
         tokens, parents = tokens.to(dev), parents.to(dev)
         lengths = self.lengths.to(dev)  # [B]
         view = int(self.lengths.max()) + n  # S
+        if n == 1:  # plain step: row b sees its prefix and its own new slot (few ops: the common case)
+            return self._step(tokens, lengths, view)
         anc = ancestors_on_device(parents)  # [B, N, N]
         self.last_ancestors = anc
         positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
@@ -196,11 +198,27 @@ class BatchRunner:
         )
         return logits.float(), hidden  # [B, N, V]
 
+    def _step(self, tokens: Tensor, lengths: Tensor, view: int) -> tuple[Tensor, dict[int, Tensor]]:
+        """`verify` of one token per row (tokens [B, 1]): a causal step at slot length_b."""
+        batch = tokens.shape[0]
+        self.last_ancestors = torch.ones(batch, 1, 1, dtype=torch.bool, device=tokens.device)
+        cols = torch.arange(view, device=tokens.device)  # [S]
+        blocked = torch.finfo(self.dtype).min
+        mask = torch.where(cols[None, :] <= lengths[:, None], 0.0, blocked).to(self.dtype)  # [B, S]
+        self.cache.write_slots, self.cache.view_length = lengths[:, None], view
+        logits, hidden = self._forward(
+            self.cache, input_ids=tokens, attention_mask=mask[:, None, None, :], position_ids=lengths[:, None]
+        )
+        return logits.float(), hidden  # [B, 1, V]
+
     def commit(self, paths: Sequence[Tensor | Sequence[int]]) -> None:
         """Row b keeps the accepted nodes paths[b] [K_b] (ascending, paths[b][0] = 0) after its prefix."""
-        paths = [torch.as_tensor(p, dtype=torch.long) for p in paths]
         if len(paths) != self.lengths.numel():
             raise ValueError(f"need one path per row ({self.lengths.numel()}), got {len(paths)}")
+        if all(isinstance(p, list) and p == list(range(len(p))) for p in paths):  # already in place
+            self.lengths = self.lengths + torch.tensor([len(p) for p in paths], dtype=torch.long)
+            return
+        paths = [torch.as_tensor(p, dtype=torch.long) for p in paths]
         ks = torch.tensor([p.numel() for p in paths], dtype=torch.long)  # [B]
         kmax = int(ks.max())
         # pad each path by repeating its last node: duplicate writes of the same value are harmless

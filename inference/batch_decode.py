@@ -64,8 +64,10 @@ def accept_rows(
 
     All greedy: one batched walk (padding nodes get token -1 so they never match). Otherwise per row,
     in row order, each with its own generator (the batch-1 draws)."""
+    n = draft.tokens.shape[1]
+    if n == 1 and all(r.params.is_greedy for r in rows):  # plain steps: each row's argmax
+        return [Acceptance(path=[0], next_token=t) for t in logits[:, 0].argmax(-1).tolist()]
     if all(r.params.is_greedy for r in rows):
-        n = draft.tokens.shape[1]
         real = torch.arange(n)[None, :] < torch.tensor(draft.sizes)[:, None]  # [B, N]
         tokens = torch.where(real, draft.tokens, -1).to(logits.device)
         return greedy_accept_batch(tokens, draft.parents.to(logits.device), ancestors, logits)

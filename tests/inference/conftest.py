@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.runner import CACHES
@@ -36,3 +37,16 @@ def cache_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     kind = getattr(request, "param", SpeculativeGenerator.default_cache)
     monkeypatch.setattr(SpeculativeGenerator, "default_cache", kind)
     return kind
+
+
+@pytest.fixture(scope="module")
+def positional(tiny_llama, chatml_tokenizer):
+    """A target whose argmaxes depend on rotary positions: a small rope_theta and sharp attention (q/k
+    weights x8). With the default tiny target, wrong tree position ids still reproduce greedy decoding."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3, rope_theta=10.0)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
+    model.generation_config.eos_token_id = None
+    return model, chatml_tokenizer

@@ -127,19 +127,6 @@ def test_greedy_equals_plain_decoding(setup):
                 assert set(result.stats.accept_lengths[:-1]) <= {5}  # 4 drafts + 1; the last pass may be cut
 
 
-@pytest.fixture(scope="module")
-def positional(tiny_llama, chatml_tokenizer):
-    """A target whose argmaxes depend on rotary positions: a small rope_theta and sharp attention (q/k
-    weights x8). With the default tiny target, wrong tree position ids still reproduce greedy decoding."""
-    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3, rope_theta=10.0)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(8.0)
-            layer.self_attn.k_proj.weight.mul_(8.0)
-    model.generation_config.eos_token_id = None
-    return model, chatml_tokenizer
-
-
 def test_greedy_equality_depends_on_tree_positions(positional):
     """Long prompts, deep branching trees (node index != depth): tree position ids past_len + depth are
     the only ones that reproduce greedy decoding (node index or an off-by-one breaks this test)."""
