@@ -1,0 +1,149 @@
+"""Where a speculative pass spends its time: target forwards, head forwards, and everything else.
+
+    python scripts/bench_overhead.py --drafter outputs/eagle3-demo/head
+    python scripts/bench_overhead.py --drafter outputs/bench-heads/medusa2/head --prompts 12
+
+Decodes a prompt set greedily twice on the same loaded target, plain and with the drafter, taking
+turns prompt by prompt. Timers wrap the target's forward (the runner's one model call per pass) and
+the drafter's own network calls (EAGLE: each head step and each top-k over the head's logits; Medusa:
+the heads' pass; a draft model: its forwards), so "engine" is whatever a pass spends outside them:
+tree building, masks, acceptance, cache commits, bookkeeping. Prints, per pass and as a share of a
+plain decoding step: the target forward, the draft networks, the engine, and the draft time per
+depth (EAGLE). CPU timings (perf_counter): on a GPU the timers would only see launch times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from spechead.configs import demo_asset
+from spechead.data.prompt_sets import load_prompt_set
+from spechead.inference.generator import SpeculativeGenerator
+
+
+class Timers:
+    """Wall time spent inside wrapped callables, by label (nested labels are not subtracted)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def wrap(self, obj, name: str, label: str) -> None:
+        inner = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.spent[label] += time.perf_counter() - start
+                self.calls[label] += 1
+
+        setattr(obj, name, timed)
+
+
+def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
+    """Time the target forward (verify passes; the prefill's apart) and the drafter's network calls."""
+    timers.wrap(gen.runner, "_forward", "target")
+    prefill = gen.runner.prefill
+
+    def timed_prefill(*args, **kwargs):  # its target forward is not a pass: kept apart
+        before = timers.spent["target"]
+        try:
+            return prefill(*args, **kwargs)
+        finally:
+            timers.spent["prefill_target"] += timers.spent["target"] - before
+
+    gen.runner.prefill = timed_prefill
+    drafter = gen.drafter
+    if drafter is None:
+        return
+    if hasattr(drafter, "head_step"):  # EAGLE: fusion, head steps (commit + depths), top-k over logits
+        timers.wrap(drafter, "head_step", "draft_net")
+        timers.wrap(drafter, "_top", "draft_net")
+        if hasattr(drafter.head, "fuse"):
+            timers.wrap(drafter.head, "fuse", "draft_net")
+    elif hasattr(drafter, "head"):  # Medusa: the heads' one pass
+        timers.wrap(drafter.head, "head_logits", "draft_net")
+    elif hasattr(drafter, "model"):  # a draft model
+        timers.wrap(drafter.model, "forward", "draft_net")
+
+
+def decode(gen, chats, max_new: int) -> tuple[float, int, int]:
+    """(wall s excluding the prefill, verification passes, new tokens) over the chats."""
+    wall = passes = tokens = 0
+    for ids in chats:
+        r = gen.generate(input_ids=ids, max_new_tokens=max_new)
+        wall += r.stats.wall_time - r.stats.prefill_time
+        passes += r.stats.target_passes
+        tokens += r.stats.new_tokens
+    return wall, passes, tokens
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=str(demo_asset("target")))
+    p.add_argument("--drafter", required=True, help="a head directory or any --drafter spec of benchmark.py")
+    p.add_argument("--prompt-set", default="demo")
+    p.add_argument("--prompts", type=int, default=24)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
+    args = p.parse_args(argv)
+    gen = SpeculativeGenerator.from_pretrained(args.target, args.drafter)
+    plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)
+    tok = gen.tokenizer
+    chats = [
+        tok.apply_chat_template([{"role": "user", "content": q.turns[0]}], add_generation_prompt=True,
+                                return_dict=False)
+        for q in load_prompt_set(args.prompt_set, args.prompts)
+    ]  # fmt: skip
+    spec_t, plain_t = Timers(), Timers()
+    instrument(gen, spec_t)
+    instrument(plain, plain_t)
+    for g in (plain, gen):  # warm-up
+        g.generate(input_ids=chats[0], max_new_tokens=8)
+    spec_t.spent.clear(), spec_t.calls.clear(), plain_t.spent.clear(), plain_t.calls.clear()
+    totals = {"plain": [0.0, 0, 0], "spec": [0.0, 0, 0]}
+    for ids in chats:  # taking turns: a drifting load hits both alike
+        for name, g in (("plain", plain), ("spec", gen)):
+            for i, x in enumerate(decode(g, [ids], args.max_new_tokens)):
+                totals[name][i] += x
+    (p_wall, p_passes, p_tokens), (s_wall, s_passes, s_tokens) = totals["plain"], totals["spec"]
+    step = p_wall / p_passes
+    target = (spec_t.spent["target"] - spec_t.spent["prefill_target"]) / s_passes
+    draft_net = spec_t.spent["draft_net"] / s_passes
+    engine = s_wall / s_passes - target - draft_net
+    depth = getattr(gen.drafter, "_static", None)
+    depths = int(depth.depth.max()) if depth is not None else getattr(gen.drafter, "depth", None)
+    row = {
+        "drafter": args.drafter, "tree": (gen.calibration or {}).get("choices"),
+        "plain_step_ms": 1e3 * step, "tau": (s_tokens - len(chats)) / s_passes,
+        "speedup": (s_tokens / s_wall) / (p_tokens / p_wall),
+        "pass_ms": 1e3 * s_wall / s_passes, "target_forward_ms": 1e3 * target, "draft_networks_ms": 1e3 * draft_net,
+        "engine_ms": 1e3 * engine, "engine_share_of_step": engine / step,
+        "draft_depths": depths,
+        "draft_ms_per_depth": 1e3 * draft_net / depths if depths else None,
+    }  # fmt: skip
+    if row["draft_ms_per_depth"] is not None:
+        row["draft_depth_share_of_step"] = row["draft_ms_per_depth"] / row["plain_step_ms"]
+    print(
+        f"plain step {row['plain_step_ms']:.2f} ms; {args.drafter}: tau {row['tau']:.2f}, speedup {row['speedup']:.2f}x"
+    )
+    print(f"per pass {row['pass_ms']:.2f} ms = target forward {row['target_forward_ms']:.2f} + draft networks "
+          f"{row['draft_networks_ms']:.2f} + engine {row['engine_ms']:.2f} ms "
+          f"({100 * row['engine_share_of_step']:.0f}% of a plain step)")  # fmt: skip
+    if depths:
+        print(f"draft per depth ({depths} depths, head steps + top-k, the commit step included): "
+              f"{row['draft_ms_per_depth']:.2f} ms ({100 * row['draft_depth_share_of_step']:.0f}% of a plain step)")  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(row, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""scripts/bench_overhead.py on a tiny target: the pass splits into target forward, draft networks and
+engine, each measured where it happens (wrapped calls), and the JSON holds every number."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("bench_overhead", ROOT / "scripts" / "bench_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory, tiny_target_dir) -> Path:
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.from_target(model.config))
+    return head.save_pretrained(tmp_path_factory.mktemp("overhead") / "eagle3")
+
+
+def prompts(path: Path) -> Path:
+    rows = [
+        {"category": "qa", "turns": [q]} for q in ("What is the capital of France?", "Please add 2 and 3.")
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "prompt_lookup"])
+def test_pass_splits_into_target_draft_and_engine(tiny_target_dir, eagle3_dir, tmp_path, capsys, drafter):
+    out = tmp_path / "split.json"
+    spec = str(eagle3_dir) if drafter == "eagle3" else drafter
+    argv = ["--target", str(tiny_target_dir), "--drafter", spec, "--prompt-set", str(prompts(tmp_path / "p.jsonl")),
+            "--max-new-tokens", "10", "--out", str(out)]  # fmt: skip
+    assert load_script().main(argv) == 0
+    printed = capsys.readouterr().out
+    row = json.loads(out.read_text())
+    assert "engine" in printed and row["plain_step_ms"] > 0 and row["tau"] >= 1
+    parts = row["target_forward_ms"] + row["draft_networks_ms"] + row["engine_ms"]
+    assert row["pass_ms"] == pytest.approx(parts)
+    assert 0 < row["target_forward_ms"] < row["pass_ms"] and row["engine_ms"] > 0
+    if drafter == "eagle3":  # the head's steps and top-k were timed, per depth of the calibrated tree
+        assert row["draft_networks_ms"] > 0 and row["draft_depths"] == len(max(row["tree"], key=len))
+        assert row["draft_ms_per_depth"] == pytest.approx(row["draft_networks_ms"] / row["draft_depths"])
+    else:  # no network drafts: prompt lookup's work is all engine
+        assert row["draft_networks_ms"] == 0 and row["draft_ms_per_depth"] is None
