@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
 from spechead.inference.kv_cache import SlotCache, commit_path
-from spechead.inference.tree import causal_inputs_static, tree_inputs_on_device, tree_inputs_static
+from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_static, tree_mask
 
 CACHES = ("dynamic", "static")
 CUDA_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -142,6 +142,7 @@ class TargetRunner:
         self.length = 0  # committed positions (past_len)
         self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify
         self._zeros: Tensor | None = None  # [1, 1, 1, S] additive zeros: the plain step's mask
+        self._trees: dict[bytes, tuple[Tensor, Tensor]] = {}  # tree shape -> (ancestors, depths)
 
     def use_layers(self, hidden_layers: Sequence[int]) -> None:
         """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
@@ -237,7 +238,8 @@ class TargetRunner:
 
         Returns logits [B, N, V] (fp32; row i = the target's output at node i, as if its root-to-node path
         ran as a plain sequence) and {l: [B, N, H]}. Writes N entries after the committed ones; follow with
-        `commit`. N = 1 (plain decoding) uses the model's own causal path.
+        `commit`. N = 1 (plain decoding) passes an all-visible mask; a tree's ancestors and depths are
+        remembered per shape (static trees repeat every pass).
         """
         if self.cache is None:
             raise RuntimeError("verify before prefill")
@@ -252,6 +254,7 @@ class TargetRunner:
                 f"a tree of {n} nodes does not fit: {room} KV slots left (cache {self.capacity})"
             )
         self._rewind()
+        host_parents = parents if parents.device.type == "cpu" else None  # a cache key without a sync
         tokens, parents = tokens.to(self.device), parents.to(self.device)
         if n == 1 and not self.static_shapes:
             self.last_ancestors = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
@@ -266,15 +269,32 @@ class TargetRunner:
             pad = size - n
             tokens = torch.cat([tokens, tokens[:, :1].expand(1, pad)], dim=1)
             parents = torch.cat([parents, parents.new_zeros(1, pad)], dim=1)
+            if host_parents is not None:  # the padded shape's key
+                host_parents = torch.cat([host_parents, host_parents.new_zeros(1, pad)], dim=1)
         if self.static_shapes:
             mask, positions, anc = tree_inputs_static(parents, self.length, self.cache.max_length, self.dtype)
         else:
-            mask, positions, anc = tree_inputs_on_device(parents, self.length, self.dtype)
+            anc, depth = self._structure(parents, host_parents)
+            mask, positions = tree_mask(anc, self.length, self.dtype), depth + self.length
         self.last_ancestors = anc[:, :n, :n]
         logits, hidden = self._forward(
             self.static_shapes, input_ids=tokens, attention_mask=mask, position_ids=positions
         )
         return logits[:, :n].float(), {k: v[:, :n] for k, v in hidden.items()}
+
+    def _structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Ancestors [1, N, N] and depths [1, N] of parents [1, N] (on the device), remembered per tree
+        shape when the shape is known on the host: static trees repeat every pass."""
+        key = host.numpy().tobytes() if host is not None else None
+        found = self._trees.get(key) if key is not None else None
+        if found is None:
+            anc = ancestors_on_device(parents)
+            found = (anc, anc.sum(-1) - 1)
+            if key is not None:
+                if len(self._trees) >= 64:  # dynamic trees rarely repeat: keep the memory bounded
+                    self._trees.clear()
+                self._trees[key] = found
+        return found
 
     def _visible(self, columns: int) -> Tensor:
         """An additive mask [1, 1, 1, columns] of zeros (one query that sees every cached position)."""

@@ -223,11 +223,15 @@ def tree_inputs_on_device(
     itself (0 = attend, finfo(dtype).min = blocked); position = past_len + depth.
     """
     anc = ancestors_on_device(parents)  # [B, N, N]
-    batch, n = parents.shape
-    positions = anc.sum(-1) - 1 + past_len  # [B, N]
-    mask = torch.zeros(batch, 1, n, past_len + n, dtype=dtype, device=parents.device)
-    mask[:, 0, :, past_len:].masked_fill_(~anc, torch.finfo(dtype).min)
-    return mask, positions, anc
+    return tree_mask(anc, past_len, dtype), anc.sum(-1) - 1 + past_len, anc
+
+
+def tree_mask(ancestors: torch.Tensor, past_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [B, 1, N, past_len + N] from ancestors [B, N, N] (see `tree_inputs_on_device`)."""
+    batch, n, _ = ancestors.shape
+    mask = torch.zeros(batch, 1, n, past_len + n, dtype=dtype, device=ancestors.device)
+    mask[:, 0, :, past_len:].masked_fill_(~ancestors, torch.finfo(dtype).min)
+    return mask
 
 
 def tree_inputs_static(
