@@ -290,22 +290,24 @@ class EagleDrafter(Drafter):
 
     def _grow_static(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
         """Fill the static tree depth by depth (node i = the rank[i]-th child of its parent), one head
-        call per depth over the nodes that have children. Returns tokens, parents, scores [N]."""
+        call per depth over the nodes that have children. Returns tokens, parents, scores [N].
+
+        Nodes of one depth are contiguous (tree_from_choices orders them by depth), so each depth's
+        tokens and scores are made as one block and the tree is their concatenation; indices into
+        the previous depth are precomputed in the plan ("local")."""
         plan, device = self._static_plan(), self.head.fc.weight.device
-        n = self._static.size
-        tokens = torch.full((n,), root, dtype=torch.long, device=device)
-        scores = torch.zeros(n, dtype=torch.float64, device=device)
-        out = self._feature.new_empty(n, self._feature.shape[-1])  # [N, H] output features
-        out[0] = self._feature
+        tokens = [torch.tensor([root], device=device)]  # per depth: [n_d]
+        scores = [torch.zeros(1, dtype=torch.float64, device=device)]
+        feats = self._feature[None]  # [E, H] outputs of the nodes expanded at this depth
         for step in plan:
-            if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head
-                run, allowed = step["run"], step["allowed"]
-                out[run] = self._step(out[step["run_parent"]], tokens[run], allowed, step["depth"] - 1)
-            values, ids = self._top(out[step["expand"]], step["need"])  # [E, need] each
-            nodes, pick = step["nodes"], step["pick"]  # [n_d] each: pick = row * need + rank
-            tokens[nodes] = self._to_target(ids.reshape(-1)[pick])
-            scores[nodes] = scores[step["node_parents"]] + values.reshape(-1)[pick].double()
-        return tokens, self._parents_on_device, scores
+            if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
+                inputs = feats[step["parent_rows"]]  # [E, H] their parents' outputs
+                feats = self._step(inputs, tokens[-1][step["run_local"]], step["allowed"], step["depth"] - 1)
+            values, ids = self._top(feats, step["need"])  # [E, need] each
+            pick = step["pick"]  # [n_d]: row * need + rank
+            tokens.append(self._to_target(ids.reshape(-1)[pick]))
+            scores.append(scores[-1][step["parent_local"]] + values.reshape(-1)[pick].double())
+        return torch.cat(tokens), self._parents_on_device, torch.cat(scores)
 
     def _static_plan(self) -> list[dict]:
         """Per depth (precomputed once): nodes, their parents' rows, ranks, and the head run + mask."""
@@ -316,14 +318,23 @@ class EagleDrafter(Drafter):
         slot: dict[int, int] = {}  # node -> speculative slot
         plan = []
         as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        first = {d: depth.index(d) for d in set(depth)}  # nodes of a depth are contiguous from here
+        prev_expand: list[int] = [0]
         for d in range(1, max(depth) + 1):
             nodes = [i for i in range(st.size) if depth[i] == d]
+            assert nodes == list(range(first[d], first[d] + len(nodes))), "static trees come depth by depth"
             expand = sorted({parents[i] for i in nodes})
             row = {p: r for r, p in enumerate(expand)}
             need = max(rank[i] for i in nodes) + 1
+            prev_row = {p: r for r, p in enumerate(prev_expand)}
             step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
                     "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
-                    "node_parents": as_long([parents[i] for i in nodes])}  # fmt: skip
+                    "node_parents": as_long([parents[i] for i in nodes]),
+                    # the same, local: parents' rows in the previous depth's block and expanded rows
+                    "parent_local": as_long([parents[i] - first[d - 1] for i in nodes]),
+                    "run_local": as_long([p - first[d - 1] for p in expand]),
+                    "parent_rows": as_long([prev_row[parents[p]] for p in expand] if d >= 2 else [])}  # fmt: skip
+            prev_expand = expand
             if d >= 2:  # the expanded nodes sit at depth d - 1 >= 1: run them now
                 base = len(slot)
                 allowed = torch.zeros(len(expand), base + len(expand), dtype=torch.bool)

@@ -149,6 +149,29 @@ def test_static_chain_matches_training_unroll(target, kind) -> None:
         assert (wrong[1:] - scores[1:]).abs().max() > 1e-3
 
 
+# Branches off second children at every depth: a node's features come from a parent that is not the
+# first node expanded at its depth (a wrong row there drafts from another branch).
+BRANCHY = [[0], [1], [0, 0], [1, 0], [1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_static_tree_nodes_follow_the_training_unroll(target, kind) -> None:
+    head = make_head(target, kind)
+    drafter = EagleDrafter(head, tree=BRANCHY)
+    stream = Stream(head, 8, seed=5)
+    drafter.start(stream.tokens, stream.states, 4)
+    tree = drafter.propose(4, GREEDY, None).tree
+    tokens = tree.tokens.tolist()
+    for node, choice in enumerate(sorted(BRANCHY, key=lambda c: (len(c), c)), start=1):
+        path = [tokens[i] for i in path_to_node(tree.parents, node)[1:]]
+        scores, argmax = chain_scores(head, stream, 4, path)
+        # the node's score is its path's cumulative log-prob under the unroll, and a first child is
+        # the unroll's argmax after its parent's path
+        assert abs(float(scores[-1]) - float(drafter.last_scores[node])) < 1e-4, (node, choice)
+        if choice[-1] == 0:
+            assert path[-1] == int(argmax[-1]), (node, choice)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_dynamic_tree_shape_and_path_scores(target, kind) -> None:
     head = make_head(target, kind)
