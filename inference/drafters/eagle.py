@@ -166,14 +166,13 @@ class EagleDrafter(Drafter):
         features = self._features(hidden, tokens.numel())  # [1, K, H]
         next_ids = torch.cat([tokens[1:], tokens.new_tensor([int(next_token)])])[None]  # [1, K]
         self._ensure_room(tokens.numel())
+        k, c = tokens.numel(), self._committed
+        # causal after the C committed entries; with fixed shapes (compiled drafting: eager here, K
+        # varies) over the whole buffer
+        columns = self._cache.max_length if self._cache.static_shapes else c + k
+        mask, positions = causal_inputs_static(k, c, columns, self.head.fc.weight.dtype, device)
         with torch.no_grad():
-            if self._cache.static_shapes:  # eager (K varies), over the whole buffer
-                mask, positions = causal_inputs_static(
-                    tokens.numel(), self._committed, self._cache.max_length, self.head.fc.weight.dtype, device
-                )
-                out = self.head_step(features, next_ids, mask, positions, self._cache)  # [1, K, H]
-            else:
-                out = self.head_step(features, next_ids, past_key_values=self._cache)  # [1, K, H]
+            out = self.head_step(features, next_ids, mask, positions, self._cache)  # [1, K, H]
         self._committed += tokens.numel()
         self._cache.set_length(self._committed)
         self._feature = out[0, -1]
