@@ -2,6 +2,7 @@
 
     python scripts/bench_overhead.py --drafter outputs/eagle3-demo/head
     python scripts/bench_overhead.py --drafter outputs/bench-heads/medusa2/head --prompts 12
+    python scripts/bench_overhead.py --drafter outputs/eagle3-demo/head@tree=tree.json  # a fixed tree
 
 Decodes a prompt set greedily twice on the same loaded target, plain and with the drafter, taking
 turns prompt by prompt. Timers wrap the target's forward (the runner's one model call per pass) and
@@ -23,6 +24,7 @@ from pathlib import Path
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_options
 
 
 class Timers:
@@ -87,13 +89,17 @@ def decode(gen, chats, max_new: int) -> tuple[float, int, int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=str(demo_asset("target")))
-    p.add_argument("--drafter", required=True, help="a head directory or any --drafter spec of benchmark.py")
+    p.add_argument(
+        "--drafter", required=True,
+        help="a head directory or any other drafter, with options as in benchmark.py: HEAD@tree=tree.json",
+    )  # fmt: skip
     p.add_argument("--prompt-set", default="demo")
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
     args = p.parse_args(argv)
-    gen = SpeculativeGenerator.from_pretrained(args.target, args.drafter)
+    path, options = drafter_options(args.drafter)
+    gen = SpeculativeGenerator.from_pretrained(args.target, path, **options)
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)
     tok = gen.tokenizer
     chats = [
@@ -117,8 +123,8 @@ def main(argv=None) -> int:
     target = (spec_t.spent["target"] - spec_t.spent["prefill_target"]) / s_passes
     draft_net = spec_t.spent["draft_net"] / s_passes
     engine = s_wall / s_passes - target - draft_net
-    depth = getattr(gen.drafter, "_static", None)
-    depths = int(depth.depth.max()) if depth is not None else getattr(gen.drafter, "depth", None)
+    static = getattr(gen.drafter, "_static", None)  # EAGLE: static tree, else the dynamic depth
+    depths = int(static.depth.max()) if static is not None else getattr(gen.drafter, "depth", None)
     row = {
         "drafter": args.drafter, "tree": (gen.calibration or {}).get("choices"),
         "plain_step_ms": 1e3 * step, "tau": (s_tokens - len(chats)) / s_passes,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from spechead.inference.evaluation import (
     summarize,
 )
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_options
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category, render
 
 DEMO_HEADS = {
@@ -114,34 +114,6 @@ def parse(argv=None) -> argparse.Namespace:
     ):
         p.error(f"--hf-early-exit takes auto, none or a layer number >= 1, got {args.hf_early_exit!r}")
     return args
-
-
-WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings
-
-
-def drafter_options(spec: str) -> tuple[str, dict]:
-    """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, a draft-model rule
-    (`iid`, `without_replacement`, `deterministic`), a width per depth like `4x2x2x1`, or a tree file
-    (tree.json or a JSON list of rank paths) for `tree=` (EAGLE, draft model) / `choices=` (Medusa)."""
-    path, _, opts = spec.partition("@")
-    options: dict = {}
-    for item in filter(None, opts.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"drafter option {item!r}: use key=value, e.g. top_k=8 or tree=tree.json")
-        if value.lstrip("-").isdigit():
-            options[key] = int(value)
-        elif value in WORDS or re.fullmatch(r"\d+(x\d+)+", value) or re.fullmatch(r"\d+([+-]\d+)+", value):
-            options[key] = value  # a width per depth (4x2x2x1) or layers to skip (2+3+6, 4-7)
-        elif Path(value).is_file():
-            loaded = json.loads(Path(value).read_text())
-            options[key] = loaded["choices"] if isinstance(loaded, dict) else loaded
-        else:
-            raise ValueError(
-                f"drafter option {item!r}: the value must be an integer, dynamic or a tree file, a draft-model "
-                f"rule ({', '.join(WORDS[1:])}), a width per depth like 4x2x2x1 or layers like 2+3+6"
-            )
-    return path, options
 
 
 def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: DecodeSettings) -> dict:
