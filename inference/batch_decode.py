@@ -22,7 +22,8 @@ from torch import nn
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.batch import BatchRunner
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
-from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
+from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
+from spechead.inference.stops import until_stop
 
 
 @dataclass
@@ -38,23 +39,6 @@ class _Row:
     root: int = 0
     pending: list[int] = field(default_factory=list)
     verified: bool = False  # whether `pending` came from a verify pass (the prefill emits the first root)
-
-
-def pick(logits: torch.Tensor, params: SamplingParams, generator) -> int:
-    """The target's own next token from logits [V] (argmax, or a sample)."""
-    if params.is_greedy:
-        return int(logits.argmax())
-    return sample(target_probs(logits, params), generator)
-
-
-def until_stop(tokens: list[int], eos: set[int], room: int) -> list[int]:
-    """tokens up to and including the first EOS, and at most `room` of them."""
-    out = []
-    for t in tokens[: max(room, 0)]:
-        out.append(t)
-        if t in eos:
-            break
-    return out
 
 
 def accept_rows(

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from spechead.heads import DraftHead
-from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+from spechead.inference.generator import GenerationStats, SpeculativeGenerator, pooled_tau
 from spechead.inference.loading import drafter_for_head
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category
 
@@ -71,7 +71,7 @@ class Tally:
     @property
     def tau(self) -> float:
         """Emitted tokens per target verification pass, pooled over every pass of every call added."""
-        return sum(self.lengths) / max(len(self.lengths), 1)
+        return pooled_tau(self.lengths)
 
     @property
     def tokens_per_s(self) -> float:

@@ -21,8 +21,15 @@ from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_acce
 from spechead.inference.batch_decode import decode_batch
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
-from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
+from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
+from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.tree import TokenTree
+
+
+def pooled_tau(accept_lengths: Sequence[int]) -> float:
+    """tau: emitted tokens per target verification pass (accepted drafts + 1 each), POOLED: all
+    emitted tokens over all passes, as vLLM and SGLang count acceptance length (not a mean of taus)."""
+    return sum(accept_lengths) / max(len(accept_lengths), 1)
 
 
 @dataclass
@@ -52,7 +59,7 @@ class GenerationStats:
 
     @property
     def tau(self) -> float:
-        return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
+        return pooled_tau(self.accept_lengths)
 
     @property
     def tokens_per_s(self) -> float:
@@ -116,7 +123,7 @@ class SpeculativeGenerator:
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
             if compile:
                 drafter.use_compile(compile)
-        self.eos = _eos_ids(target, tokenizer)
+        self.eos = eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size
         self.tree_accuracy: torch.Tensor | None = None
@@ -284,12 +291,6 @@ class SpeculativeGenerator:
                 f"context of {self.context} tokens: shorten the prompt or lower max_new_tokens"
             )
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator) -> int:
-        """The target's own next token from logits [V] (argmax, or a sample)."""
-        if params.is_greedy:
-            return int(logits.argmax())
-        return sample(target_probs(logits, params), generator)
-
     @torch.no_grad()
     def _decode(
         self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats
@@ -302,7 +303,7 @@ class SpeculativeGenerator:
         clock = _Clock(self.target.device)
         generator = make_generator(params.seed, self.target.device)  # multinomial needs it on the same device
         logits, hidden = runner.prefill(prompt[None])  # [1, V], {l: [1, T, H]}
-        root = self._pick(logits[0], params, generator)
+        root = pick(logits[0], params, generator)
         if drafter:
             drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
         clock.mark("prefill")
@@ -310,7 +311,7 @@ class SpeculativeGenerator:
         accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
         verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
-            out = _until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
+            out = until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
             stats.new_tokens += len(out)
             if verified:
                 stats.accept_lengths.append(len(out))
@@ -329,7 +330,7 @@ class SpeculativeGenerator:
             clock.mark("draft")
             logits, hidden = runner.verify(tree.tokens[None], tree.parents[None])  # [1, N, V], {l: [1, N, H]}
             if tree.size == 1:  # plain decoding (or an empty draft): the target's own next token
-                acc = Acceptance(path=[0], next_token=self._pick(logits[0, 0], params, generator))
+                acc = Acceptance(path=[0], next_token=pick(logits[0, 0], params, generator))
             elif params.is_greedy and logits.device.type == "cpu":  # host = device: a list walk is cheapest
                 acc = greedy_accept(tree, logits[0])
             elif params.is_greedy:  # on an accelerator: on the device, one host round trip
@@ -397,26 +398,6 @@ def _per_row(value, batch: int, name: str) -> list:
             raise ValueError(f"{name} has {len(value)} values for {batch} prompts")
         return list(value)
     return [value] * batch
-
-
-def _until_stop(tokens: list[int], eos: set[int], room: int) -> list[int]:
-    """tokens up to and including the first EOS, and at most `room` of them."""
-    out = []
-    for t in tokens[: max(room, 0)]:
-        out.append(t)
-        if t in eos:
-            break
-    return out
-
-
-def _eos_ids(target: PreTrainedModel, tokenizer) -> set[int]:
-    ids = set()
-    for value in (getattr(target.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    return ids
 
 
 def _load(cls, *args, **kwargs):

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spechead.heads import DraftHead, MedusaHead, load_head
 from spechead.heads.base import resolve_head_dir
+from spechead.heads.dtypes import DTYPES
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
@@ -27,7 +28,6 @@ DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "
 # Drafters without weights, by name (options are their constructor's keyword arguments).
 BUILTIN_DRAFTERS = {"prompt_lookup": PromptLookupDrafter, "lookahead": LookaheadDrafter}
 CASCADE_OPTIONS = ("num_draft", "tiny_draft")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _config_of(name: str, revision: str | None) -> dict:

@@ -71,3 +71,10 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token id from probs [V] (need not be normalised; generator on probs' device)."""
     return int(torch.multinomial(probs.float(), 1, generator=generator).item())
+
+
+def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """The target's own next token from logits [V]: the argmax (greedy), else a sample of target_probs."""
+    if params.is_greedy:
+        return int(logits.argmax())
+    return sample(target_probs(logits, params), generator)

@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from spechead.heads import HeadError, load_head
+from spechead.heads.dtypes import DTYPES
 from spechead.heads.formats import FORMATS, export_formats, export_head
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -32,9 +32,8 @@ from spechead.data.conversations import DataConfig, load_conversations
 from spechead.data.errors import DataError
 from spechead.data.regenerate import RegenerateSettings, regenerate_into, run_key
 from spechead.data.resumable_jsonl import ResumableJsonl
+from spechead.heads.dtypes import DTYPES
 from spechead.inference.devices import check_device
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

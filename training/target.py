@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from spechead.heads.base import resolve_layers
 from spechead.heads.capture import capture_hidden
+from spechead.heads.dtypes import DTYPES
 from spechead.training.errors import TrainError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 

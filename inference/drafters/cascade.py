@@ -27,6 +27,7 @@ from spechead.inference.drafters.base import Draft, Drafter, chain
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.kv_cache import cache_length, keep_positions
 from spechead.inference.sampling import SamplingParams, target_probs
+from spechead.inference.stops import eos_ids, until_stop
 
 
 class CascadeDrafter(Drafter):
@@ -51,7 +52,7 @@ class CascadeDrafter(Drafter):
         self.tiny = DraftModelDrafter(tiny, tiny_draft)  # a chain, rule "iid" under sampling
         self.num_draft, self.tiny_draft = num_draft, tiny_draft
         self.max_nodes = num_draft + 1
-        self.eos = _eos_ids(medium)  # the chain stops there: tokens after an EOS are never emitted
+        self.eos = eos_ids(medium)  # the chain stops there: tokens after an EOS are never emitted
         self.cache: DynamicCache | None = None  # the medium's: a prefix of context + chain
         self.context: list[int] = []  # tokens in the target's cache (the root not yet)
         self.medium_passes = 0  # medium forwards, for diagnostics (tokens per medium pass)
@@ -89,7 +90,7 @@ class CascadeDrafter(Drafter):
             seq += tokens
             if self.eos.intersection(tokens):
                 break
-        drafted = _until_eos(seq[start : start + self.num_draft], self.eos)
+        drafted = until_stop(seq[start : start + self.num_draft], self.eos)
         tree = chain(drafted, root)
         if sampling.is_greedy or not drafted:
             return Draft(tree)
@@ -124,22 +125,3 @@ class CascadeDrafter(Drafter):
         self.medium_tokens += len(acc.path)
         rows = [] if p is None else [p[i] for i in acc.path]
         return [*accepted[1:].tolist(), acc.next_token], rows
-
-
-def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """tokens up to and including the first EOS."""
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens
-
-
-def _eos_ids(model: PreTrainedModel) -> set[int]:
-    """The model's EOS ids (generation config, else config), as a set."""
-    gen = getattr(model, "generation_config", None)
-    value = getattr(gen, "eos_token_id", None)
-    if value is None:
-        value = getattr(model.config, "eos_token_id", None)
-    if value is None:
-        return set()
-    return {int(value)} if isinstance(value, int) else {int(v) for v in value}

@@ -4,7 +4,6 @@ with the chain's rule (the medium's verified tokens with the medium's own q); wr
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from spechead.inference.drafters.base import Draft, chain
 from spechead.inference.drafters.cascade import CascadeDrafter
 from spechead.inference.drafters.row_loop import clone_drafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import cascade_models
+from spechead.inference.loading import cascade_models, drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 
 from .test_draft_model_tree import (
@@ -26,8 +25,6 @@ from .test_draft_model_tree import (
     prompts,
     sharpened,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -126,12 +123,7 @@ def test_bad_options(setup):
 
 def test_spec_from_the_cli_and_from_pretrained(tiny_target_dir):
     """`--drafter NAME=cascade:TINY+MEDIUM@num_draft=..,tiny_draft=..` (benchmark) and from_pretrained."""
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    path, options = bench.drafter_options(
-        f"cascade:{tiny_target_dir}+{tiny_target_dir}@num_draft=3,tiny_draft=2"
-    )
+    path, options = drafter_options(f"cascade:{tiny_target_dir}+{tiny_target_dir}@num_draft=3,tiny_draft=2")
     assert options == {"num_draft": 3, "tiny_draft": 2}
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), path, **options)
     assert isinstance(gen.drafter, CascadeDrafter) and gen.drafter.num_draft == 3

@@ -5,18 +5,16 @@ distribution under rules A, B and C (children drawn i.i.d. or without replacemen
 from __future__ import annotations
 
 import copy
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from spechead.inference.drafters.draft_model import DraftModelDrafter, parse_width, width_tree
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import children, path_to_node
 
-ROOT = Path(__file__).resolve().parents[2]
 SHAPES = {
     "chain": {"num_draft": 4},
     "widths": {"width": "3x2x2x1"},
@@ -139,13 +137,10 @@ def test_tree_nodes_match_sequential_draft_runs(setup, shape, temperature):
 
 def test_options_reach_the_drafter_from_a_spec(tiny_target_dir):
     """`--drafter NAME=DRAFT@width=...,rule=...` (benchmark) and from_pretrained keyword options."""
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    path, options = bench.drafter_options(f"{tiny_target_dir}@width=3x2,rule=without_replacement,num_draft=2")
+    path, options = drafter_options(f"{tiny_target_dir}@width=3x2,rule=without_replacement,num_draft=2")
     assert options == {"width": "3x2", "rule": "without_replacement", "num_draft": 2}
     with pytest.raises(ValueError, match="width per depth"):
-        bench.drafter_options("d@rule=without-replacement")
+        drafter_options("d@rule=without-replacement")
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), path, **options)
     assert gen.drafter.rule == "without_replacement" and gen.drafter.shape.size == 1 + 3 + 6
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)

@@ -5,9 +5,7 @@ exact distribution (rules A, B, C) while a wrong rule does not, batches, specs a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from transformers import DynamicCache, LlamaForCausalLM
 from spechead.inference.drafters.layer_skip import LayerSkipDrafter, default_skip, parse_layers, skip_view
 from spechead.inference.drafters.layer_skip_file import is_self_spec, save_drafter_file
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_options
 from spechead.inference.runner import TargetRunner
 from spechead.inference.sampling import SamplingParams
 
@@ -23,7 +22,6 @@ from .test_batch import MAX_NEW, PROMPTS
 from .test_draft_model_tree import passes_per_token, plain_greedy, prompts, sampling_tv, sharpened
 from .test_generator import TopChildrenClaimingIid
 
-ROOT = Path(__file__).resolve().parents[2]
 DRAFTERS = {
     "skip_default": {},
     "skip_two": {"skip_layers": "1+2"},
@@ -234,11 +232,8 @@ def test_generate_batch_rows_equal_batch1(setup, options):
 
 def test_specs_and_drafter_files(tiny_target_dir, tmp_path):
     """`--drafter` specs (benchmark's option parser, generate.py's whole string) and the drafter file."""
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     target = str(tiny_target_dir)
-    path, options = bench.drafter_options("layer_skip@skip=1+2,num_draft=2")
+    path, options = drafter_options("layer_skip@skip=1+2,num_draft=2")
     assert (path, options) == ("layer_skip", {"skip": "1+2", "num_draft": 2})
     gen = SpeculativeGenerator.from_pretrained(target, path, **options)
     assert gen.drafter.skip_layers == (1, 2) and gen.drafter.num_draft == 2

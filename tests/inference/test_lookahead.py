@@ -4,9 +4,6 @@ their batch-1 runs. Generator tests run on both cache back-ends (conftest.py).""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -21,12 +18,12 @@ from spechead.inference.drafters.lookahead import (
     window_nodes,
 )
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import ancestor_mask, depths, path_to_node
 
 from .test_generator import PARAMS, PROMPT, plain_greedy, prompts, sampling_tv
 
-ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = {
     "default": {},
     "wide": {"window": 7, "ngram": 5, "candidates": 8},
@@ -302,10 +299,7 @@ def test_batch_rows_equal_their_batch1_runs(setup):
 
 
 def test_options_reach_the_drafter_from_a_spec(tiny_target_dir):
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    path, options = bench.drafter_options("lookahead@window=3,ngram=5,candidates=2")
+    path, options = drafter_options("lookahead@window=3,ngram=5,candidates=2")
     assert (path, options) == ("lookahead", {"window": 3, "ngram": 5, "candidates": 2})
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), path, **options)
     drafter = gen.drafter
