@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -165,3 +167,17 @@ def fake_hub():
         spec.loader.exec_module(sys.modules[name])
     with sys.modules[name].FakeHub() as hub:
         yield hub
+
+
+@pytest.fixture(scope="session")
+def script():
+    """`script("benchmark")`: scripts/benchmark.py loaded as a fresh module (scripts are not a package)."""
+    import importlib.util
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,19 +10,12 @@ from .test_benchmark import medusa_dir, prompt_file  # noqa: F401  (fixture)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_batch_script", ROOT / "scripts" / "bench_batch.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_batch_lines_and_json(tiny_target_dir, medusa_dir, tmp_path, capsys):  # noqa: F811
+def test_bench_batch_lines_and_json(script, tiny_target_dir, medusa_dir, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "bb"
     argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}", "--batch-size", "1", "3",
             "--prompt-set", str(prompt_file(tmp_path / "p.jsonl")), "--max-new-tokens", "10",
             "--out", str(out)]  # fmt: skip
-    assert load_script().main(argv) == 0
+    assert script("bench_batch").main(argv) == 0
     text = capsys.readouterr().out
     assert "medusa     B=1" in text and "medusa     B=3" in text
     rows = json.loads((out / "bench_batch.json").read_text())["rows"]

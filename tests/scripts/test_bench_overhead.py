@@ -3,7 +3,6 @@ engine, each measured where it happens (wrapped calls), and the JSON holds every
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,13 +13,6 @@ from transformers import AutoModelForCausalLM
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_overhead", ROOT / "scripts" / "bench_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +32,14 @@ def prompts(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "prompt_lookup"])
-def test_pass_splits_into_target_draft_and_engine(tiny_target_dir, eagle3_dir, tmp_path, capsys, drafter):
+def test_pass_splits_into_target_draft_and_engine(
+    script, tiny_target_dir, eagle3_dir, tmp_path, capsys, drafter
+):
     out = tmp_path / "split.json"
     spec = str(eagle3_dir) if drafter == "eagle3" else drafter
     argv = ["--target", str(tiny_target_dir), "--drafter", spec, "--prompt-set", str(prompts(tmp_path / "p.jsonl")),
             "--max-new-tokens", "10", "--out", str(out)]  # fmt: skip
-    assert load_script().main(argv) == 0
+    assert script("bench_overhead").main(argv) == 0
     printed = capsys.readouterr().out
     row = json.loads(out.read_text())
     assert "engine" in printed and row["plain_step_ms"] > 0 and row["tau"] >= 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,13 +15,6 @@ from spechead.inference.generator import GenerationStats
 from spechead.inference.report import TAU_NOTE, render
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +39,13 @@ def prompt_file(path: Path) -> Path:
     return path
 
 
-def test_benchmark_writes_table_json_and_plots(tiny_target_dir, medusa_dir, tmp_path, capsys):
+def test_benchmark_writes_table_json_and_plots(script, tiny_target_dir, medusa_dir, tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}",
             "--drafter", "lookup=prompt_lookup@num_draft=4", "--prompt-set", str(prompt_file(tmp_path / "p.jsonl")),
             "--max-new-tokens", "12", "--repeats", "2", "--warmup", "1",
             "--assistant", str(tiny_target_dir), "--out", str(out)]  # fmt: skip
-    assert load_script().main(argv) == 0
+    assert script("benchmark").main(argv) == 0
     table = capsys.readouterr().out
     assert "| medusa |" in table and "| hf_assisted |" in table and "tau, pooled per category" in table
     assert "| drafter | tau (pooled) |" in table and TAU_NOTE in table
@@ -87,12 +79,12 @@ def test_benchmark_writes_table_json_and_plots(tiny_target_dir, medusa_dir, tmp_
     assert (out / "decoding.md").read_text().startswith("plain decoding:")
 
 
-def test_benchmark_sampling(tiny_target_dir, medusa_dir, tmp_path):
+def test_benchmark_sampling(script, tiny_target_dir, medusa_dir, tmp_path):
     out = tmp_path / "bench"
     argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}", "--prompt-set", "demo",
             "--prompts", "2", "--max-new-tokens", "8", "--temperature", "0.8", "--top-p", "0.9", "--no-hf",
             "--out", str(out)]  # fmt: skip
-    assert load_script().main(argv) == 0
+    assert script("benchmark").main(argv) == 0
     report = json.loads((out / "decoding.json").read_text())
     assert report["rows"][0]["greedy_mismatches"] is None  # sampled outputs are not compared
     assert report["settings"]["temperature"] == 0.8 and report["hf_baselines"] == []
@@ -143,26 +135,26 @@ def test_greedy_mismatch_is_counted_and_shown():
         (["--drafter", "m=prompt_lookup@depth=x"], "must be an integer, dynamic or a tree file"),
     ],
 )
-def test_benchmark_bad_input(tiny_target_dir, tmp_path, capsys, argv, needle):
+def test_benchmark_bad_input(script, tiny_target_dir, tmp_path, capsys, argv, needle):
     argv = ["--target", str(tiny_target_dir), "--prompts", "1", "--max-new-tokens", "2", "--no-hf",
             "--out", str(tmp_path), *argv]  # fmt: skip
-    assert load_script().main(argv) == 2
+    assert script("benchmark").main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error:") and needle in err[-1]
 
 
-def test_drafter_options_parse_tree_files(tmp_path):
+def test_drafter_options_parse_tree_files(script, tmp_path):
     tree = tmp_path / "tree.json"
     tree.write_text('{"choices": [[0], [1], [0, 0]]}')
-    path, options = load_script().drafter_options(f"heads/x@tree={tree},top_k=4")
+    path, options = script("benchmark").drafter_options(f"heads/x@tree={tree},top_k=4")
     assert path == "heads/x" and options == {"tree": [[0], [1], [0, 0]], "top_k": 4}
-    assert load_script().drafter_options("h@tree=dynamic") == ("h", {"tree": "dynamic"})
+    assert script("benchmark").drafter_options("h@tree=dynamic") == ("h", {"tree": "dynamic"})
 
 
-def test_assistant_defaults_to_the_demo_draft_for_the_demo_target(tiny_target_dir):
+def test_assistant_defaults_to_the_demo_draft_for_the_demo_target(script, tiny_target_dir):
     from spechead.configs import demo_asset
 
-    script = load_script()
+    script = script("benchmark")
     assert script._assistant(script.parse([])) == demo_asset("draft")  # the demo target is the default
     assert script._assistant(script.parse(["--target", str(tiny_target_dir)])) is None
     assert script._assistant(script.parse(["--assistant", "none"])) is None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -17,13 +16,6 @@ from spechead.inference.tree import tree_from_choices
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("build_tree_script", ROOT / "scripts" / "build_tree.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture()
 def head_dir(tmp_path, tiny_target_dir) -> Path:
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
@@ -36,12 +28,12 @@ def head_dir(tmp_path, tiny_target_dir) -> Path:
     return head.save_pretrained(tmp_path / "head")
 
 
-def test_build_tree_end_to_end(tiny_target_dir, head_dir, tmp_path, capsys):
+def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello", "Add 2 and 3.", "Paris?")))
     argv = ["--target", str(tiny_target_dir), "--head", str(head_dir), "--nodes", "7",
             "--prompts", "2", "--prompts-file", str(prompts), "--max-new-tokens", "10", "--topk", "4"]  # fmt: skip
-    assert load_script().main(argv) == 0
+    assert script("build_tree").main(argv) == 0
     out = capsys.readouterr().out
     assert "expected accept length: chosen" in out and "measured tau, chosen tree" in out
 
@@ -65,20 +57,20 @@ def test_build_tree_end_to_end(tiny_target_dir, head_dir, tmp_path, capsys):
     # With a hardware cost profile (scripts/benchmark.py's JSON) the node count is chosen for speed.
     profile = tmp_path / "decoding.json"
     profile.write_text(json.dumps({"t_step_ms": 4.0, "verify_ms_by_size": {"1": 4.0, "2": 400.0}}))
-    assert load_script().main([*argv, "--cost-profile", str(profile), "--no-check"]) == 0
+    assert script("build_tree").main([*argv, "--cost-profile", str(profile), "--no-check"]) == 0
     saved = json.loads((head_dir / "tree.json").read_text())
     assert len(saved["choices"]) == 1 and saved["expected_speedup"] > 0  # verification this dear: one node
 
 
-def test_build_tree_demo_prompts_and_errors(tiny_target_dir, head_dir, capsys):
-    script = load_script()
+def test_build_tree_demo_prompts_and_errors(script, tiny_target_dir, head_dir, capsys):
+    script = script("build_tree")
     prompts, source = script.load_prompts(5, None)
     assert len(prompts) == 5 and all(prompts) and "seed=123" in source
     argv = ["--target", str(tiny_target_dir), "--head", str(head_dir / "missing"), "--prompts", "1"]
     assert script.main(argv) == 2 and "not a local directory" in capsys.readouterr().err
 
 
-def test_build_tree_for_an_eagle3_head(tiny_target_dir, tmp_path, capsys):
+def test_build_tree_for_an_eagle3_head(script, tiny_target_dir, tmp_path, capsys):
     """EAGLE heads get a static tree from measured accuracy by draft step; decoding then uses it."""
     from spechead.heads import Eagle3Config, Eagle3Head
 
@@ -88,7 +80,7 @@ def test_build_tree_for_an_eagle3_head(tiny_target_dir, tmp_path, capsys):
     head_dir = head.save_pretrained(tmp_path / "eagle3")
     argv = ["--target", str(tiny_target_dir), "--head", str(head_dir), "--nodes", "6", "--prompts", "2",
             "--max-new-tokens", "12", "--topk", "3", "--depth", "3"]  # fmt: skip
-    assert load_script().main(argv) == 0
+    assert script("build_tree").main(argv) == 0
     out = capsys.readouterr().out
     assert "measured tau, default tree (dynamic)" in out and "measured tau, chosen tree" in out
     saved = json.loads((head_dir / "tree.json").read_text())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -20,16 +19,9 @@ from spechead.data import hidden_cache as hc
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("cache_script", ROOT / "scripts" / "cache_hidden_states.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def script():
-    return load_script()
+def script(script):
+    return script("cache_hidden_states")
 
 
 def args(target: Path, chats: Path, cache: Path, *extra: str) -> list[str]:

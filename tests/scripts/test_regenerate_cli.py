@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,13 +17,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("regenerate_script", ROOT / "scripts" / "regenerate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def cli(*args: str, background: bool = False) -> subprocess.Popen | subprocess.CompletedProcess:
     cmd = [sys.executable, str(ROOT / "scripts" / "regenerate.py"), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -37,8 +29,10 @@ def rows(path: Path) -> list[list[dict]]:
     return [json.loads(line)["messages"] for line in path.read_text().splitlines()]
 
 
-def test_regenerates_continues_and_refuses_other_settings(tiny_target_dir, chat_file, tmp_path, capsys):
-    main = load_script().main
+def test_regenerates_continues_and_refuses_other_settings(
+    script, tiny_target_dir, chat_file, tmp_path, capsys
+):
+    main = script("regenerate").main
     base = ["--target", str(tiny_target_dir), "--data", str(chat_file), "--max-new-tokens", "6",
             "--batch-size", "4", "--temperature", "0.8", "--seed", "1"]  # fmt: skip
     out, whole = tmp_path / "regen.jsonl", tmp_path / "whole.jsonl"
@@ -63,7 +57,7 @@ def test_regenerates_continues_and_refuses_other_settings(tiny_target_dir, chat_
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_same_file(tiny_target_dir, chat_file, tmp_path):
+def test_killed_run_resumes_to_the_same_file(script, tiny_target_dir, chat_file, tmp_path):
     args = ["--target", str(tiny_target_dir), "--data", str(chat_file), "--batch-size", "4",
             "--max-new-tokens", "16", "--temperature", "1.0"]  # fmt: skip
     killed = tmp_path / "killed.jsonl"
@@ -81,7 +75,7 @@ def test_killed_run_resumes_to_the_same_file(tiny_target_dir, chat_file, tmp_pat
     resumed = cli(*args, "--out", str(killed))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     whole = tmp_path / "whole.jsonl"
-    assert load_script().main([*args, "--out", str(whole)]) == 0
+    assert script("regenerate").main([*args, "--out", str(whole)]) == 0
     assert killed.read_bytes() == whole.read_bytes() and len(rows(whole)) == 48
 
 
@@ -109,7 +103,7 @@ def no_template_target(tiny_target_dir: Path, tmp_path: Path) -> Path:
         ("no_cuda", "--device cuda: CUDA is not available"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(case, message, tiny_target_dir, chat_file, tmp_path, capsys):
+def test_bad_input_is_one_line_exit_2(script, case, message, tiny_target_dir, chat_file, tmp_path, capsys):
     target, data, out, extra = tiny_target_dir, chat_file, tmp_path / "out.jsonl", []
     if case == "missing_data":
         data = tmp_path / "nope.jsonl"
@@ -133,6 +127,8 @@ def test_bad_input_is_one_line_exit_2(case, message, tiny_target_dir, chat_file,
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
         extra = ["--device", "cuda"]
-    code = load_script().main(["--target", str(target), "--data", str(data), "--out", str(out), *extra])
+    code = script("regenerate").main(
+        ["--target", str(target), "--data", str(data), "--out", str(out), *extra]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: ") and message in err[-1], err

@@ -4,7 +4,6 @@ file loads through from_pretrained and decodes exactly as plain greedy decoding)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -23,13 +22,6 @@ from spechead.inference.skip_search import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("search_skip_script", ROOT / "scripts" / "search_skip.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_chain_replay_on_hand_made_matches():
@@ -80,11 +72,11 @@ def test_predicted_tau_equals_decoded_tau(tiny_llama, chatml_tokenizer, skip, k)
     assert pooled_tau(matches, k) > 1.0
 
 
-def test_script_end_to_end(tiny_target_dir, tmp_path, capsys):
+def test_script_end_to_end(script, tiny_target_dir, tmp_path, capsys):
     out = tmp_path / "skip.json"
     argv = ["--target", str(tiny_target_dir), "--prompts", "3", "--max-new-tokens", "10", "--max-draft", "2",
             "--beam", "2", "--out", str(out)]  # fmt: skip
-    assert load_script().main(argv) == 0
+    assert script("search_skip").main(argv) == 0
     printed = capsys.readouterr().out
     assert "| drafter spec |" in printed and "early_exit@layer=1" in printed and "equal to plain" in printed
     saved = json.loads(out.read_text())
@@ -99,8 +91,8 @@ def test_script_end_to_end(tiny_target_dir, tmp_path, capsys):
     )
 
 
-def test_script_bad_input(tiny_target_dir, tmp_path, capsys):
-    script = load_script()
+def test_script_bad_input(script, tiny_target_dir, tmp_path, capsys):
+    script = script("search_skip")
     with pytest.raises(SystemExit) as err:
         script.main(["--target", str(tiny_target_dir), "--out", str(tmp_path / "skip.txt")])
     assert err.value.code == 2 and "must end in .json" in capsys.readouterr().err
