@@ -328,7 +328,6 @@ class EagleDrafter(Drafter):
             prev_row = {p: r for r, p in enumerate(prev_expand)}
             step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
                     "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
-                    "node_parents": as_long([parents[i] for i in nodes]),
                     # the same, local: parents' rows in the previous depth's block and expanded rows
                     "parent_local": as_long([parents[i] - first[d - 1] for i in nodes]),
                     "run_local": as_long([p - first[d - 1] for p in expand]),
