@@ -77,7 +77,8 @@ def _norm(module: nn.Module, x: Tensor) -> Tensor:
 
 
 class _FusedStep:
-    """The fused step of one head (see the module doc); keeps a cos/sin table per device and dtype."""
+    """The fused step of one head (see the module doc); keeps one cos/sin table, made again when the
+    device, the dtype or the cache size changes."""
 
     def __init__(self, head: nn.Module, layers: list[nn.Module]) -> None:
         self.head, self.layers = head, layers
