@@ -124,7 +124,7 @@ class BatchRunner:
         store.clear()
         self._capture.active = True
         try:
-            out = self.model(past_key_values=cache, use_cache=True, **kwargs)
+            out = self.model(cache=cache, use_cache=True, **kwargs)
         finally:
             self._capture.active = False
         hidden = {req: store[c] for req, c in self.layers.items()}  # [B, T, H] each

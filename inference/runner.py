@@ -185,14 +185,14 @@ class TargetRunner:
     def _forward(self, compiled: bool = False, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
         if compiled:  # states as graph outputs: hooks added after a graph was traced would not run in it
             out = self._compiled(
-                past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs
+                cache=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs
             )
             return out.logits, {req: out.hidden_states[c] for req, c in self.layers.items()}  # [B, T, H]
         store = self._capture.store
         store.clear()
         self._capture.active = True
         try:
-            out = self.model(past_key_values=self.cache, use_cache=True, **kwargs)
+            out = self.model(cache=self.cache, use_cache=True, **kwargs)
         finally:
             self._capture.active = False
         hidden = {req: store[c] for req, c in self.layers.items()}  # [B, T, H] each

@@ -58,7 +58,7 @@ def verify_tree(
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
     hidden = {k: v[0] for k, v in store.items()}  # [N, H] each
@@ -89,7 +89,7 @@ def prefill(
     with capture_hidden(model, hidden_layers) as store:
         out = model(
             input_ids=input_ids.to(device),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )

@@ -201,13 +201,13 @@ def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
     device, cache = next(model.parameters()).device, SlotCache(model.config.num_hidden_layers, ctx + n)
     ids = torch.randint(0, model.config.vocab_size, (b, ctx + n), generator=torch.Generator().manual_seed(b))
     ids = ids.to(device)
-    model(input_ids=ids[:, :ctx], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=ids[:, :ctx], cache=cache, use_cache=True, logits_to_keep=1)
     mask, positions, _ = tree_inputs_on_device(random_parents(n, b).to(device), ctx, torch.bfloat16)
     step_pos = torch.full((b, 1), ctx, dtype=torch.long, device=device)
 
     def forward(tokens: torch.Tensor, **kwargs) -> None:
         cache.set_length(ctx)
-        model(input_ids=tokens, past_key_values=cache, use_cache=True, **kwargs)
+        model(input_ids=tokens, cache=cache, use_cache=True, **kwargs)
 
     step_ms = timer.ms(lambda: forward(ids[:, ctx : ctx + 1], position_ids=step_pos))
     verify_ms = timer.ms(lambda: forward(ids[:, ctx:], attention_mask=mask, position_ids=positions))

@@ -107,7 +107,7 @@ class CascadeDrafter(Drafter):
         fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet
         out = self.medium(
             input_ids=torch.tensor([fed], device=self.medium.device),
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
             logits_to_keep=n,
         )

@@ -169,7 +169,7 @@ class DraftModelDrafter(Drafter):
         device = self.model.device
         out = self.model(
             input_ids=torch.tensor([self.pending], device=device),
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,  # the prompt's [T, V] logits would be wasted (and large)
         )
@@ -294,7 +294,7 @@ class _Grower:
             }  # mask [1, 1, n, C - 1 + M], positions [1, n]; a chain runs as a plain causal step
         out = self.model(
             input_ids=torch.tensor([[self.tok[n] for n in nodes]], device=device),
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
             **kwargs,
         )

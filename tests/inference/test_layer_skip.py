@@ -68,11 +68,9 @@ def test_view_is_the_target_without_the_skipped_layers(setup, skip):
         want = reference(ids).logits  # [1, T, V]
         torch.testing.assert_close(view(ids).logits, want, atol=1e-5, rtol=0)
         cache = DynamicCache(config=view.config)
-        steps = [view(ids[:, :10], past_key_values=cache, use_cache=True).logits]
-        steps += [
-            view(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits for t in range(10, 14)
-        ]
-        steps.append(view(ids[:, 14:], past_key_values=cache, use_cache=True).logits)
+        steps = [view(ids[:, :10], cache=cache, use_cache=True).logits]
+        steps += [view(ids[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(10, 14)]
+        steps.append(view(ids[:, 14:], cache=cache, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(steps, 1), want, atol=1e-5, rtol=0)
     assert len(cache.layers) == 4 - len(skip) and cache.get_seq_length() == ids.shape[1]
 

@@ -77,7 +77,7 @@ def test_tree_logits_equal_plain_paths_then_keep_path(model, seed):
     assert cache_length(cache) == len(prefix) + len(path)
     kept = prefix + tree.tokens[path].tolist()
     more = [7, 8, 60]
-    out = model(torch.tensor([more]), past_key_values=cache, use_cache=True)
+    out = model(torch.tensor([more]), cache=cache, use_cache=True)
     ref_logits, _ = plain(model, kept + more)
     torch.testing.assert_close(out.logits[0], ref_logits[-3:], atol=1e-5, rtol=0)
 
