@@ -25,6 +25,7 @@ from spechead.heads.decoder_layer import (
     layer_config_from,
 )
 from spechead.heads.errors import HeadError
+from spechead.heads.families import Family, register_family
 
 
 def target_fields(target_config: PretrainedConfig) -> dict[str, Any]:
@@ -140,7 +141,7 @@ class EagleHead(DraftHead):
                 hidden,
                 attention_mask=attention_mask4d.to(dtype),
                 position_ids=position_ids,
-                past_key_values=past_key_values,
+                cache=past_key_values,
                 use_cache=past_key_values is not None,
                 position_embeddings=position_embeddings,
             )
@@ -148,7 +149,46 @@ class EagleHead(DraftHead):
 
     step = forward  # the drafting-step name shared with Eagle3Head (see heads/unroll.py)
 
+    def features(self, states: list[Tensor]) -> Tensor:
+        """The head's input features (B, T, H) from its one target layer's states [(B, T, H)]."""
+        return states[0]
+
+    def draft_to_target(self, ids: Tensor) -> Tensor:
+        """Head-vocab ids -> target ids: the same ids (EAGLE-1/2 drafts over the target's vocabulary)."""
+        return ids
+
+    def target_to_draft(self, ids: Tensor) -> Tensor:
+        """Target ids -> head-vocab ids: the same ids."""
+        return ids
+
     def logits(self, features: Tensor) -> Tensor:
         """(B, T, H) -> fp32 logits (B, T, V) through the attached frozen target lm_head."""
         lm_head = self.target_lm_head  # frozen, possibly bf16 while the head trains in fp32
         return lm_head(features.to(lm_head.weight.dtype)).float()
+
+
+def _eagle_work(config: HeadConfig) -> tuple[int, int, int]:
+    """Memory plan: one logit set over the whole vocabulary, num_layers decoder-layer passes."""
+    return 1, config.vocab_size, int(config.num_layers)
+
+
+EAGLE_DRAFTING = dict(  # how EAGLE-1/2 and EAGLE-3 heads draft and are measured (inference/)
+    drafter="spechead.inference.drafters.eagle:EagleDrafter",
+    tree_option="tree",
+    default_tree={"tree": "dynamic"},
+    accuracy="spechead.inference.tree_search:measure_eagle_accuracy",
+    assumed_accuracy="spechead.inference.calibrate:assumed_eagle_accuracy",
+    calibrate_assumed=True,
+    drafts_per_depth=True,
+)
+register_family(
+    Family(
+        name="eagle",
+        head="eagle",
+        summary="EAGLE-1/2 feature head (drafts EAGLE-2 dynamic trees)",
+        tags=("eagle",),
+        recipe="spechead.training.objectives.eagle:RECIPE",
+        work=_eagle_work,
+        **EAGLE_DRAFTING,
+    )
+)

@@ -27,8 +27,9 @@ from spechead.heads.decoder_layer import (
     decoder_layer_class,
     default_positions,
 )
-from spechead.heads.eagle import check_layer_config, target_fields
+from spechead.heads.eagle import EAGLE_DRAFTING, check_layer_config, target_fields
 from spechead.heads.errors import HeadError
+from spechead.heads.families import Family, register_family
 
 # Submodules the midlayer composition uses; a layer with any other (e.g. Gemma's extra feed-forward
 # norms) would be silently run wrong, so it is refused.
@@ -160,6 +161,8 @@ class Eagle3Head(DraftHead):
         dtype = self.fc.weight.dtype
         return self.fc(torch.cat([h.to(dtype) for h in hidden_states], dim=-1))
 
+    features = fuse  # the input-features name shared with EagleHead
+
     def step(
         self,
         hidden: Tensor,
@@ -188,7 +191,7 @@ class Eagle3Head(DraftHead):
             position_embeddings=self.rotary(hidden, position_ids),
             attention_mask=attention_mask4d.to(dtype),
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=past_key_values,
         )
         hidden = hidden + attn_out
         return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -217,3 +220,27 @@ def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
         setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
     layer.hidden_norm = type(layer.input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
     return layer
+
+
+def _eagle3_work(config: HeadConfig) -> tuple[int, int, int]:
+    """Memory plan: one logit set over the draft vocabulary and one layer pass per training-time-test step."""
+    steps = int(config.ttt_steps)
+    return steps, int(config.draft_vocab_size), steps
+
+
+register_family(
+    Family(
+        name="eagle3",
+        head="eagle3",
+        summary="EAGLE-3 head (fused low/mid/high target layers, training-time test)",
+        tags=("eagle3",),
+        recipe="spechead.training.objectives.eagle3:RECIPE",
+        work=_eagle3_work,
+        exports={
+            "speculators": "spechead.heads.formats.eagle3_export:export_speculators",
+            "sglang": "spechead.heads.formats.eagle3_export:export_sglang",
+        },
+        default_layers=default_eagle3_layers,
+        **EAGLE_DRAFTING,
+    )
+)

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from spechead.heads.base import DraftHead, HeadConfig, register_head
 from spechead.heads.errors import HeadError
+from spechead.heads.families import Family, register_family
 
 
 @dataclass(kw_only=True)
@@ -113,3 +114,41 @@ class MedusaHead(DraftHead):
     def forward(self, hidden: Tensor) -> list[Tensor]:
         """All heads: hidden (B, T, H) -> K logits tensors (B, T, V); entry k predicts token t+2+k."""
         return [self.head_logits(k, hidden) for k in range(self.config.num_heads)]
+
+
+def _medusa_work(config: HeadConfig) -> tuple[int, int, int]:
+    """Memory plan: one logit set per head over the whole vocabulary; ResBlocks are small."""
+    return int(config.num_heads), config.vocab_size, 0
+
+
+_MEDUSA_PARTS = dict(
+    head="medusa",
+    drafter="spechead.inference.drafters.medusa:MedusaDrafter",
+    tree_option="choices",
+    default_tree={"choices": None},  # the drafter's DEFAULT_MEDUSA_CHOICES
+    accuracy="spechead.inference.tree_search:measure_topk_accuracy",
+    assumed_accuracy="spechead.inference.batch_tree:assumed_medusa_accuracy",
+    calibrate_assumed=False,
+    drafts_per_depth=False,
+    work=_medusa_work,
+    exports={"medusa": "spechead.heads.formats.medusa:export_medusa"},
+)
+register_family(
+    Family(
+        name="medusa",
+        summary="Medusa-1 heads (residual MLP heads, head k predicts token t+2+k)",
+        tags=("medusa",),
+        recipe="spechead.training.objectives.medusa:RECIPE",
+        **_MEDUSA_PARTS,
+    )
+)
+register_family(
+    Family(
+        name="medusa2",
+        summary="Medusa-2 heads (trained jointly with a LoRA adapter on the target)",
+        tags=("medusa-2", "medusa", "lora"),
+        recipe="spechead.training.objectives.medusa2:RECIPE",
+        trains_target="it trains a LoRA adapter inside the target",
+        **_MEDUSA_PARTS,
+    )
+)

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import torch
 
+from spechead.heads.families import family_of
+from spechead.heads.medusa import MedusaHead
 from spechead.inference.batch import BatchRunner
 from spechead.inference.calibrate import SIZES, _timed, size_costs_ms
 from spechead.inference.tree_search import best_choices_for_cost
 
 
-def assumed_medusa_accuracy(num_heads: int) -> torch.Tensor:
+def assumed_medusa_accuracy(head: MedusaHead) -> torch.Tensor:
     """A typical trained Medusa head set's accuracy [heads, 4] (head 0 top-1 0.6, each further head
     x0.75): used to size batch trees when a head comes without a measured table (scripts/build_tree.py
     measures the real one into HEAD/tree.json)."""
     ranks = torch.tensor([0.60, 0.10, 0.05, 0.03], dtype=torch.float64)
-    return torch.stack([ranks * 0.75**k for k in range(num_heads)])
+    return torch.stack([ranks * 0.75**k for k in range(head.num_heads)])
 
 
 @torch.no_grad()
@@ -43,8 +45,6 @@ def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, floa
     """The batched drafter's cost at `batch` rows after 128 committed tokens: Medusa {"draft_ms": one
     propose}; EAGLE {"draft_ms_per_depth": one head step + top-k over one node per row (the trees
     that pay at batch > 1 are narrow; the commit of the accepted tokens costs about one such step)}."""
-    from spechead.inference.drafters.eagle import EagleDrafter
-
     head = drafter.head
     param = next(head.parameters())
     hidden = head.config.hidden_size
@@ -54,7 +54,7 @@ def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, floa
     prompts = [torch.zeros(128, dtype=torch.long)] * batch
     rows = drafter.batched()
     rows.start(prompts, states, [0] * batch)
-    if not isinstance(drafter, EagleDrafter):
+    if not family_of(head.config).drafts_per_depth:
         propose = lambda: rows.propose([0] * batch, None, None)  # noqa: E731
         propose()
         return {"draft_ms": min(_timed(propose, 1, param.device) for _ in range(repeats))}

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import torch
 
+from spechead.heads.families import family_of
 from spechead.inference.runner import TargetRunner
 from spechead.inference.tree_search import TREE_FILE, best_choices_for_cost
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
-def assumed_eagle_accuracy(depth: int = 7) -> torch.Tensor:
-    """A typical trained EAGLE head's accuracy [depth, 4] (top-1 0.7, decaying 3% per depth): used on a
+def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) -> torch.Tensor:
+    """A typical trained EAGLE head's accuracy [depth, 4] (top-1 0.7, decaying 3% per depth; any head): used on a
     CPU when a head comes without a measured table, so its tree is sized for the CPU's costs (an
     EAGLE-2 60-node tree costs several decode steps there). scripts/build_tree.py measures the real one."""
     ranks = torch.tensor([0.70, 0.08, 0.03, 0.02], dtype=torch.float64)
@@ -118,11 +119,9 @@ def calibrated_choices(
     model: torch.nn.Module, drafter, accuracy: torch.Tensor, max_nodes: int = 64
 ) -> tuple[list[list[int]], dict]:
     """The static tree with the best expected speedup measured on this device, and what was measured."""
-    from spechead.inference.drafters.eagle import EagleDrafter
-
     verify = verify_cost_ms(model, tuple(s for s in SIZES if s <= max_nodes + 1))
     info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
-    if isinstance(drafter, EagleDrafter):
+    if family_of(drafter.head.config).drafts_per_depth:
         info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4)
     else:  # Medusa: one pass over every head, whatever the tree
         state = {drafter.hidden_layers[0]: torch.randn(1, model.config.get_text_config().hidden_size)}

@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from spechead.heads import DraftHead, MedusaHead, load_head
+from spechead.heads import DraftHead, load_head
 from spechead.heads.base import resolve_head_dir
 from spechead.heads.dtypes import DTYPES
+from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
-from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.tree_search import load_tree_choices
 
@@ -28,6 +28,8 @@ DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "
 # Drafters without weights, by name (options are their constructor's keyword arguments).
 BUILTIN_DRAFTERS = {"prompt_lookup": PromptLookupDrafter, "lookahead": LookaheadDrafter}
 CASCADE_OPTIONS = ("num_draft", "tiny_draft")
+# Drafter options that pick a head's tree (EAGLE: tree, top_k, depth, total_tokens; Medusa: choices).
+TREE_OPTIONS = ("tree", "top_k", "depth", "total_tokens", "choices")
 
 
 def _config_of(name: str, revision: str | None) -> dict:
@@ -121,34 +123,27 @@ def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> Draft
 
 
 def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter:
-    """The drafter of a loaded head (target modules attached): Medusa static tree or EAGLE tree.
+    """The drafter of a loaded head (target modules attached), as its family registers it.
 
     Without tree options, a HEAD_DIR/tree.json from scripts/build_tree.py is the default tree
     (EAGLE: instead of the dynamic tree unless tree/top_k/depth/total_tokens are given).
     """
+    fam = family_of(head.config)
     saved = load_tree_choices(head_dir) if head_dir is not None else None
-    if isinstance(head, MedusaHead):
-        if "choices" not in options and saved is not None:
-            options = {**options, "choices": saved}
-        return MedusaDrafter(head, **options)
-    from spechead.inference.drafters.eagle import EagleDrafter
-
-    if not {"tree", "top_k", "depth", "total_tokens"} & set(options) and saved is not None:
-        options = {**options, "tree": saved}
-    return EagleDrafter(head, **options)
+    if saved is not None and not set(TREE_OPTIONS) & set(options):
+        options = {**options, fam.tree_option: saved}
+    return fam.load("drafter")(head, **options)
 
 
-def merge_medusa2_adapter(target, head_dir: str):
-    """Medusa-2 heads run on the target with their LoRA adapter merged in; plain targets pass through."""
-    config = _config_of(head_dir, None)
-    adapter = config.get("lora_adapter") if config.get("family") == "medusa" else None
+def merge_head_adapter(target, head_dir: str):
+    """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in;
+    other heads' targets pass through."""
+    adapter = _config_of(head_dir, None).get("lora_adapter")
     if not adapter:
         return target
     local = resolve_head_dir(head_dir)  # a Hub head: its snapshot holds the adapter files
     if not Path(local, adapter).is_dir():
-        raise ValueError(
-            f"Medusa-2 head {head_dir} names the LoRA adapter {adapter!r} but has no {adapter}/ folder"
-        )
+        raise ValueError(f"head {head_dir} names the LoRA adapter {adapter!r} but has no {adapter}/ folder")
     from peft import PeftModel
 
     return PeftModel.from_pretrained(target, str(Path(local) / adapter)).merge_and_unload()
@@ -184,33 +179,43 @@ def load_generator(
     own = isinstance(drafter, str) and (
         drafter in BUILTIN_DRAFTERS or _is_cascade(drafter) or is_self_spec(drafter)
     )
-    if isinstance(drafter, str) and not own:  # a head directory may carry a Medusa-2 adapter
-        model = merge_medusa2_adapter(model, drafter)
+    if isinstance(drafter, str) and not own:  # a head directory may carry an adapter (Medusa-2)
+        model = merge_head_adapter(model, drafter)
     model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
-    tree_options = {"tree", "top_k", "depth", "total_tokens", "choices"} & set(drafter_options)
-    if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not tree_options:
-        from spechead.inference.batch_tree import assumed_medusa_accuracy
-        from spechead.inference.calibrate import assumed_eagle_accuracy, calibrated_choices, saved_accuracy
+    calibration = accuracy = None
+    chose_tree = set(TREE_OPTIONS) & set(drafter_options)
+    if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:
+        built, calibration, accuracy = calibrated_drafter(model, built, resolve_head_dir(drafter, revision))
+    gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
+    gen.calibration, gen.tree_accuracy = calibration, accuracy
+    return gen
 
-        accuracy, source = saved_accuracy(resolve_head_dir(drafter, revision)), "tree.json"
-        if accuracy is None and model.device.type == "cpu" and not isinstance(built.head, MedusaHead):
-            accuracy, source = assumed_eagle_accuracy(), "assumed (no tree.json: run scripts/build_tree.py)"
-        if accuracy is not None:
-            choices, info = calibrated_choices(model, built, accuracy)
-            info["accuracy_source"] = source
-            key = "choices" if isinstance(built.head, MedusaHead) else "tree"
-            built = drafter_for_head(built.head, None, **{key: choices})
-            gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
-            gen.calibration = {"choices": choices, **info}
-            gen.tree_accuracy = accuracy
-            return gen
-        if isinstance(built.head, MedusaHead):  # batch-1 keeps its tree; batch trees need some table
-            gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len)
-            gen.tree_accuracy = assumed_medusa_accuracy(built.head.num_heads)
-            return gen
-    return cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
+
+def calibrated_drafter(target, drafter, head_dir: Path) -> tuple[Drafter, dict | None, torch.Tensor | None]:
+    """A head's drafter with the static tree of the best expected speedup measured on the target's device,
+    what was measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
+
+    The table is HEAD_DIR/tree.json's or, without one, the family's assumed table: calibrated from on a
+    CPU where the family asks for it (EAGLE: its default dynamic tree is sized for a GPU), else kept
+    only for batch trees while the default tree stays.
+    """
+    from spechead.inference.calibrate import calibrated_choices, saved_accuracy
+
+    head = drafter.head
+    fam = family_of(head.config)
+    accuracy, source = saved_accuracy(head_dir), "tree.json"
+    if accuracy is None:
+        assumed = fam.load("assumed_accuracy")(head)
+        if not fam.calibrate_assumed:
+            return drafter, None, assumed
+        if next(target.parameters()).device.type != "cpu":
+            return drafter, None, None
+        accuracy, source = assumed, "assumed (no tree.json: run scripts/build_tree.py)"
+    choices, info = calibrated_choices(target, drafter, accuracy)
+    calibrated = drafter_for_head(head, None, **{fam.tree_option: choices})
+    return calibrated, {"choices": choices, **info, "accuracy_source": source}, accuracy
 
 
 WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings

@@ -85,9 +85,11 @@ def measure_topk_accuracy(
     topk: int,
     starts: Sequence[int] | None = None,
     chunk: int = 512,
+    depth: int | None = None,
 ) -> torch.Tensor:
     """accuracy [num_heads, topk]: accuracy[k, r] = share of positions where head k's r-th candidate
-    is the sequence's token t+2+k.
+    is the sequence's token t+2+k. (`depth` is not read: a Medusa head set drafts num_heads depths; it
+    is there so every family's accuracy is measured with the same call, see heads/families.py.)
 
     Each sequence [T] is run once through the target (`prefill`, capturing the head's layer). Head k
     at position t sees the target state of token t and guesses token t+2+k, so position t counts for
@@ -165,15 +167,16 @@ def measure_eagle_accuracy(
         first = max(start - 1, 0)
         _, _, hidden = prefill(model, seq[None], layers, logits_to_keep=1)
         states = [hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers]  # each [1, T, H]
-        fused = head.fuse(states) if isinstance(head, Eagle3Head) else states[0]  # [1, T, H]
+        fused = head.features(states)  # [1, T, H] (EAGLE-3: fused)
         outputs = ttt_forward(head, fused, seq[None].to(weight.device), None, depth)  # depth x [1, T, H]
         for j, out in enumerate(outputs):
             for lo in range(first + j, len(seq) - 2, chunk):
                 hi = min(lo + chunk, len(seq) - 2)  # positions t in [lo, hi) guess token t + 2
                 cand = head.logits(out[:, lo:hi])[0].topk(topk, dim=-1).indices.cpu()  # [n, topk]
                 ref = seq[lo + 2 : hi + 2]  # [n] target ids
-                if isinstance(head, Eagle3Head):
-                    ref = head.target_to_draft(ref.to(head.t2d.device)).cpu()  # -1 (never a hit) if outside
+                ref = head.target_to_draft(
+                    ref.to(weight.device)
+                ).cpu()  # EAGLE-3: -1 (never a hit) if outside
                 hits[j] += (cand == ref[:, None]).sum(0)
                 counts[j] += hi - lo
     if int(counts.min()) == 0:

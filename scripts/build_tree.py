@@ -25,15 +25,13 @@ from pathlib import Path
 import torch
 
 from spechead.data.demo import make_conversations
-from spechead.inference.drafters.eagle import EagleDrafter
-from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES, MedusaDrafter
+from spechead.heads.errors import HeadError
+from spechead.heads.families import family_of
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tree_search import (
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
-    measure_eagle_accuracy,
-    measure_topk_accuracy,
     save_tree,
 )
 
@@ -99,13 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         texts, source = load_prompts(args.prompts, args.prompts_file)
         # The default tree decodes the prompts (greedy = lossless, so the continuations are the
         # target's own) and gives the baseline tau. An existing tree.json is ignored for this.
-        family = json.loads((Path(args.head) / "config.json").read_text()).get("family")
-        if family not in ("medusa", "eagle", "eagle3"):
-            raise ValueError(f"--head {args.head} is not a spechead Medusa or EAGLE head (family {family!r})")
-        default_tree = {"choices": DEFAULT_MEDUSA_CHOICES} if family == "medusa" else {"tree": "dynamic"}
+        config = json.loads((Path(args.head) / "config.json").read_text())
+        try:
+            fam = family_of(config)
+        except HeadError as err:
+            raise ValueError(f"--head {args.head} is not a spechead head ({err})") from None
         gen = SpeculativeGenerator.from_pretrained(
-            args.target, args.head, device=args.device, dtype=args.dtype, **default_tree
+            args.target, args.head, device=args.device, dtype=args.dtype, **fam.default_tree
         )
+        default = gen.drafter.choices  # the default tree's rank paths (None: EAGLE's dynamic tree)
         tok = gen.tokenizer
         chat = bool(getattr(tok, "chat_template", None))
         prompts = [
@@ -117,10 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         head = gen.drafter.head
         sequences = [torch.tensor(p + g, dtype=torch.long) for p, g in zip(prompts, generated)]
         starts = [len(p) for p in prompts]
-        if family == "medusa":
-            accuracy = measure_topk_accuracy(gen.target, head, sequences, args.topk, starts)
-        else:
-            accuracy = measure_eagle_accuracy(gen.target, head, sequences, args.depth, args.topk, starts)
+        measure = fam.load("accuracy")
+        accuracy = measure(gen.target, head, sequences, depth=args.depth, topk=args.topk, starts=starts)
     except (ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -130,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         # Draft cost measured here while decoding with the default tree: Medusa's is one pass for all
         # depths; an EAGLE head runs once per depth of the dynamic tree.
         per_pass = (
-            {"draft_ms": draft_ms}
-            if family == "medusa"
-            else {"draft_ms_per_depth": draft_ms / gen.drafter.depth}
+            {"draft_ms_per_depth": draft_ms / gen.drafter.depth}
+            if fam.drafts_per_depth
+            else {"draft_ms": draft_ms}
         )
         choices, speedup = best_choices_for_cost(
             accuracy, profile["verify_ms_by_size"], profile["t_step_ms"], **per_pass
@@ -144,11 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         choices = best_choices(accuracy, args.nodes)
     expected = expected_accept_length(accuracy, choices)
-    default = [c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= accuracy.shape[0]]
-    fits = family == "medusa" and max(max(c) for c in default) < args.topk  # EAGLE's default is dynamic
+    fits = default is not None and all(len(c) <= accuracy.shape[0] and max(c) < args.topk for c in default)
     expected_default = expected_accept_length(accuracy, default) if fits else float("nan")
     positions = sum(len(g) for g in generated)
-    print(f"top-{args.topk} accuracy by depth ({family}) over {positions} generated tokens "
+    print(f"top-{args.topk} accuracy by depth ({fam.name}) over {positions} generated tokens "
           f"({len(prompts)} prompts, {source}):")  # fmt: skip
     print(format_table(accuracy))
     print(f"\nchosen tree ({len(choices)} nodes, depth {max(map(len, choices))}): {json.dumps(choices)}")
@@ -158,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         print(f"expected accept length: chosen {expected:.3f}")
-    print(
-        f"measured tau, default tree ({'dynamic' if family != 'medusa' else 'Medusa default'}): {tau_default:.3f}"
-    )
+    print(f"measured tau, default tree ({'static' if default else 'dynamic'}): {tau_default:.3f}")
     measured = {"target": str(args.target), "prompts": len(prompts), "prompt_source": source,
                 "max_new_tokens": args.max_new_tokens, "generated_tokens": positions, "topk": args.topk}  # fmt: skip
     path = save_tree(
@@ -168,13 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         choices,
         expected_accept_length=expected,
         default_expected_accept_length=expected_default if fits else None,
-        family=family,
+        family=fam.head,
         measured_on=measured,
         accuracy=[[round(x, 6) for x in row] for row in accuracy.tolist()],
         **extra,
     )
     if not args.no_check:
-        gen.drafter = MedusaDrafter(head, choices) if family == "medusa" else EagleDrafter(head, tree=choices)
+        gen.drafter = gen.drafter.with_tree(choices)
         _, tau_chosen, _ = decode_all(gen, prompts, args.max_new_tokens)
         print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
     print(f"saved {path}")

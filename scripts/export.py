@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise HeadError(f"--out {out} exists and is not an empty directory: choose a new one")
         head = load_head(args.head)
-        if args.fmt not in export_formats(head.family):
-            valid = ", ".join(export_formats(head.family)) or "none"
+        if args.fmt not in export_formats(head):
+            valid = ", ".join(export_formats(head)) or "none"
             raise HeadError(f"{args.head} is a {head.family} head; formats for {head.family} heads: {valid}")
         export_head(
             head,

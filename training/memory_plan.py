@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from spechead.heads.families import family_of
 from spechead.training.objectives.base import Objective
 from spechead.training.target import FrozenTarget
 
@@ -139,14 +140,7 @@ def count(modules: list[nn.Module], trainable_only: bool = False) -> tuple[int, 
 
 def head_work(objective: Objective) -> tuple[int, int, int]:
     """(logit sets S, head vocabulary, decoder-layer passes) per position for the objective's head."""
-    cfg = objective.head.config
-    family = objective.head.family
-    if family == "eagle3":
-        steps = int(getattr(cfg, "ttt_steps", 1))
-        return steps, int(cfg.draft_vocab_size), steps * int(getattr(cfg, "num_layers", 1))
-    if family == "eagle":
-        return 1, cfg.vocab_size, int(cfg.num_layers)
-    return int(getattr(cfg, "num_heads", 1)), cfg.vocab_size, 0  # Medusa: ResBlocks are small
+    return family_of(objective.head.config).work(objective.head.config)
 
 
 def from_run(

@@ -16,17 +16,13 @@ from typing import Any
 import yaml
 from huggingface_hub import ModelCardData
 
+from spechead.heads.errors import HeadError
+from spechead.heads.families import Family, family_of
+
 LIBRARY = "spechead"
 BENCHMARK_PLOTS = ("speedup_by_category.png", "acceptance_by_depth.png")
 # A Hub model id: namespace/name (a local path has more parts, or exists on disk).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# What each family is, for humans; the tag is the Hub tag.
-_FAMILIES = {
-    "medusa": ("Medusa-1 heads (residual MLP heads, head k predicts token t+2+k)", "medusa"),
-    "medusa2": ("Medusa-2 heads (trained jointly with a LoRA adapter on the target)", "medusa-2"),
-    "eagle": ("EAGLE-1/2 feature head (drafts EAGLE-2 dynamic trees)", "eagle"),
-    "eagle3": ("EAGLE-3 head (fused low/mid/high target layers, training-time test)", "eagle3"),
-}
 # Config fields shown in the head table (others are in the uploaded config.json).
 _HEAD_FIELDS = ("num_heads", "num_layers", "share_lm_head", "draft_vocab_size", "ttt_steps", "lora_adapter")
 
@@ -56,20 +52,21 @@ def hub_id_or_none(name: str) -> str | None:
     return name
 
 
-def family_key(head_config: dict[str, Any]) -> str:
-    """medusa / medusa2 / eagle / eagle3 (Medusa-2 is a Medusa head that carries a LoRA adapter)."""
-    family = str(head_config.get("family", ""))
-    return "medusa2" if family == "medusa" and head_config.get("lora_adapter") else family
+def family(head_config: dict[str, Any]) -> Family | None:
+    """The registered family of a head's config.json (None for a family this install does not know)."""
+    try:
+        return family_of(head_config)
+    except HeadError:
+        return None
 
 
 def card_metadata(
     head_config: dict[str, Any], *, base_model: str | None, license: str | None
 ) -> ModelCardData:
     """The card's YAML metadata: base_model (a Hub id only), library, tags, license (omitted if None)."""
-    key = family_key(head_config)
-    tags = [LIBRARY, "speculative-decoding", "draft-head", _FAMILIES.get(key, ("", key))[1]]
-    if key == "medusa2":
-        tags += ["medusa", "lora"]
+    fam = family(head_config)
+    tags = [LIBRARY, "speculative-decoding", "draft-head"]
+    tags += list(fam.tags) if fam else [str(head_config.get("family", ""))]
     return ModelCardData(base_model=base_model, library_name=LIBRARY, license=license, tags=tags)
 
 
@@ -102,7 +99,8 @@ def render_card(
 
 
 def _intro(cfg: dict, repo_id: str, target: str, base_model: str | None) -> str:
-    what = _FAMILIES.get(family_key(cfg), (f"a {cfg.get('family')} head", ""))[0]
+    fam = family(cfg)
+    what = fam.summary if fam else f"a {cfg.get('family')} head"
     link = f"[{base_model}](https://huggingface.co/{base_model})" if base_model else f"`{target or '?'}`"
     text = (
         f"# {repo_id.split('/')[-1]}\n\nA speculative-decoding draft head for {link}, trained with "
@@ -115,9 +113,9 @@ def _intro(cfg: dict, repo_id: str, target: str, base_model: str | None) -> str:
             f"\n\nThe head was trained on a local copy of its target (`{target}`); load it with the same "
             "target model (same weights, layer count, hidden size and vocabulary)."
         )
-    if family_key(cfg) == "medusa2":
+    if fam and fam.trains_target:
         text += (
-            f"\n\nMedusa-2 also adapts the target: `{cfg.get('lora_adapter')}/` holds a peft LoRA adapter that "
+            f"\n\nThe head also adapts the target: `{cfg.get('lora_adapter')}/` holds a peft LoRA adapter that "
             "spechead merges into the target when it loads this head; decoding is lossless with respect to "
             "that adapted target."
         )
@@ -145,8 +143,9 @@ def _usage(cfg: dict, repo_id: str, base_model: str | None, revision: str | None
 
 
 def _head_table(cfg: dict, files: list[str], num_parameters: int) -> str:
+    fam = family(cfg)
     rows = [
-        ("family", family_key(cfg)),
+        ("family", fam.name if fam else cfg.get("family", "")),
         ("target", cfg.get("target_name_or_path", "")),
         ("target architecture", cfg.get("target_architecture", "")),
         (

@@ -27,12 +27,10 @@ from spechead.data.pipeline import TrainData, build_datasets
 from spechead.heads.base import resolve_layers
 from spechead.training.cached_target import CachedTarget, load_cached_target
 from spechead.training.errors import TrainError
-from spechead.training.objectives import FAMILIES
+from spechead.training.objectives import family_for
 from spechead.training.settings import HeadSettings, TrainSettings
 from spechead.training.target import FrozenTarget, TargetConfig, load_target
 
-# Families that need the whole target at every step cannot train from a cache.
-ONLINE_ONLY = {"medusa2": "it trains a LoRA adapter inside the target"}
 # DataConfig keys that do not change the tokenized rows.
 DATA_KEYS_IGNORED = ("hidden_states", "cache_dir", "num_proc", "name")
 LABELS = {"tokenizer": "tokenizer or chat template", "target_fingerprint": "target config or weights"}
@@ -40,9 +38,7 @@ LABELS = {"tokenizer": "tokenizer or chat template", "target_fingerprint": "targ
 
 def stored_layers(head: HeadSettings, num_layers: int) -> list[int]:
     """The hidden-state indices a cache for `head` stores: the head's layers plus the final normed state."""
-    if head.family not in FAMILIES:
-        raise TrainError(f"unknown head family {head.family!r} (known: {', '.join(sorted(FAMILIES))})")
-    layers = head.layers or FAMILIES[head.family].default_layers(num_layers)
+    layers = head.layers or family_for(head.family).default_layers(num_layers)
     return sorted(set(resolve_layers(list(layers), num_layers)) | {num_layers})
 
 
@@ -121,10 +117,10 @@ def target_config(cfg: TargetConfig):
 
 def offline_data(s: TrainSettings, tokenizer: Any) -> TrainData:
     """Train/val rows from `s.data.cache_dir`, after checking the cache matches `s`."""
-    if s.head.family in ONLINE_ONLY:
+    why = family_for(s.head.family).trains_target  # such families need the whole target at every step
+    if why:
         raise TrainError(
-            f"head {s.head.family} cannot train from a hidden-state cache ({ONLINE_ONLY[s.head.family]}): "
-            "use data.hidden_states=online"
+            f"head {s.head.family} cannot train from a hidden-state cache ({why}): use data.hidden_states=online"
         )
     directory = Path(s.data.cache_dir).expanduser()
     index = load_index(directory)

@@ -25,6 +25,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
 
 from spechead.training.errors import TrainError
+from spechead.training.objectives import family_for
 from spechead.training.objectives.base import Objective
 from spechead.training.settings import TrainSettings
 
@@ -88,10 +89,11 @@ def configure(accelerator: Accelerator, s: TrainSettings) -> int:
 
 def check_zero3(s: TrainSettings) -> None:
     """What ZeRO-3 (a target sharded for inference only) cannot do, as one clear error each."""
-    if s.head.family == "medusa2":
+    why = family_for(s.head.family).trains_target
+    if why:
         raise TrainError(
-            "head=medusa2 trains a LoRA adapter inside the target, but ZeRO-3 here shards the target for "
-            "inference only: use configs/accelerate/zero2.yaml or ddp.yaml for Medusa-2"
+            f"head={s.head.family}: {why}, but ZeRO-3 here shards the target for inference only: "
+            f"use configs/accelerate/zero2.yaml or ddp.yaml for {s.head.family}"
         )
     if s.data.hidden_states == "offline":
         raise TrainError(

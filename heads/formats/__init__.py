@@ -17,37 +17,31 @@ from transformers import PretrainedConfig
 
 from spechead.heads.base import DraftHead
 from spechead.heads.errors import HeadError
+from spechead.heads.families import family_named, family_names, family_of
 from spechead.heads.formats.detect import LAYOUTS, detect_layout, layout_of_config
 from spechead.heads.formats.eagle import WEIGHT_NAMES as EAGLE_WEIGHTS
 from spechead.heads.formats.eagle import is_eagle_tensors
-from spechead.heads.formats.eagle3_export import export_sglang, export_speculators
-from spechead.heads.formats.medusa import export_medusa
 from spechead.heads.formats.weights import read_json, read_tensors, tensor_names, weight_files
 
-# Head family -> {format name: exporter}.
-EXPORTERS = {
-    "eagle3": {"speculators": export_speculators, "sglang": export_sglang},
-    "medusa": {"medusa": export_medusa},
-}
-FORMATS = sorted({name for formats in EXPORTERS.values() for name in formats})
+# Every export format of a registered family (each family's registration names its exporters).
+FORMATS = sorted({fmt for name in family_names() for fmt in family_named(name).exports})
 
 
-def export_formats(family: str) -> list[str]:
-    """Formats a head of `family` can be exported to ([] if none)."""
-    return sorted(EXPORTERS.get(family, {}))
+def export_formats(head: DraftHead) -> list[str]:
+    """Formats `head` can be exported to, as its family registers them ([] if none)."""
+    return sorted(family_of(head.config).exports)
 
 
 def export_head(
     head: DraftHead, fmt: str, out: str | Path, *, dtype: torch.dtype | None = None, **options: Any
 ) -> Path:
     """Write `head` into directory `out` in format `fmt` (options: speculative_tokens, verifier)."""
-    exporters = EXPORTERS.get(head.family, {})
-    if fmt not in exporters:
-        valid = ", ".join(export_formats(head.family)) or "none"
+    if fmt not in export_formats(head):
+        valid = ", ".join(export_formats(head)) or "none"
         raise HeadError(
             f"a {head.family} head cannot be exported as {fmt!r}: formats for {head.family} heads: {valid}"
         )
-    return exporters[fmt](head, Path(out), dtype=dtype, **options)
+    return family_of(head.config).exporter(fmt)(head, Path(out), dtype=dtype, **options)
 
 
 def is_head_dir(config: dict[str, Any], path: str | Path) -> bool:

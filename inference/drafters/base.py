@@ -54,6 +54,7 @@ class Drafter(ABC):
 
     #: HF hidden-state indices of the target the drafter reads (captured during prefill and verify).
     hidden_layers: tuple[int, ...] = ()
+    choices: list[list[int]] | None = None  # its static tree's rank paths (None: dynamic trees or none)
     #: Optional: the most nodes (root included) a proposed tree can have; the target runner reserves
     #: that much KV scratch after prompt + max_new_tokens (near a fixed cache's end trees are cut to fit).
     max_nodes: int = 64

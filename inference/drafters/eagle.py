@@ -66,6 +66,7 @@ class EagleDrafter(Drafter):
                 raise ValueError(f"top_k {top_k} exceeds the head's (draft) vocab size {self._vocab}")
         else:
             self._static = tree_from_choices(tree)
+            self.choices = [list(c) for c in tree]
             if int(self._static.rank.max()) >= self._vocab:
                 raise ValueError(f"a static tree rank exceeds the head's (draft) vocab size {self._vocab}")
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
@@ -197,10 +198,8 @@ class EagleDrafter(Drafter):
         for layer, state in zip(self.hidden_layers, states):
             if state.shape[1] != length:
                 raise ValueError(f"hidden[{layer}] has {state.shape[1]} positions, expected {length}")
-        if isinstance(self.head, Eagle3Head):
-            with torch.no_grad():
-                return self.head.fuse(states)
-        return states[0]
+        with torch.no_grad():
+            return self.head.features(states)  # EAGLE-3: fused
 
     def _crop(self) -> None:
         if self._cache is not None:
@@ -210,7 +209,7 @@ class EagleDrafter(Drafter):
 
     def _to_target(self, ids: Tensor) -> Tensor:
         """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""
-        return self.head.draft_to_target(ids) if isinstance(self.head, Eagle3Head) else ids
+        return self.head.draft_to_target(ids)
 
     def _top(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from spechead.heads.eagle3 import Eagle3Head
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 
@@ -116,7 +115,7 @@ class EagleBatchDrafter(BatchDrafter):
                 f"hidden states of layers {missing} missing (drafter reads {self.drafter.hidden_layers})"
             )
         states = [hidden[layer].to(self.device, self.dtype) for layer in self.drafter.hidden_layers]
-        return self.head.fuse(states) if isinstance(self.head, Eagle3Head) else states[0]
+        return self.head.features(states)  # EAGLE-3: fused
 
     def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
         """One head call on q queries per row: features [B, q, H], tokens [B, q]. Query i of row b

@@ -35,6 +35,7 @@ class MedusaDrafter(Drafter):
         depth_limit = head.config.num_heads
         choices = [c for c in (choices or DEFAULT_MEDUSA_CHOICES) if len(c) <= depth_limit]
         self.static = tree_from_choices(choices)  # parents [N], depth [N], rank [N]
+        self.choices = choices
         # Precomputed once: which heads run, how many candidates each gives, where they go.
         depth, rank = self.static.depth, self.static.rank  # [N], [N]
         self._drafted = torch.nonzero(depth > 0)[:, 0]  # [N - 1] node indices

@@ -2,69 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from spechead.heads.base import HeadConfig, head_class, resolve_layers
 from spechead.heads.decoder_layer import layer_config_from
-from spechead.heads.eagle import EagleConfig
-from spechead.heads.eagle3 import Eagle3Config, default_eagle3_layers
 from spechead.heads.errors import HeadError
-from spechead.heads.medusa import MedusaConfig
+from spechead.heads.families import Family, family_named
 from spechead.training.errors import TrainError
-from spechead.training.objectives.base import Objective
-from spechead.training.objectives.eagle import EagleLossConfig, EagleObjective
-from spechead.training.objectives.eagle3 import (
-    DEFAULT_DRAFT_VOCAB,
-    Eagle3LossConfig,
-    Eagle3Objective,
-    install_draft_vocab,
-)
-from spechead.training.objectives.medusa import MedusaLossConfig, MedusaObjective
-from spechead.training.objectives.medusa2 import LoraSettings, Medusa2LossConfig, Medusa2Objective
+from spechead.training.objectives.base import Objective, Recipe
+from spechead.training.objectives.eagle3 import DEFAULT_DRAFT_VOCAB
 from spechead.training.settings import HeadSettings, build
 from spechead.training.target import FrozenTarget
 
-__all__ = ["FAMILIES", "Objective", "build_objective"]
+__all__ = ["Objective", "Recipe", "build_objective", "family_for"]
 
 
-@dataclass
-class Family:
-    """How to train one family: its head config class, loss settings, and the objective."""
-
-    config_cls: type[HeadConfig]
-    loss_cls: type
-    make: Callable[..., Objective]  # (head, target, loss_cfg, sections, train_data) -> Objective
-    sections: dict[str, type] = field(default_factory=dict)  # extra head.* sub-sections (e.g. lora)
-    default_layers: Callable[[int], list[int]] = lambda num_layers: [-1]
-
-
-def _make_eagle3(head, target, loss, sections, train_data) -> Objective:
-    objective = Eagle3Objective(head, loss, head.config.ttt_steps)
-    coverage = install_draft_vocab(head, train_data, target.lm_head.weight)
-    objective.notes.append(
-        f"draft vocabulary: {head.config.draft_vocab_size} tokens cover {coverage:.2%} of training targets"
-    )
-    return objective
-
-
-FAMILIES: dict[str, Family] = {
-    "medusa": Family(MedusaConfig, MedusaLossConfig, lambda h, t, loss, sec, data: MedusaObjective(h, loss)),
-    "medusa2": Family(
-        MedusaConfig,
-        Medusa2LossConfig,
-        lambda h, t, loss, sec, data: Medusa2Objective(h, t, loss, sec["lora"]),
-        {"lora": LoraSettings},
-    ),
-    "eagle": Family(EagleConfig, EagleLossConfig, lambda h, t, loss, sec, data: EagleObjective(h, loss)),
-    "eagle3": Family(Eagle3Config, Eagle3LossConfig, _make_eagle3, default_layers=default_eagle3_layers),
-}
+def family_for(name: str) -> Family:
+    """The registered family `head=name` trains (TrainError naming the known ones otherwise)."""
+    try:
+        return family_named(name)
+    except HeadError as err:
+        raise TrainError(str(err)) from None
 
 
 def head_config(
-    fam: Family, arch: dict[str, Any], layers: list[int] | None, target: FrozenTarget
+    fam: Family, recipe: Recipe, arch: dict[str, Any], layers: list[int] | None, target: FrozenTarget
 ) -> HeadConfig:
     """The family's config for `target`: sizes, depth and layer shapes come from the target, never the YAML."""
     taken = {f.name for f in fields(HeadConfig)} | {"layer_config"}
@@ -82,12 +46,12 @@ def head_config(
         "target_num_layers": target.num_layers,
         "target_architecture": target.architecture,
     }
-    names = {f.name for f in fields(fam.config_cls)}
+    names = {f.name for f in fields(recipe.config_cls)}
     if "layer_config" in names:  # heads built from the target's own decoder-layer class
         values["layer_config"] = layer_config_from(target.config)
     if "draft_vocab_size" in names and values.get("draft_vocab_size") is None:
         values["draft_vocab_size"] = min(DEFAULT_DRAFT_VOCAB, target.vocab_size)
-    return build(fam.config_cls, values, "head")
+    return build(recipe.config_cls, values, "head")
 
 
 def _init_from(head, directory: str, target: FrozenTarget) -> None:
@@ -111,19 +75,19 @@ def build_objective(settings: HeadSettings, target: FrozenTarget, train_data=Non
     `train_data` (rows with input_ids and loss_mask) is read by families that size themselves on the
     data, such as EAGLE-3's draft vocabulary.
     """
-    if settings.family not in FAMILIES:
-        raise TrainError(f"unknown head family {settings.family!r} (known: {', '.join(sorted(FAMILIES))})")
-    fam = FAMILIES[settings.family]
+    fam = family_for(settings.family)
+    recipe: Recipe = fam.load("recipe")
     arch = dict(settings.arch)
     init_from = arch.pop("init_from", None)
     sections = {
-        name: build(cls, dict(arch.pop(name, {}) or {}), f"head.{name}") for name, cls in fam.sections.items()
+        name: build(cls, dict(arch.pop(name, {}) or {}), f"head.{name}")
+        for name, cls in recipe.sections.items()
     }
-    config = head_config(fam, arch, settings.layers, target)
+    config = head_config(fam, recipe, arch, settings.layers, target)
     head = head_class(config.family)(config)
     head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.embed_tokens)
     if getattr(config, "init_from_lm_head", False):
         head.init_from_lm_head_(target.lm_head.weight)
     if init_from:
         _init_from(head, str(Path(init_from).expanduser()), target)
-    return fam.make(head, target, build(fam.loss_cls, settings.loss, "head.loss"), sections, train_data)
+    return recipe.make(head, target, build(recipe.loss_cls, settings.loss, "head.loss"), sections, train_data)

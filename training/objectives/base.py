@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from spechead.heads.base import DraftHead
+from spechead.heads.base import DraftHead, HeadConfig
 from spechead.training.target import Captured, FrozenTarget
 
 Batch = dict[str, torch.Tensor]
@@ -72,3 +74,14 @@ class Objective(ABC):
 def mean_metric(counts: dict[str, torch.Tensor], total: str, count: str) -> float:
     """counts[total] / counts[count], 0 when nothing was counted."""
     return float(counts[total] / counts[count].clamp(min=1))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to train one family (its registration in heads/families.py names it as `recipe`)."""
+
+    config_cls: type[HeadConfig]  # the head's config, built from head.* and the target
+    loss_cls: type  # head.loss settings
+    # (head, target, loss settings, {section: settings}, train rows) -> the objective
+    make: Callable[..., Objective]
+    sections: dict[str, type] = field(default_factory=dict)  # extra head.* sub-sections (e.g. lora)

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from spechead.heads.eagle import EagleHead
+from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.unroll import ttt_forward, ttt_valid
 from spechead.training.eagle_losses import eagle_loss
 from spechead.training.metrics import align_chain, chain_counts, chain_summary
-from spechead.training.objectives.base import Objective, mean_metric
+from spechead.training.objectives.base import Objective, Recipe, mean_metric
 
 
 @dataclass
@@ -104,3 +104,8 @@ class EagleObjective(Objective):
             "acc/step0_top1": mean_metric(counts, "correct", "count"),
             **chain_summary(counts),
         }
+
+
+RECIPE = Recipe(
+    EagleConfig, EagleLossConfig, lambda head, target, loss, sections, data: EagleObjective(head, loss)
+)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from spechead.heads.eagle3 import Eagle3Head
+from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.unroll import ttt_forward, ttt_valid
 from spechead.training.draft_vocab import build_draft_vocab, token_frequencies
 from spechead.training.eagle_losses import eagle3_step_loss, step_weights
 from spechead.training.metrics import align_chain, chain_counts, chain_summary
-from spechead.training.objectives.base import Objective
+from spechead.training.objectives.base import Objective, Recipe
 from spechead.training.objectives.eagle import next_token_valid, shift_left
 
 DEFAULT_DRAFT_VOCAB = 32000
@@ -108,3 +108,15 @@ def install_draft_vocab(head: Eagle3Head, train_data, lm_head_weight: torch.Tens
     head.set_draft_vocab(d2t, t2d)
     head.init_lm_head_from_target_(lm_head_weight)
     return coverage
+
+
+def _make(head: Eagle3Head, target, loss: Eagle3LossConfig, sections, train_data) -> Eagle3Objective:
+    objective = Eagle3Objective(head, loss, head.config.ttt_steps)
+    coverage = install_draft_vocab(head, train_data, target.lm_head.weight)
+    objective.notes.append(
+        f"draft vocabulary: {head.config.draft_vocab_size} tokens cover {coverage:.2%} of training targets"
+    )
+    return objective
+
+
+RECIPE = Recipe(Eagle3Config, Eagle3LossConfig, _make)

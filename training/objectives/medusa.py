@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spechead.heads.medusa import MedusaHead
+from spechead.heads.medusa import MedusaConfig, MedusaHead
 from spechead.training.losses import medusa_loss, medusa_weights
 from spechead.training.metrics import (
     chain_counts,
@@ -15,7 +15,7 @@ from spechead.training.metrics import (
     medusa_top1_correct,
     medusa_topk_counts,
 )
-from spechead.training.objectives.base import Objective, mean_metric
+from spechead.training.objectives.base import Objective, Recipe, mean_metric
 
 
 @dataclass
@@ -79,3 +79,8 @@ class MedusaObjective(Objective):
 
     def summarize(self, counts):
         return {"loss": mean_metric(counts, "loss_sum", "batches"), **medusa_summary(counts, self.cfg.topk)}
+
+
+RECIPE = Recipe(
+    MedusaConfig, MedusaLossConfig, lambda head, target, loss, sections, data: MedusaObjective(head, loss)
+)

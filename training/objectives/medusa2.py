@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from spechead.heads.medusa import MedusaHead
+from spechead.heads.medusa import MedusaConfig, MedusaHead
 from spechead.training.errors import TrainError
 from spechead.training.losses import medusa_loss, medusa_weights
-from spechead.training.objectives.base import Objective, mean_metric
+from spechead.training.objectives.base import Objective, Recipe, mean_metric
 from spechead.training.objectives.medusa import medusa_counts, medusa_summary
 from spechead.training.target import FrozenTarget
 
@@ -205,3 +205,11 @@ class Medusa2Objective(Objective):
         self.head.save_pretrained(path)
         self.peft_model.save_pretrained(str(Path(path) / ADAPTER_DIR))
         return Path(path)
+
+
+RECIPE = Recipe(
+    MedusaConfig,
+    Medusa2LossConfig,
+    lambda head, target, loss, sections, data: Medusa2Objective(head, target, loss, sections["lora"]),
+    {"lora": LoraSettings},
+)

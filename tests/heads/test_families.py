@@ -1,0 +1,52 @@
+"""The family registry: every registration resolves, a saved head finds its family, and code elsewhere
+asks the registry (changing a registration changes what the trainer, the model card and export do)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from spechead.heads import MedusaConfig
+from spechead.heads.errors import HeadError
+from spechead.heads.families import family_named, family_names, family_of, register_family
+from spechead.heads.formats import FORMATS
+from spechead.training.errors import TrainError
+from spechead.training.objectives import Recipe, family_for
+
+SIZES = dict(hidden_size=16, vocab_size=32)
+
+
+def test_every_registered_part_resolves():
+    assert family_names() == ["eagle", "eagle3", "medusa", "medusa2"]
+    for name in family_names():
+        fam = family_named(name)
+        assert isinstance(fam.load("recipe"), Recipe), name
+        for part in ("drafter", "accuracy", "assumed_accuracy"):
+            assert callable(fam.load(part)), (name, part)
+        for fmt in fam.exports:
+            assert callable(fam.exporter(fmt)), (name, fmt)
+        assert fam.tree_option in ("choices", "tree") and set(fam.default_tree) == {fam.tree_option}
+    assert FORMATS == ["medusa", "sglang", "speculators"]
+
+
+def test_a_saved_head_finds_its_family():
+    assert family_of(MedusaConfig(**SIZES)).name == "medusa"
+    assert family_of(MedusaConfig(**SIZES, lora_adapter="adapter")).name == "medusa2"  # Medusa-2 carries one
+    assert family_of({"family": "medusa", "lora_adapter": "adapter"}).name == "medusa2"  # a config.json
+    assert family_of({"family": "eagle3", "lora_adapter": ""}).name == "eagle3"
+    with pytest.raises(HeadError, match="no registered family for a 'gpt' head"):
+        family_of({"family": "gpt"})
+    with pytest.raises(
+        TrainError, match=r"unknown head family 'gpt' \(known: eagle, eagle3, medusa, medusa2\)"
+    ):
+        family_for("gpt")
+
+
+def test_registrations_that_would_make_a_saved_head_ambiguous_are_refused():
+    eagle = family_named("eagle")
+    with pytest.raises(ValueError, match="'eagle' is already registered differently"):
+        register_family(dataclasses.replace(eagle, summary="another"))
+    with pytest.raises(ValueError, match="'eagle-kd' has the same head .* as 'eagle'"):
+        register_family(dataclasses.replace(eagle, name="eagle-kd"))
+    register_family(eagle)  # the same registration again (a module reload) is fine
