@@ -5,32 +5,31 @@ JSONL format (one object per line), the one Spec-Bench and MT-bench `question.js
 `question_id` is optional; `turns` may also be a single string (also read from a `prompt`, `question`
 or `instruction` column). Multi-turn prompts are decoded turn by turn, each answer fed back.
 
-Built-in sets for the demo target (drawn from held-out demo conversations, never trained on):
+Built-in sets for the demo target: data/demo/prompts/NAME.jsonl, drawn from held-out demo
+conversations (never trained on) by scripts/make_demo.py (see scripts/demo_corpus/prompts.py):
     demo        Spec-Bench categories: mt_bench (multi-turn), translation, summarization, qa,
                 math_reasoning, rag (a question answered from retrieved passages in the prompt)
     demo-mt     MT-bench style: two user turns each, category = the demo task kind
     demo-kinds  one turn each, category = the demo task kind (31 kinds)
+    demo-tune   one turn each, another held-out draw: what scripts/build_tree.py tunes trees on
 """
 
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
-from spechead.data.demo import make_conversations
 from spechead.data.errors import DataError
 
-DEMO_SEED = 2027  # not the corpus seed: the demo heads never trained on these prompts
-SPEC_BENCH_KINDS = {
-    "translation": ("translation",),
-    "summarization": ("summary",),
-    "qa": ("capital", "definition", "animal", "planet"),
-    "math_reasoning": ("arithmetic", "word_problem", "percentage", "statistics", "unit_conversion"),
-}
+BUILT_IN = ("demo", "demo-mt", "demo-kinds", "demo-tune")
 TURN_FIELDS = ("turns", "prompt", "question", "instruction")
+
+
+def built_in_file(name: str) -> Path:
+    """data/demo/prompts/NAME.jsonl inside the installed spechead.data package."""
+    return Path(str(files("spechead.data"))) / "demo" / "prompts" / f"{name}.jsonl"
 
 
 @dataclass
@@ -40,59 +39,6 @@ class EvalPrompt:
     id: str
     category: str
     turns: list[str]
-
-
-def _demo_pool() -> Iterator[tuple[str, list[str]]]:
-    """Endless (task kind, user turns) of held-out demo conversations, deterministic."""
-    chunk = 0
-    while True:
-        for conv in make_conversations(500, seed=DEMO_SEED + chunk, with_kind=True):
-            yield conv["kind"], [m["content"] for m in conv["messages"] if m["role"] == "user"]
-        chunk += 1
-
-
-def demo_kinds_prompts(n: int) -> list[EvalPrompt]:
-    """First user turns of held-out demo conversations; category = task kind."""
-    pool = _demo_pool()
-    return [EvalPrompt(f"demo-{i}", kind, turns[:1]) for i, (kind, turns) in zip(range(n), pool)]
-
-
-def demo_mt_prompts(n: int) -> list[EvalPrompt]:
-    """Two-turn prompts (MT-bench style) from multi-turn held-out demo conversations."""
-    two = ((kind, turns[:2]) for kind, turns in _demo_pool() if len(turns) >= 2)
-    return [EvalPrompt(f"demo-mt-{i}", kind, turns) for i, (kind, turns) in zip(range(n), two)]
-
-
-def demo_spec_bench_prompts(n: int) -> list[EvalPrompt]:
-    """`n` prompts cycling through the six Spec-Bench categories (see the module docstring)."""
-    rng = random.Random(DEMO_SEED)
-    makers: dict[str, Callable[[], list[str]]] = {
-        "mt_bench": _first(lambda kind, turns: len(turns) >= 2, turns=2),
-        **{c: _first(lambda kind, turns, ks=kinds: kind in ks) for c, kinds in SPEC_BENCH_KINDS.items()},
-        "rag": lambda: _rag_turn(rng),
-    }
-    names = list(makers)
-    return [EvalPrompt(f"demo-{i}", names[i % 6], makers[names[i % 6]]()) for i in range(n)]
-
-
-def _first(keep: Callable[[str, list[str]], bool], turns: int = 1) -> Callable[[], list[str]]:
-    """A maker returning the next pool conversation's first `turns` user turns that `keep` accepts."""
-    pool = ((kind, ts) for kind, ts in _demo_pool() if keep(kind, ts))
-    return lambda: next(pool)[1][:turns]
-
-
-_QA = SPEC_BENCH_KINDS["qa"]
-
-
-def _rag_turn(rng: random.Random) -> list[str]:
-    """A question plus four passages (answers of QA conversations), one of which answers it."""
-    convs = [c for c in make_conversations(400, seed=DEMO_SEED + 99 + rng.randrange(10**6), with_kind=True)
-             if c["kind"] in _QA][:4]  # fmt: skip
-    passages = [next(m["content"] for m in c["messages"] if m["role"] == "assistant") for c in convs]
-    question = next(m["content"] for m in convs[0]["messages"] if m["role"] == "user")
-    rng.shuffle(passages)
-    lines = "\n".join(f"[{i + 1}] {p}" for i, p in enumerate(passages))
-    return [f"Answer the question using the passages below.\n\nPassages:\n{lines}\n\nQuestion: {question}"]
 
 
 def _row_prompt(row: dict, where: str, index: int) -> EvalPrompt:
@@ -163,13 +109,17 @@ def spread(prompts: list[EvalPrompt], limit: int) -> list[EvalPrompt]:
     return out
 
 
-BUILT_IN = {"demo": demo_spec_bench_prompts, "demo-mt": demo_mt_prompts, "demo-kinds": demo_kinds_prompts}
-
-
 def load_prompt_set(source: str, limit: int | None = None) -> list[EvalPrompt]:
-    """A built-in set (see BUILT_IN), a JSONL file, or a data directory / Hub dataset id[:split]."""
+    """A built-in set (see BUILT_IN: its first `limit`, default 24, prompts in order), a JSONL file, or a
+    data directory / Hub dataset id[:split] (`limit` prompts spread over the categories)."""
     if source in BUILT_IN:
-        return BUILT_IN[source](limit or 24)
+        prompts, limit = load_jsonl(built_in_file(source)), limit or 24
+        if limit > len(prompts):
+            raise DataError(
+                f"the built-in prompt set {source!r} holds {len(prompts)} prompts, {limit} were asked for: "
+                "ask for fewer or pass a JSONL file of your own"
+            )
+        return prompts[:limit]
     path = Path(source).expanduser()
     if path.suffix in (".jsonl", ".json") or path.is_file():
         prompts = load_jsonl(path)

@@ -5,8 +5,8 @@
     python scripts/build_tree.py --target data/demo/target --head outputs/eagle3-demo/head \
         --depth 6 --cost-profile outputs/benchmark/decoding.json
 
-The target greedily continues N chat prompts (the first user turns of
-`spechead.data.demo.make_conversations(N, seed=123)`, or --prompts-file JSONL lines {"prompt": ...});
+The target greedily continues N chat prompts (the built-in prompt set demo-tune: first user turns of
+held-out demo conversations, never the benchmark's; or --prompts-file JSONL lines {"prompt": ...});
 on those continuations the head's top-k accuracy by depth is measured (Medusa: per head; EAGLE: per
 unrolled draft step), the best tree of --nodes drafted nodes is chosen (or, with --cost-profile, the
 node count with the best expected speedup on that hardware), and its expected accept length is
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from spechead.data.demo import make_conversations
+from spechead.data.prompt_sets import load_prompt_set
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_of
 from spechead.inference.generator import SpeculativeGenerator
@@ -60,9 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_prompts(n: int, path: str | None) -> tuple[list[str], str]:
     """N prompt strings and a description of where they came from."""
     if path is None:
-        convs = make_conversations(n, seed=123)
-        firsts = [next(m["content"] for m in c["messages"] if m["role"] == "user") for c in convs]
-        return firsts, "spechead.data.demo.make_conversations(seed=123) first user turns"
+        return [p.turns[0] for p in load_prompt_set("demo-tune", n)], "built-in prompt set demo-tune"
     lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     prompts = [str(row["prompt"]) for row in lines][:n]
     if not prompts:

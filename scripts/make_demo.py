@@ -1,7 +1,11 @@
 #!/usr/bin/env python
 """Build the shipped demo assets: a chat corpus, a BPE tokenizer and a small Llama target trained on it.
 
-    python scripts/make_demo.py            # writes data/demo/{chat.jsonl,target/,README.md}
+    python scripts/make_demo.py                 # writes data/demo/{chat.jsonl,prompts/,target/,README.md}
+    python scripts/make_demo.py --prompts-only  # rewrites only data/demo/prompts/*.jsonl (seconds)
+
+The corpus and prompt generators live beside this script in scripts/demo_corpus/ (demo tooling, not
+part of the installed library, which reads only the files written here).
 
 Everything is deterministic given the arguments (seeded corpus, tokenizer and training) and runs
 offline on CPU. The target is saved in bfloat16 to keep the repository small.
@@ -18,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from demo_corpus import PROMPT_SETS, make_conversations, prompt_rows
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GenerationConfig,
@@ -27,14 +32,13 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
-from spechead.data.demo import make_conversations
-
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+PROMPTS_PER_SET = 256  # rows in each data/demo/prompts/NAME.jsonl
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,9 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "`cascade` drafter) like --draft, into OUT/medium; use with e.g. --hidden-size 128 --num-layers 3 "
         "--num-heads 4 --num-kv-heads 2 --intermediate-size 320",
     )  # fmt: skip
+    p.add_argument(
+        "--prompts-only", action="store_true",
+        help=f"instead: rewrite only OUT/prompts/NAME.jsonl, the built-in prompt sets ({PROMPTS_PER_SET} each)",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    if args.draft and args.medium:
-        p.error("give --draft or --medium, not both")
+    if args.draft + args.medium + args.prompts_only > 1:
+        p.error("give at most one of --draft, --medium and --prompts-only")
     return args
 
 
@@ -83,6 +91,14 @@ def write_corpus(convs: list[dict], path: Path) -> None:
     with path.open("w", encoding="utf-8") as f:
         for conv in convs:
             f.write(json.dumps({"messages": conv["messages"]}, ensure_ascii=False) + "\n")
+
+
+def write_prompt_sets(out: Path, n: int = PROMPTS_PER_SET) -> None:
+    """OUT/prompts/NAME.jsonl for every built-in prompt set: n rows {question_id, category, turns} each."""
+    (out / "prompts").mkdir(parents=True, exist_ok=True)
+    for name in PROMPT_SETS:
+        lines = [json.dumps(row, ensure_ascii=False) + "\n" for row in prompt_rows(name, n)]
+        (out / "prompts" / f"{name}.jsonl").write_text("".join(lines), encoding="utf-8")
 
 
 def train_tokenizer(convs: list[dict], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -256,8 +272,11 @@ def write_readme(out: Path, argv: list[str], args: argparse.Namespace, stats: di
 Built by `scripts/make_demo.py`; do not edit by hand, rerun the script instead.
 
 - `chat.jsonl`: {args.num_conversations} synthetic chat conversations (OpenAI `messages` format) from
-  `spechead.data.demo.make_conversations(n={args.num_conversations}, seed={args.seed})`: {stats["num_kinds"]} task kinds
+  `make_conversations(n={args.num_conversations}, seed={args.seed})` (scripts/demo_corpus): {stats["num_kinds"]} task kinds
   (arithmetic, unit conversions, capitals, recipes, emails, summaries, Python snippets, ...).
+- `prompts/`: the built-in prompt sets of `spechead.data.prompt_sets` (demo, demo-mt, demo-kinds,
+  demo-tune; {PROMPTS_PER_SET} prompts each), drawn from held-out conversations (other seeds) by
+  scripts/demo_corpus/prompts.py; `--prompts-only` rewrites just these.
 - `target/`: a small `LlamaForCausalLM` trained from scratch on that corpus (rendered with the ChatML
   chat template), saved in bfloat16 safetensors with its byte-level BPE tokenizer (vocab {len(stats["vocab"])}).
   It is the frozen demo target that the draft heads are trained against.
@@ -361,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     if args.draft or args.medium:
         return make_small(args, argv, "draft" if args.draft else "medium")
+    if args.prompts_only:
+        return write_prompt_sets(args.out.resolve())
     t0 = time.perf_counter()
     out = args.out.resolve()
 
@@ -369,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     n_val = max(1, math.ceil(len(convs) * args.val_fraction))
     train_convs, val_convs = convs[:-n_val], convs[-n_val:]
     print(f"corpus: {len(convs)} conversations ({n_val} held out) -> {out / 'chat.jsonl'}", flush=True)
+    write_prompt_sets(out)
 
     tok = train_tokenizer(train_convs, args.vocab_size)
     train_blocks, val_blocks = pack(tok, train_convs, args.seq_len), pack(tok, val_convs, args.seq_len)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
+# scripts/demo_corpus (the demo-asset generators, not in the installed package) imports as `demo_corpus`,
+# as it does for the scripts beside it
+sys.path.insert(0, str(ROOT / "scripts"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -113,5 +113,7 @@ def test_wheel_holds_packages_configs_and_demo_assets(tmp_path):
     assert "spechead/configs/head/medusa.yaml" in names
     assert "spechead/configs/tuning/demo.yaml" in names
     assert "spechead/data/demo/chat.jsonl" in names
+    assert "spechead/data/demo/prompts/demo.jsonl" in names  # the built-in prompt sets ship as files
+    assert not any("demo_corpus" in n or "demo_tasks" in n for n in names)  # their generators do not
     assert any(n.startswith("spechead/data/demo/target/model-") and n.endswith(".safetensors") for n in names)
     assert not any(n.startswith("spechead/__init__") for n in names)  # spechead is a namespace package

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -24,11 +26,26 @@ def test_demo_set_has_the_spec_bench_categories_and_is_deterministic():
     assert load_prompt_set("demo", 12) == a[:12]  # a smaller set is a prefix: numbers stay comparable
 
 
-def test_demo_mt_and_kinds_sets():
+def test_demo_mt_kinds_and_tune_sets():
     mt = load_prompt_set("demo-mt", 8)
     assert len(mt) == 8 and all(len(p.turns) == 2 for p in mt)
     kinds = load_prompt_set("demo-kinds", 40)
     assert len({p.category for p in kinds}) >= 10 and all(len(p.turns) == 1 for p in kinds)
+    tune = load_prompt_set("demo-tune", 40)  # another held-out draw (templated prompts may recur)
+    assert len(tune) == 40 and [p.turns for p in tune] != [p.turns for p in kinds]
+
+
+def test_built_in_sets_are_shipped_files_and_say_when_too_small():
+    with pytest.raises(DataError, match="'demo' holds 256 prompts, 300 were asked for: ask for fewer"):
+        load_prompt_set("demo", 300)
+    code = (
+        "import sys; import spechead.data.prompt_sets as p, spechead.training.trainer, spechead.inference.generator; "
+        "p.load_prompt_set('demo'); print(sorted(m for m in sys.modules if 'demo_corpus' in m or 'demo_tasks' in m))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr[
+        -2000:
+    ]  # no corpus generator loaded
 
 
 def test_limit_spreads_over_categories(tmp_path):

@@ -65,7 +65,7 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
 def test_build_tree_demo_prompts_and_errors(script, tiny_target_dir, head_dir, capsys):
     script = script("build_tree")
     prompts, source = script.load_prompts(5, None)
-    assert len(prompts) == 5 and all(prompts) and "seed=123" in source
+    assert len(prompts) == 5 and all(prompts) and "demo-tune" in source
     argv = ["--target", str(tiny_target_dir), "--head", str(head_dir / "missing"), "--prompts", "1"]
     assert script.main(argv) == 2 and "not a local directory" in capsys.readouterr().err
 

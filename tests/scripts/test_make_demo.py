@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from demo_corpus import PROMPT_SETS, make_conversations, prompt_rows
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from spechead.data.demo import make_conversations
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "data" / "demo"
@@ -64,6 +63,7 @@ def test_tiny_build_is_loadable(tmp_path):
     assert "final: train loss" in run.stdout and run.stdout.count("--- sample ---") == 2  # 2 held out of 60
     lines = (out / "chat.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line) for line in lines] == make_conversations(60, seed=0)
+    assert sorted(f.name for f in (out / "prompts").iterdir()) == sorted(f"{n}.jsonl" for n in PROMPT_SETS)
     readme = (out / "README.md").read_text()
     assert "python scripts/make_demo.py --out" in readme and "final validation loss" in readme
     assert (out / "target" / "model.safetensors").stat().st_mode & 0o044 == 0o044  # readable by all
@@ -82,6 +82,9 @@ def test_shipped_assets_are_current_and_small():
     """data/demo was built from today's generator (rebuild with scripts/make_demo.py if this fails)."""
     lines = (SHIPPED / "chat.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line) for line in lines] == make_conversations(len(lines), seed=0)
+    for name in PROMPT_SETS:  # the built-in prompt sets
+        rows = (SHIPPED / "prompts" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+        assert [json.loads(line) for line in rows] == prompt_rows(name, len(rows)), name
     assert len((SHIPPED / "chat.jsonl").read_bytes()) <= 4_000_000
     assert sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file()) < 20_000_000
     for name in ("target", "draft", "medium"):  # the demo target and the cascade's tiny and medium levels

@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from spechead.data import demo_tasks as lang
-from spechead.data import demo_tasks_logic as logic
-from spechead.data import demo_tasks_num as num
-from spechead.data import demo_tasks_write as write
-from spechead.data.demo_facts import Turns
+from . import tasks_lang as lang
+from . import tasks_logic as logic
+from . import tasks_num as num
+from . import tasks_write as write
+from .facts import Turns
 
 TaskFn = Callable[[random.Random], Turns]
 

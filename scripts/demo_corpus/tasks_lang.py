@@ -1,15 +1,15 @@
 """Knowledge and language task generators for the demo chat corpus.
 
 Each generator takes a `random.Random` and returns `Turns`: the first (user, assistant) exchange
-followed by natural follow-ups that refer back to it; the assembler (`spechead.data.demo`) decides
-how many turns to keep. Facts come from `spechead.data.demo_facts`.
+followed by natural follow-ups that refer back to it; the assembler (`corpus.py`) decides
+how many turns to keep. Facts come from `facts.py`.
 """
 
 from __future__ import annotations
 
 import random
 
-from spechead.data.demo_facts import (
+from .facts import (
     ANIMAL_PLURALS,
     ANIMALS,
     CATEGORIES,

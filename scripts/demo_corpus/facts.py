@@ -1,4 +1,4 @@
-"""Small built-in knowledge tables for the demo chat corpus (see `spechead.data.demo_tasks`).
+"""Small built-in knowledge tables for the demo chat corpus (see the tasks_*.py modules).
 
 Kept as plain data so the task generators stay short; every fact here is meant to be correct,
 because the demo target LM learns whatever we put in.

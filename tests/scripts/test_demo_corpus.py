@@ -7,8 +7,7 @@ import statistics
 from collections import Counter
 
 import pytest
-
-from spechead.data.demo import TASKS, make_conversations, task_kinds
+from demo_corpus import TASKS, make_conversations, task_kinds
 
 
 @pytest.fixture(scope="module")
