@@ -5,8 +5,6 @@ lets `load_head` rebuild a saved head of that family.
 """
 
 from spechead.heads.base import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
     DraftHead,
     HeadConfig,
     known_families,
@@ -14,6 +12,7 @@ from spechead.heads.base import (
     register_head,
     resolve_layers,
 )
+from spechead.heads.directory import CONFIG_NAME, WEIGHTS_NAME
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.errors import HeadError

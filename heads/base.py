@@ -13,7 +13,6 @@ saved "-1" would silently mean a different state on a target with another depth.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -24,15 +23,10 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from spechead.heads.directory import CONFIG_NAME, WEIGHTS_NAME, read_config, resolve, write_config
 from spechead.heads.errors import HeadError
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
-# What a head fetched from the Hub needs (fnmatch: `*` also matches `/`): config.json and weights, and
-# what decoding reads beside them: tree.json (a Medusa static tree) and a Medusa-2 LoRA adapter's
-# adapter_config.json + weights. Never the card or plots.
-HUB_PATTERNS = ("*.json", "*.safetensors")
 
 
 def resolve_layers(layers: list[int], num_layers: int) -> list[int]:
@@ -222,7 +216,7 @@ class DraftHead(nn.Module):
             "format_version": FORMAT_VERSION,
         }
         config.update(self.config.to_dict())
-        (path / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        write_config(path, config)
         return path
 
     @classmethod
@@ -235,13 +229,13 @@ class DraftHead(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> DraftHead:
         """Load a head saved by save_pretrained from a local directory or a Hub repo (eval mode)."""
-        directory = resolve_head_dir(path_or_hub_id, revision)
+        directory = resolve(path_or_hub_id, revision)
         foreign = _import_foreign(
             directory, path_or_hub_id, revision, family=cls.family, device=device, dtype=dtype
         )
         if foreign is not None:
             return foreign
-        raw = _read_config(directory)
+        raw = read_config(directory)
         family = raw.pop("family")
         if not cls.family:  # DraftHead.from_pretrained: dispatch on the saved family
             return _registered(family, directory).from_pretrained(directory, device=device, dtype=dtype)
@@ -271,11 +265,11 @@ def load_head(path_or_hub_id: str | Path, **kwargs: Any) -> DraftHead:
     `target_config=target.config` fills what such a layout leaves implicit (ignored for spechead heads).
     """
     revision, target_config = kwargs.pop("revision", None), kwargs.pop("target_config", None)
-    directory = resolve_head_dir(path_or_hub_id, revision)
+    directory = resolve(path_or_hub_id, revision)
     foreign = _import_foreign(directory, path_or_hub_id, revision, target_config=target_config, **kwargs)
     if foreign is not None:
         return foreign
-    family = _read_config(directory)["family"]
+    family = read_config(directory)["family"]
     return _registered(family, directory).from_pretrained(directory, **kwargs)
 
 
@@ -302,38 +296,6 @@ def _spechead_version() -> str:
         return metadata.version("spechead")
     except metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-def resolve_head_dir(path_or_hub_id: str | Path, revision: str | None = None) -> Path:
-    """A head's local directory: a local path as is, a Hub id as its snapshot (HUB_PATTERNS files only)."""
-    local = Path(path_or_hub_id).expanduser()
-    if local.is_dir():
-        return local
-    if local.exists():
-        raise HeadError(f"head {path_or_hub_id} is a file; pass the directory that holds {CONFIG_NAME}")
-    from huggingface_hub import snapshot_download  # lazy: only Hub loads need it
-
-    try:
-        fetched = snapshot_download(str(path_or_hub_id), revision=revision, allow_patterns=list(HUB_PATTERNS))
-    except Exception as err:  # offline, unreachable, missing repo, bad id: all mean "cannot fetch"
-        raise HeadError(
-            f"head {path_or_hub_id} is not a local directory and could not be fetched from the Hub: "
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        ) from err
-    return Path(fetched)
-
-
-def _read_config(directory: Path) -> dict[str, Any]:
-    file = directory / CONFIG_NAME
-    if not file.is_file():
-        raise HeadError(f"{directory} has no {CONFIG_NAME}: it is not a head saved by save_pretrained")
-    try:
-        raw = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise HeadError(f"{file} is not valid JSON: {err}") from err
-    if not isinstance(raw, dict) or not isinstance(raw.get("family"), str):
-        raise HeadError(f"{file} has no 'family': it is not a spechead head config (a target model's?)")
-    return raw
 
 
 def _load_weights(head: nn.Module, file: Path, device: torch.device | str | int | None) -> None:

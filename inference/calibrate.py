@@ -10,16 +10,16 @@ several. `calibrated_choices` times the target's verify pass by tree size and th
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.runner import TargetRunner
-from spechead.inference.tree_search import TREE_FILE, best_choices_for_cost
+from spechead.inference.tree_search import best_choices_for_cost
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -34,10 +34,8 @@ def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) 
 
 def saved_accuracy(head_dir: str | Path | None) -> torch.Tensor | None:
     """accuracy [depth, k] from HEAD_DIR/tree.json, or None when there is none."""
-    path = Path(head_dir).expanduser() / TREE_FILE if head_dir is not None else None
-    if path is None or not path.is_file():
-        return None
-    table = json.loads(path.read_text()).get("accuracy")
+    tree = read_tree(head_dir) if head_dir is not None else None
+    table = tree.get("accuracy") if tree else None
     return torch.tensor(table, dtype=torch.float64) if table else None
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from spechead.heads import DraftHead, load_head
-from spechead.heads.base import resolve_head_dir
+from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
@@ -21,7 +20,6 @@ from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
-from spechead.inference.tree_search import load_tree_choices
 
 # DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
@@ -67,7 +65,7 @@ def make_drafter(
         # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
         head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
         # A Hub head becomes its local snapshot (tree.json and adapter included) for everything below.
-        spec = str(resolve_head_dir(spec, revision))
+        spec = str(directory.resolve(spec, revision))
         head.attach_target_modules(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
@@ -129,7 +127,8 @@ def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) ->
     (EAGLE: instead of the dynamic tree unless tree/top_k/depth/total_tokens are given).
     """
     fam = family_of(head.config)
-    saved = load_tree_choices(head_dir) if head_dir is not None else None
+    tree = directory.read_tree(head_dir) if head_dir is not None else None
+    saved = tree["choices"] if tree else None
     if saved is not None and not set(TREE_OPTIONS) & set(options):
         options = {**options, fam.tree_option: saved}
     return fam.load("drafter")(head, **options)
@@ -138,15 +137,13 @@ def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) ->
 def merge_head_adapter(target, head_dir: str):
     """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in;
     other heads' targets pass through."""
-    adapter = _config_of(head_dir, None).get("lora_adapter")
-    if not adapter:
+    if not _config_of(head_dir, None).get("lora_adapter"):
         return target
-    local = resolve_head_dir(head_dir)  # a Hub head: its snapshot holds the adapter files
-    if not Path(local, adapter).is_dir():
-        raise ValueError(f"head {head_dir} names the LoRA adapter {adapter!r} but has no {adapter}/ folder")
+    # a Hub head: its snapshot holds the adapter files
+    adapter = directory.adapter_dir(directory.resolve(head_dir))
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(target, str(Path(local) / adapter)).merge_and_unload()
+    return PeftModel.from_pretrained(target, str(adapter)).merge_and_unload()
 
 
 def load_generator(
@@ -187,7 +184,7 @@ def load_generator(
     calibration = accuracy = None
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:
-        built, calibration, accuracy = calibrated_drafter(model, built, resolve_head_dir(drafter, revision))
+        built, calibration, accuracy = calibrated_drafter(model, built, directory.resolve(drafter, revision))
     gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
     gen.calibration, gen.tree_accuracy = calibration, accuracy
     return gen

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spechead.heads.directory import tree_paths
+
 
 def _parent_list(parents: torch.Tensor) -> list[int]:
     """Validate `parents` [N] and return it as a Python list (raises ValueError)."""
@@ -170,24 +172,12 @@ def tree_from_choices(choices: list[list[int]]) -> StaticTree:
     The root (node 0) is added; the other nodes are the paths sorted by (length, ranks), so parents
     precede children. Every proper prefix of a path must itself be a path; no duplicates, ranks >= 0.
     """
-    paths: list[tuple[int, ...]] = []
-    for c in choices:
-        path = tuple(int(x) for x in c)
-        if not path:
-            raise ValueError("tree_from_choices: empty path (the root is added implicitly)")
-        if any(x < 0 for x in path):
-            raise ValueError(f"tree_from_choices: ranks must be >= 0, got {list(path)}")
-        paths.append(path)
-    if len(set(paths)) != len(paths):
-        raise ValueError("tree_from_choices: duplicate paths in choices")
-    paths.sort(key=lambda p: (len(p), p))
-    index = {(): 0}
+    paths = tree_paths(choices)  # checked (tree.json's rule) and sorted: parents first
+    index: dict[tuple[int, ...], int] = {(): 0}
     for i, path in enumerate(paths, start=1):
         index[path] = i
     parents, depth, rank = [-1], [0], [-1]
     for path in paths:
-        if path[:-1] not in index:
-            raise ValueError(f"tree_from_choices: path {list(path)} has no parent path {list(path[:-1])}")
         parents.append(index[path[:-1]])
         depth.append(len(path))
         rank.append(path[-1])

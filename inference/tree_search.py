@@ -9,10 +9,8 @@ expected to emit 1 + sum of its nodes' probabilities tokens per target pass (the
 from __future__ import annotations
 
 import heapq
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
@@ -22,8 +20,6 @@ from spechead.heads.medusa import MedusaHead
 from spechead.heads.unroll import ttt_forward
 from spechead.inference.tree import tree_from_choices
 from spechead.inference.verify import prefill
-
-TREE_FILE = "tree.json"  # saved in a head directory; Medusa and EAGLE drafters use it by default
 
 
 def _accuracy_rows(accuracy: torch.Tensor) -> list[list[float]]:
@@ -182,28 +178,6 @@ def measure_eagle_accuracy(
     if int(counts.min()) == 0:
         raise ValueError(f"sequences too short for depth {depth}: generate more tokens or lower --depth")
     return hits.double().div(counts[:, None]).float()
-
-
-def save_tree(head_dir: str | Path, choices: list[list[int]], **info: object) -> Path:
-    """Write HEAD_DIR/tree.json = {"choices": ..., **info}; returns its path."""
-    tree_from_choices(choices)  # never save a tree the drafter would refuse
-    path = Path(head_dir) / TREE_FILE
-    path.write_text(json.dumps({"choices": choices, **info}, indent=2) + "\n")
-    return path
-
-
-def load_tree_choices(head_dir: str | Path) -> list[list[int]] | None:
-    """The choices of HEAD_DIR/tree.json, or None when the (local) head directory has none."""
-    path = Path(head_dir).expanduser() / TREE_FILE
-    if not path.is_file():
-        return None
-    try:
-        choices = json.loads(path.read_text())["choices"]
-        choices = [[int(x) for x in c] for c in choices]
-        tree_from_choices(choices)
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path} is not a valid tree file ({type(err).__name__}: {err})") from err
-    return choices
 
 
 def interpolate_cost(cost_by_size: dict[int, float], size: int) -> float:

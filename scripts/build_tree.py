@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from spechead.data.prompt_sets import load_prompt_set
+from spechead.heads.directory import write_tree
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_of
 from spechead.inference.generator import SpeculativeGenerator
@@ -32,7 +33,6 @@ from spechead.inference.tree_search import (
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
-    save_tree,
 )
 
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured tau, default tree ({'static' if default else 'dynamic'}): {tau_default:.3f}")
     measured = {"target": str(args.target), "prompts": len(prompts), "prompt_source": source,
                 "max_new_tokens": args.max_new_tokens, "generated_tokens": positions, "topk": args.topk}  # fmt: skip
-    path = save_tree(
+    path = write_tree(
         args.head,
         choices,
         expected_accept_length=expected,

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spechead.training.errors import TrainError
-from spechead.training.publish import prepare_upload, upload_to_hub
+from spechead.heads.hub import prepare_upload, upload_to_hub
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 0
         url = upload_to_hub(upload, args.repo_id, private=args.private, revision=args.revision)
-    except (TrainError, ValueError, OSError) as err:
+    except (ValueError, OSError) as err:  # HeadError is a ValueError
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     print(f"published {args.head_dir} to {args.repo_id}: {url}")

@@ -185,3 +185,19 @@ def script():
         return module
 
     return load
+
+
+@pytest.fixture
+def reregistered(monkeypatch):
+    """Replace a registered family's fields for one test."""
+
+    import dataclasses
+
+    from spechead.heads.families import _FAMILIES, family_named
+
+    def replace(name: str, **fields):
+        fam = dataclasses.replace(family_named(name), **fields)
+        monkeypatch.setitem(_FAMILIES, name, fam)
+        return fam
+
+    return replace

@@ -21,7 +21,9 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from spechead.training import checkpoint, memory_plan, publish, tracking, zero
+from spechead.heads import hub
+from spechead.heads.errors import HeadError
+from spechead.training import checkpoint, memory_plan, tracking, zero
 from spechead.training.checkpoint import TrainState
 from spechead.training.decode_eval import DecodeEval, DecodeEvaluator
 from spechead.training.errors import TrainError
@@ -127,7 +129,10 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
     resume_from = resume_point(s)
     tracking.check(s.logger)
     if s.trainer.push_to_hub:  # fail now, not after hours of training
-        publish.preflight(s.trainer.push_to_hub)
+        try:
+            hub.preflight(s.trainer.push_to_hub)
+        except HeadError as err:
+            raise TrainError(str(err)) from None
     set_seed(s.trainer.seed)
     tokenizer = load_tokenizer(s.model)
     with accelerator.main_process_first():
@@ -297,8 +302,8 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
 def _push(head_dir: Path, repo_id: str, private: bool) -> None:
     """Publish the final head; a failed upload says how to retry (the head itself is saved)."""
     try:
-        url = publish.publish(head_dir, repo_id, private=private)
-    except TrainError as err:
+        url = hub.publish(head_dir, repo_id, private=private)
+    except HeadError as err:
         raise TrainError(
             f"{err} (the head is saved: retry with python scripts/publish.py {head_dir} --repo-id {repo_id})"
         ) from None

@@ -1,5 +1,5 @@
-"""The family registry: every registration resolves, a saved head finds its family, and code elsewhere
-asks the registry (changing a registration changes what the trainer, the model card and export do)."""
+"""The family registry: every registration resolves, a saved head finds its family, and the model card
+and export ask it (changing a registration changes what they do; training's checks: tests/training)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import dataclasses
 
 import pytest
 
-from spechead.heads import MedusaConfig
+from spechead.heads import MedusaConfig, MedusaHead
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_named, family_names, family_of, register_family
-from spechead.heads.formats import FORMATS
+from spechead.heads.formats import FORMATS, export_head
+from spechead.heads.hub import card
 from spechead.training.errors import TrainError
 from spechead.training.objectives import Recipe, family_for
 
@@ -50,3 +51,14 @@ def test_registrations_that_would_make_a_saved_head_ambiguous_are_refused():
     with pytest.raises(ValueError, match="'eagle-kd' has the same head .* as 'eagle'"):
         register_family(dataclasses.replace(eagle, name="eagle-kd"))
     register_family(eagle)  # the same registration again (a module reload) is fine
+
+
+def test_model_card_and_export_ask_the_registry(reregistered, tmp_path):
+    head = MedusaHead(MedusaConfig(hidden_size=16, vocab_size=32))
+    saved = {**head.config.to_dict(), "family": "medusa"}  # as config.json holds it
+    reregistered("medusa", summary="a test summary", tags=("test-tag",), exports={})
+    text = card.render_card(saved, repo_id="me/h", files=[], num_parameters=1, run=card.RunInfo())
+    assert "a test summary" in text
+    assert card.card_metadata(saved, base_model=None, license=None).tags[-1] == "test-tag"
+    with pytest.raises(HeadError, match="cannot be exported as 'medusa'"):
+        export_head(head, "medusa", tmp_path / "out")

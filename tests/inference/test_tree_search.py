@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 
 import pytest
@@ -12,13 +11,10 @@ import torch
 from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.tree import tree_from_choices
 from spechead.inference.tree_search import (
-    TREE_FILE,
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
-    load_tree_choices,
     measure_topk_accuracy,
-    save_tree,
 )
 
 # exact binary fractions: products are exact, so ties are real ties
@@ -154,16 +150,6 @@ def test_measure_counts_generated_positions_only(model_and_head):
         measure_topk_accuracy(model, head, [seq], topk=2, starts=[length - 2])  # heads 1, 2: no position
     with pytest.raises(ValueError, match="starts"):
         measure_topk_accuracy(model, head, [seq], topk=2, starts=[1, 2])
-
-
-def test_save_and_load_tree(tmp_path):
-    assert load_tree_choices(tmp_path) is None
-    path = save_tree(tmp_path, [[0], [0, 0]], expected_accept_length=1.5)
-    assert path.name == TREE_FILE and json.loads(path.read_text())["expected_accept_length"] == 1.5
-    assert load_tree_choices(tmp_path) == [[0], [0, 0]]
-    path.write_text(json.dumps({"choices": [[0, 1]]}))
-    with pytest.raises(ValueError, match="not a valid tree"):
-        load_tree_choices(tmp_path)
 
 
 def test_interpolated_cost_and_best_tree_for_cost():

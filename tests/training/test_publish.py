@@ -1,4 +1,4 @@
-"""training/publish.py: the exact upload folder, its model card, a real upload through huggingface_hub to
+"""heads/hub (publish, card) after a real training run: the exact upload folder, its model card, a real upload through huggingface_hub to
 a local fake Hub, and loading the published head back (from the folder and by Hub id) unchanged."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from huggingface_hub import ModelCard, constants
 
 from spechead.heads import load_head
-from spechead.training.errors import TrainError
-from spechead.training.publish import prepare_upload, upload_to_hub
+from spechead.heads.errors import HeadError
+from spechead.heads.hub import prepare_upload, upload_to_hub
 from spechead.training.trainer import train
 
 REPO = "me/tiny-medusa2"
@@ -69,7 +69,7 @@ def test_dry_run_folder_holds_exactly_what_loading_needs(run, tmp_path):
     for name in UPLOADED - {"README.md", "speedup_by_category.png", "acceptance_by_depth.png"}:
         assert (out / name).read_bytes() == (head_dir / name).read_bytes(), name
     assert any("adapter/README.md" in note for note in upload.notes)
-    with pytest.raises(TrainError, match="not an empty directory"):
+    with pytest.raises(HeadError, match="not an empty directory"):
         upload.write(out)  # never writes into (or over) an existing folder
 
 
@@ -213,21 +213,21 @@ def test_bad_input_is_one_clear_error(run, tmp_path, tiny_target_dir, head, repo
              "target": tiny_target_dir, "head": run[0].head_dir}  # fmt: skip
     paths["file"].write_text("x")
     paths["empty"].mkdir()
-    with pytest.raises(TrainError, match=message) as err:
+    with pytest.raises(HeadError, match=message) as err:
         prepare_upload(paths[head], repo_id=repo_id)
     assert "\n" not in str(err.value)
 
 
 def test_upload_problems_are_one_clear_error(run, online, monkeypatch, fake_hub):
     upload = _prepare(run, benchmark_dir=None)
-    with pytest.raises(TrainError, match="no Hugging Face token"):
+    with pytest.raises(HeadError, match="no Hugging Face token"):
         upload_to_hub(upload, REPO, endpoint=fake_hub.url)
     fake_hub.token = "the-right-token"
-    with pytest.raises(TrainError, match=r"failed: .*401.*token may write to me$") as rejected:
+    with pytest.raises(HeadError, match=r"failed: .*401.*token may write to me$") as rejected:
         upload_to_hub(upload, REPO, token="a-wrong-token", endpoint=fake_hub.url)
-    with pytest.raises(TrainError, match="upload to me/tiny-medusa2 failed: ConnectError") as unreachable:
+    with pytest.raises(HeadError, match="upload to me/tiny-medusa2 failed: ConnectError") as unreachable:
         upload_to_hub(upload, REPO, token="t", endpoint="http://127.0.0.1:9")
     assert "\n" not in str(rejected.value) + str(unreachable.value) and not fake_hub.commits
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(TrainError, match="HF_HUB_OFFLINE"):
+    with pytest.raises(HeadError, match="HF_HUB_OFFLINE"):
         upload_to_hub(upload, REPO, token="t", endpoint=fake_hub.url)

@@ -18,14 +18,13 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
+from spechead.heads.directory import ADAPTER_NAME
 from spechead.heads.medusa import MedusaConfig, MedusaHead
 from spechead.training.errors import TrainError
 from spechead.training.losses import medusa_loss, medusa_weights
 from spechead.training.objectives.base import Objective, Recipe, mean_metric
 from spechead.training.objectives.medusa import medusa_counts, medusa_summary
 from spechead.training.target import FrozenTarget
-
-ADAPTER_DIR = "adapter"
 
 
 @dataclass
@@ -143,7 +142,7 @@ class Medusa2Objective(Objective):
         self.weights = medusa_weights(head.config.num_heads, cfg.decay)
         self.peft_model = add_lora(target.model, lora)
         self.joint = JointModel(self.peft_model, head)
-        head.config.lora_adapter = ADAPTER_DIR
+        head.config.lora_adapter = ADAPTER_NAME
 
     def module(self) -> nn.Module:
         return self.joint
@@ -203,7 +202,7 @@ class Medusa2Objective(Objective):
 
     def save(self, path: Path) -> Path:
         self.head.save_pretrained(path)
-        self.peft_model.save_pretrained(str(Path(path) / ADAPTER_DIR))
+        self.peft_model.save_pretrained(str(Path(path) / ADAPTER_NAME))
         return Path(path)
 
 

@@ -23,10 +23,10 @@ from pathlib import Path
 import yaml
 from safetensors import safe_open
 
-from spechead.heads import CONFIG_NAME, WEIGHTS_NAME, HeadError, load_head
-from spechead.heads.base import HUB_PATTERNS
-from spechead.training.errors import TrainError
-from spechead.training.model_card import (
+from spechead.heads.base import load_head
+from spechead.heads.directory import CONFIG_NAME, HUB_PATTERNS, WEIGHTS_NAME, loading_files, read_config
+from spechead.heads.errors import HeadError
+from spechead.heads.hub.card import (
     BENCHMARK_PLOTS,
     BenchmarkInfo,
     RunInfo,
@@ -35,8 +35,6 @@ from spechead.training.model_card import (
 )
 
 CARD_NAME = "README.md"
-TREE_NAME = "tree.json"  # HEAD/tree.json from scripts/build_tree.py (Medusa static tree)
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what peft loads
 
 
 @dataclass
@@ -55,7 +53,7 @@ class Upload:
         """Materialise the upload in `out_dir` (which must not exist or be empty)."""
         out = Path(out_dir).expanduser()
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise TrainError(
+            raise HeadError(
                 f"{out} already exists and is not an empty directory: choose another output folder"
             )
         for name, source in self.files.items():
@@ -67,17 +65,17 @@ class Upload:
 
 
 def check_repo_id(repo_id: str) -> str:
-    """`repo_id` if it is a valid `namespace/name` Hub model id, else TrainError."""
+    """`repo_id` if it is a valid `namespace/name` Hub model id, else HeadError."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
-        raise TrainError(
+        raise HeadError(
             f"repo id {repo_id!r} is not a valid Hub repo id: {str(err).splitlines()[0]}"
         ) from None
     if repo_id.count("/") != 1:
-        raise TrainError(
+        raise HeadError(
             f"repo id {repo_id!r} must be NAMESPACE/NAME (your user or organisation, then a name)"
         )
     return repo_id
@@ -87,28 +85,16 @@ def head_files(head_dir: str | Path) -> tuple[dict[str, Path], dict, list[str]]:
     """Check that `head_dir` holds a loadable head; return (files loading needs, config.json, skipped)."""
     head = Path(head_dir).expanduser()
     if not head.exists():
-        raise TrainError(f"head directory {head} does not exist: pass OUTPUT_DIR/head of a training run")
+        raise HeadError(f"head directory {head} does not exist: pass OUTPUT_DIR/head of a training run")
     if not head.is_dir():
-        raise TrainError(f"{head} is a file: pass the head directory that holds {CONFIG_NAME}")
+        raise HeadError(f"{head} is a file: pass the head directory that holds {CONFIG_NAME}")
     try:
         load_head(head)  # config and weights must load (and match) before anything is published
+        files = loading_files(head)  # and the tree and adapter loading reads beside them
     except HeadError as err:
-        raise TrainError(f"{head} is not a loadable spechead head: {err}") from None
-    config = json.loads((head / CONFIG_NAME).read_text())
-    files = {CONFIG_NAME: head / CONFIG_NAME, WEIGHTS_NAME: head / WEIGHTS_NAME}
-    if (head / TREE_NAME).is_file():
-        _check_tree(head / TREE_NAME)
-        files[TREE_NAME] = head / TREE_NAME
-    adapter = config.get("lora_adapter") or ""
-    for name in ADAPTER_FILES if adapter else ():
-        if not (head / adapter / name).is_file():
-            raise TrainError(
-                f"{head / CONFIG_NAME} names the LoRA adapter {adapter!r} but {head / adapter / name} is missing: "
-                "publish the complete Medusa-2 head directory"
-            )
-        files[f"{adapter}/{name}"] = head / adapter / name
+        raise HeadError(f"{head} is not a loadable spechead head: {err}") from None
     present = {p.relative_to(head).as_posix() for p in head.rglob("*") if p.is_file()}
-    return files, config, sorted(present - set(files))
+    return files, read_config(head), sorted(present - set(files))
 
 
 def read_run(head_dir: str | Path) -> RunInfo:
@@ -127,7 +113,7 @@ def read_benchmark(bench_dir: str | Path, head_dir: str | Path) -> BenchmarkInfo
     bench = Path(bench_dir).expanduser()
     md, js = bench / "decoding.md", bench / "decoding.json"
     if not bench.is_dir() or not (md.is_file() or js.is_file()):
-        raise TrainError(
+        raise HeadError(
             f"benchmark folder {bench} holds no decoding.md / decoding.json: pass the --out folder of scripts/benchmark.py"
         )
     data = _read(js, json.loads) if js.is_file() else {}
@@ -161,7 +147,7 @@ def prepare_upload(
                 "(pass --base-model HUB_ID of the same weights)"
             )
     elif hub_id_or_none(base_model) is None:
-        raise TrainError(f"base model {base_model!r} is not a Hub model id (namespace/name)")
+        raise HeadError(f"base model {base_model!r} is not a Hub model id (namespace/name)")
     benchmark = None
     if benchmark_dir is not None:
         benchmark = read_benchmark(benchmark_dir, head_dir)
@@ -203,15 +189,15 @@ def publish(
 
 
 def preflight(repo_id: str, token: str | None = None) -> str:
-    """The token to upload to `repo_id` with; TrainError (before any work) when an upload cannot start."""
+    """The token to upload to `repo_id` with; HeadError (before any work) when an upload cannot start."""
     from huggingface_hub import constants, get_token
 
     check_repo_id(repo_id)
     if constants.is_offline_mode():
-        raise TrainError("HF_HUB_OFFLINE is set: unset it to upload (or use --dry-run OUT_DIR)")
+        raise HeadError("HF_HUB_OFFLINE is set: unset it to upload (or use --dry-run OUT_DIR)")
     token = token or get_token()
     if not token:
-        raise TrainError(
+        raise HeadError(
             "no Hugging Face token: run `hf auth login` or set HF_TOKEN (or use --dry-run OUT_DIR to only "
             "write the folder)"
         )
@@ -251,32 +237,20 @@ def upload_to_hub(
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         status = getattr(getattr(err, "response", None), "status_code", None)
         hint = f"; check that your token may write to {repo_id.split('/')[0]}" if status in (401, 403) else ""
-        raise TrainError(f"upload to {repo_id} failed: {type(err).__name__}: {first}{hint}") from err
+        raise HeadError(f"upload to {repo_id} failed: {type(err).__name__}: {first}{hint}") from err
     return info.commit_url
 
 
 def _read(path: Path, parse):
-    """parse(path's text); a TrainError naming the file when it is not valid."""
+    """parse(path's text); a HeadError naming the file when it is not valid."""
     try:
         return parse(path.read_text())
     except (ValueError, yaml.YAMLError) as err:
-        raise TrainError(f"{path} is not valid: {str(err).splitlines()[0]}; fix or remove it") from None
+        raise HeadError(f"{path} is not valid: {str(err).splitlines()[0]}; fix or remove it") from None
 
 
 def _loading_reads(path: str) -> bool:
     return any(fnmatch.fnmatch(path, pattern) for pattern in HUB_PATTERNS)
-
-
-def _check_tree(path: Path) -> None:
-    try:
-        choices = json.loads(path.read_text())["choices"]
-        ok = isinstance(choices, list) and all(isinstance(c, list) and c for c in choices)
-    except (ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise TrainError(
-            f"{path} is not a tree file ({{'choices': [[0], [0, 1], ...]}}): rebuild it or remove it"
-        )
 
 
 def _num_parameters(weights: Path) -> int:
