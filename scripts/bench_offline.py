@@ -23,8 +23,8 @@ from hydra import compose, initialize_config_module
 from safetensors.torch import load_file
 
 from spechead.configs import register_resolvers
-from spechead.training.cache_builder import CacheConfig, build_cache
 from spechead.training.cli import USER_ERRORS, settings_from_config
+from spechead.training.hidden_cache.build import CacheConfig, build_cache
 from spechead.training.trainer import train
 
 DEFAULTS = ["head=eagle3", "model=demo", "data=demo", "logger=none", "data.max_examples=400"]

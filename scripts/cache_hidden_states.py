@@ -21,9 +21,9 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from spechead.configs import register_resolvers
-from spechead.training.cache_builder import CacheConfig, CacheReport, build_cache
 from spechead.training.cli import USER_ERRORS, settings_from_config
 from spechead.training.errors import TrainError
+from spechead.training.hidden_cache.build import CacheConfig, CacheReport, build_cache
 from spechead.training.settings import build
 
 

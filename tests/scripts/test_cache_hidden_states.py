@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from spechead.data import hidden_cache as hc
+from spechead.training.hidden_cache import layout as hc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_refuses_to_start_without_the_disk_it_needs(
 ):
     import shutil as real_shutil
 
-    from spechead.training import cache_builder
+    from spechead.training.hidden_cache import build as cache_builder
 
     usage = real_shutil.disk_usage(tmp_path)
     monkeypatch.setattr(cache_builder.shutil, "disk_usage", lambda p: usage._replace(free=1000))

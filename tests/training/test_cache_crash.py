@@ -7,9 +7,9 @@ import os
 import pytest
 from safetensors.torch import save_file
 
-from spechead.data import hidden_cache as hc
 from spechead.data.errors import DataError
-from spechead.training.cache_builder import CacheConfig, build_cache
+from spechead.training.hidden_cache import layout as hc
+from spechead.training.hidden_cache.build import CacheConfig, build_cache
 
 CRASH_AT = 3  # the third shard write fails
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from spechead.training import offline, zero
+from spechead.training import zero
 from spechead.training.errors import TrainError
+from spechead.training.hidden_cache import match as offline
 
 
 def test_trainer_checks_ask_the_registry(reregistered, tmp_path, tiny_target_dir, chat_file, training_kit):

@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from spechead.data.errors import DataError
-from spechead.training.cache_builder import CacheConfig, build_cache
-from spechead.training.cached_target import load_cached_target, load_modules
 from spechead.training.errors import TrainError
-from spechead.training.offline import offline_data
+from spechead.training.hidden_cache.build import CacheConfig, build_cache
+from spechead.training.hidden_cache.match import offline_data
+from spechead.training.hidden_cache.target import load_cached_target, load_modules
 from spechead.training.target import TargetConfig, load_tokenizer
 from spechead.training.trainer import train
 

@@ -1,7 +1,7 @@
 """Build a hidden-state cache: run the frozen target once over the train/val splits, store shards.
 
 Resumable (a rerun skips the shards that some process finished) and distributed (under
-`accelerate launch`, process r takes shards r, r + W, ...). The layout is in spechead.data.hidden_cache.
+`accelerate launch`, process r takes shards r, r + W, ...). The layout is in spechead.training.hidden_cache.layout.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from accelerate import PartialState
 
-from spechead.data import hidden_cache as hc
 from spechead.data.collate import Collator
 from spechead.data.pipeline import TrainData, build_datasets
 from spechead.training.errors import TrainError
-from spechead.training.offline import built_for, target_config
+from spechead.training.hidden_cache import layout as hc
+from spechead.training.hidden_cache.match import built_for, target_config
 from spechead.training.settings import TrainSettings
 from spechead.training.target import FrozenTarget, load_target, load_tokenizer
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from spechead.data import hidden_cache as hc
-from spechead.data.cached_batches import HiddenCollator, open_split
 from spechead.data.collate import Collator
 from spechead.data.errors import DataError
+from spechead.training.hidden_cache import layout as hc
+from spechead.training.hidden_cache.batches import HiddenCollator, open_split
 
 H = 8
 LAYERS = [1, 3]

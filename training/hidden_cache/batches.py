@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from spechead.data.collate import Collator
 from spechead.data.errors import DataError
-from spechead.data.hidden_cache import load_index
+from spechead.training.hidden_cache.layout import load_index
 
 OPEN_SHARDS = 32  # safetensors handles kept open per process
 

@@ -16,20 +16,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoConfig
 
-from spechead.data.cached_batches import HiddenCollator, open_split
 from spechead.data.chat import TokenizeStats
-from spechead.data.errors import DataError
-from spechead.data.hidden_cache import load_index
-from spechead.data.pipeline import TrainData, build_datasets
+from spechead.data.pipeline import TrainData
 from spechead.heads.base import resolve_layers
-from spechead.training.cached_target import CachedTarget, load_cached_target
 from spechead.training.errors import TrainError
+from spechead.training.hidden_cache.batches import HiddenCollator, open_split
+from spechead.training.hidden_cache.layout import load_index
 from spechead.training.objectives import family_for
 from spechead.training.settings import HeadSettings, TrainSettings
-from spechead.training.target import FrozenTarget, TargetConfig, load_target
+from spechead.training.target import TargetConfig
 
 # DataConfig keys that do not change the tokenized rows.
 DATA_KEYS_IGNORED = ("hidden_states", "cache_dir", "num_proc", "name")
@@ -131,21 +128,3 @@ def offline_data(s: TrainSettings, tokenizer: Any) -> TrainData:
     readers = {"train": train.reader, "val": val.reader}
     collator = HiddenCollator(index["pad_token_id"], readers, mine["stored_layers"])
     return TrainData(train=train, val=val, stats=TokenizeStats(**index["stats"]), collator=collator)
-
-
-def training_data(s: TrainSettings, tokenizer: Any) -> TrainData:
-    """The tokenized splits: built from the raw data (online) or read from the cache (offline)."""
-    if s.data.hidden_states == "offline":
-        return offline_data(s, tokenizer)
-    return build_datasets(s.data, tokenizer, s.trainer.max_length, s.trainer.seed)
-
-
-def training_target(
-    s: TrainSettings, data: TrainData, device: torch.device | str
-) -> FrozenTarget | CachedTarget:
-    """The full frozen target (online) or its embedding + lm_head over the cached states (offline)."""
-    if s.data.hidden_states == "offline":
-        if not isinstance(data.collator, HiddenCollator):
-            raise DataError("offline training needs the data of offline_data()")
-        return load_cached_target(s.model, data.collator.layers, device)
-    return load_target(s.model, device)
