@@ -201,3 +201,22 @@ def reregistered(monkeypatch):
         return fam
 
     return replace
+
+
+def _medusa_for(model, num_heads: int = 3):
+    """Medusa heads sized for `model` whose projections start as its lm_head (head k guesses what the
+    target would say one position earlier: a weak but real drafter)."""
+    from spechead.heads import MedusaConfig, MedusaHead
+
+    cfg = model.config
+    head = MedusaHead(
+        MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=num_heads,
+                     target_num_layers=cfg.num_hidden_layers)
+    )  # fmt: skip
+    return head.init_from_lm_head_(model.lm_head.weight)
+
+
+@pytest.fixture(scope="session")
+def medusa_for():
+    """`medusa_for(model, num_heads=3)`: a MedusaHead for that target (see _medusa_for)."""
+    return _medusa_for

@@ -16,10 +16,10 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import cascade_models, drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 
+from .distributions import sampling_tv
 from .test_draft_model_tree import (
     PARAMS,
     PROMPT,
-    exact_distribution,
     perturbed,
     plain_greedy,
     prompts,
@@ -177,17 +177,6 @@ def levels(setup):
     return sharpened(model, 20.0), tok, sharpened(model, 5.0), sharpened(model, 150.0)
 
 
-def sampling_tv(gen: SpeculativeGenerator, trials: int, length: int = 3) -> float:
-    """TV between the first `length` sampled tokens (seeds 0..trials-1) and the target's exact law."""
-    exact = exact_distribution(gen.target, PROMPT, PARAMS, length)
-    counts: dict[tuple[int, ...], int] = {}
-    for seed in range(trials):
-        out = gen.generate(input_ids=PROMPT, max_new_tokens=length, temperature=1.0, top_k=3, seed=seed)
-        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
-    assert set(counts) <= set(exact), "sampled a sequence the target cannot produce"
-    return 0.5 * sum(abs(counts.get(k, 0) / trials - exact.get(k, 0.0)) for k in set(exact) | set(counts))
-
-
 def run_along(model, context: list[int], tokens: list[int]) -> torch.Tensor:
     """The model's sampling distributions [len(tokens) + 1, V] at each node of context[-1] -> tokens."""
     with torch.no_grad():
@@ -223,7 +212,7 @@ def test_sampling_matches_the_target_distribution(levels, variant, num_draft, ti
     target, tok, medium, tiny = levels
     drafter = variant(tiny, medium, num_draft=num_draft, tiny_draft=tiny_draft)
     gen = SpeculativeGenerator(target, tok, drafter)
-    tv = sampling_tv(gen, trials=1500)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials=1500, length=3)
     if variant is CascadeDrafter:
         assert drafter.medium_tokens > 1.2 * drafter.medium_passes, "the medium rarely accepted the tiny"
         runs = [

@@ -15,6 +15,8 @@ from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import children, path_to_node
 
+from .distributions import sampling_tv
+
 SHAPES = {
     "chain": {"num_draft": 4},
     "widths": {"width": "3x2x2x1"},
@@ -197,31 +199,6 @@ PROMPT = [7, 9, 7, 9, 7]
 PARAMS = SamplingParams(temperature=1.0, top_k=3)
 
 
-def exact_distribution(model, prompt, params, length: int = 2) -> dict[tuple[int, ...], float]:
-    """P(x1..x_length | prompt) under the target with the sampling transform, computed exactly."""
-    dist = {(): 1.0}
-    with torch.no_grad():
-        for _ in range(length):
-            grown = {}
-            for prefix, prob in dist.items():
-                p = target_probs(model(torch.tensor([prompt + list(prefix)])).logits[0, -1], params)
-                for x in p.nonzero().flatten().tolist():
-                    grown[(*prefix, x)] = prob * float(p[x])
-            dist = grown
-    return dist
-
-
-def sampling_tv(gen: SpeculativeGenerator, trials: int) -> float:
-    """TV between the first two sampled tokens (seeds 0..trials-1) and the target's exact distribution."""
-    exact = exact_distribution(gen.target, PROMPT, PARAMS)
-    counts: dict[tuple[int, ...], int] = {}
-    for seed in range(trials):
-        out = gen.generate(input_ids=PROMPT, max_new_tokens=2, temperature=1.0, top_k=3, seed=seed)
-        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
-    assert set(counts) <= set(exact), "sampled a sequence the target cannot produce"
-    return 0.5 * sum(abs(counts.get(k, 0) / trials - exact.get(k, 0.0)) for k in set(exact) | set(counts))
-
-
 def passes_per_token(gen: SpeculativeGenerator) -> float:
     """Target passes per emitted token over a few longer sampled runs (1.0 = no draft ever accepted)."""
     runs = [
@@ -255,5 +232,5 @@ def test_sampling_matches_the_target_distribution(peaked, options, rule, trials,
     assert drafter.rule == rule
     gen = SpeculativeGenerator(target, tok, drafter)
     assert passes_per_token(gen) < 0.8, "too few drafts accepted for the check to exercise the rule"
-    tv = sampling_tv(gen, trials)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials)
     assert tv < bound, f"{options}: TV {tv:.3f}"

@@ -15,8 +15,10 @@ from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.sampling import SamplingParams, target_probs
+from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
+
+from .distributions import sampling_tv
 
 
 class OracleDrafter(Drafter):
@@ -182,40 +184,15 @@ def perturbed(model):
     return other
 
 
-def exact_distribution(model, prompt, params, length: int = 2) -> dict[tuple[int, ...], float]:
-    """P(x1..x_length | prompt) under the target with the sampling transform, computed exactly."""
-    dist = {(): 1.0}
-    with torch.no_grad():
-        for _ in range(length):
-            grown = {}
-            for prefix, prob in dist.items():
-                p = target_probs(model(torch.tensor([prompt + list(prefix)])).logits[0, -1], params)
-                for x in p.nonzero().flatten().tolist():
-                    grown[(*prefix, x)] = prob * float(p[x])
-            dist = grown
-    return dist
-
-
 PROMPT = [7, 9, 7, 9, 7]  # repetitive, so prompt lookup drafts too
 PARAMS = SamplingParams(temperature=1.3, top_k=3)
-
-
-def sampling_tv(gen: SpeculativeGenerator, model, trials: int = 1500, length: int = 2) -> float:
-    """Total variation between sampled first `length` tokens and the target's exact distribution."""
-    exact = exact_distribution(model, PROMPT, PARAMS, length)
-    counts: dict[tuple[int, ...], int] = {}
-    for seed in range(trials):
-        out = gen.generate(input_ids=PROMPT, max_new_tokens=length, temperature=1.3, top_k=3, seed=seed)
-        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
-    assert set(counts) <= set(exact), "sampled a sequence the target cannot produce"
-    return 0.5 * sum(abs(counts.get(k, 0) / trials - exact.get(k, 0.0)) for k in set(exact) | set(counts))
 
 
 def test_sampling_three_tokens_deep(setup):
     """Acceptance below the root (a child's own children, q rows of deeper nodes, leaf bonus)."""
     model, tok = setup
     gen = SpeculativeGenerator(model, tok, DraftModelDrafter(perturbed(model), num_draft=3))
-    tv = sampling_tv(gen, model, trials=3000, length=3)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials=3000, length=3)
     # 27 outcomes, 3000 samples: noise TV is about 0.04.
     assert tv < 0.09, f"TV {tv:.3f}"
     assert (
@@ -242,7 +219,7 @@ def test_sampling_matches_the_target_distribution(setup, name):
         "prompt_lookup": PromptLookupDrafter(num_draft=2),
         "eagle3": eagle_drafter(model, "eagle3", top_k=3, depth=2, total_tokens=6),
     }[name]
-    tv = sampling_tv(SpeculativeGenerator(model, tok, drafter), model)
+    tv = sampling_tv(SpeculativeGenerator(model, tok, drafter), PROMPT, PARAMS, trials=1500)
     # 9 outcomes, 1500 samples: sampling noise gives TV around 0.03; a biased rule is far above.
     assert tv < 0.07, f"{name}: TV {tv:.3f}"
 
@@ -294,5 +271,5 @@ def test_a_wrong_rule_fails_the_distribution_check(setup):
     """The check above has teeth: q-ratios on deterministic (argmax) children are biased."""
     model, tok = setup
     gen = SpeculativeGenerator(model, tok, TopChildrenClaimingIid(perturbed(model), num_draft=2))
-    tv = sampling_tv(gen, model)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials=1500)
     assert tv > 0.1, f"the wrong rule went unnoticed (TV {tv:.3f})"

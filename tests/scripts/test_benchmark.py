@@ -9,7 +9,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.evaluation import DecodeSettings, PromptSetRun, Tally, summarize
 from spechead.inference.generator import GenerationStats
 from spechead.inference.report import TAU_NOTE, render
@@ -18,15 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def medusa_dir(tmp_path_factory, tiny_target_dir) -> Path:
+def medusa_dir(tmp_path_factory, tiny_target_dir, medusa_for) -> Path:
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
-    cfg = model.config
-    head = MedusaHead(
-        MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=2,
-                     target_num_layers=cfg.num_hidden_layers)
-    )  # fmt: skip
-    head.init_from_lm_head_(model.lm_head.weight)
-    return head.save_pretrained(tmp_path_factory.mktemp("bench") / "medusa")
+    return medusa_for(model, num_heads=2).save_pretrained(tmp_path_factory.mktemp("bench") / "medusa")
 
 
 def prompt_file(path: Path) -> Path:

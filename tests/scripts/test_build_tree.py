@@ -9,7 +9,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tree import tree_from_choices
 
@@ -17,15 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
-def head_dir(tmp_path, tiny_target_dir) -> Path:
+def head_dir(tmp_path, tiny_target_dir, medusa_for) -> Path:
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
-    cfg = model.config
-    head = MedusaHead(
-        MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=3,
-                     target_num_layers=cfg.num_hidden_layers)
-    )  # fmt: skip
-    head.init_from_lm_head_(model.lm_head.weight)
-    return head.save_pretrained(tmp_path / "head")
+    return medusa_for(model, num_heads=3).save_pretrained(tmp_path / "head")
 
 
 def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, capsys):
