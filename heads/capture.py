@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from spechead.heads.base import resolve_layers
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 @contextmanager
-def capture_hidden(model: torch.nn.Module, hidden_layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+def capture_hidden(model: PreTrainedModel, hidden_layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
     """Context manager: while active, forwards of `model` fill the yielded dict {requested index: [B, T, H]}."""
     decoder = model.get_decoder()
     layers = decoder.layers
@@ -25,7 +29,7 @@ def capture_hidden(model: torch.nn.Module, hidden_layers: Sequence[int]) -> Iter
     store: dict[int, torch.Tensor] = {}
     handles = []
 
-    def first(t: object) -> torch.Tensor:
+    def first(t: torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
         return t[0] if isinstance(t, (tuple, list)) else t
 
     def save(canon: int):

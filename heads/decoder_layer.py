@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -90,8 +90,8 @@ def build_config(
 
 
 def _model_module(config: PretrainedConfig) -> tuple[Any, type[nn.Module]]:
-    try:
-        model_class = MODEL_MAPPING[type(config)]
+    try:  # transformers annotates the values as (class, class) pairs; this mapping holds classes
+        model_class = cast(type[nn.Module], MODEL_MAPPING[type(config)])
     except KeyError:
         raise HeadError(
             f"architecture {config.model_type!r} has no base model in transformers' MODEL_MAPPING: "

@@ -151,6 +151,7 @@ def loading_files(directory: str | Path) -> dict[str, Path]:
     except ValueError as err:
         raise HeadError(f"{err}: rebuild it with scripts/build_tree.py or remove it") from None
     adapter = adapter_dir(directory, config)
-    for name in ADAPTER_FILES if adapter is not None else ():
-        files[f"{adapter.name}/{name}"] = adapter / name
+    if adapter is not None:
+        for name in ADAPTER_FILES:
+            files[f"{adapter.name}/{name}"] = adapter / name
     return files

@@ -9,11 +9,11 @@ Saved weights are fc and the layers only: the embedding and lm_head are the atta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
-from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, DynamicCache, PretrainedConfig
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, Cache, PretrainedConfig
 
 from spechead.heads.base import DraftHead, HeadConfig, register_head
 from spechead.heads.decoder_layer import (
@@ -45,7 +45,8 @@ def target_fields(target_config: PretrainedConfig) -> dict[str, Any]:
 def _causal_lm_name(config: PretrainedConfig) -> str:
     """The causal-LM class name of a config that was never saved (so has no `architectures`)."""
     try:
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__
+        # transformers annotates the values as (class, class) pairs; this mapping holds classes
+        return cast(type, MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]).__name__
     except KeyError:
         return config.model_type
 
@@ -118,7 +119,7 @@ class EagleHead(DraftHead):
         next_ids: Tensor,
         attention_mask4d: Tensor | None = None,
         position_ids: Tensor | None = None,
-        past_key_values: DynamicCache | None = None,
+        past_key_values: Cache | None = None,
         attention_mask: Tensor | None = None,
     ) -> Tensor:
         """Predicted next features (B, T, H) from features f_t (B, T, H) and tokens x_{t+1} (B, T).
@@ -164,15 +165,15 @@ class EagleHead(DraftHead):
     def logits(self, features: Tensor) -> Tensor:
         """(B, T, H) -> fp32 logits (B, T, V) through the attached frozen target lm_head."""
         lm_head = self.target_lm_head  # frozen, possibly bf16 while the head trains in fp32
-        return lm_head(features.to(lm_head.weight.dtype)).float()
+        return lm_head(features.to(cast(Tensor, lm_head.weight).dtype)).float()
 
 
 def _eagle_work(config: HeadConfig) -> tuple[int, int, int]:
     """Memory plan: one logit set over the whole vocabulary, num_layers decoder-layer passes."""
-    return 1, config.vocab_size, int(config.num_layers)
+    return 1, config.vocab_size, int(cast(EagleConfig, config).num_layers)
 
 
-EAGLE_DRAFTING = dict(  # how EAGLE-1/2 and EAGLE-3 heads draft and are measured (inference/)
+EAGLE_DRAFTING: dict[str, Any] = dict(  # how EAGLE-1/2 and EAGLE-3 heads draft and are measured (inference/)
     drafter="spechead.inference.drafters.eagle:EagleDrafter",
     tree_option="tree",
     default_tree={"tree": "dynamic"},

@@ -13,11 +13,11 @@ so that every position of step j sees exactly what a depth-j tree node sees at i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache, PretrainedConfig
+from transformers import Cache, PretrainedConfig
 
 from spechead.heads.base import DraftHead, HeadConfig, register_head
 from spechead.heads.decoder_layer import (
@@ -34,6 +34,16 @@ from spechead.heads.families import Family, register_family
 # Submodules the midlayer composition uses; a layer with any other (e.g. Gemma's extra feed-forward
 # norms) would be silently run wrong, so it is refused.
 _LAYER_PARTS = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+
+
+class _MidLayer(Protocol):
+    """The midlayer as `step` runs it: _LAYER_PARTS plus the hidden_norm `_build_midlayer` adds."""
+
+    input_layernorm: nn.Module
+    hidden_norm: nn.Module
+    self_attn: nn.Module
+    post_attention_layernorm: nn.Module
+    mlp: nn.Module
 
 
 def default_eagle3_layers(num_layers: int) -> list[int]:
@@ -104,6 +114,8 @@ class Eagle3Head(DraftHead):
     config_class = Eagle3Config
     family = "eagle3"
     config: Eagle3Config
+    d2t: Tensor  # buffers (register_buffer)
+    t2d: Tensor
 
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__(config)
@@ -111,7 +123,7 @@ class Eagle3Head(DraftHead):
         layer_cfg = build_config(config.layer_config, config.attn_implementation)
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = _build_midlayer(layer_cfg)
-        self.norm = type(self.midlayer.input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
+        self.norm = type(cast(_MidLayer, self.midlayer).input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         self.rotary = Rotary(layer_cfg)
         # Default draft vocab: the first Vd target ids (the identity when Vd == V).
@@ -169,14 +181,14 @@ class Eagle3Head(DraftHead):
         next_ids: Tensor,
         attention_mask4d: Tensor | None = None,
         position_ids: Tensor | None = None,
-        past_key_values: DynamicCache | None = None,
+        past_key_values: Cache | None = None,
     ) -> Tensor:
         """One draft step: hidden (B, T, H) at t and tokens x_{t+1} (B, T) -> next hidden (B, T, H).
 
         attention_mask4d: additive float (B, 1, T, past + T), 0 = attend; None = causal after the cache.
         position_ids (B, T) default to past + arange(T). K/V are appended to `past_key_values`.
         """
-        layer = self.midlayer
+        layer = cast(_MidLayer, self.midlayer)
         dtype = self.fc.weight.dtype
         hidden = hidden.to(dtype)
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -218,14 +230,15 @@ def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
         if not isinstance(old, nn.Linear):
             raise HeadError(f"{type(attn).__name__} has no Linear {name}: not supported by EAGLE-3")
         setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
-    layer.hidden_norm = type(layer.input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
+    layer.hidden_norm = type(cast(nn.Module, layer.input_layernorm))(hidden, eps=layer_cfg.rms_norm_eps)
     return layer
 
 
 def _eagle3_work(config: HeadConfig) -> tuple[int, int, int]:
     """Memory plan: one logit set over the draft vocabulary and one layer pass per training-time-test step."""
-    steps = int(config.ttt_steps)
-    return steps, int(config.draft_vocab_size), steps
+    cfg = cast(Eagle3Config, config)
+    steps = int(cfg.ttt_steps)
+    return steps, int(cfg.draft_vocab_size), steps
 
 
 register_family(

@@ -17,6 +17,7 @@ optional biases, RMSNorm, a gated SiLU MLP); anything else returns None and draf
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,29 @@ _GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 StepFn = Callable[..., Tensor]
 
 
+class _RMSNorm(Protocol):
+    weight: Tensor
+    variance_epsilon: float
+
+
+class _GatedMLP(Protocol):
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+
+
+class _Layer(Protocol):
+    """The parts of a supported decoder layer (`_supported` checked them) that `__call__` runs."""
+
+    input_layernorm: _RMSNorm | nn.Identity
+    post_attention_layernorm: _RMSNorm
+    mlp: _GatedMLP
+
+
+class _MidLayer(_Layer, Protocol):
+    hidden_norm: _RMSNorm  # EAGLE-3's midlayer (see heads/eagle3.py)
+
+
 def fused_step(head: nn.Module) -> StepFn | None:
     """A drop-in for `head.step(hidden, next_ids, mask4d=None, position_ids=None, cache=None)` (no
     autograd: drafting only), or None when the head's layers are not of a supported kind."""
@@ -49,7 +73,7 @@ def fused_step(head: nn.Module) -> StepFn | None:
     return _FusedStep(head, layers)
 
 
-def _is_norm(module: nn.Module, identity_ok: bool = False) -> bool:
+def _is_norm(module: object, identity_ok: bool = False) -> bool:
     return type(module).__name__ in _NORMS or (identity_ok and isinstance(module, nn.Identity))
 
 
@@ -69,7 +93,7 @@ def _supported(layer: nn.Module) -> bool:
     )
 
 
-def _norm(module: nn.Module, x: Tensor) -> Tensor:
+def _norm(module: _RMSNorm | nn.Identity, x: Tensor) -> Tensor:
     """RMSNorm (or the Identity EAGLE-1 may put first) as one op, (..., H) -> (..., H)."""
     if isinstance(module, nn.Identity):
         return x
@@ -80,8 +104,8 @@ class _FusedStep:
     """The fused step of one head (see the module doc); keeps one cos/sin table, made again when the
     device, the dtype or the cache size changes."""
 
-    def __init__(self, head: nn.Module, layers: list[nn.Module]) -> None:
-        self.head, self.layers = head, layers
+    def __init__(self, head: EagleHead | Eagle3Head, layers: list[nn.Module]) -> None:
+        self.head, self.layers = head, cast("list[_Layer]", layers)
         rope = getattr(head.rotary.module, "rope_type", "default")
         self.tabled = "dynamic" not in str(rope)  # dynamic rope angles depend on the sequence length
         self.table: tuple[Tensor, Tensor] | None = None  # cos, sin [S, head_dim]
@@ -102,9 +126,9 @@ class _FusedStep:
             position_ids = default_positions(hidden, past)
         if isinstance(head, Eagle3Head):
             hidden = hidden.to(dtype)
-            layer = self.layers[0]
+            mid = cast(_MidLayer, self.layers[0])
             attn_in = torch.cat(
-                [_norm(layer.input_layernorm, head.embed(next_ids)), _norm(layer.hidden_norm, hidden)], -1
+                [_norm(mid.input_layernorm, head.embed(next_ids)), _norm(mid.hidden_norm, hidden)], -1
             )
         else:
             hidden = head.fc(torch.cat([head.embed(next_ids), hidden.to(dtype)], dim=-1))

@@ -6,6 +6,7 @@ Head k at position t predicts token t+2+k (the target's own lm_head predicts t+1
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -99,7 +100,7 @@ class MedusaHead(DraftHead):
             )
         if not self.config.share_lm_head:
             for head in self.heads:
-                head[-1].weight.copy_(lm_head_weight)
+                cast(nn.Linear, cast(nn.Sequential, head)[-1]).weight.copy_(lm_head_weight)  # the projection
         return self
 
     def head_logits(self, k: int, hidden: Tensor) -> Tensor:
@@ -118,10 +119,10 @@ class MedusaHead(DraftHead):
 
 def _medusa_work(config: HeadConfig) -> tuple[int, int, int]:
     """Memory plan: one logit set per head over the whole vocabulary; ResBlocks are small."""
-    return int(config.num_heads), config.vocab_size, 0
+    return int(cast(MedusaConfig, config).num_heads), config.vocab_size, 0
 
 
-_MEDUSA_PARTS = dict(
+_MEDUSA_PARTS: dict[str, Any] = dict(
     head="medusa",
     drafter="spechead.inference.drafters.medusa:MedusaDrafter",
     tree_option="choices",

@@ -9,11 +9,17 @@ ancestors a depth-j tree node has at inference, so training sees what decoding w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import DynamicCache
 
 from spechead.heads.decoder_layer import additive_mask
+
+if TYPE_CHECKING:
+    from spechead.heads.eagle import EagleHead
+    from spechead.heads.eagle3 import Eagle3Head
 
 
 def ttt_allowed(key_ok: Tensor, step: int) -> Tensor:
@@ -33,7 +39,7 @@ def ttt_allowed(key_ok: Tensor, step: int) -> Tensor:
 
 
 def ttt_forward(
-    head: nn.Module,
+    head: EagleHead | Eagle3Head,
     fused: Tensor,
     input_ids: Tensor,
     attention_mask: Tensor | None,

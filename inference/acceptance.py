@@ -138,6 +138,7 @@ def sample_accept(
                 r[x] = 0.0
                 r = _normalised(r, p_node)
                 continue
+            assert q_node is not None  # rules B/C: q was checked above
             qx = float(q_node[x])
             if not qx > 0:
                 raise ValueError(

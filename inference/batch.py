@@ -19,15 +19,19 @@ into its slots. The static layout only: the dynamic back-end stays batch 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from spechead.heads.base import resolve_layers
 from spechead.inference.runner import _Capture, check_tree_attention
 from spechead.inference.tree import ancestors_on_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class BatchSlotLayer(CacheLayerMixin):
@@ -35,6 +39,8 @@ class BatchSlotLayer(CacheLayerMixin):
 
     is_compileable = False
     is_sliding = False
+    keys: Tensor  # None until lazy_initialization allocates it (read once is_initialized)
+    values: Tensor
 
     def __init__(self, owner: BatchSlotCache) -> None:
         super().__init__()
@@ -52,6 +58,7 @@ class BatchSlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         slots, view = self.owner.write_slots, self.owner.view_length  # [B, N], S
+        assert slots is not None  # the runner sets the write slots before every forward
         b, h, n, d = key_states.shape
         self.keys.scatter_(2, slots[:, None, :, None].expand(b, h, n, d), key_states)
         dv = value_states.shape[-1]
@@ -82,10 +89,15 @@ class BatchSlotCache(Cache):
         self.view_length = 0  # S: slots the next forward attends over
         super().__init__(layers=[BatchSlotLayer(self) for _ in range(num_layers)])
 
+    @property
+    def slot_layers(self) -> list[BatchSlotLayer]:
+        """`layers`, as built in __init__ (all BatchSlotLayers)."""
+        return cast("list[BatchSlotLayer]", self.layers)
+
     def keep_rows(self, rows: Tensor) -> None:
         """Keep only rows [B'] (long, any device) of every layer, in this order."""
         self.batch = rows.numel()
-        for layer in self.layers:
+        for layer in self.slot_layers:
             if layer.is_initialized:
                 idx = rows.to(layer.keys.device)
                 layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
@@ -93,7 +105,7 @@ class BatchSlotCache(Cache):
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the old ones (rare: amortised doubling)."""
         old, self.max_length = self.max_length, max_length
-        for layer in self.layers:
+        for layer in self.slot_layers:
             if layer.is_initialized:
                 keys, values = layer.keys, layer.values
                 layer.lazy_initialization(keys, values)
@@ -103,7 +115,7 @@ class BatchSlotCache(Cache):
 class BatchRunner:
     """Prefill, verify and commit B rows at once on the target (static slots; see the module doc)."""
 
-    def __init__(self, model: torch.nn.Module, hidden_layers: Sequence[int] = (), *, max_length: int) -> None:
+    def __init__(self, model: PreTrainedModel, hidden_layers: Sequence[int] = (), *, max_length: int) -> None:
         check_tree_attention(model)
         self.model = model
         param = next(model.parameters())
@@ -152,11 +164,13 @@ class BatchRunner:
             all_logits.append(logits[0, -1].float())  # [V]
             hiddens.append({k: v[0] for k, v in hidden.items()})  # {l: [T_b, H]}
             t = ids.numel()
-            for layer, row_layer in zip(self.cache.layers, row_cache.layers):
+            for layer, row_layer in zip(self.cache.slot_layers, row_cache.layers):
+                row = cast(DynamicLayer, row_layer)  # a dense decoder's DynamicCache
+                assert row.keys is not None and row.values is not None  # the row's forward filled it
                 if not layer.is_initialized:
-                    layer.lazy_initialization(row_layer.keys, row_layer.values)
-                layer.keys[b, :, :t] = row_layer.keys[0]  # [kv, T_b, D]
-                layer.values[b, :, :t] = row_layer.values[0]
+                    layer.lazy_initialization(row.keys, row.values)
+                layer.keys[b, :, :t] = row.keys[0]  # [kv, T_b, D]
+                layer.values[b, :, :t] = row.values[0]
         self.lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.long)
         return torch.stack(all_logits), hiddens  # [B, V]
 
@@ -205,9 +219,11 @@ class BatchRunner:
         cols = torch.arange(view, device=tokens.device)  # [S]
         blocked = torch.finfo(self.dtype).min
         mask = torch.where(cols[None, :] <= lengths[:, None], 0.0, blocked).to(self.dtype)  # [B, S]
-        self.cache.write_slots, self.cache.view_length = lengths[:, None], view
+        cache = self.cache
+        assert cache is not None  # verify checked it
+        cache.write_slots, cache.view_length = lengths[:, None], view
         logits, hidden = self._forward(
-            self.cache, input_ids=tokens, attention_mask=mask[:, None, None, :], position_ids=lengths[:, None]
+            cache, input_ids=tokens, attention_mask=mask[:, None, None, :], position_ids=lengths[:, None]
         )
         return logits.float(), hidden  # [B, 1, V]
 
@@ -218,16 +234,17 @@ class BatchRunner:
         if all(isinstance(p, list) and p == list(range(len(p))) for p in paths):  # already in place
             self.lengths = self.lengths + torch.tensor([len(p) for p in paths], dtype=torch.long)
             return
-        paths = [torch.as_tensor(p, dtype=torch.long) for p in paths]
-        ks = torch.tensor([p.numel() for p in paths], dtype=torch.long)  # [B]
+        nodes = [torch.as_tensor(p, dtype=torch.long) for p in paths]
+        ks = torch.tensor([p.numel() for p in nodes], dtype=torch.long)  # [B]
         kmax = int(ks.max())
         # pad each path by repeating its last node: duplicate writes of the same value are harmless
-        src = torch.stack([torch.cat([p, p[-1:].expand(kmax - p.numel())]) for p in paths])  # [B, Kmax]
+        src = torch.stack([torch.cat([p, p[-1:].expand(kmax - p.numel())]) for p in nodes])  # [B, Kmax]
         dst = torch.minimum(torch.arange(kmax)[None, :], ks[:, None] - 1)  # [B, Kmax]
         src, dst = src + self.lengths[:, None], dst + self.lengths[:, None]
         if not torch.equal(src, dst):  # some row's path is not already in place
             src, dst = src.to(self.device), dst.to(self.device)
-            for layer in self.cache.layers:
+            assert self.cache is not None  # rows (paths) exist only after prefill
+            for layer in self.cache.slot_layers:
                 for buf in (layer.keys, layer.values):
                     b, h, _, d = buf.shape
                     s_idx = src[:, None, :, None].expand(b, h, kmax, d)  # [B, kv, Kmax, D]
@@ -242,4 +259,5 @@ class BatchRunner:
             return
         idx = torch.tensor(rows, dtype=torch.long)
         self.lengths = self.lengths[idx]
+        assert self.cache is not None  # rows exist only after prefill
         self.cache.keep_rows(idx)

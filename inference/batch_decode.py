@@ -15,15 +15,20 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.batch import BatchRunner
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
 from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
 from spechead.inference.stops import until_stop
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from spechead.inference.generator import GenerationStats
 
 
 @dataclass
@@ -34,7 +39,7 @@ class _Row:
     max_new: int
     params: SamplingParams
     generator: torch.Generator | None
-    stats: object
+    stats: GenerationStats
     ids: list[int] = field(default_factory=list)
     root: int = 0
     pending: list[int] = field(default_factory=list)
@@ -78,13 +83,13 @@ def padded_paths(accs: Sequence[Acceptance]) -> tuple[torch.Tensor, list[int]]:
 
 @torch.no_grad()
 def decode_batch(
-    target: nn.Module,
+    target: PreTrainedModel,
     drafter: Drafter | None,
     prompts: Sequence[torch.Tensor],
     max_new: Sequence[int],
     params: Sequence[SamplingParams],
     eos: set[int],
-    stats: Sequence[object],
+    stats: Sequence[GenerationStats],
     max_cache_len: int | None = None,
 ) -> tuple[list[list[int]], float]:
     """Decode every prompt [T_b]; returns each row's new ids and the batch's wall time (s).
@@ -159,6 +164,7 @@ def decode_batch(
         logits, hidden = runner.verify(draft.tokens, draft.parents)  # [B, N, V], {l: [B, N, H]}
         if batched:
             batched.verified(draft, logits)  # before the next accept (lookahead reads its Jacobi guesses)
+        assert runner.last_ancestors is not None  # verify just set it
         accs = accept_rows(draft, logits, runner.last_ancestors, active)
         paths, lengths = padded_paths(accs)  # [B, K], K_b
         runner.commit([a.path for a in accs])

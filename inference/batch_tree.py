@@ -9,6 +9,8 @@ decodes plain when no tree is expected to beat plain batched decoding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from spechead.heads.families import family_of
@@ -16,6 +18,9 @@ from spechead.heads.medusa import MedusaHead
 from spechead.inference.batch import BatchRunner
 from spechead.inference.calibrate import SIZES, _timed, size_costs_ms
 from spechead.inference.tree_search import best_choices_for_cost
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def assumed_medusa_accuracy(head: MedusaHead) -> torch.Tensor:
@@ -27,7 +32,7 @@ def assumed_medusa_accuracy(head: MedusaHead) -> torch.Tensor:
 
 
 @torch.no_grad()
-def batch_verify_cost_ms(model: torch.nn.Module, batch: int, sizes, context: int = 128, repeats: int = 5):
+def batch_verify_cost_ms(model: PreTrainedModel, batch: int, sizes, context: int = 128, repeats: int = 5):
     """{tree size: ms} of one verify pass of `batch` rows (chains of that size) after `context` tokens
     (round-robin over sizes, minimum kept, made non-decreasing in size: see `calibrate.verify_cost_ms`)."""
     runner = BatchRunner(model, (), max_length=context + max(sizes) + 1)
@@ -71,7 +76,7 @@ def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, floa
 
 
 def choices_for_batch(
-    model: torch.nn.Module, drafter, accuracy: torch.Tensor, batch: int, max_tokens: int = 64
+    model: PreTrainedModel, drafter, accuracy: torch.Tensor, batch: int, max_tokens: int = 64
 ) -> tuple[list[list[int]], dict]:
     """The static tree with the best expected speedup at `batch` rows on this device, and what was
     measured. Trees are compared up to max(4, max_tokens // batch) nodes per row."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.runner import TargetRunner
 from spechead.inference.tree_search import best_choices_for_cost
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -61,7 +65,7 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
 
 @torch.no_grad()
 def verify_cost_ms(
-    model: torch.nn.Module, sizes=SIZES, context: int = 128, repeats: int = 7
+    model: PreTrainedModel, sizes=SIZES, context: int = 128, repeats: int = 7
 ) -> dict[int, float]:
     """{tree size: ms} of one verification pass (a chain of that size) after `context` tokens.
 
@@ -79,7 +83,7 @@ def verify_cost_ms(
 def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, float]:
     """{size: ms} of `calls` {size: fn}: timed round-robin `repeats` times, the minimum per size kept,
     made non-decreasing in size."""
-    times = {n: [] for n in calls}
+    times: dict[int, list[float]] = {n: [] for n in calls}
     for _ in range(repeats):
         for n, call in calls.items():
             times[n].append(_timed(call, 1, device))
@@ -114,7 +118,7 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
 
 
 def calibrated_choices(
-    model: torch.nn.Module, drafter, accuracy: torch.Tensor, max_nodes: int = 64
+    model: PreTrainedModel, drafter, accuracy: torch.Tensor, max_nodes: int = 64
 ) -> tuple[list[list[int]], dict]:
     """The static tree with the best expected speedup measured on this device, and what was measured."""
     verify = verify_cost_ms(model, tuple(s for s in SIZES if s <= max_nodes + 1))

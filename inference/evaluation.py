@@ -97,7 +97,8 @@ def decode_prompts(
 
     A progress bar over prompts is shown on a terminal when `desc` is given.
     """
-    total, by_category, outputs = Tally(), {}, []
+    total, outputs = Tally(), []
+    by_category: dict[str, Tally] = {}
     turn_index = 0
     for prompt in tqdm(prompts, desc=desc, unit="prompt", leave=False, disable=None if desc else True):
         messages: list[dict[str, str]] = []

@@ -128,7 +128,7 @@ class SpeculativeGenerator:
         # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size
         self.tree_accuracy: torch.Tensor | None = None
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
-        self._batch_drafters: dict[int, Drafter] = {}
+        self._batch_drafters: dict[int, Drafter | None] = {}  # None: plain decoding pays best
         if buckets is None and next(target.parameters()).device.type == "cuda":
             buckets = CUDA_BUCKETS
         layers = tuple(drafter.hidden_layers) if drafter else ()
@@ -201,7 +201,7 @@ class SpeculativeGenerator:
         ids = []
         for b, row in enumerate(rows_in):
             slot = 0 if prompts is not None else 1 if messages is not None else 2
-            args = [None, None, None]
+            args: list[object] = [None, None, None]
             args[slot] = row
             try:
                 ids.append(self._prompt_ids(*args))
@@ -320,6 +320,7 @@ class SpeculativeGenerator:
                 break
             clock.mark("other")
             if drafter and accepted is not None:  # only when decoding goes on (no wasted work at the end)
+                assert checked is not None  # set together with `accepted`
                 drafter.verified(*checked)  # the whole tree's outputs first (lookahead's Jacobi guesses)
                 drafter.accept(*accepted)
             draft = drafter.propose(root, params, generator) if drafter else None
@@ -335,6 +336,7 @@ class SpeculativeGenerator:
                 acc = greedy_accept(tree, logits[0])
             elif params.is_greedy:  # on an accelerator: on the device, one host round trip
                 anc = runner.last_ancestors
+                assert anc is not None  # verify just set it
                 tokens = tree.tokens.to(anc.device)[None]
                 acc = greedy_accept_batch(tokens, tree.parents.to(anc.device)[None], anc, logits)[0]
             else:

@@ -13,6 +13,7 @@ sliding-window layers (positions are relative to a rolling window), quantized an
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from transformers.cache_utils import (
@@ -29,7 +30,8 @@ def cache_length(cache: Cache) -> int:
     return int(cache.get_seq_length())
 
 
-def _check_layer(i: int, layer: object) -> None:
+def _dynamic_layer(i: int, layer: object) -> DynamicLayer:
+    """`layer` if it is a full-attention DynamicLayer, else NotImplementedError."""
     bad = (
         not isinstance(layer, DynamicLayer)
         or getattr(layer, "is_sliding", False)
@@ -40,6 +42,7 @@ def _check_layer(i: int, layer: object) -> None:
             f"keep_positions supports full-attention DynamicLayer caches only; layer {i} is "
             f"{type(layer).__name__} (StaticCache, sliding-window, quantized and indexed layers are not supported yet)"
         )
+    return cast(DynamicLayer, layer)  # the isinstance check above
 
 
 def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[int]) -> None:
@@ -55,11 +58,13 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
     if past_len < 0:
         raise ValueError(f"past_len must be >= 0, got {past_len}")
     contiguous = keep_list == list(range(len(keep_list)))  # e.g. a chain: a plain crop, no copy
-    for i, layer in enumerate(cache.layers):
-        _check_layer(i, layer)
-        if not layer.is_initialized or layer.keys is None or layer.keys.numel() == 0:
+    for i, cache_layer in enumerate(cache.layers):
+        layer = _dynamic_layer(i, cache_layer)
+        keys, values = layer.keys, layer.values
+        if not layer.is_initialized or keys is None or keys.numel() == 0:
             continue  # layer without its own K/V (e.g. shared KV)
-        seq = layer.keys.shape[-2]
+        assert values is not None  # a DynamicLayer sets keys and values together
+        seq = keys.shape[-2]
         if keep_list and past_len + max(keep_list) >= seq:
             raise ValueError(
                 f"layer {i} holds {seq} positions; cannot keep node {max(keep_list)} after past_len={past_len}"
@@ -68,14 +73,12 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
             raise ValueError(f"layer {i} holds {seq} positions < past_len={past_len}")
         end = past_len + len(keep_list)
         if contiguous:
-            layer.keys = layer.keys[..., :end, :]
-            layer.values = layer.values[..., :end, :]
+            layer.keys = keys[..., :end, :]
+            layer.values = values[..., :end, :]
             continue
-        idx = torch.tensor(keep_list, dtype=torch.long, device=layer.keys.device) + past_len  # [K]
-        layer.keys = torch.cat([layer.keys[..., :past_len, :], layer.keys.index_select(-2, idx)], dim=-2)
-        layer.values = torch.cat(
-            [layer.values[..., :past_len, :], layer.values.index_select(-2, idx)], dim=-2
-        )
+        idx = torch.tensor(keep_list, dtype=torch.long, device=keys.device) + past_len  # [K]
+        layer.keys = torch.cat([keys[..., :past_len, :], keys.index_select(-2, idx)], dim=-2)
+        layer.values = torch.cat([values[..., :past_len, :], values.index_select(-2, idx)], dim=-2)
 
 
 # ---- preallocated back-end -----------------------------------------------------------------------
@@ -96,6 +99,8 @@ class SlotLayer(CacheLayerMixin):
 
     is_compileable = True
     is_sliding = False
+    keys: torch.Tensor  # None until lazy_initialization allocates it (read once is_initialized)
+    values: torch.Tensor
 
     def __init__(self, max_length: int, static_shapes: bool = False) -> None:
         super().__init__()
@@ -121,6 +126,7 @@ class SlotLayer(CacheLayerMixin):
         if not self.is_initialized or self.keys.shape[0] != key_states.shape[0]:
             self.lazy_initialization(key_states, value_states)
         if self.static_shapes:
+            assert self.length_t is not None  # lazy_initialization made it
             slots = torch.arange(key_states.shape[-2], device=key_states.device) + self.length_t  # [n]
             self.keys.index_copy_(2, slots, key_states)
             self.values.index_copy_(2, slots, value_states)
@@ -169,9 +175,14 @@ class SlotCache(Cache):
         self.max_length = max_length
         self.static_shapes = static_shapes
 
+    @property
+    def slot_layers(self) -> list[SlotLayer]:
+        """`layers`, as built in __init__ (all SlotLayers)."""
+        return cast("list[SlotLayer]", self.layers)
+
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the valid entries (rare: amortised doubling)."""
-        for layer in self.layers:
+        for layer in self.slot_layers:
             layer.max_length = max_length
             if layer.is_initialized:
                 keys, values = layer.keys, layer.values
@@ -184,7 +195,7 @@ class SlotCache(Cache):
         """Declare the first `length` slots valid in every layer (later slots become scratch)."""
         if not 0 <= length <= self.max_length:
             raise ValueError(f"length must be in [0, {self.max_length}], got {length}")
-        for layer in self.layers:
+        for layer in self.slot_layers:
             layer.set_length(length)
 
 
@@ -199,8 +210,8 @@ def commit_path(cache: Cache, past_len: int, path: torch.Tensor, contiguous: boo
         return
     k = int(path.numel())
     if not contiguous:
-        src = path.to(cache.layers[0].keys.device) + past_len  # [K] slots of the accepted nodes
-        for layer in cache.layers:
+        src = path.to(cache.slot_layers[0].keys.device) + past_len  # [K] slots of the accepted nodes
+        for layer in cache.slot_layers:
             layer.keys[:, :, past_len : past_len + k] = layer.keys.index_select(2, src)
             layer.values[:, :, past_len : past_len + k] = layer.values.index_select(2, src)
     cache.set_length(past_len + k)

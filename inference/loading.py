@@ -178,7 +178,7 @@ def load_generator(
     )
     if isinstance(drafter, str) and not own:  # a head directory may carry an adapter (Medusa-2)
         model = merge_head_adapter(model, drafter)
-    model = model.to(device).eval()
+    model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps on .to: typed unbound
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
     calibration = accuracy = None

@@ -23,6 +23,7 @@ Batch: the API carries B; this version runs B = 1 (ValueError otherwise).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -32,6 +33,9 @@ from spechead.heads.base import resolve_layers
 from spechead.inference.kv_cache import SlotCache, commit_path
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_static, tree_mask
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 CACHES = ("dynamic", "static")
 CUDA_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -39,7 +43,7 @@ CUDA_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class _Capture:
     """Forward hooks on a model's decoder, installed once; record {canonical index: [B, T, H]} when active."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.decoder = model.get_decoder()
         self.num_layers = len(self.decoder.layers)
         self.wanted: set[int] = set()
@@ -70,7 +74,7 @@ class _Capture:
             self.store[0] = args[0] if args else kwargs["hidden_states"]
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> _Capture:
+    def of(cls, model: PreTrainedModel) -> _Capture:
         """The model's capture (created on first use and kept on the model)."""
         capture = model.__dict__.get("_spechead_capture")
         if capture is None:
@@ -88,6 +92,7 @@ def compile_function(fn, compile: bool | str, cuda: bool = False):
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if compile is True or compile == "inductor":
         return torch.compile(fn, dynamic=False, mode="reduce-overhead" if cuda else None)
+    assert isinstance(compile, str)  # compile=False: callers compile only when asked
     return torch.compile(fn, dynamic=False, backend=compile)
 
 
@@ -96,7 +101,7 @@ def compiled_forward(model: torch.nn.Module, compile: bool | str):
     return compile_function(model.forward, compile, next(model.parameters()).device.type == "cuda")
 
 
-def check_tree_attention(model: torch.nn.Module) -> None:
+def check_tree_attention(model: PreTrainedModel) -> None:
     """ValueError when the target's attention cannot take arbitrary 4D (tree) masks."""
     impl = getattr(model.config, "_attn_implementation", None) or ""
     if "flash" in impl:
@@ -111,7 +116,7 @@ class TargetRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         hidden_layers: Sequence[int] = (),
         *,
         cache: str = "dynamic",
@@ -152,6 +157,12 @@ class TargetRunner:
             self._capture.want(canon)
             self.layers = dict(zip(wanted, canon))
 
+    @property
+    def slots(self) -> SlotCache:
+        """The static back-end's cache (`reserve` makes it; static_shapes implies the static back-end)."""
+        assert isinstance(self.cache, SlotCache), "the static back-end's cache is made by reserve()"
+        return self.cache
+
     # ---- sizing --------------------------------------------------------------------------------
 
     @property
@@ -184,6 +195,7 @@ class TargetRunner:
 
     def _forward(self, compiled: bool = False, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
         if compiled:  # states as graph outputs: hooks added after a graph was traced would not run in it
+            assert self._compiled is not None  # compiled passes run only when compile= made it
             out = self._compiled(
                 cache=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs
             )
@@ -209,16 +221,16 @@ class TargetRunner:
         if self.kind == "static":
             if self.cache is None:
                 self.reserve(input_ids.shape[1], 1)
-            if input_ids.shape[1] > self.cache.max_length:
+            if input_ids.shape[1] > self.slots.max_length:
                 raise ValueError(
-                    f"prompt of {input_ids.shape[1]} tokens > KV cache of {self.cache.max_length}"
+                    f"prompt of {input_ids.shape[1]} tokens > KV cache of {self.slots.max_length}"
                 )
-            self.cache.set_length(0)
+            self.slots.set_length(0)
         else:
             self.cache = DynamicCache(config=self.model.config)
         if self.static_shapes:  # eager, but over the whole buffer like the compiled passes
             mask, positions = causal_inputs_static(
-                input_ids.shape[1], 0, self.cache.max_length, self.dtype, self.device
+                input_ids.shape[1], 0, self.slots.max_length, self.dtype, self.device
             )
             logits, hidden = self._forward(
                 input_ids=input_ids.to(self.device),
@@ -226,7 +238,7 @@ class TargetRunner:
                 position_ids=positions,
                 logits_to_keep=1,
             )
-            self.cache.set_length(input_ids.shape[1])
+            self.slots.set_length(input_ids.shape[1])
         else:
             logits, hidden = self._forward(input_ids=input_ids.to(self.device), logits_to_keep=1)
         self.length = input_ids.shape[1]
@@ -272,7 +284,7 @@ class TargetRunner:
             if host_parents is not None:  # the padded shape's key
                 host_parents = torch.cat([host_parents, host_parents.new_zeros(1, pad)], dim=1)
         if self.static_shapes:
-            mask, positions, anc = tree_inputs_static(parents, self.length, self.cache.max_length, self.dtype)
+            mask, positions, anc = tree_inputs_static(parents, self.length, self.slots.max_length, self.dtype)
         else:
             anc, depth = self._structure(parents, host_parents)
             mask, positions = tree_mask(anc, self.length, self.dtype), depth + self.length
@@ -312,7 +324,9 @@ class TargetRunner:
         """Drop scratch entries of an uncommitted verify (dynamic: crop; static: just the length)."""
         if isinstance(self.cache, SlotCache):
             self.cache.set_length(self.length)
-        elif self.cache.get_seq_length() > self.length:
+            return
+        assert self.cache is not None  # verify checked it
+        if self.cache.get_seq_length() > self.length:
             self.cache.crop(self.length - self.cache.get_seq_length())
 
     def commit(self, path: Tensor | Sequence[int]) -> None:
@@ -322,5 +336,6 @@ class TargetRunner:
             path = path[0]
         k = int(path.numel())
         contiguous = bool(k and int(path[-1]) == k - 1)  # ascending and ends at k-1: path == arange(k)
+        assert self.cache is not None, "commit before prefill"
         commit_path(self.cache, self.length, path, contiguous=contiguous)
         self.length += k

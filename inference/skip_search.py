@@ -15,13 +15,16 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel
 
-from spechead.inference.drafters.base import Drafter
 from spechead.inference.runner import TargetRunner
 from spechead.inference.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from spechead.inference.drafters.draft_model import DraftModelDrafter
 
 
 @torch.no_grad()
@@ -95,7 +98,7 @@ def time_verify(target: PreTrainedModel, nodes: int, context: int = 128, repeats
 
 
 @torch.no_grad()
-def time_draft(drafter: Drafter, context: int = 128, repeats: int = 9) -> float:
+def time_draft(drafter: DraftModelDrafter, context: int = 128, repeats: int = 9) -> float:
     """Median seconds of one drafter pass (accept one draft token + the bonus, then propose) after
     `context` committed tokens, greedy: the drafter's forwards AND its Python/cache work."""
     vocab = drafter.model.config.vocab_size

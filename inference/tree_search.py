@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from spechead.heads.medusa import MedusaHead
 from spechead.heads.unroll import ttt_forward
 from spechead.inference.tree import tree_from_choices
 from spechead.inference.verify import prefill
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _accuracy_rows(accuracy: torch.Tensor) -> list[list[float]]:
@@ -46,7 +50,7 @@ def best_choices(accuracy: torch.Tensor, num_nodes: int) -> list[list[int]]:
         raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
     depth, width = len(rows), len(rows[0])
     # heap entries: (-probability, length, ranks); the frontier = children of the chosen paths
-    frontier = [(-rows[0][r], 1, (r,)) for r in range(width)]
+    frontier: list[tuple[float, int, tuple[int, ...]]] = [(-rows[0][r], 1, (r,)) for r in range(width)]
     heapq.heapify(frontier)
     chosen: list[tuple[int, ...]] = []
     while frontier and len(chosen) < num_nodes:
@@ -75,7 +79,7 @@ def expected_accept_length(accuracy: torch.Tensor, choices: Sequence[Sequence[in
 
 @torch.no_grad()
 def measure_topk_accuracy(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     head: MedusaHead,
     sequences: list[torch.Tensor],
     topk: int,
@@ -131,7 +135,7 @@ def measure_topk_accuracy(
 
 @torch.no_grad()
 def measure_eagle_accuracy(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     head: EagleHead | Eagle3Head,
     sequences: list[torch.Tensor],
     depth: int,

@@ -10,6 +10,7 @@ by HF `output_hidden_states` indices.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -18,8 +19,11 @@ from spechead.heads.capture import capture_hidden
 from spechead.inference.kv_cache import cache_length
 from spechead.inference.tree import TokenTree, tree_attention_mask, tree_position_ids
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def _check_model(model: torch.nn.Module) -> None:
+
+def _check_model(model: PreTrainedModel) -> None:
     impl = getattr(model.config, "_attn_implementation", None) or ""
     if "flash" in impl:
         raise ValueError(
@@ -29,7 +33,7 @@ def _check_model(model: torch.nn.Module) -> None:
 
 @torch.no_grad()
 def verify_tree(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     cache: DynamicCache,
     tree: TokenTree,
     past_len: int,
@@ -67,7 +71,7 @@ def verify_tree(
 
 @torch.no_grad()
 def prefill(
-    model: torch.nn.Module,
+    model: PreTrainedModel,
     input_ids: torch.Tensor,
     hidden_layers: Sequence[int] = (),
     logits_to_keep: int = 0,

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
 from spechead.heads.base import DraftHead
 from spechead.heads.errors import HeadError
 
+H = TypeVar("H", bound=DraftHead)
+
 
 def fill_head(
-    head: DraftHead,
+    head: H,
     tensors: dict[str, Tensor],
     where: str,
     *,
     zero_biases: tuple[str, ...] = (),
     device: torch.device | str | int | None = None,
     dtype: torch.dtype | None = None,
-) -> DraftHead:
+) -> H:
     """Load `tensors` (spechead names) into `head` strictly; returns it in eval mode.
 
     zero_biases: bias names the reference layout has no tensor for. A zero bias computes exactly

@@ -14,17 +14,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from spechead.heads.errors import HeadError
 from spechead.heads.formats.build import export_dtype, fill_head
 from spechead.heads.formats.llama import target_fields
 from spechead.heads.formats.weights import write_tensors
-from spechead.heads.medusa import MedusaConfig, MedusaHead
+from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
 
 WEIGHT_NAMES = (
     "medusa_lm_head.safetensors",
@@ -124,11 +124,13 @@ def export_medusa(head: MedusaHead, out: Path, *, dtype: torch.dtype | None = No
         )
     n = cfg.num_layers
     tensors = {}
-    for k, seq in enumerate(head.heads):
+    for k, module in enumerate(head.heads):
+        seq = cast(nn.Sequential, module)  # n ResBlocks then Linear(H, V)
         for j in range(n):
-            tensors[f"blocks.{k}.layers.{j}.weight"] = seq[j].linear.weight
-            tensors[f"blocks.{k}.layers.{j}.bias"] = seq[j].linear.bias
-        tensors[f"lm_heads.{k}.weight"] = seq[n].weight
+            block = cast(ResBlock, seq[j])
+            tensors[f"blocks.{k}.layers.{j}.weight"] = block.linear.weight
+            tensors[f"blocks.{k}.layers.{j}.bias"] = block.linear.bias
+        tensors[f"lm_heads.{k}.weight"] = cast(nn.Linear, seq[n]).weight
     config = {
         "architectures": ["MedusaModel"],
         "model_type": "medusa",

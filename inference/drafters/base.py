@@ -115,6 +115,7 @@ class BatchDraft:
         if drafts[0].q is not None:
             q = torch.zeros(len(drafts), n, drafts[0].q.shape[-1], dtype=drafts[0].q.dtype)  # [B, N, V]
             for b, d in enumerate(drafts):
+                assert d.q is not None  # every row's draft has the same rule
                 q[b, : d.tree.size] = d.q[: d.tree.size]
         return cls(tokens, parents, [d.tree.size for d in drafts], drafts[0].rule, q)
 

@@ -74,6 +74,7 @@ class CascadeDrafter(Drafter):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.context += tokens.tolist()  # root + accepted drafts: a prefix of the proposed chain
         # Both caches hold a prefix of context + chain: keep what the target accepted, drop the rest.
+        assert self.cache is not None  # start made it
         keep_positions(self.cache, min(cache_length(self.cache), len(self.context)), [])
         self.tiny.rewind([*self.context, next_root])
 
@@ -102,12 +103,14 @@ class CascadeDrafter(Drafter):
         """One tiny draft verified by the medium: the medium's new tokens (accepted drafts + its own
         correction/bonus) and its distributions [V] at the inner root and each accepted draft."""
         draft = self.tiny.propose(seq[-1], sampling, generator)  # chain rooted at seq[-1], q = tiny's
-        done = cache_length(self.cache)
+        cache = self.cache
+        assert cache is not None  # propose checked it
+        done = cache_length(cache)
         n = draft.tree.size  # the inner root (seq[-1]) + the tiny's drafts
         fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet
         out = self.medium(
             input_ids=torch.tensor([fed], device=self.medium.device),
-            cache=self.cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=n,
         )
@@ -118,7 +121,7 @@ class CascadeDrafter(Drafter):
             p = target_probs(logits, sampling)  # [n, V]: what the medium would sample from
             acc = sample_accept(draft.tree, p, draft.rule, draft.q, generator)
         # The medium keeps the inner root and its accepted drafts (a chain: the first entries).
-        keep_positions(self.cache, len(seq) - 1, list(range(len(acc.path))))
+        keep_positions(cache, len(seq) - 1, list(range(len(acc.path))))
         accepted = draft.tree.tokens[acc.path]  # [a + 1], the inner root first
         self.tiny.accept(accepted, {}, acc.next_token)
         self.medium_passes += 1

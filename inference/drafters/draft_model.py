@@ -27,6 +27,7 @@ position ids C - 1 + depth (`tree_position_ids`), then cropped away (`keep_posit
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -56,8 +57,8 @@ def parse_width(width: int | str | Sequence[int]) -> list[int]:
         values = [int(p) for p in parts]
     elif isinstance(width, int) and not isinstance(width, bool):
         values = [width]
-    else:
-        values = list(width)
+    else:  # (a bool lands here too: list() raises TypeError)
+        values = list(cast(Sequence[int], width))
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
         raise ValueError(f"width must be ints >= 1 (one per depth), got {width!r}")
     return values
@@ -132,6 +133,7 @@ class DraftModelDrafter(Drafter):
                 _check_attention(model)
         else:
             _check_attention(model)
+        assert rule is not None  # every branch above picked one
         self.rule = rule  # how sampled decoding picks and verifies children
         self.num_draft = self.depth  # (the old name: the chain length)
         self.top_k, self.total_tokens = top_k, total_tokens
@@ -201,6 +203,7 @@ class DraftModelDrafter(Drafter):
     def _grow_static(self, grower: _Grower, rule: str, sampling: SamplingParams, generator) -> None:
         """Fill the static shape depth by depth; node i of the shape becomes grower node made[i]."""
         shape = self.shape
+        assert shape is not None  # static trees only
         parents, depth, rank = shape.parents.tolist(), shape.depth.tolist(), shape.rank.tolist()  # [N]
         has_kids = set(parents[1:])
         made = {0: 0}  # shape node -> grower node (nodes whose parent got too few children are dropped)
@@ -243,6 +246,7 @@ class _Grower:
 
     def __init__(self, drafter: DraftModelDrafter, root: int, root_logits: torch.Tensor):
         self.model, self.cache = drafter.model, drafter.cache
+        assert self.cache is not None  # propose checked it
         self.committed = cache_length(self.cache)  # C
         self.tok, self.par, self.dep, self.score = [root], [-1], [0], [0.0]
         self.logits = {0: root_logits}

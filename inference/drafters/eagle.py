@@ -16,6 +16,8 @@ cumulative scores kept as tensors; the tree comes back to the host once, at the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -70,6 +72,8 @@ class EagleDrafter(Drafter):
             if int(self._static.rank.max()) >= self._vocab:
                 raise ValueError(f"a static tree rank exceeds the head's (draft) vocab size {self._vocab}")
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        # the most nodes a proposed tree can have (the root included)
+        self.max_nodes = self._static.size if self._static is not None else total_tokens
         self._cache: SlotCache | None = None  # the head's preallocated cache
         self._committed = 0  # C: committed cache entries
         self._plan: list[dict] | None = None  # static tree: per-depth index tensors, built once
@@ -78,7 +82,8 @@ class EagleDrafter(Drafter):
             (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
         )
         self._feature: Tensor | None = None  # [H]: output of the last committed pair
-        self._compiled = None  # set by `use_compile`: the head step and top-k under torch.compile
+        # set by `use_compile`: the head step and top-k under torch.compile
+        self._compiled: tuple[Callable[..., Tensor], Callable[..., tuple[Tensor, Tensor]]] | None = None
         self._root: int | None = None  # the token x_C that pair was fed with
         self.last_scores: Tensor | None = None  # [N] float64
 
@@ -153,11 +158,6 @@ class EagleDrafter(Drafter):
 
         return EagleBatchDrafter(self)
 
-    @property
-    def max_nodes(self) -> int:
-        """Most nodes a proposed tree can have (the root included)."""
-        return self._static.size if self._static is not None else self.total_tokens
-
     # ---- committed cache ---------------------------------------------------------------------
 
     def _commit(self, tokens: Tensor, hidden: dict[int, Tensor], next_token: int) -> None:
@@ -167,24 +167,26 @@ class EagleDrafter(Drafter):
         features = self._features(hidden, tokens.numel())  # [1, K, H]
         next_ids = torch.cat([tokens[1:], tokens.new_tensor([int(next_token)])])[None]  # [1, K]
         self._ensure_room(tokens.numel())
-        k, c = tokens.numel(), self._committed
+        k, c, cache = tokens.numel(), self._committed, self._cache
+        assert cache is not None  # start made it
         # causal after the C committed entries; with fixed shapes (compiled drafting: eager here, K
         # varies) over the whole buffer
-        columns = self._cache.max_length if self._cache.static_shapes else c + k
+        columns = cache.max_length if cache.static_shapes else c + k
         mask, positions = causal_inputs_static(k, c, columns, self.head.fc.weight.dtype, device)
         with torch.no_grad():
-            out = self.head_step(features, next_ids, mask, positions, self._cache)  # [1, K, H]
+            out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
         self._committed += tokens.numel()
-        self._cache.set_length(self._committed)
+        cache.set_length(self._committed)
         self._feature = out[0, -1]
         self._root = int(next_token)
 
     def _ensure_room(self, extra: int) -> None:
         """Grow the preallocated head cache (doubling, rare) so C + extra + a full tree fit."""
-        need = self._committed + extra + self._spec_slots
-        if need > self._cache.max_length:
-            step = 1024 if self._cache.static_shapes else 1  # fixed shapes: few sizes, few recompiles
-            self._cache.grow(-(-max(need, 2 * self._cache.max_length) // step) * step)
+        need, cache = self._committed + extra + self._spec_slots, self._cache
+        assert cache is not None  # start made it
+        if need > cache.max_length:
+            step = 1024 if cache.static_shapes else 1  # fixed shapes: few sizes, few recompiles
+            cache.grow(-(-max(need, 2 * cache.max_length) // step) * step)
 
     def _features(self, hidden: dict[int, Tensor], length: int) -> Tensor:
         """Target states {layer: [K, H]} -> the head's input features [1, K, H] (fused for EAGLE-3)."""
@@ -224,7 +226,8 @@ class EagleDrafter(Drafter):
     def _step(self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int) -> Tensor:
         """One head call on q nodes at `depth` >= 1: parent features [q, H], tokens [q], allowed_spec
         [q, S + q] (their ancestors' speculative slots and themselves) -> output features [q, H]."""
-        committed = self._committed
+        committed, cache = self._committed, self._cache
+        assert cache is not None  # start made it
         q = ids.shape[0]
         dtype = self.head.fc.weight.dtype
         positions = torch.full((1, q), committed + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
@@ -233,30 +236,29 @@ class EagleDrafter(Drafter):
             mask[0, 0, :, committed:].masked_fill_(
                 ~allowed_spec, torch.finfo(dtype).min
             )  # [1, 1, q, C + S + q]
-            return self.head_step(features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
+            return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
         # fixed shapes: [1, 1, q, S_max], the speculative slots written so far + these q at C + S..
         end = committed + allowed_spec.shape[1]
-        mask = torch.full(
-            (1, 1, q, self._cache.max_length), torch.finfo(dtype).min, dtype=dtype, device=ids.device
-        )
+        mask = torch.full((1, 1, q, cache.max_length), torch.finfo(dtype).min, dtype=dtype, device=ids.device)
         mask[..., :committed] = 0
         mask[0, 0, :, committed:end].masked_fill_(allowed_spec, 0)
-        self._cache.set_length(end - q)  # write slot of these q nodes
-        out = self._compiled[0](features[None], ids[None], mask, positions, self._cache)[0]  # [q, H]
-        self._cache.set_length(end)
+        cache.set_length(end - q)  # write slot of these q nodes
+        out = self._compiled[0](features[None], ids[None], mask, positions, cache)[0]  # [q, H]
+        cache.set_length(end)
         return out
 
     def _grow_dynamic(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
         """EAGLE-2: expand the `top_k` best frontier nodes per depth with one head call over them all;
         keep the best `total_tokens - 1` nodes. Returns tokens, parents, scores [N] (float64)."""
-        k, device = self.top_k, self.head.fc.weight.device
-        values, ids = self._top(self._feature[None], k)  # [1, k] each
+        k, device, feature = self.top_k, self.head.fc.weight.device, self._feature
+        assert feature is not None  # propose checked it
+        values, ids = self._top(feature[None], k)  # [1, k] each
         tokens = [torch.tensor([root], device=device), self._to_target(ids[0])]  # node tokens, by depth
         parents = [torch.tensor([-1], device=device), torch.zeros(k, dtype=torch.long, device=device)]
         scores = [torch.zeros(1, dtype=torch.float64, device=device), values[0].double()]
         count = 1 + k  # nodes so far; the depth-1 nodes are ids 1..k
         frontier = torch.arange(1, 1 + k, device=device)  # [k] node ids to expand next
-        front_feat = self._feature.expand(k, -1)  # [k, H] features of their parents
+        front_feat = feature.expand(k, -1)  # [k, H] features of their parents
         front_tok, front_score = tokens[1], scores[1]  # [k] each
         anc = torch.zeros(k, 0, dtype=torch.bool, device=device)  # [k, S] ancestors' speculative slots
         eye = torch.eye(k, dtype=torch.bool, device=device)
@@ -275,16 +277,16 @@ class EagleDrafter(Drafter):
                 frontier, front_feat = count + pick, out[row]
                 front_tok, front_score = new_tok[pick], new_score[pick]
             count += k * k
-        tokens, parents, scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)  # [M] each
+        all_tokens, all_parents, all_scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)  # [M]
         budget = min(self.total_tokens - 1, count - 1)
         # Scores never grow along a path (log-probs <= 0) and ties go to the lower id (a parent), so the
         # best `budget` nodes are closed under ancestors: `select_best` reduces to this sort.
-        keep = torch.sort(-scores[1:], stable=True).indices[:budget].sort().values + 1
+        keep = torch.sort(-all_scores[1:], stable=True).indices[:budget].sort().values + 1
         keep = torch.cat([keep.new_zeros(1), keep])  # [N] ascending, root first
         index = torch.full((count,), -1, dtype=torch.long, device=device)
         index[keep] = torch.arange(keep.numel(), device=device)
-        kept_parents = torch.where(parents[keep] >= 0, index[parents[keep].clamp(min=0)], -1)
-        return tokens[keep], kept_parents, scores[keep]
+        kept_parents = torch.where(all_parents[keep] >= 0, index[all_parents[keep].clamp(min=0)], -1)
+        return all_tokens[keep], kept_parents, all_scores[keep]
 
     def _grow_static(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
         """Fill the static tree depth by depth (node i = the rank[i]-th child of its parent), one head
@@ -293,10 +295,11 @@ class EagleDrafter(Drafter):
         Nodes of one depth are contiguous (tree_from_choices orders them by depth), so each depth's
         tokens and scores are made as one block and the tree is their concatenation; indices into
         the previous depth are precomputed in the plan ("local")."""
-        plan, device = self._static_plan(), self.head.fc.weight.device
+        plan, device, feature = self._static_plan(), self.head.fc.weight.device, self._feature
+        assert feature is not None  # propose checked it
         tokens = [torch.tensor([root], device=device)]  # per depth: [n_d]
         scores = [torch.zeros(1, dtype=torch.float64, device=device)]
-        feats = self._feature[None]  # [E, H] outputs of the nodes expanded at this depth
+        feats = feature[None]  # [E, H] outputs of the nodes expanded at this depth
         for step in plan:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
                 inputs = feats[step["parent_rows"]]  # [E, H] their parents' outputs
@@ -312,6 +315,7 @@ class EagleDrafter(Drafter):
         if self._plan is not None:
             return self._plan
         st, device = self._static, self.head.fc.weight.device
+        assert st is not None  # only a static tree has a plan
         parents, depth, rank = st.parents.tolist(), st.depth.tolist(), st.rank.tolist()
         slot: dict[int, int] = {}  # node -> speculative slot
         plan = []

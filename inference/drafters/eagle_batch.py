@@ -13,6 +13,7 @@ Row b's tree equals its batch-1 tree (same ties rule: stable sorts), up to float
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -20,11 +21,14 @@ from torch import Tensor
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 
+if TYPE_CHECKING:
+    from spechead.inference.drafters.eagle import EagleDrafter
+
 
 class EagleBatchDrafter(BatchDrafter):
     """B rows of an `EagleDrafter` (its head, tree settings and static plan are shared)."""
 
-    def __init__(self, drafter) -> None:
+    def __init__(self, drafter: EagleDrafter) -> None:
         self.drafter = drafter
         self.head = drafter.head
         self.device = self.head.fc.weight.device
@@ -74,6 +78,7 @@ class EagleBatchDrafter(BatchDrafter):
 
     def keep(self, rows: Sequence[int]) -> None:
         idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        assert self.cache is not None and self.feature is not None  # start made them
         self.cache.keep_rows(idx)
         self.committed, self.feature = self.committed[idx], self.feature[idx]
         self.longest = int(self.committed.max())
@@ -84,9 +89,10 @@ class EagleBatchDrafter(BatchDrafter):
         return self.drafter._spec_slots + self.drafter.max_nodes
 
     def _ensure_room(self, extra: int) -> None:
-        need = self.longest + extra + self._spec_room()
-        if need > self.cache.max_length:
-            self.cache.grow(max(need, 2 * self.cache.max_length))
+        need, cache = self.longest + extra + self._spec_room(), self.cache
+        assert cache is not None  # start made it
+        if need > cache.max_length:
+            cache.grow(max(need, 2 * cache.max_length))
 
     def _commit(self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots) -> None:
         """Step the head on row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} at
@@ -130,9 +136,11 @@ class EagleBatchDrafter(BatchDrafter):
         allowed = allowed.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [B, q, S]
         mask = torch.zeros(batch, 1, q, view, dtype=self.dtype, device=dev)
         mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)  # [B, 1, q, S]
-        self.cache.write_slots, self.cache.view_length = block[:, spec:], view
+        cache = self.cache
+        assert cache is not None  # start made it
+        cache.write_slots, cache.view_length = block[:, spec:], view
         positions = c[:, None] + offsets[None, :]  # [B, q]
-        return self.drafter.head_step(features, ids, mask, positions, self.cache)
+        return self.drafter.head_step(features, ids, mask, positions, cache)
 
     # ---- tree growth -------------------------------------------------------------------------------
 
@@ -145,9 +153,10 @@ class EagleBatchDrafter(BatchDrafter):
 
     def _grow_dynamic(self, roots: Tensor) -> tuple[Tensor, Tensor]:
         """EAGLE-2 per row (see `EagleDrafter._grow_dynamic`), every depth one head call over [B, k]."""
-        k, dev, batch = self.drafter.top_k, self.device, roots.shape[0]
+        k, dev, batch, feature = self.drafter.top_k, self.device, roots.shape[0], self.feature
+        assert feature is not None  # start made it
         rows = torch.arange(batch, device=dev)[:, None]  # [B, 1]
-        values, ids = self._top(self.feature[:, None], k)  # [B, 1, k]
+        values, ids = self._top(feature[:, None], k)  # [B, 1, k]
         to_target = self.drafter._to_target
         tokens = [roots[:, None], to_target(ids[:, 0])]  # by depth: [B, 1], [B, k], ...
         parents = [
@@ -157,7 +166,7 @@ class EagleBatchDrafter(BatchDrafter):
         scores = [torch.zeros(batch, 1, dtype=torch.float64, device=dev), values[:, 0].double()]
         count = 1 + k
         frontier = torch.arange(1, 1 + k, device=dev).expand(batch, k)  # [B, k] node ids to expand next
-        front_feat = self.feature[:, None].expand(batch, k, -1)  # [B, k, H]
+        front_feat = feature[:, None].expand(batch, k, -1)  # [B, k, H]
         front_tok, front_score = tokens[1], scores[1]  # [B, k]
         anc = torch.zeros(batch, k, 0, dtype=torch.bool, device=dev)  # [B, k, S] speculative ancestors
         eye = torch.eye(k, dtype=torch.bool, device=dev)
@@ -179,23 +188,26 @@ class EagleBatchDrafter(BatchDrafter):
                 frontier, front_feat = count + pick, out[rows, row]
                 front_tok, front_score = new_tok.gather(1, pick), new_score.gather(1, pick)
             count += k * k
-        tokens, parents, scores = (torch.cat(x, dim=1) for x in (tokens, parents, scores))  # [B, M]
+        all_tokens, all_parents, all_scores = (
+            torch.cat(x, dim=1) for x in (tokens, parents, scores)
+        )  # [B, M]
         budget = min(self.drafter.total_tokens - 1, count - 1)
-        keep = torch.sort(-scores[:, 1:], dim=1, stable=True).indices[:, :budget].sort(dim=1).values + 1
+        keep = torch.sort(-all_scores[:, 1:], dim=1, stable=True).indices[:, :budget].sort(dim=1).values + 1
         keep = torch.cat([keep.new_zeros(batch, 1), keep], dim=1)  # [B, N] ascending, root first
         index = torch.full((batch, count), -1, dtype=torch.long, device=dev)
         index.scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand(batch, -1))
-        kept_parents = parents.gather(1, keep)  # [B, N]
+        kept_parents = all_parents.gather(1, keep)  # [B, N]
         kept_parents = torch.where(kept_parents >= 0, index.gather(1, kept_parents.clamp(min=0)), -1)
-        return tokens.gather(1, keep), kept_parents
+        return all_tokens.gather(1, keep), kept_parents
 
     def _grow_static(self, roots: Tensor) -> tuple[Tensor, Tensor]:
         """The static tree per row (see `EagleDrafter._grow_static`), one head call per depth over [B, E]."""
-        plan, st = self.drafter._static_plan(), self.drafter._static
+        plan, st, feature = self.drafter._static_plan(), self.drafter._static, self.feature
+        assert feature is not None and st is not None  # start made the feature; propose: a static tree
         batch, n = roots.shape[0], st.size
         tokens = roots[:, None].repeat(1, n)  # [B, N]
-        out = self.feature.new_empty(batch, n, self.feature.shape[-1])  # [B, N, H]
-        out[:, 0] = self.feature
+        out = feature.new_empty(batch, n, feature.shape[-1])  # [B, N, H]
+        out[:, 0] = feature
         spec = 0
         for step in plan:
             if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head

@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TypeVar
 
 from torch import nn
 from transformers import PreTrainedModel
@@ -37,6 +38,7 @@ from transformers import PreTrainedModel
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 
 KINDS = ("layer_skip", "early_exit")
+M = TypeVar("M", bound=nn.Module)
 
 
 def num_layers_of(target: PreTrainedModel) -> int:
@@ -76,7 +78,7 @@ def parse_layers(value: int | str | Sequence[int], num_layers: int) -> list[int]
     return layers
 
 
-def _light_copy(module: nn.Module) -> nn.Module:
+def _light_copy(module: M) -> M:
     """A new module object sharing `module`'s parameters, buffers and children, with no hooks; its
     own child/parameter dicts, so replacing a child of the copy leaves `module` untouched."""
     view = copy.copy(module)

@@ -66,6 +66,7 @@ def make_self_drafter(spec: str, target: PreTrainedModel, **options) -> LayerSki
         kind = name
     else:
         data = read_drafter_file(Path(name).expanduser())
+        assert data is not None  # the caller's is_self_spec(spec) read it
         kind, layers = data["drafter"], data.get("num_layers")
         if layers is not None and layers != num_layers_of(target):
             raise ValueError(

@@ -31,6 +31,7 @@ argmax also when sampling, so the tree stays deterministic.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import torch
 
@@ -70,7 +71,7 @@ def jacobi_update(window: Window, top: list[int | None], shift: int, fill: list[
     tokens from `fill` in order (cycled).
     """
     levels, width = len(window), len(window[0])
-    rows = [*window[1:], top]
+    rows: list[Sequence[int | None]] = [*window[1:], top]
     spare = iter(fill * (levels * width // max(len(fill), 1) + 1))
     new = []
     for row in rows:
@@ -103,7 +104,9 @@ def candidate_trie(conts: list[tuple[int, ...]], offset: int) -> tuple[list[int]
 def window_nodes(window: Window, offset: int) -> tuple[list[int], list[int], list[list[int]]]:
     """The lookahead branch below the root: (tokens, parents, node index [L][W]) with nodes numbered from
     `offset`, level by level. Level 0 is a chain off the root, (l, c) hangs off (l - 1, c)."""
-    tokens, parents, at = [], [], []
+    tokens: list[int] = []
+    parents: list[int] = []
+    at: list[list[int]] = []
     for level, row in enumerate(window):
         at.append([])
         for c, token in enumerate(row):

@@ -54,6 +54,7 @@ class MedusaDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+        assert self.last_hidden is not None  # start made it
         tokens = self.fill(self.last_hidden[None], [root])[0]  # [N]
         return Draft(TokenTree(tokens=tokens, parents=self.static.parents))
 
@@ -94,6 +95,7 @@ class MedusaBatchDrafter(BatchDrafter):
         self.last_hidden = torch.stack([h[self.layer][-1] for h in hidden])  # [B, H]
 
     def propose(self, roots, sampling, generators) -> BatchDraft:
+        assert self.last_hidden is not None  # start made it
         tokens = self.drafter.fill(self.last_hidden, roots)  # [B, N]
         parents = self.drafter.static.parents.expand_as(tokens)  # [B, N]
         return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
@@ -104,4 +106,5 @@ class MedusaBatchDrafter(BatchDrafter):
         self.last_hidden = states[torch.arange(states.shape[0], device=states.device), last]
 
     def keep(self, rows) -> None:
+        assert self.last_hidden is not None  # start made it
         self.last_hidden = self.last_hidden[torch.tensor(rows, device=self.last_hidden.device)]

@@ -53,7 +53,10 @@ class RowLoopDrafter(BatchDrafter):
         sampling: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
     ) -> BatchDraft:
-        drafts = [row.propose(*args) for row, *args in zip(self.rows, roots, sampling, generators)]
+        drafts = [
+            row.propose(root, params, generator)
+            for row, root, params, generator in zip(self.rows, roots, sampling, generators)
+        ]
         return BatchDraft.of(drafts)
 
     def accept(

@@ -3,9 +3,6 @@ tree-size bucket, and output still equal to plain greedy decoding."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -23,16 +20,8 @@ from spechead.inference.tree import (
     tree_inputs_static,
 )
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-generator_tests = _load("test_generator")  # the drafters, prompts and reference of the lossless tests
-
+from . import test_eagle_drafter as eagle_tests  # make_head, Stream, the static tree
+from . import test_generator as generator_tests  # the drafters, prompts and reference of the lossless tests
 
 setup = generator_tests.setup  # the 2-layer target of the lossless tests (a module-scoped fixture)
 
@@ -105,9 +94,6 @@ def test_inductor_compiled_decoding_equals_eager(tiny_llama, chatml_tokenizer):
         gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile=True, buckets=(1, 4))
         gen.eos = set()
         assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == reference
-
-
-eagle_tests = _load("test_eagle_drafter")  # make_head, Stream, the static tree
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

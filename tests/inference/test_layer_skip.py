@@ -18,8 +18,9 @@ from spechead.inference.loading import drafter_options
 from spechead.inference.runner import TargetRunner
 from spechead.inference.sampling import SamplingParams
 
+from .distributions import sampling_tv
 from .test_batch import MAX_NEW, PROMPTS
-from .test_draft_model_tree import passes_per_token, plain_greedy, prompts, sampling_tv, sharpened
+from .test_draft_model_tree import PARAMS, PROMPT, passes_per_token, plain_greedy, prompts, sharpened
 from .test_generator import TopChildrenClaimingIid
 
 DRAFTERS = {
@@ -195,7 +196,7 @@ def test_sampling_matches_the_target_distribution(peaked, options, rule, trials,
     assert drafter.rule == rule
     gen = SpeculativeGenerator(target, tok, drafter)
     assert passes_per_token(gen) < 0.8, "too few drafts accepted for the check to exercise the rule"
-    tv = sampling_tv(gen, trials)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials)
     assert tv < bound, f"{options}: TV {tv:.3f}"
 
 
@@ -206,7 +207,7 @@ class WrongRuleSkip(TopChildrenClaimingIid, LayerSkipDrafter):
 def test_a_wrong_rule_fails_the_distribution_check(peaked):
     target, tok = peaked
     gen = SpeculativeGenerator(target, tok, WrongRuleSkip(target, [1], num_draft=2))
-    tv = sampling_tv(gen, 600)
+    tv = sampling_tv(gen, PROMPT, PARAMS, 600)
     assert tv > 0.1, f"the wrong rule went unnoticed (TV {tv:.3f})"
 
 

@@ -22,7 +22,8 @@ from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import ancestor_mask, depths, path_to_node
 
-from .test_generator import PARAMS, PROMPT, plain_greedy, prompts, sampling_tv
+from .distributions import sampling_tv
+from .test_generator import PARAMS, PROMPT, plain_greedy, prompts
 
 OPTIONS = {
     "default": {},
@@ -256,7 +257,7 @@ def test_sampling_matches_the_target_distribution(setup):
     model, tok = setup
     hints = likely_ngrams(model, PROMPT, PARAMS)
     gen = SpeculativeGenerator(model, tok, Hinted(hints, window=3, ngram=3, candidates=3))
-    tv = sampling_tv(gen, model)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials=1500)
     # 9 outcomes, 1500 samples: sampling noise gives TV around 0.03; a biased rule is far above.
     assert tv < 0.07, f"TV {tv:.3f}"
     accepted = sum(
@@ -272,7 +273,7 @@ def test_a_wrong_rule_fails_the_distribution_check(setup):
     model, tok = setup
     hints = likely_ngrams(model, PROMPT, PARAMS)
     drafter = HintedClaimingIid(model.config.vocab_size, hints, window=3, ngram=3, candidates=3)
-    tv = sampling_tv(SpeculativeGenerator(model, tok, drafter), model)
+    tv = sampling_tv(SpeculativeGenerator(model, tok, drafter), PROMPT, PARAMS, trials=1500)
     assert tv > 0.1, f"the wrong rule went unnoticed (TV {tv:.3f})"
 
 
