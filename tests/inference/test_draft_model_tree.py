@@ -74,6 +74,8 @@ def test_width_shapes_and_bad_options(setup):
     for kwargs, needle in [
         ({"width": "4x0"}, "width"),
         ({"width": "4,2"}, "width"),
+        ({"width": True}, "width must be ints"),  # a bool is no int here (was a TypeError from list())
+        ({"width": 2.5}, "width must be ints"),
         ({"width": [2, 2], "depth": 3}, "depth"),
         ({"width": 8, "depth": 5}, "draft nodes"),
         ({"rule": "typical"}, "rule"),
