@@ -16,8 +16,7 @@ import torch
 from spechead.heads.families import family_of
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.batch import BatchRunner
-from spechead.inference.calibrate import SIZES, _timed, size_costs_ms
-from spechead.inference.tree_search import best_choices_for_cost
+from spechead.inference.calibrate import SIZES, _timed, best_for_costs, size_costs_ms
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -86,13 +85,4 @@ def choices_for_batch(
     )
     info: dict = {"batch": batch, "verify_ms_by_size": verify, "step_ms": verify[1]}
     info.update(batch_draft_cost_ms(drafter, batch))
-    choices, speedup = best_choices_for_cost(
-        accuracy.float(),
-        verify,
-        verify[1],
-        draft_ms=info.get("draft_ms", 0.0),
-        max_nodes=max_nodes,
-        draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
-    )
-    info["expected_speedup"] = speedup
-    return choices, info
+    return best_for_costs(accuracy, info, max_nodes), info

@@ -131,13 +131,19 @@ def calibrated_choices(
         propose = lambda: drafter.propose(0, None, None)  # noqa: E731
         propose()
         info["draft_ms"] = min(_timed(propose, 1, next(model.parameters()).device) for _ in range(7))
+    return best_for_costs(accuracy, info, max_nodes), info
+
+
+def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[list[int]]:
+    """The static tree with the best expected speedup for the costs measured in `info` (verify_ms_by_size,
+    step_ms, draft_ms or draft_ms_per_depth); adds that speedup to `info` as expected_speedup."""
     choices, speedup = best_choices_for_cost(
         accuracy.float(),
-        verify,
-        verify[1],
+        info["verify_ms_by_size"],
+        info["step_ms"],
         draft_ms=info.get("draft_ms", 0.0),
         max_nodes=max_nodes,
         draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
     )
     info["expected_speedup"] = speedup
-    return choices, info
+    return choices
