@@ -126,11 +126,16 @@ def calibrated_choices(
     if family_of(drafter.head.config).drafts_per_depth:
         info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4)
     else:  # Medusa: one pass over every head, whatever the tree
-        state = {drafter.hidden_layers[0]: torch.randn(1, model.config.get_text_config().hidden_size)}
+        device = next(model.parameters()).device  # the target's states live where the target runs
+        state = {
+            drafter.hidden_layers[0]: torch.randn(
+                1, model.config.get_text_config().hidden_size, device=device
+            )
+        }
         drafter.start(torch.zeros(1, dtype=torch.long), state, 0)
         propose = lambda: drafter.propose(0, None, None)  # noqa: E731
         propose()
-        info["draft_ms"] = min(_timed(propose, 1, next(model.parameters()).device) for _ in range(7))
+        info["draft_ms"] = min(_timed(propose, 1, device) for _ in range(7))
     return best_for_costs(accuracy, info, max_nodes), info
 
 

@@ -85,20 +85,39 @@ class _Capture:
 
 def compile_function(fn, compile: bool | str, cuda: bool = False):
     """torch.compile of `fn` for fixed shapes. True / "inductor": inductor (with CUDA graphs, mode
-    "reduce-overhead", when `cuda`); another string: that torch.compile backend ("eager", "aot_eager"
-    trace without code generation: what the CPU tests use to check the graph count)."""
+    "reduce-overhead", when `cuda`); another string: that torch.compile backend ("cudagraphs": CUDA graphs
+    without inductor, compiled in seconds; "eager", "aot_eager" trace without code generation: what the
+    CPU tests use to check the graph count). On CUDA every call starts a new graph step and returns
+    copies of the graph's outputs (see `_replay`)."""
     # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
     # function would silently send the rest back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if compile is True or compile == "inductor":
-        return torch.compile(fn, dynamic=False, mode="reduce-overhead" if cuda else None)
-    assert isinstance(compile, str)  # compile=False: callers compile only when asked
-    return torch.compile(fn, dynamic=False, backend=compile)
+        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if cuda else None)
+    else:
+        assert isinstance(compile, str)  # compile=False: callers compile only when asked
+        compiled = torch.compile(fn, dynamic=False, backend=compile)
+    return _replay(compiled) if cuda else compiled
 
 
-def compiled_forward(model: torch.nn.Module, compile: bool | str):
-    """`compile_function` of the model's forward (CUDA graphs when the model is on CUDA)."""
-    return compile_function(model.forward, compile, next(model.parameters()).device.type == "cuda")
+def _replay(compiled):
+    """A CUDA graph writes its outputs into the same buffers at every replay, so an output kept from
+    one call (the draft loop feeds each depth's features to the next) would be overwritten by the next
+    call. Mark each call as a new step and hand out copies: a few small tensors per pass."""
+
+    def run(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return _copy(compiled(*args, **kwargs))
+
+    return run
+
+
+def _copy(x):
+    if isinstance(x, Tensor):
+        return x.clone()
+    if isinstance(x, tuple):
+        return tuple(_copy(y) for y in x)
+    return x
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:
@@ -133,7 +152,8 @@ class TargetRunner:
         self.kind = cache
         self.fixed_length = max_length  # None: sized by `reserve` for each sequence
         self.static_shapes = bool(compile)
-        self._compiled = compiled_forward(model, compile) if compile else None
+        cuda = next(model.parameters()).device.type == "cuda"
+        self._compiled = compile_function(self._graph_forward, compile, cuda) if compile else None
         # compiled: every tree is padded to a bucket, so a handful of graphs serve every size
         self.buckets = tuple(sorted(buckets or (CUDA_BUCKETS if compile else ())))
         param = next(model.parameters())
@@ -193,13 +213,17 @@ class TargetRunner:
 
     # ---- passes --------------------------------------------------------------------------------
 
+    def _graph_forward(self, **kwargs) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The compiled pass: logits [B, T, V] and the captured layers' states (graph outputs, not hooks:
+        hooks added after a graph was traced would not run in it), in `self.layers` order."""
+        out = self.model(cache=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs)
+        return out.logits, tuple(out.hidden_states[c] for c in self.layers.values())
+
     def _forward(self, compiled: bool = False, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
-        if compiled:  # states as graph outputs: hooks added after a graph was traced would not run in it
+        if compiled:
             assert self._compiled is not None  # compiled passes run only when compile= made it
-            out = self._compiled(
-                cache=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs
-            )
-            return out.logits, {req: out.hidden_states[c] for req, c in self.layers.items()}  # [B, T, H]
+            logits, states = self._compiled(**kwargs)
+            return logits, dict(zip(self.layers, states))  # [B, T, H] each
         store = self._capture.store
         store.clear()
         self._capture.active = True

@@ -1,7 +1,8 @@
 """GPU cost benchmark with no download: a Llama-3.1-8B-shaped target and an EAGLE-3 head, random bf16 weights.
 
     python scripts/bench_gpu.py                              # one H100: about a minute eager
-    python scripts/bench_gpu.py --compile --out gpu.json     # torch.compile(mode="reduce-overhead") on the target
+    python scripts/bench_gpu.py --compile --out gpu.json     # torch.compile(mode="reduce-overhead"), target + draft
+    python scripts/bench_gpu.py --compile cudagraphs --sizes 1,16,64   # CUDA graphs without inductor (fast)
     python scripts/bench_gpu.py --tiny --device cpu          # a tiny Llama on the CPU, seconds (what the test runs)
 
 Measures, through the engine's own TargetRunner (static SlotCache) and EagleDrafter: the plain decode step
@@ -39,6 +40,7 @@ TREE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
 BATCHES = (1, 4, 16)
 ACCEPTED = 5  # tokens committed per pass when timing commit/accept (about tau)
+BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
 GOALS = {  # name: (JSON value it reads, bound, "min" = value >= bound / "max" = value <= bound)
     "plain decode >= 70% of roofline": ("roofline_fraction", 0.70, "min"),
     "verify(64) <= 1.3x a decode step": ("verify_64_x_step", 1.3, "max"),
@@ -52,7 +54,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu (cpu needs --tiny)")
     p.add_argument("--tiny", action="store_true", help="a tiny Llama config (runs on a CPU in seconds)")
     p.add_argument(
-        "--compile", action="store_true", help='torch.compile the target (CUDA: "reduce-overhead")'
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        choices=BACKENDS,
+        metavar="BACKEND",
+        help="torch.compile the target and the draft step: inductor (plain --compile; CUDA: mode "
+        '"reduce-overhead") or cudagraphs (CUDA graphs without inductor: compiles in seconds)',
+    )
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=TREE_SIZES,
+        help="tree sizes to verify, e.g. 1,16,64 (fewer graphs to compile; must hold 1, 64 and --tree-size)",
     )
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before each measurement")
     p.add_argument("--iters", type=int, default=20, help="timed runs per measurement (median)")
@@ -63,6 +78,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
     p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
     return p.parse_args(argv)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """ "1,16,64" -> (1, 16, 64), each one of TREE_SIZES."""
+    sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    if not sizes or any(n not in TREE_SIZES for n in sizes):
+        raise argparse.ArgumentTypeError(f"tree sizes must come from {TREE_SIZES}, got {text!r}")
+    return sizes
 
 
 def target_config(tiny: bool, context: int) -> LlamaConfig:
@@ -148,10 +171,11 @@ def deepest_path(parents: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure_runner(model, head, args, timer: Timer, compile: bool = False) -> dict:
+def measure_runner(model, head, args, timer: Timer, compile: bool | str = False) -> dict:
     """Decode step, verify by tree size, commit, EAGLE-3 propose by depth and accept (batch 1).
 
-    compile: the runner's compiled verify (fixed-shape cache, one graph per bucket; CUDA graphs on CUDA)."""
+    compile: the runner's compiled verify (fixed-shape cache, one graph per bucket; CUDA graphs on CUDA)
+    and the drafter's compiled head step and top-k (one graph per frontier size)."""
     device, ctx, vocab = next(model.parameters()).device, args.context, model.config.vocab_size
     buckets = CUDA_BUCKETS if device.type == "cuda" or compile else None
     runner = TargetRunner(model, head.config.target_layers, cache="static",
@@ -162,7 +186,7 @@ def measure_runner(model, head, args, timer: Timer, compile: bool = False) -> di
     hidden = {layer: h[0].clone() for layer, h in hidden.items()}  # [T, H] (graph outputs get reused)
     root = int(logits.argmax(-1)[0])
     verify_ms = {}
-    for n in TREE_SIZES:
+    for n in args.sizes:
         parents = random_parents(n).to(device)
         verify_ms[n] = timer.ms(lambda n=n, parents=parents: runner.verify(tree_ids[:, :n], parents))
     parents = random_parents(args.tree_size)
@@ -175,13 +199,22 @@ def measure_runner(model, head, args, timer: Timer, compile: bool = False) -> di
     commit_ms = timer.ms(lambda: runner.commit(path), setup=verify_tree)
     runner.length = ctx
     sampling, propose_ms = SamplingParams(), {}
+    # one drafter (one set of compiled graphs) drafting to depth 1..D: only the depth loop's bound changes
+    drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
+                           depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
+    if compile:
+        drafter.use_compile(compile)
+    drafter.start(prompt[0], hidden, root)
     for depth in range(1, args.depth + 1):
-        drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
-                               depth=depth, total_tokens=args.tree_size)  # fmt: skip
-        drafter.start(prompt[0], hidden, root)
-        propose_ms[depth] = timer.ms(lambda d=drafter: d.propose(root, sampling, None))
+        drafter.depth = depth
+        propose_ms[depth] = timer.ms(lambda: drafter.propose(root, sampling, None))
     accepted = {layer: h[:ACCEPTED] for layer, h in hidden.items()}
-    accept_ms = timer.ms(lambda: drafter.accept(prompt[0, :ACCEPTED], accepted, root))
+
+    def restart() -> None:  # every accept commits after the same prompt (the cache does not fill up)
+        drafter._committed = ctx
+        drafter._crop()
+
+    accept_ms = timer.ms(lambda: drafter.accept(prompt[0, :ACCEPTED], accepted, root), setup=restart)
     return {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
             "commit_path_len": int(path.numel())}  # fmt: skip
 
@@ -295,6 +328,8 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
     for name, (value, low) in numbers.items():
         if value < low:
             raise ValueError(f"--{name} must be >= {low}, got {value}")
+    if not {1, 64, args.tree_size} <= set(args.sizes):
+        raise ValueError(f"--sizes must hold 1, 64 and --tree-size {args.tree_size}, got {args.sizes}")
     device = torch.device(args.device)
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"--device {args.device}: cuda or cpu only (timed with CUDA events or perf_counter)")
@@ -322,12 +357,16 @@ def measure_compiled(model, head, args, timer: Timer, device: torch.device) -> t
     """measure_runner with the target compiled when --compile (eager numbers, said so, if that fails)."""
     if not args.compile:
         return measure_runner(model, head, args, timer), "off"
-    mode, start = ("reduce-overhead" if device.type == "cuda" else "default"), time.perf_counter()
+    backend = args.compile
+    how = (
+        f"inductor, mode={'reduce-overhead' if device.type == 'cuda' else 'default'}"
+        if backend == "inductor"
+        else backend
+    )
+    start = time.perf_counter()
     try:
-        parts = measure_runner(model, head, args, timer, compile=True)
-        status = (
-            f"on, target only (mode={mode}; compiling + measuring took {time.perf_counter() - start:.0f} s)"
-        )
+        parts = measure_runner(model, head, args, timer, compile=True if backend == "inductor" else backend)
+        status = f"on, target and draft step ({how}; compiling + measuring took {time.perf_counter() - start:.0f} s)"
     except Exception as err:  # noqa: BLE001 - any compile failure still yields eager numbers
         status = f"FAILED ({type(err).__name__}: {str(err).splitlines()[0][:200]}); eager numbers"
         parts = measure_runner(model, head, args, timer)

@@ -57,6 +57,11 @@ TREE_SIZES = [1, 2, 4, 8, 16, 32, 64]
 OURS_PLAIN = "spechead_plain (ours)"
 
 
+def compiled_note(compile: bool | str) -> str:
+    """', compiled (BACKEND)' for the report's settings line, '' when eager."""
+    return "" if not compile else ", compiled" + (f" ({compile})" if isinstance(compile, str) else "")
+
+
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -102,8 +107,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
-        "--compile", action="store_true",
-        help="torch.compile our verify pass (plain decoding too; CUDA: CUDA graphs). HF baselines stay eager",
+        "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="torch.compile our verify pass and draft steps (plain decoding too): inductor (plain --compile; "
+        "CUDA: CUDA graphs) or a backend name, e.g. cudagraphs (CUDA graphs without inductor: compiles in "
+        "seconds). HF baselines stay eager",
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
     args = p.parse_args(argv)
@@ -257,7 +264,7 @@ def write(args, prompts, base: PromptSetRun, rows, hf_rows, costs) -> str:
     header = (
         f"plain decoding: {base.total.tokens_per_s:,.1f} tokens/s, {1e3 * t_step:.2f} ms per step "
         f"({len(prompts)} prompts, {len(base.outputs)} turns, max_new_tokens={args.max_new_tokens}, "
-        f"temperature={args.temperature}, {args.device}, {args.dtype}{', compiled' if args.compile else ''}; "
+        f"temperature={args.temperature}, {args.device}, {args.dtype}{compiled_note(args.compile)}; "
         f"speedup = median of {args.repeats} "
         "repeat(s) [min, max])"
     )

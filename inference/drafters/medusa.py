@@ -72,7 +72,8 @@ class MedusaDrafter(Drafter):
     def fill(self, states: torch.Tensor, roots: Sequence[int]) -> torch.Tensor:
         """The static tree's tokens [B, N] (host) for rows with last target states [B, H] and roots [B]:
         each head runs ONCE over all rows."""
-        state = states.to(next(self.head.parameters()).dtype)[:, None]  # [B, 1, H]
+        weight = next(self.head.parameters())
+        state = states.to(weight.device, weight.dtype)[:, None]  # [B, 1, H] (the target may run elsewhere)
         logits = [self.head.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
         tokens = torch.tensor(roots, dtype=torch.long)[:, None].repeat(1, self.static.size)  # [B, N]
         if logits:

@@ -54,3 +54,21 @@ def test_seeded_sampling_runs_on_cuda(tiny_llama, chatml_tokenizer):
                 input_ids=[5, 6, 7], max_new_tokens=12, temperature=0.9, top_p=0.9, seed=3
             ).token_ids
         )
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle"])
+def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, name):
+    """The tree calibration times the drafter with states on the target's device (a Medusa head on CUDA
+    was once fed a CPU state here); the tree it picks decodes like plain decoding."""
+    from spechead.inference.calibrate import calibrated_choices
+
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    drafter = _drafters(model)[name]
+    accuracy = torch.tensor([[0.6, 0.2, 0.1, 0.05]] * 3)  # [depth, k]
+    choices, info = calibrated_choices(model, drafter, accuracy, max_nodes=16)
+    assert choices and info["step_ms"] > 0
+    tree = drafter.with_tree(choices)
+    prompt = list(range(5, 15))
+    ref = SpeculativeGenerator(model, chatml_tokenizer, None).generate(input_ids=prompt, max_new_tokens=16)
+    out = SpeculativeGenerator(model, chatml_tokenizer, tree).generate(input_ids=prompt, max_new_tokens=16)
+    assert out.token_ids == ref.token_ids

@@ -9,7 +9,7 @@ import torch
 
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
 from spechead.inference.kv_cache import SlotCache
-from spechead.inference.runner import TargetRunner
+from spechead.inference.runner import TargetRunner, compile_function
 from spechead.inference.tree import (
     TokenTree,
     ancestor_mask,
@@ -158,3 +158,20 @@ def test_a_fixed_cache_cuts_trees_near_its_end_losslessly(model, chatml_tokenize
     assert gen.generate(input_ids=prompt, max_new_tokens=n).token_ids == reference
     with pytest.raises(ValueError, match="too small"):
         gen.generate(input_ids=prompt, max_new_tokens=n + 1)
+
+
+def test_cuda_wrapper_returns_copies_of_every_output():
+    """A CUDA graph overwrites its outputs at the next replay; the draft loop keeps each depth's output
+    for the next call. The wrapper must copy (checked here with a function whose outputs ARE a kept buffer,
+    as a graph's are)."""
+    buffer = torch.zeros(3)
+
+    def fn(x):
+        buffer.copy_(x)
+        return buffer, (buffer, 1)
+
+    f = compile_function(fn, "eager", cuda=True)  # the CUDA wrapper, eager backend: runs on a CPU
+    out, (nested, one) = f(torch.ones(3))
+    assert one == 1 and out is not buffer and nested is not buffer
+    f(torch.full((3,), 2.0))
+    assert out.tolist() == [1.0, 1.0, 1.0] and nested.tolist() == [1.0, 1.0, 1.0]
