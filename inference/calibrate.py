@@ -106,7 +106,7 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
     allowed = torch.eye(width, dtype=torch.bool, device=device)
 
     def depth() -> None:
-        out = drafter._step(feats, ids, allowed, 1)
+        out = drafter._step(feats, ids, allowed, 1, None)  # eager: one depth as the drafter runs it
         drafter._top(out, min(width, 4))
         drafter._crop()
 

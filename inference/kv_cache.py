@@ -191,6 +191,19 @@ class SlotCache(Cache):
                 layer.values[:, :, : layer.length] = values[:, :, : layer.length]
         self.max_length = max_length
 
+    def device_length(self) -> torch.Tensor:
+        """static_shapes: the 0-d device tensor every layer writes after (a graph reads it, no sync)."""
+        length = self.slot_layers[0].length_t
+        assert length is not None, "device_length needs static_shapes and a first update"
+        return length
+
+    def write_at(self, slot: torch.Tensor) -> None:
+        """static_shapes: the next update writes at the device-side 0-d `slot`, inside a captured graph
+        (no host sync); the host-side `length` stays (`set_length` sets both again)."""
+        for layer in self.slot_layers:
+            assert layer.length_t is not None, "write_at needs static_shapes and a first update"
+            layer.length_t.copy_(slot)
+
     def set_length(self, length: int) -> None:
         """Declare the first `length` slots valid in every layer (later slots become scratch)."""
         if not 0 <= length <= self.max_length:

@@ -83,20 +83,22 @@ class _Capture:
         return capture
 
 
-def compile_function(fn, compile: bool | str, cuda: bool = False):
+def compile_function(fn, compile: bool | str, cuda: bool = False, fullgraph: bool = False):
     """torch.compile of `fn` for fixed shapes. True / "inductor": inductor (with CUDA graphs, mode
     "reduce-overhead", when `cuda`); another string: that torch.compile backend ("cudagraphs": CUDA graphs
     without inductor, compiled in seconds; "eager", "aot_eager" trace without code generation: what the
     CPU tests use to check the graph count). On CUDA every call starts a new graph step and returns
-    copies of the graph's outputs (see `_replay`)."""
+    copies of the graph's outputs (see `_replay`). fullgraph: a graph break is an error (one graph or none)."""
     # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
     # function would silently send the rest back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if compile is True or compile == "inductor":
-        compiled = torch.compile(fn, dynamic=False, mode="reduce-overhead" if cuda else None)
+        compiled = torch.compile(
+            fn, dynamic=False, fullgraph=fullgraph, mode="reduce-overhead" if cuda else None
+        )
     else:
         assert isinstance(compile, str)  # compile=False: callers compile only when asked
-        compiled = torch.compile(fn, dynamic=False, backend=compile)
+        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, backend=compile)
     return _replay(compiled) if cuda else compiled
 
 
@@ -154,6 +156,8 @@ class TargetRunner:
         self.static_shapes = bool(compile)
         cuda = next(model.parameters()).device.type == "cuda"
         self._compiled = compile_function(self._graph_forward, compile, cuda) if compile else None
+        # compiled: the accepted path's K/V copies in every layer as one graph (paths padded to a power of 2)
+        self._compiled_commit = compile_function(self._commit_graph, compile, cuda) if compile else None
         # compiled: every tree is padded to a bucket, so a handful of graphs serve every size
         self.buckets = tuple(sorted(buckets or (CUDA_BUCKETS if compile else ())))
         param = next(model.parameters())
@@ -361,5 +365,27 @@ class TargetRunner:
         k = int(path.numel())
         contiguous = bool(k and int(path[-1]) == k - 1)  # ascending and ends at k-1: path == arange(k)
         assert self.cache is not None, "commit before prefill"
-        commit_path(self.cache, self.length, path, contiguous=contiguous)
+        padded = 1 << max(k - 1, 0).bit_length()  # P >= K: a few graph shapes
+        if (
+            self._compiled_commit is not None
+            and not contiguous
+            and self.length + padded <= self.slots.max_length
+        ):
+            # pad with the last node: the copies past K land in scratch slots, beyond the new length
+            path = torch.cat([path, path[-1:].expand(padded - k)]).to(self.device)
+            self._compiled_commit(path)
+            self.slots.set_length(self.length + k)
+        else:
+            commit_path(self.cache, self.length, path, contiguous=contiguous)
         self.length += k
+
+    def _commit_graph(self, path: Tensor) -> None:
+        """Copy the entries of tree nodes `path` [P] to the P slots after the committed length, in every
+        layer (static shapes: both ends come from the device length, so one graph serves every length)."""
+        cache = self.slots
+        start = cache.device_length()
+        src = start + path  # [P] slots the verify wrote these nodes at
+        dst = start + torch.arange(path.shape[0], device=path.device)  # [P]
+        for layer in cache.slot_layers:
+            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))

@@ -202,10 +202,19 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
     # one drafter (one set of compiled graphs) drafting to depth 1..D: only the depth loop's bound changes
     drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
                            depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
+    draft_status = "eager"
     if compile:
-        drafter.use_compile(compile)
+        try:  # a drafter that fails to compile still gives eager draft numbers beside the compiled target
+            drafter.use_compile(compile)
+            drafter.start(prompt[0], hidden, root)
+            drafter.propose(root, sampling, None)
+            draft_status = "compiled"
+        except Exception as err:  # noqa: BLE001 - reported in the output
+            draft_status = f"compile FAILED ({type(err).__name__}: {str(err).splitlines()[0][:160]}); eager"
+            drafter.use_compile(False)
     drafter.start(prompt[0], hidden, root)
-    for depth in range(1, args.depth + 1):
+    # compiled: the draft's depth is part of its graph, so only depths 1 and D (two graphs to compile)
+    for depth in sorted({1, args.depth}) if compile else range(1, args.depth + 1):
         drafter.depth = depth
         propose_ms[depth] = timer.ms(lambda: drafter.propose(root, sampling, None))
     accepted = {layer: h[:ACCEPTED] for layer, h in hidden.items()}
@@ -216,7 +225,7 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
 
     accept_ms = timer.ms(lambda: drafter.accept(prompt[0, :ACCEPTED], accepted, root), setup=restart)
     return {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
-            "commit_path_len": int(path.numel())}  # fmt: skip
+            "commit_path_len": int(path.numel()), "draft_status": draft_status}  # fmt: skip
 
 
 def batch_speculative_supported(model, layers: list[int]) -> bool:
@@ -267,12 +276,12 @@ def summarize(args, parts: dict, bandwidth: float, weight_bytes: int, streamed_b
         "roofline_fraction_streamed": 1e3 * streamed_bytes / bandwidth / step,
         "verify_x_step": {n: t / step for n, t in parts["verify_ms"].items()},
         "draft_ms": draft, "draft_x_step": draft / step,
-        "draft_ms_per_depth": {d: t - parts["propose_ms"].get(d - 1, 0.0) for d, t in parts["propose_ms"].items()},
+        "draft_ms_per_depth": {d: t - parts["propose_ms"][d - 1] if d > 1 else t
+                               for d, t in parts["propose_ms"].items() if d == 1 or d - 1 in parts["propose_ms"]},
         "pass_ms": pass_ms, "projected_speedup": {str(tau): tau * step / pass_ms for tau in TAUS},
     }  # fmt: skip
-    head_steps = [t for d, t in out["draft_ms_per_depth"].items() if d > 1] or [
-        draft
-    ]  # depth 1: no head call
+    first, depth = parts["propose_ms"][1], args.depth  # depth 1: no head call (the root's top-k)
+    head_steps = [(draft - first) / (depth - 1)] if depth > 1 else [draft]
     out["draft_depth_ms"] = statistics.mean(head_steps)  # one head call + top-k over the frontier
     out["draft_depth_x_step"] = out["draft_depth_ms"] / step
     out["verify_64_x_step"] = out["verify_x_step"][64]
@@ -293,7 +302,7 @@ def render(r: dict) -> str:
         f"device: {r['device_name']} ({r['device']}); target {r['target']}, bf16, context {r['context']}; "
         f"compile: {r['compile']}",
         f"EAGLE-3 head: draft vocab {r['draft_vocab']}, EAGLE-2 dynamic top_k {r['top_k']}, depth {r['depth']}, "
-        f"tree {r['tree_size']} nodes",
+        f"tree {r['tree_size']} nodes; drafting {r['draft_status']}",
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
         f"{r['roofline_ms']:.3f} ms",
         f"plain decode step {r['decode_step_ms']:.3f} ms = {r['roofline_fraction']:.1%} of roofline "

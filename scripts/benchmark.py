@@ -57,6 +57,12 @@ TREE_SIZES = [1, 2, 4, 8, 16, 32, 64]
 OURS_PLAIN = "spechead_plain (ours)"
 
 
+def warmup_settings(args: argparse.Namespace) -> DecodeSettings:
+    """Untimed warm-up decoding: 8 tokens, or with --compile whole answers, so that every graph (tree
+    buckets, accepted lengths) is compiled before timing starts: compiling is not decoding."""
+    return DecodeSettings(max_new_tokens=args.max_new_tokens if args.compile else 8)
+
+
 def compiled_note(compile: bool | str) -> str:
     """', compiled (BACKEND)' for the report's settings line, '' when eager."""
     return "" if not compile else ", compiled" + (f" ({compile})" if isinstance(compile, str) else "")
@@ -102,7 +108,13 @@ def parse(argv=None) -> argparse.Namespace:
         "an early_exit drafter given with --drafter, else none; none = skip",
     )  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="runs per drafter; speedup is their median")
-    p.add_argument("--warmup", type=int, default=2, help="prompts decoded once before timing")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="prompts decoded once before timing (whole answers "
+        "with --compile; use as many as --prompts there: a graph compiled while timing is counted)",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -130,7 +142,7 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
         args.target, path, device=args.device, dtype=args.dtype, compile=args.compile, **options
     )
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)  # Medusa-2: merged
-    decode_prompts(gen, prompts[: args.warmup], DecodeSettings(max_new_tokens=8))
+    decode_prompts(gen, prompts[: args.warmup], warmup_settings(args))
     runs, plains = [], []
     for i in range(args.repeats):
         plains.append(decode_prompts(plain, prompts, settings, desc=f"plain ({i + 1}/{args.repeats})"))
@@ -315,7 +327,7 @@ def main(argv=None) -> int:
         plain = SpeculativeGenerator.from_pretrained(
             args.target, None, device=args.device, dtype=args.dtype, compile=args.compile
         )
-        decode_prompts(plain, prompts[: args.warmup], DecodeSettings(max_new_tokens=8))
+        decode_prompts(plain, prompts[: args.warmup], warmup_settings(args))
         base = decode_prompts(plain, prompts, settings, desc="plain")
     except (DataError, ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)

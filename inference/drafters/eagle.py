@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from spechead.heads.eagle import EagleHead
@@ -28,6 +29,8 @@ from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import StaticTree, TokenTree, causal_inputs_static, tree_from_choices
+
+GRAPH_COMMIT = 16  # compiled: accepts of at most this many tokens run as a graph (the prompt runs eager)
 
 
 class EagleDrafter(Drafter):
@@ -82,8 +85,9 @@ class EagleDrafter(Drafter):
             (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
         )
         self._feature: Tensor | None = None  # [H]: output of the last committed pair
-        # set by `use_compile`: the head step and top-k under torch.compile
-        self._compiled: tuple[Callable[..., Tensor], Callable[..., tuple[Tensor, Tensor]]] | None = None
+        # set by `use_compile`: the whole draft (`_grow_graph`) under torch.compile
+        self._compiled: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
+        self._compiled_commit: Callable[..., Tensor] | None = None  # and the accept step (`_commit_graph`)
         self._root: int | None = None  # the token x_C that pair was fed with
         self.last_scores: Tensor | None = None  # [N] float64
 
@@ -107,19 +111,19 @@ class EagleDrafter(Drafter):
         self._commit(prompt, hidden, root)
 
     def use_compile(self, compile: bool | str) -> None:
-        """Run each draft depth's head step and top-k under torch.compile (fixed shapes: the head cache
-        is written at a device-side length and read whole behind the mask; one graph per frontier size).
+        """Capture the WHOLE draft (every depth's head step, top-k and the final selection) as one
+        torch.compile graph with fixed shapes: the head cache is written at a device-side length and
+        read whole behind the mask, the committed length is a device tensor, so one graph serves every
+        sequence position (on CUDA one CUDA graph replay per propose, as SGLang captures EAGLE's draft).
         compile: True (inductor; CUDA graphs on CUDA) or a torch.compile backend name; False: eager."""
         if not compile:
-            self._compiled, self._cache = None, None
+            self._compiled, self._compiled_commit, self._cache = None, None, None
             return
         from spechead.inference.runner import compile_function
 
         cuda = self.head.fc.weight.device.type == "cuda"
-        self._compiled = (
-            compile_function(self.head_step, compile, cuda),
-            compile_function(self._top, compile, cuda),
-        )
+        self._compiled = compile_function(self._grow_graph, compile, cuda, fullgraph=True)
+        self._compiled_commit = compile_function(self._commit_graph, compile, cuda, fullgraph=True)
         self._cache = None  # the next `start` allocates the fixed-shape cache
 
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:
@@ -138,10 +142,18 @@ class EagleDrafter(Drafter):
         if int(root) != self._root:
             raise ValueError(f"propose got root {int(root)} but start/accept announced {self._root}")
         self._ensure_room(self.max_nodes)
+        root_t = torch.tensor([int(root)], device=self.head.fc.weight.device)  # [1]
         try:
             with torch.no_grad():
-                grow = self._grow_static if self._static is not None else self._grow_dynamic
-                tokens, parents, scores = grow(int(root))  # [N] each, on the head's device
+                if self._compiled is not None:
+                    if self._static is not None:
+                        self._static_plan()  # built eagerly (host loops), read by the graph
+                    length = self._cache.device_length()
+                    tokens, parents, scores = self._compiled(self._feature, root_t, length)
+                else:
+                    tokens, parents, scores = self._grow(
+                        self._feature, root_t, None
+                    )  # [N] each, on the device
         finally:
             self._crop()  # drop every speculative entry: the cache holds the C committed ones only
         tokens, parents, scores = (x.cpu() for x in (tokens, parents, scores))  # the one host transfer
@@ -169,8 +181,19 @@ class EagleDrafter(Drafter):
         self._ensure_room(tokens.numel())
         k, c, cache = tokens.numel(), self._committed, self._cache
         assert cache is not None  # start made it
-        # causal after the C committed entries; with fixed shapes (compiled drafting: eager here, K
-        # varies) over the whole buffer
+        if self._compiled_commit is not None and c > 0 and k <= GRAPH_COMMIT:  # c = 0: start, eager
+            padded = 1 << (k - 1).bit_length()  # P >= K: a few graph shapes; the pairs past K land in
+            # scratch slots (the committed length moves by K) and no earlier pair sees them (causal)
+            with torch.no_grad():
+                out = self._compiled_commit(F.pad(features[0], (0, 0, 0, padded - k)),
+                                            F.pad(next_ids, (0, padded - k)), cache.device_length())  # fmt: skip
+            self._committed += k
+            cache.set_length(self._committed)
+            self._feature = out[k - 1]  # [H]: the last real pair's output
+            self._root = int(next_token)
+            return
+        # causal after the C committed entries; with fixed shapes (compiled drafting: the prompt, or
+        # more than GRAPH_COMMIT tokens) over the whole buffer
         columns = cache.max_length if cache.static_shapes else c + k
         mask, positions = causal_inputs_static(k, c, columns, self.head.fc.weight.dtype, device)
         with torch.no_grad():
@@ -179,6 +202,18 @@ class EagleDrafter(Drafter):
         cache.set_length(self._committed)
         self._feature = out[0, -1]
         self._root = int(next_token)
+
+    def _commit_graph(self, features: Tensor, next_ids: Tensor, length: Tensor) -> Tensor:
+        """The head on P pairs, features [P, H] and next tokens [1, P], causal after the device length C
+        [0-d] over the whole fixed-size cache -> output features [P, H] (one graph for every C)."""
+        cache = self._cache
+        assert cache is not None  # start made it
+        p, dtype = next_ids.shape[1], self.head.fc.weight.dtype
+        rows = length + torch.arange(p, device=length.device)  # [P] each pair's slot and position
+        cols = torch.arange(cache.max_length, device=length.device)  # [S_max]
+        mask = torch.zeros(p, cache.max_length, dtype=dtype, device=length.device)
+        mask = mask.masked_fill(cols[None, :] > rows[:, None], torch.finfo(dtype).min)  # [P, S_max]
+        return self.head_step(features[None], next_ids, mask[None, None], rows[None], cache)[0]
 
     def _ensure_room(self, extra: int) -> None:
         """Grow the preallocated head cache (doubling, rare) so C + extra + a full tree fit."""
@@ -217,43 +252,55 @@ class EagleDrafter(Drafter):
         """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
 
         top-k of the raw logits minus their logsumexp (= top-k of log_softmax, without writing it)."""
-        if self._compiled is not None and not torch.compiler.is_compiling():
-            return self._compiled[1](features, k)
         logits = self.head.logits(features[None])[0].float()  # [q, Vd]
         values, ids = logits.topk(k, dim=-1)
         return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
-    def _step(self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int) -> Tensor:
+    def _step(
+        self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int, committed: Tensor | None
+    ) -> Tensor:
         """One head call on q nodes at `depth` >= 1: parent features [q, H], tokens [q], allowed_spec
-        [q, S + q] (their ancestors' speculative slots and themselves) -> output features [q, H]."""
-        committed, cache = self._committed, self._cache
-        assert cache is not None  # start made it
-        q = ids.shape[0]
-        dtype = self.head.fc.weight.dtype
-        positions = torch.full((1, q), committed + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
-        if self._compiled is None:
-            mask = torch.zeros(1, 1, q, committed + allowed_spec.shape[1], dtype=dtype, device=ids.device)
-            mask[0, 0, :, committed:].masked_fill_(
-                ~allowed_spec, torch.finfo(dtype).min
-            )  # [1, 1, q, C + S + q]
-            return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
-        # fixed shapes: [1, 1, q, S_max], the speculative slots written so far + these q at C + S..
-        end = committed + allowed_spec.shape[1]
-        mask = torch.full((1, 1, q, cache.max_length), torch.finfo(dtype).min, dtype=dtype, device=ids.device)
-        mask[..., :committed] = 0
-        mask[0, 0, :, committed:end].masked_fill_(allowed_spec, 0)
-        cache.set_length(end - q)  # write slot of these q nodes
-        out = self._compiled[0](features[None], ids[None], mask, positions, cache)[0]  # [q, H]
-        cache.set_length(end)
-        return out
+        [q, S + q] (their ancestors' speculative slots and themselves) -> output features [q, H].
 
-    def _grow_dynamic(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
+        committed: None (eager: the C committed entries, `self._committed`) or, inside the draft graph,
+        C as a 0-d device tensor: then the mask spans the whole fixed-size cache and the write slot is
+        set on the device, so the graph does not depend on C."""
+        cache, dtype, q = self._cache, self.head.fc.weight.dtype, ids.shape[0]
+        assert cache is not None  # start made it
+        width = allowed_spec.shape[1]  # S + q: speculative slots so far + these q
+        if committed is None:
+            c = self._committed
+            positions = torch.full((1, q), c + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
+            mask = torch.zeros(1, 1, q, c + width, dtype=dtype, device=ids.device)
+            mask[0, 0, :, c:].masked_fill_(~allowed_spec, torch.finfo(dtype).min)  # [1, 1, q, C + S + q]
+            return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
+        rel = torch.arange(cache.max_length, device=ids.device) - committed  # [S_max] slot - C
+        spec = allowed_spec[:, rel.clamp(0, width - 1)] & (rel >= 0) & (rel < width)  # [q, S_max]
+        visible = spec | (rel < 0)  # the committed slots: every node sees them
+        mask = torch.zeros(q, cache.max_length, dtype=dtype, device=ids.device)
+        mask = mask.masked_fill(~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, q, S_max]
+        positions = (committed + (depth - 1)).view(1, 1).expand(1, q)  # [1, q]
+        cache.write_at(committed + (width - q))  # these q nodes' slots: C + S ..
+        return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
+
+    def _grow(self, feature: Tensor, root: Tensor, committed: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The tree: tokens, parents, scores [N] from the root's feature [H] and token [1]."""
+        grow = self._grow_static if self._static is not None else self._grow_dynamic
+        return grow(feature, root, committed)
+
+    def _grow_graph(self, feature: Tensor, root: Tensor, length: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`_grow` as one fixed-shape graph; C is the cache's device length [0-d] (propose's `_crop` sets
+        it back after the speculative writes have moved it)."""
+        return self._grow(feature, root, length.clone())
+
+    def _grow_dynamic(
+        self, feature: Tensor, root: Tensor, committed: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """EAGLE-2: expand the `top_k` best frontier nodes per depth with one head call over them all;
         keep the best `total_tokens - 1` nodes. Returns tokens, parents, scores [N] (float64)."""
-        k, device, feature = self.top_k, self.head.fc.weight.device, self._feature
-        assert feature is not None  # propose checked it
+        k, device = self.top_k, self.head.fc.weight.device
         values, ids = self._top(feature[None], k)  # [1, k] each
-        tokens = [torch.tensor([root], device=device), self._to_target(ids[0])]  # node tokens, by depth
+        tokens = [root, self._to_target(ids[0])]  # node tokens, by depth
         parents = [torch.tensor([-1], device=device), torch.zeros(k, dtype=torch.long, device=device)]
         scores = [torch.zeros(1, dtype=torch.float64, device=device), values[0].double()]
         count = 1 + k  # nodes so far; the depth-1 nodes are ids 1..k
@@ -263,7 +310,7 @@ class EagleDrafter(Drafter):
         anc = torch.zeros(k, 0, dtype=torch.bool, device=device)  # [k, S] ancestors' speculative slots
         eye = torch.eye(k, dtype=torch.bool, device=device)
         for d in range(2, self.depth + 1):
-            out = self._step(front_feat, front_tok, torch.cat([anc, eye], dim=1), d - 1)  # [k, H]
+            out = self._step(front_feat, front_tok, torch.cat([anc, eye], dim=1), d - 1, committed)  # [k, H]
             values, ids = self._top(out, k)  # [k, k] each
             new_score = (front_score[:, None] + values.double()).reshape(-1)  # [k * k]
             new_tok = self._to_target(ids).reshape(-1)  # [k * k]
@@ -288,22 +335,24 @@ class EagleDrafter(Drafter):
         kept_parents = torch.where(all_parents[keep] >= 0, index[all_parents[keep].clamp(min=0)], -1)
         return all_tokens[keep], kept_parents, all_scores[keep]
 
-    def _grow_static(self, root: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _grow_static(
+        self, feature: Tensor, root: Tensor, committed: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Fill the static tree depth by depth (node i = the rank[i]-th child of its parent), one head
         call per depth over the nodes that have children. Returns tokens, parents, scores [N].
 
         Nodes of one depth are contiguous (tree_from_choices orders them by depth), so each depth's
         tokens and scores are made as one block and the tree is their concatenation; indices into
         the previous depth are precomputed in the plan ("local")."""
-        plan, device, feature = self._static_plan(), self.head.fc.weight.device, self._feature
-        assert feature is not None  # propose checked it
-        tokens = [torch.tensor([root], device=device)]  # per depth: [n_d]
+        plan, device = self._static_plan(), self.head.fc.weight.device
+        tokens = [root]  # per depth: [n_d]
         scores = [torch.zeros(1, dtype=torch.float64, device=device)]
         feats = feature[None]  # [E, H] outputs of the nodes expanded at this depth
         for step in plan:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
                 inputs = feats[step["parent_rows"]]  # [E, H] their parents' outputs
-                feats = self._step(inputs, tokens[-1][step["run_local"]], step["allowed"], step["depth"] - 1)
+                run = tokens[-1][step["run_local"]]  # [E] their tokens
+                feats = self._step(inputs, run, step["allowed"], step["depth"] - 1, committed)
             values, ids = self._top(feats, step["need"])  # [E, need] each
             pick = step["pick"]  # [n_d]: row * need + rank
             tokens.append(self._to_target(ids.reshape(-1)[pick]))

@@ -110,8 +110,10 @@ def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama
     )
     eager, compiled = EagleDrafter(head, **opts), EagleDrafter(head, **opts)
     compiled.use_compile("eager")
+    torch._dynamo.reset()
+    counters.clear()
     stream = eagle_tests.Stream(head, 7, seed=0)
-    root, pick = 5, torch.Generator().manual_seed(1)
+    root, pick, accepted_sizes = 5, torch.Generator().manual_seed(1), set()
     for drafter in (eager, compiled):
         drafter.start(stream.tokens, stream.states, root)
     for _ in range(4):
@@ -123,9 +125,13 @@ def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama
         torch.testing.assert_close(compiled.last_scores, eager.last_scores, atol=1e-3, rtol=0)
         node = int(torch.randint(ref.size, (1,), generator=pick))
         accepted = ref.tokens[path_to_node(ref.parents, node)]
+        accepted_sizes.add(accepted.numel())
         next_root = int(torch.randint(eagle_tests.V, (1,), generator=pick))
         hidden = stream.extend(torch.cat([torch.tensor([root]), accepted[1:]]))
         for drafter in (eager, compiled):
             drafter.accept(accepted, hidden, next_root)
         root = next_root
     assert compiled._cache.static_shapes and compiled._cache.max_length == 1024
+    # the whole draft is ONE graph (fullgraph: no break), whatever the committed length; accepts: one
+    # graph per padded size (a power of 2 >= K)
+    assert counters["stats"]["unique_graphs"] == 1 + len({1 << (k - 1).bit_length() for k in accepted_sizes})
