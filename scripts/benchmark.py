@@ -142,7 +142,8 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
         args.target, path, device=args.device, dtype=args.dtype, compile=args.compile, **options
     )
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)  # Medusa-2: merged
-    decode_prompts(gen, prompts[: args.warmup], warmup_settings(args))
+    for warm in (gen, plain):  # both: with --compile each has its own graphs to compile before timing
+        decode_prompts(warm, prompts[: args.warmup], warmup_settings(args))
     runs, plains = [], []
     for i in range(args.repeats):
         plains.append(decode_prompts(plain, prompts, settings, desc=f"plain ({i + 1}/{args.repeats})"))
