@@ -20,7 +20,7 @@ import torch
 from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.runner import TargetRunner
-from spechead.inference.tree_search import best_choices_for_cost
+from spechead.inference.tree_search import best_choices_for_cost, expected_accept_length
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -37,10 +37,35 @@ def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) 
 
 
 def saved_accuracy(head_dir: str | Path | None) -> torch.Tensor | None:
-    """accuracy [depth, k] from HEAD_DIR/tree.json, or None when there is none."""
+    """accuracy [depth, k] from HEAD_DIR/tree.json (None when there is none), made realistic: when
+    tree.json also holds the tau measured by decoding with its tree (`measured_tau`, scripts/build_tree.py),
+    the table is scaled so that the tree's expected accept length equals it (`fit_accuracy`)."""
     tree = read_tree(head_dir) if head_dir is not None else None
     table = tree.get("accuracy") if tree else None
-    return torch.tensor(table, dtype=torch.float64) if table else None
+    if not table:
+        return None
+    accuracy = torch.tensor(table, dtype=torch.float64)
+    tau = tree.get("measured_tau") if tree else None
+    return fit_accuracy(accuracy, tree["choices"], float(tau)) if tau else accuracy
+
+
+def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau: float) -> torch.Tensor:
+    """accuracy [depth, k] times the one factor f that makes `choices`' expected accept length equal the
+    measured tau (bisection; f keeps every depth's total <= 1).
+
+    The table's product-of-accuracies estimate runs ahead of real decoding (on the demo EAGLE-3 head:
+    4.10 expected against 3.65 measured on the same prompts). One factor per depth step shrinks a node's
+    acceptance by f**depth, so the correction weighs most on deep trees, the ones it over-promised."""
+    if not choices or any(len(c) > accuracy.shape[0] or max(c) >= accuracy.shape[1] for c in choices):
+        return accuracy  # a table that does not cover its own tree: nothing to fit
+    expected = lambda f: float(expected_accept_length(accuracy * f, choices))  # noqa: E731
+    low, high = 0.0, 1.0 / max(float(accuracy.sum(-1).max()), 1e-9)
+    if expected(high) <= measured_tau:
+        return accuracy * high
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected(mid) < measured_tau else (low, mid)
+    return accuracy * low
 
 
 def _timed(fn, repeats: int, device: torch.device) -> float:
@@ -117,14 +142,54 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
         drafter._cache = None  # a fresh start() comes with the next sequence
 
 
+@torch.no_grad()
+def eagle_accept_cost_ms(drafter, tokens: int = 3, repeats: int = 9) -> float:
+    """ms of an EAGLE drafter's accept step (the head on `tokens` accepted pairs) after 128 committed."""
+    head = drafter.head
+    device, hidden = head.fc.weight.device, head.config.hidden_size
+    states = {layer: torch.randn(128, hidden, device=device) for layer in drafter.hidden_layers}
+    accepted = {layer: state[:tokens] for layer, state in states.items()}
+    drafter.start(torch.zeros(128, dtype=torch.long), states, 0)
+
+    def accept() -> None:
+        drafter._committed = 128  # every accept lands after the same 128 entries
+        drafter._crop()
+        drafter.accept(torch.zeros(tokens, dtype=torch.long), accepted, 0)
+
+    try:
+        accept()
+        return min(_timed(accept, 1, device) for _ in range(repeats))
+    finally:
+        drafter._cache = None  # a fresh start() comes with the next sequence
+
+
+@torch.no_grad()
+def commit_cost_ms(model: PreTrainedModel, context: int = 128, repeats: int = 7) -> float:
+    """ms of the target's commit of an accepted path [0, 2, 3] of a 4-node tree (its K/V moved into place)."""
+    runner = TargetRunner(model, cache="static")
+    runner.reserve(context, 8)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
+    runner.prefill(ids)
+    parents, path = torch.tensor([[-1, 0, 0, 2]]), torch.tensor([0, 2, 3])  # not contiguous: copies
+    times = []
+    for _ in range(repeats):
+        runner.length = context
+        runner.verify(ids[:, :4], parents)
+        times.append(_timed(lambda: runner.commit(path), 1, runner.device))
+    return min(times)
+
+
 def calibrated_choices(
     model: PreTrainedModel, drafter, accuracy: torch.Tensor, max_nodes: int = 64
 ) -> tuple[list[list[int]], dict]:
     """The static tree with the best expected speedup measured on this device, and what was measured."""
     verify = verify_cost_ms(model, tuple(s for s in SIZES if s <= max_nodes + 1))
     info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
+    info["pass_ms"] = commit_cost_ms(model)
     if family_of(drafter.head.config).drafts_per_depth:
         info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4)
+        info["pass_ms"] += eagle_accept_cost_ms(drafter)
     else:  # Medusa: one pass over every head, whatever the tree
         device = next(model.parameters()).device  # the target's states live where the target runs
         state = {
@@ -141,7 +206,7 @@ def calibrated_choices(
 
 def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[list[int]]:
     """The static tree with the best expected speedup for the costs measured in `info` (verify_ms_by_size,
-    step_ms, draft_ms or draft_ms_per_depth); adds that speedup to `info` as expected_speedup."""
+    step_ms, draft_ms or draft_ms_per_depth, pass_ms); adds that speedup to `info` as expected_speedup."""
     choices, speedup = best_choices_for_cost(
         accuracy.float(),
         info["verify_ms_by_size"],
@@ -149,6 +214,7 @@ def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[l
         draft_ms=info.get("draft_ms", 0.0),
         max_nodes=max_nodes,
         draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
+        pass_ms=info.get("pass_ms", 0.0),
     )
     info["expected_speedup"] = speedup
     return choices

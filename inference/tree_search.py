@@ -206,14 +206,16 @@ def best_choices_for_cost(
     draft_ms: float = 0.0,
     max_nodes: int = 128,
     draft_ms_per_depth: float = 0.0,
+    pass_ms: float = 0.0,
 ) -> tuple[list[list[int]], float]:
     """The static tree with the highest expected speedup on measured hardware, and that speedup.
 
     Expected speedup of an N-node tree of depth D = expected_accept_length * step_ms /
-    (verify(N + 1) + draft_ms + draft_ms_per_depth * D), with verify() interpolated from
+    (verify(N + 1) + draft_ms + draft_ms_per_depth * D + pass_ms), with verify() interpolated from
     `verify_ms_by_size` (tree sizes counting the root, as scripts/benchmark.py measures them).
     Medusa drafts every depth in one pass (draft_ms); an EAGLE head runs once per depth
-    (draft_ms_per_depth). Trees of 1..max_nodes nodes are compared.
+    (draft_ms_per_depth); pass_ms is what every pass costs whatever the tree (the target's commit of
+    the accepted path, an EAGLE head's accept step). Trees of 1..max_nodes nodes are compared.
     """
     best: tuple[list[list[int]], float] = ([], 0.0)
     for n in range(1, max_nodes + 1):
@@ -224,6 +226,7 @@ def best_choices_for_cost(
             interpolate_cost(verify_ms_by_size, n + 1)
             + draft_ms
             + draft_ms_per_depth * max(map(len, choices))
+            + pass_ms
         )
         speedup = expected_accept_length(accuracy, choices) * step_ms / cost
         if speedup > best[1]:

@@ -156,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured tau, default tree ({'static' if default else 'dynamic'}): {tau_default:.3f}")
     measured = {"target": str(args.target), "prompts": len(prompts), "prompt_source": source,
                 "max_new_tokens": args.max_new_tokens, "generated_tokens": positions, "topk": args.topk}  # fmt: skip
+    if not args.no_check:  # the chosen tree's real tau: loading scales the table to it (calibrate.py)
+        gen.drafter = gen.drafter.with_tree(choices)
+        _, tau_chosen, _ = decode_all(gen, prompts, args.max_new_tokens)
+        print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
+        extra["measured_tau"] = round(tau_chosen, 4)
     path = write_tree(
         args.head,
         choices,
@@ -166,10 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         accuracy=[[round(x, 6) for x in row] for row in accuracy.tolist()],
         **extra,
     )
-    if not args.no_check:
-        gen.drafter = gen.drafter.with_tree(choices)
-        _, tau_chosen, _ = decode_all(gen, prompts, args.max_new_tokens)
-        print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
     print(f"saved {path}")
     return 0
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from spechead.heads import Eagle3Config, Eagle3Head
-from spechead.inference.calibrate import calibrated_choices, saved_accuracy
+from spechead.inference.calibrate import best_for_costs, calibrated_choices, fit_accuracy, saved_accuracy
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tree import tree_from_choices
-from spechead.inference.tree_search import best_choices_for_cost
+from spechead.inference.tree_search import best_choices_for_cost, expected_accept_length
 
 
 def test_expensive_verification_gives_a_small_tree():
@@ -36,6 +37,11 @@ def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
     info = gen.calibration
     assert info is not None and set(info["verify_ms_by_size"]) >= {1, 2, 4, 8}
     assert info["draft_ms_per_depth"] > 0 and info["expected_speedup"] > 0
+    # every pass also pays the target's commit and the head's accept step: in the expected speedup
+    assert info["pass_ms"] > 0
+    _, again = best_choices_for_cost(torch.tensor(accuracy).float(), info["verify_ms_by_size"], info["step_ms"],
+                                     draft_ms_per_depth=info["draft_ms_per_depth"], pass_ms=info["pass_ms"])  # fmt: skip
+    assert again == pytest.approx(info["expected_speedup"])
     tree_from_choices(info["choices"])  # a valid tree, and the one the drafter uses
     assert gen.drafter._static.size == len(info["choices"]) + 1
     prompt = [5, 9, 11, 7]
@@ -58,3 +64,44 @@ def test_an_eagle_head_without_a_table_gets_a_cpu_sized_tree(tiny_target_dir, tm
     assert gen.drafter._static is not None  # a measured static tree, not the GPU-sized dynamic default
     dynamic = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"), tree="dynamic")
     assert dynamic.calibration is None and dynamic.drafter._static is None
+
+
+# The demo EAGLE-3 head's table and tree (scripts/build_tree.py on 32 demo-tune prompts: expected accept
+# length 4.10, measured tau 3.65 with that tree) and this CPU's costs measured at load (ms).
+DEMO_ACCURACY = [[0.739, 0.099, 0.031, 0.021], [0.740, 0.092, 0.030, 0.024], [0.751, 0.088, 0.034, 0.025],
+                 [0.734, 0.088, 0.044, 0.026], [0.725, 0.087, 0.035, 0.020], [0.702, 0.096, 0.038, 0.025],
+                 [0.667, 0.105, 0.046, 0.028]]  # fmt: skip
+DEMO_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0],
+             [0, 0, 0, 1], [0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0, 0], [0, 1, 0, 0, 0],
+             [1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]  # fmt: skip
+CPU_COSTS = {"verify_ms_by_size": {1: 3.67, 2: 4.53, 4: 4.57, 8: 4.57, 12: 4.84, 16: 4.96, 24: 5.6, 32: 6.06,
+                                   48: 7.16, 64: 8.19},
+             "step_ms": 3.67, "draft_ms_per_depth": 0.70, "pass_ms": 0.73}  # fmt: skip
+
+
+def test_fit_accuracy_matches_the_measured_tau():
+    accuracy = torch.tensor(DEMO_ACCURACY, dtype=torch.float64)
+    assert expected_accept_length(accuracy, DEMO_TREE) == pytest.approx(4.10, abs=0.01)
+    fitted = fit_accuracy(accuracy, DEMO_TREE, 3.65)
+    assert expected_accept_length(fitted, DEMO_TREE) == pytest.approx(3.65, abs=1e-4)
+    assert torch.allclose(fitted / accuracy, (fitted / accuracy)[0, 0].expand_as(accuracy))  # one factor
+    # a tau above what any scaling allows: every depth's total capped at 1
+    capped = fit_accuracy(accuracy, DEMO_TREE, 50.0)
+    assert float(capped.sum(-1).max()) == pytest.approx(1.0)
+    assert torch.equal(fit_accuracy(accuracy, [[0] * 8], 2.0), accuracy)  # a tree the table cannot cover
+
+
+def test_a_measured_tau_makes_the_cpu_tree_shallow(tmp_path):
+    """With the table as measured, this CPU's costs buy the deep 18-node tree (the benchmark measured such a
+    tree at 0.95x plain); scaled to the tau decoding really reached, a 4-node chain (measured 1.07x)."""
+    accuracy = torch.tensor(DEMO_ACCURACY, dtype=torch.float64)
+    optimistic = best_for_costs(accuracy, dict(CPU_COSTS), 64)
+    assert max(map(len, optimistic)) == 7 and len(optimistic) > 10
+    (tmp_path / "tree.json").write_text(json.dumps({"choices": DEMO_TREE, "accuracy": DEMO_ACCURACY}))
+    assert torch.equal(saved_accuracy(tmp_path), accuracy)  # no measured tau: the table as saved
+    (tmp_path / "tree.json").write_text(
+        json.dumps({"choices": DEMO_TREE, "accuracy": DEMO_ACCURACY, "measured_tau": 3.65})
+    )
+    realistic = saved_accuracy(tmp_path)
+    assert expected_accept_length(realistic, DEMO_TREE) == pytest.approx(3.65, abs=1e-4)
+    assert best_for_costs(realistic, dict(CPU_COSTS), 64) == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]

@@ -14,6 +14,7 @@ from spechead.inference.tree_search import (
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
+    interpolate_cost,
     measure_topk_accuracy,
 )
 
@@ -176,3 +177,12 @@ def test_cost_per_draft_depth_favours_shallow_trees():
     shallow, speedup = best_choices_for_cost(accuracy, costs, step_ms=10.0, draft_ms_per_depth=20.0)
     assert max(map(len, deep)) == 4 and max(map(len, shallow)) == 1
     assert speedup == pytest.approx(expected_accept_length(accuracy, shallow) * 10.0 / (10.0 + 20.0))
+
+
+def test_per_pass_cost_counts_in_every_tree():
+    """pass_ms (commit + accept step) is paid by every pass: the expected speedup divides by it too."""
+    accuracy = torch.tensor([[0.9, 0.05], [0.8, 0.05], [0.7, 0.05]])
+    costs = {1: 4.0, 2: 5.0, 4: 6.0, 8: 8.0}
+    choices, speedup = best_choices_for_cost(accuracy, costs, step_ms=4.0, pass_ms=2.0)
+    cost = interpolate_cost(costs, len(choices) + 1) + 2.0
+    assert speedup == pytest.approx(expected_accept_length(accuracy, choices) * 4.0 / cost)

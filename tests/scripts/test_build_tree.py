@@ -35,6 +35,8 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
     assert len(choices) == 7 and max(map(len, choices)) <= 3 and max(max(c) for c in choices) < 4
     assert saved["expected_accept_length"] >= 1.0 and saved["measured_on"]["prompts"] == 2
     assert len(saved["accuracy"]) == 3 and len(saved["accuracy"][0]) == 4
+    # the check's tau is saved with the tree (loading scales the table to it) and is the one printed
+    assert f"measured tau, chosen tree: {saved['measured_tau']:.3f}" in out
 
     # By default the saved accuracy table is re-optimised for this device's measured costs
     # (inference/calibrate.py); calibrate=False uses the saved choices as they are.
@@ -53,6 +55,7 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
     assert script("build_tree").main([*argv, "--cost-profile", str(profile), "--no-check"]) == 0
     saved = json.loads((head_dir / "tree.json").read_text())
     assert len(saved["choices"]) == 1 and saved["expected_speedup"] > 0  # verification this dear: one node
+    assert "measured_tau" not in saved  # --no-check: nothing measured
 
 
 def test_build_tree_demo_prompts_and_errors(script, tiny_target_dir, head_dir, capsys):
