@@ -41,11 +41,10 @@ def saved_accuracy(head_dir: str | Path | None) -> torch.Tensor | None:
     tree.json also holds the tau measured by decoding with its tree (`measured_tau`, scripts/build_tree.py),
     the table is scaled so that the tree's expected accept length equals it (`fit_accuracy`)."""
     tree = read_tree(head_dir) if head_dir is not None else None
-    table = tree.get("accuracy") if tree else None
-    if not table:
+    if not tree or not tree.get("accuracy"):
         return None
-    accuracy = torch.tensor(table, dtype=torch.float64)
-    tau = tree.get("measured_tau") if tree else None
+    accuracy = torch.tensor(tree["accuracy"], dtype=torch.float64)
+    tau = tree.get("measured_tau")
     return fit_accuracy(accuracy, tree["choices"], float(tau)) if tau else accuracy
 
 
