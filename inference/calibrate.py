@@ -68,28 +68,28 @@ def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau:
 
 
 def _timed(fn, repeats: int, device: torch.device) -> float:
-    """Median milliseconds of fn() over `repeats` runs (warm up first).
+    """Median wall-clock milliseconds of fn() over `repeats` runs (CUDA: around synchronisations).
 
-    CUDA: wall time around synchronisations. CPU: the thread's CPU time, so that other processes on a
-    shared machine do not skew the costs (torch runs CPU ops in the calling thread at 1 thread; with
-    more intra-op threads this undercounts, uniformly for every size)."""
+    Wall time, not the thread's CPU time: torch spreads a CPU op over its intra-op threads, so the
+    calling thread's CPU time leaves out the other threads' share, the more so the bigger the op, and
+    made big trees look cheap (verify(24) read 5.9 ms of thread time where decoding paid 7.6). Callers
+    keep the minimum of several rounds, which filters what other processes add."""
     cuda = device.type == "cuda"
-    clock = time.perf_counter if cuda else time.thread_time
     times = []
     for _ in range(repeats):
         if cuda:
             torch.cuda.synchronize(device)
-        start = clock()
+        start = time.perf_counter()
         fn()
         if cuda:
             torch.cuda.synchronize(device)
-        times.append(1e3 * (clock() - start))
+        times.append(1e3 * (time.perf_counter() - start))
     return statistics.median(times)
 
 
 @torch.no_grad()
 def verify_cost_ms(
-    model: PreTrainedModel, sizes=SIZES, context: int = 128, repeats: int = 7
+    model: PreTrainedModel, sizes=SIZES, context: int = 128, repeats: int = 15
 ) -> dict[int, float]:
     """{tree size: ms} of one verification pass (a chain of that size) after `context` tokens.
 

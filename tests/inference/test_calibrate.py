@@ -10,7 +10,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from spechead.heads import Eagle3Config, Eagle3Head
-from spechead.inference.calibrate import best_for_costs, calibrated_choices, fit_accuracy, saved_accuracy
+from spechead.inference.calibrate import (
+    best_for_costs,
+    calibrated_choices,
+    fit_accuracy,
+    saved_accuracy,
+)
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tree import tree_from_choices
 from spechead.inference.tree_search import best_choices_for_cost, expected_accept_length
@@ -95,7 +100,8 @@ def test_a_measured_tau_makes_the_cpu_tree_shallow(tmp_path):
     """With the table as measured, this CPU's costs buy the deep 18-node tree (the benchmark measured such a
     tree at 0.95x plain); scaled to the tau decoding really reached, a 4-node chain (measured 1.07x)."""
     accuracy = torch.tensor(DEMO_ACCURACY, dtype=torch.float64)
-    optimistic = best_for_costs(accuracy, dict(CPU_COSTS), 64)
+    costs = {k: v for k, v in CPU_COSTS.items() if k != "verify_ms_by_size"}
+    optimistic, _ = best_choices_for_cost(accuracy, CPU_COSTS["verify_ms_by_size"], max_nodes=64, **costs)
     assert max(map(len, optimistic)) == 7 and len(optimistic) > 10
     (tmp_path / "tree.json").write_text(json.dumps({"choices": DEMO_TREE, "accuracy": DEMO_ACCURACY}))
     assert torch.equal(saved_accuracy(tmp_path), accuracy)  # no measured tau: the table as saved
@@ -104,4 +110,6 @@ def test_a_measured_tau_makes_the_cpu_tree_shallow(tmp_path):
     )
     realistic = saved_accuracy(tmp_path)
     assert expected_accept_length(realistic, DEMO_TREE) == pytest.approx(3.65, abs=1e-4)
-    assert best_for_costs(realistic, dict(CPU_COSTS), 64) == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
+    chain, _ = best_choices_for_cost(realistic, CPU_COSTS["verify_ms_by_size"], max_nodes=64, **costs)
+    assert chain == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
+    assert best_for_costs(realistic, dict(CPU_COSTS), 64) == chain  # what loading picks
