@@ -45,7 +45,7 @@ def test_tiny_run_reports_every_part(tiny_run):
             "weight_bytes", "streamed_bytes", "roofline_ms", "roofline_fraction", "roofline_fraction_streamed",
             "propose_ms", "draft_ms", "draft_x_step", "draft_ms_per_depth", "draft_depth_ms", "draft_depth_x_step",
             "commit_ms", "commit_path_len", "accept_ms", "pass_ms", "projected_speedup", "speedup_tau_5.4",
-            "batch", "batch_speculative", "batch_speculative_supported", "goals"}  # fmt: skip
+            "batch", "batch_speculative", "goals"}  # fmt: skip
     assert keys <= set(r), keys - set(r)
     assert r["context"] == 64 and r["draft_vocab"] == 1024 and r["top_k"] == 8
     assert r["device"] == "cpu" and r["compile"] == "off" and r["tree_size"] == 64 and r["depth"] == 7
@@ -90,8 +90,7 @@ def test_batch_rows_and_goals(tiny_run):
         assert math.isclose(row["projected_pass_ms"], row["verify_ms"] + extra)
         assert math.isclose(row["projected_tokens_per_s"], row["batch"] * row["projected_row_tokens_per_s"])
         assert math.isclose(row["projected_speedup"], 5.4 * row["plain_step_ms"] / row["projected_pass_ms"])
-    assert r["batch_speculative_supported"] is False  # this engine version decodes B = 1
-    assert "batch > 1 speculative: not supported by this engine version" in out
+    assert "batch > 1 speculative: generate_batch (inference/batch.py, eager) is not timed" in out
     assert len(r["goals"]) == 4
     for name, goal in r["goals"].items():
         assert isinstance(goal["met"], bool) and f"goal: {name}:" in out
@@ -142,3 +141,16 @@ def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, caps
         r["decode_step_ms"]
     )
     assert "compile: FAILED" in capsys.readouterr().out
+
+
+def test_compiled_run_traces_target_and_whole_draft(tmp_path):
+    """--compile BACKEND --sizes: the target's buckets and the whole-draft graph (depths 1 and D only)."""
+    proc = run("--tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--compile", "eager", "--sizes",
+               "1,64", "--out", "c.json", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "c.json").read_text())
+    assert r["compile"].startswith("on, target and draft step (eager") and r["draft_status"] == "compiled"
+    assert set(r["verify_ms"]) == {"1", "64"} and set(r["propose_ms"]) == {"1", "7"}
+    assert r["draft_depth_ms"] == pytest.approx((r["propose_ms"]["7"] - r["propose_ms"]["1"]) / 6)
+    bad = run("--tiny", "--device", "cpu", "--sizes", "1,16", cwd=tmp_path)
+    assert bad.returncode == 2 and "--sizes must hold 1, 64 and --tree-size 64" in bad.stderr
