@@ -118,14 +118,31 @@ def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, 
     return out
 
 
+def _start_on_noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
+    """Start an EAGLE drafter on `length` random target states {layer: [length, H]}; returns them."""
+    head = drafter.head
+    device, hidden = head.fc.weight.device, head.config.hidden_size
+    states = {layer: torch.randn(length, hidden, device=device) for layer in drafter.hidden_layers}
+    drafter.start(torch.zeros(length, dtype=torch.long), states, 0)
+    return states
+
+
+def _drafter_ms(drafter, fn, repeats: int) -> float:
+    """Min ms of fn() over `repeats` rounds after a warm-up; the drafter's cache is dropped afterwards."""
+    try:
+        fn()
+        return min(_timed(fn, 1, drafter.head.fc.weight.device) for _ in range(repeats))
+    finally:
+        drafter._cache = None  # a fresh start() comes with the next sequence
+
+
 @torch.no_grad()
 def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
     """ms of one EAGLE draft depth (head step + logits + top-k over `width` nodes) after 128 committed."""
+    _start_on_noise(drafter)
     head = drafter.head
-    device, hidden = head.fc.weight.device, head.config.hidden_size
-    states = {layer: torch.randn(128, hidden, device=device) for layer in drafter.hidden_layers}
-    drafter.start(torch.zeros(128, dtype=torch.long), states, 0)
-    feats = torch.randn(width, hidden, device=device, dtype=head.fc.weight.dtype)
+    device, dtype = head.fc.weight.device, head.fc.weight.dtype
+    feats = torch.randn(width, head.config.hidden_size, device=device, dtype=dtype)
     ids = torch.zeros(width, dtype=torch.long, device=device)
     allowed = torch.eye(width, dtype=torch.bool, device=device)
 
@@ -134,32 +151,20 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
         drafter._top(out, min(width, 4))
         drafter._crop()
 
-    try:
-        depth()
-        return min(_timed(depth, 1, device) for _ in range(repeats))
-    finally:
-        drafter._cache = None  # a fresh start() comes with the next sequence
+    return _drafter_ms(drafter, depth, repeats)
 
 
 @torch.no_grad()
 def eagle_accept_cost_ms(drafter, tokens: int = 3, repeats: int = 9) -> float:
     """ms of an EAGLE drafter's accept step (the head on `tokens` accepted pairs) after 128 committed."""
-    head = drafter.head
-    device, hidden = head.fc.weight.device, head.config.hidden_size
-    states = {layer: torch.randn(128, hidden, device=device) for layer in drafter.hidden_layers}
-    accepted = {layer: state[:tokens] for layer, state in states.items()}
-    drafter.start(torch.zeros(128, dtype=torch.long), states, 0)
+    accepted = {layer: state[:tokens] for layer, state in _start_on_noise(drafter).items()}
 
     def accept() -> None:
         drafter._committed = 128  # every accept lands after the same 128 entries
         drafter._crop()
         drafter.accept(torch.zeros(tokens, dtype=torch.long), accepted, 0)
 
-    try:
-        accept()
-        return min(_timed(accept, 1, device) for _ in range(repeats))
-    finally:
-        drafter._cache = None  # a fresh start() comes with the next sequence
+    return _drafter_ms(drafter, accept, repeats)
 
 
 @torch.no_grad()
