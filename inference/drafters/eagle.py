@@ -151,12 +151,12 @@ class EagleDrafter(Drafter):
                     length = self._cache.device_length()
                     tokens, parents, scores = self._compiled(self._feature, root_t, length)
                 else:
-                    tokens, parents, scores = self._grow(
-                        self._feature, root_t, None
-                    )  # [N] each, on the device
+                    tokens, parents, scores = self._grow(self._feature, root_t, None)  # [N] each
         finally:
             self._crop()  # drop every speculative entry: the cache holds the C committed ones only
-        tokens, parents, scores = (x.cpu() for x in (tokens, parents, scores))  # the one host transfer
+        # one host transfer (one sync on a GPU), not three: ids are exact in float64
+        host = torch.stack([tokens.double(), parents.double(), scores]).cpu()  # [3, N]
+        tokens, parents, scores = host[0].long(), host[1].long(), host[2]
         self.last_scores = scores
         return Draft(tree=TokenTree(tokens=tokens, parents=parents), rule="deterministic")
 
