@@ -70,10 +70,9 @@ def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau:
 def _timed(fn, repeats: int, device: torch.device) -> float:
     """Median wall-clock milliseconds of fn() over `repeats` runs (CUDA: around synchronisations).
 
-    Wall time, not the thread's CPU time: torch spreads a CPU op over its intra-op threads, so the
-    calling thread's CPU time leaves out the other threads' share, the more so the bigger the op, and
-    made big trees look cheap (verify(24) read 5.9 ms of thread time where decoding paid 7.6). Callers
-    keep the minimum of several rounds, which filters what other processes add."""
+    Wall time, what decoding pays, not the thread's CPU time: torch spreads a CPU op over its intra-op
+    threads, and the calling thread's CPU time leaves out the other threads' share. Callers keep the
+    minimum of several rounds, which filters what other processes add."""
     cuda = device.type == "cuda"
     times = []
     for _ in range(repeats):
