@@ -36,6 +36,11 @@ def render(header: str, rows: list[dict], hf_rows: list[dict], costs: dict[int, 
             f"{r['t_draft_ms']:.2f} | {r['t_other_ms']:.2f} | {r['ideal_speedup']:.2f}x | "
             f"{_same(r['greedy_mismatches'])} |"
         )
+    calibrated = [r for r in rows if r.get("calibrated_tree")]
+    if calibrated:
+        lines += ["", "Trees calibrated at load (this load's pick):", ""]
+        lines += [f"- {r['drafter']}: {t['nodes']} drafted nodes, depth {t['depth']}, expected "
+                  f"{t['expected_speedup']:.2f}x" for r in calibrated for t in [r["calibrated_tree"]]]  # fmt: skip
     if rows:
         lines += ["", TAU_NOTE]
         lines += ["", "P(at least d drafts accepted per pass), d = 1, 2, ...:", ""]

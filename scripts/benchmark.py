@@ -149,6 +149,10 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
         plains.append(decode_prompts(plain, prompts, settings, desc=f"plain ({i + 1}/{args.repeats})"))
         runs.append(decode_prompts(gen, prompts, settings, desc=f"{name} ({i + 1}/{args.repeats})"))
     row = {"drafter": name, "spec": spec, **summarize(runs, plains, settings)}
+    if gen.calibration is not None:  # the tree this load picked (it can differ between loads)
+        choices = gen.calibration["choices"]
+        row["calibrated_tree"] = {"nodes": len(choices), "depth": max(map(len, choices)),
+                                  "expected_speedup": gen.calibration["expected_speedup"]}  # fmt: skip
     if row["greedy_mismatches"]:
         print(
             f"!!! {name}: {row['greedy_mismatches']} outputs differ from plain greedy decoding",

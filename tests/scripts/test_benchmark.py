@@ -118,6 +118,9 @@ def test_greedy_mismatch_is_counted_and_shown():
     row = {"drafter": "bad", **summarize([drafted], [plain], DecodeSettings())}
     assert row["greedy_mismatches"] == 1 and row["tau"] == 2.5 and row["acceptance_by_depth"] == [1.0, 0.5]
     assert "| bad |" in render("h", [row], [], {}) and "NO (1)" in render("h", [row], [], {})
+    assert "calibrated at load" not in render("h", [row], [], {})
+    row["calibrated_tree"] = {"nodes": 3, "depth": 3, "expected_speedup": 1.234}  # what this load picked
+    assert "- bad: 3 drafted nodes, depth 3, expected 1.23x" in render("h", [row], [], {})
 
 
 @pytest.mark.parametrize(
