@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import warnings
 from importlib.resources import files
 from pathlib import Path
 
@@ -211,6 +212,13 @@ def calibrated_drafter(target, drafter, head_dir: Path) -> tuple[Drafter, dict |
             return drafter, None, None
         accuracy, source = assumed, "assumed (no tree.json: run scripts/build_tree.py)"
     choices, info = calibrated_choices(target, drafter, accuracy)
+    if info["expected_speedup"] < 1.0:  # the best tree is expected to lose to plain decoding here
+        warnings.warn(
+            f"on {next(target.parameters()).device}, the best tree for this head is expected at "
+            f"{info['expected_speedup']:.2f}x plain decoding (accuracy {source}): decode with drafter=None "
+            "to be faster, or keep it to measure",
+            stacklevel=3,
+        )
     calibrated = drafter_for_head(head, None, **{fam.tree_option: choices})
     return calibrated, {"choices": choices, **info, "accuracy_source": source}, accuracy
 

@@ -4,6 +4,7 @@ static tree with the best expected speedup for the accuracy table saved with the
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -113,3 +114,21 @@ def test_a_measured_tau_makes_the_cpu_tree_shallow(tmp_path):
     chain, _ = best_choices_for_cost(realistic, CPU_COSTS["verify_ms_by_size"], max_nodes=64, **costs)
     assert chain == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
     assert best_for_costs(realistic, dict(CPU_COSTS), 64) == chain  # what loading picks
+
+
+def test_a_head_expected_to_lose_here_says_so(tiny_target_dir, tmp_path):
+    """Calibration that expects even its best tree below plain decoding warns once, with the number."""
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
+    hopeless = {"choices": [[0]], "accuracy": [[0.001, 0.0], [0.001, 0.0]]}  # ~never accepted: tau ~1
+    (tmp_path / "h" / "tree.json").write_text(json.dumps(hopeless))
+    with pytest.warns(UserWarning, match=r"expected at 0\.\d\dx plain decoding \(accuracy tree.json\)"):
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
+    assert gen.calibration["expected_speedup"] < 1.0
+    good = {"choices": [[0]], "accuracy": [[0.99, 0.0], [0.99, 0.0]]}
+    (tmp_path / "h" / "tree.json").write_text(json.dumps(good))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
+    assert gen.calibration["expected_speedup"] >= 1.0
+    assert not [w for w in seen if "plain decoding" in str(w.message)]  # a tree that pays: no warning
