@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from spechead.heads.base import resolve_layers
+from spechead.inference.kv_cache import croppable_cache
 from spechead.inference.runner import _Capture, check_tree_attention
 from spechead.inference.tree import ancestors_on_device
 
@@ -159,7 +159,7 @@ class BatchRunner:
         self.cache = BatchSlotCache(self.num_layers, batch, self.max_length)
         all_logits, hiddens = [], []
         for b, ids in enumerate(prompts):
-            row_cache = DynamicCache(config=self.model.config)
+            row_cache = croppable_cache(self.model)
             logits, hidden = self._forward(row_cache, input_ids=ids[None].to(self.device), logits_to_keep=1)
             all_logits.append(logits[0, -1].float())  # [V]
             hiddens.append({k: v[0] for k, v in hidden.items()})  # {l: [T_b, H]}

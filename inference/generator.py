@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.batch_decode import decode_batch
 from spechead.inference.drafters.base import Drafter, chain
-from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
+from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
 from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.tree import TokenTree
@@ -290,6 +290,7 @@ class SpeculativeGenerator:
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
                 f"context of {self.context} tokens: shorten the prompt or lower max_new_tokens"
             )
+        check_window(self.runner.window, prompt_len, max_new_tokens)
 
     @torch.no_grad()
     def _decode(

@@ -30,7 +30,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
-from spechead.inference.kv_cache import SlotCache, commit_path
+from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_static, tree_mask
 
 if TYPE_CHECKING:
@@ -132,6 +132,17 @@ def check_tree_attention(model: PreTrainedModel) -> None:
         )
 
 
+def check_window(window: int | None, prompt_len: int, max_new_tokens: int) -> None:
+    """ValueError when prompt + max_new_tokens outgrows a sliding window: the tree masks are full causal
+    attention, which equals sliding-window attention only while the whole sequence fits in the window."""
+    if window is not None and prompt_len + max_new_tokens > window:
+        raise ValueError(
+            f"the target uses sliding-window attention (window {window}) and prompt ({prompt_len} tokens) + "
+            f"max_new_tokens ({max_new_tokens}) exceeds it: tree decoding is exact only within the window, "
+            "shorten the prompt or lower max_new_tokens"
+        )
+
+
 class TargetRunner:
     """Prefill, verify token trees and commit accepted paths on one target (see the module doc)."""
 
@@ -151,6 +162,7 @@ class TargetRunner:
             raise ValueError(f"compile=True needs cache='static' (fixed shapes), got cache={cache!r}")
         check_tree_attention(model)
         self.model = model
+        self.window = attention_window(model)
         self.kind = cache
         self.fixed_length = max_length  # None: sized by `reserve` for each sequence
         self.static_shapes = bool(compile)
@@ -197,6 +209,7 @@ class TargetRunner:
     def reserve(self, prompt_len: int, max_new_tokens: int, tree_room: int = 64) -> None:
         """Make room for prompt + max_new_tokens (+ tree scratch); ValueError when a fixed cache is too small."""
         need = prompt_len + max_new_tokens
+        check_window(self.window, prompt_len, max_new_tokens)
         if self.fixed_length is not None and need > self.fixed_length:
             raise ValueError(
                 f"KV cache of {self.fixed_length} positions is too small for the prompt ({prompt_len} tokens) + "
@@ -255,7 +268,8 @@ class TargetRunner:
                 )
             self.slots.set_length(0)
         else:
-            self.cache = DynamicCache(config=self.model.config)
+            check_window(self.window, input_ids.shape[1], 1)
+            self.cache = croppable_cache(self.model)
         if self.static_shapes:  # eager, but over the whole buffer like the compiled passes
             mask, positions = causal_inputs_static(
                 input_ids.shape[1], 0, self.slots.max_length, self.dtype, self.device

@@ -25,7 +25,7 @@ from transformers import DynamicCache, PreTrainedModel
 from spechead.inference.acceptance import greedy_accept, sample_accept
 from spechead.inference.drafters.base import Draft, Drafter, chain
 from spechead.inference.drafters.draft_model import DraftModelDrafter
-from spechead.inference.kv_cache import cache_length, keep_positions
+from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.stops import eos_ids, until_stop
 
@@ -67,7 +67,7 @@ class CascadeDrafter(Drafter):
             )
 
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
-        self.cache = DynamicCache(config=self.medium.config)
+        self.cache = croppable_cache(self.medium)
         self.context = prompt.tolist()
         self.tiny.start(prompt, {}, root)
 

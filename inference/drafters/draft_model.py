@@ -34,7 +34,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.drafters.eagle import select_best
-from spechead.inference.kv_cache import cache_length, keep_positions
+from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
 from spechead.inference.sampling import SamplingParams, sample, target_probs
 from spechead.inference.tree import (
     StaticTree,
@@ -150,7 +150,7 @@ class DraftModelDrafter(Drafter):
             )
 
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = croppable_cache(self.model)
         self.pending = [*prompt.tolist(), root]
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
-from spechead.inference.kv_cache import SlotCache
+from spechead.inference.kv_cache import SlotCache, attention_window
 from spechead.inference.runner import TargetRunner, compile_function
 from spechead.inference.tree import (
     TokenTree,
@@ -175,3 +175,73 @@ def test_cuda_wrapper_returns_copies_of_every_output():
     assert one == 1 and out is not buffer and nested is not buffer
     f(torch.full((3,), 2.0))
     assert out.tolist() == [1.0, 1.0, 1.0] and nested.tolist() == [1.0, 1.0, 1.0]
+
+
+def _sliding(kind: str, window: int):
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa",
+    )  # fmt: skip
+    if kind == "mistral":  # one window for every layer, no per-layer types
+        return MistralForCausalLM(MistralConfig(sliding_window=window, **shape)).eval()
+    # Qwen2: only layers past max_window_layers slide
+    config = Qwen2Config(use_sliding_window=True, sliding_window=window, max_window_layers=1, **shape)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def test_attention_window_finds_sliding_layers(tiny_llama):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    assert attention_window(tiny_llama(VOCAB)) is None
+    assert attention_window(_sliding("mistral", 24)) == 24
+    assert attention_window(_sliding("qwen2", 20)) == 20
+    full = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, sliding_window=20,
+                       use_sliding_window=True, max_window_layers=2)  # fmt: skip
+    assert full.sliding_window == 20 and "sliding_attention" not in full.layer_types
+    assert attention_window(Qwen2ForCausalLM(full)) is None  # a window set but no layer uses it
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_sliding_window_targets_decode_exactly_within_their_window(kind, cache, chatml_tokenizer):
+    """Within the window a sliding layer sees every position, so tree passes equal plain ones (the
+    dynamic back-end too: its commit crops plain layers); past it, one clear line before any work."""
+    from spechead.inference.drafters.draft_model import DraftModelDrafter
+    from spechead.inference.generator import SpeculativeGenerator
+
+    model = _sliding(kind, 24)
+    runner = TargetRunner(model, cache=cache)
+    runner.reserve(6, 18)
+    seq = [3, 9, 27, 17, 51, 25]
+    runner.prefill(torch.tensor([seq]))
+    for step, n in enumerate([5, 7, 4]):
+        tree = random_tree(n, step)
+        logits, _ = runner.verify(tree.tokens[None], tree.parents[None])
+        for node in range(n):
+            ref = plain(model, seq + tree.tokens[path_to_node(tree.parents, node)].tolist())[0]
+            torch.testing.assert_close(logits[0, node], ref[-1], atol=1e-5, rtol=0)
+        keep = path_to_node(tree.parents, n - 1)
+        runner.commit(torch.tensor(keep))
+        seq += tree.tokens[keep].tolist()
+    with pytest.raises(ValueError, match=r"sliding-window attention \(window 24\) .* \(6 tokens\) .* \(19\)"):
+        runner.reserve(6, 19)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, DraftModelDrafter(model, num_draft=3), cache=cache)
+    gen.eos = set()
+    prompt = [3, 9, 27, 17]
+    reference = model.generate(
+        torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
+    assert gen.generate(input_ids=prompt, max_new_tokens=20).token_ids == reference
+    with pytest.raises(ValueError, match="window 24") as err:
+        gen.generate(input_ids=prompt, max_new_tokens=21)
+    assert "\n" not in str(err.value)
+    if cache == "static":  # batch rows: each row within the window, each checked
+        rows = gen.generate_batch(input_ids=[prompt, prompt[:2]], max_new_tokens=[20, 22])
+        assert rows[0].token_ids == reference
+        with pytest.raises(ValueError, match="row 1: the target uses sliding-window attention"):
+            gen.generate_batch(input_ids=[prompt, prompt[:2]], max_new_tokens=[20, 23])
