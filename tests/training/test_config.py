@@ -37,7 +37,23 @@ def test_defaults_are_the_offline_demo():
     assert s.trainer.output_dir == "outputs/eagle3-demo"
     assert s.trainer.max_steps > 0  # the demo tuning applies
     assert s.tuning == "tuning/demo.yaml"
-    assert (s.trainer.max_length, s.trainer.batch_size, s.trainer.decode_eval_every) == (384, 8, 200)
+    assert (s.trainer.max_length, s.trainer.batch_size, s.trainer.decode_eval_every) == (384, 8, 600)
+
+
+def test_demo_eagle3_head_gets_its_head_tuning_only_there():
+    """head_tuning/eagle3-demo.yaml: the demo EAGLE-3 head drafts over 1024 tokens and trains longer at a
+    higher lr; any other model keeps the family default (null: min(32000, vocab)), other demo heads keep
+    tuning/demo.yaml's run, the command line wins."""
+    demo = settings()
+    assert demo.head.arch["draft_vocab_size"] == 1024
+    assert (demo.trainer.max_steps, demo.trainer.lr) == (1800, 3e-3)
+    assert (settings("head=medusa").trainer.max_steps, settings("head=medusa").trainer.lr) == (600, 1e-3)
+    assert settings("trainer.max_steps=50").trainer.max_steps == 50
+    assert settings("head=eagle3", "model=llama3-8b").head.arch["draft_vocab_size"] is None
+    assert settings("model=local", "model.path=/models/x").head.arch["draft_vocab_size"] is None
+    assert settings("head.draft_vocab_size=512").head.arch["draft_vocab_size"] == 512
+    for head in ("medusa", "medusa2", "eagle"):
+        assert "draft_vocab_size" not in settings(f"head={head}").head.arch
 
 
 def test_real_world_presets_keep_real_defaults():
