@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from spechead.heads.directory import CONFIG_NAME, WEIGHTS_NAME, read_config, resolve, write_config
+from spechead.heads.directory import CONFIG_NAME, WEIGHTS_NAME, drop_tree, read_config, resolve, write_config
 from spechead.heads.errors import HeadError
 
 FORMAT_VERSION = 1
@@ -204,9 +204,11 @@ class DraftHead(nn.Module):
     # ---- save / load -------------------------------------------------------------------------
 
     def save_pretrained(self, path: str | Path) -> Path:
-        """Write config.json and model.safetensors (the head's own weights only) into `path`."""
+        """Write config.json and model.safetensors (the head's own weights only) into `path`; a tree.json
+        left there by earlier weights is removed (`scripts/build_tree.py` measures one for these)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        drop_tree(path)
         # save_model stores tied tensors once (load_model re-ties them); attached target modules are
         # not submodules, so they are never in the file.
         save_model(self, str(path / WEIGHTS_NAME), metadata={"format": "pt"})

@@ -196,7 +196,8 @@ def _check_tuning(tuning: dict[str, Any] | None, model: TargetConfig) -> str | N
             f"model.path={model.path} is not the target {tuning.get('file')} is for, yet model={model.name} "
             f"applies it ({tuning.get('about')}): for your own model use model=local model.path={model.path}"
         )
-    return str(tuning.get("file"))
+    head_file = tuning.get("head_file")  # a head_tuning/ file applied beside it
+    return f"{tuning.get('file')} + {head_file}" if head_file else str(tuning.get("file"))
 
 
 def _same_path(a: str, b: str) -> bool:

@@ -56,6 +56,15 @@ def test_tree_file_round_trip_and_broken_files(head_dir):
             read_tree(head_dir)
 
 
+def test_saving_new_weights_drops_the_old_tree(head_dir):
+    """tree.json holds a tree and accuracy measured on the weights it was built for: a head trained again
+    into the same directory must not be calibrated from them (it was, after a demo re-run)."""
+    write_tree(head_dir, [[0], [0, 0]], accuracy=[[0.9], [0.8]])
+    MedusaHead(MedusaConfig(hidden_size=16, vocab_size=32)).save_pretrained(head_dir)
+    assert read_tree(head_dir) is None and not (head_dir / TREE_NAME).exists()
+    assert read_config(head_dir)["family"] == "medusa"  # the head itself is there
+
+
 def test_config_and_adapter(head_dir, tmp_path):
     assert read_config(head_dir)["family"] == "medusa"
     assert adapter_dir(head_dir) is None

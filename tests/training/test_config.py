@@ -36,7 +36,7 @@ def test_defaults_are_the_offline_demo():
     assert s.data.name == "demo" and Path(s.data.path).is_file()
     assert s.trainer.output_dir == "outputs/eagle3-demo"
     assert s.trainer.max_steps > 0  # the demo tuning applies
-    assert s.tuning == "tuning/demo.yaml"
+    assert s.tuning == "tuning/demo.yaml + head_tuning/eagle3-demo.yaml"
     assert (s.trainer.max_length, s.trainer.batch_size, s.trainer.decode_eval_every) == (384, 8, 600)
 
 
@@ -94,7 +94,7 @@ def test_own_model_path_with_the_demo_preset_is_refused():
         settings("model=demo", "model.path=/models/my-llama")
     demo = settings()
     same = settings(f"model.path={demo.model.path}/")  # the demo target itself, spelled differently
-    assert same.tuning == "tuning/demo.yaml" and vars(same.trainer) == vars(demo.trainer)
+    assert same.tuning == demo.tuning and vars(same.trainer) == vars(demo.trainer)
 
 
 def test_local_model_needs_a_path():
@@ -233,6 +233,7 @@ def test_good_command_lines_pass_the_check():
 
 
 def test_startup_line_names_the_tuning_file():
-    assert "tuning=tuning/demo.yaml " in startup_line(settings())
+    assert "tuning=tuning/demo.yaml + head_tuning/eagle3-demo.yaml " in startup_line(settings())
+    assert "tuning=tuning/demo.yaml " in startup_line(settings("head=medusa"))
     own = startup_line(settings("model=local", "model.path=/models/my-llama"))
     assert "model=my-llama (/models/my-llama)" in own and "tuning=none (trainer defaults)" in own
