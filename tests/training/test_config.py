@@ -48,6 +48,9 @@ def test_demo_eagle3_head_gets_its_head_tuning_only_there():
     assert demo.head.arch["draft_vocab_size"] == 1024
     assert (demo.trainer.max_steps, demo.trainer.lr) == (1800, 3e-3)
     assert (settings("head=medusa").trainer.max_steps, settings("head=medusa").trainer.lr) == (600, 1e-3)
+    medusa2 = settings("head=medusa2")  # head_tuning/medusa2-demo.yaml: longer, same lr
+    assert (medusa2.trainer.max_steps, medusa2.trainer.lr) == (1800, 1e-3)
+    assert medusa2.tuning == "tuning/demo.yaml + head_tuning/medusa2-demo.yaml"
     assert settings("trainer.max_steps=50").trainer.max_steps == 50
     assert settings("head=eagle3", "model=llama3-8b").head.arch["draft_vocab_size"] is None
     assert settings("model=local", "model.path=/models/x").head.arch["draft_vocab_size"] is None
