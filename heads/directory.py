@@ -116,14 +116,10 @@ def write_tree(directory: str | Path, choices: list[list[int]], **info: object) 
     return path
 
 
-def drop_tree(directory: str | Path) -> bool:
-    """Remove HEAD/tree.json (when new weights are saved there: its tree and accuracy were measured on the
-    old ones, and loading would calibrate the new head from them); whether there was one."""
-    path = Path(directory) / TREE_NAME
-    if path.is_file():
-        path.unlink()
-        return True
-    return False
+def drop_tree(directory: str | Path) -> None:
+    """Remove HEAD/tree.json, if any (when new weights are saved there: its tree and accuracy were measured
+    on the old ones, and loading would calibrate the new head from them)."""
+    (Path(directory) / TREE_NAME).unlink(missing_ok=True)
 
 
 # ---- adapter/ ------------------------------------------------------------------------------------
