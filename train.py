@@ -4,11 +4,13 @@ python train.py                                  # the offline demo (EAGLE-3 on 
 accelerate launch train.py head=eagle3 model=llama3-8b-instruct data=ultrachat
 
 The entry point wires inference's decoding into the trainer's decode evaluation
-(trainer.decode_eval_every): training itself never imports inference.
+(trainer.decode_eval_every) and end-of-run tree tuning (trainer.tree_tune_prompts): training itself
+never imports inference.
 """
 
 from spechead.inference.evaluation import decode_eval_hook
+from spechead.inference.tree_tuning import tune_tree
 from spechead.training.cli import main
 
 if __name__ == "__main__":
-    main(decode_eval=decode_eval_hook)
+    main(decode_eval=decode_eval_hook, tune_tree=tune_tree)

@@ -36,11 +36,11 @@ def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) 
     return torch.stack([ranks * 0.97**d for d in range(depth)])
 
 
-def saved_accuracy(head_dir: str | Path | None) -> torch.Tensor | None:
-    """accuracy [depth, k] from HEAD_DIR/tree.json (None when there is none), made realistic: when
-    tree.json also holds the tau measured by decoding with its tree (`measured_tau`, scripts/build_tree.py),
-    the table is scaled so that the tree's expected accept length equals it (`fit_accuracy`)."""
-    tree = read_tree(head_dir) if head_dir is not None else None
+def saved_accuracy(saved: str | Path | dict | None) -> torch.Tensor | None:
+    """accuracy [depth, k] from HEAD_DIR/tree.json or its fields as a dict (None when there is none), made
+    realistic: when the tree also holds the tau measured by decoding with it (`measured_tau`,
+    tree_tuning.py), the table is scaled so that the tree's expected accept length equals it (`fit_accuracy`)."""
+    tree = saved if isinstance(saved, dict) or saved is None else read_tree(saved)
     if not tree or not tree.get("accuracy"):
         return None
     accuracy = torch.tensor(tree["accuracy"], dtype=torch.float64)

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from spechead.heads import DraftHead
 from spechead.inference.generator import GenerationStats, SpeculativeGenerator, pooled_tau
-from spechead.inference.loading import drafter_for_head
+from spechead.inference.loading import calibrated_drafter, drafter_for_head
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category
 
 
@@ -189,17 +189,23 @@ def evaluate_head(
     prompts: Sequence[Prompt],
     settings: DecodeSettings,
     plot_dir: Path | None = None,
+    tree: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:
     """Real decoding with a head being trained: (metrics, plots) from one plain and one drafted pass.
 
-    `head` needs its target modules attached (training does that). Its mode is restored afterwards.
+    The head drafts the tree that loading it would give on this device (`loading.calibrated_drafter`):
+    the best one for the costs measured here and the accuracy of `tree` (tree.json fields, e.g. from
+    tree_tuning.tune_tree) or, without one, the family's default or assumed table. `head` needs its
+    target modules attached (training does that). Its mode is restored afterwards.
     Metrics: tau (pooled over all passes, see DEFINITIONS), speedup, tokens_per_s, passes_per_token,
-    acceptance_depth_{d}, greedy_mismatches.
+    acceptance_depth_{d}, greedy_mismatches, tree_nodes (drafted nodes of the calibrated tree; 0: the
+    family's default tree).
     """
     was_training = head.training
     head.eval()
     try:
-        gen = SpeculativeGenerator(target, tokenizer, drafter_for_head(head))
+        drafter, calibration, _ = calibrated_drafter(target, drafter_for_head(head), tree)
+        gen = SpeculativeGenerator(target, tokenizer, drafter)
         plain = SpeculativeGenerator(target, tokenizer, None)
         row = summarize(
             [decode_prompts(gen, prompts, settings)], [decode_prompts(plain, prompts, settings)], settings
@@ -207,6 +213,7 @@ def evaluate_head(
     finally:
         head.train(was_training)
     metrics = {k: float(row[k]) for k in ("tau", "speedup", "tokens_per_s", "passes_per_token")}
+    metrics["tree_nodes"] = float(len(calibration["choices"]) if calibration else 0)
     metrics.update(
         {f"acceptance_depth_{d}": a for d, a in enumerate(row["acceptance_by_depth"][:8], start=1)}
     )
@@ -222,9 +229,9 @@ def evaluate_head(
 
 def decode_eval_hook(
     target: PreTrainedModel, tokenizer, head: DraftHead, prompts: Sequence[Prompt], max_new_tokens: int,
-    plot_dir: Path | None,
+    plot_dir: Path | None, tree: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
     """The trainer's DecodeEval (spechead.training.decode_eval): greedy evaluate_head."""
     return evaluate_head(
-        target, tokenizer, head, prompts, DecodeSettings(max_new_tokens=max_new_tokens), plot_dir
+        target, tokenizer, head, prompts, DecodeSettings(max_new_tokens=max_new_tokens), plot_dir, tree
     )

@@ -185,25 +185,28 @@ def load_generator(
     calibration = accuracy = None
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:
-        built, calibration, accuracy = calibrated_drafter(model, built, directory.resolve(drafter, revision))
+        saved = directory.read_tree(directory.resolve(drafter, revision))
+        built, calibration, accuracy = calibrated_drafter(model, built, saved)
     gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
     gen.calibration, gen.tree_accuracy = calibration, accuracy
     return gen
 
 
-def calibrated_drafter(target, drafter, head_dir: Path) -> tuple[Drafter, dict | None, torch.Tensor | None]:
+def calibrated_drafter(
+    target, drafter, saved: dict | None
+) -> tuple[Drafter, dict | None, torch.Tensor | None]:
     """A head's drafter with the static tree of the best expected speedup measured on the target's device,
     what was measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
 
-    The table is HEAD_DIR/tree.json's or, without one, the family's assumed table: calibrated from on a
-    CPU where the family asks for it (EAGLE: its default dynamic tree is sized for a GPU), else kept
-    only for batch trees while the default tree stays.
+    The table is the saved tree's (`saved`: HEAD/tree.json's fields) or, without one, the family's assumed
+    table: calibrated from on a CPU where the family asks for it (EAGLE: its default dynamic tree is
+    sized for a GPU), else kept only for batch trees while the default tree stays.
     """
     from spechead.inference.calibrate import calibrated_choices, saved_accuracy
 
     head = drafter.head
     fam = family_of(head.config)
-    accuracy, source = saved_accuracy(head_dir), "tree.json"
+    accuracy, source = saved_accuracy(saved), "tree.json"
     if accuracy is None:
         assumed = fam.load("assumed_accuracy")(head)
         if not fam.calibrate_assumed:

@@ -5,14 +5,15 @@
     python scripts/build_tree.py --target data/demo/target --head outputs/eagle3-demo/head \
         --depth 6 --cost-profile outputs/benchmark/decoding.json
 
-The target greedily continues N chat prompts (the built-in prompt set demo-tune: first user turns of
-held-out demo conversations, never the benchmark's; or --prompts-file JSONL lines {"prompt": ...});
-on those continuations the head's top-k accuracy by depth is measured (Medusa: per head; EAGLE: per
-unrolled draft step), the best tree of --nodes drafted nodes is chosen (or, with --cost-profile, the
-node count with the best expected speedup on that hardware), and its expected accept length is
-compared with the default tree's. Decoding with the new tree is then measured on the same prompts
-(in-sample). Medusa and EAGLE drafters load HEAD/tree.json by default (EAGLE: instead of the dynamic
-tree; pass tree="dynamic" to get that back).
+The target greedily answers N chat prompts turn by turn (the built-in prompt set demo-tune: the demo
+benchmark's categories from another held-out draw, never the benchmark's own prompts; or --prompts-file,
+a prompt-set JSONL: {"turns": [...]} or {"prompt": ...} per line); on those answers the head's top-k
+accuracy by depth is measured (Medusa: per head; EAGLE: per unrolled draft step), the best tree of
+--nodes drafted nodes is chosen (or, with --cost-profile, the node count with the best expected speedup
+on that hardware), and its expected accept length is compared with the default tree's. Decoding with
+the new tree is then measured on the same prompts (in-sample). Medusa and EAGLE drafters load
+HEAD/tree.json by default (EAGLE: instead of the dynamic tree; pass tree="dynamic" to get that back).
+A training run tunes the same way for its own device at the end (`trainer.tree_tune_prompts`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from spechead.data.prompt_sets import load_prompt_set
+from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.heads.directory import write_tree
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_of
@@ -34,6 +35,7 @@ from spechead.inference.tree_search import (
     best_choices_for_cost,
     expected_accept_length,
 )
+from spechead.inference.tree_tuning import continue_prompts, measure_accuracy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head", required=True, help="local Medusa head directory (tree.json is written there)")
     p.add_argument("--nodes", type=int, default=60, help="drafted nodes in the tree (root not counted)")
     p.add_argument("--prompts", type=int, default=32, help="number of prompts to continue")
-    p.add_argument("--prompts-file", default=None, help='JSONL with {"prompt": ...} per line')
+    p.add_argument(
+        "--prompts-file", default=None, help='prompt-set JSONL: {"turns": [...]} or {"prompt": ...} per line'
+    )
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--topk", type=int, default=10, help="candidates measured per depth")
     p.add_argument("--depth", type=int, default=6, help="EAGLE heads: draft steps measured (tree depth)")
@@ -57,25 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_prompts(n: int, path: str | None) -> tuple[list[str], str]:
-    """N prompt strings and a description of where they came from."""
+def load_prompts(n: int, path: str | None) -> tuple[list[EvalPrompt], str]:
+    """N prompts (their user turns) and a description of where they came from."""
     if path is None:
-        return [p.turns[0] for p in load_prompt_set("demo-tune", n)], "built-in prompt set demo-tune"
-    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    prompts = [str(row["prompt"]) for row in lines][:n]
-    if not prompts:
-        raise ValueError(f"{path} holds no prompts")
-    return prompts, str(path)
-
-
-def decode_all(
-    gen: SpeculativeGenerator, prompts: list[list[int]], max_new: int
-) -> tuple[list, float, float]:
-    """Greedy continuations (generated ids per prompt), the mean tau and the draft ms per target pass."""
-    outs = [gen.generate(input_ids=ids, max_new_tokens=max_new) for ids in prompts]
-    lengths = [n for o in outs for n in o.stats.accept_lengths]
-    draft_ms = 1e3 * sum(o.stats.draft_time for o in outs) / max(len(lengths), 1)
-    return [o.token_ids for o in outs], sum(lengths) / max(len(lengths), 1), draft_ms
+        return load_prompt_set("demo-tune", n), "built-in prompt set demo-tune"
+    return load_prompt_set(path, n), str(path)
 
 
 def format_table(accuracy: torch.Tensor) -> str:
@@ -92,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--nodes, --prompts, --topk and --depth must be >= 1")
         if not Path(args.head).is_dir():
             raise ValueError(f"--head {args.head} is not a local directory (tree.json is saved there)")
-        texts, source = load_prompts(args.prompts, args.prompts_file)
+        prompts, source = load_prompts(args.prompts, args.prompts_file)
         # The default tree decodes the prompts (greedy = lossless, so the continuations are the
         # target's own) and gives the baseline tau. An existing tree.json is ignored for this.
         config = json.loads((Path(args.head) / "config.json").read_text())
@@ -104,19 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             args.target, args.head, device=args.device, dtype=args.dtype, **fam.default_tree
         )
         default = gen.drafter.choices  # the default tree's rank paths (None: EAGLE's dynamic tree)
-        tok = gen.tokenizer
-        chat = bool(getattr(tok, "chat_template", None))
-        prompts = [
-            tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=False)
-            if chat else tok(t, add_special_tokens=True)["input_ids"]
-            for t in texts
-        ]  # fmt: skip
-        generated, tau_default, draft_ms = decode_all(gen, prompts, args.max_new_tokens)
-        head = gen.drafter.head
-        sequences = [torch.tensor(p + g, dtype=torch.long) for p, g in zip(prompts, generated)]
-        starts = [len(p) for p in prompts]
-        measure = fam.load("accuracy")
-        accuracy = measure(gen.target, head, sequences, depth=args.depth, topk=args.topk, starts=starts)
+        answers = continue_prompts(gen, prompts, args.max_new_tokens)
+        tau_default, draft_ms = answers.tau, answers.draft_ms_per_pass
+        accuracy = measure_accuracy(gen.target, gen.drafter.head, answers, args.depth, args.topk)
     except (ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -142,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     expected = expected_accept_length(accuracy, choices)
     fits = default is not None and all(len(c) <= accuracy.shape[0] and max(c) < args.topk for c in default)
     expected_default = expected_accept_length(accuracy, default) if fits else float("nan")
-    positions = sum(len(g) for g in generated)
+    positions = answers.generated_tokens
     print(f"top-{args.topk} accuracy by depth ({fam.name}) over {positions} generated tokens "
-          f"({len(prompts)} prompts, {source}):")  # fmt: skip
+          f"({len(prompts)} prompts, {len(answers.sequences)} turns, {source}):")  # fmt: skip
     print(format_table(accuracy))
     print(f"\nchosen tree ({len(choices)} nodes, depth {max(map(len, choices))}): {json.dumps(choices)}")
     if fits:
@@ -158,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_new_tokens": args.max_new_tokens, "generated_tokens": positions, "topk": args.topk}  # fmt: skip
     if not args.no_check:  # the chosen tree's real tau: loading scales the table to it (calibrate.py)
         gen.drafter = gen.drafter.with_tree(choices)
-        _, tau_chosen, _ = decode_all(gen, prompts, args.max_new_tokens)
+        tau_chosen = continue_prompts(gen, prompts, args.max_new_tokens).tau
         print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
         extra["measured_tau"] = round(tau_chosen, 4)
     path = write_tree(

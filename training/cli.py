@@ -29,7 +29,7 @@ from spechead.training.errors import TrainError
 from spechead.training.settings import TrainSettings, from_dict
 
 if TYPE_CHECKING:
-    from spechead.training.decode_eval import DecodeEval
+    from spechead.training.decode_eval import DecodeEval, TreeTune
 
 USER_ERRORS = (TrainError, DataError, HeadError)
 GROUPS = ("head", "model", "data", "trainer", "logger")  # config groups a command line may pick
@@ -160,8 +160,8 @@ def _one_line(err: BaseException) -> str:
 register_resolvers()
 
 
-def main(decode_eval: DecodeEval | None = None) -> None:
-    """Parse the command line with Hydra and train; `decode_eval` is handed to the trainer as is."""
+def main(decode_eval: DecodeEval | None = None, tune_tree: TreeTune | None = None) -> None:
+    """Parse the command line with Hydra and train; the decoding hooks are handed to the trainer as they are."""
     try:
         check_command_line(sys.argv[1:])
     except USER_ERRORS as err:
@@ -176,7 +176,7 @@ def main(decode_eval: DecodeEval | None = None) -> None:
             settings = settings_from_config(cfg)
             if os.environ.get("RANK", "0") == "0":
                 print(startup_line(settings), flush=True)
-            train(settings, decode_eval)
+            train(settings, decode_eval, tune_tree)
         except USER_ERRORS as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)

@@ -51,6 +51,8 @@ class TrainerConfig:
     decode_eval_prompt_set: str = "demo"  # built-in set name, JSONL file or Hub dataset id
     decode_eval_prompts: int = 6
     decode_eval_max_new_tokens: int = 64
+    tree_tune_prompts: int = 0  # > 0: at the end, tune HEAD/tree.json for this device on this many prompts
+    tree_tune_prompt_set: str = "demo-tune"  # built-in set name, JSONL file or Hub dataset id
     push_to_hub: str | None = None  # NAMESPACE/NAME: publish the final head (scripts/publish.py) at the end
     push_private: bool = False
 
@@ -74,6 +76,7 @@ class TrainerConfig:
             (self.keep_checkpoints >= 1, "trainer.keep_checkpoints must be >= 1"),
             (self.log_every >= 1, "trainer.log_every must be >= 1"),
             (self.decode_eval_every >= 0, "trainer.decode_eval_every must be >= 0 (0 = off)"),
+            (self.tree_tune_prompts >= 0, "trainer.tree_tune_prompts must be >= 0 (0 = off)"),
             (
                 self.decode_eval_prompts >= 1 and self.decode_eval_max_new_tokens >= 1,
                 "trainer.decode_eval_prompts and trainer.decode_eval_max_new_tokens must be >= 1",

@@ -19,7 +19,7 @@ from spechead.heads import hub
 from spechead.heads.errors import HeadError
 from spechead.training import checkpoint, memory_plan, tracking, zero
 from spechead.training.checkpoint import TrainState
-from spechead.training.decode_eval import DecodeEval, DecodeEvaluator
+from spechead.training.decode_eval import DecodeEval, DecodeEvaluator, TreeTune
 from spechead.training.errors import TrainError
 from spechead.training.inputs import training_data, training_target
 from spechead.training.objectives import Objective, build_objective
@@ -54,7 +54,7 @@ class Run:
         return self.accelerator.is_main_process
 
 
-def setup(s: TrainSettings, decode_eval: DecodeEval | None = None) -> Run:
+def setup(s: TrainSettings, decode_eval: DecodeEval | None = None, tune_tree: TreeTune | None = None) -> Run:
     """Build the run `s` describes (resumed from its last checkpoint when there is one)."""
     accelerator = make_accelerator(s)
     stage = zero.configure(accelerator, s)  # DeepSpeed "auto" entries from s.trainer; 0 = no DeepSpeed
@@ -116,7 +116,9 @@ def setup(s: TrainSettings, decode_eval: DecodeEval | None = None) -> Run:
     return Run(
         s, accelerator, out, tokenizer, target, objective, model, optimizer, scheduler, train_loader,
         val_loader, max_steps, state, tracking.MetricsFile(out / "metrics.jsonl", accelerator.is_main_process),
-        DecodeEvaluator(decode_eval, s.trainer, accelerator, offline=s.data.hidden_states == "offline"),
+        DecodeEvaluator(
+            decode_eval, s.trainer, accelerator, offline=s.data.hidden_states == "offline", tune=tune_tree
+        ),
     )  # fmt: skip
 
 

@@ -16,10 +16,10 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from spechead.heads import hub
+from spechead.heads import directory, hub
 from spechead.heads.errors import HeadError
 from spechead.training import checkpoint, tracking, zero
-from spechead.training.decode_eval import DecodeEval
+from spechead.training.decode_eval import DecodeEval, TreeTune
 from spechead.training.errors import TrainError
 from spechead.training.objectives import Objective
 from spechead.training.settings import TrainSettings
@@ -51,16 +51,18 @@ class Meter:
         self.window_start += seconds
 
 
-def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResult:
+def train(
+    s: TrainSettings, decode_eval: DecodeEval | None = None, tune_tree: TreeTune | None = None
+) -> TrainResult:
     """Train a head as `s` says; resumable; returns where the head went and its final metrics.
 
-    `decode_eval` decodes real prompts with the head at `trainer.decode_eval_every` steps (train.py
-    passes spechead.inference's; training itself never imports inference).
+    `decode_eval` decodes real prompts with the head at `trainer.decode_eval_every` steps and at the end;
+    `tune_tree` tunes the saved head's tree for this device at the end (`trainer.tree_tune_prompts`).
+    train.py passes spechead.inference's; training itself never imports inference.
     """
-    run = setup(s, decode_eval)
+    run = setup(s, decode_eval, tune_tree)
     state, meter = run.state, Meter()
     last_eval: dict[str, float] | None = None
-    last_decode: dict[str, float] = {}
     bar = tqdm(
         total=run.max_steps, initial=state.step, disable=not run.main, desc="train", unit="step",
         dynamic_ncols=True,
@@ -83,10 +85,10 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
             if _due(run, s.trainer.eval_every):
                 last_eval = evaluate_and_keep_best(run)
             if run.decoder.due(state.step, run.max_steps):
-                last_decode = run.decoder.run(
+                decoded = run.decoder.run(
                     run.target.model, run.tokenizer, run.objective.head, run.out, state.step
                 )
-                run.metrics_file.write(state.step, last_decode)
+                run.metrics_file.write(state.step, decoded)
                 run.model.train()
             if _due(run, s.trainer.save_every):
                 checkpoint.save(run.accelerator, run.out, state, s.trainer.keep_checkpoints)
@@ -97,7 +99,7 @@ def train(s: TrainSettings, decode_eval: DecodeEval | None = None) -> TrainResul
             state.epoch += 1
             state.batch_in_epoch = 0
     bar.close()
-    return finish(run, meter, last_eval, last_decode)
+    return finish(run, meter, last_eval)
 
 
 def step(run: Run, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -142,9 +144,7 @@ def evaluate_and_keep_best(run: Run) -> dict[str, float]:
     return metrics
 
 
-def finish(
-    run: Run, meter: Meter, last_eval: dict[str, float] | None, last_decode: dict[str, float]
-) -> TrainResult:
+def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainResult:
     """Save OUT/head and OUT/metrics.json, end tracking, publish when asked; the run's result."""
     acc, state = run.accelerator, run.state
     if last_eval is None:  # resumed a finished run: report its metrics again
@@ -153,9 +153,19 @@ def finish(
         )
     seconds = time.perf_counter() - meter.started
     tokens_per_s = meter.run_tokens / max(seconds - meter.paused, 1e-9)  # training throughput, eval excluded
+    # the tree for this device first, then the last decode eval with it: the speedup printed is the saved head's
+    tree = run.decoder.tune(run.target.model, run.tokenizer, run.objective.head)
+    last_decode: dict[str, float] = {}
+    if run.decoder.enabled:
+        last_decode = run.decoder.run(
+            run.target.model, run.tokenizer, run.objective.head, run.out, state.step, tree
+        )
+        run.metrics_file.write(state.step, last_decode)
     head_dir = run.out / "head"
     if run.main:
         zero.save_head(run.objective, head_dir)
+        if tree is not None:  # after saving: saving new weights drops an older tree.json
+            directory.write_tree(head_dir, **tree)
         summary = {"step": state.step, "seconds": seconds, "train_tokens_per_s": tokens_per_s, **last_eval,
                    **last_decode}  # fmt: skip
         (run.out / "metrics.json").write_text(json.dumps(summary, indent=1))

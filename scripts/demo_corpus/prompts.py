@@ -8,8 +8,9 @@ Every generator is sequential, so its first k rows are the rows a smaller set wo
                 math_reasoning, rag (a question answered from retrieved passages in the prompt)
     demo-mt     MT-bench style: two user turns each, category = the demo task kind
     demo-kinds  one turn each, category = the demo task kind (31 kinds)
-    demo-tune   first user turns of another held-out draw: what scripts/build_tree.py measures a
-                head's accuracy on, so trees are never tuned on the prompts they are benchmarked on
+    demo-tune   the demo set's six categories from another held-out draw (its own seed): what trees are
+                tuned on (scripts/build_tree.py, the end of a demo training run), so a tree is tuned on
+                prompts of the kind it is benchmarked on but never on the benchmark's own prompts
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ SPEC_BENCH_KINDS = {
 Row = dict  # {"question_id": str, "category": str, "turns": [str, ...]}
 
 
-def _pool() -> Iterator[tuple[str, list[str]]]:
-    """Endless (task kind, user turns) of held-out demo conversations, deterministic."""
+def _pool(seed: int = EVAL_SEED) -> Iterator[tuple[str, list[str]]]:
+    """Endless (task kind, user turns) of held-out demo conversations, deterministic for a seed."""
     chunk = 0
     while True:
-        for conv in make_conversations(500, seed=EVAL_SEED + chunk, with_kind=True):
+        for conv in make_conversations(500, seed=seed + chunk, with_kind=True):
             yield conv["kind"], [m["content"] for m in conv["messages"] if m["role"] == "user"]
         chunk += 1
 
@@ -50,38 +51,39 @@ def mt_rows(n: int) -> list[Row]:
     return [_row(f"demo-mt-{i}", kind, turns) for i, (kind, turns) in zip(range(n), two)]
 
 
-def spec_bench_rows(n: int) -> list[Row]:
-    """`n` prompts cycling through the six Spec-Bench categories (see the module docstring)."""
-    rng = random.Random(EVAL_SEED)
+def spec_bench_rows(n: int, seed: int = EVAL_SEED, name: str = "demo") -> list[Row]:
+    """`n` prompts cycling through the six Spec-Bench categories (see the module docstring), drawn
+    from the held-out conversations of `seed`; question ids NAME-i."""
+    rng = random.Random(seed)
     makers: dict[str, Callable[[], list[str]]] = {
-        "mt_bench": _first(lambda kind, turns: len(turns) >= 2, turns=2),
-        **{c: _first(lambda kind, turns, ks=kinds: kind in ks) for c, kinds in SPEC_BENCH_KINDS.items()},
-        "rag": lambda: _rag_turn(rng),
+        "mt_bench": _first(seed, lambda kind, turns: len(turns) >= 2, turns=2),
+        **{
+            c: _first(seed, lambda kind, turns, ks=kinds: kind in ks) for c, kinds in SPEC_BENCH_KINDS.items()
+        },
+        "rag": lambda: _rag_turn(rng, seed),
     }
     names = list(makers)
-    return [_row(f"demo-{i}", names[i % 6], makers[names[i % 6]]()) for i in range(n)]
+    return [_row(f"{name}-{i}", names[i % 6], makers[names[i % 6]]()) for i in range(n)]
 
 
 def tune_rows(n: int) -> list[Row]:
-    """First user turns of `make_conversations(n, seed=TUNE_SEED)` (category = task kind)."""
-    convs = make_conversations(n, seed=TUNE_SEED, with_kind=True)
-    firsts = ((c["kind"], next(m["content"] for m in c["messages"] if m["role"] == "user")) for c in convs)
-    return [_row(f"demo-tune-{i}", kind, [turn]) for i, (kind, turn) in enumerate(firsts)]
+    """The demo set's categories drawn from TUNE_SEED's held-out conversations (not the demo set's)."""
+    return spec_bench_rows(n, seed=TUNE_SEED, name="demo-tune")
 
 
 def _row(qid: str, category: str, turns: list[str]) -> Row:
     return {"question_id": qid, "category": category, "turns": turns}
 
 
-def _first(keep: Callable[[str, list[str]], bool], turns: int = 1) -> Callable[[], list[str]]:
+def _first(seed: int, keep: Callable[[str, list[str]], bool], turns: int = 1) -> Callable[[], list[str]]:
     """A maker returning the next pool conversation's first `turns` user turns that `keep` accepts."""
-    pool = ((kind, ts) for kind, ts in _pool() if keep(kind, ts))
+    pool = ((kind, ts) for kind, ts in _pool(seed) if keep(kind, ts))
     return lambda: next(pool)[1][:turns]
 
 
-def _rag_turn(rng: random.Random) -> list[str]:
+def _rag_turn(rng: random.Random, seed: int) -> list[str]:
     """A question plus four passages (answers of QA conversations), one of which answers it."""
-    convs = [c for c in make_conversations(400, seed=EVAL_SEED + 99 + rng.randrange(10**6), with_kind=True)
+    convs = [c for c in make_conversations(400, seed=seed + 99 + rng.randrange(10**6), with_kind=True)
              if c["kind"] in SPEC_BENCH_KINDS["qa"]][:4]  # fmt: skip
     passages = [next(m["content"] for m in c["messages"] if m["role"] == "assistant") for c in convs]
     question = next(m["content"] for m in convs[0]["messages"] if m["role"] == "user")

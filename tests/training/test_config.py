@@ -38,6 +38,10 @@ def test_defaults_are_the_offline_demo():
     assert s.trainer.max_steps > 0  # the demo tuning applies
     assert s.tuning == "tuning/demo.yaml + head_tuning/eagle3-demo.yaml"
     assert (s.trainer.max_length, s.trainer.batch_size, s.trainer.decode_eval_every) == (384, 8, 600)
+    assert (s.trainer.tree_tune_prompts, s.trainer.tree_tune_prompt_set) == (
+        32,
+        "demo-tune",
+    )  # tuned at the end
 
 
 def test_demo_eagle3_head_gets_its_head_tuning_only_there():
@@ -85,6 +89,7 @@ def test_own_model_gets_the_trainer_defaults():
     expected = {**trainer_defaults(), "max_steps": 2000, "output_dir": "outputs/eagle3-my-llama"}
     assert vars(s.trainer) == expected
     assert (s.trainer.max_length, s.trainer.batch_size, s.trainer.decode_eval_every) == (2048, 4, 0)
+    assert s.trainer.tree_tune_prompts == 0  # no tree tuning unless asked (the tuning prompts are yours)
 
 
 def test_own_model_path_with_the_demo_preset_is_refused():

@@ -1,0 +1,130 @@
+"""Tune a head's static tree for this device on prompts of the kind it will serve.
+
+    fields = tune_tree(target, tokenizer, head, load_prompt_set("demo-tune", 32))
+    directory.write_tree(head_dir, **fields)  # HEAD/tree.json: what loading calibrates from
+
+Three measured steps, nothing assumed: (1) the target greedily answers every prompt turn by turn (the
+continuations are the target's own, so a draft is right exactly when it equals them); (2) the head's
+top-k accuracy by depth is measured on those continuations (the family's `accuracy` part); (3) the
+verify, draft and per-pass costs are timed on this device and the static tree of the best expected
+speedup is chosen (calibrate.py), then decoded on the same prompts for its real tau (`measured_tau`),
+which loading uses to correct the table's optimism (`calibrate.fit_accuracy`).
+Used by scripts/build_tree.py and by the end of a training run (train.py wires it in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from spechead.heads import DraftHead
+from spechead.heads.families import family_of
+from spechead.inference.calibrate import calibrated_choices
+from spechead.inference.evaluation import Prompt
+from spechead.inference.generator import SpeculativeGenerator, pooled_tau
+from spechead.inference.loading import drafter_for_head
+from spechead.inference.tree_search import expected_accept_length
+
+
+@dataclass
+class Continuations:
+    """Every turn the generator answered: prompt + answer ids, where the answer starts, how it decoded."""
+
+    sequences: list[torch.Tensor]  # one [T] per turn: the turn's prompt ids, then the generated ids
+    starts: list[int]  # index of each turn's first generated token (its prompt length)
+    accept_lengths: list[int]  # tokens emitted per target pass, over every turn
+    draft_time: float  # seconds spent drafting, over every turn
+
+    @property
+    def tau(self) -> float:
+        return pooled_tau(self.accept_lengths)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(s) - start for s, start in zip(self.sequences, self.starts))
+
+    @property
+    def draft_ms_per_pass(self) -> float:
+        return 1e3 * self.draft_time / max(len(self.accept_lengths), 1)
+
+
+def continue_prompts(
+    gen: SpeculativeGenerator, prompts: Sequence[Prompt], max_new_tokens: int
+) -> Continuations:
+    """Greedy answers to every prompt, turn by turn with each answer fed back (as the benchmark decodes);
+    without a chat template every turn is a prompt of its own."""
+    tok = gen.tokenizer
+    chat = bool(getattr(tok, "chat_template", None))
+    out = Continuations([], [], [], 0.0)
+    for prompt in prompts:
+        messages: list[dict[str, str]] = []
+        for turn in prompt.turns:
+            messages.append({"role": "user", "content": turn})
+            ids = (
+                tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+                if chat else tok(turn, add_special_tokens=True)["input_ids"]
+            )  # fmt: skip
+            r = gen.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+            messages.append({"role": "assistant", "content": r.text})
+            out.sequences.append(torch.tensor(list(ids) + r.token_ids, dtype=torch.long))
+            out.starts.append(len(ids))
+            out.accept_lengths += r.stats.accept_lengths
+            out.draft_time += r.stats.draft_time
+    return out
+
+
+def measure_accuracy(target: PreTrainedModel, head: DraftHead, answers: Continuations, depth: int, topk: int):
+    """The head's top-k accuracy [depth, topk] on the target's own answers (the family's measure;
+    a Medusa head measures its num_heads depths whatever `depth` says)."""
+    measure = family_of(head.config).load("accuracy")
+    return measure(target, head, answers.sequences, depth=depth, topk=topk, starts=answers.starts)
+
+
+@torch.no_grad()
+def tune_tree(
+    target: PreTrainedModel,
+    tokenizer,
+    head: DraftHead,
+    prompts: Sequence[Prompt],
+    *,
+    max_new_tokens: int = 96,
+    depth: int = 6,
+    topk: int = 8,
+    max_nodes: int = 64,
+) -> dict:
+    """tree.json fields (`directory.write_tree(head_dir, **fields)`) for `head` (target modules attached):
+    the tree with the best expected speedup on the target's device for the accuracy measured on `prompts`,
+    with that accuracy table [depth, topk], the costs timed here and the tau the tree measured."""
+    was_training = head.training
+    head.eval()
+    try:
+        answers = continue_prompts(SpeculativeGenerator(target, tokenizer, None), prompts, max_new_tokens)
+        accuracy = measure_accuracy(target, head, answers, depth, topk)  # [depth, topk]
+        drafter = drafter_for_head(head)
+        choices, costs = calibrated_choices(target, drafter, accuracy.double(), max_nodes)
+        tree = drafter_for_head(head, None, **{family_of(head.config).tree_option: choices})
+        tuned = continue_prompts(SpeculativeGenerator(target, tokenizer, tree), prompts, max_new_tokens)
+    finally:
+        head.train(was_training)
+    return {
+        "choices": choices,
+        "expected_accept_length": float(expected_accept_length(accuracy, choices)),
+        "measured_tau": round(tuned.tau, 4),
+        "expected_speedup": round(float(costs["expected_speedup"]), 4),
+        "family": head.config.family,
+        "device": str(next(target.parameters()).device),
+        "costs_ms": {
+            k: costs[k] for k in ("step_ms", "pass_ms", "draft_ms", "draft_ms_per_depth") if k in costs
+        },
+        "measured_on": {
+            "prompts": len(prompts),
+            "turns": len(answers.sequences),
+            "max_new_tokens": max_new_tokens,
+            "generated_tokens": answers.generated_tokens,
+            "topk": topk,
+        },  # fmt: skip
+        "accuracy": [[round(x, 6) for x in row] for row in accuracy.tolist()],
+    }

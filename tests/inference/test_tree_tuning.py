@@ -1,0 +1,84 @@
+"""tune_tree: the tree a head gets for this device, from accuracy measured on the target's own answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.data.prompt_sets import EvalPrompt
+from spechead.heads import Eagle3Config, Eagle3Head, directory
+from spechead.heads.families import family_of
+from spechead.inference.calibrate import saved_accuracy
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_for_head
+from spechead.inference.tree_search import expected_accept_length
+from spechead.inference.tree_tuning import continue_prompts, measure_accuracy, tune_tree
+
+PROMPTS = [
+    EvalPrompt("a", "qa", ["Hello there"]),
+    EvalPrompt("b", "mt_bench", ["Add 2 and 3.", "And 4 and 5?"]),  # two turns: the answer is fed back
+]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer))
+    model.config.eos_token_id = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return model, chatml_tokenizer
+
+
+def _head(kind: str, model, medusa_for):
+    if kind == "medusa":
+        head = medusa_for(model, num_heads=3)
+    else:
+        head = Eagle3Head(Eagle3Config.from_target(model.config))
+        head.init_lm_head_from_target_(model.lm_head.weight)
+    head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
+    return head.eval()
+
+
+def test_answers_are_decoded_turn_by_turn(target):
+    model, tok = target
+    answers = continue_prompts(SpeculativeGenerator(model, tok, None), PROMPTS, max_new_tokens=12)
+    assert len(answers.sequences) == len(answers.starts) == 3  # every turn of every prompt
+    first_answer = tok.decode(answers.sequences[1][answers.starts[1] :], skip_special_tokens=True)
+    second_prompt = tok.decode(answers.sequences[2][: answers.starts[2]])
+    assert (
+        "Add 2 and 3." in second_prompt and first_answer in second_prompt and "And 4 and 5?" in second_prompt
+    )
+    assert answers.generated_tokens == sum(len(s) - st for s, st in zip(answers.sequences, answers.starts))
+    assert answers.tau == 1.0  # plain decoding: one token per pass
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+def test_tune_tree_measures_chooses_and_decodes_its_tree(target, medusa_for, tmp_path, kind):
+    model, tok = target
+    head = _head(kind, model, medusa_for)
+    head.train()  # tuning puts the head in eval mode and back
+    fields = tune_tree(model, tok, head, PROMPTS, max_new_tokens=16, depth=3, topk=4)
+    assert head.training
+
+    # the accuracy is the family's measure on the target's own (plain greedy) answers to every turn
+    answers = continue_prompts(SpeculativeGenerator(model, tok, None), PROMPTS, max_new_tokens=16)
+    accuracy = measure_accuracy(model, head, answers, depth=3, topk=4)
+    assert fields["accuracy"] == [[round(x, 6) for x in row] for row in accuracy.tolist()]
+    assert fields["measured_on"] == {"prompts": 2, "turns": 3, "max_new_tokens": 16,
+                                     "generated_tokens": answers.generated_tokens, "topk": 4}  # fmt: skip
+    choices = fields["choices"]
+    assert choices and all(len(c) <= 3 and max(c) < 4 for c in choices)
+    assert fields["expected_accept_length"] == pytest.approx(expected_accept_length(accuracy, choices))
+    assert fields["family"] == head.config.family and fields["expected_speedup"] > 0
+    assert fields["costs_ms"]["step_ms"] > 0 and fields["costs_ms"]["pass_ms"] > 0
+
+    # measured_tau is the chosen tree's own tau on the same prompts (not the plain run's 1.0)
+    tree = drafter_for_head(head, **{family_of(head.config).tree_option: choices})
+    tuned = continue_prompts(SpeculativeGenerator(model, tok, tree), PROMPTS, max_new_tokens=16)
+    assert fields["measured_tau"] == round(tuned.tau, 4)
+    assert [s.tolist() for s in tuned.sequences] == [s.tolist() for s in answers.sequences]  # lossless
+
+    # saved, it is what loading calibrates from: the table scaled to the measured tau
+    directory.write_tree(tmp_path, **fields)
+    fitted = saved_accuracy(tmp_path)
+    assert fitted is not None and fitted.shape == (3, 4)
+    assert expected_accept_length(fitted, choices) == pytest.approx(fields["measured_tau"], abs=1e-3)
+    assert torch.equal(saved_accuracy(fields), fitted)  # the fields themselves read the same
