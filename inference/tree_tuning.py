@@ -3,12 +3,14 @@
     fields = tune_tree(target, tokenizer, head, load_prompt_set("demo-tune", 32))
     directory.write_tree(head_dir, **fields)  # HEAD/tree.json: what loading calibrates from
 
-Three measured steps, nothing assumed: (1) the target greedily answers every prompt turn by turn (the
+Measured steps, nothing assumed: (1) the target greedily answers every prompt turn by turn (the
 continuations are the target's own, so a draft is right exactly when it equals them); (2) the head's
 top-k accuracy by depth is measured on those continuations (the family's `accuracy` part); (3) the
 verify, draft and per-pass costs are timed on this device and the static tree of the best expected
-speedup is chosen (calibrate.py), then decoded on the same prompts for its real tau (`measured_tau`),
-which loading uses to correct the table's optimism (`calibrate.fit_accuracy`).
+speedup is chosen (calibrate.py), then decoded on the same prompts for its real tau; (4) the table's
+product-of-accuracies estimate runs ahead of real decoding, so it is scaled to that tau
+(`calibrate.fit_accuracy`, as loading does) and the tree chosen again; a changed tree is decoded
+again. The saved tau (`measured_tau`) is the saved tree's own, which loading scales the table to.
 Used by scripts/build_tree.py and by the end of a training run (train.py wires it in).
 """
 
@@ -22,7 +24,7 @@ from transformers import PreTrainedModel
 
 from spechead.heads import DraftHead
 from spechead.heads.families import family_of
-from spechead.inference.calibrate import calibrated_choices
+from spechead.inference.calibrate import best_for_costs, calibrated_choices, fit_accuracy
 from spechead.inference.evaluation import Prompt
 from spechead.inference.generator import SpeculativeGenerator, pooled_tau
 from spechead.inference.loading import drafter_for_head
@@ -103,10 +105,12 @@ def tune_tree(
     try:
         answers = continue_prompts(SpeculativeGenerator(target, tokenizer, None), prompts, max_new_tokens)
         accuracy = measure_accuracy(target, head, answers, depth, topk)  # [depth, topk]
-        drafter = drafter_for_head(head)
-        choices, costs = calibrated_choices(target, drafter, accuracy.double(), max_nodes)
-        tree = drafter_for_head(head, None, **{family_of(head.config).tree_option: choices})
-        tuned = continue_prompts(SpeculativeGenerator(target, tokenizer, tree), prompts, max_new_tokens)
+        choices, costs = calibrated_choices(target, drafter_for_head(head), accuracy.double(), max_nodes)
+        tuned = _decode_with(target, tokenizer, head, choices, prompts, max_new_tokens)
+        # the raw table over-promises deep trees: choose again from the table scaled to the real tau
+        refined = best_for_costs(fit_accuracy(accuracy.double(), choices, tuned.tau), costs, max_nodes)
+        if refined != choices:
+            choices, tuned = refined, _decode_with(target, tokenizer, head, refined, prompts, max_new_tokens)
     finally:
         head.train(was_training)
     return {
@@ -128,3 +132,9 @@ def tune_tree(
         },  # fmt: skip
         "accuracy": [[round(x, 6) for x in row] for row in accuracy.tolist()],
     }
+
+
+def _decode_with(target, tokenizer, head: DraftHead, choices, prompts, max_new_tokens: int) -> Continuations:
+    """The prompts' answers decoded with `head` drafting the static tree `choices` (its tau is measured)."""
+    tree = drafter_for_head(head, None, **{family_of(head.config).tree_option: choices})
+    return continue_prompts(SpeculativeGenerator(target, tokenizer, tree), prompts, max_new_tokens)
