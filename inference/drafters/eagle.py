@@ -28,7 +28,13 @@ from spechead.heads.fused import fused_step
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import StaticTree, TokenTree, causal_inputs_static, tree_from_choices
+from spechead.inference.tree import (
+    StaticTree,
+    TokenTree,
+    ancestors_on_device,
+    causal_inputs_static,
+    tree_from_choices,
+)
 
 GRAPH_COMMIT = 16  # compiled: accepts of at most this many tokens run as a graph (the prompt runs eager)
 
@@ -341,23 +347,26 @@ class EagleDrafter(Drafter):
         """Fill the static tree depth by depth (node i = the rank[i]-th child of its parent), one head
         call per depth over the nodes that have children. Returns tokens, parents, scores [N].
 
-        Nodes of one depth are contiguous (tree_from_choices orders them by depth), so each depth's
-        tokens and scores are made as one block and the tree is their concatenation; indices into
-        the previous depth are precomputed in the plan ("local")."""
-        plan, device = self._static_plan(), self.head.fc.weight.device
-        tokens = [root]  # per depth: [n_d]
-        scores = [torch.zeros(1, dtype=torch.float64, device=device)]
-        feats = feature[None]  # [E, H] outputs of the nodes expanded at this depth
+        Inside the depth loop only what the next depth needs is gathered (the target ids of the nodes
+        it expands); every node's token and cumulative score come at the end from the candidates of
+        all depths at once (indices precomputed in the plan: few ops per pass, each one costs on a CPU)."""
+        plan = self._static_plan()
+        feats, run = feature[None], root  # [E, H] outputs of the nodes expanded at a depth, [E] their ids
+        ids_by_depth, values_by_depth = [], []  # per depth: [E * need] candidates (head ids, log-probs)
         for step in plan:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
-                inputs = feats[step["parent_rows"]]  # [E, H] their parents' outputs
-                run = tokens[-1][step["run_local"]]  # [E] their tokens
-                feats = self._step(inputs, run, step["allowed"], step["depth"] - 1, committed)
+                feats = self._step(
+                    feats[step["parent_rows"]], run, step["allowed"], step["depth"] - 1, committed
+                )
             values, ids = self._top(feats, step["need"])  # [E, need] each
-            pick = step["pick"]  # [n_d]: row * need + rank
-            tokens.append(self._to_target(ids.reshape(-1)[pick]))
-            scores.append(scores[-1][step["parent_local"]] + values.reshape(-1)[pick].double())
-        return torch.cat(tokens), self._parents_on_device, torch.cat(scores)
+            ids_by_depth.append(ids.reshape(-1))
+            values_by_depth.append(values.reshape(-1))
+            if step["next_run"] is not None:  # target ids of this depth's nodes the next depth expands
+                run = self._to_target(ids_by_depth[-1][step["next_run"]])
+        pick = self._plan_pick  # [N - 1]: each node's candidate among all depths' (concatenated)
+        tokens = torch.cat([root, self._to_target(torch.cat(ids_by_depth)[pick])])  # [N]
+        own = F.pad(torch.cat(values_by_depth)[pick].double(), (1, 0))  # [N] each node's log-prob, root 0
+        return tokens, self._parents_on_device, self._path_sum @ own  # scores [N]: sums along the paths
 
     def _static_plan(self) -> list[dict]:
         """Per depth (precomputed once): nodes, their parents' rows, ranks, and the head run + mask."""
@@ -399,6 +408,15 @@ class EagleDrafter(Drafter):
                 step.update(run=as_long(expand), run_parent=as_long([parents[i] for i in expand]),
                             allowed=allowed.to(device))  # fmt: skip
             plan.append(step)
+        # the nodes each depth expands at the next, as candidates of that depth; every node's candidate
+        # among all depths' (each depth's block of E * need after the earlier depths')
+        offset, picks = 0, []
+        for step, after in zip(plan, [*plan[1:], None]):
+            step["next_run"] = None if after is None else step["pick"][after["run_local"]]
+            picks.append(step["pick"] + offset)
+            offset += len(step["expand"]) * step["need"]
+        self._plan_pick = torch.cat(picks)  # [N - 1]
+        self._path_sum = ancestors_on_device(st.parents[None])[0].to(device, torch.float64)  # [N, N]
         self._plan = plan
         self._parents_on_device = st.parents.to(device)
         return plan
