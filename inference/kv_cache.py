@@ -116,7 +116,8 @@ class SlotLayer(CacheLayerMixin):
     static_shapes (for torch.compile / CUDA graphs): the write slots come from `length_t`, a 0-d device
     tensor, and `update` returns the WHOLE buffers [B, kv, S_max, D], so one compiled graph serves every
     length; the caller's 4D mask hides the slots past the valid ones and `SlotCache.set_length` (outside
-    the graph) moves the length after each pass.
+    the graph) moves the length after each pass. Otherwise the buffers are views of the owning cache's
+    one buffer for every layer (`SlotCache.storage`) when the shapes allow it.
     """
 
     is_compileable = True
@@ -124,18 +125,27 @@ class SlotLayer(CacheLayerMixin):
     keys: torch.Tensor  # None until lazy_initialization allocates it (read once is_initialized)
     values: torch.Tensor
 
-    def __init__(self, max_length: int, static_shapes: bool = False) -> None:
+    def __init__(
+        self, max_length: int, static_shapes: bool = False, owner: SlotCache | None = None, index: int = 0
+    ) -> None:
         super().__init__()
         self.max_length = max_length
         self.length = 0
         self.static_shapes = static_shapes
         self.length_t: torch.Tensor | None = None  # static_shapes: `length` on the buffers' device
+        self._owner, self._index = owner, index  # the cache whose one buffer may hold this layer's
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, k_dim = key_states.shape
-        shape = (batch, heads, self.max_length)
-        self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
-        self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
+        shared = None
+        if self._owner is not None and not self.static_shapes:
+            shared = self._owner.bind(self._index, key_states, value_states)
+        if shared is not None:
+            self.keys, self.values = shared  # views of the owner's [L, 2, B, kv, S_max, D]
+        else:
+            shape = (batch, heads, self.max_length)
+            self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
+            self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
         self.is_initialized = True
         if self.static_shapes:
             self.length_t = torch.tensor(self.length, dtype=torch.long, device=key_states.device)
@@ -188,14 +198,40 @@ class SlotCache(Cache):
 
     Verification writes the N tree entries at slots past_len..past_len+N-1; `commit_path` copies the
     accepted path's entries into place and sets the length: no concatenation, no reallocation.
+
+    Without static_shapes every layer's keys and values are views of ONE buffer `storage`
+    [L, 2, B, kv, S_max, D] (when they all have one shape): a commit then moves the accepted entries of
+    every layer with one gather and one copy instead of four ops per layer (each op costs on a CPU).
     """
 
     def __init__(self, num_layers: int, max_length: int, static_shapes: bool = False) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        super().__init__(layers=[SlotLayer(max_length, static_shapes) for _ in range(num_layers)])
+        super().__init__(layers=[SlotLayer(max_length, static_shapes, self, i) for i in range(num_layers)])
         self.max_length = max_length
         self.static_shapes = static_shapes
+        self.storage: torch.Tensor | None = None  # [L, 2, B, kv, S_max, D]
+        self._bound: set[int] = set()  # layers whose buffers are views of `storage`
+
+    def bind(
+        self, index: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made, or made anew,
+        for these states' shape, dtype and device); None when keys and values differ in shape."""
+        if key_states.shape != value_states.shape or value_states.dtype != key_states.dtype:
+            return None
+        batch, heads, _, dim = key_states.shape
+        shape = (len(self.layers), 2, batch, heads, self.max_length, dim)
+        st = self.storage
+        if st is None or st.shape != shape or st.dtype != key_states.dtype or st.device != key_states.device:
+            st = self.storage = key_states.new_zeros(shape)
+            self._bound = set()
+        self._bound.add(index)
+        return st[index, 0], st[index, 1]
+
+    def shared_storage(self) -> torch.Tensor | None:
+        """`storage` [L, 2, B, kv, S_max, D] when every layer's keys and values are views of it, else None."""
+        return self.storage if len(self._bound) == len(self.layers) else None
 
     @property
     def slot_layers(self) -> list[SlotLayer]:
@@ -204,6 +240,7 @@ class SlotCache(Cache):
 
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the valid entries (rare: amortised doubling)."""
+        self.max_length = max_length  # (the first layer to re-bind makes `storage` of the new size)
         for layer in self.slot_layers:
             layer.max_length = max_length
             if layer.is_initialized:
@@ -211,7 +248,6 @@ class SlotCache(Cache):
                 layer.lazy_initialization(keys, values)
                 layer.keys[:, :, : layer.length] = keys[:, :, : layer.length]
                 layer.values[:, :, : layer.length] = values[:, :, : layer.length]
-        self.max_length = max_length
 
     def device_length(self) -> torch.Tensor:
         """static_shapes: the 0-d device tensor every layer writes after (a graph reads it, no sync)."""
@@ -246,6 +282,11 @@ def commit_path(cache: Cache, past_len: int, path: torch.Tensor, contiguous: boo
     k = int(path.numel())
     if not contiguous:
         src = path.to(cache.slot_layers[0].keys.device) + past_len  # [K] slots of the accepted nodes
+        shared = cache.shared_storage()  # [L, 2, B, kv, S_max, D]
+        if shared is not None:  # every layer at once
+            shared[..., past_len : past_len + k, :] = shared.index_select(-2, src)
+            cache.set_length(past_len + k)
+            return
         for layer in cache.slot_layers:
             layer.keys[:, :, past_len : past_len + k] = layer.keys.index_select(2, src)
             layer.values[:, :, past_len : past_len + k] = layer.values.index_select(2, src)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, StaticCache
 
-from spechead.inference.kv_cache import cache_length, keep_positions
+from spechead.inference.kv_cache import SlotCache, cache_length, commit_path, keep_positions
 
 PAST, N, LAYERS = 3, 6, 3
 
@@ -68,3 +68,49 @@ def test_keep_positions_errors():
 
 def test_empty_cache_length():
     assert cache_length(DynamicCache()) == 0
+
+
+def filled_slots(max_length: int = 16, batch: int = 1) -> SlotCache:
+    """A SlotCache with LAYERS layers holding PAST + N positions written as filled_cache's."""
+    cache = SlotCache(LAYERS, max_length)
+    pos = torch.arange(PAST + N, dtype=torch.float32)[None, None, :, None].expand(batch, 2, PAST + N, 4)
+    for layer in range(LAYERS):
+        keys = pos + 100 * layer
+        cache.update(keys.clone(), -keys.clone(), layer)
+    return cache
+
+
+def slot_positions(cache: SlotCache, layer: int) -> list[int]:
+    slot = cache.slot_layers[layer]
+    keys = slot.keys[:, :, : slot.length]  # [B, 2, length, 4]
+    assert torch.equal(slot.values[:, :, : slot.length], -keys)
+    return [int(x) - 100 * layer for x in keys[0, 0, :, 0].tolist()]
+
+
+def test_slot_cache_layers_share_one_buffer_and_commit_moves_every_layer():
+    cache = filled_slots()
+    assert cache.shared_storage() is not None and cache.storage.shape == (LAYERS, 2, 1, 2, 16, 4)
+    assert all(
+        layer.keys.data_ptr() == cache.storage[i, 0].data_ptr() for i, layer in enumerate(cache.slot_layers)
+    )
+    commit_path(cache, PAST, torch.tensor([0, 2, 5]))
+    assert [slot_positions(cache, layer) for layer in range(LAYERS)] == [[0, 1, 2, 3, 5, 8]] * LAYERS
+    cache.grow(40)  # reallocated: the valid entries stay, in one new buffer
+    assert cache.shared_storage() is not None and cache.storage.shape[-2] == 40
+    assert [slot_positions(cache, layer) for layer in range(LAYERS)] == [[0, 1, 2, 3, 5, 8]] * LAYERS
+
+
+def test_slot_cache_without_one_buffer_commits_layer_by_layer():
+    """Layers that cannot share (another batch size in one layer, or fixed shapes) commit one by one."""
+    cache = filled_slots()
+    cache.update(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4), 0)  # layer 0 now holds 2 rows: own buffer
+    assert cache.shared_storage() is None
+    cache = SlotCache(LAYERS, 16, static_shapes=True)
+    assert cache.shared_storage() is None
+    pos = torch.arange(PAST + N, dtype=torch.float32)[None, None, :, None].expand(1, 2, PAST + N, 4)
+    for layer in range(LAYERS):
+        cache.update((pos + 100 * layer).clone(), -(pos + 100 * layer), layer)
+    cache.set_length(PAST + N)  # fixed shapes: the length moves outside the layers
+    commit_path(cache, PAST, torch.tensor([0, 2, 5]))
+    assert cache.shared_storage() is None
+    assert [slot_positions(cache, layer) for layer in range(LAYERS)] == [[0, 1, 2, 3, 5, 8]] * LAYERS
