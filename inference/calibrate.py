@@ -20,12 +20,15 @@ import torch
 from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.runner import TargetRunner
-from spechead.inference.tree_search import best_choices_for_cost, expected_accept_length
+from spechead.inference.tree_search import best_choices_for_cost, expected_accept_length, expected_speedup
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+# A saved tree tuned on this kind of device stays unless another is expected this much faster: trees of
+# a few percent apart in expected speedup trade places with the timing noise of one load to the next
+KEEP_MARGIN = 0.05
 
 
 def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) -> torch.Tensor:
@@ -184,9 +187,14 @@ def commit_cost_ms(model: PreTrainedModel, context: int = 128, repeats: int = 7)
 
 
 def calibrated_choices(
-    model: PreTrainedModel, drafter, accuracy: torch.Tensor, max_nodes: int = 64
+    model: PreTrainedModel,
+    drafter,
+    accuracy: torch.Tensor,
+    max_nodes: int = 64,
+    keep: list[list[int]] | None = None,
 ) -> tuple[list[list[int]], dict]:
-    """The static tree with the best expected speedup measured on this device, and what was measured."""
+    """The static tree with the best expected speedup measured on this device (or `keep`, a tree tuned
+    for this kind of device, when within KEEP_MARGIN of it), and what was measured."""
     verify = verify_cost_ms(model, tuple(s for s in SIZES if s <= max_nodes + 1))
     info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
     info["pass_ms"] = commit_cost_ms(model)
@@ -204,20 +212,28 @@ def calibrated_choices(
         propose = lambda: drafter.propose(0, None, None)  # noqa: E731
         propose()
         info["draft_ms"] = min(_timed(propose, 1, device) for _ in range(7))
-    return best_for_costs(accuracy, info, max_nodes), info
+    return best_for_costs(accuracy, info, max_nodes, keep), info
 
 
-def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[list[int]]:
+def best_for_costs(
+    accuracy: torch.Tensor, info: dict, max_nodes: int, keep: list[list[int]] | None = None
+) -> list[list[int]]:
     """The static tree with the best expected speedup for the costs measured in `info` (verify_ms_by_size,
-    step_ms, draft_ms or draft_ms_per_depth, pass_ms); adds that speedup to `info` as expected_speedup."""
-    choices, speedup = best_choices_for_cost(
-        accuracy.float(),
-        info["verify_ms_by_size"],
-        info["step_ms"],
+    step_ms, draft_ms or draft_ms_per_depth, pass_ms), or `keep` when it is expected within KEEP_MARGIN
+    of that (and fits the table); adds the chosen tree's expected speedup to `info` (expected_speedup,
+    and kept_saved_tree when `keep` was given)."""
+    costs = dict(
         draft_ms=info.get("draft_ms", 0.0),
-        max_nodes=max_nodes,
         draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
         pass_ms=info.get("pass_ms", 0.0),
     )
+    table, verify, step = accuracy.float(), info["verify_ms_by_size"], info["step_ms"]
+    choices, speedup = best_choices_for_cost(table, verify, step, max_nodes=max_nodes, **costs)
+    if keep is not None:
+        fits = bool(keep) and all(len(c) <= table.shape[0] and max(c) < table.shape[1] for c in keep)
+        kept_speedup = expected_speedup(table, keep, verify, step, **costs) if fits else 0.0
+        info["kept_saved_tree"] = kept_speedup * (1 + KEEP_MARGIN) >= speedup
+        if info["kept_saved_tree"]:
+            choices, speedup = keep, kept_speedup
     info["expected_speedup"] = speedup
     return choices

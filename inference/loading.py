@@ -200,24 +200,29 @@ def calibrated_drafter(
 
     The table is the saved tree's (`saved`: HEAD/tree.json's fields) or, without one, the family's assumed
     table: calibrated from on a CPU where the family asks for it (EAGLE: its default dynamic tree is
-    sized for a GPU), else kept only for batch trees while the default tree stays.
+    sized for a GPU), else kept only for batch trees while the default tree stays. A saved tree tuned on
+    this kind of device (its "device", written by tree_tuning.tune_tree) stays unless another tree is
+    expected clearly faster (calibrate.KEEP_MARGIN): near-equal trees would trade places with noise.
     """
     from spechead.inference.calibrate import calibrated_choices, saved_accuracy
 
-    head = drafter.head
+    head, device = drafter.head, next(target.parameters()).device
     fam = family_of(head.config)
     accuracy, source = saved_accuracy(saved), "tree.json"
     if accuracy is None:
         assumed = fam.load("assumed_accuracy")(head)
         if not fam.calibrate_assumed:
             return drafter, None, assumed
-        if next(target.parameters()).device.type != "cpu":
+        if device.type != "cpu":
             return drafter, None, None
         accuracy, source = assumed, "assumed (no tree.json: run scripts/build_tree.py)"
-    choices, info = calibrated_choices(target, drafter, accuracy)
+    # a tree tuned on this kind of device (tree_tuning.py saves where) is kept unless clearly beaten
+    tuned_here = saved is not None and str(saved.get("device", "")).split(":")[0] == device.type
+    keep = saved["choices"] if saved is not None and tuned_here else None
+    choices, info = calibrated_choices(target, drafter, accuracy, keep=keep)
     if info["expected_speedup"] < 1.0:  # the best tree is expected to lose to plain decoding here
         warnings.warn(
-            f"on {next(target.parameters()).device}, the best tree for this head is expected at "
+            f"on {device}, the best tree for this head is expected at "
             f"{info['expected_speedup']:.2f}x plain decoding (accuracy {source}): decode with drafter=None "
             "to be faster, or keep it to measure",
             stacklevel=3,

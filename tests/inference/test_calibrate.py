@@ -132,3 +132,42 @@ def test_a_head_expected_to_lose_here_says_so(tiny_target_dir, tmp_path):
         gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
     assert gen.calibration["expected_speedup"] >= 1.0
     assert not [w for w in seen if "plain decoding" in str(w.message)]  # a tree that pays: no warning
+
+
+def test_a_saved_tree_stays_unless_clearly_beaten():
+    """best_for_costs(keep=...): a tree tuned on this kind of device stays within KEEP_MARGIN of the best
+    (near-equal trees would trade places with one load's timing noise), not beyond it."""
+    from spechead.inference.calibrate import KEEP_MARGIN
+    from spechead.inference.tree_search import expected_speedup
+
+    accuracy = torch.tensor([[0.8, 0.1], [0.8, 0.1], [0.8, 0.1]], dtype=torch.float64)
+    costs = {"verify_ms_by_size": {1: 4.0, 2: 4.4, 4: 4.8, 8: 6.0}, "step_ms": 4.0, "draft_ms_per_depth": 0.5}
+    best = best_for_costs(accuracy, dict(costs), 8)
+    best_speedup = expected_speedup(
+        accuracy.float(), best, costs["verify_ms_by_size"], 4.0, draft_ms_per_depth=0.5
+    )
+    candidates = [[[0]], [[0], [0, 0]], [[0], [0, 0], [0, 0, 0]], [[0], [0, 0], [0, 0, 0], [1]]]
+    rated = [(c, expected_speedup(accuracy.float(), c, costs["verify_ms_by_size"], 4.0, draft_ms_per_depth=0.5))
+             for c in candidates if c != best]  # fmt: skip
+    close = next(c for c, s in rated if s * (1 + KEEP_MARGIN) >= best_speedup)
+    far = next(c for c, s in rated if s * (1 + KEEP_MARGIN) < best_speedup)
+    info = dict(costs)
+    assert best_for_costs(accuracy, info, 8, keep=close) == close and info["kept_saved_tree"]
+    assert info["expected_speedup"] < best_speedup  # the kept tree's own expectation
+    info = dict(costs)
+    assert best_for_costs(accuracy, info, 8, keep=far) == best and not info["kept_saved_tree"]
+    assert info["expected_speedup"] == pytest.approx(best_speedup)
+    assert best_for_costs(accuracy, dict(costs), 8, keep=[[0, 0, 0, 0]]) == best  # deeper than the table
+
+
+@pytest.mark.parametrize(("device", "kept"), [("cpu", True), ("cuda:0", False), (None, False)])
+def test_only_a_tree_tuned_on_this_kind_of_device_is_kept(tiny_target_dir, tmp_path, device, kept):
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    head = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
+    head.save_pretrained(tmp_path / "head")
+    tree = {"choices": [[0]], "accuracy": [[0.7, 0.2], [0.6, 0.2]], **({"device": device} if device else {})}
+    (tmp_path / "head" / "tree.json").write_text(json.dumps(tree))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an untrained head is expected to lose: not what this tests
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
+    assert ("kept_saved_tree" in gen.calibration) == kept
