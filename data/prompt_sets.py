@@ -11,7 +11,8 @@ conversations (never trained on) by scripts/make_demo.py (see scripts/demo_corpu
                 math_reasoning, rag (a question answered from retrieved passages in the prompt)
     demo-mt     MT-bench style: two user turns each, category = the demo task kind
     demo-kinds  one turn each, category = the demo task kind (31 kinds)
-    demo-tune   one turn each, another held-out draw: what scripts/build_tree.py tunes trees on
+    demo-tune   the demo set's six categories from another held-out draw (never the benchmark's prompts):
+                what trees are tuned on (scripts/build_tree.py, the end of a demo training run)
 """
 
 from __future__ import annotations

@@ -96,7 +96,10 @@ class SpeculativeGenerator:
     sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
     compile: torch.compile the target's verify pass with fixed shapes (static cache; CUDA: CUDA graphs;
     True = inductor, or a torch.compile backend name), one graph per tree-size bucket (see runner.py),
-    and the drafter's own steps (`Drafter.use_compile`: EAGLE's head step and top-k per depth).
+    and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole draft as one graph).
+    draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU
+    the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
+    cache), while the draft's many small ops per depth gain from one compiled graph.
     Batch decoding (`generate_batch`) runs eager.
     """
 
@@ -112,6 +115,7 @@ class SpeculativeGenerator:
         max_cache_len: int | None = None,
         buckets: tuple[int, ...] | None = None,
         compile: bool | str = False,
+        draft_compile: bool | str | None = None,
     ):
         self.target = target.eval()
         self.tokenizer = tokenizer
@@ -121,8 +125,9 @@ class SpeculativeGenerator:
         if drafter is not None:
             vocab = target.get_output_embeddings().weight.shape[0]
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
-            if compile:
-                drafter.use_compile(compile)
+            draft_compile = compile if draft_compile is None else draft_compile
+            if draft_compile:
+                drafter.use_compile(draft_compile)
         self.eos = eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size

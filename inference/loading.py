@@ -160,6 +160,7 @@ def load_generator(
     max_cache_len: int | None = None,
     calibrate: bool = True,
     compile: bool | str = False,
+    draft_compile: bool | str | None = None,
     **drafter_options,
 ):
     """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter.
@@ -168,7 +169,8 @@ def load_generator(
     no tree option is given and the head directory's tree.json holds an accuracy table (or, for an
     EAGLE head on a CPU, a typical assumed one), time verify and draft costs on this device now and use
     the static tree with the best expected speedup here (`gen.calibration` says what was measured).
-    compile: see SpeculativeGenerator (the target's verify pass under torch.compile).
+    compile, draft_compile: see SpeculativeGenerator (the target's verify pass and the drafter under
+    torch.compile; draft_compile alone: the drafter only, the fastest on a CPU).
     """
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     model = AutoModelForCausalLM.from_pretrained(
@@ -187,7 +189,10 @@ def load_generator(
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:
         saved = directory.read_tree(directory.resolve(drafter, revision))
         built, calibration, accuracy = calibrated_drafter(model, built, saved)
-    gen = cls(model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile)
+    gen = cls(
+        model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile,
+        draft_compile=draft_compile,
+    )  # fmt: skip
     gen.calibration, gen.tree_accuracy = calibration, accuracy
     return gen
 

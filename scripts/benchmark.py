@@ -60,12 +60,15 @@ OURS_PLAIN = "spechead_plain (ours)"
 def warmup_settings(args: argparse.Namespace) -> DecodeSettings:
     """Untimed warm-up decoding: 8 tokens, or with --compile whole answers, so that every graph (tree
     buckets, accepted lengths) is compiled before timing starts: compiling is not decoding."""
-    return DecodeSettings(max_new_tokens=args.max_new_tokens if args.compile else 8)
+    return DecodeSettings(max_new_tokens=args.max_new_tokens if args.compile or args.compile_draft else 8)
 
 
-def compiled_note(compile: bool | str) -> str:
-    """', compiled (BACKEND)' for the report's settings line, '' when eager."""
-    return "" if not compile else ", compiled" + (f" ({compile})" if isinstance(compile, str) else "")
+def compiled_note(compile: bool | str, draft_compile: bool | str = False) -> str:
+    """', compiled (BACKEND)' / ', drafters compiled (BACKEND)' for the report's settings line, '' when eager."""
+    backend = lambda c: f" ({c})" if isinstance(c, str) else ""  # noqa: E731
+    if compile:
+        return ", compiled" + backend(compile)
+    return ", drafters compiled" + backend(draft_compile) if draft_compile else ""
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -124,6 +127,11 @@ def parse(argv=None) -> argparse.Namespace:
         "CUDA: CUDA graphs) or a backend name, e.g. cudagraphs (CUDA graphs without inductor: compiles in "
         "seconds). HF baselines stay eager",
     )  # fmt: skip
+    p.add_argument(
+        "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="torch.compile the drafters only (EAGLE: the whole draft as one graph); the target and plain "
+        "decoding stay eager (on a CPU the fastest setting)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
     args = p.parse_args(argv)
     if args.prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.warmup < 0:
@@ -139,8 +147,9 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
     """One drafter: `args.repeats` runs, each against a plain decoding run of the same loaded target."""
     path, options = drafter_options(spec)
     gen = SpeculativeGenerator.from_pretrained(
-        args.target, path, device=args.device, dtype=args.dtype, compile=args.compile, **options
-    )
+        args.target, path, device=args.device, dtype=args.dtype, compile=args.compile,
+        draft_compile=args.compile_draft or None, **options,
+    )  # fmt: skip
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)  # Medusa-2: merged
     for warm in (gen, plain):  # both: with --compile each has its own graphs to compile before timing
         decode_prompts(warm, prompts[: args.warmup], warmup_settings(args))
@@ -281,7 +290,7 @@ def write(args, prompts, base: PromptSetRun, rows, hf_rows, costs) -> str:
     header = (
         f"plain decoding: {base.total.tokens_per_s:,.1f} tokens/s, {1e3 * t_step:.2f} ms per step "
         f"({len(prompts)} prompts, {len(base.outputs)} turns, max_new_tokens={args.max_new_tokens}, "
-        f"temperature={args.temperature}, {args.device}, {args.dtype}{compiled_note(args.compile)}; "
+        f"temperature={args.temperature}, {args.device}, {args.dtype}{compiled_note(args.compile, args.compile_draft)}; "
         f"speedup = median of {args.repeats} "
         "repeat(s) [min, max])"
     )

@@ -135,3 +135,31 @@ def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama
     # the whole draft is ONE graph (fullgraph: no break), whatever the committed length; accepts: one
     # graph per padded size (a power of 2 >= K)
     assert counters["stats"]["unique_graphs"] == 1 + len({1 << (k - 1).bit_length() for k in accepted_sizes})
+
+
+def test_draft_compile_compiles_the_drafter_only(tiny_llama, chatml_tokenizer) -> None:
+    """draft_compile: the drafter's whole draft as a graph, the target's verify eager (the CPU's best)."""
+    target = tiny_llama(eagle_tests.V, layers=eagle_tests.L, hidden=eagle_tests.H).requires_grad_(False)
+    target.generation_config.eos_token_id = None
+    head = eagle_tests.make_head(target, "eagle3")
+    prompt = generator_tests.prompts(1, eagle_tests.V)[0]
+    reference = generator_tests.plain_greedy(target, prompt, 14)
+    torch._dynamo.reset()
+    gen = SpeculativeGenerator(
+        target, chatml_tokenizer, EagleDrafter(head, tree=eagle_tests.STATIC), draft_compile="eager"
+    )
+    gen.eos = set()
+    assert gen.generate(input_ids=prompt, max_new_tokens=14).token_ids == reference
+    assert gen.drafter._compiled is not None and gen.runner._compiled is None and not gen.runner.static_shapes
+    both = SpeculativeGenerator(
+        target, chatml_tokenizer, EagleDrafter(head, tree=eagle_tests.STATIC), compile="eager"
+    )
+    assert both.drafter._compiled is not None and both.runner._compiled is not None
+    off = SpeculativeGenerator(
+        target,
+        chatml_tokenizer,
+        EagleDrafter(head, tree=eagle_tests.STATIC),
+        compile="eager",
+        draft_compile=False,
+    )
+    assert off.drafter._compiled is None and off.runner._compiled is not None
