@@ -153,14 +153,15 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
         )
     seconds = time.perf_counter() - meter.started
     tokens_per_s = meter.run_tokens / max(seconds - meter.paused, 1e-9)  # training throughput, eval excluded
-    # the tree for this device first, then the last decode eval with it: the speedup printed is the saved head's
-    tree = run.decoder.tune(run.target.model, run.tokenizer, run.objective.head)
-    last_decode: dict[str, float] = {}
-    if run.decoder.enabled:
-        last_decode = run.decoder.run(
-            run.target.model, run.tokenizer, run.objective.head, run.out, state.step, tree
-        )
-        run.metrics_file.write(state.step, last_decode)
+    # the tree for this device first, then the last decode eval with it: the speedup printed is the saved
+    # head's (both need the full target: never touched when they are off, e.g. with offline states)
+    tree, last_decode = None, {}
+    if run.decoder.tuning or run.decoder.enabled:
+        target, head = run.target.model, run.objective.head
+        tree = run.decoder.tune(target, run.tokenizer, head)
+        if run.decoder.enabled:
+            last_decode = run.decoder.run(target, run.tokenizer, head, run.out, state.step, tree)
+            run.metrics_file.write(state.step, last_decode)
     head_dir = run.out / "head"
     if run.main:
         zero.save_head(run.objective, head_dir)
