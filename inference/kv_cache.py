@@ -216,16 +216,19 @@ class SlotCache(Cache):
     def bind(
         self, index: int, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made, or made anew,
-        for these states' shape, dtype and device); None when keys and values differ in shape."""
+        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made for these states'
+        shape, dtype and device); None (the layer keeps buffers of its own) when keys and values differ
+        in shape, or another layer holds a `storage` of another shape (layers of several shapes)."""
+        self._bound.discard(index)  # its earlier views (if any) are being replaced
         if key_states.shape != value_states.shape or value_states.dtype != key_states.dtype:
             return None
         batch, heads, _, dim = key_states.shape
         shape = (len(self.layers), 2, batch, heads, self.max_length, dim)
         st = self.storage
         if st is None or st.shape != shape or st.dtype != key_states.dtype or st.device != key_states.device:
+            if self._bound:  # held by layers of another shape: no L-fold copies per shape
+                return None
             st = self.storage = key_states.new_zeros(shape)
-            self._bound = set()
         self._bound.add(index)
         return st[index, 0], st[index, 1]
 
@@ -240,7 +243,8 @@ class SlotCache(Cache):
 
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the valid entries (rare: amortised doubling)."""
-        self.max_length = max_length  # (the first layer to re-bind makes `storage` of the new size)
+        self.max_length = max_length
+        self.storage, self._bound = None, set()  # the first layer to re-bind makes it at the new size
         for layer in self.slot_layers:
             layer.max_length = max_length
             if layer.is_initialized:

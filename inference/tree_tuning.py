@@ -129,7 +129,7 @@ def tune_tree(
             "max_new_tokens": max_new_tokens,
             "generated_tokens": answers.generated_tokens,
             "topk": topk,
-        },  # fmt: skip
+        },
         "accuracy": [[round(x, 6) for x in row] for row in accuracy.tolist()],
     }
 

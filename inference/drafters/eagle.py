@@ -389,8 +389,7 @@ class EagleDrafter(Drafter):
             prev_row = {p: r for r, p in enumerate(prev_expand)}
             step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
                     "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
-                    # the same, local: parents' rows in the previous depth's block and expanded rows
-                    "parent_local": as_long([parents[i] - first[d - 1] for i in nodes]),
+                    # the expanded nodes' places in the previous depth's block (its candidates' order)
                     "run_local": as_long([p - first[d - 1] for p in expand]),
                     "parent_rows": as_long([prev_row[parents[p]] for p in expand] if d >= 2 else [])}  # fmt: skip
             prev_expand = expand

@@ -103,8 +103,10 @@ def test_slot_cache_layers_share_one_buffer_and_commit_moves_every_layer():
 def test_slot_cache_without_one_buffer_commits_layer_by_layer():
     """Layers that cannot share (another batch size in one layer, or fixed shapes) commit one by one."""
     cache = filled_slots()
+    storage = cache.storage
     cache.update(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4), 0)  # layer 0 now holds 2 rows: own buffer
-    assert cache.shared_storage() is None
+    assert cache.shared_storage() is None and cache.storage is storage  # no second [L, ...] buffer
+    assert cache.slot_layers[0].keys.shape == (2, 2, 16, 4)
     cache = SlotCache(LAYERS, 16, static_shapes=True)
     assert cache.shared_storage() is None
     pos = torch.arange(PAST + N, dtype=torch.float32)[None, None, :, None].expand(1, 2, PAST + N, 4)
