@@ -60,7 +60,10 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
         ok[i] = ok[p] and tokens[i] == best[p]
         if ok[i] and depth[i] > depth[deepest]:
             deepest = i
-    return Acceptance(path=path_to_node(tree.parents, deepest), next_token=int(best[deepest]))
+    path = [deepest]  # walked back from the deepest accepted node (parents checked with the tree)
+    while path[-1] > 0:
+        path.append(par[path[-1]])
+    return Acceptance(path=path[::-1], next_token=int(best[deepest]))
 
 
 def _normalised(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

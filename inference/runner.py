@@ -183,7 +183,7 @@ class TargetRunner:
         self.length = 0  # committed positions (past_len)
         self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify
         self._zeros: Tensor | None = None  # [1, 1, 1, S] additive zeros: the plain step's mask
-        self._trees: dict[bytes, tuple[Tensor, Tensor]] = {}  # tree shape -> (ancestors, depths)
+        self._trees: dict[bytes, tuple[Tensor, Tensor, Tensor]] = {}  # tree shape -> ancestors, depths, block
 
     def use_layers(self, hidden_layers: Sequence[int]) -> None:
         """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
@@ -328,22 +328,25 @@ class TargetRunner:
         if self.static_shapes:
             mask, positions, anc = tree_inputs_static(parents, self.length, self.slots.max_length, self.dtype)
         else:
-            anc, depth = self._structure(parents, host_parents)
-            mask, positions = tree_mask(anc, self.length, self.dtype), depth + self.length
+            anc, depth, block = self._structure(parents, host_parents)
+            # the prefix's zeros and the tree's own additive block [1, N, N]: one op per pass
+            prefix = self._visible(self.length).expand(1, 1, size, self.length)  # [1, 1, N, past]
+            mask, positions = torch.cat([prefix, block[:, None]], dim=-1), depth + self.length
         self.last_ancestors = anc[:, :n, :n]
         logits, hidden = self._forward(
             self.static_shapes, input_ids=tokens, attention_mask=mask, position_ids=positions
         )
         return logits[:, :n].float(), {k: v[:, :n] for k, v in hidden.items()}
 
-    def _structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Ancestors [1, N, N] and depths [1, N] of parents [1, N] (on the device), remembered per tree
-        shape when the shape is known on the host: static trees repeat every pass."""
+    def _structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, N, N] (0 = attend) of
+        parents [1, N] (on the device), remembered per tree shape when the shape is known on the host:
+        static trees repeat every pass."""
         key = host.numpy().tobytes() if host is not None else None
         found = self._trees.get(key) if key is not None else None
         if found is None:
             anc = ancestors_on_device(parents)
-            found = (anc, anc.sum(-1) - 1)
+            found = (anc, anc.sum(-1) - 1, tree_mask(anc, 0, self.dtype)[:, 0])
             if key is not None:
                 if len(self._trees) >= 64:  # dynamic trees rarely repeat: keep the memory bounded
                     self._trees.clear()

@@ -95,6 +95,9 @@ class EagleDrafter(Drafter):
         self._compiled: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
         self._compiled_commit: Callable[..., Tensor] | None = None  # and the accept step (`_commit_graph`)
         self._root: int | None = None  # the token x_C that pair was fed with
+        self._zeros: Tensor | None = None  # [R, S_max] zeros: the committed columns of eager masks
+        self._causal: dict[int, Tensor] = {}  # k -> additive causal block [k, k]
+        self._d2t: Tensor | None = None  # [Vd] target id of every head-vocab id (one gather maps ids)
         self.last_scores: Tensor | None = None  # [N] float64
 
     # ---- Drafter interface ---------------------------------------------------------------------
@@ -149,6 +152,7 @@ class EagleDrafter(Drafter):
             raise ValueError(f"propose got root {int(root)} but start/accept announced {self._root}")
         self._ensure_room(self.max_nodes)
         root_t = torch.tensor([int(root)], device=self.head.fc.weight.device)  # [1]
+        self._map_ids(root_t.device)
         try:
             with torch.no_grad():
                 if self._compiled is not None:
@@ -160,10 +164,14 @@ class EagleDrafter(Drafter):
                     tokens, parents, scores = self._grow(self._feature, root_t, None)  # [N] each
         finally:
             self._crop()  # drop every speculative entry: the cache holds the C committed ones only
-        # one host transfer (one sync on a GPU), not three: ids are exact in float64
-        host = torch.stack([tokens.double(), parents.double(), scores]).cpu()  # [3, N]
-        tokens, parents, scores = host[0].long(), host[1].long(), host[2]
+        if (
+            tokens.device.type != "cpu"
+        ):  # one host transfer (one sync on a GPU), not three: ids are exact in float64
+            host = torch.stack([tokens.double(), parents.double(), scores]).cpu()  # [3, N]
+            tokens, parents, scores = host[0].long(), host[1].long(), host[2]
         self.last_scores = scores
+        if self._static is not None:  # the plan's parents, validated once by tree_from_choices
+            return Draft(tree=TokenTree.trusted(tokens, self._static.parents), rule="deterministic")
         return Draft(tree=TokenTree(tokens=tokens, parents=parents), rule="deterministic")
 
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:
@@ -200,8 +208,12 @@ class EagleDrafter(Drafter):
             return
         # causal after the C committed entries; with fixed shapes (compiled drafting: the prompt, or
         # more than GRAPH_COMMIT tokens) over the whole buffer
-        columns = cache.max_length if cache.static_shapes else c + k
-        mask, positions = causal_inputs_static(k, c, columns, self.head.fc.weight.dtype, device)
+        if not cache.static_shapes and k <= GRAPH_COMMIT:  # an accept: few ops from cached pieces
+            mask = self._after_committed(self._causal_block(k), c)  # [1, 1, K, C + K]
+            positions = torch.arange(c, c + k, device=device)[None]  # [1, K]
+        else:
+            columns = cache.max_length if cache.static_shapes else c + k
+            mask, positions = causal_inputs_static(k, c, columns, self.head.fc.weight.dtype, device)
         with torch.no_grad():
             out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
         self._committed += tokens.numel()
@@ -248,11 +260,42 @@ class EagleDrafter(Drafter):
         if self._cache is not None:
             self._cache.set_length(self._committed)
 
+    # ---- eager masks from cached pieces (each op costs on a CPU: one concatenation, not a fill) -----
+
+    def _after_committed(self, block: Tensor, committed: int) -> Tensor:
+        """Additive mask [1, 1, q, C + w]: every one of q rows sees the C committed entries, then the
+        additive block [q, w] (0 = attend, finfo.min = blocked) over the speculative slots C..C+w-1."""
+        q, cache = block.shape[0], self._cache
+        assert cache is not None  # start made it
+        zeros = self._zeros
+        if zeros is None or zeros.shape[0] < q or zeros.shape[1] < cache.max_length or zeros.dtype != block.dtype \
+                or zeros.device != block.device:  # fmt: skip
+            rows = max(q, GRAPH_COMMIT, zeros.shape[0] if zeros is not None else 0)
+            zeros = self._zeros = block.new_zeros(rows, cache.max_length)  # [R, S_max]
+        return torch.cat([zeros[:q, :committed], block], dim=1)[None, None]
+
+    def _causal_block(self, k: int) -> Tensor:
+        """Additive causal mask [k, k] among k consecutive entries (made once per k)."""
+        block = self._causal.get(k)
+        if block is None:
+            weight = self.head.fc.weight
+            block = torch.full(
+                (k, k), torch.finfo(weight.dtype).min, dtype=weight.dtype, device=weight.device
+            )
+            self._causal[k] = block = block.triu(1)
+        return block
+
     # ---- tree growth (tensors on the head's device; no host round trip inside the depth loop) -----
 
     def _to_target(self, ids: Tensor) -> Tensor:
         """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""
-        return self.head.draft_to_target(ids)
+        # the whole map, made by `propose` before drafting (eager: a compiled draft reads it): one gather
+        return self.head.draft_to_target(ids) if self._d2t is None else self._d2t[ids]
+
+    def _map_ids(self, device: torch.device) -> None:
+        """Make `_d2t` (EAGLE-3 with a reduced draft vocab; EAGLE-1/2 ids are the target's already)."""
+        if self._vocab != self.head.config.vocab_size and (self._d2t is None or self._d2t.device != device):
+            self._d2t = self.head.draft_to_target(torch.arange(self._vocab, device=device))  # [Vd]
 
     def _top(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
@@ -277,8 +320,11 @@ class EagleDrafter(Drafter):
         if committed is None:
             c = self._committed
             positions = torch.full((1, q), c + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
-            mask = torch.zeros(1, 1, q, c + width, dtype=dtype, device=ids.device)
-            mask[0, 0, :, c:].masked_fill_(~allowed_spec, torch.finfo(dtype).min)  # [1, 1, q, C + S + q]
+            if allowed_spec.dtype == torch.bool:  # [q, S + q] -> additive
+                allowed_spec = torch.zeros(q, width, dtype=dtype, device=ids.device).masked_fill_(
+                    ~allowed_spec, torch.finfo(dtype).min
+                )
+            mask = self._after_committed(allowed_spec, c)  # [1, 1, q, C + S + q]
             return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
         rel = torch.arange(cache.max_length, device=ids.device) - committed  # [S_max] slot - C
         spec = allowed_spec[:, rel.clamp(0, width - 1)] & (rel >= 0) & (rel < width)  # [q, S_max]
@@ -355,9 +401,8 @@ class EagleDrafter(Drafter):
         ids_by_depth, values_by_depth = [], []  # per depth: [E * need] candidates (head ids, log-probs)
         for step in plan:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
-                feats = self._step(
-                    feats[step["parent_rows"]], run, step["allowed"], step["depth"] - 1, committed
-                )
+                allowed = step["allowed"] if committed is not None else step["additive"]  # eager: additive
+                feats = self._step(feats[step["parent_rows"]], run, allowed, step["depth"] - 1, committed)
             values, ids = self._top(feats, step["need"])  # [E, need] each
             ids_by_depth.append(ids.reshape(-1))
             values_by_depth.append(values.reshape(-1))
@@ -404,8 +449,12 @@ class EagleDrafter(Drafter):
                         anc = parents[anc]
                 for r, node in enumerate(expand):
                     slot[node] = base + r
+                dtype = self.head.fc.weight.dtype  # the same rule as an additive block [E, S + E]
+                additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(
+                    ~allowed, torch.finfo(dtype).min
+                )
                 step.update(run=as_long(expand), run_parent=as_long([parents[i] for i in expand]),
-                            allowed=allowed.to(device))  # fmt: skip
+                            allowed=allowed.to(device), additive=additive.to(device))  # fmt: skip
             plan.append(step)
         # the nodes each depth expands at the next, as candidates of that depth; every node's candidate
         # among all depths' (each depth's block of E * need after the earlier depths')

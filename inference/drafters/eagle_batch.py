@@ -70,6 +70,7 @@ class EagleBatchDrafter(BatchDrafter):
         """Every row's tree of the head's top-k children (deterministic: greedy / lossless rule A)."""
         self._ensure_room(0)
         roots_t = torch.tensor(list(roots), dtype=torch.long, device=self.device)  # [B]
+        self.drafter._map_ids(self.device)
         with torch.no_grad():
             grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
             tokens, parents = grow(roots_t)  # [B, N] each
