@@ -92,13 +92,14 @@ class EagleDrafter(Drafter):
         )
         self._feature: Tensor | None = None  # [H]: output of the last committed pair
         # set by `use_compile`: the whole draft (`_grow_graph`) under torch.compile
-        self._compiled: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None
+        self._compiled: Callable[..., tuple[Tensor, Tensor, Tensor | None]] | None = None
         self._compiled_commit: Callable[..., Tensor] | None = None  # and the accept step (`_commit_graph`)
         self._root: int | None = None  # the token x_C that pair was fed with
         self._zeros: Tensor | None = None  # [R, S_max] zeros: the committed columns of eager masks
         self._causal: dict[int, Tensor] = {}  # k -> additive causal block [k, k]
         self._d2t: Tensor | None = None  # [Vd] target id of every head-vocab id (one gather maps ids)
-        self.last_scores: Tensor | None = None  # [N] float64
+        self._scores: Tensor | None = None  # [N] float64, see `last_scores`
+        self._values: list[Tensor] | None = None  # eager static tree: per depth [E, need] log-probs
 
     # ---- Drafter interface ---------------------------------------------------------------------
 
@@ -153,6 +154,7 @@ class EagleDrafter(Drafter):
         self._ensure_room(self.max_nodes)
         root_t = torch.tensor([int(root)], device=self.head.fc.weight.device)  # [1]
         self._map_ids(root_t.device)
+        self._values = None  # (set again by an eager static tree's growth)
         try:
             with torch.no_grad():
                 if self._compiled is not None:
@@ -160,16 +162,16 @@ class EagleDrafter(Drafter):
                         self._static_plan()  # built eagerly (host loops), read by the graph
                     length = self._cache.device_length()
                     tokens, parents, scores = self._compiled(self._feature, root_t, length)
-                else:
-                    tokens, parents, scores = self._grow(self._feature, root_t, None)  # [N] each
+                else:  # a static tree's scores are summed only when `last_scores` is read
+                    tokens, parents, scores = self._grow(self._feature, root_t, None, scores=False)
         finally:
             self._crop()  # drop every speculative entry: the cache holds the C committed ones only
-        if (
-            tokens.device.type != "cpu"
-        ):  # one host transfer (one sync on a GPU), not three: ids are exact in float64
-            host = torch.stack([tokens.double(), parents.double(), scores]).cpu()  # [3, N]
+        if scores is not None and tokens.device.type != "cpu":  # one host transfer (one GPU sync)
+            host = torch.stack([tokens.double(), parents.double(), scores]).cpu()  # [3, N]; ids exact
             tokens, parents, scores = host[0].long(), host[1].long(), host[2]
-        self.last_scores = scores
+        elif tokens.device.type != "cpu":
+            tokens = tokens.cpu()
+        self._scores = scores
         if self._static is not None:  # the plan's parents, validated once by tree_from_choices
             return Draft(tree=TokenTree.trusted(tokens, self._static.parents), rule="deterministic")
         return Draft(tree=TokenTree(tokens=tokens, parents=parents), rule="deterministic")
@@ -335,12 +337,25 @@ class EagleDrafter(Drafter):
         cache.write_at(committed + (width - q))  # these q nodes' slots: C + S ..
         return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
 
-    def _grow(self, feature: Tensor, root: Tensor, committed: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """The tree: tokens, parents, scores [N] from the root's feature [H] and token [1]."""
-        grow = self._grow_static if self._static is not None else self._grow_dynamic
-        return grow(feature, root, committed)
+    @property
+    def last_scores(self) -> Tensor | None:
+        """Every node's cumulative draft log-prob [N] (float64, root 0) of the last `propose`."""
+        if self._scores is None and self._values is not None:  # eager static tree: summed on demand
+            self._scores = self._static_scores(self._values).cpu()
+        return self._scores
 
-    def _grow_graph(self, feature: Tensor, root: Tensor, length: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _grow(
+        self, feature: Tensor, root: Tensor, committed: Tensor | None, scores: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The tree: tokens, parents, scores [N] from the root's feature [H] and token [1]; scores=False:
+        a static tree leaves its scores to `last_scores` (None here; decoding never reads them)."""
+        if self._static is not None:
+            return self._grow_static(feature, root, committed, scores)
+        return self._grow_dynamic(feature, root, committed)
+
+    def _grow_graph(
+        self, feature: Tensor, root: Tensor, length: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """`_grow` as one fixed-shape graph; C is the cache's device length [0-d] (propose's `_crop` sets
         it back after the speculative writes have moved it)."""
         return self._grow(feature, root, length.clone())
@@ -388,30 +403,38 @@ class EagleDrafter(Drafter):
         return all_tokens[keep], kept_parents, all_scores[keep]
 
     def _grow_static(
-        self, feature: Tensor, root: Tensor, committed: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        self, feature: Tensor, root: Tensor, committed: Tensor | None, scores: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Fill the static tree depth by depth (node i = the rank[i]-th child of its parent), one head
-        call per depth over the nodes that have children. Returns tokens, parents, scores [N].
+        call per depth over the nodes that have children. Returns tokens, parents, scores [N] (scores:
+        None when not asked for; `last_scores` sums them from the kept per-depth log-probs).
 
         Inside the depth loop only what the next depth needs is gathered (the target ids of the nodes
-        it expands); every node's token and cumulative score come at the end from the candidates of
-        all depths at once (indices precomputed in the plan: few ops per pass, each one costs on a CPU)."""
+        it expands); every node's token (and score) comes at the end from the candidates of all depths
+        at once (indices precomputed in the plan: few ops per pass, each one costs on a CPU)."""
         plan = self._static_plan()
         feats, run = feature[None], root  # [E, H] outputs of the nodes expanded at a depth, [E] their ids
-        ids_by_depth, values_by_depth = [], []  # per depth: [E * need] candidates (head ids, log-probs)
+        ids_by_depth, values_by_depth = [], []  # per depth: [E * need] head ids, [E, need] log-probs
         for step in plan:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
                 allowed = step["allowed"] if committed is not None else step["additive"]  # eager: additive
                 feats = self._step(feats[step["parent_rows"]], run, allowed, step["depth"] - 1, committed)
             values, ids = self._top(feats, step["need"])  # [E, need] each
             ids_by_depth.append(ids.reshape(-1))
-            values_by_depth.append(values.reshape(-1))
+            values_by_depth.append(values)
             if step["next_run"] is not None:  # target ids of this depth's nodes the next depth expands
                 run = self._to_target(ids_by_depth[-1][step["next_run"]])
         pick = self._plan_pick  # [N - 1]: each node's candidate among all depths' (concatenated)
         tokens = torch.cat([root, self._to_target(torch.cat(ids_by_depth)[pick])])  # [N]
-        own = F.pad(torch.cat(values_by_depth)[pick].double(), (1, 0))  # [N] each node's log-prob, root 0
-        return tokens, self._parents_on_device, self._path_sum @ own  # scores [N]: sums along the paths
+        if not scores:
+            self._values = values_by_depth
+            return tokens, self._parents_on_device, None
+        return tokens, self._parents_on_device, self._static_scores(values_by_depth)
+
+    def _static_scores(self, values_by_depth: list[Tensor]) -> Tensor:
+        """Cumulative log-probs [N] (float64, root 0) from each depth's candidates' [E, need]."""
+        flat = torch.cat([v.reshape(-1) for v in values_by_depth])[self._plan_pick]  # [N - 1]
+        return self._path_sum @ F.pad(flat.double(), (1, 0))  # sums along the paths
 
     def _static_plan(self) -> list[dict]:
         """Per depth (precomputed once): nodes, their parents' rows, ranks, and the head run + mask."""
