@@ -349,16 +349,22 @@ class SpeculativeGenerator:
                 rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
                 q = q[: tree.size] if q is not None else None  # [N, V]
                 acc = sample_accept(tree, target_probs(logits[0], params), rule, q, generator)
-            path = torch.tensor(acc.path, dtype=torch.long)
-            runner.commit(path)
+            runner.commit(acc.path)
             verified = True
             clock.mark("verify")
             stats.drafted_tokens += tree.size - 1
             root = acc.next_token
-            pending = [*tree.tokens[path[1:]].tolist(), root]
-            if drafter:
+            k = len(acc.path)
+            if acc.path[-1] == k - 1:  # the path is nodes 0..k-1 (a chain's): slices, not gathers
+                pending = [*tree.tokens[1:k].tolist(), root]
+                path_tokens, kept = tree.tokens[:k], {key: v[0, :k] for key, v in hidden.items()}
+            else:
+                path = torch.tensor(acc.path, dtype=torch.long)
+                pending = [*tree.tokens[path[1:]].tolist(), root]
                 dev_path = path.to(self.target.device)
-                accepted = (tree.tokens[path], {k: v[0, dev_path] for k, v in hidden.items()}, root)
+                path_tokens, kept = tree.tokens[path], {key: v[0, dev_path] for key, v in hidden.items()}
+            if drafter:
+                accepted = (path_tokens, kept, root)  # [K], {l: [K, H]}
                 checked = (tree, logits[0])  # [N], [N, V]
         spent = clock.totals()
         stats.prefill_time = spent["prefill"]

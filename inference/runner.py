@@ -336,7 +336,9 @@ class TargetRunner:
         logits, hidden = self._forward(
             self.static_shapes, input_ids=tokens, attention_mask=mask, position_ids=positions
         )
-        return logits[:, :n].float(), {k: v[:, :n] for k, v in hidden.items()}
+        if size > n:  # padded: cut the padding off again
+            logits, hidden = logits[:, :n], {k: v[:, :n] for k, v in hidden.items()}
+        return logits.float(), hidden
 
     def _structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, N, N] (0 = attend) of
@@ -376,11 +378,15 @@ class TargetRunner:
 
     def commit(self, path: Tensor | Sequence[int]) -> None:
         """Keep the accepted nodes `path` [K] (ascending, path[0] = 0) of the last verify after the prefix."""
-        path = torch.as_tensor(path, dtype=torch.long)
-        if path.dim() == 2:
-            path = path[0]
-        k = int(path.numel())
-        contiguous = bool(k and int(path[-1]) == k - 1)  # ascending and ends at k-1: path == arange(k)
+        if isinstance(path, list):  # the generator's plain list: no tensor when the path is in place
+            k, contiguous = len(path), bool(path) and path[-1] == len(path) - 1
+            path = torch.arange(k) if contiguous else torch.tensor(path, dtype=torch.long)
+        else:
+            path = torch.as_tensor(path, dtype=torch.long)
+            if path.dim() == 2:
+                path = path[0]
+            k = int(path.numel())
+            contiguous = bool(k and int(path[-1]) == k - 1)  # ascending, ends at k-1: path == arange(k)
         assert self.cache is not None, "commit before prefill"
         padded = 1 << max(k - 1, 0).bit_length()  # P >= K: a few graph shapes
         if (

@@ -6,8 +6,9 @@
 
 Decodes a prompt set greedily twice on the same loaded target, plain and with the drafter, taking
 turns prompt by prompt. Timers wrap the target's forward (the runner's one model call per pass) and
-the drafter's own network calls (EAGLE: each head step and each top-k over the head's logits; Medusa:
-the heads' pass; a draft model: its forwards), so "engine" is whatever a pass spends outside them:
+the drafter's own network calls (EAGLE: the input features (EAGLE-3's fusion layer), each head step
+and each top-k over the head's logits; Medusa: the heads' pass; a draft model: its forwards; those of
+the prompt at `start` count with the prefill, not with a pass), so "engine" is whatever a pass spends outside them:
 tree building, masks, acceptance, cache commits, bookkeeping. Prints, per pass and as a share of a
 plain decoding step: the target forward, the draft networks, the engine, and the draft time per
 depth (EAGLE). CPU timings (perf_counter): on a GPU the timers would only see launch times.
@@ -62,15 +63,24 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
     drafter = gen.drafter
     if drafter is None:
         return
-    if hasattr(drafter, "head_step"):  # EAGLE: fusion, head steps (commit + depths), top-k over logits
+    if hasattr(drafter, "head_step"):  # EAGLE: features (EAGLE-3 fusion), head steps (commit + depths), top-k
         timers.wrap(drafter, "head_step", "draft_net")
         timers.wrap(drafter, "_top", "draft_net")
-        if hasattr(drafter.head, "fuse"):
-            timers.wrap(drafter.head, "fuse", "draft_net")
+        timers.wrap(drafter.head, "features", "draft_net")  # the name the drafter calls (`fuse` for EAGLE-3)
     elif hasattr(drafter, "head"):  # Medusa: the heads' one pass
         timers.wrap(drafter.head, "head_logits", "draft_net")
     elif hasattr(drafter, "model"):  # a draft model
         timers.wrap(drafter.model, "forward", "draft_net")
+    start = drafter.start
+
+    def timed_start(*args, **kwargs):  # the prompt's head steps belong to the prefill, not to a pass
+        before = timers.spent["draft_net"]
+        try:
+            return start(*args, **kwargs)
+        finally:
+            timers.spent["start_draft_net"] += timers.spent["draft_net"] - before
+
+    drafter.start = timed_start
 
 
 def decode(gen, chats, max_new: int) -> tuple[float, int, int]:
@@ -120,7 +130,7 @@ def main(argv=None) -> int:
     (p_wall, p_passes, p_tokens), (s_wall, s_passes, s_tokens) = totals["plain"], totals["spec"]
     step = p_wall / p_passes
     target = (spec_t.spent["target"] - spec_t.spent["prefill_target"]) / s_passes
-    draft_net = spec_t.spent["draft_net"] / s_passes
+    draft_net = (spec_t.spent["draft_net"] - spec_t.spent["start_draft_net"]) / s_passes
     engine = s_wall / s_passes - target - draft_net
     static = getattr(gen.drafter, "_static", None)  # EAGLE: static tree, else the dynamic depth
     depths = int(static.depth.max()) if static is not None else getattr(gen.drafter, "depth", None)

@@ -141,11 +141,12 @@ def eagle_head(model, family: str):
 
 class EagleWithReferenceBranch(EagleDrafter):
     """The head's own tree plus the target's greedy continuation as a chain under the root, appended as
-    the LAST nodes: accepted paths run through the last rows of the tree, not the first."""
+    the LAST nodes: accepted paths run through the last rows of the tree, not the first. first=True puts
+    the chain FIRST (nodes 1..b): accepted paths are then rows 0..k-1, the in-place (sliced) case."""
 
-    def __init__(self, head, reference: list[int], branch: int, **options):
+    def __init__(self, head, reference: list[int], branch: int, first: bool = False, **options):
         super().__init__(head, **options)
-        self.reference, self.branch, self.done = reference, branch, 0
+        self.reference, self.branch, self.done, self.first = reference, branch, 0, first
 
     def start(self, prompt, hidden, root):
         super().start(prompt, hidden, root)
@@ -158,6 +159,15 @@ class EagleWithReferenceBranch(EagleDrafter):
     def propose(self, root, sampling, generator):
         tree = super().propose(root, sampling, generator).tree
         extra = self.reference[self.done : self.done + self.branch]
+        if self.first:  # root, the chain (node i's parent i - 1), then the head's nodes shifted by b
+            b = len(extra)
+            moved = [p + b if p > 0 else 0 for p in tree.parents[1:].tolist()]
+            return Draft(
+                TokenTree(
+                    torch.tensor([int(tree.tokens[0]), *extra, *tree.tokens[1:].tolist()]),
+                    torch.tensor([-1, *range(b), *moved]),
+                )
+            )
         n = tree.size
         parents = [0] + [n + i for i in range(len(extra) - 1)]  # [len(extra)]: a chain under the root
         return Draft(
@@ -173,6 +183,7 @@ class EagleWithReferenceBranch(EagleDrafter):
     [
         ("eagle", dict(tree="dynamic", top_k=3, depth=3, total_tokens=10)),
         ("eagle3", dict(tree=[[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]])),
+        ("eagle3", dict(tree=[[0], [1], [0, 0]], first=True)),  # paths in place: rows 0..k-1
     ],
 )
 def test_drafter_state_follows_the_accepted_rows(setup, family, options):
