@@ -63,7 +63,14 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
     drafter = gen.drafter
     if drafter is None:
         return
-    if hasattr(drafter, "head_step"):  # EAGLE: features (EAGLE-3 fusion), head steps (commit + depths), top-k
+    if getattr(drafter, "_compiled", None) is not None:  # EAGLE compiled: the whole draft and the accept
+        # step are graphs (head steps, top-k and their masks, fused): the graph calls are the head's forwards
+        timers.wrap(drafter, "_compiled", "draft_net")
+        timers.wrap(drafter, "_compiled_commit", "draft_net")
+        timers.wrap(drafter.head, "features", "draft_net")  # (the graphs never call a wrapped head_step)
+    elif hasattr(
+        drafter, "head_step"
+    ):  # EAGLE: features (EAGLE-3 fusion), head steps (commit + depths), top-k
         timers.wrap(drafter, "head_step", "draft_net")
         timers.wrap(drafter, "_top", "draft_net")
         timers.wrap(drafter.head, "features", "draft_net")  # the name the drafter calls (`fuse` for EAGLE-3)
@@ -105,9 +112,13 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
+    p.add_argument(
+        "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="compile the drafter (EAGLE: the whole draft as one graph, timed as the head's forwards)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     path, options = drafter_options(args.drafter)
-    gen = SpeculativeGenerator.from_pretrained(args.target, path, **options)
+    gen = SpeculativeGenerator.from_pretrained(args.target, path, draft_compile=args.compile_draft, **options)
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)
     tok = gen.tokenizer
     chats = [
@@ -118,8 +129,9 @@ def main(argv=None) -> int:
     spec_t, plain_t = Timers(), Timers()
     instrument(gen, spec_t)
     instrument(plain, plain_t)
-    for g in (plain, gen):  # warm-up
-        g.generate(input_ids=chats[0], max_new_tokens=8)
+    for g in (plain, gen):  # warm-up (compiled: every commit-graph shape, the accepts of 1..16 tokens)
+        for ids in chats[: 4 if args.compile_draft else 1]:
+            g.generate(input_ids=ids, max_new_tokens=args.max_new_tokens if args.compile_draft else 8)
     for timers in (spec_t, plain_t):  # the warm-up is not measured
         timers.spent.clear()
     totals = {"plain": [0.0, 0, 0], "spec": [0.0, 0, 0]}
@@ -150,7 +162,7 @@ def main(argv=None) -> int:
     )
     print(f"per pass {row['pass_ms']:.2f} ms = target forward {row['target_forward_ms']:.2f} + draft networks "
           f"{row['draft_networks_ms']:.2f} + engine {row['engine_ms']:.2f} ms "
-          f"({100 * row['engine_share_of_step']:.0f}% of a plain step)")  # fmt: skip
+          f"({100 * row['engine_share_of_step']:.1f}% of a plain step)")  # fmt: skip
     if depths:
         print(f"draft per depth ({depths} depths, head steps + top-k, the commit step included): "
               f"{row['draft_ms_per_depth']:.2f} ms ({100 * row['draft_depth_share_of_step']:.0f}% of a plain step)")  # fmt: skip
