@@ -270,8 +270,7 @@ class EagleDrafter(Drafter):
         q, cache = block.shape[0], self._cache
         assert cache is not None  # start made it
         zeros = self._zeros
-        if zeros is None or zeros.shape[0] < q or zeros.shape[1] < cache.max_length or zeros.dtype != block.dtype \
-                or zeros.device != block.device:  # fmt: skip
+        if zeros is None or not _covers(zeros, block, cache.max_length):  # first use, or the cache grew
             rows = max(q, GRAPH_COMMIT, zeros.shape[0] if zeros is not None else 0)
             zeros = self._zeros = block.new_zeros(rows, cache.max_length)  # [R, S_max]
         return torch.cat([zeros[:q, :committed], block], dim=1)[None, None]
@@ -491,6 +490,13 @@ class EagleDrafter(Drafter):
         self._plan = plan
         self._parents_on_device = st.parents.to(device)
         return plan
+
+
+def _covers(zeros: Tensor, block: Tensor, columns: int) -> bool:
+    """Whether zeros [R, S] can give the committed columns of a mask with block [q, w]'s rows, dtype
+    and device over a cache of `columns` slots."""
+    same = zeros.dtype == block.dtype and zeros.device == block.device
+    return same and zeros.shape[0] >= block.shape[0] and zeros.shape[1] >= columns
 
 
 def select_best(parents: list[int], scores: list[float], budget: int) -> list[int]:
