@@ -1,0 +1,65 @@
+"""The batch KV cache: every layer's keys and values live in one buffer [L, 2, B, kv, S_max, D] when they
+share a shape, so a commit (each row's accepted path moved into place after its own prefix) and a row drop
+are one gather each; layers of several shapes keep their own buffers and give the same results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.batch import BatchRunner, BatchSlotCache
+
+LAYERS, S_MAX = 3, 16
+LENGTHS = [3, 5, 4]  # committed positions of rows 0, 1, 2 before the tree entries
+
+
+def filled(runner: BatchRunner, dims: list[int]) -> BatchSlotCache:
+    """A cache whose slot s of row b in layer i holds key 1000 b + 100 i + s (values: minus that), for
+    layers of head dims `dims`, installed in `runner` with LENGTHS committed."""
+    cache = BatchSlotCache(LAYERS, 3, S_MAX)
+    cache.write_slots, cache.view_length = torch.arange(S_MAX).expand(3, S_MAX), S_MAX
+    for i, dim in enumerate(dims):
+        slot = torch.arange(S_MAX, dtype=torch.float32)[None, None, :, None]
+        keys = (slot + 100 * i + 1000 * torch.arange(3.0)[:, None, None, None]).expand(3, 2, S_MAX, dim)
+        cache.layers[i].update(keys.clone(), -keys.clone())
+    runner.cache, runner.lengths = cache, torch.tensor(LENGTHS)
+    return cache
+
+
+def slots(cache: BatchSlotCache, row: int, length: int, first_row: int) -> list[list[int]]:
+    """Per layer: the slot each of `row`'s first `length` entries was written at (`first_row`: the row's
+    index when it was written); its values are checked to match."""
+    out = []
+    for i, layer in enumerate(cache.slot_layers):
+        keys = layer.keys[row, 0, :length, 0]  # [length]
+        assert torch.equal(layer.values[row, :, :length], -layer.keys[row, :, :length])
+        out.append([int(x) - 100 * i - 1000 * first_row for x in keys.tolist()])
+    return out
+
+
+@pytest.mark.parametrize("dims", [[4, 4, 4], [4, 6, 4]], ids=["one-buffer", "own-buffers"])
+def test_commit_and_row_drops_move_every_layer(tiny_llama, dims):
+    runner = BatchRunner(tiny_llama(64, layers=2, hidden=32), (), max_length=S_MAX)
+    cache = filled(runner, dims)
+    shared = cache.shared_storage()
+    assert (shared is not None) == (len(set(dims)) == 1)
+    if shared is not None:  # every layer's keys and values are views of the one buffer
+        assert shared.shape == (LAYERS, 2, 3, 2, S_MAX, 4)
+        assert all(
+            layer.keys.data_ptr() == shared[i, 0].data_ptr() for i, layer in enumerate(cache.slot_layers)
+        )
+    runner.commit([[0, 2], [0, 1, 3], [0]])  # row 0: tree slots 3, 5 kept; row 1: 5, 6, 8; row 2: 4
+    assert runner.lengths.tolist() == [5, 8, 5]
+    assert slots(cache, 0, 5, 0) == [[0, 1, 2, 3, 5]] * LAYERS
+    assert slots(cache, 1, 8, 1) == [[0, 1, 2, 3, 4, 5, 6, 8]] * LAYERS
+    assert slots(cache, 2, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
+    runner.keep([0, 2])  # row 1 finished: rows 0 and 2 go on untouched, row 2 now as row 1
+    assert runner.lengths.tolist() == [5, 5] and cache.batch == 2
+    assert all(layer.keys.shape[0] == 2 for layer in cache.slot_layers)
+    assert slots(cache, 0, 5, 0) == [[0, 1, 2, 3, 5]] * LAYERS
+    assert slots(cache, 1, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
+    assert (cache.shared_storage() is not None) == (shared is not None)
+    cache.grow(40)  # reallocated: the entries stay (one buffer again when they share a shape)
+    assert (cache.shared_storage() is not None) == (shared is not None)
+    assert all(layer.keys.shape[2] == 40 for layer in cache.slot_layers)
+    assert slots(cache, 1, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
