@@ -73,6 +73,16 @@ def fused_step(head: nn.Module) -> StepFn | None:
     return _FusedStep(head, layers)
 
 
+def fused_logits(head: nn.Module) -> Callable[[Tensor], Tensor] | None:
+    """A drop-in for an EAGLE-3 head's `logits(hidden)` (B, T, H) -> (B, T, Vd) with its final norm as
+    one op (the module's RMSNorm is 7), or None when the norm is not of a supported kind or the head is
+    not EAGLE-3 (EAGLE-1/2 read the target's lm_head, no norm)."""
+    if not isinstance(head, Eagle3Head) or not _is_norm(head.norm):
+        return None
+    norm = cast(_RMSNorm, head.norm)
+    return lambda hidden: head.lm_head(_norm(norm, hidden))
+
+
 def _is_norm(module: object, identity_ok: bool = False) -> bool:
     return type(module).__name__ in _NORMS or (identity_ok and isinstance(module, nn.Identity))
 

@@ -150,7 +150,7 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
 
     def depth() -> None:
         out = drafter._step(feats, ids, allowed, 1, None)  # eager: one depth as the drafter runs it
-        drafter._top(out, min(width, 4))
+        drafter._top_ids(out, min(width, 4))  # (a static tree's depth: the ids, no log-probs)
         drafter._crop()
 
     return _drafter_ms(drafter, depth, repeats)

@@ -73,6 +73,7 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
     ):  # EAGLE: features (EAGLE-3 fusion), head steps (commit + depths), top-k
         timers.wrap(drafter, "head_step", "draft_net")
         timers.wrap(drafter, "_top", "draft_net")
+        timers.wrap(drafter, "_top_ids", "draft_net")  # (static trees: the top-k ids only)
         timers.wrap(drafter.head, "features", "draft_net")  # the name the drafter calls (`fuse` for EAGLE-3)
     elif hasattr(drafter, "head"):  # Medusa: the heads' one pass
         timers.wrap(drafter.head, "head_logits", "draft_net")

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
-from spechead.heads.fused import fused_step
+from spechead.heads.fused import fused_logits, fused_step
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.sampling import SamplingParams
@@ -60,6 +60,7 @@ class EagleDrafter(Drafter):
         self.head = head
         # the head's step as a short chain of ops on its own weights where its layer kind allows
         self.head_step = fused_step(head) or head.step
+        self.head_logits = fused_logits(head) or head.logits  # (B, T, H) -> (B, T, Vd), the same way
         self.hidden_layers = tuple(head.config.target_layers)
         self._vocab = getattr(head.config, "draft_vocab_size", head.config.vocab_size)  # Vd
         self._static: StaticTree | None = None
@@ -99,7 +100,7 @@ class EagleDrafter(Drafter):
         self._causal: dict[int, Tensor] = {}  # k -> additive causal block [k, k]
         self._d2t: Tensor | None = None  # [Vd] target id of every head-vocab id (one gather maps ids)
         self._scores: Tensor | None = None  # [N] float64, see `last_scores`
-        self._values: list[Tensor] | None = None  # eager static tree: per depth [E, need] log-probs
+        self._values: list[tuple[Tensor, Tensor]] | None = None  # eager static: per depth logits, ids
 
     # ---- Drafter interface ---------------------------------------------------------------------
 
@@ -302,9 +303,15 @@ class EagleDrafter(Drafter):
         """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
 
         top-k of the raw logits minus their logsumexp (= top-k of log_softmax, without writing it)."""
-        logits = self.head.logits(features[None])[0].float()  # [q, Vd]
+        logits = self.head_logits(features[None])[0].float()  # [q, Vd]
         values, ids = logits.topk(k, dim=-1)
         return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
+
+    def _top_ids(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """`_top` without the log-probs (a static tree only needs the ranks): the logits [q, Vd] (kept
+        for `last_scores`) and the k best head-vocab ids [q, k]."""
+        logits = self.head_logits(features[None])[0]  # [q, Vd]
+        return logits, logits.topk(k, dim=-1).indices
 
     def _step(
         self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int, committed: Tensor | None
@@ -340,7 +347,7 @@ class EagleDrafter(Drafter):
     def last_scores(self) -> Tensor | None:
         """Every node's cumulative draft log-prob [N] (float64, root 0) of the last `propose`."""
         if self._scores is None and self._values is not None:  # eager static tree: summed on demand
-            self._scores = self._static_scores(self._values).cpu()
+            self._scores = self._kept_scores(self._values).cpu()
         return self._scores
 
     def _grow(
@@ -418,15 +425,19 @@ class EagleDrafter(Drafter):
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
                 allowed = step["allowed"] if committed is not None else step["additive"]  # eager: additive
                 feats = self._step(feats[step["parent_rows"]], run, allowed, step["depth"] - 1, committed)
-            values, ids = self._top(feats, step["need"])  # [E, need] each
+            if scores:
+                values, ids = self._top(feats, step["need"])  # [E, need] each
+                values_by_depth.append(values)
+            else:  # the logits [E, Vd] stay for `last_scores`; no log-softmax on the way
+                logits, ids = self._top_ids(feats, step["need"])
+                values_by_depth.append(logits)
             ids_by_depth.append(ids.reshape(-1))
-            values_by_depth.append(values)
             if step["next_run"] is not None:  # target ids of this depth's nodes the next depth expands
                 run = self._to_target(ids_by_depth[-1][step["next_run"]])
         pick = self._plan_pick  # [N - 1]: each node's candidate among all depths' (concatenated)
         tokens = torch.cat([root, self._to_target(torch.cat(ids_by_depth)[pick])])  # [N]
         if not scores:
-            self._values = values_by_depth
+            self._values = [(logits, ids.reshape(-1)) for logits, ids in zip(values_by_depth, ids_by_depth)]
             return tokens, self._parents_on_device, None
         return tokens, self._parents_on_device, self._static_scores(values_by_depth)
 
@@ -434,6 +445,16 @@ class EagleDrafter(Drafter):
         """Cumulative log-probs [N] (float64, root 0) from each depth's candidates' [E, need]."""
         flat = torch.cat([v.reshape(-1) for v in values_by_depth])[self._plan_pick]  # [N - 1]
         return self._path_sum @ F.pad(flat.double(), (1, 0))  # sums along the paths
+
+    def _kept_scores(self, kept: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """`_static_scores` from each depth's logits [E, Vd] and chosen ids [E * need] (eager drafting
+        keeps those instead of log-probs)."""
+        values = []
+        for logits, ids in kept:
+            logits = logits.float()
+            chosen = logits.gather(-1, ids.view(logits.shape[0], -1))  # [E, need]
+            values.append(chosen - torch.logsumexp(logits, dim=-1, keepdim=True))
+        return self._static_scores(values)
 
     def _static_plan(self) -> list[dict]:
         """Per depth (precomputed once): nodes, their parents' rows, ranks, and the head run + mask."""

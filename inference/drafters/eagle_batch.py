@@ -148,7 +148,7 @@ class EagleBatchDrafter(BatchDrafter):
     def _top(self, features: Tensor, k: int, scores: bool = True) -> tuple[Tensor, Tensor]:
         """Features [B, q, H] -> the k best children: log-probs [B, q, k] (raw logits when not
         `scores`: a static tree needs only the ranks), head-vocab ids [B, q, k]."""
-        logits = self.head.logits(features).float()  # [B, q, Vd]
+        logits = self.drafter.head_logits(features).float()  # [B, q, Vd]
         values, ids = logits.topk(k, dim=-1)
         return (values - torch.logsumexp(logits, dim=-1, keepdim=True) if scores else values), ids
 

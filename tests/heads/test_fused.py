@@ -9,7 +9,7 @@ from transformers import AutoConfig, DynamicCache
 
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
-from spechead.heads.fused import fused_step
+from spechead.heads.fused import fused_logits, fused_step
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.kv_cache import SlotCache
 
@@ -123,3 +123,17 @@ def test_other_layer_kinds_are_left_to_the_module_step() -> None:
     cfg = AutoConfig.for_model("llama", num_key_value_heads=2, hidden_act="gelu", **COMMON)
     assert fused_step(EagleHead(EagleConfig.from_target(cfg))) is None
     assert fused_step(torch.nn.Linear(2, 2)) is None
+
+
+@pytest.mark.parametrize("model_type", list(CONFIGS))
+def test_fused_logits_equal_the_module_logits(model_type) -> None:
+    """EAGLE-3's final norm as one op: the same draft-vocab logits as `head.logits` (EAGLE-1/2 have no
+    norm before the target's lm_head: nothing to fuse)."""
+    head = make_head(model_type, "eagle3")
+    with torch.no_grad():
+        head.norm.weight.uniform_(0.5, 1.5)  # a trained norm's weight is not all ones
+        hidden = torch.randn(2, 5, H, generator=torch.Generator().manual_seed(2)) * 3
+        fused = fused_logits(head)
+        assert fused is not None
+        torch.testing.assert_close(fused(hidden), head.logits(hidden), atol=1e-5, rtol=1e-5)
+    assert fused_logits(make_head(model_type, "eagle")) is None
