@@ -31,14 +31,16 @@ def prompts(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("drafter", ["eagle3", "prompt_lookup"])
+@pytest.mark.parametrize("drafter", ["eagle3", "eagle3-compiled", "prompt_lookup"])
 def test_pass_splits_into_target_draft_and_engine(
     script, tiny_target_dir, eagle3_dir, tmp_path, capsys, drafter
 ):
     out = tmp_path / "split.json"
-    spec = str(eagle3_dir) if drafter == "eagle3" else drafter
+    spec = str(eagle3_dir) if drafter.startswith("eagle3") else drafter
     argv = ["--target", str(tiny_target_dir), "--drafter", spec, "--prompt-set", str(prompts(tmp_path / "p.jsonl")),
             "--max-new-tokens", "10", "--out", str(out)]  # fmt: skip
+    if drafter == "eagle3-compiled":  # the whole draft as one graph ("eager": traced, no code generation)
+        argv += ["--compile-draft", "eager"]
     assert script("bench_overhead").main(argv) == 0
     printed = capsys.readouterr().out
     row = json.loads(out.read_text())
@@ -46,7 +48,7 @@ def test_pass_splits_into_target_draft_and_engine(
     parts = row["target_forward_ms"] + row["draft_networks_ms"] + row["engine_ms"]
     assert row["pass_ms"] == pytest.approx(parts)
     assert 0 < row["target_forward_ms"] < row["pass_ms"] and row["engine_ms"] > 0
-    if drafter == "eagle3":  # the head's steps and top-k were timed, per depth of the calibrated tree
+    if drafter.startswith("eagle3"):  # head steps and top-k (compiled: the graphs) timed, per depth
         assert row["draft_networks_ms"] > 0 and row["draft_depths"] == len(max(row["tree"], key=len))
         assert row["draft_ms_per_depth"] == pytest.approx(row["draft_networks_ms"] / row["draft_depths"])
     else:  # no network drafts: prompt lookup's work is all engine
