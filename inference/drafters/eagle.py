@@ -26,12 +26,12 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import (
     StaticTree,
     TokenTree,
-    ancestors_on_device,
     causal_inputs_static,
     tree_from_choices,
 )
@@ -86,7 +86,7 @@ class EagleDrafter(Drafter):
         self.max_nodes = self._static.size if self._static is not None else total_tokens
         self._cache: SlotCache | None = None  # the head's preallocated cache
         self._committed = 0  # C: committed cache entries
-        self._plan: list[dict] | None = None  # static tree: per-depth index tensors, built once
+        self._plan: StaticPlan | None = None  # static tree: per-depth index tensors, built once
         # speculative slots one propose may write: depth-1 runs of top_k nodes, or the static inner nodes
         self._spec_slots = (
             (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
@@ -421,7 +421,7 @@ class EagleDrafter(Drafter):
         plan = self._static_plan()
         feats, run = feature[None], root  # [E, H] outputs of the nodes expanded at a depth, [E] their ids
         ids_by_depth, values_by_depth = [], []  # per depth: [E * need] head ids, [E, need] log-probs
-        for step in plan:
+        for step in plan.steps:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
                 allowed = step["allowed"] if committed is not None else step["additive"]  # eager: additive
                 feats = self._step(feats[step["parent_rows"]], run, allowed, step["depth"] - 1, committed)
@@ -434,17 +434,18 @@ class EagleDrafter(Drafter):
             ids_by_depth.append(ids.reshape(-1))
             if step["next_run"] is not None:  # target ids of this depth's nodes the next depth expands
                 run = self._to_target(ids_by_depth[-1][step["next_run"]])
-        pick = self._plan_pick  # [N - 1]: each node's candidate among all depths' (concatenated)
+        pick = plan.pick  # [N - 1]: each node's candidate among all depths' (concatenated)
         tokens = torch.cat([root, self._to_target(torch.cat(ids_by_depth)[pick])])  # [N]
         if not scores:
             self._values = [(logits, ids.reshape(-1)) for logits, ids in zip(values_by_depth, ids_by_depth)]
-            return tokens, self._parents_on_device, None
-        return tokens, self._parents_on_device, self._static_scores(values_by_depth)
+            return tokens, plan.parents, None
+        return tokens, plan.parents, self._static_scores(values_by_depth)
 
     def _static_scores(self, values_by_depth: list[Tensor]) -> Tensor:
         """Cumulative log-probs [N] (float64, root 0) from each depth's candidates' [E, need]."""
-        flat = torch.cat([v.reshape(-1) for v in values_by_depth])[self._plan_pick]  # [N - 1]
-        return self._path_sum @ F.pad(flat.double(), (1, 0))  # sums along the paths
+        plan = self._static_plan()
+        flat = torch.cat([v.reshape(-1) for v in values_by_depth])[plan.pick]  # [N - 1]
+        return plan.path_sum @ F.pad(flat.double(), (1, 0))  # sums along the paths
 
     def _kept_scores(self, kept: list[tuple[Tensor, Tensor]]) -> Tensor:
         """`_static_scores` from each depth's logits [E, Vd] and chosen ids [E * need] (eager drafting
@@ -456,61 +457,13 @@ class EagleDrafter(Drafter):
             values.append(chosen - torch.logsumexp(logits, dim=-1, keepdim=True))
         return self._static_scores(values)
 
-    def _static_plan(self) -> list[dict]:
-        """Per depth (precomputed once): nodes, their parents' rows, ranks, and the head run + mask."""
-        if self._plan is not None:
-            return self._plan
-        st, device = self._static, self.head.fc.weight.device
-        assert st is not None  # only a static tree has a plan
-        parents, depth, rank = st.parents.tolist(), st.depth.tolist(), st.rank.tolist()
-        slot: dict[int, int] = {}  # node -> speculative slot
-        plan = []
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        first = {d: depth.index(d) for d in set(depth)}  # nodes of a depth are contiguous from here
-        prev_expand: list[int] = [0]
-        for d in range(1, max(depth) + 1):
-            nodes = [i for i in range(st.size) if depth[i] == d]
-            assert nodes == list(range(first[d], first[d] + len(nodes))), "static trees come depth by depth"
-            expand = sorted({parents[i] for i in nodes})
-            row = {p: r for r, p in enumerate(expand)}
-            need = max(rank[i] for i in nodes) + 1
-            prev_row = {p: r for r, p in enumerate(prev_expand)}
-            step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
-                    "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
-                    # the expanded nodes' places in the previous depth's block (its candidates' order)
-                    "run_local": as_long([p - first[d - 1] for p in expand]),
-                    "parent_rows": as_long([prev_row[parents[p]] for p in expand] if d >= 2 else [])}  # fmt: skip
-            prev_expand = expand
-            if d >= 2:  # the expanded nodes sit at depth d - 1 >= 1: run them now
-                base = len(slot)
-                allowed = torch.zeros(len(expand), base + len(expand), dtype=torch.bool)
-                for r, node in enumerate(expand):
-                    allowed[r, base + r] = True
-                    anc = parents[node]
-                    while anc > 0:
-                        allowed[r, slot[anc]] = True
-                        anc = parents[anc]
-                for r, node in enumerate(expand):
-                    slot[node] = base + r
-                dtype = self.head.fc.weight.dtype  # the same rule as an additive block [E, S + E]
-                additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(
-                    ~allowed, torch.finfo(dtype).min
-                )
-                step.update(run=as_long(expand), run_parent=as_long([parents[i] for i in expand]),
-                            allowed=allowed.to(device), additive=additive.to(device))  # fmt: skip
-            plan.append(step)
-        # the nodes each depth expands at the next, as candidates of that depth; every node's candidate
-        # among all depths' (each depth's block of E * need after the earlier depths')
-        offset, picks = 0, []
-        for step, after in zip(plan, [*plan[1:], None]):
-            step["next_run"] = None if after is None else step["pick"][after["run_local"]]
-            picks.append(step["pick"] + offset)
-            offset += len(step["expand"]) * step["need"]
-        self._plan_pick = torch.cat(picks)  # [N - 1]
-        self._path_sum = ancestors_on_device(st.parents[None])[0].to(device, torch.float64)  # [N, N]
-        self._plan = plan
-        self._parents_on_device = st.parents.to(device)
-        return plan
+    def _static_plan(self) -> StaticPlan:
+        """The static tree's per-depth plan (built once, on the head's device; see static_plan.py)."""
+        if self._plan is None:
+            assert self._static is not None  # only a static tree has a plan
+            weight = self.head.fc.weight
+            self._plan = build_static_plan(self._static, weight.device, weight.dtype)
+        return self._plan
 
 
 def _covers(zeros: Tensor, block: Tensor, columns: int) -> bool:

@@ -210,7 +210,7 @@ class EagleBatchDrafter(BatchDrafter):
         out = feature.new_empty(batch, n, feature.shape[-1])  # [B, N, H]
         out[:, 0] = feature
         spec = 0
-        for step in plan:
+        for step in plan.steps:
             if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head
                 run, allowed = step["run"], step["allowed"]  # [E], [E, spec + E]
                 offsets = torch.full((run.numel(),), step["depth"] - 2, device=self.device)
@@ -219,4 +219,4 @@ class EagleBatchDrafter(BatchDrafter):
                 spec += run.numel()
             _, ids = self._top(out[:, step["expand"]], step["need"], scores=False)  # [B, E, need]
             tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
-        return tokens, self.drafter._parents_on_device.expand(batch, -1)
+        return tokens, plan.parents.expand(batch, -1)

@@ -1,0 +1,87 @@
+"""The per-depth plan of a static draft tree: which nodes each depth expands, their parents' rows, ranks,
+speculative-slot masks and the indices that gather every node's token and score at the end.
+
+Built once per (tree, device, dtype) from a `StaticTree` with host loops; EAGLE drafting (batch 1 and
+batched) and its compiled graph read it as tensors, so the depth loop does no host work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from spechead.inference.tree import StaticTree, ancestors_on_device
+
+
+@dataclass
+class StaticPlan:
+    """steps: one dict per depth d >= 1 with the tensors below; pick [N - 1]: each node's candidate among
+    all depths' (concatenated); path_sum [N, N] float64 (ancestors incl. self, to sum log-probs along
+    paths); parents [N] on the device.
+
+    A step: depth, nodes [n_d] (contiguous ids), expand [E] (their parents), need (top-k width), pick
+    [n_d] (each node's candidate in the depth's [E * need] block), run_local / parent_rows (the expanded
+    nodes' places in the previous depth's block / expanded rows), next_run (this depth's candidates the
+    next depth expands, or None) and, for d >= 2, run [E], run_parent [E], allowed [E, S + E] (bool: the
+    ancestors' speculative slots and self) and additive (the same as a 0 / finfo.min mask)."""
+
+    steps: list[dict]
+    pick: Tensor
+    path_sum: Tensor
+    parents: Tensor
+
+
+def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) -> StaticPlan:
+    """The plan of static tree `st` with tensors on `device` (masks in `dtype`); see `StaticPlan`."""
+    parents, depth, rank = st.parents.tolist(), st.depth.tolist(), st.rank.tolist()
+    slot: dict[int, int] = {}  # node -> speculative slot
+    steps = []
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    first = {d: depth.index(d) for d in set(depth)}  # nodes of a depth are contiguous from here
+    prev_expand: list[int] = [0]
+    for d in range(1, max(depth) + 1):
+        nodes = [i for i in range(st.size) if depth[i] == d]
+        assert nodes == list(range(first[d], first[d] + len(nodes))), "static trees come depth by depth"
+        expand = sorted({parents[i] for i in nodes})
+        row = {p: r for r, p in enumerate(expand)}
+        need = max(rank[i] for i in nodes) + 1
+        prev_row = {p: r for r, p in enumerate(prev_expand)}
+        step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
+                "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
+                # the expanded nodes' places in the previous depth's block (its candidates' order)
+                "run_local": as_long([p - first[d - 1] for p in expand]),
+                "parent_rows": as_long([prev_row[parents[p]] for p in expand] if d >= 2 else [])}  # fmt: skip
+        prev_expand = expand
+        if d >= 2:  # the expanded nodes sit at depth d - 1 >= 1: run them now
+            allowed = _allowed(expand, parents, slot)
+            additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+            step.update(run=as_long(expand), run_parent=as_long([parents[i] for i in expand]),
+                        allowed=allowed.to(device), additive=additive.to(device))  # fmt: skip
+        steps.append(step)
+    # the nodes each depth expands at the next, as candidates of that depth; every node's candidate
+    # among all depths' (each depth's block of E * need after the earlier depths')
+    offset, picks = 0, []
+    for step, after in zip(steps, [*steps[1:], None]):
+        step["next_run"] = None if after is None else step["pick"][after["run_local"]]
+        picks.append(step["pick"] + offset)
+        offset += len(step["expand"]) * step["need"]
+    path_sum = ancestors_on_device(st.parents[None])[0].to(device, torch.float64)  # [N, N]
+    return StaticPlan(steps, torch.cat(picks), path_sum, st.parents.to(device))
+
+
+def _allowed(expand: list[int], parents: list[int], slot: dict[int, int]) -> Tensor:
+    """Bool [E, S + E] for the E nodes `expand` run at one depth after S speculative slots: each sees its
+    ancestors' slots and its own (new) one; records their slots in `slot`."""
+    base = len(slot)
+    allowed = torch.zeros(len(expand), base + len(expand), dtype=torch.bool)
+    for r, node in enumerate(expand):
+        allowed[r, base + r] = True
+        anc = parents[node]
+        while anc > 0:
+            allowed[r, slot[anc]] = True
+            anc = parents[anc]
+    for r, node in enumerate(expand):
+        slot[node] = base + r
+    return allowed

@@ -1,0 +1,29 @@
+"""The static tree's per-depth plan: which nodes each depth expands, the speculative slots each sees, and
+where every node's candidate sits among all depths' (checked by hand on a small tree)."""
+
+from __future__ import annotations
+
+import torch
+
+from spechead.inference.drafters.static_plan import build_static_plan
+from spechead.inference.tree import ancestor_mask, tree_from_choices
+
+CHOICES = [[0], [1], [0, 0], [1, 0], [0, 0, 0]]  # nodes 1, 2 | 3 (under 1), 4 (under 2) | 5 (under 3)
+
+
+def test_plan_of_a_small_tree():
+    st = tree_from_choices(CHOICES)
+    plan = build_static_plan(st, torch.device("cpu"), torch.float32)
+    assert torch.equal(plan.parents, st.parents)
+    assert torch.equal(plan.path_sum, ancestor_mask(st.parents).double())
+    d1, d2, d3 = plan.steps
+    assert d1["expand"].tolist() == [0] and d1["need"] == 2 and d1["run"] is None
+    assert d2["expand"].tolist() == [1, 2] and d2["nodes"].tolist() == [3, 4] and d2["need"] == 1
+    assert d2["run"].tolist() == [1, 2] and torch.equal(d2["allowed"], torch.eye(2, dtype=torch.bool))
+    # node 3 runs at depth 3 after slots 0, 1 (nodes 1, 2): it sees its parent 1's slot and its own
+    assert d3["run"].tolist() == [3] and d3["allowed"].tolist() == [[True, False, True]]
+    blocked = torch.finfo(torch.float32).min
+    assert d3["additive"].tolist() == [[0.0, blocked, 0.0]]
+    assert d1["next_run"].tolist() == [0, 1] and d2["next_run"].tolist() == [0] and d3["next_run"] is None
+    # candidates of all depths concatenated: depth 1 [1 x 2], depth 2 [2 x 1], depth 3 [1 x 1]
+    assert plan.pick.tolist() == [0, 1, 2, 3, 4]
