@@ -420,7 +420,8 @@ class EagleDrafter(Drafter):
         at once (indices precomputed in the plan: few ops per pass, each one costs on a CPU)."""
         plan = self._static_plan()
         feats, run = feature[None], root  # [E, H] outputs of the nodes expanded at a depth, [E] their ids
-        ids_by_depth, values_by_depth = [], []  # per depth: [E * need] head ids, [E, need] log-probs
+        ids_by_depth, values_by_depth = [], []  # per depth: [E * need] head ids; log-probs [E, need]
+        # (scores) or logits [E, Vd] (kept for `last_scores`)
         for step in plan.steps:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
                 allowed = step["allowed"] if committed is not None else step["additive"]  # eager: additive
@@ -437,7 +438,7 @@ class EagleDrafter(Drafter):
         pick = plan.pick  # [N - 1]: each node's candidate among all depths' (concatenated)
         tokens = torch.cat([root, self._to_target(torch.cat(ids_by_depth)[pick])])  # [N]
         if not scores:
-            self._values = [(logits, ids.reshape(-1)) for logits, ids in zip(values_by_depth, ids_by_depth)]
+            self._values = list(zip(values_by_depth, ids_by_depth))
             return tokens, plan.parents, None
         return tokens, plan.parents, self._static_scores(values_by_depth)
 
