@@ -26,7 +26,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from spechead.heads.base import resolve_layers
-from spechead.inference.kv_cache import croppable_cache
+from spechead.inference.kv_cache import LayerBuffer, croppable_cache
 from spechead.inference.runner import _Capture, check_tree_attention
 from spechead.inference.tree import ancestors_on_device
 
@@ -42,13 +42,14 @@ class BatchSlotLayer(CacheLayerMixin):
     keys: Tensor  # None until lazy_initialization allocates it (read once is_initialized)
     values: Tensor
 
-    def __init__(self, owner: BatchSlotCache) -> None:
+    def __init__(self, owner: BatchSlotCache, index: int) -> None:
         super().__init__()
-        self.owner = owner
+        self.owner, self.index = owner, index
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         batch, heads, _, k_dim = key_states.shape
-        shared = self.owner.bind(self, key_states, value_states)
+        owner = self.owner
+        shared = owner.buffer.views(self.index, key_states, value_states, owner.batch, owner.max_length)
         if shared is not None:
             self.keys, self.values = shared  # views of the owner's [L, 2, B, kv, S_max, D]
         else:
@@ -91,39 +92,18 @@ class BatchSlotCache(Cache):
         self.batch, self.max_length = batch, max_length
         self.write_slots: Tensor | None = None  # [B, N] where the next forward writes
         self.view_length = 0  # S: slots the next forward attends over
-        super().__init__(layers=[BatchSlotLayer(self) for _ in range(num_layers)])
+        super().__init__(layers=[BatchSlotLayer(self, i) for i in range(num_layers)])
         # every layer's keys and values as views of one buffer when they share a shape: a commit then
         # moves the accepted entries of all layers with one gather and one scatter (not 4 ops per layer)
-        self.storage: Tensor | None = None  # [L, 2, B, kv, S_max, D]
-        self._bound: set[int] = set()  # layers (by index) whose buffers are views of `storage`
-
-    def bind(
-        self, layer: BatchSlotLayer, key_states: Tensor, value_states: Tensor
-    ) -> tuple[Tensor, Tensor] | None:
-        """`layer`'s keys and values [B, kv, S_max, D] as views of `storage` (made for these states'
-        shape, dtype and device); None (the layer keeps its own buffers) when keys and values differ in
-        shape or dtype, or layers of another shape hold the storage."""
-        index = self.layers.index(layer)
-        self._bound.discard(index)
-        if key_states.shape != value_states.shape or key_states.dtype != value_states.dtype:
-            return None
-        _, heads, _, dim = key_states.shape
-        shape = (len(self.layers), 2, self.batch, heads, self.max_length, dim)
-        st = self.storage
-        if st is None or st.shape != shape or st.dtype != key_states.dtype or st.device != key_states.device:
-            if self._bound:
-                return None
-            st = self.storage = key_states.new_zeros(shape)
-        self._bound.add(index)
-        return st[index, 0], st[index, 1]
+        self.buffer = LayerBuffer(num_layers)
 
     def shared_storage(self) -> Tensor | None:
-        """`storage` [L, 2, B, kv, S_max, D] when every layer's buffers are views of it, else None."""
-        return self.storage if len(self._bound) == len(self.layers) else None
+        """The one buffer [L, 2, B, kv, S_max, D] when every layer's buffers are views of it, else None."""
+        return self.buffer.whole()
 
     def _rebind(self, storage: Tensor) -> None:
-        """Point every layer at `storage` (a reshaped copy of the shared one: rows kept, or grown)."""
-        self.storage = storage
+        """Point every layer at `storage` (a reshaped copy of the shared one: rows kept)."""
+        self.buffer.storage = storage
         for i, layer in enumerate(self.slot_layers):
             layer.keys, layer.values = storage[i, 0], storage[i, 1]
 
@@ -139,7 +119,7 @@ class BatchSlotCache(Cache):
         if shared is not None:  # one gather for every layer
             self._rebind(shared.index_select(2, rows.to(shared.device)))
             return
-        self.storage, self._bound = None, set()
+        self.buffer.reset()
         for layer in self.slot_layers:
             if layer.is_initialized:
                 idx = rows.to(layer.keys.device)
@@ -148,7 +128,7 @@ class BatchSlotCache(Cache):
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the old ones (rare: amortised doubling)."""
         old, self.max_length = self.max_length, max_length
-        self.storage, self._bound = None, set()  # the first layer to re-bind makes it at the new size
+        self.buffer.reset()  # the first layer to re-bind makes it at the new size
         for layer in self.slot_layers:
             if layer.is_initialized:
                 keys, values = layer.keys, layer.values

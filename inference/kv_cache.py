@@ -139,7 +139,9 @@ class SlotLayer(CacheLayerMixin):
         batch, heads, _, k_dim = key_states.shape
         shared = None
         if self._owner is not None and not self.static_shapes:
-            shared = self._owner.bind(self._index, key_states, value_states)
+            shared = self._owner.buffer.views(
+                self._index, key_states, value_states, key_states.shape[0], self.max_length
+            )
         if shared is not None:
             self.keys, self.values = shared  # views of the owner's [L, 2, B, kv, S_max, D]
         else:
@@ -193,6 +195,45 @@ class SlotLayer(CacheLayerMixin):
             self.length_t.fill_(length)
 
 
+class LayerBuffer:
+    """One buffer `storage` [L, 2, B, kv, S_max, D] whose slices are every layer's keys and values, when
+    all L layers share one shape: a commit (or a batch's row drop) then moves the entries of every layer
+    with one gather instead of ops per layer (each op costs on a CPU). Layers of another shape keep
+    buffers of their own (no L-fold copies per shape)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.storage: torch.Tensor | None = None  # [L, 2, B, kv, S_max, D]
+        self.bound: set[int] = set()  # layers whose buffers are views of `storage`
+
+    def views(
+        self, index: int, key_states: torch.Tensor, value_states: torch.Tensor, batch: int, max_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made for these states'
+        heads, dim, dtype and device); None (the layer keeps buffers of its own) when keys and values
+        differ in shape or dtype, or layers of another shape hold the storage."""
+        self.bound.discard(index)  # its earlier views (if any) are being replaced
+        if key_states.shape != value_states.shape or value_states.dtype != key_states.dtype:
+            return None
+        _, heads, _, dim = key_states.shape
+        shape = (self.num_layers, 2, batch, heads, max_length, dim)
+        st = self.storage
+        if st is None or st.shape != shape or st.dtype != key_states.dtype or st.device != key_states.device:
+            if self.bound:  # held by layers of another shape
+                return None
+            st = self.storage = key_states.new_zeros(shape)
+        self.bound.add(index)
+        return st[index, 0], st[index, 1]
+
+    def whole(self) -> torch.Tensor | None:
+        """`storage` when every layer's keys and values are views of it, else None."""
+        return self.storage if len(self.bound) == self.num_layers else None
+
+    def reset(self) -> None:
+        """Forget the storage (the next layer to ask makes a new one: a grown cache)."""
+        self.storage, self.bound = None, set()
+
+
 class SlotCache(Cache):
     """A preallocated KV cache for `num_layers` full-attention layers (buffers allocated on first use).
 
@@ -210,31 +251,16 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer(max_length, static_shapes, self, i) for i in range(num_layers)])
         self.max_length = max_length
         self.static_shapes = static_shapes
-        self.storage: torch.Tensor | None = None  # [L, 2, B, kv, S_max, D]
-        self._bound: set[int] = set()  # layers whose buffers are views of `storage`
+        self.buffer = LayerBuffer(num_layers)  # every layer's keys and values in one buffer, when they can
 
-    def bind(
-        self, index: int, key_states: torch.Tensor, value_states: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made for these states'
-        shape, dtype and device); None (the layer keeps buffers of its own) when keys and values differ
-        in shape, or another layer holds a `storage` of another shape (layers of several shapes)."""
-        self._bound.discard(index)  # its earlier views (if any) are being replaced
-        if key_states.shape != value_states.shape or value_states.dtype != key_states.dtype:
-            return None
-        batch, heads, _, dim = key_states.shape
-        shape = (len(self.layers), 2, batch, heads, self.max_length, dim)
-        st = self.storage
-        if st is None or st.shape != shape or st.dtype != key_states.dtype or st.device != key_states.device:
-            if self._bound:  # held by layers of another shape: no L-fold copies per shape
-                return None
-            st = self.storage = key_states.new_zeros(shape)
-        self._bound.add(index)
-        return st[index, 0], st[index, 1]
+    @property
+    def storage(self) -> torch.Tensor | None:
+        """The one buffer [L, 2, B, kv, S_max, D] (see `LayerBuffer`), if made."""
+        return self.buffer.storage
 
     def shared_storage(self) -> torch.Tensor | None:
         """`storage` [L, 2, B, kv, S_max, D] when every layer's keys and values are views of it, else None."""
-        return self.storage if len(self._bound) == len(self.layers) else None
+        return self.buffer.whole()
 
     @property
     def slot_layers(self) -> list[SlotLayer]:
@@ -244,7 +270,7 @@ class SlotCache(Cache):
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the valid entries (rare: amortised doubling)."""
         self.max_length = max_length
-        self.storage, self._bound = None, set()  # the first layer to re-bind makes it at the new size
+        self.buffer.reset()  # the first layer to re-bind makes it at the new size
         for layer in self.slot_layers:
             layer.max_length = max_length
             if layer.is_initialized:
