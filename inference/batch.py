@@ -53,7 +53,7 @@ class BatchSlotLayer(CacheLayerMixin):
         if shared is not None:
             self.keys, self.values = shared  # views of the owner's [L, 2, B, kv, S_max, D]
         else:
-            shape = (self.owner.batch, heads, self.owner.max_length)
+            shape = (owner.batch, heads, owner.max_length)
             self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
             self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
         self.is_initialized = True

@@ -317,7 +317,8 @@ class EagleDrafter(Drafter):
         self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int, committed: Tensor | None
     ) -> Tensor:
         """One head call on q nodes at `depth` >= 1: parent features [q, H], tokens [q], allowed_spec
-        [q, S + q] (their ancestors' speculative slots and themselves) -> output features [q, H].
+        [q, S + q] (their ancestors' speculative slots and themselves: bool, or in eager drafting already
+        the additive block, 0 = attend) -> output features [q, H].
 
         committed: None (eager: the C committed entries, `self._committed`) or, inside the draft graph,
         C as a 0-d device tensor: then the mask spans the whole fixed-size cache and the write slot is
