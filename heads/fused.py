@@ -143,9 +143,11 @@ class _FusedStep:
         else:
             hidden = head.fc(torch.cat([head.embed(next_ids), hidden.to(dtype)], dim=-1))
             attn_in = None
-        if attention_mask4d is None:
-            attention_mask4d = causal_mask4d(hidden, None, past)
-        mask = attention_mask4d.to(dtype)
+        mask: Tensor | None = None  # one query under the causal default sees every key: no mask at all
+        if attention_mask4d is not None or hidden.shape[1] > 1:
+            mask = (
+                attention_mask4d if attention_mask4d is not None else causal_mask4d(hidden, None, past)
+            ).to(dtype)
         cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, 1, T, D) each
         for i, layer in enumerate(self.layers):
             x = attn_in if attn_in is not None else _norm(layer.input_layernorm, hidden)
@@ -154,7 +156,9 @@ class _FusedStep:
             hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
         return hidden
 
-    def _attention(self, layer, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache) -> Tensor:
+    def _attention(
+        self, layer, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache
+    ) -> Tensor:
         """Self-attention of x (B, T, Hin) with rotary angles cos/sin, appending K/V to `cache` layer i."""
         attn = layer.self_attn
         batch, length, _ = x.shape

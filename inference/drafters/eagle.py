@@ -212,7 +212,8 @@ class EagleDrafter(Drafter):
         # causal after the C committed entries; with fixed shapes (compiled drafting: the prompt, or
         # more than GRAPH_COMMIT tokens) over the whole buffer
         if not cache.static_shapes and k <= GRAPH_COMMIT:  # an accept: few ops from cached pieces
-            mask = self._after_committed(self._causal_block(k), c)  # [1, 1, K, C + K]
+            # [1, 1, K, C + K]; one pair sees every entry: the step's causal default, unmasked
+            mask = self._after_committed(self._causal_block(k), c) if k > 1 else None
             positions = torch.arange(c, c + k, device=device)[None]  # [1, K]
         else:
             columns = cache.max_length if cache.static_shapes else c + k
@@ -314,27 +315,33 @@ class EagleDrafter(Drafter):
         return logits, logits.topk(k, dim=-1).indices
 
     def _step(
-        self, features: Tensor, ids: Tensor, allowed_spec: Tensor, depth: int, committed: Tensor | None
+        self, features: Tensor, ids: Tensor, allowed_spec: Tensor | None, depth: int, committed: Tensor | None
     ) -> Tensor:
         """One head call on q nodes at `depth` >= 1: parent features [q, H], tokens [q], allowed_spec
         [q, S + q] (their ancestors' speculative slots and themselves: bool, or in eager drafting already
-        the additive block, 0 = attend) -> output features [q, H].
+        the additive block, 0 = attend; or None in eager drafting when ONE node sees every slot so far:
+        no mask at all) -> output features [q, H].
 
         committed: None (eager: the C committed entries, `self._committed`) or, inside the draft graph,
         C as a 0-d device tensor: then the mask spans the whole fixed-size cache and the write slot is
         set on the device, so the graph does not depend on C."""
         cache, dtype, q = self._cache, self.head.fc.weight.dtype, ids.shape[0]
         assert cache is not None  # start made it
-        width = allowed_spec.shape[1]  # S + q: speculative slots so far + these q
         if committed is None:
             c = self._committed
             positions = torch.full((1, q), c + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
+            if allowed_spec is None:  # one node seeing all C + S + 1 entries: the step's causal default,
+                # which a single query over an eager cache (its view ends at the write) runs unmasked
+                return self.head_step(features[None], ids[None], None, positions, cache)[0]  # [1, H]
+            width = allowed_spec.shape[1]  # S + q: speculative slots so far + these q
             if allowed_spec.dtype == torch.bool:  # [q, S + q] -> additive
                 allowed_spec = torch.zeros(q, width, dtype=dtype, device=ids.device).masked_fill_(
                     ~allowed_spec, torch.finfo(dtype).min
                 )
             mask = self._after_committed(allowed_spec, c)  # [1, 1, q, C + S + q]
             return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
+        assert allowed_spec is not None  # (the graph always masks: its cache view is the whole buffer)
+        width = allowed_spec.shape[1]  # S + q: speculative slots so far + these q
         rel = torch.arange(cache.max_length, device=ids.device) - committed  # [S_max] slot - C
         spec = allowed_spec[:, rel.clamp(0, width - 1)] & (rel >= 0) & (rel < width)  # [q, S_max]
         visible = spec | (rel < 0)  # the committed slots: every node sees them
@@ -425,8 +432,12 @@ class EagleDrafter(Drafter):
         # (scores) or logits [E, Vd] (kept for `last_scores`)
         for step in plan.steps:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
-                allowed = step["allowed"] if committed is not None else step["additive"]  # eager: additive
-                feats = self._step(feats[step["parent_rows"]], run, allowed, step["depth"] - 1, committed)
+                if committed is not None:  # the graph: bool blocks, always gathered (a few fused ops)
+                    allowed, parent_feats = step["allowed"], feats[step["parent_rows"]]
+                else:  # eager: the additive block, or no mask at all; no gather of rows already in place
+                    allowed = None if step["sees_all"] else step["additive"]
+                    parent_feats = feats if step["same_rows"] else feats[step["parent_rows"]]
+                feats = self._step(parent_feats, run, allowed, step["depth"] - 1, committed)
             if scores:
                 values, ids = self._top(feats, step["need"])  # [E, need] each
                 values_by_depth.append(values)
@@ -435,9 +446,11 @@ class EagleDrafter(Drafter):
                 values_by_depth.append(logits)
             ids_by_depth.append(ids.reshape(-1))
             if step["next_run"] is not None:  # target ids of this depth's nodes the next depth expands
-                run = self._to_target(ids_by_depth[-1][step["next_run"]])
-        pick = plan.pick  # [N - 1]: each node's candidate among all depths' (concatenated)
-        tokens = torch.cat([root, self._to_target(torch.cat(ids_by_depth)[pick])])  # [N]
+                ids = ids_by_depth[-1] if step["next_all"] else ids_by_depth[-1][step["next_run"]]
+                run = self._to_target(ids)
+        candidates = torch.cat(ids_by_depth)  # every depth's, in order
+        picked = candidates if plan.pick_all else candidates[plan.pick]  # [N - 1]: each node's candidate
+        tokens = torch.cat([root, self._to_target(picked)])  # [N]
         if not scores:
             self._values = list(zip(values_by_depth, ids_by_depth))
             return tokens, plan.parents, None

@@ -25,12 +25,18 @@ class StaticPlan:
     [n_d] (each node's candidate in the depth's [E * need] block), run_local / parent_rows (the expanded
     nodes' places in the previous depth's block / expanded rows), next_run (this depth's candidates the
     next depth expands, or None) and, for d >= 2, run [E], run_parent [E], allowed [E, S + E] (bool: the
-    ancestors' speculative slots and self) and additive (the same as a 0 / finfo.min mask)."""
+    ancestors' speculative slots and self) and additive (the same as a 0 / finfo.min mask).
+
+    Flags that let eager drafting skip a gather or a mask (each op costs on a CPU): same_rows (parent_rows
+    is every row of the previous depth's outputs, in order), next_all (next_run is every candidate, in
+    order) and sees_all (d >= 2: ONE node runs and every speculative slot so far is its ancestor's, so it
+    attends to everything in the cache: no mask)."""
 
     steps: list[dict]
     pick: Tensor
     path_sum: Tensor
     parents: Tensor
+    pick_all: bool = False
 
 
 def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) -> StaticPlan:
@@ -48,27 +54,33 @@ def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) 
         row = {p: r for r, p in enumerate(expand)}
         need = max(rank[i] for i in nodes) + 1
         prev_row = {p: r for r, p in enumerate(prev_expand)}
+        rows = [prev_row[parents[p]] for p in expand] if d >= 2 else []
         step = {"depth": d, "nodes": as_long(nodes), "expand": as_long(expand), "run": None, "need": need,
                 "pick": as_long([row[parents[i]] * need + rank[i] for i in nodes]),
                 # the expanded nodes' places in the previous depth's block (its candidates' order)
                 "run_local": as_long([p - first[d - 1] for p in expand]),
-                "parent_rows": as_long([prev_row[parents[p]] for p in expand] if d >= 2 else [])}  # fmt: skip
+                "parent_rows": as_long(rows), "same_rows": rows == list(range(len(prev_expand)))}  # fmt: skip
         prev_expand = expand
         if d >= 2:  # the expanded nodes sit at depth d - 1 >= 1: run them now
             allowed = _allowed(expand, parents, slot)
             additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
             step.update(run=as_long(expand), run_parent=as_long([parents[i] for i in expand]),
-                        allowed=allowed.to(device), additive=additive.to(device))  # fmt: skip
+                        allowed=allowed.to(device), additive=additive.to(device),
+                        sees_all=len(expand) == 1 and bool(allowed.all()))  # fmt: skip
         steps.append(step)
     # the nodes each depth expands at the next, as candidates of that depth; every node's candidate
     # among all depths' (each depth's block of E * need after the earlier depths')
     offset, picks = 0, []
     for step, after in zip(steps, [*steps[1:], None]):
         step["next_run"] = None if after is None else step["pick"][after["run_local"]]
+        candidates = len(step["expand"]) * step["need"]
+        step["next_all"] = after is not None and step["next_run"].tolist() == list(range(candidates))
         picks.append(step["pick"] + offset)
-        offset += len(step["expand"]) * step["need"]
+        offset += candidates
     path_sum = ancestors_on_device(st.parents[None])[0].to(device, torch.float64)  # [N, N]
-    return StaticPlan(steps, torch.cat(picks), path_sum, st.parents.to(device))
+    pick = torch.cat(picks)
+    pick_all = pick.tolist() == list(range(offset))
+    return StaticPlan(steps, pick, path_sum, st.parents.to(device), pick_all)
 
 
 def _allowed(expand: list[int], parents: list[int], slot: dict[int, int]) -> Tensor:
