@@ -5,7 +5,8 @@ A head directory's tree.json (scripts/build_tree.py) stores `accuracy` [depth, k
 and child rank, a property of the head and the data, not of the machine). What a tree costs is a property
 of the machine: on a GPU at batch 1 a 60-node tree costs about one decode step; on a CPU it costs
 several. `calibrated_choices` times the target's verify pass by tree size and the drafter's per-depth
-(EAGLE) or per-pass (Medusa) cost here, then runs `tree_search.best_choices_for_cost`.
+(EAGLE) or per-pass (Medusa) cost here, then ranks trees with `tree_search.ranked_choices_for_cost`;
+loading.py decodes with the best few of them (pass_timing.py) to pick the one a whole pass favours.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import torch
 from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.runner import TargetRunner
-from spechead.inference.tree_search import best_choices_for_cost, expected_accept_length, expected_speedup
+from spechead.inference.tree_search import (
+    expected_accept_length,
+    expected_speedup,
+    ranked_choices_for_cost,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -32,6 +37,8 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 # other tree was expected at most 6.5% faster, a 15-node tree over EAGLE-3's tuned 4-node chain; a load that
 # took such a tree decoded 1.23x, the chain 1.27x and 1.37x in the runs around it)
 KEEP_MARGIN = 0.10
+# The best trees of the part-by-part model that pass_timing.py then decodes with (its cost grows with them)
+CANDIDATES = 3
 
 
 def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) -> torch.Tensor:
@@ -218,6 +225,12 @@ def calibrated_choices(
     return best_for_costs(accuracy, info, max_nodes, keep), info
 
 
+def covers(accuracy: torch.Tensor, choices: list[list[int]]) -> bool:
+    """Whether the table [depth, k] has an entry for every node of the tree `choices` (and it has one)."""
+    shape = accuracy.shape
+    return bool(choices) and all(len(c) <= shape[0] and max(c) < shape[1] for c in choices)
+
+
 def best_for_costs(
     accuracy: torch.Tensor, info: dict, max_nodes: int, keep: list[list[int]] | None = None
 ) -> list[list[int]]:
@@ -231,10 +244,11 @@ def best_for_costs(
         pass_ms=info.get("pass_ms", 0.0),
     )
     table, verify, step = accuracy.float(), info["verify_ms_by_size"], info["step_ms"]
-    choices, speedup = best_choices_for_cost(table, verify, step, max_nodes=max_nodes, **costs)
+    ranked = ranked_choices_for_cost(table, verify, step, max_nodes=max_nodes, **costs)
+    choices, speedup = ranked[0] if ranked else ([], 0.0)
+    info["ranked"] = [c for c, _ in ranked[:CANDIDATES]]  # what pass_timing.py decodes with
     if keep is not None:
-        fits = bool(keep) and all(len(c) <= table.shape[0] and max(c) < table.shape[1] for c in keep)
-        kept_speedup = expected_speedup(table, keep, verify, step, **costs) if fits else 0.0
+        kept_speedup = expected_speedup(table, keep, verify, step, **costs) if covers(table, keep) else 0.0
         info["kept_saved_tree"] = kept_speedup * (1 + KEEP_MARGIN) >= speedup
         if info["kept_saved_tree"]:
             choices, speedup = keep, kept_speedup

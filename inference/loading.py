@@ -208,8 +208,11 @@ def calibrated_drafter(
     sized for a GPU), else kept only for batch trees while the default tree stays. A saved tree tuned on
     this kind of device (its "device", written by tree_tuning.tune_tree) stays unless another tree is
     expected clearly faster (calibrate.KEEP_MARGIN): near-equal trees would trade places with noise.
+    The part-by-part costs (calibrate.py) rank the trees; the best few are then decoded here
+    (pass_timing.py) and the tree whose passes pay best is used.
     """
-    from spechead.inference.calibrate import calibrated_choices, saved_accuracy
+    from spechead.inference.calibrate import KEEP_MARGIN, calibrated_choices, covers, saved_accuracy
+    from spechead.inference.pass_timing import in_situ_choice
 
     head, device = drafter.head, next(target.parameters()).device
     fam = family_of(head.config)
@@ -225,6 +228,18 @@ def calibrated_drafter(
     tuned_here = saved is not None and str(saved.get("device", "")).split(":")[0] == device.type
     keep = saved["choices"] if saved is not None and tuned_here else None
     choices, info = calibrated_choices(target, drafter, accuracy, keep=keep)
+    # the model's best few trees (and the tuned one) decoded here: the pass as decoding pays it
+    candidates = [c for c in info.pop("ranked") if c != keep]
+    if keep is not None and covers(accuracy, keep):
+        candidates.insert(0, keep)
+    choices, info["in_situ"] = in_situ_choice(
+        target, lambda c: drafter_for_head(head, None, **{fam.tree_option: c}), accuracy, candidates,
+        keep=keep, keep_margin=KEEP_MARGIN,
+    )  # fmt: skip
+    info["model_speedup"] = info["expected_speedup"]  # what the part-by-part costs expected of their best
+    info["expected_speedup"] = info["in_situ"]["expected_speedup"]
+    if "kept_saved_tree" in info["in_situ"]:
+        info["kept_saved_tree"] = info["in_situ"]["kept_saved_tree"]
     if info["expected_speedup"] < 1.0:  # the best tree is expected to lose to plain decoding here
         warnings.warn(
             f"on {device}, the best tree for this head is expected at "

@@ -234,13 +234,27 @@ def best_choices_for_cost(
 ) -> tuple[list[list[int]], float]:
     """The static tree with the highest `expected_speedup` on measured hardware, and that speedup
     (trees of 1..max_nodes nodes, each the best of its size for `accuracy`, are compared)."""
-    best: tuple[list[list[int]], float] = ([], 0.0)
+    costs = (verify_ms_by_size, step_ms, draft_ms, max_nodes, draft_ms_per_depth, pass_ms)
+    ranked = ranked_choices_for_cost(accuracy, *costs)
+    return ranked[0] if ranked else ([], 0.0)
+
+
+def ranked_choices_for_cost(
+    accuracy: torch.Tensor,
+    verify_ms_by_size: dict[int, float],
+    step_ms: float,
+    draft_ms: float = 0.0,
+    max_nodes: int = 128,
+    draft_ms_per_depth: float = 0.0,
+    pass_ms: float = 0.0,
+) -> list[tuple[list[list[int]], float]]:
+    """The best tree of every size 1..max_nodes for `accuracy` with its `expected_speedup` on measured
+    hardware, best first (equal speedups: the smaller tree first)."""
+    ranked = []
     costs = (verify_ms_by_size, step_ms, draft_ms, draft_ms_per_depth, pass_ms)
     for n in range(1, max_nodes + 1):
         choices = best_choices(accuracy, n)
         if len(choices) < n:  # the accuracy table allows no bigger tree
             break
-        speedup = expected_speedup(accuracy, choices, *costs)
-        if speedup > best[1]:
-            best = (choices, speedup)
-    return best
+        ranked.append((choices, expected_speedup(accuracy, choices, *costs)))
+    return sorted(ranked, key=lambda pair: -pair[1])  # stable: ties keep the smaller tree first

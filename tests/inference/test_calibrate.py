@@ -47,7 +47,7 @@ def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
     assert info["pass_ms"] > 0
     _, again = best_choices_for_cost(torch.tensor(accuracy).float(), info["verify_ms_by_size"], info["step_ms"],
                                      draft_ms_per_depth=info["draft_ms_per_depth"], pass_ms=info["pass_ms"])  # fmt: skip
-    assert again == pytest.approx(info["expected_speedup"])
+    assert again == pytest.approx(info["model_speedup"])  # the part-by-part costs; pass_timing.py decodes
     tree_from_choices(info["choices"])  # a valid tree, and the one the drafter uses
     assert gen.drafter._static.size == len(info["choices"]) + 1
     prompt = [5, 9, 11, 7]

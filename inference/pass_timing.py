@@ -1,0 +1,112 @@
+"""Decode with a few candidate trees, as decoding runs them, to pick the one this device is fastest with.
+
+calibrate.py times the parts of a pass one at a time, each in a tight loop: verification by tree size, a
+draft depth, the accept step, the commit. That ranks trees well but misjudges a whole pass: its parts
+evict each other's weights and state from the caches, the engine's own work between them (acceptance,
+bookkeeping) is not timed, and an EAGLE depth is timed over four nodes whatever the tree expands. On the
+demo target on a CPU the parts gave a 15-node Medusa-2 tree's pass 1.40 plain steps where decoding paid 1.69,
+and an EAGLE-3 4-node chain 2.21 steps where decoding paid 1.77. So the best few trees of that model
+(and a tree the head was tuned with) are decoded here for a few dozen tokens each, round-robin with plain
+decoding through the same engine, and each is scored by its expected accept length (the head's accuracy
+table) x the plain pass / its own pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from spechead.inference.drafters.base import Drafter
+from spechead.inference.sampling import SamplingParams
+from spechead.inference.tree_search import expected_accept_length
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+Choices = list[list[int]]
+
+
+def pass_ms_by_drafter(
+    target: PreTrainedModel,
+    drafters: list[Drafter | None],
+    prompt: torch.Tensor,
+    new_tokens: int = 32,
+    rounds: int = 3,
+) -> list[float]:
+    """Milliseconds per decoding pass of each drafter (None: plain decoding), greedy from `prompt` [T]
+    with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
+    drafter alike; the first run's one-time work and noise only add)."""
+    from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+
+    gen = SpeculativeGenerator(target, None)
+    gen.eos = set()  # a fixed number of tokens for every drafter
+    times: list[list[float]] = [[] for _ in drafters]
+    for _ in range(rounds):
+        for i, drafter in enumerate(drafters):
+            gen.drafter = drafter
+            stats = GenerationStats()
+            for _chunk in gen._decode(prompt, new_tokens, SamplingParams(), stats):
+                pass
+            times[i].append(1e3 * (stats.wall_time - stats.prefill_time) / max(stats.target_passes, 1))
+    return [min(t) for t in times]
+
+
+def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0) -> torch.Tensor:
+    """A prompt [length] the target wrote itself (greedy after a few random tokens): a head drafts on
+    text like what it will decode, so the timed passes accept paths of realistic lengths."""
+    from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+
+    vocab = target.get_output_embeddings().weight.shape[0]
+    start = torch.randint(0, vocab, (8,), generator=torch.Generator().manual_seed(seed))
+    gen = SpeculativeGenerator(target, None)
+    gen.eos = set()
+    written: list[int] = []
+    for chunk in gen._decode(start, length - start.numel(), SamplingParams(), GenerationStats()):
+        written.extend(chunk)
+    return torch.cat([start, torch.tensor(written, dtype=torch.long)])
+
+
+def in_situ_choice(
+    target: PreTrainedModel,
+    drafter_for: Callable[[Choices], Drafter],
+    accuracy: torch.Tensor,
+    candidates: list[Choices],
+    keep: Choices | None = None,
+    keep_margin: float = 0.10,
+    new_tokens: int = 32,
+) -> tuple[Choices, dict]:
+    """The candidate tree (`drafter_for(choices)` builds its drafter) with the best expected speedup when
+    decoded here, or `keep` (one of the candidates, a tree tuned for this kind of device) unless another
+    is expected more than `keep_margin` faster; and what was measured: plain_pass_ms, pass_ms and
+    expected_speedup per candidate (in the candidates' order), the chosen tree's expected_speedup."""
+    if not candidates:
+        raise ValueError("in_situ_choice needs at least one candidate tree")
+    prompt = self_written_prompt(target)
+    drafters: list[Drafter | None] = [None, *(drafter_for(c) for c in candidates)]
+    plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens)
+    accept = [float(expected_accept_length(accuracy, c)) for c in candidates]
+    kept = candidates.index(keep) if keep is not None and keep in candidates else None
+    best, info = pick_by_speedup(accept, plain, passes, kept, keep_margin)
+    return candidates[best], {"candidates": candidates, **info}
+
+
+def pick_by_speedup(
+    accept_lengths: list[float],
+    plain_pass_ms: float,
+    pass_ms: list[float],
+    kept: int | None = None,
+    keep_margin: float = 0.10,
+) -> tuple[int, dict]:
+    """The index of the candidate with the best expected speedup accept_length * plain / pass (ties: the
+    earlier one), or `kept` unless another is expected more than keep_margin faster; and the numbers."""
+    speedups = [a * plain_pass_ms / ms for a, ms in zip(accept_lengths, pass_ms)]
+    best = max(range(len(speedups)), key=lambda i: speedups[i])
+    info: dict = {"plain_pass_ms": plain_pass_ms, "pass_ms": pass_ms, "expected_speedups": speedups}
+    if kept is not None:
+        info["kept_saved_tree"] = speedups[kept] * (1 + keep_margin) >= speedups[best]
+        if info["kept_saved_tree"]:
+            best = kept
+    info["expected_speedup"] = speedups[best]
+    return best, info

@@ -1,0 +1,95 @@
+"""pass_timing.py: candidate trees decoded in situ, scored by expected accept length x plain pass / pass."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from spechead.heads import Eagle3Config, Eagle3Head
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.pass_timing import pass_ms_by_drafter, pick_by_speedup, self_written_prompt
+
+
+def test_the_best_expected_speedup_wins_unless_the_kept_tree_is_close():
+    accept, plain = [2.0, 3.0, 4.0], 5.0
+    passes = [6.0, 7.5, 12.0]  # speedups 1.667, 2.0, 1.667
+    best, info = pick_by_speedup(accept, plain, passes)
+    assert best == 1 and info["expected_speedup"] == pytest.approx(2.0)
+    assert info["expected_speedups"] == pytest.approx([5 / 3, 2.0, 5 / 3])
+    assert "kept_saved_tree" not in info
+    # a kept tree within the margin stays (1.667 * 1.25 >= 2.0); beyond it, the best wins
+    kept, info = pick_by_speedup(accept, plain, passes, kept=0, keep_margin=0.25)
+    assert kept == 0 and info["kept_saved_tree"] and info["expected_speedup"] == pytest.approx(5 / 3)
+    best, info = pick_by_speedup(accept, plain, passes, kept=2, keep_margin=0.10)
+    assert best == 1 and not info["kept_saved_tree"]
+    assert pick_by_speedup([2.0, 2.0], plain, [6.0, 6.0])[0] == 0  # ties: the earlier candidate
+
+
+def test_the_timing_prompt_is_the_target_writing_on(tiny_llama):
+    target = tiny_llama(64, layers=2, hidden=32).eval()
+    target.generation_config.eos_token_id = None
+    prompt = self_written_prompt(target, length=24)
+    assert prompt.shape == (24,)
+    plain = target.generate(prompt[None, :8], max_new_tokens=16, do_sample=False, pad_token_id=0)[0]
+    assert prompt.tolist() == plain.tolist()  # 8 random tokens, then the target's own greedy text
+
+
+def test_passes_are_timed_per_drafter(tiny_llama):
+    target = tiny_llama(64, layers=2, hidden=32).eval()
+    head = Eagle3Head(Eagle3Config.from_target(target.config, target_layers=[0, 1, 2]))
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    chain = EagleDrafter(head.eval(), tree=[[0], [0, 0]])
+    plain, drafted = pass_ms_by_drafter(target, [None, chain], torch.arange(1, 20), new_tokens=8, rounds=2)
+    assert plain > 0 and drafted > 0
+
+
+def test_from_pretrained_decodes_the_candidate_trees(tiny_target_dir, tmp_path):
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
+    head.save_pretrained(tmp_path / "head")
+    saved = {"choices": [[0], [0, 0]], "accuracy": [[0.7, 0.2], [0.6, 0.2], [0.5, 0.1]], "device": "cpu"}
+    (tmp_path / "head" / "tree.json").write_text(json.dumps(saved))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an untrained head may be expected to lose: not what this tests
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
+    info = gen.calibration
+    measured = info["in_situ"]
+    assert measured["candidates"][0] == saved["choices"]  # the tuned tree is decoded first, then the model's
+    assert len(measured["candidates"]) == len(measured["pass_ms"]) >= 2
+    assert measured["plain_pass_ms"] > 0 and min(measured["pass_ms"]) > 0
+    assert info["choices"] in measured["candidates"] and "kept_saved_tree" in info
+    assert info["expected_speedup"] == pytest.approx(
+        measured["expected_speedups"][measured["candidates"].index(info["choices"])]
+    )
+    assert gen.drafter.choices == info["choices"]  # the drafter decodes with the chosen tree
+    prompt = [5, 9, 11, 7]
+    plain = AutoModelForCausalLM.from_pretrained(tiny_target_dir).generate(
+        torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, 4:]
+    gen.eos = set()
+    assert gen.generate(input_ids=prompt, max_new_tokens=10).token_ids == plain.tolist()
+
+
+def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path, monkeypatch):
+    """Whatever the part-by-part model ranked first, the candidate whose decoded passes pay best wins
+    (the timings are fixed here: the last candidate's pass is made 10x cheaper than the others')."""
+    import spechead.inference.pass_timing as pass_timing
+
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
+    table = {"choices": [[0]], "accuracy": [[0.7, 0.2], [0.6, 0.2], [0.5, 0.1]], "device": "cpu"}
+    (tmp_path / "h" / "tree.json").write_text(json.dumps(table))
+    timed = lambda target, drafters, prompt, new_tokens=32: [5.0] * (len(drafters) - 1) + [0.5]  # noqa: E731
+    monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
+    candidates = gen.calibration["in_situ"]["candidates"]
+    assert len(candidates) >= 2 and gen.calibration["choices"] == candidates[-1] != candidates[0]
+    assert gen.drafter.choices == candidates[-1] and not gen.calibration["kept_saved_tree"]
