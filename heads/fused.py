@@ -80,7 +80,7 @@ def fused_logits(head: nn.Module) -> Callable[[Tensor], Tensor] | None:
     if not isinstance(head, Eagle3Head) or not _is_norm(head.norm):
         return None
     norm = cast(_RMSNorm, head.norm)
-    return lambda hidden: head.lm_head(_norm(norm, hidden))
+    return lambda hidden: _linear(head.lm_head, _norm(norm, hidden))
 
 
 def _is_norm(module: object, identity_ok: bool = False) -> bool:
@@ -101,6 +101,14 @@ def _supported(layer: nn.Module) -> bool:
         and _is_norm(layer.post_attention_layernorm)
         and _is_norm(getattr(layer, "hidden_norm", layer.post_attention_layernorm))
     )
+
+
+def _linear(module: nn.Linear, x: Tensor) -> Tensor:
+    """module(x), without the module call for a plain nn.Linear (the call's hook checks cost about as
+    much as a small GEMV on a CPU); a subclass (quantized, adapted) runs its own forward."""
+    if type(module) is nn.Linear:
+        return F.linear(x, module.weight, module.bias)
+    return module(x)
 
 
 def _norm(module: _RMSNorm | nn.Identity, x: Tensor) -> Tensor:
@@ -141,7 +149,7 @@ class _FusedStep:
                 [_norm(mid.input_layernorm, head.embed(next_ids)), _norm(mid.hidden_norm, hidden)], -1
             )
         else:
-            hidden = head.fc(torch.cat([head.embed(next_ids), hidden.to(dtype)], dim=-1))
+            hidden = _linear(head.fc, torch.cat([head.embed(next_ids), hidden.to(dtype)], dim=-1))
             attn_in = None
         mask: Tensor | None = None  # one query under the causal default sees every key: no mask at all
         if attention_mask4d is not None or hidden.shape[1] > 1:
@@ -153,7 +161,9 @@ class _FusedStep:
             x = attn_in if attn_in is not None else _norm(layer.input_layernorm, hidden)
             hidden = hidden + self._attention(layer, i, x, cos, sin, mask, past_key_values)
             mlp, x = layer.mlp, _norm(layer.post_attention_layernorm, hidden)
-            hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+            hidden = hidden + _linear(
+                mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x)
+            )
         return hidden
 
     def _attention(
@@ -163,9 +173,9 @@ class _FusedStep:
         attn = layer.self_attn
         batch, length, _ = x.shape
         dim = attn.head_dim
-        q = attn.q_proj(x).view(batch, length, -1, dim).transpose(1, 2)  # (B, nh, T, D)
-        k = attn.k_proj(x).view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
-        v = attn.v_proj(x).view(batch, length, -1, dim).transpose(1, 2)
+        q = _linear(attn.q_proj, x).view(batch, length, -1, dim).transpose(1, 2)  # (B, nh, T, D)
+        k = _linear(attn.k_proj, x).view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
+        v = _linear(attn.v_proj, x).view(batch, length, -1, dim).transpose(1, 2)
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         if cache is not None:
             k, v = cache.update(k, v, i)  # (B, kv, S, D): the cache's view after writing
@@ -174,7 +184,7 @@ class _FusedStep:
         if groups > 1 and not _GQA:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, **extra)
-        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        return _linear(attn.o_proj, out.transpose(1, 2).reshape(batch, length, -1))
 
     def _angles(self, hidden: Tensor, positions: Tensor, cache) -> tuple[Tensor, Tensor]:
         """cos, sin (B, 1, T, D) for positions (B, T): gathered from the table when the cache bounds
