@@ -211,8 +211,7 @@ def calibrated_drafter(
     The part-by-part costs (calibrate.py) rank the trees; the best few are then decoded here
     (pass_timing.py) and the tree whose passes pay best is used.
     """
-    from spechead.inference.calibrate import KEEP_MARGIN, calibrated_choices, covers, saved_accuracy
-    from spechead.inference.pass_timing import in_situ_choice
+    from spechead.inference.calibrate import calibrated_choices, saved_accuracy
 
     head, device = drafter.head, next(target.parameters()).device
     fam = family_of(head.config)
@@ -227,15 +226,9 @@ def calibrated_drafter(
     # a tree tuned on this kind of device (tree_tuning.py saves where) is kept unless clearly beaten
     tuned_here = saved is not None and str(saved.get("device", "")).split(":")[0] == device.type
     keep = saved["choices"] if saved is not None and tuned_here else None
-    choices, info = calibrated_choices(target, drafter, accuracy, keep=keep)
+    _, info = calibrated_choices(target, drafter, accuracy, keep=keep)
     # the model's best few trees (and the tuned one) decoded here: the pass as decoding pays it
-    candidates = [c for c in info.pop("ranked") if c != keep]
-    if keep is not None and covers(accuracy, keep):
-        candidates.insert(0, keep)
-    choices, info["in_situ"] = in_situ_choice(
-        target, lambda c: drafter_for_head(head, None, **{fam.tree_option: c}), accuracy, candidates,
-        keep=keep, keep_margin=KEEP_MARGIN,
-    )  # fmt: skip
+    choices, info["in_situ"] = decoded_choice(target, head, accuracy, info.pop("ranked"), keep)
     info["model_speedup"] = info["expected_speedup"]  # what the part-by-part costs expected of their best
     info["expected_speedup"] = info["in_situ"]["expected_speedup"]
     if "kept_saved_tree" in info["in_situ"]:
@@ -249,6 +242,23 @@ def calibrated_drafter(
         )
     calibrated = drafter_for_head(head, None, **{fam.tree_option: choices})
     return calibrated, {"choices": choices, **info, "accuracy_source": source}, accuracy
+
+
+def decoded_choice(
+    target, head, accuracy: torch.Tensor, ranked: list[list[list[int]]], keep: list[list[int]] | None = None
+) -> tuple[list[list[int]], dict]:
+    """Of the trees `ranked` (calibrate's best few by part-by-part costs) and `keep` (a tree tuned for this
+    kind of device, decoded first and kept unless another is expected KEEP_MARGIN faster), the one whose
+    passes pay best when the head decodes with it here (pass_timing.py), and what was measured."""
+    from spechead.inference.calibrate import KEEP_MARGIN, covers
+    from spechead.inference.pass_timing import in_situ_choice
+
+    option = family_of(head.config).tree_option
+    candidates = [c for c in ranked if c != keep]
+    if keep is not None and covers(accuracy, keep):
+        candidates.insert(0, keep)
+    build = lambda choices: drafter_for_head(head, None, **{option: choices})  # noqa: E731
+    return in_situ_choice(target, build, accuracy, candidates, keep=keep, keep_margin=KEEP_MARGIN)
 
 
 WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings

@@ -6,11 +6,12 @@
 Measured steps, nothing assumed: (1) the target greedily answers every prompt turn by turn (the
 continuations are the target's own, so a draft is right exactly when it equals them); (2) the head's
 top-k accuracy by depth is measured on those continuations (the family's `accuracy` part); (3) the
-verify, draft and per-pass costs are timed on this device and the static tree of the best expected
-speedup is chosen (calibrate.py), then decoded on the same prompts for its real tau; (4) the table's
-product-of-accuracies estimate runs ahead of real decoding, so it is scaled to that tau
-(`calibrate.fit_accuracy`, as loading does) and the tree chosen again; a changed tree is decoded
-again. The saved tau (`measured_tau`) is the saved tree's own, which loading scales the table to.
+verify, draft and per-pass costs are timed on this device, the trees ranked by expected speedup
+(calibrate.py) and the best few decoded for a few dozen tokens each, the one whose passes pay best
+chosen (pass_timing.py, as loading does), then decoded on the same prompts for its real tau; (4) the
+table's product-of-accuracies estimate runs ahead of real decoding, so it is scaled to that tau
+(`calibrate.fit_accuracy`, as loading does) and the trees ranked and decoded again (the first choice
+stays unless another is expected clearly faster); a changed tree is decoded again. The saved tau (`measured_tau`) is the saved tree's own, which loading scales the table to.
 Used by scripts/build_tree.py and by the end of a training run (train.py wires it in).
 """
 
@@ -27,7 +28,7 @@ from spechead.heads.families import family_of
 from spechead.inference.calibrate import best_for_costs, calibrated_choices, fit_accuracy
 from spechead.inference.evaluation import Prompt
 from spechead.inference.generator import SpeculativeGenerator, pooled_tau
-from spechead.inference.loading import drafter_for_head
+from spechead.inference.loading import decoded_choice, drafter_for_head
 from spechead.inference.tree_search import expected_accept_length
 
 
@@ -105,10 +106,13 @@ def tune_tree(
     try:
         answers = continue_prompts(SpeculativeGenerator(target, tokenizer, None), prompts, max_new_tokens)
         accuracy = measure_accuracy(target, head, answers, depth, topk)  # [depth, topk]
-        choices, costs = calibrated_choices(target, drafter_for_head(head), accuracy.double(), max_nodes)
+        _, costs = calibrated_choices(target, drafter_for_head(head), accuracy.double(), max_nodes)
+        choices, measured = decoded_choice(target, head, accuracy.double(), costs.pop("ranked"))
         tuned = _decode_with(target, tokenizer, head, choices, prompts, max_new_tokens)
         # the raw table over-promises deep trees: choose again from the table scaled to the real tau
-        refined = best_for_costs(fit_accuracy(accuracy.double(), choices, tuned.tau), costs, max_nodes)
+        fitted = fit_accuracy(accuracy.double(), choices, tuned.tau)
+        best_for_costs(fitted, costs, max_nodes)  # ranks the trees again, for the fitted table
+        refined, measured = decoded_choice(target, head, fitted, costs.pop("ranked"), keep=choices)
         if refined != choices:
             choices, tuned = refined, _decode_with(target, tokenizer, head, refined, prompts, max_new_tokens)
     finally:
@@ -117,7 +121,7 @@ def tune_tree(
         "choices": choices,
         "expected_accept_length": float(expected_accept_length(accuracy, choices)),
         "measured_tau": round(tuned.tau, 4),
-        "expected_speedup": round(float(costs["expected_speedup"]), 4),
+        "expected_speedup": round(float(measured["expected_speedup"]), 4),  # decoded here (pass_timing.py)
         "family": head.config.family,
         "device": str(next(target.parameters()).device),
         "costs_ms": {

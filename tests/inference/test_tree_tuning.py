@@ -82,3 +82,23 @@ def test_tune_tree_measures_chooses_and_decodes_its_tree(target, medusa_for, tmp
     assert fitted is not None and fitted.shape == (3, 4)
     assert expected_accept_length(fitted, choices) == pytest.approx(fields["measured_tau"], abs=1e-3)
     assert torch.equal(saved_accuracy(fields), fitted)  # the fields themselves read the same
+
+
+def test_tuning_takes_the_tree_whose_decoded_passes_pay_best(target, medusa_for, monkeypatch):
+    """The part-by-part costs only rank the trees: the one decoded fastest here is saved (timings fixed:
+    the last candidate's pass 10x cheaper than the others', so it wins both choices)."""
+    import spechead.inference.pass_timing as pass_timing
+
+    model, tok = target
+    head = _head("medusa", model, medusa_for)
+    offered: list[list] = []
+
+    def timed(target, drafters, prompt, new_tokens=32):
+        offered.append([d.choices for d in drafters[1:]])  # the candidates, plain decoding first
+        return [5.0] * (len(drafters) - 1) + [0.5]
+
+    monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
+    fields = tune_tree(model, tok, head, PROMPTS, max_new_tokens=8, depth=3, topk=4)
+    assert len(offered) == 2 and len(offered[0]) >= 2  # before and after fitting the table to the tau
+    assert offered[1][0] == offered[0][-1]  # the first pick is decoded for its tau, then offered to keep
+    assert fields["choices"] == offered[-1][-1] and fields["expected_speedup"] > 1
