@@ -237,8 +237,15 @@ class SpeculativeGenerator:
             return drafter
         if batch not in self.batch_calibration:
             from spechead.inference.batch_tree import choices_for_batch
+            from spechead.inference.pass_timing import in_situ_choice
 
-            choices, info = choices_for_batch(self.target, drafter, self.tree_accuracy, batch)
+            _, info = choices_for_batch(self.target, drafter, self.tree_accuracy, batch)
+            # the best few trees of the part-by-part costs decoded here at this batch size (pass_timing.py)
+            ranked, info["model_speedup"] = info.pop("ranked"), info["expected_speedup"]
+            choices, info["in_situ"] = in_situ_choice(
+                self.target, drafter.with_tree, self.tree_accuracy, ranked, batch=batch
+            )
+            info["expected_speedup"] = info["in_situ"]["expected_speedup"]
             # no tree expected to beat plain batched decoding here: decode plain (drafting would not pay)
             pays = info["expected_speedup"] > 1
             self._batch_drafters[batch] = drafter.with_tree(choices) if pays else None

@@ -34,10 +34,13 @@ def pass_ms_by_drafter(
     prompt: torch.Tensor,
     new_tokens: int = 32,
     rounds: int = 3,
+    batch: int = 1,
 ) -> list[float]:
     """Milliseconds per decoding pass of each drafter (None: plain decoding), greedy from `prompt` [T]
     with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
-    drafter alike; the first run's one-time work and noise only add)."""
+    drafter alike; the first run's one-time work and noise only add). batch > 1: a pass of `batch` rows
+    of that prompt through batched decoding (batch_decode.py), as generate_batch runs it."""
+    from spechead.inference.batch_decode import decode_batch
     from spechead.inference.generator import GenerationStats, SpeculativeGenerator
 
     gen = SpeculativeGenerator(target, None)
@@ -45,11 +48,18 @@ def pass_ms_by_drafter(
     times: list[list[float]] = [[] for _ in drafters]
     for _ in range(rounds):
         for i, drafter in enumerate(drafters):
-            gen.drafter = drafter
-            stats = GenerationStats()
-            for _chunk in gen._decode(prompt, new_tokens, SamplingParams(), stats):
-                pass
-            times[i].append(1e3 * (stats.wall_time - stats.prefill_time) / max(stats.target_passes, 1))
+            stats = [GenerationStats() for _ in range(batch)]
+            if batch == 1:
+                gen.drafter = drafter
+                for _chunk in gen._decode(prompt, new_tokens, SamplingParams(), stats[0]):
+                    pass
+            else:
+                rows = [prompt] * batch
+                decode_batch(
+                    target, drafter, rows, [new_tokens] * batch, [SamplingParams()] * batch, set(), stats
+                )
+            done = stats[0]  # (batched: the batch's times; every row decodes the same prompt alike)
+            times[i].append(1e3 * (done.wall_time - done.prefill_time) / max(done.target_passes, 1))
     return [min(t) for t in times]
 
 
@@ -76,16 +86,18 @@ def in_situ_choice(
     keep: Choices | None = None,
     keep_margin: float = 0.10,
     new_tokens: int = 32,
+    batch: int = 1,
 ) -> tuple[Choices, dict]:
     """The candidate tree (`drafter_for(choices)` builds its drafter) with the best expected speedup when
     decoded here, or `keep` (one of the candidates, a tree tuned for this kind of device) unless another
     is expected more than `keep_margin` faster; and what was measured: plain_pass_ms, pass_ms and
-    expected_speedup per candidate (in the candidates' order), the chosen tree's expected_speedup."""
+    expected_speedup per candidate (in the candidates' order), the chosen tree's expected_speedup.
+    batch > 1: passes of `batch` rows (a batch's tokens/s against plain batched decoding)."""
     if not candidates:
         raise ValueError("in_situ_choice needs at least one candidate tree")
     prompt = self_written_prompt(target)
     drafters: list[Drafter | None] = [None, *(drafter_for(c) for c in candidates)]
-    plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens)
+    plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens, batch=batch)
     accept = [float(expected_accept_length(accuracy, c)) for c in candidates]
     kept = candidates.index(keep) if keep is not None and keep in candidates else None
     best, info = pick_by_speedup(accept, plain, passes, kept, keep_margin)

@@ -185,6 +185,28 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
         assert same_tree[b].stats.drafted_tokens == single.stats.drafted_tokens
 
 
+def test_batch_tree_is_the_one_decoded_fastest_at_that_size(model, chatml_tokenizer, monkeypatch):
+    """The part-by-part costs rank the batch trees; the one whose batched passes pay best is used (the
+    timings are fixed here: the last candidate's pass 10x cheaper), timed at the batch's own size."""
+    import spechead.inference.pass_timing as pass_timing
+
+    seen = []
+
+    def timed(target, drafters, prompt, new_tokens=32, batch=1):
+        seen.append((batch, [d.static.size if d else 1 for d in drafters]))
+        return [5.0] * (len(drafters) - 1) + [0.5]
+
+    monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, medusa_drafter(model), cache="static")
+    gen.tree_accuracy = torch.tensor([[0.97, 0.02, 0.01]] * 3)
+    gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    info = gen.batch_calibration[len(PROMPTS)]
+    ((batch, sizes),) = seen
+    assert batch == len(PROMPTS) and sizes[0] == 1 and len(sizes) >= 3  # plain decoding, then the trees
+    assert info["in_situ"]["candidates"][-1] == info["choices"]
+    assert gen._batch_drafters[len(PROMPTS)].static.size == sizes[-1]
+
+
 def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer):
     """A head that is never right: no tree beats plain batched decoding, so the batch decodes plain."""
     from .test_generator import plain_greedy

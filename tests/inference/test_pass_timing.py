@@ -46,6 +46,8 @@ def test_passes_are_timed_per_drafter(tiny_llama):
     chain = EagleDrafter(head.eval(), tree=[[0], [0, 0]])
     plain, drafted = pass_ms_by_drafter(target, [None, chain], torch.arange(1, 20), new_tokens=8, rounds=2)
     assert plain > 0 and drafted > 0
+    rows = pass_ms_by_drafter(target, [None, chain], torch.arange(1, 20), new_tokens=8, rounds=1, batch=3)
+    assert len(rows) == 2 and min(rows) > 0  # batched passes of 3 rows (batch_decode.py)
 
 
 def test_from_pretrained_decodes_the_candidate_trees(tiny_target_dir, tmp_path):
@@ -85,7 +87,7 @@ def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path
     Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
     table = {"choices": [[0]], "accuracy": [[0.7, 0.2], [0.6, 0.2], [0.5, 0.1]], "device": "cpu"}
     (tmp_path / "h" / "tree.json").write_text(json.dumps(table))
-    timed = lambda target, drafters, prompt, new_tokens=32: [5.0] * (len(drafters) - 1) + [0.5]  # noqa: E731
+    timed = lambda target, drafters, prompt, new_tokens=32, batch=1: [5.0] * (len(drafters) - 1) + [0.5]  # noqa: E731
     monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
