@@ -58,6 +58,9 @@ class EagleDrafter(Drafter):
         total_tokens: int = 60,
     ) -> None:
         self.head = head
+        # the head's device and dtype, read from one kept Parameter (head.to() moves its data in place; a
+        # module attribute lookup per read costs about 1 us on a CPU, several per pass)
+        self._weight = head.fc.weight
         # the head's step as a short chain of ops on its own weights where its layer kind allows
         self.head_step = fused_step(head) or head.step
         self.head_logits = fused_logits(head) or head.logits  # (B, T, H) -> (B, T, Vd), the same way
@@ -132,7 +135,7 @@ class EagleDrafter(Drafter):
             return
         from spechead.inference.runner import compile_function
 
-        cuda = self.head.fc.weight.device.type == "cuda"
+        cuda = self._weight.device.type == "cuda"
         self._compiled = compile_function(self._grow_graph, compile, cuda, fullgraph=True)
         self._compiled_commit = compile_function(self._commit_graph, compile, cuda, fullgraph=True)
         self._cache = None  # the next `start` allocates the fixed-shape cache
@@ -153,7 +156,7 @@ class EagleDrafter(Drafter):
         if int(root) != self._root:
             raise ValueError(f"propose got root {int(root)} but start/accept announced {self._root}")
         self._ensure_room(self.max_nodes)
-        root_t = torch.tensor([int(root)], device=self.head.fc.weight.device)  # [1]
+        root_t = torch.tensor([int(root)], device=self._weight.device)  # [1]
         self._map_ids(root_t.device)
         self._values = None  # (set again by an eager static tree's growth)
         try:
@@ -191,7 +194,7 @@ class EagleDrafter(Drafter):
 
     def _commit(self, tokens: Tensor, hidden: dict[int, Tensor], next_token: int) -> None:
         """Step the head on pairs (f of tokens[i], tokens[i+1] or next_token) at positions C.. (causal)."""
-        device = self.head.fc.weight.device
+        device = self._weight.device
         tokens = tokens.to(device=device, dtype=torch.long)
         features = self._features(hidden, tokens.numel())  # [1, K, H]
         next_ids = torch.cat([tokens[1:], tokens.new_tensor([int(next_token)])])[None]  # [1, K]
@@ -217,7 +220,7 @@ class EagleDrafter(Drafter):
             positions = torch.arange(c, c + k, device=device)[None]  # [1, K]
         else:
             columns = cache.max_length if cache.static_shapes else c + k
-            mask, positions = causal_inputs_static(k, c, columns, self.head.fc.weight.dtype, device)
+            mask, positions = causal_inputs_static(k, c, columns, self._weight.dtype, device)
         with torch.no_grad():
             out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
         self._committed += tokens.numel()
@@ -230,7 +233,7 @@ class EagleDrafter(Drafter):
         [0-d] over the whole fixed-size cache -> output features [P, H] (one graph for every C)."""
         cache = self._cache
         assert cache is not None  # start made it
-        p, dtype = next_ids.shape[1], self.head.fc.weight.dtype
+        p, dtype = next_ids.shape[1], self._weight.dtype
         rows = length + torch.arange(p, device=length.device)  # [P] each pair's slot and position
         cols = torch.arange(cache.max_length, device=length.device)  # [S_max]
         mask = torch.zeros(p, cache.max_length, dtype=dtype, device=length.device)
@@ -250,7 +253,7 @@ class EagleDrafter(Drafter):
         missing = [layer for layer in self.hidden_layers if layer not in hidden]
         if missing:
             raise KeyError(f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})")
-        weight = self.head.fc.weight  # a bf16 target may feed an fp32 head (e.g. evaluated while training)
+        weight = self._weight  # a bf16 target may feed an fp32 head (e.g. evaluated while training)
         states = [
             hidden[layer].to(weight.device, weight.dtype)[None] for layer in self.hidden_layers
         ]  # [1, K, H]
@@ -281,7 +284,7 @@ class EagleDrafter(Drafter):
         """Additive causal mask [k, k] among k consecutive entries (made once per k)."""
         block = self._causal.get(k)
         if block is None:
-            weight = self.head.fc.weight
+            weight = self._weight
             block = torch.full(
                 (k, k), torch.finfo(weight.dtype).min, dtype=weight.dtype, device=weight.device
             )
@@ -325,7 +328,7 @@ class EagleDrafter(Drafter):
         committed: None (eager: the C committed entries, `self._committed`) or, inside the draft graph,
         C as a 0-d device tensor: then the mask spans the whole fixed-size cache and the write slot is
         set on the device, so the graph does not depend on C."""
-        cache, dtype, q = self._cache, self.head.fc.weight.dtype, ids.shape[0]
+        cache, dtype, q = self._cache, self._weight.dtype, ids.shape[0]
         assert cache is not None  # start made it
         if committed is None:
             c = self._committed
@@ -379,7 +382,7 @@ class EagleDrafter(Drafter):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """EAGLE-2: expand the `top_k` best frontier nodes per depth with one head call over them all;
         keep the best `total_tokens - 1` nodes. Returns tokens, parents, scores [N] (float64)."""
-        k, device = self.top_k, self.head.fc.weight.device
+        k, device = self.top_k, self._weight.device
         values, ids = self._top(feature[None], k)  # [1, k] each
         tokens = [root, self._to_target(ids[0])]  # node tokens, by depth
         parents = [torch.tensor([-1], device=device), torch.zeros(k, dtype=torch.long, device=device)]
@@ -476,7 +479,7 @@ class EagleDrafter(Drafter):
         """The static tree's per-depth plan (built once, on the head's device; see static_plan.py)."""
         if self._plan is None:
             assert self._static is not None  # only a static tree has a plan
-            weight = self.head.fc.weight
+            weight = self._weight
             self._plan = build_static_plan(self._static, weight.device, weight.dtype)
         return self._plan
 
