@@ -224,18 +224,13 @@ def expected_speedup(
 
 
 def best_choices_for_cost(
-    accuracy: torch.Tensor,
-    verify_ms_by_size: dict[int, float],
-    step_ms: float,
-    draft_ms: float = 0.0,
-    max_nodes: int = 128,
-    draft_ms_per_depth: float = 0.0,
-    pass_ms: float = 0.0,
+    accuracy: torch.Tensor, verify_ms_by_size: dict[int, float], step_ms: float, **costs: float
 ) -> tuple[list[list[int]], float]:
     """The static tree with the highest `expected_speedup` on measured hardware, and that speedup
-    (trees of 1..max_nodes nodes, each the best of its size for `accuracy`, are compared)."""
-    costs = (verify_ms_by_size, step_ms, draft_ms, max_nodes, draft_ms_per_depth, pass_ms)
-    ranked = ranked_choices_for_cost(accuracy, *costs)
+    (trees of 1..max_nodes nodes, each the best of its size for `accuracy`, are compared; costs: the
+    keywords of `ranked_choices_for_cost`)."""
+    # (max_nodes, an int, travels among the float costs)
+    ranked = ranked_choices_for_cost(accuracy, verify_ms_by_size, step_ms, **costs)  # type: ignore[arg-type]
     return ranked[0] if ranked else ([], 0.0)
 
 
