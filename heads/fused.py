@@ -22,7 +22,7 @@ from typing import Protocol, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import Cache
+from transformers import Cache, DynamicCache
 
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
@@ -103,6 +103,12 @@ def _supported(layer: nn.Module) -> bool:
     )
 
 
+def _views_end_at_write(cache: Cache | None) -> bool:
+    """Whether `cache.update` returns keys up to the last written position only: none, a DynamicCache or
+    a preallocated cache without fixed shapes (spechead's SlotCache), not a fixed-size buffer whole."""
+    return cache is None or isinstance(cache, DynamicCache) or getattr(cache, "static_shapes", None) is False
+
+
 def _linear(module: nn.Linear, x: Tensor) -> Tensor:
     """module(x), without the module call for a plain nn.Linear (the call's hook checks cost about as
     much as a small GEMV on a CPU); a subclass (quantized, adapted) runs its own forward."""
@@ -151,8 +157,10 @@ class _FusedStep:
         else:
             hidden = _linear(head.fc, torch.cat([head.embed(next_ids), hidden.to(dtype)], dim=-1))
             attn_in = None
-        mask: Tensor | None = None  # one query under the causal default sees every key: no mask at all
-        if attention_mask4d is not None or hidden.shape[1] > 1:
+        # one query under the causal default sees every key its cache returns: no mask at all, where
+        # the cache's views end at the write (not a fixed-size buffer's whole length)
+        mask: Tensor | None = None
+        if attention_mask4d is not None or hidden.shape[1] > 1 or not _views_end_at_write(past_key_values):
             mask = (
                 attention_mask4d if attention_mask4d is not None else causal_mask4d(hidden, None, past)
             ).to(dtype)
