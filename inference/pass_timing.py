@@ -69,12 +69,13 @@ def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0
     from spechead.inference.generator import GenerationStats, SpeculativeGenerator
 
     vocab = target.get_output_embeddings().weight.shape[0]
-    start = torch.randint(0, vocab, (8,), generator=torch.Generator().manual_seed(seed))
+    start = torch.randint(0, vocab, (min(8, length),), generator=torch.Generator().manual_seed(seed))
     gen = SpeculativeGenerator(target, None)
     gen.eos = set()
     written: list[int] = []
-    for chunk in gen._decode(start, length - start.numel(), SamplingParams(), GenerationStats()):
-        written.extend(chunk)
+    if length > start.numel():
+        for chunk in gen._decode(start, length - start.numel(), SamplingParams(), GenerationStats()):
+            written.extend(chunk)
     return torch.cat([start, torch.tensor(written, dtype=torch.long)])
 
 
@@ -95,7 +96,10 @@ def in_situ_choice(
     batch > 1: passes of `batch` rows (a batch's tokens/s against plain batched decoding)."""
     if not candidates:
         raise ValueError("in_situ_choice needs at least one candidate tree")
-    prompt = self_written_prompt(target)
+    # prompt + new tokens within the target's context (a short-context target gets a shorter run)
+    context = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
+    length = min(64, context // 2)
+    prompt, new_tokens = self_written_prompt(target, length), max(1, min(new_tokens, context - length))
     drafters: list[Drafter | None] = [None, *(drafter_for(c) for c in candidates)]
     plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens, batch=batch)
     accept = [float(expected_accept_length(accuracy, c)) for c in candidates]

@@ -95,3 +95,18 @@ def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path
     candidates = gen.calibration["in_situ"]["candidates"]
     assert len(candidates) >= 2 and gen.calibration["choices"] == candidates[-1] != candidates[0]
     assert gen.drafter.choices == candidates[-1] and not gen.calibration["kept_saved_tree"]
+
+
+def test_a_short_context_target_is_timed_within_its_context(tiny_llama):
+    """prompt + new tokens fit max_position_embeddings (the generator refuses more)."""
+    from spechead.inference.pass_timing import in_situ_choice
+
+    target = tiny_llama(64, layers=2, hidden=32).eval()
+    target.config.max_position_embeddings = 40
+    head = Eagle3Head(Eagle3Config.from_target(target.config, target_layers=[0, 1, 2]))
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    accuracy = torch.tensor([[0.7, 0.2], [0.6, 0.2]], dtype=torch.float64)
+    chosen, info = in_situ_choice(
+        target, lambda c: EagleDrafter(head.eval(), tree=c), accuracy, [[[0]], [[0], [0, 0]]]
+    )
+    assert chosen in info["candidates"] and min(info["pass_ms"]) > 0
