@@ -158,13 +158,15 @@ class SpeculativeGenerator:
         top_k: int = 0,
         seed: int | None = None,
     ) -> GenerationResult:
-        """Generate from a prompt string, chat messages (chat template) or token ids."""
+        """Generate from a prompt string, chat messages (chat template) or token ids (a generator without
+        a tokenizer takes ids only and returns no text)."""
         stats = GenerationStats()
         ids: list[int] = []
         for chunk in self._decode(self._prompt_ids(prompt, messages, input_ids), max_new_tokens,
                                   SamplingParams(temperature, top_k, top_p, seed), stats):  # fmt: skip
             ids.extend(chunk)
-        return GenerationResult(self.tokenizer.decode(ids, skip_special_tokens=True), ids, stats)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+        return GenerationResult(text, ids, stats)
 
     def generate_batch(
         self,

@@ -48,17 +48,14 @@ def pass_ms_by_drafter(
     times: list[list[float]] = [[] for _ in drafters]
     for _ in range(rounds):
         for i, drafter in enumerate(drafters):
-            stats = [GenerationStats() for _ in range(batch)]
             if batch == 1:
                 gen.drafter = drafter
-                for _chunk in gen._decode(prompt, new_tokens, SamplingParams(), stats[0]):
-                    pass
-            else:
-                rows = [prompt] * batch
-                decode_batch(
-                    target, drafter, rows, [new_tokens] * batch, [SamplingParams()] * batch, set(), stats
-                )
-            done = stats[0]  # (batched: the batch's times; every row decodes the same prompt alike)
+                done = gen.generate(input_ids=prompt, max_new_tokens=new_tokens).stats
+            else:  # (the batch's times; every row decodes the same prompt alike)
+                stats = [GenerationStats() for _ in range(batch)]
+                rows, params = [prompt] * batch, [SamplingParams()] * batch
+                decode_batch(target, drafter, rows, [new_tokens] * batch, params, set(), stats)
+                done = stats[0]
             times[i].append(1e3 * (done.wall_time - done.prefill_time) / max(done.target_passes, 1))
     return [min(t) for t in times]
 
@@ -66,16 +63,15 @@ def pass_ms_by_drafter(
 def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0) -> torch.Tensor:
     """A prompt [length] the target wrote itself (greedy after a few random tokens): a head drafts on
     text like what it will decode, so the timed passes accept paths of realistic lengths."""
-    from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+    from spechead.inference.generator import SpeculativeGenerator
 
     vocab = target.get_output_embeddings().weight.shape[0]
     start = torch.randint(0, vocab, (min(8, length),), generator=torch.Generator().manual_seed(seed))
+    if length <= start.numel():
+        return start
     gen = SpeculativeGenerator(target, None)
     gen.eos = set()
-    written: list[int] = []
-    if length > start.numel():
-        for chunk in gen._decode(start, length - start.numel(), SamplingParams(), GenerationStats()):
-            written.extend(chunk)
+    written = gen.generate(input_ids=start, max_new_tokens=length - start.numel()).token_ids
     return torch.cat([start, torch.tensor(written, dtype=torch.long)])
 
 
