@@ -261,3 +261,23 @@ def causal_inputs_static(
     mask = torch.zeros(1, 1, length, max_len, dtype=dtype, device=device)
     mask.masked_fill_(cols[None, :] > rows[:, None], torch.finfo(dtype).min)
     return mask, rows[None]
+
+
+def select_best(parents: list[int], scores: list[float], budget: int) -> list[int]:
+    """Node 0 plus the `budget` best nodes by score (ties: lower id), closed under ancestors.
+
+    parents / scores are [n] lists with parents[0] = -1. A node is taken with its missing ancestors
+    only if they all fit. Returns the kept ids in ascending (topological) order.
+    """
+    kept = {0}
+    for node in sorted(range(1, len(parents)), key=lambda n: (-scores[n], n)):
+        if len(kept) - 1 >= budget:
+            break
+        chain = []
+        anc = node
+        while anc not in kept:
+            chain.append(anc)
+            anc = parents[anc]
+        if len(kept) - 1 + len(chain) <= budget:
+            kept.update(chain)
+    return sorted(kept)

@@ -33,12 +33,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from spechead.inference.drafters.base import Draft, Drafter
-from spechead.inference.drafters.eagle import select_best
 from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
 from spechead.inference.sampling import SamplingParams, sample, target_probs
 from spechead.inference.tree import (
     StaticTree,
     TokenTree,
+    select_best,
     tree_attention_mask,
     tree_from_choices,
     tree_position_ids,

@@ -411,7 +411,7 @@ class EagleDrafter(Drafter):
         all_tokens, all_parents, all_scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)  # [M]
         budget = min(self.total_tokens - 1, count - 1)
         # Scores never grow along a path (log-probs <= 0) and ties go to the lower id (a parent), so the
-        # best `budget` nodes are closed under ancestors: `select_best` reduces to this sort.
+        # best `budget` nodes are closed under ancestors: `tree.select_best` reduces to this sort.
         keep = torch.sort(-all_scores[1:], stable=True).indices[:budget].sort().values + 1
         keep = torch.cat([keep.new_zeros(1), keep])  # [N] ascending, root first
         index = torch.full((count,), -1, dtype=torch.long, device=device)
@@ -489,23 +489,3 @@ def _covers(zeros: Tensor, block: Tensor, columns: int) -> bool:
     and device over a cache of `columns` slots."""
     same = zeros.dtype == block.dtype and zeros.device == block.device
     return same and zeros.shape[0] >= block.shape[0] and zeros.shape[1] >= columns
-
-
-def select_best(parents: list[int], scores: list[float], budget: int) -> list[int]:
-    """Node 0 plus the `budget` best nodes by score (ties: lower id), closed under ancestors.
-
-    parents / scores are [n] lists with parents[0] = -1. A node is taken with its missing ancestors
-    only if they all fit. Returns the kept ids in ascending (topological) order.
-    """
-    kept = {0}
-    for node in sorted(range(1, len(parents)), key=lambda n: (-scores[n], n)):
-        if len(kept) - 1 >= budget:
-            break
-        chain = []
-        anc = node
-        while anc not in kept:
-            chain.append(anc)
-            anc = parents[anc]
-        if len(kept) - 1 + len(chain) <= budget:
-            kept.update(chain)
-    return sorted(kept)

@@ -11,7 +11,7 @@ from spechead.heads import HeadError
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.unroll import ttt_forward
-from spechead.inference.drafters.eagle import EagleDrafter, select_best
+from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import depths, path_to_node
 
@@ -240,14 +240,6 @@ def test_dynamic_keeps_highest_cumulative_probability(target, monkeypatch) -> No
     for path, score in got.items():
         assert abs(score - expected[path]) < 1e-4
     assert drafter._cache.get_seq_length() == drafter._committed == 5
-
-
-def test_select_best_closes_ancestors_within_budget() -> None:
-    parents = [-1, 0, 1, 0, 3]
-    scores = [0.0, -5.0, -1.0, -0.5, -0.2]  # node 2 beats its parent 1 (not a log-prob tree)
-    assert select_best(parents, scores, 2) == [0, 3, 4]
-    assert select_best(parents, scores, 3) == [0, 1, 3, 4]  # node 2 needs 1 too: does not fit
-    assert select_best(parents, scores, 4) == [0, 1, 2, 3, 4]
 
 
 def test_arguments_and_check_target(target) -> None:

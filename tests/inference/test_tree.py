@@ -12,6 +12,7 @@ from spechead.inference.tree import (
     depths,
     path_to_node,
     retrieve_indices,
+    select_best,
     tree_attention_mask,
     tree_from_choices,
     tree_position_ids,
@@ -114,3 +115,11 @@ def test_token_tree_validation(tokens, parents, match):
 
 def test_token_tree_size():
     assert TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, 0])).size == 3
+
+
+def test_select_best_closes_ancestors_within_budget() -> None:
+    parents = [-1, 0, 1, 0, 3]
+    scores = [0.0, -5.0, -1.0, -0.5, -0.2]  # node 2 beats its parent 1 (not a log-prob tree)
+    assert select_best(parents, scores, 2) == [0, 3, 4]
+    assert select_best(parents, scores, 3) == [0, 1, 3, 4]  # node 2 needs 1 too: does not fit
+    assert select_best(parents, scores, 4) == [0, 1, 2, 3, 4]
