@@ -236,8 +236,9 @@ def best_for_costs(
 ) -> list[list[int]]:
     """The static tree with the best expected speedup for the costs measured in `info` (verify_ms_by_size,
     step_ms, draft_ms or draft_ms_per_depth, pass_ms), or `keep` when it is expected within KEEP_MARGIN
-    of that (and fits the table); adds the chosen tree's expected speedup to `info` (expected_speedup,
-    and kept_saved_tree when `keep` was given)."""
+    of that (and fits the table); adds to `info` the chosen tree's expected speedup (expected_speedup,
+    and kept_saved_tree when `keep` was given) and `ranked`: the CANDIDATES best trees, best first (what
+    loading.decoded_choice then decodes)."""
     costs = dict(
         draft_ms=info.get("draft_ms", 0.0),
         draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),

@@ -11,7 +11,8 @@ verify, draft and per-pass costs are timed on this device, the trees ranked by e
 chosen (pass_timing.py, as loading does), then decoded on the same prompts for its real tau; (4) the
 table's product-of-accuracies estimate runs ahead of real decoding, so it is scaled to that tau
 (`calibrate.fit_accuracy`, as loading does) and the trees ranked and decoded again (the first choice
-stays unless another is expected clearly faster); a changed tree is decoded again. The saved tau (`measured_tau`) is the saved tree's own, which loading scales the table to.
+stays unless another is expected clearly faster); a changed tree is decoded again. The saved tau
+(`measured_tau`) is the saved tree's own, which loading scales the table to.
 Used by scripts/build_tree.py and by the end of a training run (train.py wires it in).
 """
 
@@ -111,7 +112,7 @@ def tune_tree(
         tuned = _decode_with(target, tokenizer, head, choices, prompts, max_new_tokens)
         # the raw table over-promises deep trees: choose again from the table scaled to the real tau
         fitted = fit_accuracy(accuracy.double(), choices, tuned.tau)
-        best_for_costs(fitted, costs, max_nodes)  # ranks the trees again, for the fitted table
+        best_for_costs(fitted, costs, max_nodes)  # costs["ranked"] again, for the fitted table
         refined, measured = decoded_choice(target, head, fitted, costs.pop("ranked"), keep=choices)
         if refined != choices:
             choices, tuned = refined, _decode_with(target, tokenizer, head, refined, prompts, max_new_tokens)
