@@ -332,7 +332,7 @@ class TargetRunner:
             # the prefix's zeros and the tree's own additive block [1, N, N]: one op per pass
             prefix = self._visible(self.length).expand(1, 1, size, self.length)  # [1, 1, N, past]
             mask, positions = torch.cat([prefix, block[:, None]], dim=-1), depth + self.length
-        self.last_ancestors = anc[:, :n, :n]
+        self.last_ancestors = anc if size == n else anc[:, :n, :n]  # unpadded: no slicing (ops cost on a CPU)
         logits, hidden = self._forward(
             self.static_shapes, input_ids=tokens, attention_mask=mask, position_ids=positions
         )
