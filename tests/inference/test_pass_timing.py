@@ -70,12 +70,11 @@ def test_from_pretrained_decodes_the_candidate_trees(tiny_target_dir, tmp_path):
         measured["expected_speedups"][measured["candidates"].index(info["choices"])]
     )
     assert gen.drafter.choices == info["choices"]  # the drafter decodes with the chosen tree
-    prompt = [5, 9, 11, 7]
-    plain = AutoModelForCausalLM.from_pretrained(tiny_target_dir).generate(
-        torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
-    )[0, 4:]
+    from .test_generator import plain_greedy
+
+    prompt, reference = [5, 9, 11, 7], AutoModelForCausalLM.from_pretrained(tiny_target_dir)
     gen.eos = set()
-    assert gen.generate(input_ids=prompt, max_new_tokens=10).token_ids == plain.tolist()
+    assert gen.generate(input_ids=prompt, max_new_tokens=10).token_ids == plain_greedy(reference, prompt, 10)
 
 
 def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path, monkeypatch):
