@@ -154,8 +154,8 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
     _start_on_noise(drafter)
     head = drafter.head
     device, dtype = head.fc.weight.device, head.fc.weight.dtype
-    feats = torch.randn(width, head.config.hidden_size, device=device, dtype=dtype)
-    ids = torch.zeros(width, dtype=torch.long, device=device)
+    feats = torch.randn(1, width, head.config.hidden_size, device=device, dtype=dtype)  # [1, E, H]
+    ids = torch.zeros(1, width, dtype=torch.long, device=device)  # [1, E]
     allowed = torch.eye(width, dtype=torch.bool, device=device)
 
     def depth() -> None:

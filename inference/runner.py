@@ -31,6 +31,7 @@ from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
+from spechead.inference.positions import PositionIds
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_static, tree_mask
 
 if TYPE_CHECKING:
@@ -183,7 +184,9 @@ class TargetRunner:
         self.length = 0  # committed positions (past_len)
         self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify
         self._zeros: Tensor | None = None  # [1, 1, 1, S] additive zeros: the plain step's mask
+        self._positions = PositionIds()  # the plain step's position [1, 1]: a view, not a new tensor
         self._trees: dict[bytes, tuple[Tensor, Tensor, Tensor]] = {}  # tree shape -> ancestors, depths, block
+        self._wide: dict[bytes, Tensor] = {}  # tree shape seen again -> its mask over W + N columns
 
     def use_layers(self, hidden_layers: Sequence[int]) -> None:
         """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
@@ -312,7 +315,7 @@ class TargetRunner:
         tokens, parents = tokens.to(self.device), parents.to(self.device)
         if n == 1 and not self.static_shapes:
             self.last_ancestors = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
-            positions = torch.full((1, 1), self.length, dtype=torch.long, device=self.device)
+            positions = self._positions(self.length, 1, self.device)  # [1, 1]
             # an explicit all-visible mask: transformers then skips building its own causal mask,
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
             mask = self._visible(self.length + 1)
@@ -328,10 +331,8 @@ class TargetRunner:
         if self.static_shapes:
             mask, positions, anc = tree_inputs_static(parents, self.length, self.slots.max_length, self.dtype)
         else:
-            anc, depth, block = self._structure(parents, host_parents)
-            # the prefix's zeros and the tree's own additive block [1, N, N]: one op per pass
-            prefix = self._visible(self.length).expand(1, 1, size, self.length)  # [1, 1, N, past]
-            mask, positions = torch.cat([prefix, block[:, None]], dim=-1), depth + self.length
+            anc, depth, block, key = self._structure(parents, host_parents)
+            mask, positions = self._tree_mask(block, key), depth + self.length  # [1, 1, N, past + N], [1, N]
         self.last_ancestors = anc if size == n else anc[:, :n, :n]  # unpadded: no slicing (ops cost on a CPU)
         logits, hidden = self._forward(
             self.static_shapes, input_ids=tokens, attention_mask=mask, position_ids=positions
@@ -340,20 +341,38 @@ class TargetRunner:
             logits, hidden = logits[:, :n], {k: v[:, :n] for k, v in hidden.items()}
         return logits.float(), hidden
 
-    def _structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, N, N] (0 = attend) of
-        parents [1, N] (on the device), remembered per tree shape when the shape is known on the host:
-        static trees repeat every pass."""
+    def _structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor, Tensor, bytes | None]:
+        """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, 1, N, N] (0 = attend) of
+        parents [1, N] (on the device), remembered per tree shape when the shape is known on the host
+        (static trees repeat every pass); and the shape's key when it was remembered from an earlier
+        pass (None the first time: dynamic trees rarely repeat)."""
         key = host.numpy().tobytes() if host is not None else None
         found = self._trees.get(key) if key is not None else None
-        if found is None:
-            anc = ancestors_on_device(parents)
-            found = (anc, anc.sum(-1) - 1, tree_mask(anc, 0, self.dtype)[:, 0])
-            if key is not None:
-                if len(self._trees) >= 64:  # dynamic trees rarely repeat: keep the memory bounded
-                    self._trees.clear()
-                self._trees[key] = found
-        return found
+        if found is not None:
+            return (*found, key)
+        anc = ancestors_on_device(parents)
+        found = (anc, anc.sum(-1) - 1, tree_mask(anc, 0, self.dtype))
+        if key is not None:
+            if len(self._trees) >= 64:  # keep the memory bounded
+                self._trees.clear()
+            self._trees[key] = found
+        return (*found, None)
+
+    def _tree_mask(self, block: Tensor, key: bytes | None) -> Tensor:
+        """The verify mask [1, 1, N, past + N]: every node sees the committed prefix, then `block`.
+
+        A shape seen before (key) keeps [1, 1, N, W + N] (W >= past columns of zeros, then the block), so
+        its mask is ONE view (each op costs on a CPU); at most 4 shapes are kept (W x N each)."""
+        size, past = block.shape[-1], self.length
+        wide = self._wide.get(key) if key is not None else None
+        if key is not None and (wide is None or wide.shape[-1] - size < past):
+            if wide is None and len(self._wide) >= 4:
+                self._wide.clear()
+            columns = max(self.capacity or 0, 2 * past, 1024)
+            wide = self._wide[key] = torch.cat([block.new_zeros(1, 1, size, columns), block], dim=-1)
+        if wide is None:  # a new shape: the prefix's zeros and the block, one concatenation
+            return torch.cat([self._visible(past).expand(1, 1, size, past), block], dim=-1)
+        return wide[..., wide.shape[-1] - size - past :]
 
     def _visible(self, columns: int) -> Tensor:
         """An additive mask [1, 1, 1, columns] of zeros (one query that sees every cached position)."""
@@ -380,6 +399,10 @@ class TargetRunner:
         """Keep the accepted nodes `path` [K] (ascending, path[0] = 0) of the last verify after the prefix."""
         if isinstance(path, list):  # the generator's plain list: no tensor when the path is in place
             k, contiguous = len(path), bool(path) and path[-1] == len(path) - 1
+            if contiguous and isinstance(self.cache, SlotCache):  # already in place: just the length
+                self.cache.set_length(self.length + k)
+                self.length += k
+                return
             path = torch.arange(k) if contiguous else torch.tensor(path, dtype=torch.long)
         else:
             path = torch.as_tensor(path, dtype=torch.long)

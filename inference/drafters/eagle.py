@@ -26,8 +26,10 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan
 from spechead.inference.kv_cache import SlotCache
+from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import (
     StaticTree,
@@ -94,13 +96,13 @@ class EagleDrafter(Drafter):
         self._spec_slots = (
             (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
         )
-        self._feature: Tensor | None = None  # [H]: output of the last committed pair
+        self._feature: Tensor | None = None  # [1, H]: output of the last committed pair
         # set by `use_compile`: the whole draft (`_grow_graph`) under torch.compile
         self._compiled: Callable[..., tuple[Tensor, Tensor, Tensor | None]] | None = None
         self._compiled_commit: Callable[..., Tensor] | None = None  # and the accept step (`_commit_graph`)
         self._root: int | None = None  # the token x_C that pair was fed with
-        self._zeros: Tensor | None = None  # [R, S_max] zeros: the committed columns of eager masks
-        self._causal: dict[int, Tensor] = {}  # k -> additive causal block [k, k]
+        self._masks = HeadMasks(GRAPH_COMMIT)  # eager masks from kept pieces (drafters/head_masks.py)
+        self._positions = PositionIds()  # eager position ids [1, q]: views of one kept arange
         self._d2t: Tensor | None = None  # [Vd] target id of every head-vocab id (one gather maps ids)
         self._scores: Tensor | None = None  # [N] float64, see `last_scores`
         self._values: list[tuple[Tensor, Tensor]] | None = None  # eager static: per depth logits, ids
@@ -156,7 +158,9 @@ class EagleDrafter(Drafter):
         if int(root) != self._root:
             raise ValueError(f"propose got root {int(root)} but start/accept announced {self._root}")
         self._ensure_room(self.max_nodes)
-        root_t = torch.full((1,), int(root), device=self._weight.device)  # [1] long (faster than tensor())
+        root_t = torch.full(
+            (1, 1), int(root), device=self._weight.device
+        )  # [1, 1] long (faster than tensor())
         self._map_ids(root_t.device)
         self._values = None  # (set again by an eager static tree's growth)
         try:
@@ -195,9 +199,9 @@ class EagleDrafter(Drafter):
     def _commit(self, tokens: Tensor, hidden: dict[int, Tensor], next_token: int) -> None:
         """Step the head on pairs (f of tokens[i], tokens[i+1] or next_token) at positions C.. (causal)."""
         device = self._weight.device
-        tokens = tokens.to(device=device, dtype=torch.long)
+        # the next tokens [1, K] made from a host list: one op (a slice and a concatenation are three)
+        next_ids = torch.tensor([[*tokens.tolist()[1:], int(next_token)]], dtype=torch.long, device=device)
         features = self._features(hidden, tokens.numel())  # [1, K, H]
-        next_ids = torch.cat([tokens[1:], tokens.new_tensor([int(next_token)])])[None]  # [1, K]
         self._ensure_room(tokens.numel())
         k, c, cache = tokens.numel(), self._committed, self._cache
         assert cache is not None  # start made it
@@ -209,23 +213,24 @@ class EagleDrafter(Drafter):
                                             F.pad(next_ids, (0, padded - k)), cache.device_length())  # fmt: skip
             self._committed += k
             cache.set_length(self._committed)
-            self._feature = out[k - 1]  # [H]: the last real pair's output
+            self._feature = out[k - 1 : k]  # [1, H]: the last real pair's output
             self._root = int(next_token)
             return
         # causal after the C committed entries; with fixed shapes (compiled drafting: the prompt, or
         # more than GRAPH_COMMIT tokens) over the whole buffer
         if not cache.static_shapes and k <= GRAPH_COMMIT:  # an accept: few ops from cached pieces
             # [1, 1, K, C + K]; one pair sees every entry: the step's causal default, unmasked
-            mask = self._after_committed(self._causal_block(k), c) if k > 1 else None
-            positions = torch.arange(c, c + k, device=device)[None]  # [1, K]
+            causal = self._masks.causal_block(k, self._weight) if k > 1 else None  # [k, k]
+            mask = None if causal is None else self._masks.after_committed(causal, c, cache.max_length, key=k)
+            positions = self._positions(c, k, device)  # [1, K]
         else:
             columns = cache.max_length if cache.static_shapes else c + k
             mask, positions = causal_inputs_static(k, c, columns, self._weight.dtype, device)
         with torch.no_grad():
             out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
-        self._committed += tokens.numel()
+        self._committed += k
         cache.set_length(self._committed)
-        self._feature = out[0, -1]
+        self._feature = out[0, -1:]  # [1, H]
         self._root = int(next_token)
 
     def _commit_graph(self, features: Tensor, next_ids: Tensor, length: Tensor) -> Tensor:
@@ -254,42 +259,16 @@ class EagleDrafter(Drafter):
         if missing:
             raise KeyError(f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})")
         weight = self._weight  # a bf16 target may feed an fp32 head (e.g. evaluated while training)
-        states = [
-            hidden[layer].to(weight.device, weight.dtype)[None] for layer in self.hidden_layers
-        ]  # [1, K, H]
+        states = [hidden[layer].to(weight.device, weight.dtype) for layer in self.hidden_layers]  # [K, H]
         for layer, state in zip(self.hidden_layers, states):
-            if state.shape[1] != length:
-                raise ValueError(f"hidden[{layer}] has {state.shape[1]} positions, expected {length}")
-        with torch.no_grad():
-            return self.head.features(states)  # EAGLE-3: fused
+            if state.shape[0] != length:
+                raise ValueError(f"hidden[{layer}] has {state.shape[0]} positions, expected {length}")
+        with torch.no_grad():  # EAGLE-3: fused (over any leading dims: one unsqueeze after, not three)
+            return self.head.features(states)[None]  # [1, K, H]
 
     def _crop(self) -> None:
         if self._cache is not None:
             self._cache.set_length(self._committed)
-
-    # ---- eager masks from cached pieces (each op costs on a CPU: one concatenation, not a fill) -----
-
-    def _after_committed(self, block: Tensor, committed: int) -> Tensor:
-        """Additive mask [1, 1, q, C + w]: every one of q rows sees the C committed entries, then the
-        additive block [q, w] (0 = attend, finfo.min = blocked) over the speculative slots C..C+w-1."""
-        q, cache = block.shape[0], self._cache
-        assert cache is not None  # start made it
-        zeros = self._zeros
-        if zeros is None or not _covers(zeros, block, cache.max_length):  # first use, or the cache grew
-            rows = max(q, GRAPH_COMMIT, zeros.shape[0] if zeros is not None else 0)
-            zeros = self._zeros = block.new_zeros(rows, cache.max_length)  # [R, S_max]
-        return torch.cat([zeros[:q, :committed], block], dim=1)[None, None]
-
-    def _causal_block(self, k: int) -> Tensor:
-        """Additive causal mask [k, k] among k consecutive entries (made once per k)."""
-        block = self._causal.get(k)
-        if block is None:
-            weight = self._weight
-            block = torch.full(
-                (k, k), torch.finfo(weight.dtype).min, dtype=weight.dtype, device=weight.device
-            )
-            self._causal[k] = block = block.triu(1)
-        return block
 
     # ---- tree growth (tensors on the head's device; no host round trip inside the depth loop) -----
 
@@ -304,45 +283,47 @@ class EagleDrafter(Drafter):
             self._d2t = self.head.draft_to_target(torch.arange(self._vocab, device=device))  # [Vd]
 
     def _top(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """Output features [q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
+        """Output features [1, q, H] -> the k best children: log-probs [q, k] and head-vocab ids [q, k].
 
         top-k of the raw logits minus their logsumexp (= top-k of log_softmax, without writing it)."""
-        logits = self.head_logits(features[None])[0].float()  # [q, Vd]
+        logits = self.head_logits(features)[0].float()  # [q, Vd]
         values, ids = logits.topk(k, dim=-1)
         return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
     def _top_ids(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """`_top` without the log-probs (a static tree only needs the ranks): the logits [q, Vd] (kept
-        for `last_scores`) and the k best head-vocab ids [q, k]."""
-        logits = self.head_logits(features[None])[0]  # [q, Vd]
+        """`_top` without the log-probs (a static tree only needs the ranks), features [1, q, H]: the
+        logits [1, q, Vd] (kept for `last_scores`) and the k best head-vocab ids [1, q, k]."""
+        logits = self.head_logits(features)  # [1, q, Vd]
         return logits, logits.topk(k, dim=-1).indices
 
     def _step(
         self, features: Tensor, ids: Tensor, allowed_spec: Tensor | None, depth: int, committed: Tensor | None
     ) -> Tensor:
-        """One head call on q nodes at `depth` >= 1: parent features [q, H], tokens [q], allowed_spec
-        [q, S + q] (their ancestors' speculative slots and themselves: bool, or in eager drafting already
-        the additive block, 0 = attend; or None in eager drafting when ONE node sees every slot so far:
-        no mask at all) -> output features [q, H].
+        """One head call on q nodes at `depth` >= 1: parent features [1, q, H], tokens [1, q],
+        allowed_spec [q, S + q] (their ancestors' speculative slots and themselves: bool, or in eager
+        drafting already the additive block, 0 = attend; or None in eager drafting when ONE node sees
+        every slot so far: no mask at all) -> output features [1, q, H].
 
         committed: None (eager: the C committed entries, `self._committed`) or, inside the draft graph,
         C as a 0-d device tensor: then the mask spans the whole fixed-size cache and the write slot is
         set on the device, so the graph does not depend on C."""
-        cache, dtype, q = self._cache, self._weight.dtype, ids.shape[0]
+        cache, dtype, q = self._cache, self._weight.dtype, ids.shape[1]
         assert cache is not None  # start made it
         if committed is None:
             c = self._committed
-            positions = torch.full((1, q), c + depth - 1, dtype=torch.long, device=ids.device)  # [1, q]
+            positions = self._positions(c + depth - 1, 1, ids.device)  # [1, 1]: a depth's nodes sit there
             if allowed_spec is None:  # one node seeing all C + S + 1 entries: the step's causal default,
                 # which a single query over an eager cache (its view ends at the write) runs unmasked
-                return self.head_step(features[None], ids[None], None, positions, cache)[0]  # [1, H]
+                return self.head_step(features, ids, None, positions, cache)  # [1, 1, H]
+            key = None if allowed_spec.dtype == torch.bool else ("depth", depth)  # a static plan's block
             width = allowed_spec.shape[1]  # S + q: speculative slots so far + these q
             if allowed_spec.dtype == torch.bool:  # [q, S + q] -> additive
                 allowed_spec = torch.zeros(q, width, dtype=dtype, device=ids.device).masked_fill_(
                     ~allowed_spec, torch.finfo(dtype).min
                 )
-            mask = self._after_committed(allowed_spec, c)  # [1, 1, q, C + S + q]
-            return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
+            mask = self._masks.after_committed(allowed_spec, c, cache.max_length, key)  # [1, 1, q, C + S + q]
+            positions = positions.expand(1, q) if q > 1 else positions  # [1, q]
+            return self.head_step(features, ids, mask, positions, cache)  # [1, q, H]
         assert allowed_spec is not None  # (the graph always masks: its cache view is the whole buffer)
         width = allowed_spec.shape[1]  # S + q: speculative slots so far + these q
         rel = torch.arange(cache.max_length, device=ids.device) - committed  # [S_max] slot - C
@@ -352,7 +333,7 @@ class EagleDrafter(Drafter):
         mask = mask.masked_fill(~visible, torch.finfo(dtype).min)[None, None]  # [1, 1, q, S_max]
         positions = (committed + (depth - 1)).view(1, 1).expand(1, q)  # [1, q]
         cache.write_at(committed + (width - q))  # these q nodes' slots: C + S ..
-        return self.head_step(features[None], ids[None], mask, positions, cache)[0]  # [q, H]
+        return self.head_step(features, ids, mask, positions, cache)  # [1, q, H]
 
     @property
     def last_scores(self) -> Tensor | None:
@@ -364,7 +345,7 @@ class EagleDrafter(Drafter):
     def _grow(
         self, feature: Tensor, root: Tensor, committed: Tensor | None, scores: bool = True
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The tree: tokens, parents, scores [N] from the root's feature [H] and token [1]; scores=False:
+        """The tree: tokens, parents, scores [N] from the root's feature [1, H] and token [1, 1]; scores=False:
         a static tree leaves its scores to `last_scores` (None here; decoding never reads them)."""
         if self._static is not None:
             return self._grow_static(feature, root, committed, scores)
@@ -384,7 +365,7 @@ class EagleDrafter(Drafter):
         keep the best `total_tokens - 1` nodes. Returns tokens, parents, scores [N] (float64)."""
         k, device = self.top_k, self._weight.device
         values, ids = self._top(feature[None], k)  # [1, k] each
-        tokens = [root, self._to_target(ids[0])]  # node tokens, by depth
+        tokens = [root[0], self._to_target(ids[0])]  # node tokens, by depth
         parents = [torch.tensor([-1], device=device), torch.zeros(k, dtype=torch.long, device=device)]
         scores = [torch.zeros(1, dtype=torch.float64, device=device), values[0].double()]
         count = 1 + k  # nodes so far; the depth-1 nodes are ids 1..k
@@ -394,7 +375,8 @@ class EagleDrafter(Drafter):
         anc = torch.zeros(k, 0, dtype=torch.bool, device=device)  # [k, S] ancestors' speculative slots
         eye = torch.eye(k, dtype=torch.bool, device=device)
         for d in range(2, self.depth + 1):
-            out = self._step(front_feat, front_tok, torch.cat([anc, eye], dim=1), d - 1, committed)  # [k, H]
+            allowed = torch.cat([anc, eye], dim=1)  # [k, S + k]
+            out = self._step(front_feat[None], front_tok[None], allowed, d - 1, committed)  # [1, k, H]
             values, ids = self._top(out, k)  # [k, k] each
             new_score = (front_score[:, None] + values.double()).reshape(-1)  # [k * k]
             new_tok = self._to_target(ids).reshape(-1)  # [k * k]
@@ -405,7 +387,7 @@ class EagleDrafter(Drafter):
                 pick = torch.sort(-new_score, stable=True).indices[:k].sort().values  # [k]
                 row = pick // k  # which expanded node each one hangs from
                 anc = torch.cat([anc[row], eye[row]], dim=1)  # [k, S + k]
-                frontier, front_feat = count + pick, out[row]
+                frontier, front_feat = count + pick, out[0, row]
                 front_tok, front_score = new_tok[pick], new_score[pick]
             count += k * k
         all_tokens, all_parents, all_scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)  # [M]
@@ -430,30 +412,36 @@ class EagleDrafter(Drafter):
         it expands); every node's token (and score) comes at the end from the candidates of all depths
         at once (indices precomputed in the plan: few ops per pass, each one costs on a CPU)."""
         plan = self._static_plan()
-        feats, run = feature[None], root  # [E, H] outputs of the nodes expanded at a depth, [E] their ids
-        ids_by_depth, values_by_depth = [], []  # per depth: [E * need] head ids; log-probs [E, need]
-        # (scores) or logits [E, Vd] (kept for `last_scores`)
+        # the batch dimension of 1 stays on throughout (adding and dropping it costs two ops a call)
+        feats, run = (
+            feature[None],
+            root,
+        )  # [1, E, H] outputs of the nodes expanded at a depth, [1, E] their ids
+        ids_by_depth, values_by_depth = [], []  # per depth: [1, E * need] head ids; log-probs [E, need]
+        # (scores) or logits [1, E, Vd] (kept for `last_scores`)
         for step in plan.steps:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
                 if committed is not None:  # the graph: bool blocks, always gathered (a few fused ops)
-                    allowed, parent_feats = step["allowed"], feats[step["parent_rows"]]
+                    allowed, parent_feats = step["allowed"], feats[:, step["parent_rows"]]
                 else:  # eager: the additive block, or no mask at all; no gather of rows already in place
                     allowed = None if step["sees_all"] else step["additive"]
-                    parent_feats = feats if step["same_rows"] else feats[step["parent_rows"]]
-                feats = self._step(parent_feats, run, allowed, step["depth"] - 1, committed)
+                    parent_feats = feats if step["same_rows"] else feats[:, step["parent_rows"]]
+                feats = self._step(parent_feats, run, allowed, step["depth"] - 1, committed)  # [1, E, H]
             if scores:
                 values, ids = self._top(feats, step["need"])  # [E, need] each
                 values_by_depth.append(values)
-            else:  # the logits [E, Vd] stay for `last_scores`; no log-softmax on the way
-                logits, ids = self._top_ids(feats, step["need"])
+            else:  # the logits [1, E, Vd] stay for `last_scores`; no log-softmax on the way
+                logits, ids = self._top_ids(feats, step["need"])  # [1, E, Vd], [1, E, need]
                 values_by_depth.append(logits)
-            ids_by_depth.append(ids.reshape(-1))
+            ids_by_depth.append(ids.reshape(1, -1))  # [1, E * need]
             if step["next_run"] is not None:  # target ids of this depth's nodes the next depth expands
-                ids = ids_by_depth[-1] if step["next_all"] else ids_by_depth[-1][step["next_run"]]
-                run = self._to_target(ids)
-        candidates = torch.cat(ids_by_depth)  # every depth's, in order
-        picked = candidates if plan.pick_all else candidates[plan.pick]  # [N - 1]: each node's candidate
-        tokens = torch.cat([root, self._to_target(picked)])  # [N]
+                ids = ids_by_depth[-1] if step["next_all"] else ids_by_depth[-1][:, step["next_run"]]
+                run = self._to_target(ids)  # [1, E']
+        candidates = torch.cat(ids_by_depth, dim=1)  # [1, M]: every depth's, in order
+        picked = (
+            candidates if plan.pick_all else candidates[:, plan.pick]
+        )  # [1, N - 1]: each node's candidate
+        tokens = torch.cat([root, self._to_target(picked)], dim=1)[0]  # [N]
         if not scores:
             self._values = list(zip(values_by_depth, ids_by_depth))
             return tokens, plan.parents, None
@@ -466,11 +454,11 @@ class EagleDrafter(Drafter):
         return plan.path_sum @ F.pad(flat.double(), (1, 0))  # sums along the paths
 
     def _kept_scores(self, kept: list[tuple[Tensor, Tensor]]) -> Tensor:
-        """`_static_scores` from each depth's logits [E, Vd] and chosen ids [E * need] (eager drafting
-        keeps those instead of log-probs)."""
+        """`_static_scores` from each depth's logits [1, E, Vd] and chosen ids [1, E * need] (eager
+        drafting keeps those instead of log-probs)."""
         values = []
         for logits, ids in kept:
-            logits = logits.float()
+            logits = logits[0].float()  # [E, Vd]
             chosen = logits.gather(-1, ids.view(logits.shape[0], -1))  # [E, need]
             values.append(chosen - torch.logsumexp(logits, dim=-1, keepdim=True))
         return self._static_scores(values)
@@ -482,10 +470,3 @@ class EagleDrafter(Drafter):
             weight = self._weight
             self._plan = build_static_plan(self._static, weight.device, weight.dtype)
         return self._plan
-
-
-def _covers(zeros: Tensor, block: Tensor, columns: int) -> bool:
-    """Whether zeros [R, S] can give the committed columns of a mask with block [q, w]'s rows, dtype
-    and device over a cache of `columns` slots."""
-    same = zeros.dtype == block.dtype and zeros.device == block.device
-    return same and zeros.shape[0] >= block.shape[0] and zeros.shape[1] >= columns

@@ -116,7 +116,7 @@ def test_cache_stays_consistent_across_cycles(target, kind, tree) -> None:
             valid = ref.keys.shape[-2]
             torch.testing.assert_close(mine.keys[:, :, :valid], ref.keys, atol=2e-4, rtol=1e-4)
             torch.testing.assert_close(mine.values[:, :, :valid], ref.values, atol=2e-4, rtol=1e-4)
-        torch.testing.assert_close(drafter._feature, out[0, -1], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(drafter._feature, out[:, -1], atol=2e-4, rtol=1e-4)
     # The next tree equals the one a drafter started on the whole committed sequence proposes.
     mine = drafter.propose(root, GREEDY, None).tree
     scores = drafter.last_scores
@@ -125,6 +125,26 @@ def test_cache_stays_consistent_across_cycles(target, kind, tree) -> None:
     ref = other.propose(root, GREEDY, None).tree
     assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
     torch.testing.assert_close(scores, other.last_scores, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_drafter_reused_on_a_longer_sequence_accepts_as_a_fresh_one(target, kind) -> None:
+    """The eager accept's masks are views of kept ones sized to the head's cache: a second, longer
+    sequence gets a larger cache (300 tokens: 512 slots, not 256), and the kept masks must follow."""
+    head = make_head(target, kind)
+    drafter = EagleDrafter(head, tree=[[0], [0, 0], [0, 0, 0]])
+    for length, seed in ((7, 0), (300, 1)):
+        stream, root = Stream(head, length, seed=seed), 5
+        drafter.start(stream.tokens, stream.states, root)
+        for _ in range(2):
+            accepted = drafter.propose(root, GREEDY, None).tree.tokens[:3]  # root + 2 drafts: K = 3
+            hidden = stream.extend(accepted)
+            root = 7
+            drafter.accept(accepted, hidden, root)
+        next_ids = torch.cat([stream.tokens[1:], torch.tensor([root])])[None]
+        out = head.step(stream.features(head), next_ids, past_key_values=DynamicCache())  # [1, C, H]
+        torch.testing.assert_close(drafter._feature, out[:, -1], atol=2e-4, rtol=1e-4)
+    assert drafter._cache.max_length == 512
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

@@ -102,6 +102,31 @@ def test_verify_equals_plain_paths_and_commit_equals_plain_run(model, cache, buc
             torch.testing.assert_close(mine.values[:, :, : len(seq)], ref.values, atol=1e-5, rtol=0)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_tree_shape_seen_again_verifies_through_its_kept_mask_at_any_length(model, cache):
+    """A static tree's shape repeats every pass: from its second pass on, the mask is a view of a kept
+    one over W >= past columns, widened when a later sequence outgrows W (here: 1100 positions)."""
+    runner = TargetRunner(model, cache=cache)
+    parents = torch.tensor([-1, 0, 1, 1, 2])  # [N]: the same shape every pass
+    g = torch.Generator().manual_seed(0)
+    for prompt_len, paths in ((6, ([0, 1, 2], [0, 1, 3], [0, 1, 2, 4])), (1100, ([0, 1, 3], [0, 1, 2]))):
+        seq = torch.randint(0, VOCAB, (prompt_len,), generator=g).tolist()
+        runner.reserve(prompt_len, 20)
+        runner.prefill(torch.tensor([seq]))
+        for path in paths:
+            tokens = torch.randint(0, VOCAB, (5,), generator=g)
+            logits, _ = runner.verify(tokens[None], parents[None])
+            for node in range(5):
+                ref, _ = plain(model, seq + tokens[path_to_node(parents, node)].tolist())
+                torch.testing.assert_close(logits[0, node], ref[-1], atol=1e-4, rtol=0)
+            runner.commit(path)  # a host list, as the generator commits (contiguous or not)
+            seq += tokens[path].tolist()
+            assert runner.length == len(seq) == runner.cache.get_seq_length()
+    assert len(runner._wide) == 1  # the one shape's kept mask, widened for the long sequence
+    assert next(iter(runner._wide.values())).shape[-1] >= 1100 + 5
+
+
 def test_static_cache_is_preallocated_once(model):
     runner = TargetRunner(model, cache="static")
     runner.reserve(4, 20)
