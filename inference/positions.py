@@ -1,5 +1,6 @@
 """Position ids as views of one kept arange: eager decoding asks for a few positions per call, and on a
-CPU making a tensor (`torch.full`, `torch.arange`) costs several times a view of one already made."""
+CPU making a tensor (`torch.full`, `torch.arange`) costs several times a view of one already made, and
+a view made ahead costs nothing at all."""
 
 from __future__ import annotations
 
@@ -9,14 +10,22 @@ from torch import Tensor
 
 class PositionIds:
     """`ids(start, count, device)` -> positions start..start + count - 1 as [1, count], a view of a kept
-    arange [1, S] (made again, twice as long, when a position outgrows it or the device changes).
-    Read-only: a caller must not write into the view."""
+    arange [1, S] (made again, twice as long, when a position outgrows it or the device changes); a
+    single position's [1, 1] view is kept once made (no op when asked again: decoding asks for the same
+    few positions pass after pass). Read-only views: a caller must not write into them."""
 
     def __init__(self) -> None:
         self.row: Tensor | None = None  # [1, S] 0..S-1
+        self.singles: dict[int, Tensor] = {}  # position p -> its [1, 1] view of row
 
     def __call__(self, start: int, count: int, device: torch.device) -> Tensor:
         row, end = self.row, start + count
         if row is None or row.shape[1] < end or row.device != device:
             row = self.row = torch.arange(max(2 * end, 1024), device=device)[None]
-        return row[:, start:end]
+            self.singles = {}
+        if count != 1:
+            return row[:, start:end]
+        single = self.singles.get(start)
+        if single is None:
+            single = self.singles[start] = row[:, start:end]
+        return single

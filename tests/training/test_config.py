@@ -45,12 +45,14 @@ def test_defaults_are_the_offline_demo():
 
 
 def test_demo_eagle3_head_gets_its_head_tuning_only_there():
-    """head_tuning/eagle3-demo.yaml: the demo EAGLE-3 head drafts over 1024 tokens and trains longer at a
-    higher lr; any other model keeps the family default (null: min(32000, vocab)), other demo heads keep
+    """head_tuning/eagle3-demo.yaml: the demo EAGLE-3 head drafts over 1024 tokens, unrolls 4 TTT steps and
+    trains longer at a higher lr; any other model keeps the family default (null: min(32000, vocab)), other demo heads keep
     tuning/demo.yaml's run, the command line wins."""
     demo = settings()
     assert demo.head.arch["draft_vocab_size"] == 1024
-    assert (demo.trainer.max_steps, demo.trainer.lr) == (1800, 3e-3)
+    assert demo.head.arch["ttt_steps"] == 4  # the depths a CPU tree drafts
+    assert (demo.trainer.max_steps, demo.trainer.lr) == (2600, 3e-3)
+    assert settings("head=eagle3", "model=llama3-8b").head.arch["ttt_steps"] == 7
     assert (settings("head=medusa").trainer.max_steps, settings("head=medusa").trainer.lr) == (600, 1e-3)
     medusa2 = settings("head=medusa2")  # head_tuning/medusa2-demo.yaml: longer, same lr
     assert (medusa2.trainer.max_steps, medusa2.trainer.lr) == (1800, 1e-3)
