@@ -323,6 +323,8 @@ class SpeculativeGenerator:
             drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
         clock.mark("prefill")
         pending = [root]  # tokens to emit
+        plain = chain([], root)  # plain decoding's one-node tree (its token refilled every step)
+        plain_inputs = (plain.tokens[None], plain.parents[None])  # [1, 1] views of it
         accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
         verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
@@ -339,14 +341,19 @@ class SpeculativeGenerator:
                 drafter.verified(*checked)  # the whole tree's outputs first (lookahead's Jacobi guesses)
                 drafter.accept(*accepted)
             draft = drafter.propose(root, params, generator) if drafter else None
-            tree = draft.tree if draft else chain([], root)
-            room = runner.room()
-            if room is not None and tree.size > room:  # near a fixed cache's end: keep the first nodes
-                tree = TokenTree(tree.tokens[:room], tree.parents[:room])  # (lossless: fewer candidates)
+            if draft is None:  # plain decoding: the one-token inputs [1, 1] are made once and refilled
+                plain.tokens.fill_(root)
+                tree, inputs = plain, plain_inputs
+            else:
+                tree = draft.tree
+                room = runner.room()
+                if room is not None and tree.size > room:  # near a fixed cache's end: keep the first nodes
+                    tree = TokenTree(tree.tokens[:room], tree.parents[:room])  # (lossless: fewer candidates)
+                inputs = (tree.tokens[None], tree.parents[None])  # [1, N] each
             clock.mark("draft")
-            logits, hidden = runner.verify(tree.tokens[None], tree.parents[None])  # [1, N, V], {l: [1, N, H]}
+            logits, hidden = runner.verify(*inputs)  # [1, N, V], {l: [1, N, H]}
             if tree.size == 1:  # plain decoding (or an empty draft): the target's own next token
-                acc = Acceptance(path=[0], next_token=pick(logits[0, 0], params, generator))
+                acc = Acceptance(path=[0], next_token=pick(logits.reshape(-1), params, generator))  # [V]
             elif params.is_greedy and logits.device.type == "cpu":  # host = device: a list walk is cheapest
                 acc = greedy_accept(tree, logits[0])
             elif params.is_greedy:  # on an accelerator: on the device, one host round trip
@@ -363,6 +370,9 @@ class SpeculativeGenerator:
             clock.mark("verify")
             stats.drafted_tokens += tree.size - 1
             root = acc.next_token
+            if drafter is None:  # plain decoding: nothing to hand on
+                pending = [root]
+                continue
             k = len(acc.path)
             if acc.path[-1] == k - 1:  # the path is nodes 0..k-1 (a chain's): slices, not gathers
                 pending = [*tree.tokens[1:k].tolist(), root]
@@ -372,9 +382,8 @@ class SpeculativeGenerator:
                 pending = [*tree.tokens[path[1:]].tolist(), root]
                 dev_path = path.to(self.target.device)
                 path_tokens, kept = tree.tokens[path], {key: v[0, dev_path] for key, v in hidden.items()}
-            if drafter:
-                accepted = (path_tokens, kept, root)  # [K], {l: [K, H]}
-                checked = (tree, logits[0])  # [N], [N, V]
+            accepted = (path_tokens, kept, root)  # [K], {l: [K, H]}
+            checked = (tree, logits[0])  # [N], [N, V]
         spent = clock.totals()
         stats.prefill_time = spent["prefill"]
         stats.draft_time = spent["draft"]

@@ -185,6 +185,7 @@ class TargetRunner:
         self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify
         self._zeros: Tensor | None = None  # [1, 1, 1, S] additive zeros: the plain step's mask
         self._positions = PositionIds()  # the plain step's position [1, 1]: a view, not a new tensor
+        self._single: Tensor | None = None  # the plain step's ancestors [1, 1, 1] (all True)
         self._trees: dict[bytes, tuple[Tensor, Tensor, Tensor]] = {}  # tree shape -> ancestors, depths, block
         self._wide: dict[bytes, Tensor] = {}  # tree shape seen again -> its mask over W + N columns
 
@@ -314,7 +315,9 @@ class TargetRunner:
         host_parents = parents if parents.device.type == "cpu" else None  # a cache key without a sync
         tokens, parents = tokens.to(self.device), parents.to(self.device)
         if n == 1 and not self.static_shapes:
-            self.last_ancestors = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
+            if self._single is None:  # one node is its own ancestor: the same [1, 1, 1] every step
+                self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
+            self.last_ancestors = self._single
             positions = self._positions(self.length, 1, self.device)  # [1, 1]
             # an explicit all-visible mask: transformers then skips building its own causal mask,
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
