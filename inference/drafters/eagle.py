@@ -158,9 +158,8 @@ class EagleDrafter(Drafter):
         if int(root) != self._root:
             raise ValueError(f"propose got root {int(root)} but start/accept announced {self._root}")
         self._ensure_room(self.max_nodes)
-        root_t = torch.full(
-            (1, 1), int(root), device=self._weight.device
-        )  # [1, 1] long (faster than tensor())
+        # [1, 1] long (torch.full costs less than torch.tensor on a CPU)
+        root_t = torch.full((1, 1), int(root), device=self._weight.device)
         self._map_ids(root_t.device)
         self._values = None  # (set again by an eager static tree's growth)
         try:
