@@ -50,7 +50,7 @@ def test_demo_eagle3_head_gets_its_head_tuning_only_there():
     tuning/demo.yaml's run, the command line wins."""
     demo = settings()
     assert demo.head.arch["draft_vocab_size"] == 1024
-    assert demo.head.arch["ttt_steps"] == 4  # the depths a CPU tree drafts
+    assert demo.head.arch["ttt_steps"] == 4  # the depths a CPU tree mostly drafts
     assert (demo.trainer.max_steps, demo.trainer.lr) == (2600, 3e-3)
     assert settings("head=eagle3", "model=llama3-8b").head.arch["ttt_steps"] == 7
     assert (settings("head=medusa").trainer.max_steps, settings("head=medusa").trainer.lr) == (600, 1e-3)
