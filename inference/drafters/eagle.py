@@ -197,12 +197,12 @@ class EagleDrafter(Drafter):
 
     def _commit(self, tokens: Tensor, hidden: dict[int, Tensor], next_token: int) -> None:
         """Step the head on pairs (f of tokens[i], tokens[i+1] or next_token) at positions C.. (causal)."""
-        device = self._weight.device
+        device, k = self._weight.device, tokens.numel()
         # the next tokens [1, K] made from a host list: one op (a slice and a concatenation are three)
         next_ids = torch.tensor([[*tokens.tolist()[1:], int(next_token)]], dtype=torch.long, device=device)
-        features = self._features(hidden, tokens.numel())  # [1, K, H]
-        self._ensure_room(tokens.numel())
-        k, c, cache = tokens.numel(), self._committed, self._cache
+        features = self._features(hidden, k)  # [1, K, H]
+        self._ensure_room(k)
+        c, cache = self._committed, self._cache
         assert cache is not None  # start made it
         if self._compiled_commit is not None and c > 0 and k <= GRAPH_COMMIT:  # c = 0: start, eager
             padded = 1 << (k - 1).bit_length()  # P >= K: a few graph shapes; the pairs past K land in
