@@ -365,8 +365,12 @@ class TargetRunner:
         """The verify mask [1, 1, N, past + N]: every node sees the committed prefix, then `block`.
 
         A shape seen before (key) keeps [1, 1, N, W + N] (W >= past columns of zeros, then the block), so
-        its mask is ONE view (each op costs on a CPU); at most 4 shapes are kept (W x N each)."""
+        its mask is ONE view (each op costs on a CPU); at most 4 shapes are kept (W x N each). On the CPU
+        only: CUDA's memory-efficient attention reads the mask assuming a 16-element-aligned start
+        (PyTorch pads a mask whose strides are not aligned, not one whose start is not), and a view at
+        column W - past crashed there with 'misaligned address'."""
         size, past = block.shape[-1], self.length
+        key = key if block.device.type == "cpu" else None
         wide = self._wide.get(key) if key is not None else None
         if key is not None and (wide is None or wide.shape[-1] - size < past):
             if wide is None and len(self._wide) >= 4:

@@ -28,9 +28,10 @@ class HeadMasks:
         `committed` entries, then block [q, w] (0 = attend, finfo.min = blocked) over slots C..C+w-1.
 
         key: the block is kept under it, so the mask is one view of its kept whole-cache mask (made
-        again when the cache, the dtype or the device changes)."""
+        again when the cache, the dtype or the device changes); on the CPU only, as the target's verify
+        mask (runner.TargetRunner._tree_mask: CUDA's attention needs a 16-element-aligned mask start)."""
         q = block.shape[0]
-        if key is not None:
+        if key is not None and block.device.type == "cpu":
             wide = self.wide.get(key)
             if wide is None or wide.shape[-1] != slots + block.shape[1] or not _same_kind(wide, block):
                 wide = self.wide[key] = torch.cat([block.new_zeros(q, slots), block], dim=1)[None, None]

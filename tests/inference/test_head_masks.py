@@ -27,6 +27,17 @@ def test_kept_and_unkept_masks_equal_filled_ones_as_the_cache_grows():
     assert masks.wide["depth-2"].shape == (1, 1, 2, 16 + 3)  # made again for the last, smaller cache
 
 
+def test_off_the_cpu_a_kept_block_gives_fresh_masks_not_views_at_an_arbitrary_column():
+    """CUDA's attention needs a 16-element-aligned mask start (a view at column S_max - C crashed with
+    'misaligned address' on an H200): off the CPU the mask is made whole; meta device = CUDA's path."""
+    masks = HeadMasks(min_rows=4)
+    block = torch.zeros(2, 3, device="meta")  # [q, w]
+    for committed in (5, 13, 9):
+        got = masks.after_committed(block, committed, 64, key="depth-2")  # [1, 1, q, C + w]
+        assert got.shape == (1, 1, 2, committed + 3) and got.storage_offset() == 0 and got.is_contiguous()
+    assert not masks.wide
+
+
 def test_causal_block_is_kept_per_size_and_follows_the_dtype():
     masks = HeadMasks(min_rows=4)
     block = masks.causal_block(3, torch.zeros(1))

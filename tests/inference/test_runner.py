@@ -127,6 +127,20 @@ def test_a_tree_shape_seen_again_verifies_through_its_kept_mask_at_any_length(mo
     assert next(iter(runner._wide.values())).shape[-1] >= 1100 + 5
 
 
+def test_off_the_cpu_a_verify_mask_is_never_a_view_at_an_arbitrary_column(model):
+    """CUDA's memory-efficient attention assumes a 16-element-aligned mask start: a kept mask's view at
+    column W - past crashed with 'misaligned address' on an H200. Off the CPU every verify mask is a
+    fresh tensor; checked on the meta device (no data, the same code path as CUDA's)."""
+    runner = TargetRunner(model, cache="static")
+    runner.device = torch.device("meta")
+    block = torch.zeros(1, 1, 5, 5, device="meta")  # [1, 1, N, N]
+    for past in (3, 7, 21, 7):
+        runner.length = past
+        mask = runner._tree_mask(block, key=b"one shape")  # [1, 1, N, past + N]
+        assert mask.shape == (1, 1, 5, past + 5) and mask.storage_offset() == 0 and mask.is_contiguous()
+    assert not runner._wide
+
+
 def test_static_cache_is_preallocated_once(model):
     runner = TargetRunner(model, cache="static")
     runner.reserve(4, 20)

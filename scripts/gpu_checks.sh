@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every check that needs a GPU, in one run that fits a short lease (about 8 minutes on one H100/H200):
+#   1. the CUDA tests (pytest -m gpu: the engine's greedy equality in fp32 and bf16, seeded sampling,
+#      load-time calibration on CUDA);
+#   2. scripts/bench_gpu.py --compile (Llama-3.1-8B shape, random bf16 weights, no download);
+#   3. scripts/benchmark.py on the demo target and the demo heads (eager, CUDA), when they are there.
+# Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
+# wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
+#
+#   bash scripts/gpu_checks.sh                       # all three; env PYTEST_S, BENCH_S, DEMO_S: limits (s)
+#   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
+set -uo pipefail
+OUT=${OUT:-outputs/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "error: installing .whl/ failed"; exit 1; }
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+"$PY" -c "import torch, transformers, spechead.inference; print('torch', torch.__version__, 'transformers',
+transformers.__version__, torch.cuda.get_device_name())" || exit 1
+
+status=0
+steps=" ${*:-pytest_gpu bench_gpu bench_demo} "
+step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
+    local name=$1 limit=$2
+    shift 2
+    [[ $steps == *" $name "* ]] || return 0
+    echo "=== $name (limit ${limit} s): $*"
+    local start=$SECONDS
+    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+    local rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc after $((SECONDS - start)) s"
+    [ "$rc" -eq 0 ] || status=1
+}
+step pytest_gpu "${PYTEST_S:-120}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py
+step bench_gpu "${BENCH_S:-270}" "$PY" scripts/bench_gpu.py --compile --sizes 1,64 --out "$OUT/bench_gpu.json"
+heads=()
+for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
+    [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")
+done
+if [ ${#heads[@]} -gt 0 ]; then
+    step bench_demo "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 "${heads[@]}" \
+        --out "$OUT/bench_demo"
+fi
+exit $status
