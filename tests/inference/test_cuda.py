@@ -72,3 +72,24 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
     ref = SpeculativeGenerator(model, chatml_tokenizer, None).generate(input_ids=prompt, max_new_tokens=16)
     out = SpeculativeGenerator(model, chatml_tokenizer, tree).generate(input_ids=prompt, max_new_tokens=16)
     assert out.token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize(("compile", "draft_compile"), [(True, None), (False, True)])
+def test_compiled_fast_path_on_cuda_equals_plain_decoding(
+    tiny_llama, chatml_tokenizer, compile, draft_compile
+):
+    """The CUDA fast path (reduce-overhead: CUDA graphs whose replays overwrite their outputs): the whole
+    target + draft compiled, and the EAGLE draft alone as one graph beside the eager target, each decode
+    greedily like plain eager decoding (static and EAGLE-2 dynamic trees; several prompts, so graphs
+    replay at new committed lengths)."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None)
+    eagle = _drafters(model)["eagle"]
+    for drafter in (eagle, eagle.with_tree([[0], [1], [0, 0], [0, 1], [0, 0, 0]])):
+        gen = SpeculativeGenerator(
+            model, chatml_tokenizer, drafter, compile=compile, draft_compile=draft_compile
+        )
+        for i in range(4):
+            prompt = list(range(5 + i, 15 + 2 * i))
+            ref = plain.generate(input_ids=prompt, max_new_tokens=24).token_ids
+            assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref, (compile, i)
