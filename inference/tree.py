@@ -193,6 +193,32 @@ def tree_from_choices(choices: list[list[int]]) -> StaticTree:
     return StaticTree(parents=as_long(parents), depth=as_long(depth), rank=as_long(rank))
 
 
+def depth_first_order(parents: list[int], rank: list[int]) -> list[int]:
+    """Node ids of a tree (parents [N], child ranks [N]) in depth-first order, each node's children
+    by rank (0 first): the rank-0 chain from the root, the greedy main path, becomes nodes 0..d, so
+    a pass that accepts along it commits a contiguous prefix (no cache entries move)."""
+    kids: list[list[int]] = [[] for _ in parents]
+    for i in range(1, len(parents)):
+        kids[parents[i]].append(i)
+    order, stack = [], [0]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        stack.extend(sorted(kids[node], key=lambda c: rank[c], reverse=True))  # rank 0 popped first
+    return order
+
+
+def depth_first(st: StaticTree) -> StaticTree:
+    """The same tree with its nodes renumbered in `depth_first_order` (parents still precede children)."""
+    order = depth_first_order(st.parents.tolist(), st.rank.tolist())
+    place = {node: i for i, node in enumerate(order)}
+    parents = [-1] + [place[int(st.parents[node])] for node in order[1:]]
+    index = torch.tensor(order, dtype=torch.long)
+    return StaticTree(
+        parents=torch.tensor(parents, dtype=torch.long), depth=st.depth[index], rank=st.rank[index]
+    )
+
+
 # ---- on the device: batched trees, no Python loops over nodes --------------------------------------
 
 

@@ -179,8 +179,8 @@ class EagleDrafter(Drafter):
         elif tokens.device.type != "cpu":
             tokens = tokens.cpu()
         self._scores = scores
-        if self._static is not None:  # the plan's parents, validated once by tree_from_choices
-            return Draft(tree=TokenTree.trusted(tokens, self._static.parents), rule="deterministic")
+        if self._plan is not None:  # the plan's parents, validated once by tree_from_choices
+            return Draft(tree=TokenTree.trusted(tokens, self._plan.host_parents), rule="deterministic")
         return Draft(tree=TokenTree(tokens=tokens, parents=parents), rule="deterministic")
 
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:

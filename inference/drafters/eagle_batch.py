@@ -219,4 +219,4 @@ class EagleBatchDrafter(BatchDrafter):
                 spec += run.numel()
             _, ids = self._top(out[:, step["expand"]], step["need"], scores=False)  # [B, E, need]
             tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
-        return tokens, plan.parents.expand(batch, -1)
+        return tokens[:, plan.order], plan.parents.expand(batch, -1)  # emitted depth-first (see the plan)

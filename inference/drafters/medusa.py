@@ -14,7 +14,7 @@ import torch
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import TokenTree, tree_from_choices
+from spechead.inference.tree import TokenTree, depth_first, tree_from_choices
 
 # A 24-node default (plus the root): wide near the root, a long greedy spine for easy text.
 DEFAULT_MEDUSA_CHOICES: list[list[int]] = [
@@ -34,7 +34,8 @@ class MedusaDrafter(Drafter):
         self.head = head.eval()
         depth_limit = head.config.num_heads
         choices = [c for c in (choices or DEFAULT_MEDUSA_CHOICES) if len(c) <= depth_limit]
-        self.static = tree_from_choices(choices)  # parents [N], depth [N], rank [N]
+        # parents [N], depth [N], rank [N]; depth-first: the greedy main path is nodes 0..d (contiguous)
+        self.static = depth_first(tree_from_choices(choices))
         self.choices = choices
         # Precomputed once: which heads run, how many candidates each gives, where they go.
         depth, rank = self.static.depth, self.static.rank  # [N], [N]

@@ -12,14 +12,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from spechead.inference.tree import StaticTree, ancestors_on_device
+from spechead.inference.tree import StaticTree, ancestors_on_device, depth_first, depth_first_order
 
 
 @dataclass
 class StaticPlan:
-    """steps: one dict per depth d >= 1 with the tensors below; pick [N - 1]: each node's candidate among
-    all depths' (concatenated); path_sum [N, N] float64 (ancestors incl. self, to sum log-probs along
-    paths); parents [N] on the device.
+    """steps: one dict per depth d >= 1 with the tensors below, over the tree's nodes in depth order
+    (`StaticTree` ids: a depth's nodes are contiguous). The tree a draft EMITS is in depth-first order
+    (`tree.depth_first_order`: the greedy main path is nodes 0..d, so accepting along it commits a
+    contiguous prefix); order [N]: emitted node -> depth-order id (on the device); pick [N - 1]: each
+    emitted node's candidate among all depths' (concatenated); path_sum [N, N] float64 (ancestors incl.
+    self, to sum log-probs along paths); parents [N] on the device and host_parents [N] on the CPU, both
+    of the emitted tree.
 
     A step: depth, nodes [n_d] (contiguous ids), expand [E] (their parents), need (top-k width), pick
     [n_d] (each node's candidate in the depth's [E * need] block), run_local / parent_rows (the expanded
@@ -33,9 +37,11 @@ class StaticPlan:
     attends to everything in the cache: no mask)."""
 
     steps: list[dict]
+    order: Tensor
     pick: Tensor
     path_sum: Tensor
     parents: Tensor
+    host_parents: Tensor
     pick_all: bool = False
 
 
@@ -77,10 +83,13 @@ def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) 
         step["next_all"] = after is not None and step["next_run"].tolist() == list(range(candidates))
         picks.append(step["pick"] + offset)
         offset += candidates
-    path_sum = ancestors_on_device(st.parents[None])[0].to(device, torch.float64)  # [N, N]
-    pick = torch.cat(picks)
+    # emitted in depth-first order: a permutation of the final gather's indices, no op more per pass
+    order = depth_first_order(parents, st.rank.tolist())  # [N] emitted node -> depth-order id
+    emitted = depth_first(st).parents  # [N]
+    pick = torch.cat(picks)[torch.tensor(order[1:], device=device) - 1]  # [N - 1]
+    path_sum = ancestors_on_device(emitted[None])[0].to(device, torch.float64)  # [N, N]
     pick_all = pick.tolist() == list(range(offset))
-    return StaticPlan(steps, pick, path_sum, st.parents.to(device), pick_all)
+    return StaticPlan(steps, as_long(order), pick, path_sum, emitted.to(device), emitted, pick_all)
 
 
 def _allowed(expand: list[int], parents: list[int], slot: dict[int, int]) -> Tensor:

@@ -182,7 +182,7 @@ def test_static_tree_nodes_follow_the_training_unroll(target, kind) -> None:
     drafter.start(stream.tokens, stream.states, 4)
     tree = drafter.propose(4, GREEDY, None).tree
     tokens = tree.tokens.tolist()
-    for node, choice in enumerate(sorted(BRANCHY, key=lambda c: (len(c), c)), start=1):
+    for node, choice in enumerate(sorted(BRANCHY), start=1):
         path = [tokens[i] for i in path_to_node(tree.parents, node)[1:]]
         scores, argmax = chain_scores(head, stream, 4, path)
         # the node's score is its path's cumulative log-prob under the unroll, and a first child is

@@ -8,7 +8,7 @@ import torch
 from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES, MedusaDrafter
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import tree_from_choices
+from spechead.inference.tree import depth_first, tree_from_choices
 
 H, V, K = 8, 24, 4  # hidden size, vocab, Medusa heads
 LAYER = 2  # the target layer the heads read (target_num_layers = 2: index -1 resolves to 2)
@@ -37,8 +37,9 @@ def controlled_head(seed: int = 0) -> tuple[MedusaHead, torch.Tensor, torch.Tens
 
 
 def expected_tokens(choices: list[list[int]], ranking: torch.Tensor, root: int) -> list[int]:
-    """Tokens [N] of the static tree: root, then node (depth d, rank r) = ranking[d - 1, r]."""
-    static = tree_from_choices(choices)
+    """Tokens [N] of the static tree (depth-first: the rank-0 chain first): root, then node (depth d,
+    rank r) = ranking[d - 1, r]."""
+    static = depth_first(tree_from_choices(choices))
     return [root] + [
         int(ranking[d - 1, r]) for d, r in zip(static.depth[1:].tolist(), static.rank[1:].tolist())
     ]
@@ -54,14 +55,15 @@ def test_depth_d_nodes_carry_head_d_minus_1_ranked_candidates():
     drafter.start(prompt, {LAYER: torch.stack([states[1], states[1], states[0]])}, root)
     draft = drafter.propose(root, SamplingParams(), None)
     assert draft.rule == "deterministic" and draft.q is None
-    assert torch.equal(draft.tree.parents, tree_from_choices(choices).parents)
+    # depth-first, rank 0 first: [0], [0, 0], [0, 0, 0], [0, 0, 0, 0] (the main path) are nodes 1..4
+    assert draft.tree.parents.tolist() == [-1, 0, 1, 2, 3, 2, 1, 0, 7, 8, 0, 10]
     assert draft.tree.tokens.tolist() == expected_tokens(choices, rankings[0], root)
-    # Spelled out for a few nodes (sorted by (depth, ranks): [1] is node 2, [2, 3] node 7, [0, 0, 5] node 9).
+    # Spelled out for a few nodes ([1] is node 7, [2, 3] node 11, [0, 0, 5] node 5).
     tokens = draft.tree.tokens.tolist()
-    assert tokens[2] == int(rankings[0, 0, 1])  # depth 1, rank 1: head 0's second best
-    assert tokens[7] == int(rankings[0, 1, 3])  # depth 2, rank 3: head 1's fourth best
-    assert tokens[9] == int(rankings[0, 2, 5])  # depth 3, rank 5: head 2's sixth best
-    assert tokens[11] == int(rankings[0, 3, 0])  # depth 4: the last head's best
+    assert tokens[7] == int(rankings[0, 0, 1])  # depth 1, rank 1: head 0's second best
+    assert tokens[11] == int(rankings[0, 1, 3])  # depth 2, rank 3: head 1's fourth best
+    assert tokens[5] == int(rankings[0, 2, 5])  # depth 3, rank 5: head 2's sixth best
+    assert tokens[4] == int(rankings[0, 3, 0])  # depth 4: the last head's best
 
     # accept() moves the heads to the last ACCEPTED row's state (here e_1).
     drafter.accept(torch.tensor([root, 9]), {LAYER: torch.stack([states[0], states[1]])}, 11)

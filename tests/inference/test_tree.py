@@ -9,6 +9,7 @@ from spechead.inference.tree import (
     TokenTree,
     ancestor_mask,
     children,
+    depth_first,
     depths,
     path_to_node,
     retrieve_indices,
@@ -84,6 +85,23 @@ def test_tree_from_choices():
     assert st.size == 7
     assert torch.equal(st.depth, depths(st.parents))
     TokenTree(torch.zeros(7, dtype=torch.long), st.parents)  # valid
+
+
+def test_depth_first_puts_the_rank_0_chain_first_and_keeps_every_path():
+    choices = [[0, 1], [1], [0], [0, 0], [0, 0, 0], [2], [1, 0]]
+    st = tree_from_choices(choices)
+    dfs = depth_first(st)
+    # [0], [0,0], [0,0,0] (the main path), [0,1], [1], [1,0], [2]
+    assert dfs.parents.tolist() == [-1, 0, 1, 2, 1, 0, 5, 0]
+    assert dfs.rank.tolist() == [-1, 0, 0, 0, 1, 1, 0, 2]
+    assert torch.equal(dfs.depth, depths(dfs.parents))
+
+    def paths(tree):  # each node's rank path from the root
+        return sorted(
+            tuple(int(tree.rank[n]) for n in path_to_node(tree.parents, i)[1:]) for i in range(tree.size)
+        )
+
+    assert paths(dfs) == paths(st) and len(paths(dfs)) == len(choices) + 1
 
 
 @pytest.mark.parametrize(
