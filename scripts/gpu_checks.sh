@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in one run that fits a short lease (about 8 minutes on one H100/H200):
-#   1. the CUDA tests (pytest -m gpu: the engine's greedy equality in fp32 and bf16, seeded sampling,
-#      load-time calibration on CUDA);
+# Every check that needs a GPU, in one run that fits a short lease (about 6 minutes on one H200):
+#   1. the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled (CUDA graphs),
+#      seeded sampling, load-time calibration on CUDA);
 #   2. scripts/bench_gpu.py --compile (Llama-3.1-8B shape, random bf16 weights, no download);
-#   3. scripts/benchmark.py on the demo target and the demo heads (eager, CUDA), when they are there.
+#   3. scripts/benchmark.py on the demo target and the demo heads (eager, CUDA), when they are there, and
+#      again with the EAGLE draft compiled (--compile-draft: one CUDA graph) for the first head.
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
@@ -24,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
 
 status=0
-steps=" ${*:-pytest_gpu bench_gpu bench_demo} "
+steps=" ${*:-pytest_gpu bench_gpu bench_demo bench_demo_compiled} "
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -45,5 +46,8 @@ done
 if [ ${#heads[@]} -gt 0 ]; then
     step bench_demo "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 "${heads[@]}" \
         --out "$OUT/bench_demo"
+    # the EAGLE draft as one CUDA graph beside the eager target (compiles during the warm-up answers)
+    step bench_demo_compiled "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --no-hf \
+        --compile-draft --warmup 12 "${heads[@]:0:2}" --out "$OUT/bench_demo_compiled"
 fi
 exit $status
