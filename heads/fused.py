@@ -41,24 +41,6 @@ class _RMSNorm(Protocol):
     variance_epsilon: float
 
 
-class _GatedMLP(Protocol):
-    gate_proj: nn.Linear
-    up_proj: nn.Linear
-    down_proj: nn.Linear
-
-
-class _Layer(Protocol):
-    """The parts of a supported decoder layer (`_supported` checked them) that `__call__` runs."""
-
-    input_layernorm: _RMSNorm | nn.Identity
-    post_attention_layernorm: _RMSNorm
-    mlp: _GatedMLP
-
-
-class _MidLayer(_Layer, Protocol):
-    hidden_norm: _RMSNorm  # EAGLE-3's midlayer (see heads/eagle3.py)
-
-
 def fused_step(head: nn.Module) -> StepFn | None:
     """A drop-in for `head.step(hidden, next_ids, mask4d=None, position_ids=None, cache=None)` (no
     autograd: drafting only), or None when the head's layers are not of a supported kind."""
@@ -109,19 +91,48 @@ def _views_end_at_write(cache: Cache | None) -> bool:
     return cache is None or isinstance(cache, DynamicCache) or getattr(cache, "static_shapes", None) is False
 
 
-def _linear(module: nn.Linear, x: Tensor) -> Tensor:
+# A step looks up about 40 submodules and parameters: through nn.Module.__getattr__ each costs ~0.6 us on
+# a CPU (its three-dict search), through the module's own dicts ~0.04 us. `_sub` and `_param` read those
+# dicts, so a module or weight replaced after `fused_step` is still the one used.
+
+
+def _sub(module: nn.Module, name: str) -> nn.Module:
+    """module.<name> for a registered submodule."""
+    return module._modules[name]  # type: ignore[return-value]  # registered: not None
+
+
+def _param(module: nn.Module, name: str) -> Tensor:
+    """module.<name> for a registered parameter (a Linear's bias may be None)."""
+    return module._parameters[name]  # type: ignore[return-value]
+
+
+def _linear(module: nn.Module, x: Tensor) -> Tensor:
     """module(x), without the module call for a plain nn.Linear (the call's hook checks cost about as
     much as a small GEMV on a CPU); a subclass (quantized, adapted) runs its own forward."""
     if type(module) is nn.Linear:
-        return F.linear(x, module.weight, module.bias)
+        params = module._parameters
+        return F.linear(x, params["weight"], params["bias"])  # type: ignore[arg-type]
     return module(x)
 
 
-def _norm(module: _RMSNorm | nn.Identity, x: Tensor) -> Tensor:
+def _embed(head: EagleHead | Eagle3Head, ids: Tensor, dtype: torch.dtype) -> Tensor:
+    """`head.embed(ids)` (B, T) -> (B, T, H) in `dtype`: for a plain nn.Embedding one op, without the
+    module call, a no_grad context and the head's parameter walk for its dtype (a scaled or otherwise
+    subclassed embedding runs its own forward)."""
+    module = head.target_embed_tokens
+    if type(module) is nn.Embedding and module.max_norm is None:
+        out = F.embedding(ids, _param(module, "weight"))
+    else:
+        out = module(ids)
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def _norm(module: _RMSNorm | nn.Module, x: Tensor) -> Tensor:
     """RMSNorm (or the Identity EAGLE-1 may put first) as one op, (..., H) -> (..., H)."""
     if isinstance(module, nn.Identity):
         return x
-    return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+    weight = _param(cast(nn.Module, module), "weight")
+    return F.rms_norm(x, weight.shape, weight, cast(_RMSNorm, module).variance_epsilon)
 
 
 class _FusedStep:
@@ -129,10 +140,10 @@ class _FusedStep:
     device, the dtype or the cache size changes."""
 
     def __init__(self, head: EagleHead | Eagle3Head, layers: list[nn.Module]) -> None:
-        self.head, self.layers = head, cast("list[_Layer]", layers)
+        self.head, self.layers = head, layers  # supported kinds (`_supported` checked them)
         rope = getattr(head.rotary.module, "rope_type", "default")
         self.tabled = "dynamic" not in str(rope)  # dynamic rope angles depend on the sequence length
-        self.table: tuple[Tensor, Tensor] | None = None  # cos, sin [S, head_dim]
+        self.table: tuple[Tensor, Tensor] | None = None  # cos, signed sin [S, head_dim] (see _angles)
 
     @torch.no_grad()
     def __call__(
@@ -144,63 +155,68 @@ class _FusedStep:
         past_key_values: Cache | None = None,
     ) -> Tensor:
         """hidden (B, T, H) at t and tokens x_{t+1} (B, T) -> next hidden (B, T, H), as `head.step`."""
-        head, dtype = self.head, self.head.fc.weight.dtype
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if position_ids is None:
-            position_ids = default_positions(hidden, past)
+        head = self.head
+        dtype = _param(_sub(head, "fc"), "weight").dtype
+        embedded = _embed(head, next_ids, dtype)  # (B, T, H)
         if isinstance(head, Eagle3Head):
             hidden = hidden.to(dtype)
-            mid = cast(_MidLayer, self.layers[0])
+            mid = self.layers[0]
             attn_in = torch.cat(
-                [_norm(mid.input_layernorm, head.embed(next_ids)), _norm(mid.hidden_norm, hidden)], -1
+                [_norm(_sub(mid, "input_layernorm"), embedded), _norm(_sub(mid, "hidden_norm"), hidden)], -1
             )
         else:
-            hidden = _linear(head.fc, torch.cat([head.embed(next_ids), hidden.to(dtype)], dim=-1))
+            hidden = _linear(_sub(head, "fc"), torch.cat([embedded, hidden.to(dtype)], dim=-1))
             attn_in = None
+        mask: Tensor | None = attention_mask4d
         # one query under the causal default sees every key its cache returns: no mask at all, where
         # the cache's views end at the write (not a fixed-size buffer's whole length)
-        mask: Tensor | None = None
-        if attention_mask4d is not None or hidden.shape[1] > 1 or not _views_end_at_write(past_key_values):
-            mask = (
-                attention_mask4d if attention_mask4d is not None else causal_mask4d(hidden, None, past)
-            ).to(dtype)
-        cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, 1, T, D) each
+        causal = mask is None and (hidden.shape[1] > 1 or not _views_end_at_write(past_key_values))
+        if position_ids is None or causal:  # (drafting passes positions and masks: no cache length read)
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = default_positions(hidden, past) if position_ids is None else position_ids
+            mask = causal_mask4d(hidden, None, past) if causal else mask
+        if mask is not None:
+            mask = mask.to(dtype)
+        cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, 1, T, D) each; sin signed
         for i, layer in enumerate(self.layers):
-            x = attn_in if attn_in is not None else _norm(layer.input_layernorm, hidden)
-            hidden = hidden + self._attention(layer, i, x, cos, sin, mask, past_key_values)
-            mlp, x = layer.mlp, _norm(layer.post_attention_layernorm, hidden)
-            hidden = hidden + _linear(
-                mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x)
-            )
+            x = attn_in if attn_in is not None else _norm(_sub(layer, "input_layernorm"), hidden)
+            hidden = hidden + self._attention(_sub(layer, "self_attn"), i, x, cos, sin, mask, past_key_values)
+            mlp, x = _sub(layer, "mlp"), _norm(_sub(layer, "post_attention_layernorm"), hidden)
+            gate, up = _linear(_sub(mlp, "gate_proj"), x), _linear(_sub(mlp, "up_proj"), x)
+            hidden = hidden + _linear(_sub(mlp, "down_proj"), F.silu(gate) * up)
         return hidden
 
     def _attention(
-        self, layer, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache
+        self, attn: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache
     ) -> Tensor:
-        """Self-attention of x (B, T, Hin) with rotary angles cos/sin, appending K/V to `cache` layer i."""
-        attn = layer.self_attn
+        """Self-attention `attn` of x (B, T, Hin) with rotary angles cos / signed sin, appending K/V to
+        `cache` layer i. rotate_half(x) * sin = x.roll(D / 2) * signed sin: one op, not four."""
         batch, length, _ = x.shape
-        dim = attn.head_dim
-        q = _linear(attn.q_proj, x).view(batch, length, -1, dim).transpose(1, 2)  # (B, nh, T, D)
-        k = _linear(attn.k_proj, x).view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
-        v = _linear(attn.v_proj, x).view(batch, length, -1, dim).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        dim = cast(int, attn.head_dim)
+        q = _linear(_sub(attn, "q_proj"), x).view(batch, length, -1, dim).transpose(1, 2)  # (B, nh, T, D)
+        k = _linear(_sub(attn, "k_proj"), x).view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
+        v = _linear(_sub(attn, "v_proj"), x).view(batch, length, -1, dim).transpose(1, 2)
+        half = dim // 2
+        q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
         if cache is not None:
             k, v = cache.update(k, v, i)  # (B, kv, S, D): the cache's view after writing
         groups = q.shape[1] // k.shape[1]
         extra = {"enable_gqa": True} if _GQA and groups > 1 else {}
         if groups > 1 and not _GQA:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, **extra)
-        return _linear(attn.o_proj, out.transpose(1, 2).reshape(batch, length, -1))
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=cast(float, attn.scaling), **extra
+        )
+        return _linear(_sub(attn, "o_proj"), out.transpose(1, 2).reshape(batch, length, -1))
 
     def _angles(self, hidden: Tensor, positions: Tensor, cache) -> tuple[Tensor, Tensor]:
-        """cos, sin (B, 1, T, D) for positions (B, T): gathered from the table when the cache bounds
-        the positions (preallocated caches: a position never exceeds the slots), else computed."""
+        """cos and SIGNED sin (its first half negated) (B, 1, T, D) for positions (B, T): gathered from
+        the table when the cache bounds the positions (preallocated caches: a position never exceeds
+        the slots), else computed. The sign is exact: rotate_half(x) * sin = roll(x) * signed sin."""
         size = getattr(cache, "max_length", None)
         if not self.tabled or not isinstance(size, int):
             cos, sin = self.head.rotary(hidden, positions)
-            return cos[:, None], sin[:, None]
+            return cos[:, None], _signed(sin)[:, None]
         table = self.table
         if (
             table is None
@@ -210,10 +226,12 @@ class _FusedStep:
         ):
             grid = torch.arange(max(size, 256), device=hidden.device)[None]  # [1, S]
             cos, sin = self.head.rotary(hidden[:1, :1], grid)  # the head's own rotary: exact angles
-            self.table = table = (cos[0], sin[0])  # [S, D] each
+            self.table = table = (cos[0], _signed(sin[0]))  # [S, D] each
         return table[0][positions][:, None], table[1][positions][:, None]
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def _signed(sin: Tensor) -> Tensor:
+    """sin (..., D) with its first half negated: rotate_half(x) * sin == x.roll(D / 2, -1) * _signed(sin),
+    since rotate_half(x) = cat(-x2, x1) and x.roll(D / 2) = cat(x2, x1)."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)

@@ -137,3 +137,29 @@ def test_fused_logits_equal_the_module_logits(model_type) -> None:
         assert fused is not None
         torch.testing.assert_close(fused(hidden), head.logits(hidden), atol=1e-5, rtol=1e-5)
     assert fused_logits(make_head(model_type, "eagle")) is None
+
+
+class _ScaledEmbedding(torch.nn.Embedding):
+    """An embedding with its own forward (as Gemma scales its embeddings)."""
+
+    def forward(self, ids):
+        return super().forward(ids) * 3.0
+
+
+@pytest.mark.parametrize("family", ["eagle3", "eagle"])
+def test_modules_replaced_after_fused_step_are_the_ones_used(family) -> None:
+    """The fused step reads submodules and weights when it runs (not kept from its creation): a
+    projection swapped in later and a subclassed target embedding (its own forward) both count."""
+    head = make_head("llama", family)
+    fused = fused_step(head)
+    assert fused is not None
+    layer = head.midlayer if family == "eagle3" else head.layers[0]
+    old = layer.self_attn.q_proj
+    layer.self_attn.q_proj = torch.nn.Linear(old.in_features, old.out_features, bias=False)
+    head.attach_target_modules(embed_tokens=_ScaledEmbedding(V, H))
+    gen = torch.Generator().manual_seed(3)
+    feats, ids = torch.randn(1, 6, H, generator=gen), torch.randint(0, V, (1, 6), generator=gen)
+    with torch.no_grad():
+        ref = head.step(feats, ids, None, None, DynamicCache())
+        new = fused(feats, ids, None, None, DynamicCache())
+    torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
