@@ -45,6 +45,9 @@ class MedusaDrafter(Drafter):
         self._width = int(rank.max()) + 1 if len(rank) > 1 else 1
         self._used_heads = int(depth.max())  # heads deeper than the tree never run
         self.hidden_layers = (head.config.target_layers[0],)
+        # the heads' device and dtype: a kept Parameter follows head.to() and load_state_dict, and
+        # `next(head.parameters())` walks every submodule (each pass)
+        self._weight = next(head.parameters())
         self.last_hidden: torch.Tensor | None = None  # [H] target state of the last cached token
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
@@ -57,7 +60,7 @@ class MedusaDrafter(Drafter):
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         assert self.last_hidden is not None  # start made it
         tokens = self.fill(self.last_hidden[None], [root])[0]  # [N]
-        return Draft(TokenTree(tokens=tokens, parents=self.static.parents))
+        return Draft(TokenTree.trusted(tokens, self.static.parents))  # validated once, when built
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]
@@ -73,7 +76,7 @@ class MedusaDrafter(Drafter):
     def fill(self, states: torch.Tensor, roots: Sequence[int]) -> torch.Tensor:
         """The static tree's tokens [B, N] (host) for rows with last target states [B, H] and roots [B]:
         each head runs ONCE over all rows."""
-        weight = next(self.head.parameters())
+        weight = self._weight
         state = states.to(weight.device, weight.dtype)[:, None]  # [B, 1, H] (the target may run elsewhere)
         logits = [self.head.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
         tokens = torch.tensor(roots, dtype=torch.long)[:, None].repeat(1, self.static.size)  # [B, N]
