@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.tree import tree_from_choices
+from spechead.inference.tree import depth_first, tree_from_choices
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,8 +44,9 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
     assert calibrated.calibration["accuracy_source"] == "tree.json"
     assert calibrated.drafter.static.size == len(calibrated.calibration["choices"]) + 1
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), calibrate=False)
-    assert gen.drafter.static.parents.tolist() == tree_from_choices(choices).parents.tolist()
-    assert gen.drafter.static.rank.tolist() == tree_from_choices(choices).rank.tolist()
+    saved_tree = depth_first(tree_from_choices(choices))  # drafters number static trees depth-first
+    assert gen.drafter.static.parents.tolist() == saved_tree.parents.tolist()
+    assert gen.drafter.static.rank.tolist() == saved_tree.rank.tolist()
     forced = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), choices=[[0]])
     assert forced.drafter.static.size == 2  # an explicit `choices` option wins over tree.json
 
