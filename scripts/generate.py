@@ -40,7 +40,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--compile", action="store_true", help="torch.compile the verify pass (CUDA: CUDA graphs)")
+    p.add_argument(
+        "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="torch.compile the target's verify pass and the drafter: inductor (plain --compile; CUDA: CUDA "
+        "graphs) or a backend name (cudagraphs: CUDA graphs without inductor, compiles in seconds)",
+    )  # fmt: skip
+    p.add_argument(
+        "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="torch.compile the drafter only (EAGLE: the whole draft as one graph; CUDA: one CUDA graph), the "
+        "target eager: the first answers compile (tens of seconds), later ones draft far cheaper",
+    )  # fmt: skip
     p.add_argument("--stream", action="store_true", help="print text as it is accepted")
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     return p.parse_args(argv)
@@ -56,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be > 0, got {args.max_new_tokens}")
         gen = SpeculativeGenerator.from_pretrained(
-            args.target, args.drafter, device=args.device, dtype=args.dtype, compile=args.compile
+            args.target,
+            args.drafter,
+            device=args.device,
+            dtype=args.dtype,
+            compile=args.compile,
+            draft_compile=args.compile_draft or None,
         )
         if len(args.prompt) > 1 and args.stream:
             raise ValueError("--stream takes a single --prompt")

@@ -54,6 +54,40 @@ def test_generate_several_prompts_is_a_batch(tiny_target_dir):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --stream takes a single --prompt"
 
 
+def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_path, capsys, monkeypatch):
+    """--compile-draft BACKEND reaches the generator: the EAGLE draft runs as a graph, the target eager,
+    and the answer is plain decoding's."""
+    from transformers import AutoModelForCausalLM
+
+    from spechead.heads import Eagle3Config, Eagle3Head
+    from spechead.inference.generator import SpeculativeGenerator
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    head = Eagle3Head(Eagle3Config.from_target(model.config))
+    head.init_lm_head_from_target_(model.lm_head.weight)
+    head_dir = head.save_pretrained(tmp_path / "eagle3")
+    made = []
+    load = SpeculativeGenerator.from_pretrained
+    monkeypatch.setattr(
+        SpeculativeGenerator, "from_pretrained", lambda *a, **k: made.append(load(*a, **k)) or made[-1]
+    )
+    common = [
+        "--target",
+        str(tiny_target_dir),
+        "--prompt",
+        "Add 2 and 3.",
+        "--chat",
+        "--max-new-tokens",
+        "10",
+    ]
+    generate = script("generate")
+    assert generate.main([*common, "--drafter", str(head_dir), "--compile-draft", "eager"]) == 0
+    drafted = capsys.readouterr().out
+    assert made[-1].drafter._compiled is not None and made[-1].runner._compiled is None
+    assert generate.main(common) == 0  # plain decoding
+    assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
+
+
 @pytest.mark.slow
 def test_generate_bad_input_is_one_line(tiny_target_dir):
     proc = run("generate.py", "--target", str(tiny_target_dir), "--prompt", "hi", "--max-new-tokens", "0")
