@@ -143,7 +143,7 @@ class _FusedStep:
         self.head, self.layers = head, layers  # supported kinds (`_supported` checked them)
         rope = getattr(head.rotary.module, "rope_type", "default")
         self.tabled = "dynamic" not in str(rope)  # dynamic rope angles depend on the sequence length
-        self.table: tuple[Tensor, Tensor] | None = None  # cos, signed sin [S, head_dim] (see _angles)
+        self.table: tuple[Tensor, Tensor] | None = None  # cos, signed sin [S, 1, head_dim] (see _angles)
 
     @torch.no_grad()
     def __call__(
@@ -175,9 +175,9 @@ class _FusedStep:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = default_positions(hidden, past) if position_ids is None else position_ids
             mask = causal_mask4d(hidden, None, past) if causal else mask
-        if mask is not None:
+        if mask is not None and mask.dtype != dtype:  # (`to` costs even as a no-op)
             mask = mask.to(dtype)
-        cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, 1, T, D) each; sin signed
+        cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, T, 1, D) each; sin signed
         for i, layer in enumerate(self.layers):
             x = attn_in if attn_in is not None else _norm(_sub(layer, "input_layernorm"), hidden)
             hidden = hidden + self._attention(_sub(layer, "self_attn"), i, x, cos, sin, mask, past_key_values)
@@ -193,11 +193,12 @@ class _FusedStep:
         `cache` layer i. rotate_half(x) * sin = x.roll(D / 2) * signed sin: one op, not four."""
         batch, length, _ = x.shape
         dim = cast(int, attn.head_dim)
-        q = _linear(_sub(attn, "q_proj"), x).view(batch, length, -1, dim).transpose(1, 2)  # (B, nh, T, D)
-        k = _linear(_sub(attn, "k_proj"), x).view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
-        v = _linear(_sub(attn, "v_proj"), x).view(batch, length, -1, dim).transpose(1, 2)
-        half = dim // 2
+        q = _linear(_sub(attn, "q_proj"), x).view(batch, length, -1, dim)  # (B, T, nh, D)
+        k = _linear(_sub(attn, "k_proj"), x).view(batch, length, -1, dim)  # (B, T, kv, D)
+        v = _linear(_sub(attn, "v_proj"), x).view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
+        half = dim // 2  # rotary before the heads move to dim 1: the angles (B, T, 1, D) need no unsqueeze
         q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, D), (B, kv, T, D)
         if cache is not None:
             k, v = cache.update(k, v, i)  # (B, kv, S, D): the cache's view after writing
         groups = q.shape[1] // k.shape[1]
@@ -210,13 +211,13 @@ class _FusedStep:
         return _linear(_sub(attn, "o_proj"), out.transpose(1, 2).reshape(batch, length, -1))
 
     def _angles(self, hidden: Tensor, positions: Tensor, cache) -> tuple[Tensor, Tensor]:
-        """cos and SIGNED sin (its first half negated) (B, 1, T, D) for positions (B, T): gathered from
+        """cos and SIGNED sin (its first half negated) (B, T, 1, D) for positions (B, T): gathered from
         the table when the cache bounds the positions (preallocated caches: a position never exceeds
         the slots), else computed. The sign is exact: rotate_half(x) * sin = roll(x) * signed sin."""
         size = getattr(cache, "max_length", None)
         if not self.tabled or not isinstance(size, int):
             cos, sin = self.head.rotary(hidden, positions)
-            return cos[:, None], _signed(sin)[:, None]
+            return cos[:, :, None], _signed(sin)[:, :, None]
         table = self.table
         if (
             table is None
@@ -226,8 +227,8 @@ class _FusedStep:
         ):
             grid = torch.arange(max(size, 256), device=hidden.device)[None]  # [1, S]
             cos, sin = self.head.rotary(hidden[:1, :1], grid)  # the head's own rotary: exact angles
-            self.table = table = (cos[0], _signed(sin[0]))  # [S, D] each
-        return table[0][positions][:, None], table[1][positions][:, None]
+            self.table = table = (cos[0, :, None], _signed(sin[0])[:, None])  # [S, 1, D] each
+        return table[0][positions], table[1][positions]  # one gather each, no unsqueeze
 
 
 def _signed(sin: Tensor) -> Tensor:

@@ -326,6 +326,7 @@ class SpeculativeGenerator:
         plain = chain([], root)  # plain decoding's one-node tree (its token refilled every step)
         plain_inputs = (plain.tokens[None], plain.parents[None])  # [1, 1] views of it
         accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
+        parents_of, parents_in = None, plain_inputs[1]  # the last tree's parents [N] and their [1, N] view
         verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
             out = until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
@@ -349,13 +350,17 @@ class SpeculativeGenerator:
                 room = runner.room()
                 if room is not None and tree.size > room:  # near a fixed cache's end: keep the first nodes
                     tree = TokenTree(tree.tokens[:room], tree.parents[:room])  # (lossless: fewer candidates)
-                inputs = (tree.tokens[None], tree.parents[None])  # [1, N] each
+                if tree.parents is not parents_of:  # a static tree's parents repeat: the same [1, N] view
+                    parents_of, parents_in = tree.parents, tree.parents[None]  # (a cache key for the runner)
+                inputs = (tree.tokens[None], parents_in)  # [1, N] each
             clock.mark("draft")
             logits, hidden = runner.verify(*inputs)  # [1, N, V], {l: [1, N, H]}
-            if tree.size == 1:  # plain decoding (or an empty draft): the target's own next token
+            n = tree.size
+            rows = logits[0] if draft is not None else logits  # [N, V] (plain decoding: no view needed)
+            if n == 1:  # plain decoding (or an empty draft): the target's own next token
                 acc = Acceptance(path=[0], next_token=pick(logits.reshape(-1), params, generator))  # [V]
             elif params.is_greedy and logits.device.type == "cpu":  # host = device: a list walk is cheapest
-                acc = greedy_accept(tree, logits[0])
+                acc = greedy_accept(tree, rows)
             elif params.is_greedy:  # on an accelerator: on the device, one host round trip
                 anc = runner.last_ancestors
                 assert anc is not None  # verify just set it
@@ -364,26 +369,25 @@ class SpeculativeGenerator:
             else:
                 rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
                 q = q[: tree.size] if q is not None else None  # [N, V]
-                acc = sample_accept(tree, target_probs(logits[0], params), rule, q, generator)
+                acc = sample_accept(tree, target_probs(rows, params), rule, q, generator)
             runner.commit(acc.path)
             verified = True
             clock.mark("verify")
-            stats.drafted_tokens += tree.size - 1
+            stats.drafted_tokens += n - 1
             root = acc.next_token
             if drafter is None:  # plain decoding: nothing to hand on
                 pending = [root]
                 continue
-            k = len(acc.path)
+            k, host_tokens = len(acc.path), tree.tokens.tolist()  # (a list: indexing it costs no op)
+            pending = [*(host_tokens[i] for i in acc.path[1:]), root]
             if acc.path[-1] == k - 1:  # the path is nodes 0..k-1 (a chain's): slices, not gathers
-                pending = [*tree.tokens[1:k].tolist(), root]
                 path_tokens, kept = tree.tokens[:k], {key: v[0, :k] for key, v in hidden.items()}
             else:
                 path = torch.tensor(acc.path, dtype=torch.long)
-                pending = [*tree.tokens[path[1:]].tolist(), root]
                 dev_path = path.to(self.target.device)
                 path_tokens, kept = tree.tokens[path], {key: v[0, dev_path] for key, v in hidden.items()}
             accepted = (path_tokens, kept, root)  # [K], {l: [K, H]}
-            checked = (tree, logits[0])  # [N], [N, V]
+            checked = (tree, rows)  # [N], [N, V]
         spent = clock.totals()
         stats.prefill_time = spent["prefill"]
         stats.draft_time = spent["draft"]

@@ -188,6 +188,8 @@ class TargetRunner:
         self._single: Tensor | None = None  # the plain step's ancestors [1, 1, 1] (all True)
         self._trees: dict[bytes, tuple[Tensor, Tensor, Tensor]] = {}  # tree shape -> ancestors, depths, block
         self._wide: dict[bytes, Tensor] = {}  # tree shape seen again -> its mask over W + N columns
+        # the last known tree's host parents (kept: its id stays its own), their version, `_structure`'s answer
+        self._last_tree: tuple[Tensor, int, tuple[Tensor, Tensor, Tensor, bytes]] | None = None
 
     def use_layers(self, hidden_layers: Sequence[int]) -> None:
         """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
@@ -313,7 +315,8 @@ class TargetRunner:
             )
         self._rewind()
         host_parents = parents if parents.device.type == "cpu" else None  # a cache key without a sync
-        tokens, parents = tokens.to(self.device), parents.to(self.device)
+        if tokens.device != self.device or parents.device != self.device:  # (`to` costs even as a no-op)
+            tokens, parents = tokens.to(self.device), parents.to(self.device)
         if n == 1 and not self.static_shapes:
             if self._single is None:  # one node is its own ancestor: the same [1, 1, 1] every step
                 self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
@@ -349,9 +352,14 @@ class TargetRunner:
         parents [1, N] (on the device), remembered per tree shape when the shape is known on the host
         (static trees repeat every pass); and the shape's key when it was remembered from an earlier
         pass (None the first time: dynamic trees rarely repeat)."""
+        last = self._last_tree
+        if host is not None and last is not None and host is last[0] and host._version == last[1]:
+            return last[2]  # the very tensor of the last pass, unchanged (a static tree's): no key to make
         key = host.numpy().tobytes() if host is not None else None
         found = self._trees.get(key) if key is not None else None
         if found is not None:
+            assert host is not None and key is not None  # (found: looked up by the host's key)
+            self._last_tree = (host, host._version, (*found, key))
             return (*found, key)
         anc = ancestors_on_device(parents)
         found = (anc, anc.sum(-1) - 1, tree_mask(anc, 0, self.dtype))

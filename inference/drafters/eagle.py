@@ -27,6 +27,7 @@ from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.drafters.head_masks import HeadMasks
+from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
@@ -92,6 +93,7 @@ class EagleDrafter(Drafter):
         self._cache: SlotCache | None = None  # the head's preallocated cache
         self._committed = 0  # C: committed cache entries
         self._plan: StaticPlan | None = None  # static tree: per-depth index tensors, built once
+        self._outputs: StaticOutputs | None = None  # and the kept buffers eager drafting fills
         # speculative slots one propose may write: depth-1 runs of top_k nodes, or the static inner nodes
         self._spec_slots = (
             (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
@@ -113,6 +115,7 @@ class EagleDrafter(Drafter):
         """Delegate to the head (HeadError, a ValueError, on a mismatch)."""
         self.head.check_target(hidden_size, vocab_size, num_layers)
 
+    @torch.no_grad()
     def start(self, prompt: Tensor, hidden: dict[int, Tensor], root: int) -> None:
         """Reset and commit the pairs (f_t, x_{t+1}) of the prompt [T], with x_T = root."""
         if prompt.dim() != 1 or prompt.numel() == 0:
@@ -142,6 +145,7 @@ class EagleDrafter(Drafter):
         self._compiled_commit = compile_function(self._commit_graph, compile, cuda, fullgraph=True)
         self._cache = None  # the next `start` allocates the fixed-shape cache
 
+    @torch.no_grad()
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:
         """Commit the pairs of tokens [K] (root + accepted drafts) in one head step."""
         if self._cache is None:
@@ -151,6 +155,7 @@ class EagleDrafter(Drafter):
         self._crop()
         self._commit(tokens, hidden, next_root)
 
+    @torch.no_grad()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         """A tree of the head's top-k children (deterministic: no q, lossless rule A / greedy)."""
         if self._cache is None or self._feature is None:
@@ -158,19 +163,24 @@ class EagleDrafter(Drafter):
         if int(root) != self._root:
             raise ValueError(f"propose got root {int(root)} but start/accept announced {self._root}")
         self._ensure_room(self.max_nodes)
-        # [1, 1] long (torch.full costs less than torch.tensor on a CPU)
-        root_t = torch.full((1, 1), int(root), device=self._weight.device)
-        self._map_ids(root_t.device)
+        self._map_ids(self._weight.device)
         self._values = None  # (set again by an eager static tree's growth)
         try:
-            with torch.no_grad():
-                if self._compiled is not None:
-                    if self._static is not None:
-                        self._static_plan()  # built eagerly (host loops), read by the graph
-                    length = self._cache.device_length()
-                    tokens, parents, scores = self._compiled(self._feature, root_t, length)
-                else:  # a static tree's scores are summed only when `last_scores` is read
-                    tokens, parents, scores = self._grow(self._feature, root_t, None, scores=False)
+            if self._compiled is not None:
+                if self._static is not None:
+                    self._static_plan()  # built eagerly (host loops), read by the graph
+                root_t = torch.full((1, 1), int(root), device=self._weight.device)  # [1, 1] long
+                length = self._cache.device_length()
+                tokens, parents, scores = self._compiled(self._feature, root_t, length)
+            elif self._static is not None:  # its scores are summed only when `last_scores` is read
+                tokens, parents, scores = (
+                    self._grow_static_eager(int(root)),
+                    self._static_plan().parents,
+                    None,
+                )
+            else:  # (torch.full costs less than torch.tensor on a CPU)
+                root_t = torch.full((1, 1), int(root), device=self._weight.device)  # [1, 1] long
+                tokens, parents, scores = self._grow_dynamic(self._feature, root_t, None)
         finally:
             self._crop()  # drop every speculative entry: the cache holds the C committed ones only
         if scores is not None and tokens.device.type != "cpu":  # one host transfer (one GPU sync)
@@ -207,9 +217,8 @@ class EagleDrafter(Drafter):
         if self._compiled_commit is not None and c > 0 and k <= GRAPH_COMMIT:  # c = 0: start, eager
             padded = 1 << (k - 1).bit_length()  # P >= K: a few graph shapes; the pairs past K land in
             # scratch slots (the committed length moves by K) and no earlier pair sees them (causal)
-            with torch.no_grad():
-                out = self._compiled_commit(F.pad(features[0], (0, 0, 0, padded - k)),
-                                            F.pad(next_ids, (0, padded - k)), cache.device_length())  # fmt: skip
+            out = self._compiled_commit(F.pad(features[0], (0, 0, 0, padded - k)),
+                                        F.pad(next_ids, (0, padded - k)), cache.device_length())  # fmt: skip
             self._committed += k
             cache.set_length(self._committed)
             self._feature = out[k - 1 : k]  # [1, H]: the last real pair's output
@@ -225,11 +234,10 @@ class EagleDrafter(Drafter):
         else:
             columns = cache.max_length if cache.static_shapes else c + k
             mask, positions = causal_inputs_static(k, c, columns, self._weight.dtype, device)
-        with torch.no_grad():
-            out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
+        out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
         self._committed += k
         cache.set_length(self._committed)
-        self._feature = out[0, -1:]  # [1, H]
+        self._feature = out[0, -1:]  # [1, H] (strides (H, 1) whatever K: a compiled draft's guards hold)
         self._root = int(next_token)
 
     def _commit_graph(self, features: Tensor, next_ids: Tensor, length: Tensor) -> Tensor:
@@ -257,13 +265,16 @@ class EagleDrafter(Drafter):
         missing = [layer for layer in self.hidden_layers if layer not in hidden]
         if missing:
             raise KeyError(f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})")
-        weight = self._weight  # a bf16 target may feed an fp32 head (e.g. evaluated while training)
-        states = [hidden[layer].to(weight.device, weight.dtype) for layer in self.hidden_layers]  # [K, H]
-        for layer, state in zip(self.hidden_layers, states):
+        weight, states = self._weight, []
+        for layer in self.hidden_layers:
+            state = hidden[layer]  # [K, H]
             if state.shape[0] != length:
                 raise ValueError(f"hidden[{layer}] has {state.shape[0]} positions, expected {length}")
-        with torch.no_grad():  # EAGLE-3: fused (over any leading dims: one unsqueeze after, not three)
-            return self.head.features(states)[None]  # [1, K, H]
+            if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
+                state = state.to(weight.device, weight.dtype)  # a bf16 target may feed an fp32 head
+            states.append(state)
+        # EAGLE-3: fused (over any leading dims: one unsqueeze after, not three)
+        return self.head.features(states)[None]  # [1, K, H]
 
     def _crop(self) -> None:
         if self._cache is not None:
@@ -289,11 +300,20 @@ class EagleDrafter(Drafter):
         values, ids = logits.topk(k, dim=-1)
         return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
-    def _top_ids(self, features: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    def _top_ids(
+        self, features: Tensor, k: int, out: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor]:
         """`_top` without the log-probs (a static tree only needs the ranks), features [1, q, H]: the
-        logits [1, q, Vd] (kept for `last_scores`) and the k best head-vocab ids [1, q, k]."""
+        logits [1, q, Vd] (kept for `last_scores`) and the k best head-vocab ids [1, q, k], written into
+        out = (values, ids) [1, q, k] when given (kept buffers: no new tensors)."""
         logits = self.head_logits(features)  # [1, q, Vd]
-        return logits, logits.topk(k, dim=-1).indices
+        if out is None:
+            return logits, logits.topk(k, dim=-1).indices
+        if out[0].dtype == logits.dtype:
+            torch.topk(logits, k, dim=-1, out=out)
+        else:  # (logits in another dtype than the buffer's, e.g. an autocast head): copied in
+            out[1].copy_(logits.topk(k, dim=-1).indices)
+        return logits, out[1]
 
     def _step(
         self, features: Tensor, ids: Tensor, allowed_spec: Tensor | None, depth: int, committed: Tensor | None
@@ -341,21 +361,15 @@ class EagleDrafter(Drafter):
             self._scores = self._kept_scores(self._values).cpu()
         return self._scores
 
-    def _grow(
-        self, feature: Tensor, root: Tensor, committed: Tensor | None, scores: bool = True
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The tree: tokens, parents, scores [N] from the root's feature [1, H] and token [1, 1]; scores=False:
-        a static tree leaves its scores to `last_scores` (None here; decoding never reads them)."""
-        if self._static is not None:
-            return self._grow_static(feature, root, committed, scores)
-        return self._grow_dynamic(feature, root, committed)
-
     def _grow_graph(
         self, feature: Tensor, root: Tensor, length: Tensor
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """`_grow` as one fixed-shape graph; C is the cache's device length [0-d] (propose's `_crop` sets
-        it back after the speculative writes have moved it)."""
-        return self._grow(feature, root, length.clone())
+        """The tree as one fixed-shape graph: tokens, parents, scores [N] from the root's feature [1, H]
+        and token [1, 1]; C is the cache's device length [0-d] (propose's `_crop` sets it back after the
+        speculative writes have moved it)."""
+        if self._static is not None:
+            return self._grow_static(feature, root, length.clone())
+        return self._grow_dynamic(feature, root, length.clone())
 
     def _grow_dynamic(
         self, feature: Tensor, root: Tensor, committed: Tensor | None
@@ -400,51 +414,45 @@ class EagleDrafter(Drafter):
         kept_parents = torch.where(all_parents[keep] >= 0, index[all_parents[keep].clamp(min=0)], -1)
         return all_tokens[keep], kept_parents, all_scores[keep]
 
-    def _grow_static(
-        self, feature: Tensor, root: Tensor, committed: Tensor | None, scores: bool = True
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Fill the static tree depth by depth (node i = the rank[i]-th child of its parent), one head
-        call per depth over the nodes that have children. Returns tokens, parents, scores [N] (scores:
-        None when not asked for; `last_scores` sums them from the kept per-depth log-probs).
+    def _grow_static(self, feature: Tensor, root: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The static tree inside the draft graph (node i = the rank[i]-th child of its parent), one head
+        call per depth over the nodes that have children. Returns tokens, parents, scores [N] (float64).
+        (Eager drafting fills kept buffers instead: drafters/static_eager.py.)
 
         Inside the depth loop only what the next depth needs is gathered (the target ids of the nodes
-        it expands); every node's token (and score) comes at the end from the candidates of all depths
-        at once (indices precomputed in the plan: few ops per pass, each one costs on a CPU)."""
+        it expands); every node's token and score comes at the end from the candidates of all depths at
+        once (indices precomputed in the plan)."""
         plan = self._static_plan()
-        # the batch dimension of 1 stays on throughout (adding and dropping it costs two ops a call)
-        feats, run = (
-            feature[None],
-            root,
-        )  # [1, E, H] outputs of the nodes expanded at a depth, [1, E] their ids
+        feats, run = feature[None], root  # [1, E, H] outputs of the nodes expanded at a depth, [1, E] ids
         ids_by_depth, values_by_depth = [], []  # per depth: [1, E * need] head ids; log-probs [E, need]
-        # (scores) or logits [1, E, Vd] (kept for `last_scores`)
         for step in plan.steps:
             if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
-                if committed is not None:  # the graph: bool blocks, always gathered (a few fused ops)
-                    allowed, parent_feats = step["allowed"], feats[:, step["parent_rows"]]
-                else:  # eager: the additive block, or no mask at all; no gather of rows already in place
-                    allowed = None if step["sees_all"] else step["additive"]
-                    parent_feats = feats if step["same_rows"] else feats[:, step["parent_rows"]]
-                feats = self._step(parent_feats, run, allowed, step["depth"] - 1, committed)  # [1, E, H]
-            if scores:
-                values, ids = self._top(feats, step["need"])  # [E, need] each
-                values_by_depth.append(values)
-            else:  # the logits [1, E, Vd] stay for `last_scores`; no log-softmax on the way
-                logits, ids = self._top_ids(feats, step["need"])  # [1, E, Vd], [1, E, need]
-                values_by_depth.append(logits)
+                parent_feats = feats[:, step["parent_rows"]]  # bool blocks, always gathered (fused ops)
+                feats = self._step(
+                    parent_feats, run, step["allowed"], step["depth"] - 1, committed
+                )  # [1, E, H]
+            values, ids = self._top(feats, step["need"])  # [E, need] each
+            values_by_depth.append(values)
             ids_by_depth.append(ids.reshape(1, -1))  # [1, E * need]
             if step["next_run"] is not None:  # target ids of this depth's nodes the next depth expands
-                ids = ids_by_depth[-1] if step["next_all"] else ids_by_depth[-1][:, step["next_run"]]
-                run = self._to_target(ids)  # [1, E']
+                run = self._to_target(ids_by_depth[-1][:, step["next_run"]])  # [1, E']
         candidates = torch.cat(ids_by_depth, dim=1)  # [1, M]: every depth's, in order
-        picked = (
-            candidates if plan.pick_all else candidates[:, plan.pick]
-        )  # [1, N - 1]: each node's candidate
-        tokens = torch.cat([root, self._to_target(picked)], dim=1)[0]  # [N]
-        if not scores:
-            self._values = list(zip(values_by_depth, ids_by_depth))
-            return tokens, plan.parents, None
+        tokens = torch.cat([root, self._to_target(candidates[:, plan.pick])], dim=1)[0]  # [N]
         return tokens, plan.parents, self._static_scores(values_by_depth)
+
+    def _grow_static_eager(self, root: int) -> Tensor:
+        """The static tree's tokens [N] drafted eagerly into kept buffers (drafters/static_eager.py);
+        each depth's logits and ids stay for `last_scores`."""
+        plan, outs = self._static_plan(), self._outputs
+        if outs is None:
+            mapped = self._vocab != self.head.config.vocab_size  # EAGLE-3's reduced vocab: ids to map
+            outs = self._outputs = build_static_outputs(plan, self._weight.dtype, mapped)
+        assert self._feature is not None  # propose checked it
+        tokens, logits = grow_static_eager(
+            plan, outs, self._feature, root, self._d2t, self._step, self._top_ids
+        )
+        self._values = [(x, out.ids) for x, out in zip(logits, outs.depths)]
+        return tokens
 
     def _static_scores(self, values_by_depth: list[Tensor]) -> Tensor:
         """Cumulative log-probs [N] (float64, root 0) from each depth's candidates' [E, need]."""

@@ -281,3 +281,31 @@ def test_arguments_and_check_target(target) -> None:
         drafter.propose(2, GREEDY, None)
     with pytest.raises(KeyError, match="missing"):
         drafter.accept(torch.tensor([1]), {}, 3)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_static_tree_stays_as_proposed_after_the_next_propose(target, kind) -> None:
+    """Eager static drafting fills kept buffers: the tokens a propose returns are the caller's (a new
+    tensor), not views of the buffers the next propose overwrites."""
+    head = make_head(target, kind)
+    drafter = EagleDrafter(head, tree=STATIC)
+    stream = Stream(head, 7, seed=2)
+    drafter.start(stream.tokens, stream.states, 5)
+    first = drafter.propose(5, GREEDY, None).tree
+    kept = first.tokens.clone()
+    drafter.accept(torch.tensor([5]), stream.extend(torch.tensor([5])), 9)
+    second = drafter.propose(9, GREEDY, None).tree
+    assert not torch.equal(second.tokens, kept)  # another tree (its root at least): an overwrite shows
+    assert torch.equal(first.tokens, kept)
+
+
+def test_top_ids_into_kept_buffers_of_either_dtype(target) -> None:
+    """`_top_ids` writes the ids into given buffers; values of another dtype than the logits' still
+    give the same ids (copied in)."""
+    drafter = EagleDrafter(make_head(target, "eagle3"), tree=STATIC)
+    feats = torch.randn(1, 3, H, generator=torch.Generator().manual_seed(0))
+    _, ref = drafter._top_ids(feats, 2)  # [1, 3, 2]
+    for dtype in (torch.float32, torch.float64):
+        out = (torch.zeros(1, 3, 2, dtype=dtype), torch.zeros(1, 3, 2, dtype=torch.long))
+        _, ids = drafter._top_ids(feats, 2, out)
+        assert ids is out[1] and torch.equal(ids, ref)

@@ -127,6 +127,28 @@ def test_a_tree_shape_seen_again_verifies_through_its_kept_mask_at_any_length(mo
     assert next(iter(runner._wide.values())).shape[-1] >= 1100 + 5
 
 
+@torch.no_grad()
+def test_the_same_parents_tensor_again_reuses_its_structure_unless_written_in_place(model):
+    """The generator hands a static tree's [1, N] parents as the SAME tensor every pass (the runner
+    then skips making its key); written in place in between, the runner must see the new shape."""
+    runner = TargetRunner(model, cache="static")
+    parents = torch.tensor([[-1, 0, 1, 1, 2]])  # [1, N], one object throughout
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(0, VOCAB, (6,), generator=g).tolist()
+    runner.reserve(len(seq), 20)
+    runner.prefill(torch.tensor([seq]))
+    for new_shape in (None, None, [-1, 0, 0, 2, 1], None):
+        if new_shape is not None:
+            parents.copy_(torch.tensor([new_shape]))  # the same object, another tree
+        tokens = torch.randint(0, VOCAB, (5,), generator=g)
+        logits, _ = runner.verify(tokens[None], parents)
+        for node in range(5):
+            ref, _ = plain(model, seq + tokens[path_to_node(parents[0], node)].tolist())
+            torch.testing.assert_close(logits[0, node], ref[-1], atol=1e-4, rtol=0)
+        runner.commit([0])
+        seq.append(int(tokens[0]))
+
+
 def test_off_the_cpu_a_verify_mask_is_never_a_view_at_an_arbitrary_column(model):
     """CUDA's memory-efficient attention assumes a 16-element-aligned mask start: a kept mask's view at
     column W - past crashed with 'misaligned address' on an H200. Off the CPU every verify mask is a
