@@ -27,6 +27,7 @@ from transformers import Cache, DynamicCache
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
+from spechead.heads.grad import no_grad
 
 _LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
 _NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
@@ -145,7 +146,7 @@ class _FusedStep:
         self.tabled = "dynamic" not in str(rope)  # dynamic rope angles depend on the sequence length
         self.table: tuple[Tensor, Tensor] | None = None  # cos, signed sin [S, 1, head_dim] (see _angles)
 
-    @torch.no_grad()
+    @no_grad
     def __call__(
         self,
         hidden: Tensor,

@@ -26,6 +26,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from spechead.heads.base import resolve_layers
+from spechead.heads.grad import no_grad
 from spechead.inference.kv_cache import LayerBuffer, croppable_cache
 from spechead.inference.runner import _Capture, check_tree_attention
 from spechead.inference.tree import ancestors_on_device
@@ -198,7 +199,7 @@ class BatchRunner:
         self.lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.long)
         return torch.stack(all_logits), hiddens  # [B, V]
 
-    @torch.no_grad()
+    @no_grad
     def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """ONE target forward over trees tokens [B, N] / parents [B, N] (row b on top of its own prefix).
 

@@ -30,6 +30,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
+from spechead.heads.grad import no_grad
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
 from spechead.inference.positions import PositionIds
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_static, tree_mask
@@ -258,7 +259,7 @@ class TargetRunner:
         store.clear()
         return out.logits, hidden
 
-    @torch.no_grad()
+    @no_grad
     def prefill(self, input_ids: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """Run the prompt input_ids [B, T] from an empty cache: logits [B, V] (fp32, last position), {l: [B, T, H]}."""
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -292,7 +293,7 @@ class TargetRunner:
         self.length = input_ids.shape[1]
         return logits[:, -1].float(), hidden
 
-    @torch.no_grad()
+    @no_grad
     def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """ONE target forward over trees tokens [B, N] / parents [B, N] on top of the committed cache.
 

@@ -25,6 +25,7 @@ from torch import Tensor
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
+from spechead.heads.grad import no_grad
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
@@ -115,7 +116,7 @@ class EagleDrafter(Drafter):
         """Delegate to the head (HeadError, a ValueError, on a mismatch)."""
         self.head.check_target(hidden_size, vocab_size, num_layers)
 
-    @torch.no_grad()
+    @no_grad
     def start(self, prompt: Tensor, hidden: dict[int, Tensor], root: int) -> None:
         """Reset and commit the pairs (f_t, x_{t+1}) of the prompt [T], with x_T = root."""
         if prompt.dim() != 1 or prompt.numel() == 0:
@@ -145,7 +146,7 @@ class EagleDrafter(Drafter):
         self._compiled_commit = compile_function(self._commit_graph, compile, cuda, fullgraph=True)
         self._cache = None  # the next `start` allocates the fixed-shape cache
 
-    @torch.no_grad()
+    @no_grad
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:
         """Commit the pairs of tokens [K] (root + accepted drafts) in one head step."""
         if self._cache is None:
@@ -155,7 +156,7 @@ class EagleDrafter(Drafter):
         self._crop()
         self._commit(tokens, hidden, next_root)
 
-    @torch.no_grad()
+    @no_grad
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         """A tree of the head's top-k children (deterministic: no q, lossless rule A / greedy)."""
         if self._cache is None or self._feature is None:

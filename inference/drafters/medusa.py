@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from spechead.heads.grad import no_grad
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
 from spechead.inference.sampling import SamplingParams
@@ -56,7 +57,7 @@ class MedusaDrafter(Drafter):
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]
 
-    @torch.no_grad()
+    @no_grad
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         assert self.last_hidden is not None  # start made it
         tokens = self.fill(self.last_hidden[None], [root])[0]  # [N]
@@ -72,7 +73,7 @@ class MedusaDrafter(Drafter):
     def batched(self) -> MedusaBatchDrafter:
         return MedusaBatchDrafter(self)
 
-    @torch.no_grad()
+    @no_grad
     def fill(self, states: torch.Tensor, roots: Sequence[int]) -> torch.Tensor:
         """The static tree's tokens [B, N] (host) for rows with last target states [B, H] and roots [B]:
         each head runs ONCE over all rows."""
