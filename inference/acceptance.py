@@ -51,10 +51,11 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
     _check_rows(tree, target_logits, "target_logits")
     best = target_logits.argmax(-1).tolist()  # [N], first max on ties
     tokens, par = tree.tokens.tolist(), tree.parents.tolist()
-    ok = [True] + [False] * (tree.size - 1)
-    depth = [0] * tree.size
+    n = len(tokens)
+    ok = [True] + [False] * (n - 1)
+    depth = [0] * n
     deepest = 0
-    for i in range(1, tree.size):
+    for i in range(1, n):
         p = par[i]
         depth[i] = depth[p] + 1
         ok[i] = ok[p] and tokens[i] == best[p]

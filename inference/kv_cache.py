@@ -248,7 +248,10 @@ class SlotCache(Cache):
     def __init__(self, num_layers: int, max_length: int, static_shapes: bool = False) -> None:
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        super().__init__(layers=[SlotLayer(max_length, static_shapes, self, i) for i in range(num_layers)])
+        layers = [SlotLayer(max_length, static_shapes, self, i) for i in range(num_layers)]
+        super().__init__(layers=cast(list, layers))  # (the same list object: HF keeps it)
+        # `layers` itself, typed (read several times a pass: an attribute, not a property and a cast)
+        self.slot_layers: list[SlotLayer] = layers
         self.max_length = max_length
         self.static_shapes = static_shapes
         self.buffer = LayerBuffer(num_layers)  # every layer's keys and values in one buffer, when they can
@@ -261,11 +264,6 @@ class SlotCache(Cache):
     def shared_storage(self) -> torch.Tensor | None:
         """`storage` [L, 2, B, kv, S_max, D] when every layer's keys and values are views of it, else None."""
         return self.buffer.whole()
-
-    @property
-    def slot_layers(self) -> list[SlotLayer]:
-        """`layers`, as built in __init__ (all SlotLayers)."""
-        return cast("list[SlotLayer]", self.layers)
 
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the valid entries (rare: amortised doubling)."""

@@ -174,11 +174,7 @@ class EagleDrafter(Drafter):
                 length = self._cache.device_length()
                 tokens, parents, scores = self._compiled(self._feature, root_t, length)
             elif self._static is not None:  # its scores are summed only when `last_scores` is read
-                tokens, parents, scores = (
-                    self._grow_static_eager(int(root)),
-                    self._static_plan().parents,
-                    None,
-                )
+                tokens, parents, scores = self._grow_static_eager(int(root))
             else:  # (torch.full costs less than torch.tensor on a CPU)
                 root_t = torch.full((1, 1), int(root), device=self._weight.device)  # [1, 1] long
                 tokens, parents, scores = self._grow_dynamic(self._feature, root_t, None)
@@ -441,9 +437,9 @@ class EagleDrafter(Drafter):
         tokens = torch.cat([root, self._to_target(candidates[:, plan.pick])], dim=1)[0]  # [N]
         return tokens, plan.parents, self._static_scores(values_by_depth)
 
-    def _grow_static_eager(self, root: int) -> Tensor:
-        """The static tree's tokens [N] drafted eagerly into kept buffers (drafters/static_eager.py);
-        each depth's logits and ids stay for `last_scores`."""
+    def _grow_static_eager(self, root: int) -> tuple[Tensor, Tensor, None]:
+        """The static tree drafted eagerly into kept buffers (drafters/static_eager.py): its tokens [N],
+        the plan's parents [N] and no scores (each depth's logits and ids stay for `last_scores`)."""
         plan, outs = self._static_plan(), self._outputs
         if outs is None:
             mapped = self._vocab != self.head.config.vocab_size  # EAGLE-3's reduced vocab: ids to map
@@ -453,7 +449,7 @@ class EagleDrafter(Drafter):
             plan, outs, self._feature, root, self._d2t, self._step, self._top_ids
         )
         self._values = [(x, out.ids) for x, out in zip(logits, outs.depths)]
-        return tokens
+        return tokens, plan.parents, None
 
     def _static_scores(self, values_by_depth: list[Tensor]) -> Tensor:
         """Cumulative log-probs [N] (float64, root 0) from each depth's candidates' [E, need]."""
