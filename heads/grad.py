@@ -1,9 +1,10 @@
 """`no_grad`: `torch.no_grad` for calls made on every decoding pass, free when gradients are already off.
 
-Entering `torch.no_grad()` as a decorator costs about ten Python calls (the context is cloned, built,
-entered and left: a few microseconds on a CPU). A decoding pass makes a dozen such calls (each head step,
-propose, accept, the target's verify), always inside a loop that already runs without gradients; this
-decorator checks the grad mode (one C call) and enters the context only when gradients are on.
+Entering `torch.no_grad()` as a decorator costs about eight Python calls (the context is cloned, built,
+entered and left: ~1.7 us a call on a 2-core CPU, against ~0.2 us for this one when gradients are off).
+A decoding pass made about ten such calls (each head step, propose, accept, the target's verify), always
+inside a loop that already runs without gradients; this decorator checks the grad mode (one C call) and
+enters the context only when gradients are on.
 """
 
 from __future__ import annotations
