@@ -42,7 +42,6 @@ class StaticPlan:
     path_sum: Tensor
     parents: Tensor
     host_parents: Tensor
-    pick_all: bool = False
 
 
 def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) -> StaticPlan:
@@ -88,8 +87,7 @@ def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) 
     emitted = depth_first(st).parents  # [N]
     pick = torch.cat(picks)[torch.tensor(order[1:], device=device) - 1]  # [N - 1]
     path_sum = ancestors_on_device(emitted[None])[0].to(device, torch.float64)  # [N, N]
-    pick_all = pick.tolist() == list(range(offset))
-    return StaticPlan(steps, as_long(order), pick, path_sum, emitted.to(device), emitted, pick_all)
+    return StaticPlan(steps, as_long(order), pick, path_sum, emitted.to(device), emitted)
 
 
 def _allowed(expand: list[int], parents: list[int], slot: dict[int, int]) -> Tensor:

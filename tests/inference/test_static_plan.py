@@ -33,12 +33,12 @@ def test_plan_of_a_small_tree():
     # the flags that let eager drafting skip a gather or a mask: none applies below depth 1 here
     assert not d2["sees_all"] and not d3["sees_all"]  # two nodes at once; node 3 must not see slot 1
     assert not d2["same_rows"] and not d3["same_rows"]  # depth 2 reads row 0 twice, depth 3 one of two
-    assert d1["next_all"] and not d2["next_all"] and not plan.pick_all
+    assert d1["next_all"] and not d2["next_all"]
 
 
 def test_plan_of_a_chain_skips_every_gather_and_mask():
     plan = build_static_plan(tree_from_choices([[0], [0, 0], [0, 0, 0]]), torch.device("cpu"), torch.float32)
     d1, d2, d3 = plan.steps
     assert d2["sees_all"] and d3["sees_all"] and d2["same_rows"] and d3["same_rows"]
-    assert d1["next_all"] and d2["next_all"] and plan.pick_all
+    assert d1["next_all"] and d2["next_all"]
     assert plan.order.tolist() == [0, 1, 2, 3]  # a chain is its own depth-first order
