@@ -14,6 +14,7 @@ a sequence longer than the window (`attention_window`), within which sliding att
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import cast
 
@@ -105,6 +106,10 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
 
 # ---- preallocated back-end -----------------------------------------------------------------------
 
+# every allocation of a SlotCache's buffers gets a new number (`SlotCache.generation`): a CUDA graph that
+# read the old buffers must not replay over the new ones (cuda_graphs.py)
+_ALLOCATIONS = itertools.count(1)
+
 
 class SlotLayer(CacheLayerMixin):
     """One layer's PREALLOCATED keys/values [B, kv_heads, S_max, D], written at explicit slots.
@@ -149,6 +154,8 @@ class SlotLayer(CacheLayerMixin):
             self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
             self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
         self.is_initialized = True
+        if self._owner is not None:
+            self._owner.generation = next(_ALLOCATIONS)
         if self.static_shapes:
             self.length_t = torch.tensor(self.length, dtype=torch.long, device=key_states.device)
             if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may replay over them
@@ -255,6 +262,7 @@ class SlotCache(Cache):
         self.max_length = max_length
         self.static_shapes = static_shapes
         self.buffer = LayerBuffer(num_layers)  # every layer's keys and values in one buffer, when they can
+        self.generation = next(_ALLOCATIONS)  # a new number whenever a layer's buffers are (re)allocated
 
     @property
     def storage(self) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ Batch: the API carries B; this version runs B = 1 (ValueError otherwise).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,6 +31,7 @@ from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
 from spechead.heads.grad import no_grad
+from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
 from spechead.inference.positions import PositionIds
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_static, tree_mask
@@ -85,21 +86,33 @@ class _Capture:
         return capture
 
 
-def compile_function(fn, compile: bool | str, cuda: bool = False, fullgraph: bool = False):
-    """torch.compile of `fn` for fixed shapes. True / "inductor": inductor (with CUDA graphs, mode
-    "reduce-overhead", when `cuda`); another string: that torch.compile backend ("cudagraphs": CUDA graphs
-    without inductor, compiled in seconds; "eager", "aot_eager" trace without code generation: what the
-    CPU tests use to check the graph count). On CUDA every call starts a new graph step and returns
-    copies of the graph's outputs (see `_replay`). fullgraph: a graph break is an error (one graph or none)."""
+def compile_function(
+    fn,
+    compile: bool | str,
+    cuda: bool = False,
+    fullgraph: bool = False,
+    state: Callable[[], Hashable] | None = None,
+):
+    """torch.compile of `fn` for fixed shapes. True / "inductor": inductor; on CUDA each call signature
+    then captured once as a CUDA graph of our own (`GraphedFunction`: a call is input copies and one
+    replay, no guards; `state` names what else the graph reads, see cuda_graphs.py). "reduce-overhead":
+    inductor with torch.compile's own CUDA graphs (guards and graph-tree checks every call). Another
+    string: that torch.compile backend ("cudagraphs": CUDA graphs without inductor, compiled in seconds;
+    "eager", "aot_eager" trace without code generation: what the CPU tests use to check the graph
+    count). On CUDA every call returns copies of the graph's outputs (see `_replay`). fullgraph: a graph
+    break is an error (one graph or none)."""
     # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
     # function would silently send the rest back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if compile is True or compile == "inductor":
+        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph)
+        return GraphedFunction(compiled, state) if cuda else compiled
+    assert isinstance(compile, str)  # compile=False: callers compile only when asked
+    if compile == "reduce-overhead":
         compiled = torch.compile(
             fn, dynamic=False, fullgraph=fullgraph, mode="reduce-overhead" if cuda else None
         )
     else:
-        assert isinstance(compile, str)  # compile=False: callers compile only when asked
         compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, backend=compile)
     return _replay(compiled) if cuda else compiled
 
@@ -111,17 +124,9 @@ def _replay(compiled):
 
     def run(*args, **kwargs):
         torch.compiler.cudagraph_mark_step_begin()
-        return _copy(compiled(*args, **kwargs))
+        return copy_outputs(compiled(*args, **kwargs))
 
     return run
-
-
-def _copy(x):
-    if isinstance(x, Tensor):
-        return x.clone()
-    if isinstance(x, tuple):
-        return tuple(_copy(y) for y in x)
-    return x
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:
@@ -169,9 +174,14 @@ class TargetRunner:
         self.fixed_length = max_length  # None: sized by `reserve` for each sequence
         self.static_shapes = bool(compile)
         cuda = next(model.parameters()).device.type == "cuda"
-        self._compiled = compile_function(self._graph_forward, compile, cuda) if compile else None
+        # (CUDA graphs read the cache's buffers and the captured layers: their graph state)
+        self._compiled = (
+            compile_function(self._graph_forward, compile, cuda, state=self._graph_state) if compile else None
+        )
         # compiled: the accepted path's K/V copies in every layer as one graph (paths padded to a power of 2)
-        self._compiled_commit = compile_function(self._commit_graph, compile, cuda) if compile else None
+        self._compiled_commit = (
+            compile_function(self._commit_graph, compile, cuda, state=self._graph_state) if compile else None
+        )
         # compiled: every tree is padded to a bucket, so a handful of graphs serve every size
         self.buckets = tuple(sorted(buckets or (CUDA_BUCKETS if compile else ())))
         param = next(model.parameters())
@@ -242,6 +252,11 @@ class TargetRunner:
         hooks added after a graph was traced would not run in it), in `self.layers` order."""
         out = self.model(cache=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs)
         return out.logits, tuple(out.hidden_states[c] for c in self.layers.values())
+
+    def _graph_state(self) -> tuple:
+        """What the compiled passes read besides their arguments: the cache's allocation, the layers."""
+        generation = self.cache.generation if isinstance(self.cache, SlotCache) else None
+        return generation, tuple(self.layers.values())
 
     def _forward(self, compiled: bool = False, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
         if compiled:

@@ -1,7 +1,8 @@
 """GPU cost benchmark with no download: a Llama-3.1-8B-shaped target and an EAGLE-3 head, random bf16 weights.
 
     python scripts/bench_gpu.py                              # one H100: about a minute eager
-    python scripts/bench_gpu.py --compile --out gpu.json     # torch.compile(mode="reduce-overhead"), target + draft
+    python scripts/bench_gpu.py --compile --out gpu.json     # inductor + our CUDA graphs, target + draft
+    python scripts/bench_gpu.py --compile --compare reduce-overhead    # and torch.compile's CUDA graphs beside
     python scripts/bench_gpu.py --compile cudagraphs --sizes 1,16,64   # CUDA graphs without inductor (fast)
     python scripts/bench_gpu.py --tiny --device cpu          # a tiny Llama on the CPU, seconds (what the test runs)
 
@@ -24,7 +25,6 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,6 +36,13 @@ from spechead.inference.calibrate import assumed_eagle_accuracy
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import GenerationStats
 from spechead.inference.kv_cache import SlotCache
+from spechead.inference.profiling import (
+    PartProfile,
+    Timer,
+    copy_bandwidth,
+    profile_parts,
+    render_profiles,
+)
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import tree_inputs_on_device
@@ -45,7 +52,9 @@ TREE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
 BATCHES = (1, 4, 16)
 ACCEPTED = 5  # tokens committed per pass when timing commit/accept (about tau)
-BACKENDS = ("inductor", "cudagraphs", "aot_eager", "eager")
+BACKENDS = ("inductor", "reduce-overhead", "cudagraphs", "aot_eager", "eager")
+COMPARED = ("decode_step_ms", "roofline_fraction", "verify_64_x_step", "draft_ms", "draft_x_step",
+            "draft_depth_ms", "pass_ms", "speedup_tau_5.4")  # fmt: skip
 GOALS = {  # name: (JSON value it reads, bound, "min" = value >= bound / "max" = value <= bound)
     "plain decode >= 70% of roofline": ("roofline_fraction", 0.70, "min"),
     "verify(64) <= 1.3x a decode step": ("verify_64_x_step", 1.3, "max"),
@@ -65,8 +74,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         choices=BACKENDS,
         metavar="BACKEND",
-        help="torch.compile the target and the draft step: inductor (plain --compile; CUDA: mode "
-        '"reduce-overhead") or cudagraphs (CUDA graphs without inductor: compiles in seconds)',
+        help="torch.compile the target and the draft step: inductor (plain --compile; CUDA: each shape "
+        "captured as a CUDA graph of our own, replayed with no guards), reduce-overhead (inductor with "
+        "torch.compile's CUDA graphs) or cudagraphs (CUDA graphs without inductor: compiles in seconds)",
+    )
+    p.add_argument(
+        "--compare",
+        default=None,
+        choices=BACKENDS,
+        metavar="BACKEND",
+        help="with --compile: measure the batch-1 parts again compiled with this backend, in the same "
+        "process on the same weights (an A/B of the two fast paths)",
     )
     p.add_argument(
         "--sizes",
@@ -82,6 +100,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=7, help="EAGLE-2 draft depth")
     p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
     p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile each part (torch.profiler): wall vs kernel time, kernel counts, top kernels",
+    )
     return p.parse_args(argv)
 
 
@@ -116,44 +139,6 @@ def build(cfg: LlamaConfig, draft_vocab: int, device: torch.device) -> tuple[Lla
         head = Eagle3Head(head_cfg).to(torch.bfloat16).eval()
     head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
     return model, head
-
-
-class Timer:
-    """Median ms of fn() over `iters` runs after `warmup` ones; `setup` runs untimed before each."""
-
-    def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
-        self.cuda, self.iters, self.warmup = device.type == "cuda", iters, warmup
-
-    def ms(self, fn: Callable[[], object], setup: Callable[[], object] | None = None) -> float:
-        setup = setup or (lambda: None)
-        for _ in range(self.warmup):
-            setup()
-            fn()
-        marks = []  # start, end, start, end, ... (CUDA events, read after one synchronisation; or seconds)
-        for _ in range(self.iters):
-            setup()
-            marks.append(self._mark())
-            fn()
-            marks.append(self._mark())
-        if self.cuda:
-            torch.cuda.synchronize()
-            return statistics.median(a.elapsed_time(b) for a, b in zip(marks[::2], marks[1::2]))
-        return statistics.median(1e3 * (b - a) for a, b in zip(marks[::2], marks[1::2]))
-
-    def _mark(self) -> torch.cuda.Event | float:
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-
-def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
-    """Device copy bandwidth in bytes/s: read + write of an nbytes buffer."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = timer.ms(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms / 1e3)
 
 
 def random_parents(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
@@ -229,8 +214,24 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
         drafter._crop()
 
     accept_ms = timer.ms(lambda: drafter.accept(prompt[0, :ACCEPTED], accepted, root), setup=restart)
-    return {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
-            "commit_path_len": int(path.numel()), "draft_status": draft_status}  # fmt: skip
+    out = {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
+           "commit_path_len": int(path.numel()), "draft_status": draft_status}  # fmt: skip
+    if args.profile:
+        step_parents = random_parents(1).to(device)
+        parts = {
+            "decode step": lambda: runner.verify(tree_ids[:, :1], step_parents),
+            f"verify({args.tree_size})": verify_tree,
+            "verify+commit": lambda: (verify_tree(), runner.commit(path)),
+            f"draft (depth {args.depth})": lambda: drafter.propose(root, sampling, None),
+            "accept": lambda: (restart(), drafter.accept(prompt[0, :ACCEPTED], accepted, root)),
+        }
+        if compile:  # beside it, the same draft eager (no graph): what the graph saves
+            eager = EagleDrafter(head, tree="dynamic", top_k=drafter.top_k, depth=args.depth,
+                                 total_tokens=args.tree_size)  # fmt: skip
+            eager.start(prompt[0], hidden, root)
+            parts["draft eager"] = lambda: eager.propose(root, sampling, None)
+        out["profile"] = {name: p.as_dict() for name, p in profile_parts(parts, device).items()}
+    return out
 
 
 @torch.no_grad()
@@ -288,7 +289,16 @@ def project_batch(row: dict, extra_ms: float, tau: float) -> dict:
     return out
 
 
-def summarize(args, parts: dict, bandwidth: float, weight_bytes: int, streamed_bytes: int) -> dict:
+def draft_bytes(head: Eagle3Head, depth: int) -> int:
+    """Weight bytes a depth-D draft must read at least: depth 1 the draft-vocab head (the root's children
+    from the accepted feature), each further depth the decoder layer, norm and that head (fc runs in accept)."""
+    step = sum(p.nbytes for name, p in head.named_parameters() if not name.startswith("fc."))
+    return head.lm_head.weight.nbytes + (depth - 1) * step
+
+
+def summarize(
+    args, parts: dict, bandwidth: float, weight_bytes: int, streamed_bytes: int, head_bytes: int
+) -> dict:
     """Derived numbers: roofline fractions, multiples of the step, projected speedups, goals."""
     step = parts["verify_ms"][1]
     draft = parts["propose_ms"][args.depth]
@@ -308,6 +318,11 @@ def summarize(args, parts: dict, bandwidth: float, weight_bytes: int, streamed_b
     head_steps = [(draft - first) / (depth - 1)] if depth > 1 else [draft]
     out["draft_depth_ms"] = statistics.mean(head_steps)  # one head call + top-k over the frontier
     out["draft_depth_x_step"] = out["draft_depth_ms"] / step
+    # the draft's own roofline: its weight bytes at the copy bandwidth (what no engine can beat)
+    out["draft_bytes"] = head_bytes
+    out["draft_floor_ms"] = 1e3 * head_bytes / bandwidth
+    out["draft_floor_x_step"] = out["draft_floor_ms"] / step
+    out["draft_roofline_fraction"] = out["draft_floor_ms"] / draft
     out["verify_64_x_step"] = out["verify_x_step"][64]
     out["speedup_tau_5.4"] = out["projected_speedup"]["5.4"]
     return out
@@ -337,6 +352,8 @@ def render(r: dict) -> str:
         f"depth-{r['depth']} draft {r['draft_ms']:.3f} ms = {r['draft_x_step']:.1%} of a step; per depth "
         + ", ".join(f"{t:.2f}" for t in r["draft_ms_per_depth"].values())
         + f" ms (a head depth {r['draft_depth_ms']:.3f} ms = {r['draft_depth_x_step']:.1%} of a step)",
+        f"draft roofline: its weights read {r['draft_bytes'] / gb:.3g} GB -> {r['draft_floor_ms']:.3f} ms = "
+        f"{r['draft_floor_x_step']:.1%} of a step; the draft runs at {r['draft_roofline_fraction']:.1%} of it",
         f"commit (target, {r['commit_path_len']}-node path) {r['commit_ms']:.3f} ms; drafter accept of "
         f"{ACCEPTED} tokens {r['accept_ms']:.3f} ms; pass = verify + commit + draft + accept = {r['pass_ms']:.3f} ms",
         "projected speedup tau * t_step / t_pass:  " + "  ".join(
@@ -359,6 +376,12 @@ def render(r: dict) -> str:
             f"{row['decoded_spec_pass_ms']:12.3f} | {row['decoded_tokens_per_s']:20.1f} | {row['decoded_speedup']:.2f}x"
         )
     lines.append(r["batch_speculative"])
+    if "compare" in r:
+        c = r["compare"]
+        lines.append(f"compare: compile {c['compile']}")
+        lines.append("compare: " + "  ".join(f"{key} {c[key]:.3f} (vs {r[key]:.3f})" for key in COMPARED))
+    if "profile" in r:
+        lines += render_profiles({name: PartProfile(**p) for name, p in r["profile"].items()})
     lines += [f"goal: {name}: {g['value']:.3f} -> {'met' if g['met'] else 'NOT met'}" for name, g in r["goals"].items()]  # fmt: skip
     return "\n".join(lines)
 
@@ -395,16 +418,15 @@ def weight_and_streamed_bytes(model: LlamaForCausalLM, context: int) -> tuple[in
     return weights, weights - model.get_input_embeddings().weight.nbytes + kv
 
 
-def measure_compiled(model, head, args, timer: Timer, device: torch.device) -> tuple[dict, str]:
-    """measure_runner with the target compiled when --compile (eager numbers, said so, if that fails)."""
-    if not args.compile:
+def measure_compiled(
+    model, head, args, timer: Timer, device: torch.device, backend: str | None
+) -> tuple[dict, str]:
+    """measure_runner with the target compiled with `backend` (eager numbers, said so, if that fails)."""
+    if not backend:
         return measure_runner(model, head, args, timer), "off"
-    backend = args.compile
-    how = (
-        f"inductor, mode={'reduce-overhead' if device.type == 'cuda' else 'default'}"
-        if backend == "inductor"
-        else backend
-    )
+    cuda = device.type == "cuda"
+    how = {"inductor": "inductor, CUDA graphs captured by GraphedFunction" if cuda else "inductor",
+           "reduce-overhead": "inductor, mode=reduce-overhead" if cuda else "inductor"}.get(backend, backend)  # fmt: skip
     start = time.perf_counter()
     try:
         parts = measure_runner(model, head, args, timer, compile=True if backend == "inductor" else backend)
@@ -422,12 +444,12 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     timer = Timer(device, args.iters, args.warmup)
     bandwidth = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (32 << 20))
     weight_bytes, streamed = weight_and_streamed_bytes(model, args.context)
-    parts, status = measure_compiled(model, head, args, timer, device)
+    parts, status = measure_compiled(model, head, args, timer, device, args.compile)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
               "compile": status, "context": args.context, "draft_vocab": head.config.draft_vocab_size,
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
-    report.update(summarize(args, parts, bandwidth, weight_bytes, streamed))
+    report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))
     extra = report["pass_ms"] - parts["verify_ms"][args.tree_size]  # commit + draft + accept at batch 1
     report["batch"] = [
         project_batch(
@@ -442,6 +464,10 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         "measured pass, batched drafter and engine included"
     )
     report["goals"] = goals(report)
+    if args.compile and args.compare:  # the batch-1 parts again with another compiled fast path
+        other, other_status = measure_compiled(model, head, args, timer, device, args.compare)
+        summary = summarize(args, other, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth))
+        report["compare"] = {"compile": other_status, **{key: summary[key] for key in COMPARED}}
     return report
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in one run that fits a short lease (about 6 minutes on one H200):
+# Every check that needs a GPU, in one run that fits a short lease (about 9 minutes on one H100):
 #   1. the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled (CUDA graphs),
 #      seeded sampling, load-time calibration on CUDA);
-#   2. scripts/bench_gpu.py --compile (Llama-3.1-8B shape, random bf16 weights, no download);
+#   2. scripts/bench_gpu.py --compile --compare reduce-overhead --profile (Llama-3.1-8B shape, random bf16
+#      weights, no download: our CUDA graphs against torch.compile's, and where each part's time goes);
 #   3. scripts/benchmark.py on the demo target and the demo heads (eager, CUDA), when they are there, and
 #      again with the EAGLE draft compiled (--compile-draft: one CUDA graph) for the first head.
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
@@ -37,8 +38,10 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
     echo "=== $name: exit $rc after $((SECONDS - start)) s"
     [ "$rc" -eq 0 ] || status=1
 }
-step pytest_gpu "${PYTEST_S:-120}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py
-step bench_gpu "${BENCH_S:-270}" "$PY" scripts/bench_gpu.py --compile --sizes 1,64 --out "$OUT/bench_gpu.json"
+step pytest_gpu "${PYTEST_S:-200}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py
+# our CUDA graphs (GraphedFunction) and, in the same process, torch.compile's (reduce-overhead) beside
+step bench_gpu "${BENCH_S:-270}" "$PY" scripts/bench_gpu.py --compile --compare reduce-overhead --sizes 1,64 \
+    --profile --out "$OUT/bench_gpu.json"
 heads=()
 for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")

@@ -142,9 +142,18 @@ class EagleDrafter(Drafter):
         from spechead.inference.runner import compile_function
 
         cuda = self._weight.device.type == "cuda"
-        self._compiled = compile_function(self._grow_graph, compile, cuda, fullgraph=True)
-        self._compiled_commit = compile_function(self._commit_graph, compile, cuda, fullgraph=True)
+        state = self._graph_state
+        self._compiled = compile_function(self._grow_graph, compile, cuda, fullgraph=True, state=state)
+        self._compiled_commit = compile_function(
+            self._commit_graph, compile, cuda, fullgraph=True, state=state
+        )
         self._cache = None  # the next `start` allocates the fixed-shape cache
+
+    def _graph_state(self) -> tuple:
+        """What the draft graphs read besides their arguments (CUDA graphs bake it in): the head cache's
+        allocation, the id map, the static plan and the tree's settings."""
+        generation = None if self._cache is None else self._cache.generation
+        return generation, id(self._d2t), id(self._plan), self.top_k, self.depth, self.total_tokens
 
     @no_grad
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:

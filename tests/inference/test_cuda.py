@@ -74,14 +74,17 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
     assert out.token_ids == ref.token_ids
 
 
-@pytest.mark.parametrize(("compile", "draft_compile"), [(True, None), (False, True)])
+@pytest.mark.parametrize(
+    ("compile", "draft_compile"),
+    [(True, None), (False, True), ("reduce-overhead", None), (False, "reduce-overhead")],
+)
 def test_compiled_fast_path_on_cuda_equals_plain_decoding(
     tiny_llama, chatml_tokenizer, compile, draft_compile
 ):
-    """The CUDA fast path (reduce-overhead: CUDA graphs whose replays overwrite their outputs): the whole
-    target + draft compiled, and the EAGLE draft alone as one graph beside the eager target, each decode
-    greedily like plain eager decoding (static and EAGLE-2 dynamic trees; several prompts, so graphs
-    replay at new committed lengths)."""
+    """The CUDA fast paths (True: inductor + our own captured CUDA graphs; "reduce-overhead": torch.compile's
+    CUDA graphs; both overwrite their outputs at every replay): the whole target + draft compiled, and the
+    EAGLE draft alone as one graph beside the eager target, each decode greedily like plain eager decoding
+    (static and EAGLE-2 dynamic trees; several prompts, so graphs replay at new committed lengths)."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     plain = SpeculativeGenerator(model, chatml_tokenizer, None)
     eagle = _drafters(model)["eagle"]
@@ -93,3 +96,25 @@ def test_compiled_fast_path_on_cuda_equals_plain_decoding(
             prompt = list(range(5 + i, 15 + 2 * i))
             ref = plain.generate(input_ids=prompt, max_new_tokens=24).token_ids
             assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref, (compile, i)
+
+
+def test_graphed_function_captures_once_and_replays_on_cuda():
+    """A real capture: replays read each call's inputs, outputs are copies, a changed state recaptures
+    (the graph read the old buffer by address)."""
+    from spechead.inference.cuda_graphs import GraphedFunction
+
+    held = {"buf": torch.ones(4, device="cuda"), "generation": 0}
+
+    def fn(x, y):
+        return x * held["buf"] + y, (x.sum(),)
+
+    f = GraphedFunction(fn, state=lambda: held["generation"])
+    a, (sa,) = f(torch.arange(4.0, device="cuda"), torch.ones(4, device="cuda"))
+    b, (sb,) = f(torch.full((4,), 2.0, device="cuda"), torch.zeros(4, device="cuda"))  # a replay
+    assert f.captures == 1 and a.tolist() == [1.0, 2.0, 3.0, 4.0] and sa.item() == 6.0
+    assert b.tolist() == [2.0] * 4 and sb.item() == 8.0
+    held.update(buf=torch.full((4,), 3.0, device="cuda"), generation=1)
+    c, _ = f(torch.ones(4, device="cuda"), torch.zeros(4, device="cuda"))
+    assert f.captures == 2 and c.tolist() == [3.0] * 4
+    d, _ = f(torch.full((4,), 2.0, device="cuda"), torch.ones(4, device="cuda"))
+    assert d.tolist() == [7.0] * 4 and a.tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -32,7 +32,19 @@ def positive(x: object) -> bool:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> tuple[dict, str]:
     cwd = tmp_path_factory.mktemp("bench_gpu")
-    proc = run("--tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--out", "tmp.json", cwd=cwd)
+    proc = run(
+        "--tiny",
+        "--device",
+        "cpu",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--profile",
+        "--out",
+        "tmp.json",
+        cwd=cwd,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((cwd / "tmp.json").read_text()), proc.stdout
 
@@ -66,6 +78,24 @@ def test_tiny_run_reports_every_part(tiny_run):
     assert math.isclose(r["draft_depth_ms"], sum(head_steps) / 6)
     assert math.isclose(r["draft_depth_x_step"], r["draft_depth_ms"] / r["decode_step_ms"])
     assert r["commit_path_len"] >= 2
+    # the draft's roofline: depth 1 reads the draft-vocab head, each further depth the layer, norm and head
+    head_bytes = 2 * 1024 * 64  # bf16 lm_head [Vd, H]
+    # EAGLE-3's layer: q, k, v over [embedding, feature] (2H = 128 in; kv width 32), o, the MLP, 4 norms
+    layer_bytes = 2 * (64 * 128 + 2 * 32 * 128 + 64 * 64 + 3 * 128 * 64 + 4 * 64)
+    assert r["draft_bytes"] == head_bytes + 6 * (layer_bytes + head_bytes)
+    assert r["draft_floor_ms"] == pytest.approx(r["draft_bytes"] / (r["copy_bandwidth_GBps"] * 1e6))
+    assert r["draft_roofline_fraction"] == pytest.approx(r["draft_floor_ms"] / r["draft_ms"])
+
+
+@pytest.mark.slow
+def test_profile_splits_each_part(tiny_run):
+    r, out = tiny_run
+    assert list(r["profile"]) == ["decode step", "verify(64)", "verify+commit", "draft (depth 7)", "accept"]
+    for p in r["profile"].values():  # on a CPU: no kernels, host ops counted and ranked
+        assert positive(p["wall_ms"]) and p["device_ms"] is None and p["kernels"] is None
+        assert p["host_ops"] > 0 and p["top"] and all(name.startswith("aten::") for name, _, _ in p["top"])
+    assert r["profile"]["draft (depth 7)"]["host_ops"] > r["profile"]["accept"]["host_ops"]
+    assert "profile (per call) | wall ms | kernel ms" in out and "  draft (depth 7) top: aten::" in out
 
 
 @pytest.mark.slow

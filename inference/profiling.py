@@ -1,0 +1,146 @@
+"""Where a part of a pass spends its time: wall clock against the device's kernels (torch.profiler).
+
+A decoding pass on a GPU is fast only if the device never waits for the host. For each part (a decode
+step, a verify, a draft, an accept, a commit) this reports its wall time (synchronised, median), the time
+the device spent in kernels during it and how many kernels it launched: wall - kernels is what host work,
+launches and synchronisation cost (what CUDA graphs remove), kernels is what only fewer bytes or fewer,
+fused kernels make shorter. On a CPU there are no device kernels: the host ops are counted instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+
+class Timer:
+    """Median ms of fn() over `iters` runs after `warmup` ones; `setup` runs untimed before each. CUDA:
+    events around each call, read after ONE synchronisation at the end (no sync between calls)."""
+
+    def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
+        self.cuda, self.iters, self.warmup = device.type == "cuda", iters, warmup
+
+    def ms(self, fn: Callable[[], object], setup: Callable[[], object] | None = None) -> float:
+        setup = setup or (lambda: None)
+        for _ in range(self.warmup):
+            setup()
+            fn()
+        cuda = self.cuda
+        events: list[torch.cuda.Event] = []  # CUDA: start, end, start, end, ... read after one sync
+        seconds: list[float] = []  # CPU: the same, perf_counter
+        for _ in range(self.iters):
+            setup()
+            if cuda:
+                events.append(torch.cuda.Event(enable_timing=True))
+                events[-1].record()
+            else:
+                seconds.append(time.perf_counter())
+            fn()
+            if cuda:
+                events.append(torch.cuda.Event(enable_timing=True))
+                events[-1].record()
+            else:
+                seconds.append(time.perf_counter())
+        if cuda:
+            torch.cuda.synchronize()
+            return statistics.median(a.elapsed_time(b) for a, b in zip(events[::2], events[1::2]))
+        return statistics.median(1e3 * (b - a) for a, b in zip(seconds[::2], seconds[1::2]))
+
+
+def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
+    """Device copy bandwidth in bytes/s: read + write of an nbytes buffer."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = timer.ms(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms / 1e3)
+
+
+@dataclass
+class PartProfile:
+    """One part's profile, per call: wall ms, device kernel ms and kernel count (None on a CPU), host
+    ops, and the most expensive kernels (or ops) as (name, ms per call, launches per call)."""
+
+    wall_ms: float
+    device_ms: float | None
+    kernels: float | None
+    host_ops: float
+    top: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def wall_ms(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """Median wall milliseconds of fn() with the device synchronised before and after each call."""
+    times = []
+    for _ in range(iters):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def profile_part(fn: Callable[[], object], device: torch.device, iters: int = 5, top: int = 8) -> PartProfile:
+    """Profile `iters` calls of fn() (after one untimed call) -> its PartProfile (per call)."""
+    fn()
+    wall = wall_ms(fn, device, iters)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(iters):
+            fn()
+        _sync(device)
+    events = prof.key_averages()
+    if cuda:  # kernels (and device memcpy / memset): their own device time
+        rows = [e for e in events if e.device_type == DeviceType.CUDA]
+        cost = {e.key: e.self_device_time_total for e in rows}
+    else:  # host ops: self CPU time (ops nested in others counted once)
+        rows = [e for e in events if e.key.startswith("aten::")]
+        cost = {e.key: e.self_cpu_time_total for e in rows}
+    host_ops = sum(e.count for e in events if e.key.startswith("aten::")) / iters
+    ranked = sorted(rows, key=lambda e: cost[e.key], reverse=True)[:top]
+    return PartProfile(
+        wall_ms=wall,
+        device_ms=sum(cost.values()) / 1e3 / iters if cuda else None,
+        kernels=sum(e.count for e in rows) / iters if cuda else None,
+        host_ops=host_ops,
+        top=[(e.key[:80], cost[e.key] / 1e3 / iters, e.count / iters) for e in ranked],
+    )
+
+
+def profile_parts(
+    parts: dict[str, Callable[[], object]], device: torch.device, iters: int = 5
+) -> dict[str, PartProfile]:
+    """profile_part of each named part, in order."""
+    return {name: profile_part(fn, device, iters) for name, fn in parts.items()}
+
+
+def render_profiles(profiles: dict[str, PartProfile]) -> list[str]:
+    """Text lines: one row per part (wall, kernels, idle = wall - kernels), then each part's top kernels."""
+    lines = [
+        "profile (per call) | wall ms | kernel ms | idle ms (host, launches, syncs) | kernels | host ops"
+    ]
+    for name, p in profiles.items():
+        busy = "-" if p.device_ms is None else f"{p.device_ms:.3f}"
+        idle = "-" if p.device_ms is None else f"{p.wall_ms - p.device_ms:.3f}"
+        kernels = "-" if p.kernels is None else f"{p.kernels:.0f}"
+        lines.append(
+            f"{name:18s} | {p.wall_ms:7.3f} | {busy:9s} | {idle:31s} | {kernels:7s} | {p.host_ops:.0f}"
+        )
+    for name, p in profiles.items():
+        lines.append(f"  {name} top: " + "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in p.top))
+    return lines

@@ -1,0 +1,104 @@
+"""GraphedFunction's bookkeeping on a CPU (the real capture and replay run in test_cuda.py on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.cuda_graphs import GraphedFunction
+from spechead.inference.kv_cache import SlotCache
+
+
+def _write(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    else:
+        for d, s in zip(dst, src):
+            _write(d, s)
+
+
+class Recorded(GraphedFunction):
+    """A CPU stand-in for a CUDA graph: capturing keeps the call (on the captured inputs), a replay runs
+    it again and writes its results into the captured outputs, as a graph's kernels write theirs."""
+
+    def _record(self, call):
+        self.recorded = getattr(self, "recorded", 0) + 1
+        return call, call()
+
+    def _replay(self, entry):
+        _write(entry.outputs, entry.graph())
+
+
+def test_replays_read_each_calls_inputs_and_hand_out_copies():
+    calls = []
+
+    def fn(x, *, scale):
+        calls.append(x.shape)
+        return x * scale, (x + 1,)
+
+    f = Recorded(fn)
+    first, (plus,) = f(torch.ones(3), scale=torch.tensor(2.0))
+    assert first.tolist() == [2.0] * 3 and plus.tolist() == [2.0] * 3 and f.captures == 1
+    second, (plus2,) = f(torch.arange(3.0), scale=torch.tensor(3.0))  # same signature: a replay
+    assert second.tolist() == [0.0, 3.0, 6.0] and plus2.tolist() == [1.0, 2.0, 3.0] and f.captures == 1
+    assert first.tolist() == [2.0] * 3  # copies: the replay did not overwrite an earlier output
+    third, _ = f(torch.arange(3.0), scale=torch.tensor(3.0))
+    assert third is not second and third.tolist() == second.tolist()
+
+
+def test_a_new_shape_dtype_or_plain_value_is_a_new_graph():
+    f = Recorded(lambda x, k: x[:k] * 2)
+    f(torch.ones(4), 2)
+    f(torch.ones(4), 2)
+    assert f.captures == 1
+    f(torch.ones(5), 2)  # shape
+    f(torch.ones(4, dtype=torch.float64), 2)  # dtype
+    out = f(torch.ones(4), 3)  # a non-tensor argument's value
+    assert f.captures == 4 and out.tolist() == [2.0] * 3
+    assert f(torch.arange(4.0), 2).tolist() == [0.0, 2.0]  # the first graph, replayed
+
+
+def test_a_changed_state_drops_every_graph():
+    """The graphs read buffers besides their arguments by address: once those move (state changes),
+    none may replay; the next call captures again."""
+    holder = {"buf": torch.ones(3), "generation": 0}
+    f = Recorded(lambda x: x + holder["buf"], state=lambda: holder["generation"])
+    f(torch.zeros(3))
+    f(torch.zeros(3))
+    assert f.captures == 1
+    holder.update(buf=torch.full((3,), 5.0), generation=1)
+    assert f(torch.zeros(3)).tolist() == [5.0] * 3 and f.captures == 2
+    assert len(f._graphs) == 1
+
+
+def test_an_input_that_is_the_captured_buffer_is_not_copied_onto_itself():
+    f = Recorded(lambda x: x * 2)
+    f(torch.ones(2))
+    (static,) = next(iter(f._graphs.values())).inputs
+    static.fill_(4.0)
+    assert f(static).tolist() == [8.0, 8.0]
+
+
+def test_slot_cache_generation_changes_with_every_allocation():
+    a, b = SlotCache(2, 8), SlotCache(2, 8)
+    assert a.generation != b.generation
+    before = a.generation
+    k = torch.zeros(1, 2, 3, 4)
+    a.update(k, k, 0)  # a layer's first update allocates its buffers
+    assert a.generation != before
+    a.update(k, k, 1)
+    allocated = a.generation
+    a.set_length(0)
+    a.update(k, k, 0)
+    a.set_length(2)
+    assert a.generation == allocated  # writes and lengths do not move the buffers
+    a.grow(16)
+    assert a.generation not in (allocated, before, b.generation)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
+def test_compile_function_on_a_cpu_is_plain_torch_compile():
+    from spechead.inference.runner import compile_function
+
+    f = compile_function(lambda x: x + 1, "eager", cuda=False)
+    assert not isinstance(f, GraphedFunction) and f(torch.ones(1)).item() == 2.0
