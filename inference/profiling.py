@@ -34,19 +34,19 @@ class Timer:
         cuda = self.cuda
         events: list[torch.cuda.Event] = []  # CUDA: start, end, start, end, ... read after one sync
         seconds: list[float] = []  # CPU: the same, perf_counter
+
+        def mark() -> None:
+            if cuda:
+                events.append(torch.cuda.Event(enable_timing=True))
+                events[-1].record()
+            else:
+                seconds.append(time.perf_counter())
+
         for _ in range(self.iters):
             setup()
-            if cuda:
-                events.append(torch.cuda.Event(enable_timing=True))
-                events[-1].record()
-            else:
-                seconds.append(time.perf_counter())
+            mark()
             fn()
-            if cuda:
-                events.append(torch.cuda.Event(enable_timing=True))
-                events[-1].record()
-            else:
-                seconds.append(time.perf_counter())
+            mark()
         if cuda:
             torch.cuda.synchronize()
             return statistics.median(a.elapsed_time(b) for a, b in zip(events[::2], events[1::2]))

@@ -5,7 +5,9 @@
 #   2. scripts/bench_gpu.py --compile --compare reduce-overhead --profile (Llama-3.1-8B shape, random bf16
 #      weights, no download: our CUDA graphs against torch.compile's, and where each part's time goes);
 #   3. scripts/benchmark.py on the demo target and the demo heads (eager, CUDA), when they are there, and
-#      again with the EAGLE draft compiled (--compile-draft: one CUDA graph) for the first head.
+#      again with the EAGLE draft compiled (--compile-draft: one CUDA graph) for the first head;
+#   on request (named): bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled
+#      (our CUDA graphs; torch.compile's reduce-overhead).
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
@@ -52,5 +54,10 @@ if [ ${#heads[@]} -gt 0 ]; then
     # the EAGLE draft as one CUDA graph beside the eager target (compiles during the warm-up answers)
     step bench_demo_compiled "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --no-hf \
         --compile-draft --warmup 12 "${heads[@]:0:2}" --out "$OUT/bench_demo_compiled"
+    # on request: target AND drafters compiled, with our CUDA graphs and with torch.compile's (an A/B)
+    step bench_demo_full "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --compile \
+        --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_full"
+    step bench_demo_full_ro "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --no-hf \
+        --compile reduce-overhead --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_full_ro"
 fi
 exit $status

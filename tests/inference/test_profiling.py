@@ -1,0 +1,47 @@
+"""inference/profiling.py on a CPU: medians, host-op counts and the rendered table."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from spechead.inference.profiling import Timer, profile_part, profile_parts, render_profiles
+
+
+def test_timer_takes_the_median_of_its_timed_calls_and_runs_setup_untimed():
+    calls = {"setup": 0, "fn": 0}
+    durations = iter([0.0, 0.0, 0.03, 0.001, 0.002])  # two warm-ups, then three timed calls
+
+    def fn():
+        calls["fn"] += 1
+        time.sleep(next(durations))
+
+    def setup():
+        calls["setup"] += 1
+        time.sleep(0.02)  # untimed: must not show in the median
+
+    ms = Timer(torch.device("cpu"), iters=3, warmup=2).ms(fn, setup)
+    assert calls == {"setup": 5, "fn": 5}
+    assert 2.0 <= ms < 15.0  # the median call slept 2 ms; the 30 ms one and the setups do not count
+
+
+def test_profile_counts_host_ops_per_call_and_ranks_them():
+    x = torch.randn(32, 32)
+    p = profile_part(lambda: (x @ x).relu().sum(), torch.device("cpu"), iters=3)
+    assert p.device_ms is None and p.kernels is None and p.wall_ms > 0
+    names = [name for name, _, _ in p.top]
+    assert {"aten::mm", "aten::relu", "aten::sum"} <= set(names)
+    assert all(n == 1 for name, _, n in p.top if name in ("aten::mm", "aten::sum"))  # per call, not per 3
+    more = profile_part(lambda: (x @ x @ x).relu().sum(), torch.device("cpu"), iters=3)
+    assert more.host_ops > p.host_ops
+
+
+def test_render_has_a_row_and_a_top_line_per_part():
+    x = torch.randn(8, 8)
+    lines = render_profiles(
+        profile_parts({"a": lambda: x + 1, "b": lambda: x * 2}, torch.device("cpu"), iters=2)
+    )
+    assert lines[0].startswith("profile (per call) | wall ms | kernel ms")
+    assert lines[1].startswith("a ") and lines[2].startswith("b ")
+    assert lines[3].startswith("  a top: aten::add") and lines[4].startswith("  b top: aten::mul")
