@@ -100,6 +100,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, default=7, help="EAGLE-2 draft depth")
     p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
     p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
+    p.add_argument("--no-batch", action="store_true", help="skip the batch 1, 4, 16 rows (eager: about 20 s)")
     p.add_argument(
         "--profile",
         action="store_true",
@@ -358,8 +359,22 @@ def render(r: dict) -> str:
         f"{ACCEPTED} tokens {r['accept_ms']:.3f} ms; pass = verify + commit + draft + accept = {r['pass_ms']:.3f} ms",
         "projected speedup tau * t_step / t_pass:  " + "  ".join(
             f"tau {t}: {s:.2f}x" for t, s in r["projected_speedup"].items()),
-        "batch (eager HF forward, SlotCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain",
     ]  # fmt: skip
+    if r["batch"]:
+        lines += render_batch(r)
+    if "compare" in r:
+        c = r["compare"]
+        lines.append(f"compare: compile {c['compile']}")
+        lines.append("compare: " + "  ".join(f"{key} {c[key]:.3f} (vs {r[key]:.3f})" for key in COMPARED))
+    if "profile" in r:
+        lines += render_profiles({name: PartProfile(**p) for name, p in r["profile"].items()})
+    lines += [f"goal: {name}: {g['value']:.3f} -> {'met' if g['met'] else 'NOT met'}" for name, g in r["goals"].items()]  # fmt: skip
+    return "\n".join(lines)
+
+
+def render_batch(r: dict) -> list[str]:
+    """The batch rows' two tables (projected from a batched verify; decoded through batch_decode)."""
+    lines = ["batch (eager HF forward, SlotCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain"]  # fmt: skip
     for row in r["batch"]:
         lines.append(
             f"{row['batch']:35d} | {row['plain_step_ms']:13.3f} | {row['plain_tokens_per_s']:11.1f} | "
@@ -375,15 +390,7 @@ def render(r: dict) -> str:
             f"{row['batch']:58d} | {row['decoded_tree_nodes']:10d} | {row['decoded_plain_pass_ms']:13.3f} | "
             f"{row['decoded_spec_pass_ms']:12.3f} | {row['decoded_tokens_per_s']:20.1f} | {row['decoded_speedup']:.2f}x"
         )
-    lines.append(r["batch_speculative"])
-    if "compare" in r:
-        c = r["compare"]
-        lines.append(f"compare: compile {c['compile']}")
-        lines.append("compare: " + "  ".join(f"{key} {c[key]:.3f} (vs {r[key]:.3f})" for key in COMPARED))
-    if "profile" in r:
-        lines += render_profiles({name: PartProfile(**p) for name, p in r["profile"].items()})
-    lines += [f"goal: {name}: {g['value']:.3f} -> {'met' if g['met'] else 'NOT met'}" for name, g in r["goals"].items()]  # fmt: skip
-    return "\n".join(lines)
+    return [*lines, r["batch_speculative"]]
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
@@ -456,7 +463,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
             {**batch_row(model, b, args.context, args.tree_size, timer), **decoded_batch(model, head, b, args.context)},
             extra, tau=5.4,
         )
-        for b in BATCHES
+        for b in (() if args.no_batch else BATCHES)
     ]  # fmt: skip
     report["batch_speculative"] = (
         "batch: the first table projects tau 5.4 from a batched verify + the batch-1 draft, commit and accept; "

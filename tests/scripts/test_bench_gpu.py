@@ -183,10 +183,16 @@ def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, caps
 def test_compiled_run_traces_target_and_whole_draft(tmp_path):
     """--compile BACKEND --sizes: the target's buckets and the whole-draft graph (depths 1 and D only)."""
     proc = run("--tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--compile", "eager", "--sizes",
-               "1,64", "--out", "c.json", cwd=tmp_path)  # fmt: skip
+               "1,64", "--compare", "aot_eager", "--no-batch", "--out", "c.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "c.json").read_text())
     assert r["compile"].startswith("on, target and draft step (eager") and r["draft_status"] == "compiled"
+    # --compare: the batch-1 parts measured again with the other backend, beside; --no-batch: no rows
+    assert r["compare"]["compile"].startswith("on, target and draft step (aot_eager")
+    assert set(r["compare"]) == {"compile", "decode_step_ms", "roofline_fraction", "verify_64_x_step", "draft_ms",
+                                 "draft_x_step", "draft_depth_ms", "pass_ms", "speedup_tau_5.4"}  # fmt: skip
+    assert all(positive(v) for k, v in r["compare"].items() if k != "compile")
+    assert r["batch"] == [] and "compare: decode_step_ms" in proc.stdout and "batch (eager" not in proc.stdout
     assert set(r["verify_ms"]) == {"1", "64"} and set(r["propose_ms"]) == {"1", "7"}
     assert r["draft_depth_ms"] == pytest.approx((r["propose_ms"]["7"] - r["propose_ms"]["1"]) / 6)
     bad = run("--tiny", "--device", "cpu", "--sizes", "1,16", cwd=tmp_path)
