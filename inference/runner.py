@@ -14,8 +14,8 @@ Capture hooks are installed once per model and only record while the runner runs
 
 compile: the static back-end with fixed shapes (`SlotCache(static_shapes=True)`: writes at a device-side
 length, attention over the whole buffer behind a [B, 1, N, S_max] mask) and the target's forward under
-`torch.compile(dynamic=False)`, one graph per tree-size bucket; on CUDA with mode "reduce-overhead"
-(CUDA graphs). The prefill stays eager (its length varies).
+`torch.compile(dynamic=False)`, one graph per tree-size bucket; on CUDA each bucket's call then captured
+as a CUDA graph of our own (cuda_graphs.py). The prefill stays eager (its length varies).
 
 Batch: the API carries B; this version runs B = 1 (ValueError otherwise).
 """
