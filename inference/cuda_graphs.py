@@ -45,7 +45,7 @@ def copy_outputs(x: Any) -> Any:
     return x
 
 
-class _Captured:
+class Captured:
     """One captured call: its static input tensors, the graph and the graph's outputs."""
 
     def __init__(self, inputs: list[Tensor], graph: Any, outputs: Any) -> None:
@@ -62,7 +62,7 @@ class GraphedFunction:
         self.fn = fn
         self.state = state
         self.captures = 0
-        self._graphs: dict[tuple, _Captured] = {}
+        self._graphs: dict[tuple, Captured] = {}
         self._state: Hashable = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -89,7 +89,7 @@ class GraphedFunction:
 
     def _run_and_capture(
         self, values: list[Any], n_args: int, names: tuple[str, ...]
-    ) -> tuple[Any, _Captured]:
+    ) -> tuple[Any, Captured]:
         """The first call of a signature: fn runs for real on copies of the call's tensors (the graph's
         inputs from now on; dense, so a later call's expanded view copies in), which also warms up what
         must not happen inside a capture (compilation, kernel autotuning, lazy allocations); then fn is
@@ -101,7 +101,7 @@ class GraphedFunction:
 
         out = copy_outputs(call())
         graph, outputs = self._record(call)
-        return out, _Captured([v for v in static if isinstance(v, Tensor)], graph, outputs)
+        return out, Captured([v for v in static if isinstance(v, Tensor)], graph, outputs)
 
     def _record(self, call: Callable[[], Any]) -> tuple[Any, Any]:
         """A CUDA graph of call() and the outputs it writes at every replay."""
@@ -110,5 +110,5 @@ class GraphedFunction:
             outputs = call()
         return graph, outputs
 
-    def _replay(self, entry: _Captured) -> None:
+    def _replay(self, entry: Captured) -> None:
         entry.graph.replay()

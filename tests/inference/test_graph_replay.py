@@ -1,0 +1,227 @@
+"""The CUDA-graph fast path's rules, checked on a CPU: a captured graph replays the SAME kernels on the
+SAME memory, so whatever a graph function read from Python at capture time (a length, a position, a
+buffer) is baked in. `Replayed` stands in for `GraphedFunction`'s CUDA graph: capturing records every
+aten op the call runs (its tensors by identity), a replay re-runs those ops on those tensors and writes
+their results into the recorded outputs, as a graph's kernels do. A value read from Python state that
+should have come from a device tensor then shows up as wrong tokens here, without a GPU. A host
+synchronisation inside a graph (`.item()`, a tensor's truth value) fails, as a CUDA capture does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import spechead.inference.runner as runner_module
+from spechead.heads import EagleConfig, EagleHead
+from spechead.inference.cuda_graphs import Captured, GraphedFunction, copy_outputs
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.generator import SpeculativeGenerator
+
+from .test_generator import OracleDrafter, plain_greedy
+
+TREES = [{"top_k": 4, "depth": 4, "total_tokens": 16}, {"tree": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]}]
+SYNCS = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.equal.default,
+}
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SYNCS:
+            raise RuntimeError(f"a host synchronisation inside a captured graph: {func}")
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}, out))
+        return out
+
+
+def _write(recorded, fresh) -> None:
+    """A replayed op's results into the recorded outputs (in-place ops and views: the same memory)."""
+    if isinstance(recorded, torch.Tensor):
+        assert recorded.shape == fresh.shape, "a data-dependent shape inside a captured graph"
+        same = recorded.data_ptr() == fresh.data_ptr() and recorded.stride() == fresh.stride()
+        if not same:
+            recorded.copy_(fresh)
+    elif isinstance(recorded, (tuple, list)):
+        for r, f in zip(recorded, fresh):
+            _write(r, f)
+
+
+class Replayed(GraphedFunction):
+    """GraphedFunction with a recorded op list for a graph (capturing here also runs the call: it is this
+    signature's real first run)."""
+
+    def _run_and_capture(self, values, n_args, names):
+        static = [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+        recorder = _Recorder()
+        with recorder:
+            outputs = self.fn(*static[:n_args], **dict(zip(names, static[n_args:])))
+        inputs = [v for v in static if isinstance(v, torch.Tensor)]
+        return copy_outputs(outputs), Captured(inputs, recorder.ops, outputs)
+
+    replays = 0
+
+    def _replay(self, entry) -> None:
+        self.replays += 1
+        for func, args, kwargs, out in entry.graph:
+            _write(out, func(*args, **kwargs))
+
+
+@pytest.fixture
+def replayed_graphs(monkeypatch):
+    """compile=True builds `Replayed` graphs of the raw graph functions (what CUDA would capture)."""
+    made: list[Replayed] = []
+    original = runner_module.compile_function
+
+    def compile_function(fn, compile, cuda=False, fullgraph=False, state=None):
+        if compile is not True:  # another backend: as it is (the un-replayed reference)
+            return original(fn, compile, cuda, fullgraph, state)
+        made.append(Replayed(fn, state))
+        return made[-1]
+
+    monkeypatch.setattr(runner_module, "compile_function", compile_function)
+    return made
+
+
+def _eagle(model, **tree) -> EagleDrafter:
+    torch.manual_seed(0)  # the same head every time
+    head = EagleHead(EagleConfig.from_target(model.config))
+    head.attach_target_modules(
+        lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+    )
+    return EagleDrafter(head.eval(), **tree)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_replayed_graphs_decode_like_plain_decoding(tiny_llama, chatml_tokenizer, replayed_graphs, tree):
+    """Target verify + commit and the EAGLE draft + accept as replayed graphs, several prompts (the graphs
+    replay at new committed lengths and new sequences): greedy output equals plain eager decoding."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile=True)
+    for i in range(3):
+        prompt = list(range(5 + i, 15 + 2 * i))
+        ref = plain.generate(input_ids=prompt, max_new_tokens=20).token_ids
+        assert gen.generate(input_ids=prompt, max_new_tokens=20).token_ids == ref, i
+    assert len(replayed_graphs) == 4  # draft, accept, runner verify, runner commit
+    draft, accept, verify, _ = replayed_graphs  # (made in this order: drafter, then runner)
+    for graph in (draft, accept, verify):  # captured once per shape, then replayed
+        assert graph.captures >= 1 and graph.replays > graph.captures, (graph.captures, graph.replays)
+
+
+def _drafts(
+    gen: SpeculativeGenerator, prompts: list[list[int]], depths: list[int] | None = None
+) -> list[tuple]:
+    """Every proposed tree (tokens, parents) while decoding the prompts greedily (EAGLE-2 depth
+    `depths[i]` for prompt i when given)."""
+    trees, propose = [], gen.drafter.propose
+
+    def recorded(*args):
+        draft = propose(*args)
+        trees.append((draft.tree.tokens.tolist(), draft.tree.parents.tolist()))
+        return draft
+
+    gen.drafter.propose = recorded
+    for i, prompt in enumerate(prompts):
+        if depths is not None:
+            gen.drafter.depth = depths[i]
+        gen.generate(input_ids=prompt, max_new_tokens=20)
+    return trees
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_replayed_draft_graphs_propose_the_traced_graphs_trees(
+    tiny_llama, chatml_tokenizer, replayed_graphs, tree
+):
+    """A drafter's graphs only change WHICH tokens are proposed (decoding stays lossless whatever they
+    draft), so they are compared tree by tree: replayed (what CUDA would run) against the same graph
+    functions traced without code generation (Python runs every call: nothing baked)."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    prompts = [list(range(5 + i, 15 + 2 * i)) for i in range(3)]
+    traced = _drafts(
+        SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile="eager"), prompts
+    )
+    replayed = _drafts(
+        SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile=True), prompts
+    )
+    assert replayed == traced and len(replayed) > 20
+
+
+def test_replayed_graphs_are_captured_again_when_their_state_changes(
+    tiny_llama, chatml_tokenizer, replayed_graphs
+):
+    """A long prompt makes both caches reallocate (new buffers) and a new EAGLE-2 depth changes the draft
+    loop: graphs replayed over the old buffers or the old loop would propose other trees."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    model.config.max_position_embeddings = 4096
+    prompts = [
+        list(range(5, 15)),
+        [5 + (7 * i) % 200 for i in range(1100)],
+        list(range(8, 20)),
+        list(range(6, 16)),
+    ]
+    depths = [4, 4, 4, 3]
+    tree = {"top_k": 4, "depth": 4, "total_tokens": 60}  # every drafted node kept: the depth shows
+
+    def make(compile: bool | str) -> SpeculativeGenerator:
+        return SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile=compile)
+
+    traced = _drafts(make("eager"), prompts, depths)
+    gen = make(True)
+    replayed = _drafts(gen, prompts, depths)
+    assert replayed == traced
+    assert gen.runner.cache.max_length > 1024  # the long prompt did reallocate
+
+
+def _oracle_runs(model, tokenizer, n_prompts: int = 4) -> list[tuple[list[int], list[int]]]:
+    """(plain greedy, compiled decoding) per prompt with an oracle drafter whose right child is often the
+    second sibling: accepted paths skip nodes, so the target's commit graph moves entries."""
+    out = []
+    for i in range(n_prompts):
+        prompt = list(range(5 + i, 12 + 2 * i))
+        ref = plain_greedy(model, prompt, 24)
+        drafter = OracleDrafter(ref, model.config.vocab_size, depth=4, seed=i)
+        gen = SpeculativeGenerator(model, tokenizer, drafter, compile=True)
+        out.append((ref, gen.generate(input_ids=prompt, max_new_tokens=24).token_ids))
+    return out
+
+
+def test_replayed_target_graphs_commit_off_path_nodes(tiny_llama, chatml_tokenizer, replayed_graphs):
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    model.generation_config.eos_token_id = None
+    for ref, got in _oracle_runs(model, chatml_tokenizer):
+        assert got == ref
+    commits = [g for g in replayed_graphs if g.fn.__name__ == "_commit_graph"]
+    assert sum(g.replays for g in commits) > 0  # off-path commits replayed, not just captured
+
+
+def test_a_python_value_read_inside_a_graph_is_caught(
+    tiny_llama, chatml_tokenizer, replayed_graphs, monkeypatch
+):
+    """The target's commit graph taking its start from the host-side length (a Python int, baked in at
+    capture) instead of the device length: its replays copy to the capture's slots."""
+    from spechead.inference.runner import TargetRunner
+
+    def stale_commit(self, path):
+        start = self.length  # WRONG inside a graph: the capture's length forever
+        src, dst = start + path, start + torch.arange(path.shape[0])
+        for layer in self.slots.slot_layers:
+            layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
+            layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+
+    monkeypatch.setattr(TargetRunner, "_commit_graph", stale_commit)
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    model.generation_config.eos_token_id = None
+    assert any(ref != got for ref, got in _oracle_runs(model, chatml_tokenizer))
+
+
+def test_a_host_sync_inside_a_graph_fails(replayed_graphs):
+    f = Replayed(lambda x: x * int(x.sum()))
+    with pytest.raises(RuntimeError, match="host synchronisation inside a captured graph"):
+        f(torch.ones(2))
