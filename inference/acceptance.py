@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spechead.inference.sampling import sample
+from spechead.inference.sampling import argmax_ids, sample
 from spechead.inference.tree import TokenTree, children, path_to_node
 
 RULES = ("deterministic", "iid", "without_replacement")
@@ -49,7 +49,7 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
     Output equals plain greedy decoding token for token.
     """
     _check_rows(tree, target_logits, "target_logits")
-    best = target_logits.argmax(-1).tolist()  # [N], first max on ties
+    best = argmax_ids(target_logits)  # [N], first max on ties
     tokens, par = tree.tokens.tolist(), tree.parents.tolist()
     n = len(tokens)
     ok = [True] + [False] * (n - 1)

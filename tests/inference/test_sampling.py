@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
+from spechead.inference.sampling import SamplingParams, argmax_ids, make_generator, sample, target_probs
 
 
 @pytest.mark.parametrize(
@@ -164,3 +164,23 @@ def test_order_matches_hugging_face_generate(tiny_llama, logits, params, expecte
     torch.testing.assert_close(raw, wanted, atol=1e-4, rtol=0)
     torch.testing.assert_close(target_probs(raw, params), torch.softmax(processed, -1), atol=1e-6, rtol=0)
     torch.testing.assert_close(target_probs(raw, params)[:5], torch.tensor(expected), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_argmax_ids_equals_torch_argmax_ties_and_nans_included(dtype):
+    """The host argmax (numpy on a CPU where it can) picks what torch.argmax picks: first max on ties, a
+    NaN as the max; rows [N, V] -> list, one row [V] -> int; views and bfloat16 (no numpy) too."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 4, (9, 64), generator=g).to(dtype)  # many ties
+    x[3, 10] = float("nan")
+    x[4] = float("-inf")
+    x[5, 7] = x[5, 40] = 9.0  # two maxima: the first wins
+    rows = argmax_ids(x)
+    assert isinstance(rows, list) and rows == x.argmax(-1).tolist()
+    assert rows[3] == 10 and rows[4] == 0 and rows[5] == 7
+    one = argmax_ids(x[5])
+    assert isinstance(one, int) and one == 7
+    view = x.t().contiguous().t()  # column-major strides
+    assert argmax_ids(view) == rows and argmax_ids(x[:, ::2]) == x[:, ::2].argmax(-1).tolist()
+    leaf = x.float().requires_grad_()
+    assert argmax_ids(leaf) == leaf.argmax(-1).tolist()
