@@ -18,6 +18,7 @@ Outputs come back as copies: the next replay overwrites the graph's own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -100,13 +101,16 @@ class GraphedFunction:
             return self.fn(*static[:n_args], **dict(zip(names, static[n_args:])))
 
         out = copy_outputs(call())
-        graph, outputs = self._record(call)
-        return out, Captured([v for v in static if isinstance(v, Tensor)], graph, outputs)
+        tensors = [v for v in static if isinstance(v, Tensor)]
+        graph, outputs = self._record(call, next((t.device for t in tensors if t.is_cuda), None))
+        return out, Captured(tensors, graph, outputs)
 
-    def _record(self, call: Callable[[], Any]) -> tuple[Any, Any]:
-        """A CUDA graph of call() and the outputs it writes at every replay."""
+    def _record(self, call: Callable[[], Any], device: torch.device | None) -> tuple[Any, Any]:
+        """A CUDA graph of call() (captured on the inputs' device, which need not be the current one) and
+        the outputs it writes at every replay."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        guard = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
+        with guard, torch.cuda.graph(graph):
             outputs = call()
         return graph, outputs
 

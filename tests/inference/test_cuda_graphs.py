@@ -21,7 +21,7 @@ class Recorded(GraphedFunction):
     """A CPU stand-in for a CUDA graph: capturing keeps the call (on the captured inputs), a replay runs
     it again and writes its results into the captured outputs, as a graph's kernels write theirs."""
 
-    def _record(self, call):
+    def _record(self, call, device):
         self.recorded = getattr(self, "recorded", 0) + 1
         return call, call()
 
