@@ -400,6 +400,8 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
     for name, (value, low) in numbers.items():
         if value < low:
             raise ValueError(f"--{name} must be >= {low}, got {value}")
+    if args.compare and not args.compile:
+        raise ValueError(f"--compare {args.compare} measures beside --compile BACKEND: add --compile")
     if not {1, 64, args.tree_size} <= set(args.sizes):
         raise ValueError(f"--sizes must hold 1, 64 and --tree-size {args.tree_size}, got {args.sizes}")
     device = torch.device(args.device)

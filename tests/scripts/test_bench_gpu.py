@@ -197,3 +197,7 @@ def test_compiled_run_traces_target_and_whole_draft(tmp_path):
     assert r["draft_depth_ms"] == pytest.approx((r["propose_ms"]["7"] - r["propose_ms"]["1"]) / 6)
     bad = run("--tiny", "--device", "cpu", "--sizes", "1,16", cwd=tmp_path)
     assert bad.returncode == 2 and "--sizes must hold 1, 64 and --tree-size 64" in bad.stderr
+    alone = run("--tiny", "--device", "cpu", "--compare", "eager", cwd=tmp_path)
+    assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
+        "error: --compare eager measures beside --compile BACKEND: add --compile"
+    ]
