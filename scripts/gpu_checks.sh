@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in one run that fits a short lease (about 9 minutes on one H100):
+# Every check that needs a GPU, in one run that fits a short lease (pytest_gpu, bench_gpu and
+# bench_demo_compiled took 331 s on one H100, bench_demo_full and bench_demo_full_ro 156 s):
 #   1. the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled (CUDA graphs),
 #      seeded sampling, load-time calibration on CUDA);
 #   2. scripts/bench_gpu.py --compile --compare reduce-overhead --profile (Llama-3.1-8B shape, random bf16
