@@ -190,6 +190,7 @@ register_family(
         tags=("eagle",),
         recipe="spechead.training.objectives.eagle:RECIPE",
         work=_eagle_work,
+        exports={"eagle": "spechead.heads.formats.eagle_export:export_eagle"},
         **EAGLE_DRAFTING,
     )
 )

@@ -3,6 +3,7 @@
     python scripts/export.py HEAD_DIR --format speculators --out exported/   # EAGLE-3 -> vLLM
     python scripts/export.py HEAD_DIR --format sglang --out exported/        # EAGLE-3 -> SGLang
     python scripts/export.py HEAD_DIR --format medusa --out exported/        # Medusa -> vLLM
+    python scripts/export.py HEAD_DIR --format eagle --out exported/         # EAGLE-1/2 -> EAGLE authors' engine, vLLM
 
 HEAD_DIR is a head saved by spechead (a local directory or a Hub id). The export is re-imported
 through spechead's loader and its tensors compared with the head's (printed as a check).
@@ -19,6 +20,7 @@ import torch
 from spechead.heads import HeadError, load_head
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.formats import FORMATS, export_formats, export_head
+from spechead.heads.formats.weights import target_embedding
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,6 +35,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="speculators: target name or path to record (default: the head's target)",
     )
     p.add_argument("--speculative-tokens", type=int, default=3, help="speculators: default draft length")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="eagle: the target checkpoint whose embedding the layout holds (default: the head's target)",
+    )
     return p.parse_args(argv)
 
 
@@ -62,14 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.fmt not in export_formats(head):
             valid = ", ".join(export_formats(head)) or "none"
             raise HeadError(f"{args.head} is a {head.family} head; formats for {head.family} heads: {valid}")
-        export_head(
-            head,
-            args.fmt,
-            out,
-            dtype=dtype,
-            verifier=args.verifier,
-            speculative_tokens=args.speculative_tokens,
-        )
+        options = {"verifier": args.verifier, "speculative_tokens": args.speculative_tokens}
+        if args.fmt == "eagle":  # the layout holds a copy of the target's embedding
+            target = args.target or head.config.target_name_or_path
+            if not target:
+                raise HeadError("the head does not record its target: pass --target TARGET")
+            options["embedding"] = target_embedding(target)
+        export_head(head, args.fmt, out, dtype=dtype, **options)
         checked = check_round_trip(head, out, dtype)
     except (HeadError, OSError) as err:  # OSError: the output directory cannot be written
         print(f"error: {err}", file=sys.stderr)

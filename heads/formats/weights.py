@@ -110,3 +110,35 @@ def write_tensors(tensors: dict[str, Tensor], file: Path, dtype: torch.dtype | N
         out[name] = tensor.contiguous().clone()  # clone: tied or shared storage cannot be saved twice
     save_file(out, str(file), metadata={"format": "pt"})
     return file
+
+
+def target_embedding(target: str, revision: str | None = None) -> Tensor:
+    """The input embedding [V, H] of target checkpoint `target` (a directory or a Hub id), read from its
+    safetensors alone (the one tensor whose name ends in embed_tokens.weight; no model is built)."""
+    from transformers.utils import cached_file  # local directories and Hub ids alike
+
+    def fetch(name: str) -> Path | None:
+        found = cached_file(target, name, revision=revision, _raise_exceptions_for_missing_entries=False)
+        return Path(found) if found else None
+
+    try:
+        index = fetch("model.safetensors.index.json")
+        if index is not None:
+            weight_map = read_json(index).get("weight_map", {})
+            names = [n for n in weight_map if n.endswith("embed_tokens.weight")]
+            file = fetch(weight_map[names[0]]) if len(names) == 1 else None
+        else:
+            file = fetch("model.safetensors")
+            names = []
+            if file is not None:
+                with safe_open(str(file), framework="pt") as f:
+                    names = [n for n in f.keys() if n.endswith("embed_tokens.weight")]
+    except (OSError, ValueError) as err:  # not a directory nor a reachable Hub repo (or an invalid id)
+        raise HeadError(f"cannot read the target {target}: {err}") from None
+    if file is None or len(names) != 1:
+        raise HeadError(
+            f"{target} has no safetensors checkpoint with exactly one embed_tokens.weight: pass the target "
+            "the head was trained for"
+        )
+    with safe_open(str(file), framework="pt") as f:
+        return f.get_tensor(names[0])

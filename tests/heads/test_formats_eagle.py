@@ -1,5 +1,5 @@
-"""Import of EAGLE-1/2 heads in the EAGLE authors' layout: config, pickled weights, layer 0 without
-input_layernorm, optional fc / q,k,v biases, and the embed_tokens copy they ship."""
+"""EAGLE-1/2 heads in the EAGLE authors' layout: import (config, pickled weights, layer 0 without
+input_layernorm, optional fc / q,k,v biases, the embed_tokens copy they ship) and export."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from spechead.heads import HeadError, load_head
 from spechead.heads.decoder_layer import causal_mask4d, layer_config_from
 from spechead.heads.eagle import EagleConfig, EagleHead
-from spechead.heads.formats import is_head_dir
+from spechead.heads.formats import export_head, is_head_dir
+from spechead.heads.formats.weights import target_embedding
 
 H, V, L = 32, 48, 4
 
@@ -134,3 +135,49 @@ def test_a_mismatching_checkpoint_is_refused(target, tmp_path) -> None:
     with pytest.raises(HeadError, match="vocab_size 48 but the target has 56"):
         other = type(target.config)(**{**target.config.to_dict(), "vocab_size": V + 8})
         load_head(tmp_path / "eagle", target_config=other)
+
+
+def test_export_in_the_authors_layout_reads_back_as_the_same_head(target, tmp_path) -> None:
+    """`--format eagle`: config.json + pytorch_model.bin (fc, layers, the target's embedding), which the
+    authors' engine loads strictly; importing it again computes exactly what the head computes."""
+    head = random_head(target, num_layers=2)
+    out = export_head(head, "eagle", tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["bias"] is True and config["vocab_size"] == V
+    state = torch.load(out / "pytorch_model.bin", weights_only=True)
+    assert torch.equal(state["embed_tokens.weight"], target.get_input_embeddings().weight)
+    assert "layers.0.input_layernorm.weight" not in state and "layers.1.input_layernorm.weight" in state
+    back = attach(load_head(out, target_config=target.config), target)
+    features, ids = inputs()
+    with torch.no_grad():
+        assert torch.equal(back(features, ids), head(features, ids))
+
+
+def test_export_takes_the_embedding_given_and_checks_its_shape(target, tmp_path) -> None:
+    head = random_head(target)
+    given = torch.randn(V, H)
+    state = torch.load(export_head(head, "eagle", tmp_path / "a", embedding=given) / "pytorch_model.bin")
+    assert torch.equal(state["embed_tokens.weight"], given)
+    with pytest.raises(HeadError, match=r"embedding has shape \(48, 16\), the head needs \(48, 32\)"):
+        export_head(head, "eagle", tmp_path / "b", embedding=torch.randn(V, H // 2))
+
+
+def test_export_refuses_what_the_authors_layout_cannot_hold(target, tmp_path) -> None:
+    own = attach(EagleHead(EagleConfig.from_target(target.config)), target)  # layer 0 normalises its input
+    with pytest.raises(HeadError, match="first_layer_input_norm=false"):
+        export_head(own, "eagle", tmp_path / "a")
+    biased = random_head(target, layer_config={**layer_config_from(target.config), "attention_bias": True})
+    with pytest.raises(HeadError, match="attention or MLP biases"):
+        export_head(biased, "eagle", tmp_path / "b")
+    bare = EagleHead(EagleConfig.from_target(target.config, first_layer_input_norm=False))
+    with pytest.raises(HeadError, match="no target embed_tokens attached"):
+        export_head(bare, "eagle", tmp_path / "c")
+
+
+def test_target_embedding_reads_one_tensor_of_a_saved_target(tiny_target_dir, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    want = AutoModelForCausalLM.from_pretrained(tiny_target_dir).get_input_embeddings().weight
+    assert torch.equal(target_embedding(str(tiny_target_dir)), want)
+    with pytest.raises(HeadError, match="no safetensors checkpoint with exactly one embed_tokens.weight"):
+        target_embedding(str(tmp_path))

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from spechead.heads import load_head
+from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.medusa import MedusaConfig, MedusaHead
 
@@ -100,3 +101,19 @@ def test_bad_input_is_one_error_line(eagle3_dir, medusa_dir, tmp_path, capsys, w
     assert run([head, "--format", fmt, "--out", out]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_exports_an_eagle_head_with_its_targets_embedding(tiny_target_dir, tmp_path, capsys) -> None:
+    """--format eagle holds the target's embedding: read from the head's recorded target, or --target."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    config = EagleConfig.from_target(target.config, first_layer_input_norm=False)
+    head_dir = EagleHead(config).save_pretrained(tmp_path / "head")  # records tiny_target_dir as its target
+    assert run([head_dir, "--format", "eagle", "--out", tmp_path / "a"]) == 0
+    assert "tensors identical" in capsys.readouterr().out
+    state = torch.load(tmp_path / "a" / "pytorch_model.bin", weights_only=True)
+    assert torch.equal(state["embed_tokens.weight"], target.get_input_embeddings().weight)
+    assert run([head_dir, "--format", "eagle", "--out", tmp_path / "b", "--target", tmp_path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "exactly one embed_tokens.weight" in err and err.count("\n") == 1
