@@ -132,7 +132,10 @@ _MEDUSA_PARTS: dict[str, Any] = dict(
     calibrate_assumed=False,
     drafts_per_depth=False,
     work=_medusa_work,
-    exports={"medusa": "spechead.heads.formats.medusa:export_medusa"},
+    exports={
+        "medusa": "spechead.heads.formats.medusa:export_medusa",
+        "fasterdecoding": "spechead.heads.formats.medusa:export_fasterdecoding",
+    },
 )
 register_family(
     Family(

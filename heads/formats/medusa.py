@@ -1,4 +1,4 @@
-"""Medusa-1 heads: import the FasterDecoding layout and vLLM's layout, export vLLM's.
+"""Medusa-1 heads: import the FasterDecoding layout and vLLM's layout, export both.
 
 All three read the target's final normed hidden state; head k = ResBlocks (x + SiLU(W x + b)) then
 its own Linear(H, V, bias=False). Tensor names per head k, ResBlock j, n ResBlocks:
@@ -109,19 +109,27 @@ def _from_vllm(
     return out
 
 
-def export_medusa(head: MedusaHead, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
-    """Write `out`/config.json + model.safetensors in the Medusa layout vLLM's loader reads."""
+def _check_exportable(head: MedusaHead, engine: str) -> None:
+    """HeadError unless `engine` runs `head` as it is: own projections, no adapter, the final state."""
     cfg = head.config
     if cfg.share_lm_head:
         raise HeadError(
-            "the head uses the target's lm_head (share_lm_head=true); vLLM's Medusa needs its own"
+            f"the head uses the target's lm_head (share_lm_head=true); {engine}'s Medusa needs its own"
         )
     if cfg.lora_adapter:
-        raise HeadError("Medusa-2 heads need their LoRA adapter merged into the target, which vLLM cannot do")
+        raise HeadError(
+            f"Medusa-2 heads need their LoRA adapter merged into the target, which {engine} cannot do"
+        )
     if cfg.target_layers != ([cfg.target_num_layers] if cfg.target_num_layers else [-1]):
         raise HeadError(
-            f"the heads read target layer {cfg.target_layers}; vLLM feeds Medusa the final normed state"
+            f"the heads read target layer {cfg.target_layers}; {engine} feeds Medusa the final normed state"
         )
+
+
+def export_medusa(head: MedusaHead, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
+    """Write `out`/config.json + model.safetensors in the Medusa layout vLLM's loader reads."""
+    _check_exportable(head, "vLLM")
+    cfg = head.config
     n = cfg.num_layers
     tensors = {}
     for k, module in enumerate(head.heads):
@@ -146,5 +154,29 @@ def export_medusa(head: MedusaHead, out: Path, *, dtype: torch.dtype | None = No
     }
     out.mkdir(parents=True, exist_ok=True)
     write_tensors(tensors, out / "model.safetensors", dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def export_fasterdecoding(head: MedusaHead, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
+    """Write `out`/config.json + medusa_lm_head.pt in FasterDecoding's layout (their `MedusaModel`)."""
+    _check_exportable(head, "FasterDecoding")
+    cfg = head.config
+    if not cfg.target_name_or_path:
+        raise HeadError("the layout names the target (base_model_name_or_path): the head records none")
+    to = lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t  # noqa: E731
+    # their heads are a bare ModuleList: spechead's names without the "heads." prefix
+    tensors = {
+        k.removeprefix("heads."): to(v.detach().cpu()).contiguous().clone()
+        for k, v in head.state_dict().items()
+    }
+    config = {
+        "medusa_num_heads": cfg.num_heads,
+        "medusa_num_layers": cfg.num_layers,
+        "base_model_name_or_path": cfg.target_name_or_path,
+        "torch_dtype": export_dtype(head, dtype),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(tensors, out / "medusa_lm_head.pt")  # a pickle of plain tensors: what their loader reads
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

@@ -1,5 +1,5 @@
-"""Medusa heads: export to the layout vLLM's Medusa loader reads, import of it and of FasterDecoding's
-`medusa_lm_head.pt`, checked by identical head logits."""
+"""Medusa heads: export to the layouts vLLM's Medusa loader and FasterDecoding's `MedusaModel` read,
+import of both, checked by identical head logits."""
 
 from __future__ import annotations
 
@@ -101,10 +101,34 @@ def test_what_vllm_cannot_run_is_refused(tmp_path) -> None:
         export_head(random_head(share_lm_head=True), "medusa", tmp_path / "a")
     with pytest.raises(HeadError, match="final normed state"):
         export_head(random_head(target_layers=[2]), "medusa", tmp_path / "b")
-    with pytest.raises(HeadError, match="formats for medusa heads: medusa"):
+    with pytest.raises(HeadError, match="formats for medusa heads: fasterdecoding, medusa"):
         export_head(random_head(), "sglang", tmp_path / "c")
     out = export_head(random_head(), "medusa", tmp_path / "d")
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "truncated_vocab_size": V // 2}))
     with pytest.raises(HeadError, match="truncated vocabulary"):
         load_head(out)
+
+
+def test_fasterdecoding_export_round_trip(tmp_path) -> None:
+    """config.json (medusa_num_heads, medusa_num_layers, base_model_name_or_path) + medusa_lm_head.pt, the
+    state dict of their bare ModuleList of heads."""
+    head = random_head(num_heads=4, num_layers=1, target_name_or_path="org/tiny")
+    out = export_head(head, "fasterdecoding", tmp_path / "fd")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["medusa_num_heads"], config["medusa_num_layers"]) == (4, 1)
+    assert config["base_model_name_or_path"] == "org/tiny"
+    state = torch.load(out / "medusa_lm_head.pt", weights_only=True)
+    assert set(state) == {f"{k}.0.linear.{p}" for k in range(4) for p in ("weight", "bias")} | {
+        f"{k}.1.weight" for k in range(4)
+    }
+    assert same_logits(head, load_head(out))
+
+
+def test_what_fasterdecoding_cannot_run_is_refused(tmp_path) -> None:
+    with pytest.raises(HeadError, match="FasterDecoding's Medusa needs its own"):
+        export_head(
+            random_head(share_lm_head=True, target_name_or_path="t"), "fasterdecoding", tmp_path / "a"
+        )
+    with pytest.raises(HeadError, match="names the target"):
+        export_head(random_head(), "fasterdecoding", tmp_path / "b")

@@ -86,7 +86,7 @@ def test_exports_a_medusa_head(medusa_dir, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("which", "fmt", "message"),
     [
-        ("medusa", "speculators", "is a medusa head; formats for medusa heads: medusa"),
+        ("medusa", "speculators", "is a medusa head; formats for medusa heads: fasterdecoding, medusa"),
         ("eagle3", "medusa", "is a eagle3 head; formats for eagle3 heads: sglang, speculators"),
         ("missing", "medusa", "could not be fetched from the Hub"),
         ("taken", "medusa", "is not an empty directory"),
