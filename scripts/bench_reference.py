@@ -156,8 +156,10 @@ def render(result: dict) -> str:
     """A markdown table: tokens/s and speedups against both engines' plain decoding."""
     ours_plain, ref_plain = result["ours"]["plain"]["tok_s"], result["reference"]["plain"]["tok_s"]
     s = result["settings"]
+    versions = result["reference_versions"]
     lines = [
-        f"{s['prompts']} prompts of {s['prompt_set']}, {s['max_new_tokens']} new tokens, greedy, CPU "
+        f"the EAGLE authors' engine (eagle-llm, transformers {versions['transformers']}) beside spechead: "
+        f"{s['prompts']} prompts of {s['prompt_set']}, up to {s['max_new_tokens']} new tokens, greedy, CPU "
         f"({torch.get_num_threads()} threads), median of {s['repeats']} alternating repeats",
         "",
         "| configuration | engine | tau | tok/s [min, max] | x our plain | x reference plain | mismatches |",
@@ -171,7 +173,8 @@ def render(result: dict) -> str:
                 f"{row['tok_s'] / ours_plain:.2f}x | {row['tok_s'] / ref_plain:.2f}x | {row['mismatches']} |"
             )
     trees = ", ".join(f"{k}: {len(v)} drafted nodes" for k, v in result["trees"].items())
-    return "\n".join([*lines, "", f"trees: {trees}", ""])
+    tokens = result["ours"]["plain"]["tokens"]
+    return "\n".join([*lines, "", f"trees: {trees}; {tokens} tokens a run", ""])
 
 
 if __name__ == "__main__":
