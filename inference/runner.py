@@ -95,7 +95,9 @@ def compile_function(
 ):
     """torch.compile of `fn` for fixed shapes. True / "inductor": inductor; on CUDA each call signature
     then captured once as a CUDA graph of our own (`GraphedFunction`: a call is input copies and one
-    replay, no guards; `state` names what else the graph reads, see cuda_graphs.py). "reduce-overhead":
+    replay, no guards; `state` names what else the graph reads, see cuda_graphs.py). "max-autotune": the
+    same with inductor's mode "max-autotune-no-cudagraphs" (each GEMM shape benchmarked against
+    generated kernels: minutes more compiling, for the skinny decode GEMMs). "reduce-overhead":
     inductor with torch.compile's own CUDA graphs (guards and graph-tree checks every call). Another
     string: that torch.compile backend ("cudagraphs": CUDA graphs without inductor, compiled in seconds;
     "eager", "aot_eager" trace without code generation: what the CPU tests use to check the graph
@@ -104,8 +106,9 @@ def compile_function(
     # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
     # function would silently send the rest back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    if compile is True or compile == "inductor":
-        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph)
+    if compile is True or compile in ("inductor", "max-autotune"):
+        mode = "max-autotune-no-cudagraphs" if compile == "max-autotune" else None  # (graphs: ours)
+        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, mode=mode)
         return GraphedFunction(compiled, state) if cuda else compiled
     assert isinstance(compile, str)  # compile=False: callers compile only when asked
     if compile == "reduce-overhead":

@@ -124,7 +124,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
         help="torch.compile our verify pass and draft steps (plain decoding too): inductor (plain --compile; "
-        "CUDA: CUDA graphs of our own), reduce-overhead (torch.compile's CUDA graphs) or a backend name, e.g. "
+        "CUDA: CUDA graphs of our own), max-autotune (the same, GEMMs autotuned), reduce-overhead "
+        "(torch.compile's CUDA graphs) or a backend name, e.g. "
         "cudagraphs (CUDA graphs without inductor: compiles in seconds). HF baselines stay eager",
     )  # fmt: skip
     p.add_argument(

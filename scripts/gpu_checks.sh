@@ -8,7 +8,9 @@
 #   3. scripts/benchmark.py on the demo target and the demo heads (eager, CUDA), when they are there, and
 #      again with the EAGLE draft compiled (--compile-draft: one CUDA graph) for the first head;
 #   on request (named): bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled
-#      (our CUDA graphs; torch.compile's reduce-overhead).
+#      (our CUDA graphs; torch.compile's reduce-overhead); bench_gpu_autotune, bench_gpu with inductor's
+#      max-autotune (GEMMs benchmarked against generated kernels) beside plain inductor (not run yet:
+#      its compile time is unmeasured, hence its own limit AUTOTUNE_S).
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
@@ -45,6 +47,9 @@ step pytest_gpu "${PYTEST_S:-200}" "$PY" -m pytest -q -m gpu -p no:cacheprovider
 # our CUDA graphs (GraphedFunction) and, in the same process, torch.compile's (reduce-overhead) beside
 step bench_gpu "${BENCH_S:-270}" "$PY" scripts/bench_gpu.py --compile --compare reduce-overhead --sizes 1,64 \
     --profile --out "$OUT/bench_gpu.json"
+# on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
+step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
+    --sizes 1,64 --no-batch --out "$OUT/bench_gpu_autotune.json"
 heads=()
 for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")
