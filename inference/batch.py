@@ -27,7 +27,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from spechead.heads.base import resolve_layers
 from spechead.heads.grad import no_grad
-from spechead.inference.kv_cache import LayerBuffer, croppable_cache
+from spechead.inference.kv_cache import LayerBuffer, croppable_cache, new_generation
 from spechead.inference.runner import _Capture, check_tree_attention
 from spechead.inference.tree import ancestors_on_device
 
@@ -50,7 +50,9 @@ class BatchSlotLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         batch, heads, _, k_dim = key_states.shape
         owner = self.owner
-        shared = owner.buffer.views(self.index, key_states, value_states, owner.batch, owner.max_length)
+        shared = None
+        if not owner.static_shapes:  # (fixed shapes: buffers of its own, at fixed addresses)
+            shared = owner.buffer.views(self.index, key_states, value_states, owner.batch, owner.max_length)
         if shared is not None:
             self.keys, self.values = shared  # views of the owner's [L, 2, B, kv, S_max, D]
         else:
@@ -58,21 +60,34 @@ class BatchSlotLayer(CacheLayerMixin):
             self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
             self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
         self.is_initialized = True
+        owner.generation = new_generation()  # graphs that read the old buffers must not replay
+        if owner.static_shapes:
+            if owner.lengths_t is None or owner.lengths_t.device != key_states.device:
+                owner.lengths_t = torch.zeros(owner.batch, dtype=torch.long, device=key_states.device)
+            if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may replay over them
+                for buffer in (self.keys, self.values, owner.lengths_t):
+                    torch._dynamo.mark_static_address(buffer)
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs):
         """Scatter key/value states [B, kv, N, D] to slots [B, N]; return views [B, kv, S, D]."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        slots, view = self.owner.write_slots, self.owner.view_length  # [B, N], S
-        assert slots is not None  # the runner sets the write slots before every forward
         b, h, n, d = key_states.shape
+        owner = self.owner
+        if owner.static_shapes:  # row b writes after its device-side length; the mask hides the rest
+            assert owner.lengths_t is not None  # lazy_initialization made it
+            slots = owner.lengths_t[:, None] + torch.arange(n, device=key_states.device)  # [B, N]
+            view = owner.max_length
+        else:
+            assert owner.write_slots is not None  # the runner sets the write slots before every forward
+            slots, view = owner.write_slots, owner.view_length  # [B, N], S
         self.keys.scatter_(2, slots[:, None, :, None].expand(b, h, n, d), key_states)
         dv = value_states.shape[-1]
         self.values.scatter_(2, slots[:, None, :, None].expand(b, h, n, dv), value_states)
         return self.keys[:, :, :view], self.values[:, :, :view]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.view_length, 0
+        return (self.owner.max_length if self.owner.static_shapes else self.owner.view_length), 0
 
     def get_seq_length(self) -> int:
         return int(self.owner.view_length)
@@ -87,10 +102,14 @@ class BatchSlotLayer(CacheLayerMixin):
 class BatchSlotCache(Cache):
     """Preallocated KV cache for B rows of different committed lengths (see the module doc)."""
 
-    def __init__(self, num_layers: int, batch: int, max_length: int) -> None:
+    def __init__(self, num_layers: int, batch: int, max_length: int, static_shapes: bool = False) -> None:
         if max_length < 1 or batch < 1:
             raise ValueError(f"need batch >= 1 and max_length >= 1, got {batch}, {max_length}")
         self.batch, self.max_length = batch, max_length
+        # static_shapes (batch_graphs.py): writes after the device lengths, attention over all slots
+        self.static_shapes = static_shapes
+        self.lengths_t: Tensor | None = None  # static_shapes: [B] committed lengths on the device
+        self.generation = new_generation()  # a new number at every buffer allocation (cuda_graphs.py)
         self.write_slots: Tensor | None = None  # [B, N] where the next forward writes
         self.view_length = 0  # S: slots the next forward attends over
         super().__init__(layers=[BatchSlotLayer(self, i) for i in range(num_layers)])

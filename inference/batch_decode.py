@@ -81,6 +81,13 @@ def padded_paths(accs: Sequence[Acceptance]) -> tuple[torch.Tensor, list[int]]:
     return torch.tensor([a.path + a.path[-1:] * (k - len(a.path)) for a in accs], dtype=torch.long), lengths
 
 
+def batch_cache_size(drafter: Drafter | None, need: int, max_cache_len: int | None, step: int = 256) -> int:
+    """KV slots a batch needs: the longest row's prompt + max_new_tokens (`need`) and a tree's room,
+    rounded up to `step`; or the fixed `max_cache_len` (checked by the caller)."""
+    tree_room = drafter.max_nodes if drafter else 1
+    return max_cache_len or -(-(need + tree_room) // step) * step
+
+
 @torch.no_grad()
 def decode_batch(
     target: PreTrainedModel,
@@ -91,15 +98,16 @@ def decode_batch(
     eos: set[int],
     stats: Sequence[GenerationStats],
     max_cache_len: int | None = None,
+    runner: BatchRunner | None = None,
 ) -> tuple[list[list[int]], float]:
     """Decode every prompt [T_b]; returns each row's new ids and the batch's wall time (s).
 
     Fills stats[b] (GenerationStats) per row: new_tokens, accept_lengths, drafted_tokens; wall/phase
-    times are the batch's (shared by all rows).
+    times are the batch's (shared by all rows). runner: the target's batch runner to use (e.g. a
+    kept `CompiledBatchRunner`, whose cache must hold every row's prompt + max_new_tokens); None: a new
+    eager one sized for this batch.
     """
-    tree_room = drafter.max_nodes if drafter else 1
     need = max(len(p) + m for p, m in zip(prompts, max_new))
-    size = max_cache_len or -(-(need + tree_room) // 256) * 256
     if max_cache_len is not None and need > max_cache_len:
         worst = max(range(len(prompts)), key=lambda b: len(prompts[b]) + max_new[b])
         raise ValueError(
@@ -108,7 +116,9 @@ def decode_batch(
             "lower max_new_tokens"
         )
     device = next(target.parameters()).device
-    runner = BatchRunner(target, tuple(drafter.hidden_layers) if drafter else (), max_length=size)
+    if runner is None:
+        size = batch_cache_size(drafter, need, max_cache_len)
+        runner = BatchRunner(target, tuple(drafter.hidden_layers) if drafter else (), max_length=size)
     batched: BatchDrafter | None = drafter.batched() if drafter else None
     rows = [
         _Row(prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])

@@ -18,7 +18,8 @@ import torch
 from transformers import PreTrainedModel
 
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
-from spechead.inference.batch_decode import decode_batch
+from spechead.inference.batch_decode import batch_cache_size, decode_batch
+from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
 from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
@@ -102,7 +103,8 @@ class SpeculativeGenerator:
     draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU
     the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
     cache), while the draft's many small ops per depth gain from one compiled graph.
-    Batch decoding (`generate_batch`) runs eager.
+    Batch decoding (`generate_batch`) compiles the target's batch passes likewise (batch_graphs.py:
+    fixed rows, tree buckets); its drafters run eager.
     """
 
     default_cache = "static"
@@ -136,6 +138,8 @@ class SpeculativeGenerator:
         self.tree_accuracy: torch.Tensor | None = None
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
         self._batch_drafters: dict[int, Drafter | None] = {}  # None: plain decoding pays best
+        self.compile = compile
+        self._batch_runners: dict[tuple, CompiledBatchRunner] = {}  # compiled: kept with their graphs
         if buckets is None and next(target.parameters()).device.type == "cuda":
             buckets = CUDA_BUCKETS
         layers = tuple(drafter.hidden_layers) if drafter else ()
@@ -226,8 +230,15 @@ class SpeculativeGenerator:
         params = [SamplingParams(temperature, top_k, top_p, s) for s in seeds]
         stats = [GenerationStats() for _ in range(batch)]
         drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
+        runner = None
+        need, fixed = max(len(i) + m for i, m in zip(ids, max_new)), self.runner.fixed_length
+        if self.compile and (fixed is None or need <= fixed):  # (too small: decode_batch says so)
+            # fixed shapes: the target's batch passes as compiled graphs (batch_graphs.py)
+            size = fixed if fixed is not None else batch_cache_size(drafter, need, None, 1024)
+            layers = tuple(drafter.hidden_layers) if drafter else ()
+            runner = kept_runner(self._batch_runners, self.target, layers, batch, size, self.compile)
         out, _ = decode_batch(
-            self.target, drafter, ids, max_new, params, self.eos, stats, self.runner.fixed_length
+            self.target, drafter, ids, max_new, params, self.eos, stats, self.runner.fixed_length, runner
         )
         return [
             GenerationResult(self.tokenizer.decode(o, skip_special_tokens=True), o, s)

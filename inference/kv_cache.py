@@ -111,6 +111,11 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
 _ALLOCATIONS = itertools.count(1)
 
 
+def new_generation() -> int:
+    """A number no buffer allocation had before (caches record theirs as `generation`)."""
+    return next(_ALLOCATIONS)
+
+
 class SlotLayer(CacheLayerMixin):
     """One layer's PREALLOCATED keys/values [B, kv_heads, S_max, D], written at explicit slots.
 

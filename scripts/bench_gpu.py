@@ -32,6 +32,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.inference.batch_decode import decode_batch
+from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
 from spechead.inference.calibrate import assumed_eagle_accuracy
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import GenerationStats
@@ -102,6 +103,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
     p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
     p.add_argument("--no-batch", action="store_true", help="skip the batch 1, 4, 16 rows (eager: about 20 s)")
+    p.add_argument(
+        "--compile-batch",
+        nargs="?",
+        const="inductor",
+        default=None,
+        choices=BACKENDS,
+        metavar="BACKEND",
+        help="the batch rows' decoded passes with the target's batch passes compiled (batch_graphs.py: "
+        "CUDA graphs of our own with inductor; a graph per batch size and tree bucket, compiled first)",
+    )
     p.add_argument(
         "--profile",
         action="store_true",
@@ -256,11 +267,13 @@ def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
 
 
 @torch.no_grad()
-def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32) -> dict:
+def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: bool | str = False) -> dict:
     """Batch b decoded through the engine generate_batch runs (batch_decode.py: BatchRunner, the batched
     EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
     nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
-    pass here commits about one token: its cost, not its tau, is what this measures."""
+    pass here commits about one token: its cost, not its tau, is what this measures. compile: the
+    target's batch passes compiled (batch_graphs.py, as generate_batch with compile=...; the drafter
+    eager); the first, untimed run compiles and captures."""
     device, nodes = next(model.parameters()).device, max(4, 64 // b)
     choices = best_choices(assumed_eagle_accuracy(head), nodes - 1)
     prompts = list(
@@ -268,10 +281,20 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32) -> dict:
     )
     out = {"decoded_tree_nodes": len(choices) + 1}
     for name, drafter in (("plain", None), ("spec", EagleDrafter(head, tree=choices))):
-        times = []
+        times, runner = [], None
+        if compile:  # one kept runner: the timed run replays what the warm-up captured
+            layers = tuple(drafter.hidden_layers) if drafter else ()
+            runner = CompiledBatchRunner(
+                model,
+                layers,
+                max_length=ctx + new_tokens + 2 * nodes,
+                capacity=batch_capacity(b),
+                compile=compile,
+            )
         for _ in range(2):  # the first run warms up (allocations, the plan); the second is timed
             stats = [GenerationStats() for _ in range(b)]
-            decode_batch(model, drafter, prompts, [new_tokens] * b, [SamplingParams()] * b, set(), stats)
+            params = [SamplingParams()] * b
+            decode_batch(model, drafter, prompts, [new_tokens] * b, params, set(), stats, runner=runner)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(1e3 * (stats[0].wall_time - stats[0].prefill_time) / max(stats[0].target_passes, 1))
@@ -382,9 +405,10 @@ def render_batch(r: dict) -> list[str]:
             f"{row['verify_ms']:12.3f} | {row['projected_tokens_per_s']:10.1f} ({row['projected_row_tokens_per_s']:.1f})"
             f" | {row['projected_speedup']:.2f}x"
         )
+    target = f"target compiled: {r['compile_batch']}" if r.get("compile_batch") else "eager"
     lines.append(
-        "batch, decoded (batch_decode: the engine of generate_batch) | tree nodes | plain pass ms | spec pass ms"
-        " | projected spec tok/s | vs plain"
+        f"batch, decoded (batch_decode: the engine of generate_batch; {target}) | tree nodes | plain pass ms"
+        " | spec pass ms | projected spec tok/s | vs plain"
     )
     for row in r["batch"]:
         lines.append(
@@ -457,20 +481,23 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     parts, status = measure_compiled(model, head, args, timer, device, args.compile)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
-              "compile": status, "context": args.context, "draft_vocab": head.config.draft_vocab_size,
+              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size,
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
     report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))
     extra = report["pass_ms"] - parts["verify_ms"][args.tree_size]  # commit + draft + accept at batch 1
     report["batch"] = [
         project_batch(
-            {**batch_row(model, b, args.context, args.tree_size, timer), **decoded_batch(model, head, b, args.context)},
+            {
+                **batch_row(model, b, args.context, args.tree_size, timer),
+                **decoded_batch(model, head, b, args.context, compile=args.compile_batch or False),
+            },
             extra, tau=5.4,
         )
         for b in (() if args.no_batch else BATCHES)
     ]  # fmt: skip
     report["batch_speculative"] = (
         "batch: the first table projects tau 5.4 from a batched verify + the batch-1 draft, commit and accept; "
-        "the second decodes (eager, random weights: about one token a pass) and projects tau 5.4 from its "
+        "the second decodes (random weights: about one token a pass) and projects tau 5.4 from its "
         "measured pass, batched drafter and engine included"
     )
     report["goals"] = goals(report)

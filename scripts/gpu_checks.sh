@@ -10,7 +10,9 @@
 #   on request (named): bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled
 #      (our CUDA graphs; torch.compile's reduce-overhead); bench_gpu_autotune, bench_gpu with inductor's
 #      max-autotune (GEMMs benchmarked against generated kernels) beside plain inductor (not run yet:
-#      its compile time is unmeasured, hence its own limit AUTOTUNE_S).
+#      its compile time is unmeasured, hence its own limit AUTOTUNE_S); bench_gpu_batch, the batch rows'
+#      decoded passes with the target's batch passes compiled (batch_graphs.py; not run on a GPU yet,
+#      limit BATCH_S).
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
@@ -50,6 +52,9 @@ step bench_gpu "${BENCH_S:-270}" "$PY" scripts/bench_gpu.py --compile --compare 
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
 step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
     --sizes 1,64 --no-batch --out "$OUT/bench_gpu_autotune.json"
+# on request: batch 1, 4, 16 decoded with the target's batch passes compiled (the batch-1 parts eager)
+step bench_gpu_batch "${BATCH_S:-500}" "$PY" scripts/bench_gpu.py --compile-batch --sizes 1,64 \
+    --out "$OUT/bench_gpu_batch.json"
 heads=()
 for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")

@@ -118,3 +118,20 @@ def test_graphed_function_captures_once_and_replays_on_cuda():
     assert f.captures == 2 and c.tolist() == [3.0] * 4
     d, _ = f(torch.full((4,), 2.0, device="cuda"), torch.ones(4, device="cuda"))
     assert d.tolist() == [7.0] * 4 and a.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+@pytest.mark.parametrize("name", ["none", "medusa", "eagle"])
+def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, compile, name):
+    """generate_batch with the target's batch passes compiled (batch_graphs.py; our CUDA graphs and
+    torch.compile's): rows of other lengths and budgets, twice (the second call replays the first's
+    graphs at new lengths), each row equal to plain eager decoding."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None)
+    drafter = None if name == "none" else _drafters(model)[name]
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile=compile)
+    prompts, budgets = [list(range(5, 15)), list(range(9, 12)), list(range(20, 38))], [24, 9, 17]
+    for _ in range(2):
+        out = gen.generate_batch(input_ids=prompts, max_new_tokens=budgets, tree_for_batch=False)
+        for b, (prompt, n) in enumerate(zip(prompts, budgets)):
+            assert out[b].token_ids == plain.generate(input_ids=prompt, max_new_tokens=n).token_ids, (name, b)

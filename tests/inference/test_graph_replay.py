@@ -225,3 +225,26 @@ def test_a_host_sync_inside_a_graph_fails(replayed_graphs):
     f = Replayed(lambda x: x * int(x.sum()))
     with pytest.raises(RuntimeError, match="host synchronisation inside a captured graph"):
         f(torch.ones(2))
+
+
+def test_replayed_batch_graphs_decode_like_plain_decoding(tiny_llama, chatml_tokenizer, replayed_graphs):
+    """The compiled batch runner's verify and commit (batch_graphs.py) as replayed graphs: rows of other
+    lengths and budgets finish at other passes (their physical rows go idle), accepted paths skip nodes
+    (the commit graph moves entries), and a second call replays the first call's captures at new
+    lengths; every row equals plain greedy decoding."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    model.generation_config.eos_token_id = None
+    p0, p1 = list(range(5, 14)), list(range(20, 24))
+    drafter = OracleDrafter(plain_greedy(model, p0, 24), model.config.vocab_size, depth=4, seed=0)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile=True)
+    gen.eos = set()
+    prompts, budgets = [p0, p1, p0], [24, 17, 10]
+    for _ in range(2):
+        out = gen.generate_batch(input_ids=prompts, max_new_tokens=budgets, tree_for_batch=False)
+        for b, (prompt, n) in enumerate(zip(prompts, budgets)):
+            assert out[b].token_ids == plain_greedy(model, prompt, n), b
+    names = ("_graph_verify", "_graph_commit")
+    commit, verify = sorted(
+        (g for g in replayed_graphs if g.fn.__name__ in names), key=lambda g: g.fn.__name__
+    )
+    assert verify.replays > verify.captures and commit.replays > 0, (verify.replays, commit.replays)

@@ -201,3 +201,18 @@ def test_compiled_run_traces_target_and_whole_draft(tmp_path):
     assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
         "error: --compare eager measures beside --compile BACKEND: add --compile"
     ]
+
+
+def test_compiled_batch_rows(tmp_path):
+    """--compile-batch BACKEND: the decoded batch rows run the target's batch passes compiled
+    (batch_graphs.py), the batch-1 parts stay eager."""
+    proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "1", "--sizes", "1,64",
+               "--compile-batch", "eager", "--out", "b.json", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads((tmp_path / "b.json").read_text())
+    assert r["compile_batch"] == "eager" and r["compile"].startswith("off")
+    assert [row["batch"] for row in r["batch"]] == [1, 4, 16]
+    assert all(
+        positive(row["decoded_plain_pass_ms"]) and positive(row["decoded_spec_pass_ms"]) for row in r["batch"]
+    )
+    assert "generate_batch; target compiled: eager)" in proc.stdout

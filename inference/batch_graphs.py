@@ -1,0 +1,236 @@
+"""Batch > 1 with fixed shapes: the target's verify and commit as compiled graphs (CUDA graphs on CUDA).
+
+`CompiledBatchRunner` is a `BatchRunner` whose every pass has one of a few shapes, so that
+torch.compile traces each once and, on CUDA, each is captured as a CUDA graph of our own
+(`runner.compile_function`, cuda_graphs.py):
+- rows: `capacity` PHYSICAL rows, fixed for the runner's life; a call's B <= capacity prompts take rows
+  0..B-1 and `keep` only remaps which physical row each active row is (no data moves, no new shape).
+  An idle row (finished, or never used) runs along with length 0 and a one-node tree: it writes
+  scratch into its own row only and its outputs are dropped.
+- trees: padded to a bucket size (`runner.CUDA_BUCKETS`) with children of the root nobody attends to;
+  accepted paths padded to a power of 2 (repeating their last node).
+- the cache: `BatchSlotCache(static_shapes=True)`: row b writes after its device-side length
+  `lengths_t[b]` and attends over all S_max slots behind a [P, 1, N, S_max] mask built in the graph.
+  The cache lives as long as the runner (the generator keeps one runner per capacity), so graphs
+  are reused from one `generate_batch` call to the next.
+The prefill stays eager (one row at a time, any length), as in the batch-1 compiled runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import DynamicLayer
+
+from spechead.heads.grad import no_grad
+from spechead.inference.batch import BatchRunner, BatchSlotCache
+from spechead.inference.kv_cache import croppable_cache
+from spechead.inference.runner import CUDA_BUCKETS
+from spechead.inference.tree import ancestors_on_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def batch_capacity(batch: int) -> int:
+    """Physical rows for a batch of `batch`: the next power of 2 (a few graph shapes serve every B)."""
+    return 1 << max(batch - 1, 0).bit_length()
+
+
+class CompiledBatchRunner(BatchRunner):
+    """BatchRunner with `capacity` fixed rows and compiled verify / commit passes (see the module doc)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        hidden_layers: Sequence[int] = (),
+        *,
+        max_length: int,
+        capacity: int,
+        compile: bool | str,
+    ) -> None:
+        from spechead.inference.runner import compile_function  # (looked up when used, as the drafters do)
+
+        super().__init__(model, hidden_layers, max_length=max_length)
+        self.capacity = capacity
+        cuda = self.device.type == "cuda"
+        self._verify_graph = compile_function(self._graph_verify, compile, cuda, state=self._graph_state)
+        self._commit_graph = compile_function(self._graph_commit, compile, cuda, state=self._graph_state)
+        self.cache = BatchSlotCache(self.num_layers, capacity, max_length, static_shapes=True)
+        self.rows: list[int] = []  # the physical row of each active row, in the caller's order
+        self.lengths = torch.zeros(capacity, dtype=torch.long)  # [P] committed positions (host)
+
+    def _graph_state(self) -> tuple:
+        """What the graphs read besides their arguments: the cache's allocation and the captured layers."""
+        cache = self._cache
+        return cache.generation, tuple(self.layers.values())
+
+    @property
+    def _cache(self) -> BatchSlotCache:
+        assert self.cache is not None  # made in __init__, kept for the runner's life
+        return self.cache
+
+    def _sync_lengths(self) -> None:
+        """The device lengths follow the host's (one small copy, no sync)."""
+        lengths_t = self._cache.lengths_t
+        if lengths_t is not None:
+            lengths_t.copy_(self.lengths, non_blocking=True)
+
+    def room(self) -> int:
+        """Tree nodes every row can still take (idle rows sit at length 0)."""
+        return self.max_length - int(self.lengths.max())
+
+    @torch.no_grad()
+    def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
+        """Prefill prompts ids_b [T_b] (B <= capacity) into rows 0..B-1, eagerly one row at a time:
+        logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
+        if len(prompts) > self.capacity:
+            raise ValueError(f"{len(prompts)} prompts > this runner's {self.capacity} rows")
+        for b, ids in enumerate(prompts):
+            if ids.dim() != 1 or ids.numel() == 0:
+                raise ValueError(f"row {b}: prompt must be a non-empty 1-D id tensor, got {tuple(ids.shape)}")
+            if ids.numel() > self.max_length:
+                raise ValueError(f"row {b}: prompt of {ids.numel()} tokens > KV cache of {self.max_length}")
+        cache = self._cache
+        all_logits, hiddens = [], []
+        self.lengths.zero_()
+        for b, ids in enumerate(prompts):
+            row_cache = croppable_cache(self.model)
+            logits, hidden = self._forward(row_cache, input_ids=ids[None].to(self.device), logits_to_keep=1)
+            all_logits.append(logits[0, -1].float())  # [V]
+            hiddens.append({k: v[0] for k, v in hidden.items()})  # {l: [T_b, H]}
+            t = ids.numel()
+            for layer, row_layer in zip(cache.slot_layers, row_cache.layers):
+                row = cast(DynamicLayer, row_layer)  # a dense decoder's DynamicCache
+                assert row.keys is not None and row.values is not None  # the row's forward filled it
+                if not layer.is_initialized:
+                    layer.lazy_initialization(row.keys, row.values)
+                layer.keys[b, :, :t] = row.keys[0]  # [kv, T_b, D]
+                layer.values[b, :, :t] = row.values[0]
+            self.lengths[b] = t
+        self.rows = list(range(len(prompts)))
+        self._sync_lengths()
+        return torch.stack(all_logits), hiddens  # [B, V]
+
+    def _bucket(self, n: int) -> int:
+        room = self.room()
+        return next((s for s in CUDA_BUCKETS if n <= s <= room), n)
+
+    @no_grad
+    def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
+        """ONE compiled target forward over the active rows' trees tokens [B, N] / parents [B, N]:
+        logits [B, N, V] (fp32) and {l: [B, N, H]}, as `BatchRunner.verify`."""
+        batch, n = tokens.shape
+        if parents.shape != tokens.shape or batch != len(self.rows):
+            raise ValueError(
+                f"tokens and parents must be [B={len(self.rows)}, N], got {tuple(tokens.shape)}, "
+                f"{tuple(parents.shape)}"
+            )
+        if n > self.room():
+            raise ValueError(f"a tree of {n} nodes does not fit: {self.room()} KV slots left")
+        size, dev = self._bucket(n), self.device
+        tokens, parents = tokens.to(dev), parents.to(dev)
+        rows = torch.tensor(self.rows, device=dev)  # [B] physical rows
+        all_tokens = torch.zeros(self.capacity, size, dtype=torch.long, device=dev)  # [P, N']
+        all_parents = torch.zeros(self.capacity, size, dtype=torch.long, device=dev)  # idle: a star
+        all_parents[:, 0] = -1
+        all_tokens[rows, :n] = tokens
+        all_tokens[rows, n:] = tokens[:, :1]  # padding: children of the root nobody attends to
+        all_parents[rows, :n] = parents
+        logits, anc, states = self._verify_graph(all_tokens, all_parents)  # [P, N', V], [P, N', N']
+        self.last_ancestors = anc[rows, :n, :n]  # [B, N, N]
+        hidden = {k: v[rows, :n] for k, v in zip(self.layers, states)}
+        return logits[rows, :n], hidden
+
+    def _graph_verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+        """The compiled pass over all P rows, trees tokens / parents [P, N] after the device lengths:
+        logits [P, N, V] (fp32), ancestors [P, N, N], the captured layers' states [P, N, H] (graph
+        outputs, not hooks: hooks added after a graph was traced would not run in it)."""
+        cache = self._cache
+        lengths = cache.lengths_t
+        assert lengths is not None  # the prefill's copies allocated it
+        rows, n = tokens.shape
+        span = cache.max_length
+        anc = ancestors_on_device(parents)  # [P, N, N]
+        positions = lengths[:, None] + anc.sum(-1) - 1  # [P, N]
+        slots = lengths[:, None] + torch.arange(n, device=tokens.device)  # [P, N]
+        cols = torch.arange(span, device=tokens.device)  # [S]
+        allowed = (cols[None, :] < lengths[:, None])[:, None, :].expand(rows, n, span).clone()  # [P, N, S]
+        allowed.scatter_(2, slots[:, None, :].expand(rows, n, n), anc)  # own tree: ancestors + self
+        mask = torch.zeros(rows, 1, n, span, dtype=self.dtype, device=tokens.device)  # [P, 1, N, S]
+        mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=bool(self.layers),
+        )
+        states = tuple(out.hidden_states[c] for c in self.layers.values()) if self.layers else ()
+        return out.logits.float(), anc, states
+
+    def commit(self, paths: Sequence[Tensor | Sequence[int]]) -> None:
+        """Active row b keeps the accepted nodes paths[b] [K_b] (ascending, paths[b][0] = 0)."""
+        if len(paths) != len(self.rows):
+            raise ValueError(f"need one path per row ({len(self.rows)}), got {len(paths)}")
+        nodes = [torch.as_tensor(p, dtype=torch.long) for p in paths]
+        ks = [int(p.numel()) for p in nodes]
+        if any(not torch.equal(p, torch.arange(k)) for p, k in zip(nodes, ks)):  # some path must move
+            size = 1 << max(max(ks) - 1, 0).bit_length()  # K' >= K_b: a few graph shapes
+            padded = torch.zeros(self.capacity, size, dtype=torch.long)  # [P, K'] idle rows: node 0
+            for row, p in zip(self.rows, nodes):
+                padded[row] = torch.cat([p, p[-1:].expand(size - p.numel())])
+            self._commit_graph(padded.to(self.device))
+        for row, k in zip(self.rows, ks):
+            self.lengths[row] += k
+        self._sync_lengths()
+
+    def _graph_commit(self, nodes: Tensor) -> None:
+        """Copy each row's entries of tree nodes [P, K] to the K slots after its device length, in every
+        layer. Padding repeats the last node: its copies land past the new length (scratch), clamped
+        to the last slot where the cache ends (the same entry's value)."""
+        cache = self._cache
+        lengths = cache.lengths_t
+        assert lengths is not None  # verify ran
+        rows, k = nodes.shape
+        src = lengths[:, None] + nodes  # [P, K] slots the verify wrote these nodes at
+        dst = (lengths[:, None] + torch.arange(k, device=nodes.device)).clamp(max=cache.max_length - 1)
+        for layer in cache.slot_layers:
+            for buf in (layer.keys, layer.values):
+                _, heads, _, dim = buf.shape
+                moved = buf.gather(2, src[:, None, :, None].expand(rows, heads, k, dim))  # copies first
+                buf.scatter_(2, dst[:, None, :, None].expand(rows, heads, k, dim), moved)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only these active rows (in this order); the others become idle (length 0)."""
+        kept = [self.rows[i] for i in rows]
+        for row in set(self.rows) - set(kept):
+            self.lengths[row] = 0
+        self.rows = kept
+        self._sync_lengths()
+
+
+def kept_runner(
+    kept: dict[tuple, CompiledBatchRunner],
+    target: PreTrainedModel,
+    hidden_layers: Sequence[int],
+    batch: int,
+    max_length: int,
+    compile: bool | str,
+) -> CompiledBatchRunner:
+    """The compiled runner in `kept` for `batch` rows of up to `max_length` slots, made (and kept) when
+    none fits: one per capacity and captured layers, grown to the longest batch seen (its graphs, and
+    on CUDA its captures, are reused by every later call that fits)."""
+    key = (batch_capacity(batch), tuple(hidden_layers))
+    runner = kept.get(key)
+    if runner is None or runner.max_length < max_length:
+        length = max(max_length, runner.max_length if runner is not None else 0)
+        runner = CompiledBatchRunner(
+            target, hidden_layers, max_length=length, capacity=key[0], compile=compile
+        )
+        kept[key] = runner
+    return runner
