@@ -187,20 +187,19 @@ class BatchRunner:
         store.clear()
         return out.logits, hidden
 
-    def room(self) -> int:
-        """Tree nodes every active row can still take (the padded N must fit after the longest row)."""
-        return self.max_length - int(self.lengths.max())
-
-    @torch.no_grad()
-    def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
-        """Prefill prompts ids_b [T_b] one row at a time: logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
-        batch = len(prompts)
+    def check_prompts(self, prompts: Sequence[Tensor]) -> None:
+        """ValueError naming the first row whose prompt is not a non-empty 1-D id tensor that fits."""
         for b, ids in enumerate(prompts):
             if ids.dim() != 1 or ids.numel() == 0:
                 raise ValueError(f"row {b}: prompt must be a non-empty 1-D id tensor, got {tuple(ids.shape)}")
             if ids.numel() > self.max_length:
                 raise ValueError(f"row {b}: prompt of {ids.numel()} tokens > KV cache of {self.max_length}")
-        self.cache = BatchSlotCache(self.num_layers, batch, self.max_length)
+
+    def _prefill_rows(
+        self, prompts: Sequence[Tensor], cache: BatchSlotCache
+    ) -> tuple[Tensor, list[dict[int, Tensor]]]:
+        """Run each prompt ids_b [T_b] alone (eager, any length) and copy its K/V into row b's first T_b
+        slots of `cache`: logits [B, V] (fp32, last positions) and [{l: [T_b, H]}]."""
         all_logits, hiddens = [], []
         for b, ids in enumerate(prompts):
             row_cache = croppable_cache(self.model)
@@ -208,15 +207,27 @@ class BatchRunner:
             all_logits.append(logits[0, -1].float())  # [V]
             hiddens.append({k: v[0] for k, v in hidden.items()})  # {l: [T_b, H]}
             t = ids.numel()
-            for layer, row_layer in zip(self.cache.slot_layers, row_cache.layers):
+            for layer, row_layer in zip(cache.slot_layers, row_cache.layers):
                 row = cast(DynamicLayer, row_layer)  # a dense decoder's DynamicCache
                 assert row.keys is not None and row.values is not None  # the row's forward filled it
                 if not layer.is_initialized:
                     layer.lazy_initialization(row.keys, row.values)
                 layer.keys[b, :, :t] = row.keys[0]  # [kv, T_b, D]
                 layer.values[b, :, :t] = row.values[0]
+        return torch.stack(all_logits), hiddens
+
+    def room(self) -> int:
+        """Tree nodes every active row can still take (the padded N must fit after the longest row)."""
+        return self.max_length - int(self.lengths.max())
+
+    @torch.no_grad()
+    def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
+        """Prefill prompts ids_b [T_b] one row at a time: logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
+        self.check_prompts(prompts)
+        self.cache = BatchSlotCache(self.num_layers, len(prompts), self.max_length)
+        logits, hiddens = self._prefill_rows(prompts, self.cache)  # [B, V]
         self.lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.long)
-        return torch.stack(all_logits), hiddens  # [B, V]
+        return logits, hiddens
 
     @no_grad
     def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:

@@ -19,15 +19,13 @@ The prefill stays eager (one row at a time, any length), as in the batch-1 compi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import DynamicLayer
 
 from spechead.heads.grad import no_grad
 from spechead.inference.batch import BatchRunner, BatchSlotCache
-from spechead.inference.kv_cache import croppable_cache
 from spechead.inference.runner import CUDA_BUCKETS
 from spechead.inference.tree import ancestors_on_device
 
@@ -89,31 +87,13 @@ class CompiledBatchRunner(BatchRunner):
         logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
         if len(prompts) > self.capacity:
             raise ValueError(f"{len(prompts)} prompts > this runner's {self.capacity} rows")
-        for b, ids in enumerate(prompts):
-            if ids.dim() != 1 or ids.numel() == 0:
-                raise ValueError(f"row {b}: prompt must be a non-empty 1-D id tensor, got {tuple(ids.shape)}")
-            if ids.numel() > self.max_length:
-                raise ValueError(f"row {b}: prompt of {ids.numel()} tokens > KV cache of {self.max_length}")
-        cache = self._cache
-        all_logits, hiddens = [], []
+        self.check_prompts(prompts)
         self.lengths.zero_()
-        for b, ids in enumerate(prompts):
-            row_cache = croppable_cache(self.model)
-            logits, hidden = self._forward(row_cache, input_ids=ids[None].to(self.device), logits_to_keep=1)
-            all_logits.append(logits[0, -1].float())  # [V]
-            hiddens.append({k: v[0] for k, v in hidden.items()})  # {l: [T_b, H]}
-            t = ids.numel()
-            for layer, row_layer in zip(cache.slot_layers, row_cache.layers):
-                row = cast(DynamicLayer, row_layer)  # a dense decoder's DynamicCache
-                assert row.keys is not None and row.values is not None  # the row's forward filled it
-                if not layer.is_initialized:
-                    layer.lazy_initialization(row.keys, row.values)
-                layer.keys[b, :, :t] = row.keys[0]  # [kv, T_b, D]
-                layer.values[b, :, :t] = row.values[0]
-            self.lengths[b] = t
+        logits, hiddens = self._prefill_rows(prompts, self._cache)  # [B, V]
+        self.lengths[: len(prompts)] = torch.tensor([p.numel() for p in prompts])
         self.rows = list(range(len(prompts)))
         self._sync_lengths()
-        return torch.stack(all_logits), hiddens  # [B, V]
+        return logits, hiddens
 
     def _bucket(self, n: int) -> int:
         room = self.room()

@@ -58,12 +58,14 @@ def test_greedy_batch_equals_batch1_and_hf(setup, kind):
         assert max(batch[0].stats.accept_lengths) > 1  # the EOS row accepted whole trees
 
 
+@pytest.mark.parametrize("compile", [False, "eager"])  # "eager": the compiled batch passes, traced
 @pytest.mark.parametrize("kind", ["plain", "eagle3_static"])
-def test_batch_positions_on_a_position_sensitive_target(positional, kind):
+def test_batch_positions_on_a_position_sensitive_target(positional, kind, compile):
     """Rows of different lengths at positions length_b (+ depth): on a target whose argmaxes follow the
-    rotary positions, an off-by-one position or a wrong prefix column breaks equality with HF greedy."""
+    rotary positions, an off-by-one position or a wrong prefix column breaks equality with HF greedy
+    (compiled: the positions and mask come from the device lengths inside the graph, batch_graphs.py)."""
     model, tok = positional
-    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), cache="static")
+    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), cache="static", compile=compile)
     gen.eos = set()
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):

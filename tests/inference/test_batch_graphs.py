@@ -1,8 +1,9 @@
 """Batch > 1 with the target's passes compiled (batch_graphs.py): fixed physical rows, tree buckets, a
 cache kept across calls. Traced by dynamo without code generation (backend "eager") on the CPU: every
 row equals its batch-1 output (== HF greedy) with mixed prompt lengths, per-row max_new_tokens and a
-row stopping at EOS inside a tree while the others go on; later calls reuse the runner. (The same
-passes as replayed CUDA graphs: test_graph_replay.py; on a GPU: test_cuda.py.)"""
+row stopping at EOS inside a tree while the others go on; later calls reuse the runner. (On a
+position-sensitive target: test_batch.py; as replayed CUDA graphs: test_graph_replay.py; on a GPU:
+test_cuda.py.)"""
 
 from __future__ import annotations
 
@@ -45,18 +46,6 @@ def test_compiled_batch_equals_batch1_and_hf(setup, kind) -> None:
     assert list(gen._batch_runners.values()) == [runner]
     for b, (prompt, n) in enumerate(zip(PROMPTS[1:], MAX_NEW[1:])):
         assert again[b].token_ids == plain_greedy(model, prompt, n, eos=eos), (kind, b)
-
-
-@pytest.mark.parametrize("kind", ["plain", "eagle3_static"])
-def test_compiled_batch_positions_on_a_position_sensitive_target(positional, kind) -> None:
-    """Rows of different lengths at positions length_b (+ depth) from the device lengths: on a target whose
-    argmaxes follow the rotary positions an off-by-one position or a wrong prefix column breaks equality."""
-    model, tok = positional
-    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), compile="eager")
-    gen.eos = set()
-    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
-    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
-        assert batch[b].token_ids == plain_greedy(model, prompt, n), (kind, b)
 
 
 def test_a_longer_batch_grows_the_kept_runner(tiny_llama, chatml_tokenizer) -> None:
