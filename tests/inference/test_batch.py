@@ -73,9 +73,10 @@ def test_batch_positions_on_a_position_sensitive_target(positional, kind, compil
 
 
 @pytest.mark.parametrize("kind", ["plain", "medusa", "eagle_dynamic"])
-def test_sampling_rows_equal_their_batch1_draws(setup, kind):
+@pytest.mark.parametrize("compile", [False, "eager"])
+def test_sampling_rows_equal_their_batch1_draws(setup, kind, compile):
     model, tok = setup
-    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), cache="static")
+    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), cache="static", compile=compile)
     seeds = [11, 12, 13, 14]
     kw = {"temperature": 0.9, "top_k": 20}
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, seed=seeds, **kw)
