@@ -68,13 +68,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu (cpu needs --tiny)")
     p.add_argument("--tiny", action="store_true", help="a tiny Llama config (runs on a CPU in seconds)")
+    # --compile / --compile-batch [BACKEND]: a plain flag means inductor
+    backend = {"nargs": "?", "const": "inductor", "default": None, "choices": BACKENDS, "metavar": "BACKEND"}
     p.add_argument(
         "--compile",
-        nargs="?",
-        const="inductor",
-        default=None,
-        choices=BACKENDS,
-        metavar="BACKEND",
+        **backend,
         help="torch.compile the target and the draft step: inductor (plain --compile; CUDA: each shape "
         "captured as a CUDA graph of our own, replayed with no guards), max-autotune (the same with GEMMs "
         "autotuned by inductor: minutes more compiling), reduce-overhead (inductor with "
@@ -105,11 +103,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-batch", action="store_true", help="skip the batch 1, 4, 16 rows (eager: about 20 s)")
     p.add_argument(
         "--compile-batch",
-        nargs="?",
-        const="inductor",
-        default=None,
-        choices=BACKENDS,
-        metavar="BACKEND",
+        **backend,
         help="the batch rows' decoded passes with the target's batch passes compiled (batch_graphs.py: "
         "CUDA graphs of our own with inductor; a graph per batch size and tree bucket, compiled first)",
     )

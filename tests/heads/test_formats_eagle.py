@@ -156,7 +156,8 @@ def test_export_in_the_authors_layout_reads_back_as_the_same_head(target, tmp_pa
 def test_export_takes_the_embedding_given_and_checks_its_shape(target, tmp_path) -> None:
     head = random_head(target)
     given = torch.randn(V, H)
-    state = torch.load(export_head(head, "eagle", tmp_path / "a", embedding=given) / "pytorch_model.bin")
+    out = export_head(head, "eagle", tmp_path / "a", embedding=given)
+    state = torch.load(out / "pytorch_model.bin", weights_only=True)
     assert torch.equal(state["embed_tokens.weight"], given)
     with pytest.raises(HeadError, match=r"embedding has shape \(48, 16\), the head needs \(48, 32\)"):
         export_head(head, "eagle", tmp_path / "b", embedding=torch.randn(V, H // 2))
