@@ -97,7 +97,7 @@ def compile_function(
     then captured once as a CUDA graph of our own (`GraphedFunction`: a call is input copies and one
     replay, no guards; `state` names what else the graph reads, see cuda_graphs.py). "max-autotune": the
     same with inductor's mode "max-autotune-no-cudagraphs" (each GEMM shape benchmarked against
-    generated kernels: minutes more compiling, for the skinny decode GEMMs). "reduce-overhead":
+    generated kernels: a longer compile, for the skinny decode GEMMs). "reduce-overhead":
     inductor with torch.compile's own CUDA graphs (guards and graph-tree checks every call). Another
     string: that torch.compile backend ("cudagraphs": CUDA graphs without inductor, compiled in seconds;
     "eager", "aot_eager" trace without code generation: what the CPU tests use to check the graph

@@ -75,7 +75,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         **backend,
         help="torch.compile the target and the draft step: inductor (plain --compile; CUDA: each shape "
         "captured as a CUDA graph of our own, replayed with no guards), max-autotune (the same with GEMMs "
-        "autotuned by inductor: minutes more compiling), reduce-overhead (inductor with "
+        "autotuned by inductor: a longer compile), reduce-overhead (inductor with "
         "torch.compile's CUDA graphs) or cudagraphs (CUDA graphs without inductor: compiles in seconds)",
     )
     p.add_argument(
