@@ -28,15 +28,11 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_batch_rows import batch_row, decoded_batch, project_batch, random_parents, render_batch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
-from spechead.inference.batch_decode import decode_batch
-from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
-from spechead.inference.calibrate import assumed_eagle_accuracy
 from spechead.inference.drafters.eagle import EagleDrafter
-from spechead.inference.generator import GenerationStats
-from spechead.inference.kv_cache import SlotCache
 from spechead.inference.profiling import (
     PartProfile,
     Timer,
@@ -46,8 +42,6 @@ from spechead.inference.profiling import (
 )
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import tree_inputs_on_device
-from spechead.inference.tree_search import best_choices
 
 TREE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
@@ -148,13 +142,6 @@ def build(cfg: LlamaConfig, draft_vocab: int, device: torch.device) -> tuple[Lla
     return model, head
 
 
-def random_parents(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
-    """Parents [batch, n] of one random tree (node i hangs from a node < i; root -1), repeated per row."""
-    gen = torch.Generator().manual_seed(seed)
-    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
-    return torch.tensor(parents, dtype=torch.long)[None].expand(batch, n).contiguous()
-
-
 def deepest_path(parents: torch.Tensor) -> torch.Tensor:
     """Node ids root..deepest node (ascending) of parents [N]."""
     depth = [0] * parents.numel()
@@ -241,73 +228,6 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
     return out
 
 
-@torch.no_grad()
-def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
-    """Batch b: a plain [b, 1] step and a [b, n] tree verify, HF forward on a SlotCache (eager)."""
-    device, cache = next(model.parameters()).device, SlotCache(model.config.num_hidden_layers, ctx + n)
-    ids = torch.randint(0, model.config.vocab_size, (b, ctx + n), generator=torch.Generator().manual_seed(b))
-    ids = ids.to(device)
-    model(input_ids=ids[:, :ctx], cache=cache, use_cache=True, logits_to_keep=1)
-    mask, positions, _ = tree_inputs_on_device(random_parents(n, b).to(device), ctx, torch.bfloat16)
-    step_pos = torch.full((b, 1), ctx, dtype=torch.long, device=device)
-
-    def forward(tokens: torch.Tensor, **kwargs) -> None:
-        cache.set_length(ctx)
-        model(input_ids=tokens, cache=cache, use_cache=True, **kwargs)
-
-    step_ms = timer.ms(lambda: forward(ids[:, ctx : ctx + 1], position_ids=step_pos))
-    verify_ms = timer.ms(lambda: forward(ids[:, ctx:], attention_mask=mask, position_ids=positions))
-    return {"batch": b, "plain_step_ms": step_ms, "plain_tokens_per_s": 1e3 * b / step_ms, "verify_ms": verify_ms}  # fmt: skip
-
-
-@torch.no_grad()
-def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: bool | str = False) -> dict:
-    """Batch b decoded through the engine generate_batch runs (batch_decode.py: BatchRunner, the batched
-    EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
-    nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
-    pass here commits about one token: its cost, not its tau, is what this measures. compile: the
-    target's batch passes compiled (batch_graphs.py, as generate_batch with compile=...; the drafter
-    eager); the first, untimed run compiles and captures."""
-    device, nodes = next(model.parameters()).device, max(4, 64 // b)
-    choices = best_choices(assumed_eagle_accuracy(head), nodes - 1)
-    prompts = list(
-        torch.randint(0, model.config.vocab_size, (b, ctx), generator=torch.Generator().manual_seed(b))
-    )
-    out = {"decoded_tree_nodes": len(choices) + 1}
-    for name, drafter in (("plain", None), ("spec", EagleDrafter(head, tree=choices))):
-        times, runner = [], None
-        if compile:  # one kept runner: the timed run replays what the warm-up captured
-            layers = tuple(drafter.hidden_layers) if drafter else ()
-            runner = CompiledBatchRunner(
-                model,
-                layers,
-                max_length=ctx + new_tokens + 2 * nodes,
-                capacity=batch_capacity(b),
-                compile=compile,
-            )
-        for _ in range(2):  # the first run warms up (allocations, the plan); the second is timed
-            stats = [GenerationStats() for _ in range(b)]
-            params = [SamplingParams()] * b
-            decode_batch(model, drafter, prompts, [new_tokens] * b, params, set(), stats, runner=runner)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(1e3 * (stats[0].wall_time - stats[0].prefill_time) / max(stats[0].target_passes, 1))
-        out[f"decoded_{name}_pass_ms"] = times[-1]
-    return out
-
-
-def project_batch(row: dict, extra_ms: float, tau: float) -> dict:
-    """Projected speculative numbers of a batch row: pass = verify(b, N) + the batch-1 draft/commit/accept."""
-    pass_ms = row["verify_ms"] + extra_ms
-    out = {**row, "projected_pass_ms": pass_ms, "projected_row_tokens_per_s": 1e3 * tau / pass_ms,
-           "projected_tokens_per_s": 1e3 * row["batch"] * tau / pass_ms,
-           "projected_speedup": tau * row["plain_step_ms"] / pass_ms}  # fmt: skip
-    if "decoded_spec_pass_ms" in row:  # the whole decoded pass, engine and batched drafter included
-        spec, plain = row["decoded_spec_pass_ms"], row["decoded_plain_pass_ms"]
-        out.update(decoded_tokens_per_s=1e3 * row["batch"] * tau / spec, decoded_speedup=tau * plain / spec)
-    return out
-
-
 def draft_bytes(head: Eagle3Head, depth: int) -> int:
     """Weight bytes a depth-D draft must read at least: depth 1 the draft-vocab head (the root's children
     from the accepted feature), each further depth the decoder layer, norm and that head (fc runs in accept)."""
@@ -388,28 +308,6 @@ def render(r: dict) -> str:
         lines += render_profiles({name: PartProfile(**p) for name, p in r["profile"].items()})
     lines += [f"goal: {name}: {g['value']:.3f} -> {'met' if g['met'] else 'NOT met'}" for name, g in r["goals"].items()]  # fmt: skip
     return "\n".join(lines)
-
-
-def render_batch(r: dict) -> list[str]:
-    """The batch rows' two tables (projected from a batched verify; decoded through batch_decode)."""
-    lines = ["batch (eager HF forward, SlotCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain"]  # fmt: skip
-    for row in r["batch"]:
-        lines.append(
-            f"{row['batch']:35d} | {row['plain_step_ms']:13.3f} | {row['plain_tokens_per_s']:11.1f} | "
-            f"{row['verify_ms']:12.3f} | {row['projected_tokens_per_s']:10.1f} ({row['projected_row_tokens_per_s']:.1f})"
-            f" | {row['projected_speedup']:.2f}x"
-        )
-    target = f"target compiled: {r['compile_batch']}" if r.get("compile_batch") else "eager"
-    lines.append(
-        f"batch, decoded (batch_decode: the engine of generate_batch; {target}) | tree nodes | plain pass ms"
-        " | spec pass ms | projected spec tok/s | vs plain"
-    )
-    for row in r["batch"]:
-        lines.append(
-            f"{row['batch']:58d} | {row['decoded_tree_nodes']:10d} | {row['decoded_plain_pass_ms']:13.3f} | "
-            f"{row['decoded_spec_pass_ms']:12.3f} | {row['decoded_tokens_per_s']:20.1f} | {row['decoded_speedup']:.2f}x"
-        )
-    return [*lines, r["batch_speculative"]]
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:

@@ -149,6 +149,9 @@ def test_bad_numbers_are_one_error_line(tmp_path):
 
 
 def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(
+        str(SCRIPT.parent)
+    )  # its sibling module, as `python scripts/bench_gpu.py` finds it
     spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
