@@ -20,6 +20,7 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.errors import HeadError
 from spechead.heads.formats.build import export_dtype
 from spechead.heads.formats.llama import llama_layer_fields
+from spechead.heads.formats.weights import write_pickle
 
 _WEIGHTS = (
     "self_attn.q_proj.weight",
@@ -84,11 +85,6 @@ def export_eagle(
         "torch_dtype": export_dtype(head, dtype),
     }
     out.mkdir(parents=True, exist_ok=True)
-    to = lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t  # noqa: E731
-    # a pickle of plain tensors (what the reference engine reads: torch.load of pytorch_model.bin)
-    torch.save(
-        {k: to(t.detach().cpu()).contiguous().clone() for k, t in tensors.items()},
-        out / "pytorch_model.bin",
-    )
+    write_pickle(tensors, out / "pytorch_model.bin", dtype)  # what the reference engine torch.loads
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

@@ -23,7 +23,7 @@ from transformers import PretrainedConfig
 from spechead.heads.errors import HeadError
 from spechead.heads.formats.build import export_dtype, fill_head
 from spechead.heads.formats.llama import target_fields
-from spechead.heads.formats.weights import write_tensors
+from spechead.heads.formats.weights import write_pickle, write_tensors
 from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
 
 WEIGHT_NAMES = (
@@ -164,12 +164,8 @@ def export_fasterdecoding(head: MedusaHead, out: Path, *, dtype: torch.dtype | N
     cfg = head.config
     if not cfg.target_name_or_path:
         raise HeadError("the layout names the target (base_model_name_or_path): the head records none")
-    to = lambda t: t.to(dtype) if dtype is not None and t.is_floating_point() else t  # noqa: E731
     # their heads are a bare ModuleList: spechead's names without the "heads." prefix
-    tensors = {
-        k.removeprefix("heads."): to(v.detach().cpu()).contiguous().clone()
-        for k, v in head.state_dict().items()
-    }
+    tensors = {k.removeprefix("heads."): v for k, v in head.state_dict().items()}
     config = {
         "medusa_num_heads": cfg.num_heads,
         "medusa_num_layers": cfg.num_layers,
@@ -177,6 +173,6 @@ def export_fasterdecoding(head: MedusaHead, out: Path, *, dtype: torch.dtype | N
         "torch_dtype": export_dtype(head, dtype),
     }
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(tensors, out / "medusa_lm_head.pt")  # a pickle of plain tensors: what their loader reads
+    write_pickle(tensors, out / "medusa_lm_head.pt", dtype)  # what their loader torch.loads
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

@@ -100,15 +100,26 @@ def tensor_names(files: list[Path]) -> set[str]:
     return names
 
 
-def write_tensors(tensors: dict[str, Tensor], file: Path, dtype: torch.dtype | None = None) -> Path:
-    """Save contiguous CPU copies (floating tensors cast to `dtype` if given) as safetensors."""
+def _cpu_copies(tensors: dict[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
+    """Contiguous CPU copies of `tensors`, floating ones cast to `dtype` if given."""
     out = {}
     for name, tensor in tensors.items():
         tensor = tensor.detach().to("cpu")
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
         out[name] = tensor.contiguous().clone()  # clone: tied or shared storage cannot be saved twice
-    save_file(out, str(file), metadata={"format": "pt"})
+    return out
+
+
+def write_tensors(tensors: dict[str, Tensor], file: Path, dtype: torch.dtype | None = None) -> Path:
+    """Save contiguous CPU copies (floating tensors cast to `dtype` if given) as safetensors."""
+    save_file(_cpu_copies(tensors, dtype), str(file), metadata={"format": "pt"})
+    return file
+
+
+def write_pickle(tensors: dict[str, Tensor], file: Path, dtype: torch.dtype | None = None) -> Path:
+    """Save them as a pickled state dict of plain tensors (what reference engines `torch.load`)."""
+    torch.save(_cpu_copies(tensors, dtype), file)
     return file
 
 
