@@ -13,7 +13,7 @@ the same seed: the same draws). Finished rows leave the batch (`keep`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,12 +35,12 @@ if TYPE_CHECKING:
 class _Row:
     """One sequence of the batch while it decodes."""
 
+    index: int  # its place in the batch as given
     prompt: torch.Tensor  # [T]
     max_new: int
     params: SamplingParams
     generator: torch.Generator | None
     stats: GenerationStats
-    ids: list[int] = field(default_factory=list)
     root: int = 0
     pending: list[int] = field(default_factory=list)
     verified: bool = False  # whether `pending` came from a verify pass (the prefill emits the first root)
@@ -88,7 +88,6 @@ def batch_cache_size(drafter: Drafter | None, need: int, max_cache_len: int | No
     return max_cache_len or -(-(need + tree_room) // step) * step
 
 
-@torch.no_grad()
 def decode_batch(
     target: PreTrainedModel,
     drafter: Drafter | None,
@@ -107,6 +106,28 @@ def decode_batch(
     kept `CompiledBatchRunner`, whose cache must hold every row's prompt + max_new_tokens); None: a new
     eager one sized for this batch.
     """
+    out: list[list[int]] = [[] for _ in prompts]
+    for emitted in batch_passes(target, drafter, prompts, max_new, params, eos, stats, max_cache_len, runner):
+        for b, ids in emitted:
+            out[b].extend(ids)
+    return out, stats[0].wall_time
+
+
+@torch.no_grad()
+def batch_passes(
+    target: PreTrainedModel,
+    drafter: Drafter | None,
+    prompts: Sequence[torch.Tensor],
+    max_new: Sequence[int],
+    params: Sequence[SamplingParams],
+    eos: set[int],
+    stats: Sequence[GenerationStats],
+    max_cache_len: int | None = None,
+    runner: BatchRunner | None = None,
+) -> Iterator[list[tuple[int, list[int]]]]:
+    """decode_batch one pass at a time: yields, after the prefill and after every pass, the new ids of
+    each row that got some, as (row index into `prompts`, ids). The error for a cache too small comes
+    at the first next(); stats get their times when the iterator is exhausted."""
     need = max(len(p) + m for p, m in zip(prompts, max_new))
     if max_cache_len is not None and need > max_cache_len:
         worst = max(range(len(prompts)), key=lambda b: len(prompts[b]) + max_new[b])
@@ -121,7 +142,7 @@ def decode_batch(
         runner = BatchRunner(target, tuple(drafter.hidden_layers) if drafter else (), max_length=size)
     batched: BatchDrafter | None = drafter.batched() if drafter else None
     rows = [
-        _Row(prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
+        _Row(b, prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
         for b in range(len(prompts))
     ]
     start = time.perf_counter()
@@ -135,15 +156,16 @@ def decode_batch(
     times["prefill"] = time.perf_counter() - start
     active, accepted = rows, None  # accepted: what the drafter has yet to hear (tokens, lengths, hidden)
     while True:
-        going = []
+        going, emitted = [], []
         for b, row in enumerate(active):
             out = until_stop(row.pending, eos, row.max_new - row.stats.new_tokens)
             row.stats.new_tokens += len(out)
             if row.verified:
                 row.stats.accept_lengths.append(len(out))
-            row.ids.extend(out)
+            emitted.append((row.index, out))
             if not (len(out) < len(row.pending) or out[-1] in eos or row.stats.new_tokens >= row.max_new):
                 going.append(b)
+        yield emitted
         if not going:
             break
         if len(going) < len(active):  # finished rows leave; the others are untouched
@@ -196,4 +218,3 @@ def decode_batch(
     for row in rows:
         row.stats.wall_time, row.stats.prefill_time = wall, times["prefill"]
         row.stats.draft_time, row.stats.verify_time = times["draft"], times["verify"]
-    return [row.ids for row in rows], wall

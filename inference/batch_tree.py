@@ -86,3 +86,17 @@ def choices_for_batch(
     info: dict = {"batch": batch, "verify_ms_by_size": verify, "step_ms": verify[1]}
     info.update(batch_draft_cost_ms(drafter, batch))
     return best_for_costs(accuracy, info, max_nodes), info
+
+
+def drafter_for_batch(model: PreTrainedModel, drafter, accuracy: torch.Tensor, batch: int) -> tuple:
+    """(the drafter with the tree measured best for `batch` rows here, or None when no tree is expected to
+    beat plain batched decoding; what was measured). The part-by-part costs rank the trees
+    (`choices_for_batch`), the best few are then decoded at this batch size (pass_timing.py)."""
+    from spechead.inference.pass_timing import in_situ_choice
+
+    _, info = choices_for_batch(model, drafter, accuracy, batch)
+    ranked, info["model_speedup"] = info.pop("ranked"), info["expected_speedup"]
+    choices, info["in_situ"] = in_situ_choice(model, drafter.with_tree, accuracy, ranked, batch=batch)
+    info["expected_speedup"] = info["in_situ"]["expected_speedup"]
+    pays = info["expected_speedup"] > 1  # drafting must beat plain batched decoding to be worth it
+    return (drafter.with_tree(choices) if pays else None), {"choices": choices if pays else [], **info}

@@ -4,13 +4,12 @@ Lossless by construction: greedy decoding keeps only drafts equal to the target'
 uses the rule that matches how the drafter chose its children (see acceptance.py), so the output
 distribution is exactly the target's. The target's cache and hidden-state capture live in a
 `TargetRunner` (runner.py): cache="static" (preallocated slots, the default) or "dynamic"
-(DynamicCache). `generate`/`stream` decode one prompt; `generate_batch` decodes B prompts at once
-(batch_decode.py: one target forward per pass over every active row, static cache).
+(DynamicCache). `generate`/`stream` decode one prompt; `generate_batch`/`stream_batch` decode B prompts
+at once (batch_decode.py: one target forward per pass over every active row, static cache).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -18,12 +17,14 @@ import torch
 from transformers import PreTrainedModel
 
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
-from spechead.inference.batch_decode import batch_cache_size, decode_batch
+from spechead.inference.batch_decode import batch_cache_size, batch_passes
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.drafters.base import Drafter, chain
+from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
 from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
 from spechead.inference.stops import eos_ids, until_stop
+from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
 
 
@@ -140,6 +141,8 @@ class SpeculativeGenerator:
         self._batch_drafters: dict[int, Drafter | None] = {}  # None: plain decoding pays best
         self.compile = compile
         self._batch_runners: dict[tuple, CompiledBatchRunner] = {}  # compiled: kept with their graphs
+        self.last_stats: GenerationStats | None = None  # the last stream()'s, when it ran to the end
+        self.last_batch_stats: list[GenerationStats] = []  # the last stream_batch()'s rows'
         if buckets is None and next(target.parameters()).device.type == "cuda":
             buckets = CUDA_BUCKETS
         layers = tuple(drafter.hidden_layers) if drafter else ()
@@ -171,8 +174,7 @@ class SpeculativeGenerator:
         for chunk in self._decode(self._prompt_ids(prompt, messages, input_ids), max_new_tokens,
                                   SamplingParams(temperature, top_k, top_p, seed), stats):  # fmt: skip
             ids.extend(chunk)
-        text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-        return GenerationResult(text, ids, stats)
+        return GenerationResult(self._text(ids), ids, stats)
 
     def generate_batch(
         self,
@@ -202,12 +204,58 @@ class SpeculativeGenerator:
         Greedy rows still equal batch 1 token for token; sampled rows are then exact samples of the
         target but not the batch-1 draws (another tree): pass False to keep the batch-1 tree and draws.
         """
+        stats, passes = self._batch_passes(
+            prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
+        )
+        out: list[list[int]] = [[] for _ in stats]
+        for emitted in passes:
+            for b, ids in emitted:
+                out[b].extend(ids)
+        return [GenerationResult(self._text(o), o, s) for o, s in zip(out, stats)]
+
+    def stream_batch(
+        self,
+        prompts: Sequence[str] | None = None,
+        *,
+        messages: Sequence[list[dict[str, str]]] | None = None,
+        input_ids: Sequence[list[int] | torch.Tensor] | None = None,
+        max_new_tokens: int | Sequence[int] = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | Sequence[int | None] | None = None,
+        tree_for_batch: bool = True,
+    ) -> Iterator[tuple[int, str]]:
+        """Yield (row, text) as each row's tokens are accepted: generate_batch one pass at a time (the same
+        arguments; one target forward per pass over all active rows). Row b's pieces join to its
+        generate_batch text; a row's pieces stop when it stops while the others go on. Afterwards
+        `last_batch_stats` holds each row's GenerationStats."""
+        stats, passes = self._batch_passes(
+            prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
+        )
+        texts = [TextStream(self.tokenizer) for _ in stats]
+        for emitted in passes:
+            for b, ids in emitted:
+                piece = texts[b].push(ids)
+                if piece:
+                    yield b, piece
+        for b, text in enumerate(texts):
+            piece = text.flush()  # whatever was held back for a partial character
+            if piece:
+                yield b, piece
+        self.last_batch_stats = stats
+
+    def _batch_passes(
+        self, prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
+    ) -> tuple[list[GenerationStats], Iterator[list[tuple[int, list[int]]]]]:
+        """The rows' stats and the iterator of batch passes (batch_decode.batch_passes) for
+        generate_batch / stream_batch's arguments, every row checked first (errors name the row)."""
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
             raise ValueError("pass exactly one of prompts=, messages= or input_ids= (a list, one per row)")
         rows_in = next(x for x in (prompts, messages, input_ids) if x is not None)
         if isinstance(rows_in, str) or len(rows_in) == 0:
-            raise ValueError("generate_batch takes a non-empty list of prompts (one per row)")
+            raise ValueError("batch decoding takes a non-empty list of prompts (one per row)")
         if self.runner.kind != "static":
             raise ValueError(f"batch decoding needs cache='static', this generator uses {self.runner.kind!r}")
         batch = len(rows_in)
@@ -232,40 +280,28 @@ class SpeculativeGenerator:
         drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
         runner = None
         need, fixed = max(len(i) + m for i, m in zip(ids, max_new)), self.runner.fixed_length
-        if self.compile and (fixed is None or need <= fixed):  # (too small: decode_batch says so)
+        if self.compile and (fixed is None or need <= fixed):  # (too small: batch_passes says so)
             # fixed shapes: the target's batch passes as compiled graphs (batch_graphs.py)
             size = fixed if fixed is not None else batch_cache_size(drafter, need, None, 1024)
             layers = tuple(drafter.hidden_layers) if drafter else ()
             runner = kept_runner(self._batch_runners, self.target, layers, batch, size, self.compile)
-        out, _ = decode_batch(
-            self.target, drafter, ids, max_new, params, self.eos, stats, self.runner.fixed_length, runner
-        )
-        return [
-            GenerationResult(self.tokenizer.decode(o, skip_special_tokens=True), o, s)
-            for o, s in zip(out, stats)
-        ]
+        passes = batch_passes(self.target, drafter, ids, max_new, params, self.eos, stats, fixed, runner)
+        return stats, passes
 
     def _drafter_for_batch(self, batch: int) -> Drafter | None:
-        """The drafter with the tree measured best for `batch` rows here (see generate_batch)."""
+        """The drafter with the tree measured best for `batch` rows here, once per size (see generate_batch)."""
         drafter = self.drafter
         if batch == 1 or drafter is None or self.tree_accuracy is None or not hasattr(drafter, "with_tree"):
             return drafter
         if batch not in self.batch_calibration:
-            from spechead.inference.batch_tree import choices_for_batch
-            from spechead.inference.pass_timing import in_situ_choice
+            from spechead.inference.batch_tree import drafter_for_batch
 
-            _, info = choices_for_batch(self.target, drafter, self.tree_accuracy, batch)
-            # the best few trees of the part-by-part costs decoded here at this batch size (pass_timing.py)
-            ranked, info["model_speedup"] = info.pop("ranked"), info["expected_speedup"]
-            choices, info["in_situ"] = in_situ_choice(
-                self.target, drafter.with_tree, self.tree_accuracy, ranked, batch=batch
-            )
-            info["expected_speedup"] = info["in_situ"]["expected_speedup"]
-            # no tree expected to beat plain batched decoding here: decode plain (drafting would not pay)
-            pays = info["expected_speedup"] > 1
-            self._batch_drafters[batch] = drafter.with_tree(choices) if pays else None
-            self.batch_calibration[batch] = {"choices": choices if pays else [], **info}
+            found = drafter_for_batch(self.target, drafter, self.tree_accuracy, batch)
+            self._batch_drafters[batch], self.batch_calibration[batch] = found
         return self._batch_drafters[batch]
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
         """Yield text as tokens are accepted (same arguments as generate)."""
@@ -280,17 +316,14 @@ class SpeculativeGenerator:
         ids = self._prompt_ids(prompt, kwargs.pop("messages", None), kwargs.pop("input_ids", None))
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        emitted: list[int] = []
-        shown = ""
+        text = TextStream(self.tokenizer)
         for chunk in self._decode(ids, max_new, params, stats):
-            emitted.extend(chunk)
-            text = self.tokenizer.decode(emitted, skip_special_tokens=True)
-            if len(text) > len(shown) and not text.endswith("\ufffd"):  # wait for whole UTF-8 characters
-                yield text[len(shown) :]
-                shown = text
-        text = self.tokenizer.decode(emitted, skip_special_tokens=True)
-        if len(text) > len(shown):  # whatever was held back for a partial character
-            yield text[len(shown) :]
+            piece = text.push(chunk)
+            if piece:
+                yield piece
+        piece = text.flush()  # whatever was held back for a partial character
+        if piece:
+            yield piece
         self.last_stats = stats
 
     # ---- internals -------------------------------------------------------------------------------
@@ -328,7 +361,7 @@ class SpeculativeGenerator:
         runner, drafter = self.runner, self.drafter
         runner.use_layers(tuple(drafter.hidden_layers) if drafter else ())  # (a drafter may be swapped in)
         runner.reserve(len(prompt), max_new_tokens, getattr(drafter, "max_nodes", 64))
-        clock = _Clock(self.target.device)
+        clock = PhaseClock(self.target.device)
         generator = make_generator(params.seed, self.target.device)  # multinomial needs it on the same device
         logits, hidden = runner.prefill(prompt[None])  # [1, V], {l: [1, T, H]}
         root = pick(logits[0], params, generator)
@@ -406,38 +439,6 @@ class SpeculativeGenerator:
         stats.draft_time = spent["draft"]
         stats.verify_time = spent["verify"]
         stats.wall_time = sum(spent.values())
-
-
-class _Clock:
-    """Time between marks, attributed to the named phase. CPU: perf_counter. CUDA: events, resolved
-    once at the end (no synchronisation inside the decoding loop)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[tuple[str, object]] = []
-        self.start = self._stamp()
-
-    def _stamp(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def mark(self, phase: str) -> None:
-        self.marks.append((phase, self._stamp()))
-
-    def totals(self) -> dict[str, float]:
-        """Seconds per phase (prefill, draft, verify, other) since the clock started."""
-        self.mark("other")
-        if self.cuda:
-            torch.cuda.synchronize()
-        out = dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0)
-        last = self.start
-        for phase, stamp in self.marks:
-            out[phase] += last.elapsed_time(stamp) / 1e3 if self.cuda else stamp - last
-            last = stamp
-        return out
 
 
 def _per_row(value, batch: int, name: str) -> list:

@@ -51,7 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch.compile the drafter only (EAGLE: the whole draft as one graph; CUDA: one CUDA graph), the "
         "target eager: the first answers compile (tens of seconds), later ones draft far cheaper",
     )  # fmt: skip
-    p.add_argument("--stream", action="store_true", help="print text as it is accepted")
+    p.add_argument(
+        "--stream", action="store_true",
+        help="print text as it is accepted (several --prompt: one JSON line per piece, {\"row\": b, \"text\": ...})",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the stats as JSON")
     return p.parse_args(argv)
 
@@ -73,19 +76,21 @@ def main(argv: list[str] | None = None) -> int:
             compile=args.compile,
             draft_compile=args.compile_draft or None,
         )
-        if len(args.prompt) > 1 and args.stream:
-            raise ValueError("--stream takes a single --prompt")
         chats = [[{"role": "user", "content": p}] for p in args.prompt]
         source = {"messages": chats[0]} if args.chat else {"prompt": args.prompt[0]}
         options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                        top_k=args.top_k, seed=args.seed)  # fmt: skip
+        batch = {"messages": chats} if args.chat else {"prompts": args.prompt}
+        if args.stream and len(args.prompt) > 1:  # one JSON line per piece: {"row": b, "text": ...}
+            for row, piece in gen.stream_batch(**batch, **options):
+                print(json.dumps({"row": row, "text": piece}), flush=True)
+            return _report(gen.last_batch_stats, args.json)
         if args.stream:
             for piece in gen.stream(**source, **options):
                 print(piece, end="", flush=True)
             print()
             stats = gen.last_stats
         elif len(args.prompt) > 1:  # a batch: one target forward per pass over all rows
-            batch = {"messages": chats} if args.chat else {"prompts": args.prompt}
             results = gen.generate_batch(**batch, **options)
             for i, result in enumerate(results):
                 print(f"--- row {i}\n{result.text}")

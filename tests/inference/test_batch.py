@@ -132,3 +132,40 @@ def test_row_drafters_share_the_head_weights(setup):
     twin = clone_drafter(drafter)
     assert twin is not drafter and twin.head is drafter.head  # own state, same modules
     assert twin.head._target_modules["embed_tokens"] is model.get_input_embeddings()
+
+
+@pytest.mark.parametrize("compile", [False, "eager"])
+@pytest.mark.parametrize("kind", ["plain", "eagle3_static"])
+def test_stream_batch_pieces_join_to_each_rows_text(setup, kind, compile):
+    """stream_batch yields (row, piece) pass by pass: each row's pieces join to its generate_batch text, a
+    row that stops at EOS stops yielding while the others go on, and the rows' stats come afterwards."""
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, make_drafter(model, kind), cache="static", compile=compile)
+    gen.eos = {plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]}  # row 0 stops after 7 tokens
+    whole = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    events = list(gen.stream_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW))
+    for b, result in enumerate(whole):
+        assert "".join(p for row, p in events if row == b) == result.text, (kind, b)
+        assert gen.last_batch_stats[b].new_tokens == result.stats.new_tokens
+        assert gen.last_batch_stats[b].accept_lengths == result.stats.accept_lengths
+    order = [row for row, _ in events]
+    assert len(events) > len(PROMPTS) and order[:2] == [0, 1]  # pass by pass, not row after row
+    last = {row: i for i, row in enumerate(order)}
+    assert last[0] < last[2]  # the stopped row went quiet while row 2 went on
+
+
+def test_stream_batch_is_lazy_and_checks_its_rows(setup):
+    model, tok = setup
+    gen = SpeculativeGenerator(model, tok, None, cache="static")
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        stream = gen.stream_batch(input_ids=[[5, 6], [7]], max_new_tokens=50)
+        next(stream)
+        assert len(forwards) <= 3  # a piece after the prefill and a pass or two, not after 50 passes
+        stream.close()  # a consumer that stops early: nothing runs on
+        assert len(forwards) <= 3
+    finally:
+        hook.remove()
+    with pytest.raises(ValueError, match=r"row 1: the prompt is empty"):
+        next(gen.stream_batch(input_ids=[[5, 6], []], max_new_tokens=4))

@@ -150,7 +150,7 @@ def test_padding_nodes_are_never_accepted():
     logits = torch.zeros(2, 3, 10)
     logits[0, :, 7] = 1.0  # row 0: the target continues with 7 = its root token
     logits[1, 0, 6], logits[1, 1, 8], logits[1, 2, 2] = 1.0, 1.0, 1.0  # row 1: the whole chain, then 2
-    rows = [_Row(torch.tensor([1]), 4, SamplingParams(), None, None) for _ in range(2)]
+    rows = [_Row(b, torch.tensor([1]), 4, SamplingParams(), None, None) for b in range(2)]
     accs = accept_rows(draft, logits, ancestors_on_device(draft.parents), rows)
     assert [a.path for a in accs] == [[0], [0, 1, 2]]
     assert [a.next_token for a in accs] == [7, 2]

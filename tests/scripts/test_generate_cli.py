@@ -50,8 +50,12 @@ def test_generate_several_prompts_is_a_batch(tiny_target_dir):
     js = run("generate.py", *common, "--prompt", "a", "--prompt", "b", "--json")
     stats = json.loads(js.stdout.strip().splitlines()[-1])
     assert isinstance(stats, list) and len(stats) == 2 and all(s["new_tokens"] <= 10 for s in stats)
-    bad = run("generate.py", *common, "--prompt", "a", "--prompt", "b", "--stream")
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: --stream takes a single --prompt"
+    streamed = run("generate.py", *common, "--prompt", "Add 2 and 3.", "--prompt", "a", "--stream")
+    assert streamed.returncode == 0, streamed.stderr[-2000:]
+    pieces = [json.loads(line) for line in streamed.stdout.splitlines()]
+    assert {p["row"] for p in pieces} == {0, 1}  # one JSON line per piece, each naming its row
+    assert "".join(p["text"] for p in pieces if p["row"] == 0) == row1.strip()
+    assert streamed.stderr.count("[tau ") == 2  # each row's stats after the stream
 
 
 def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_path, capsys, monkeypatch):

@@ -1,0 +1,38 @@
+"""Incremental detokenization for streaming: text as ids arrive, never half a character."""
+
+from __future__ import annotations
+
+
+class TextStream:
+    """The text of one row's ids as they arrive: `push(ids)` returns what is new since the last piece,
+    `flush()` what was held back at the end.
+
+    Pieces are cut from the decoded text of ALL ids so far (a tokenizer may merge or space tokens
+    differently in context), so the pieces join to `tokenizer.decode(all ids)`. A piece ending in U+FFFD
+    waits: a multi-byte character split over tokens decodes as the replacement character until its last
+    byte arrives."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""  # the text handed out so far
+
+    def push(self, ids: list[int]) -> str:
+        """The new text after `ids` ('' while nothing new or a character is incomplete)."""
+        self.ids.extend(ids)
+        text = self._decode()
+        if len(text) <= len(self.shown) or text.endswith("\ufffd"):
+            return ""
+        return self._advance(text)
+
+    def flush(self) -> str:
+        """Whatever was held back (a partial character at the end shows as U+FFFD)."""
+        text = self._decode()
+        return self._advance(text) if len(text) > len(self.shown) else ""
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def _advance(self, text: str) -> str:
+        piece, self.shown = text[len(self.shown) :], text
+        return piece
