@@ -4,6 +4,11 @@ prompts and trees, greedy, both eager on the same machine.
     python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch==2.13.0 "transformers==4.36.2" accelerate \\
         && /tmp/ref/bin/pip install --no-deps eagle-llm==1.2.1
     python scripts/bench_reference.py --ref-python /tmp/ref/bin/python --head outputs/eagle-ref-demo/head
+    # on a GPU: the reference's packages in a folder of their own, on the machine's python and torch
+    python3 -m pip install --no-deps --target /tmp/refsite transformers==4.36.2 tokenizers==0.15.2 \
+        huggingface_hub==0.36.2 eagle-llm==1.2.1
+    python3 scripts/bench_reference.py --ref-python python3 --ref-path /tmp/refsite --device cuda --compile \
+        --head outputs/eagle-ref-demo/head
 
 The head must be an EAGLE-1 head in the authors' architecture (layer 0 without an input norm:
 `python train.py head=eagle +head.first_layer_input_norm=false`); it is exported with
@@ -13,7 +18,9 @@ runs first, then ours, so drift of a shared machine falls on both. Configuration
 - "reference tree": the reference's default tree (mc_sim_7b_63: 25 drafted nodes, depth 5), both engines;
 - "our calibrated tree": the static tree our loader picks for this head on this machine, both engines;
 - ours with its defaults (`SpeculativeGenerator.from_pretrained(target, head)`), and plain decoding in
-  each engine (ours; the reference's `naive_generate`).
+  each engine (ours; the reference's `naive_generate`);
+- with --compile, ours again with `compile=True` (plain and defaults; on CUDA our CUDA graphs), which
+  the reference has no counterpart of: the other rows compare the two engines eager against eager.
 Tokens are counted up to EOS / --max-new-tokens in both; every output is compared with our plain
 greedy decoding. Writes OUT/reference.json and OUT/reference.md.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +44,7 @@ from spechead.data.prompt_sets import load_prompt_set
 from spechead.heads import HeadError, load_head
 from spechead.heads.formats import export_head
 from spechead.heads.formats.weights import target_embedding
+from spechead.inference.devices import check_device
 from spechead.inference.generator import SpeculativeGenerator
 
 REF_TREE, OUR_TREE = "reference tree", "our calibrated tree"
@@ -44,6 +53,14 @@ REF_TREE, OUR_TREE = "reference tree", "our calibrated tree"
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ref-python", required=True, help="python of the environment holding eagle-llm")
+    p.add_argument(
+        "--ref-path", default=None,
+        help="a folder put first on the reference's PYTHONPATH (its transformers 4.x beside the machine's torch)",
+    )  # fmt: skip
+    p.add_argument("--device", default="cpu", help="cpu or cuda (both engines)")
+    p.add_argument(
+        "--compile", action="store_true", help="also our engine with compile=True (plain, defaults)"
+    )
     p.add_argument("--head", required=True, help="spechead EAGLE-1 head (authors' architecture)")
     p.add_argument("--target", default=demo_asset("target"), help="target directory (default: demo)")
     p.add_argument("--prompt-set", default="demo", help="prompt set (first turns are decoded)")
@@ -54,12 +71,18 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_reference(python: str, job: dict, workdir: Path) -> dict:
-    """Run scripts/reference_eagle.py in the reference environment; its JSON result."""
+def run_reference(python: str, job: dict, workdir: Path, path: str | None = None) -> dict:
+    """Run scripts/reference_eagle.py in the reference environment (`path`: first on its PYTHONPATH);
+    its JSON result."""
     job_file, out_file = workdir / "job.json", workdir / "ref.json"
     job_file.write_text(json.dumps(job))
     script = Path(__file__).with_name("reference_eagle.py")
-    done = subprocess.run([python, str(script), str(job_file), str(out_file)], capture_output=True, text=True)
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [python, str(script), str(job_file), str(out_file)], capture_output=True, text=True, env=env
+    )
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(f"the reference engine failed: {tail[0]} (run {script} by hand to see all)")
@@ -94,25 +117,34 @@ def main(argv=None) -> int:
     args = parse(argv)
     try:
         return bench(args)
-    except (HeadError, RuntimeError, OSError) as err:  # a head the layout cannot hold, the reference failed
+    except (
+        HeadError,
+        RuntimeError,
+        OSError,
+        ValueError,
+    ) as err:  # a head the layout cannot hold, the reference failed
         print(f"error: {err}", file=sys.stderr)
         return 2
 
 
 def bench(args: argparse.Namespace) -> int:
+    check_device(args.device)
     work = Path(tempfile.mkdtemp(prefix="bench_reference_"))
     # the reference reads the head in its authors' layout: refused here first if it cannot hold it
     export_head(load_head(args.head), "eagle", work / "head", embedding=target_embedding(args.target))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plain = SpeculativeGenerator.from_pretrained(args.target)
+    load = lambda head=None, **kw: SpeculativeGenerator.from_pretrained(  # noqa: E731
+        args.target, head, device=args.device, **kw
+    )
+    plain = load()
     prompts = [
         plain.tokenizer.apply_chat_template(
             [{"role": "user", "content": p.turns[0]}], add_generation_prompt=True, return_dict=False
         )
         for p in load_prompt_set(args.prompt_set, args.prompts)
     ]
-    ours = SpeculativeGenerator.from_pretrained(args.target, args.head)  # our defaults: calibrated tree
+    ours = load(args.head)  # our defaults: calibrated tree
     calibrated = (ours.calibration or {}).get("choices")
     job = {
         "target": str(Path(args.target).resolve()),
@@ -122,18 +154,22 @@ def bench(args: argparse.Namespace) -> int:
         "prompts": prompts,
         "trees": {REF_TREE: None, **({OUR_TREE: calibrated} if calibrated else {})},
         "plain": True,
+        "device": args.device,
     }
     ref_runs: dict[str, list] = {}
     our_runs: dict[str, list] = {}
     gens: dict[str, SpeculativeGenerator] = {"plain": plain, "defaults": ours}
+    if args.compile:  # (compiled during each run's untimed warm-up prompt)
+        gens["plain, compiled"] = load(compile=True)
+        gens["defaults, compiled"] = load(args.head, compile=True)
     for r in range(args.repeats):
         print(f"repeat {r + 1}/{args.repeats}: reference engine ...", flush=True)
-        ref = run_reference(args.ref_python, job, work)
+        ref = run_reference(args.ref_python, job, work, args.ref_path)
         for name, runs in {**ref["trees"], "plain": ref["plain"]}.items():
             ref_runs.setdefault(name, []).append(runs)
         for name, choices in ref["choices"].items():
             if name not in gens:
-                gens[name] = SpeculativeGenerator.from_pretrained(args.target, args.head, tree=choices)
+                gens[name] = load(args.head, tree=choices)
         print(f"repeat {r + 1}/{args.repeats}: our engine ...", flush=True)
         for name, gen in gens.items():
             our_runs.setdefault(name, []).append(run_ours(gen, prompts, args.max_new_tokens))
@@ -152,6 +188,13 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def where(device: str) -> str:
+    """The device in words: CPU (threads) or the GPU's name."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
 def render(result: dict) -> str:
     """A markdown table: tokens/s and speedups against both engines' plain decoding."""
     ours_plain, ref_plain = result["ours"]["plain"]["tok_s"], result["reference"]["plain"]["tok_s"]
@@ -159,8 +202,8 @@ def render(result: dict) -> str:
     versions = result["reference_versions"]
     lines = [
         f"the EAGLE authors' engine (eagle-llm, transformers {versions['transformers']}) beside spechead: "
-        f"{s['prompts']} prompts of {s['prompt_set']}, up to {s['max_new_tokens']} new tokens, greedy, CPU "
-        f"({torch.get_num_threads()} threads), median of {s['repeats']} alternating repeats",
+        f"{s['prompts']} prompts of {s['prompt_set']}, up to {s['max_new_tokens']} new tokens, greedy, "
+        f"{where(s.get('device', 'cpu'))}, median of {s['repeats']} alternating repeats",
         "",
         "| configuration | engine | tau | tok/s [min, max] | x our plain | x reference plain | mismatches |",
         "|---|---|---:|---:|---:|---:|---:|",

@@ -12,7 +12,11 @@
 #      max-autotune (GEMMs benchmarked against generated kernels) beside plain inductor (not run yet:
 #      its compile time is unmeasured, hence its own limit AUTOTUNE_S); bench_gpu_batch, the batch rows'
 #      decoded passes with the target's batch passes compiled (batch_graphs.py; not run on a GPU yet,
-#      limit BATCH_S).
+#      limit BATCH_S); bench_reference, the EAGLE authors' engine beside ours on the demo target and the
+#      EAGLE-1 head outputs/eagle-ref-demo2/head (carry it), both eager, ours compiled too (limit REF_S;
+#      the reference's packages come as wheels in .whl/ref/, installed apart in /tmp/refsite:
+#      `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --no-deps
+#      -d .whl/ref transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.36.2 eagle-llm==1.2.1`).
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
@@ -55,6 +59,13 @@ step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compil
 # on request: batch 1, 4, 16 decoded with the target's batch passes compiled (the batch-1 parts eager)
 step bench_gpu_batch "${BATCH_S:-500}" "$PY" scripts/bench_gpu.py --compile-batch --sizes 1,64 \
     --out "$OUT/bench_gpu_batch.json"
+# on request: the EAGLE authors' engine (eagle-llm, transformers 4.36) beside ours, both eager; ours compiled too
+if [[ $steps == *" bench_reference "* ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/refsite .whl/ref/*.whl \
+        || { echo "error: installing the reference's wheels from .whl/ref/ failed"; status=1; }
+fi
+step bench_reference "${REF_S:-400}" "$PY" scripts/bench_reference.py --ref-python "$PY" --ref-path /tmp/refsite \
+    --device cuda --compile --head outputs/eagle-ref-demo2/head --prompts 24 --repeats 2 --out "$OUT/bench_reference"
 heads=()
 for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")

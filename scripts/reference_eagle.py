@@ -7,7 +7,8 @@ neither spechead nor anything of ours:
     /path/to/ref-env/bin/python scripts/reference_eagle.py JOB.json OUT.json
 
 JOB.json: {"target": dir, "head": dir (EAGLE-1 layout: scripts/export.py --format eagle), "eos": id,
-"max_new_tokens": n, "prompts": [[ids], ...], "trees": {name: choices or null for the engine's default}, "plain": bool}. OUT.json: per
+"max_new_tokens": n, "prompts": [[ids], ...], "trees": {name: choices or null for the engine's default}, "plain": bool,
+"device": "cpu" or "cuda" (optional, default cpu)}. OUT.json: per
 tree (and "plain": the engine's own `naive_generate`) each prompt's new ids (cut after EOS and at
 max_new_tokens), seconds and target passes. One untimed warm-up prompt first.
 
@@ -27,15 +28,25 @@ import warnings
 import torch
 
 
-def load(target: str, head: str, eos: int):
-    """The reference EaModel (fp32, CPU) for target + head."""
+def load(target: str, head: str, eos: int, device: str = "cpu"):
+    """The reference EaModel (fp32) for target + head, on `device` (its own loading: device_map)."""
     import eagle.model.ea_model as ea
 
     ea.AutoTokenizer = types.SimpleNamespace(  # the eos lookup only (see the module doc)
         from_pretrained=lambda _path: types.SimpleNamespace(eos_token_id=eos)
     )
-    model = ea.EaModel.from_pretrained(base_model_path=target, ea_model_path=head, torch_dtype=torch.float32)
+    placed = {} if device == "cpu" else {"device_map": device}
+    model = ea.EaModel.from_pretrained(
+        base_model_path=target, ea_model_path=head, torch_dtype=torch.float32, **placed
+    )
     return model.eval(), ea
+
+
+def clock(device: str) -> float:
+    """perf_counter after the device's queued work is done (CUDA: synchronised)."""
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def count_passes(ea) -> list[int]:
@@ -68,33 +79,33 @@ def new_ids(ids: list[int], eos: int, limit: int) -> list[int]:
     return ids[:limit]
 
 
-def run_tree(model, counter, prompts, choices, eos: int, max_new: int) -> list[dict]:
+def run_tree(model, counter, prompts, choices, eos: int, max_new: int, device: str = "cpu") -> list[dict]:
     use_tree(model, choices)
     out = []
     for ids in [prompts[0], *prompts]:  # the first is an untimed warm-up
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=device)
         counter[0] = 0
-        start = time.perf_counter()
+        start = clock(device)
         with torch.inference_mode():
             y = model.eagenerate(x, temperature=0.0, max_new_tokens=max_new, tree_choices=choices)
-        seconds = time.perf_counter() - start
+        seconds = clock(device) - start
         out.append(
             {"ids": new_ids(y[0, len(ids) :].tolist(), eos, max_new), "s": seconds, "passes": counter[0]}
         )
     return out[1:]
 
 
-def run_plain(model, prompts, eos: int, max_new: int) -> list[dict]:
+def run_plain(model, prompts, eos: int, max_new: int, device: str = "cpu") -> list[dict]:
     out = []
     for ids in [prompts[0], *prompts]:
-        x = torch.tensor([ids])
-        start = time.perf_counter()
+        x = torch.tensor([ids], device=device)
+        start = clock(device)
         y = x
         with torch.inference_mode():
             for y in model.naive_generate(x, temperature=0.0, max_steps=max_new):
                 if y.shape[1] - len(ids) >= max_new:
                     break
-        seconds = time.perf_counter() - start
+        seconds = clock(device) - start
         got = new_ids(y[0, len(ids) :].tolist(), eos, max_new)
         out.append({"ids": got, "s": seconds, "passes": max(len(got) - 1, 1)})  # the prefill emits the first
     return out[1:]
@@ -104,7 +115,8 @@ def main(job_file: str, out_file: str) -> int:
     warnings.filterwarnings("ignore")
     job = json.loads(open(job_file).read())
     eos, max_new, prompts = int(job["eos"]), int(job["max_new_tokens"]), job["prompts"]
-    model, ea = load(job["target"], job["head"], eos)
+    device = job.get("device", "cpu")
+    model, ea = load(job["target"], job["head"], eos, device)
     counter = count_passes(ea)
     result = {"torch": torch.__version__, "threads": torch.get_num_threads(), "trees": {}, "choices": {}}
     import transformers
@@ -113,9 +125,9 @@ def main(job_file: str, out_file: str) -> int:
     for name, choices in job["trees"].items():
         choices = choices or ea.mc_sim_7b_63  # None: the engine's default tree
         result["choices"][name] = choices
-        result["trees"][name] = run_tree(model, counter, prompts, choices, eos, max_new)
+        result["trees"][name] = run_tree(model, counter, prompts, choices, eos, max_new, device)
     if job.get("plain"):
-        result["plain"] = run_plain(model, prompts, eos, max_new)
+        result["plain"] = run_plain(model, prompts, eos, max_new, device)
     with open(out_file, "w") as f:
         json.dump(result, f)
     return 0

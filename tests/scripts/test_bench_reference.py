@@ -59,3 +59,33 @@ def test_a_failing_reference_engine_is_one_error_line(tmp_path, capsys) -> None:
     with pytest.raises(RuntimeError, match="the reference engine failed: .*ModuleNotFoundError.*eagle"):
         job = {"target": "t", "head": "h", "eos": 0, "max_new_tokens": 1, "prompts": [[1]], "trees": {}}
         run_reference(sys.executable, job, tmp_path)  # this environment has no eagle-llm
+
+
+def test_ref_path_comes_first_on_the_references_path(tmp_path) -> None:
+    """--ref-path: the reference's own packages (its transformers 4.x) beside the machine's torch."""
+    site = tmp_path / "refsite"
+    (site / "eagle").mkdir(parents=True)
+    (site / "eagle" / "__init__.py").write_text("raise RuntimeError('the eagle of --ref-path')\n")
+    job = {"target": "t", "head": "h", "eos": 0, "max_new_tokens": 1, "prompts": [[1]], "trees": {}}
+    with pytest.raises(
+        RuntimeError, match="the reference engine failed: RuntimeError: the eagle of --ref-path"
+    ):
+        script("bench_reference").run_reference(sys.executable, job, tmp_path, str(site))
+
+
+def test_a_device_this_machine_lacks_is_one_error_line(tmp_path, capsys) -> None:
+    argv = [
+        "--ref-python",
+        "python",
+        "--head",
+        str(tmp_path),
+        "--device",
+        "cuda",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    if __import__("torch").cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert script("bench_reference").main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device cuda: CUDA is not available") and err.count("\n") == 1
