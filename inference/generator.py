@@ -98,7 +98,8 @@ class SpeculativeGenerator:
     sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
     compile: torch.compile the target's verify pass with fixed shapes (static cache; True = inductor, on
     CUDA with CUDA graphs of our own (cuda_graphs.py); "max-autotune": the same, GEMMs autotuned by
-    inductor; "reduce-overhead": torch.compile's CUDA graphs; or a
+    inductor; "graphs": no compiler, the eager passes captured as our CUDA graphs (ready in seconds);
+    "reduce-overhead": torch.compile's CUDA graphs; or a
     torch.compile backend name), one graph per tree-size bucket (see runner.py),
     and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole draft as one graph).
     draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_batch_rows import batch_row, decoded_batch, project_batch, random_parents, render_batch
+from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_parents, render_batch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
@@ -47,7 +47,7 @@ TREE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
 BATCHES = (1, 4, 16)
 ACCEPTED = 5  # tokens committed per pass when timing commit/accept (about tau)
-BACKENDS = ("inductor", "max-autotune", "reduce-overhead", "cudagraphs", "aot_eager", "eager")
+BACKENDS = ("inductor", "max-autotune", "graphs", "reduce-overhead", "cudagraphs", "aot_eager", "eager")
 COMPARED = ("decode_step_ms", "roofline_fraction", "verify_64_x_step", "draft_ms", "draft_x_step",
             "draft_depth_ms", "pass_ms", "speedup_tau_5.4")  # fmt: skip
 GOALS = {  # name: (JSON value it reads, bound, "min" = value >= bound / "max" = value <= bound)
@@ -69,8 +69,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         **backend,
         help="torch.compile the target and the draft step: inductor (plain --compile; CUDA: each shape "
         "captured as a CUDA graph of our own, replayed with no guards), max-autotune (the same with GEMMs "
-        "autotuned by inductor: a longer compile), reduce-overhead (inductor with "
-        "torch.compile's CUDA graphs) or cudagraphs (CUDA graphs without inductor: compiles in seconds)",
+        "autotuned by inductor: a longer compile), graphs (no compiler: the eager passes captured as our "
+        "CUDA graphs, ready in seconds), reduce-overhead (inductor with torch.compile's CUDA graphs) or "
+        "cudagraphs (torch.compile's CUDA graphs without inductor)",
     )
     p.add_argument(
         "--compare",
@@ -352,7 +353,9 @@ def measure_compiled(
         return measure_runner(model, head, args, timer), "off"
     cuda = device.type == "cuda"
     how = {"inductor": "inductor, CUDA graphs captured by GraphedFunction" if cuda else "inductor",
-           "reduce-overhead": "inductor, mode=reduce-overhead" if cuda else "inductor"}.get(backend, backend)  # fmt: skip
+           "reduce-overhead": "inductor, mode=reduce-overhead" if cuda else "inductor",
+           "graphs": "no compiler, eager passes captured by GraphedFunction" if cuda else "eager, fixed shapes",
+           }.get(backend, backend)  # fmt: skip
     start = time.perf_counter()
     try:
         parts = measure_runner(model, head, args, timer, compile=True if backend == "inductor" else backend)
@@ -381,7 +384,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         project_batch(
             {
                 **batch_row(model, b, args.context, args.tree_size, timer),
-                **decoded_batch(model, head, b, args.context, compile=args.compile_batch or False),
+                **decoded_or_error(model, head, b, args.context, compile=args.compile_batch or False),
             },
             extra, tau=5.4,
         )

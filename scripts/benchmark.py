@@ -124,9 +124,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
         help="torch.compile our verify pass and draft steps (plain decoding too): inductor (plain --compile; "
-        "CUDA: CUDA graphs of our own), max-autotune (the same, GEMMs autotuned), reduce-overhead "
-        "(torch.compile's CUDA graphs) or a backend name, e.g. "
-        "cudagraphs (CUDA graphs without inductor: compiles in seconds). HF baselines stay eager",
+        "CUDA: CUDA graphs of our own), max-autotune (the same, GEMMs autotuned), graphs (no compiler: the "
+        "eager passes as our CUDA graphs, ready in seconds), reduce-overhead (torch.compile's CUDA graphs) or "
+        "a backend name, e.g. cudagraphs. HF baselines stay eager",
     )  # fmt: skip
     p.add_argument(
         "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",

@@ -43,8 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
         help="torch.compile the target's verify pass and the drafter: inductor (plain --compile; CUDA: CUDA "
-        "graphs of our own), reduce-overhead (torch.compile's CUDA graphs) or a backend name (cudagraphs: "
-        "CUDA graphs without inductor, compiles in seconds)",
+        "graphs of our own), graphs (no compiler: the eager passes as our CUDA graphs, ready in seconds), "
+        "reduce-overhead (torch.compile's CUDA graphs) or a backend name",
     )  # fmt: skip
     p.add_argument(
         "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",

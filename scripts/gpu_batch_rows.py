@@ -80,6 +80,16 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
     return out
 
 
+def decoded_or_error(model, head, b: int, ctx: int, compile: bool | str = False) -> dict:
+    """decoded_batch, or {"decoded_error": what failed} (a compile or capture failure must not lose the
+    other rows' and the batch-1 numbers)."""
+    try:
+        return decoded_batch(model, head, b, ctx, compile=compile)
+    except Exception as err:  # noqa: BLE001 - reported in the table and the JSON
+        first = str(err).strip().splitlines()[:1]
+        return {"decoded_error": f"{type(err).__name__}: {first[0] if first else ''}"[:300]}
+
+
 def project_batch(row: dict, extra_ms: float, tau: float) -> dict:
     """Projected speculative numbers of a batch row: pass = verify(b, N) + the batch-1 draft/commit/accept."""
     pass_ms = row["verify_ms"] + extra_ms
@@ -107,6 +117,9 @@ def render_batch(r: dict) -> list[str]:
         " | spec pass ms | projected spec tok/s | vs plain"
     )
     for row in r["batch"]:
+        if "decoded_error" in row:
+            lines.append(f"{row['batch']:58d} | failed: {row['decoded_error']}")
+            continue
         lines.append(
             f"{row['batch']:58d} | {row['decoded_tree_nodes']:10d} | {row['decoded_plain_pass_ms']:13.3f} | "
             f"{row['decoded_spec_pass_ms']:12.3f} | {row['decoded_tokens_per_s']:20.1f} | {row['decoded_speedup']:.2f}x"

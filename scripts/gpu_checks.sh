@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in one run that fits a short lease (pytest_gpu, bench_gpu and
-# bench_demo_compiled took 331 s on one H100, bench_demo_full and bench_demo_full_ro 156 s):
-#   1. the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled (CUDA graphs),
-#      seeded sampling, load-time calibration on CUDA);
-#   2. scripts/bench_gpu.py --compile --compare reduce-overhead --profile (Llama-3.1-8B shape, random bf16
-#      weights, no download: our CUDA graphs against torch.compile's, and where each part's time goes);
-#   3. scripts/benchmark.py on the demo target and the demo heads (eager, CUDA), when they are there, and
-#      again with the EAGLE draft compiled (--compile-draft: one CUDA graph) for the first head;
-#   on request (named): bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled
-#      (our CUDA graphs; torch.compile's reduce-overhead); bench_gpu_autotune, bench_gpu with inductor's
-#      max-autotune (GEMMs benchmarked against generated kernels) beside plain inductor (not run yet:
-#      its compile time is unmeasured, hence its own limit AUTOTUNE_S); bench_gpu_batch, the batch rows'
-#      decoded passes with the target's batch passes compiled (batch_graphs.py; not run on a GPU yet,
-#      limit BATCH_S); bench_reference, the EAGLE authors' engine beside ours on the demo target and the
-#      EAGLE-1 head outputs/eagle-ref-demo2/head (carry it), both eager, ours compiled too (limit REF_S;
-#      the reference's packages come as wheels in .whl/ref/, installed apart in /tmp/refsite:
-#      `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --no-deps
-#      -d .whl/ref transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.36.2 eagle-llm==1.2.1`).
+# Every check that needs a GPU, in one run that fits a short lease (last measured: pytest_gpu, bench_gpu and
+# bench_demo_compiled took 331 s on one H100, bench_demo_full and bench_demo_full_ro 156 s). By default:
+#   1. pytest_gpu: the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled
+#      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
+#      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration);
+#   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
+#      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
+#      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
+#      batch passes as graphs);
+#   3. bench_demo_graphs: scripts/benchmark.py on the demo target and heads with compile="graphs".
+#   On request (named): bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
+#      bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled (our CUDA graphs;
+#      torch.compile's reduce-overhead); bench_gpu_autotune, bench_gpu with inductor's max-autotune (GEMMs
+#      benchmarked against generated kernels) beside plain inductor (its compile time is unmeasured,
+#      hence its own limit AUTOTUNE_S); bench_gpu_batch, the batch rows with the target's batch passes
+#      compiled by inductor (limit BATCH_S); bench_reference, the EAGLE authors' engine beside ours on the
+#      demo target and the EAGLE-1 head outputs/eagle-ref-demo2/head (carry it), both eager, ours compiled
+#      too (limit REF_S; the reference's packages come as wheels in .whl/ref/, installed apart in
+#      /tmp/refsite: `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
+#      --no-deps -d .whl/ref transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.36.2 eagle-llm==1.2.1`).
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
-#   bash scripts/gpu_checks.sh                       # all three; env PYTEST_S, BENCH_S, DEMO_S: limits (s)
+#   bash scripts/gpu_checks.sh                       # the default three; env PYTEST_S, BENCH_S, DEMO_S: limits (s)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
 OUT=${OUT:-outputs/gpu}
@@ -37,7 +39,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
 
 status=0
-steps=" ${*:-pytest_gpu bench_gpu bench_demo bench_demo_compiled} "
+steps=" ${*:-pytest_gpu bench_gpu bench_demo_graphs} "
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -50,13 +52,13 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
     [ "$rc" -eq 0 ] || status=1
 }
 step pytest_gpu "${PYTEST_S:-200}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py
-# our CUDA graphs (GraphedFunction) and, in the same process, torch.compile's (reduce-overhead) beside
-step bench_gpu "${BENCH_S:-270}" "$PY" scripts/bench_gpu.py --compile --compare reduce-overhead --sizes 1,64 \
-    --profile --out "$OUT/bench_gpu.json"
+# inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs
+step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs \
+    --sizes 1,64 --profile --out "$OUT/bench_gpu.json"
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
 step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
     --sizes 1,64 --no-batch --out "$OUT/bench_gpu_autotune.json"
-# on request: batch 1, 4, 16 decoded with the target's batch passes compiled (the batch-1 parts eager)
+# on request: batch 1, 4, 16 decoded with the target's batch passes compiled by inductor (batch-1 parts eager)
 step bench_gpu_batch "${BATCH_S:-500}" "$PY" scripts/bench_gpu.py --compile-batch --sizes 1,64 \
     --out "$OUT/bench_gpu_batch.json"
 # on request: the EAGLE authors' engine (eagle-llm, transformers 4.36) beside ours, both eager; ours compiled too
@@ -73,7 +75,10 @@ done
 if [ ${#heads[@]} -gt 0 ]; then
     step bench_demo "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 "${heads[@]}" \
         --out "$OUT/bench_demo"
-    # the EAGLE draft as one CUDA graph beside the eager target (compiles during the warm-up answers)
+    # target and drafters as our CUDA graphs of the eager passes (no compiler: captured in the warm-up)
+    step bench_demo_graphs "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --compile graphs \
+        --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_graphs"
+    # on request: the EAGLE draft as one CUDA graph beside the eager target (compiles during the warm-up answers)
     step bench_demo_compiled "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --no-hf \
         --compile-draft --warmup 12 "${heads[@]:0:2}" --out "$OUT/bench_demo_compiled"
     # on request: target AND drafters compiled, with our CUDA graphs and with torch.compile's (an A/B)

@@ -135,7 +135,8 @@ class EagleDrafter(Drafter):
         torch.compile graph with fixed shapes: the head cache is written at a device-side length and
         read whole behind the mask, the committed length is a device tensor, so one graph serves every
         sequence position (on CUDA one CUDA graph replay per propose, as SGLang captures EAGLE's draft).
-        compile: True (inductor; CUDA graphs on CUDA) or a torch.compile backend name; False: eager."""
+        compile: True (inductor; CUDA graphs on CUDA), "graphs" (no compiler: the eager draft captured as a
+        CUDA graph on CUDA) or a torch.compile backend name; False: eager."""
         if not compile:
             self._compiled, self._compiled_commit, self._cache = None, None, None
             return

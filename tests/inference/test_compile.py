@@ -100,6 +100,27 @@ def test_inductor_compiled_decoding_equals_eager(tiny_llama, chatml_tokenizer):
     assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == reference
 
 
+def test_graphs_mode_runs_the_fixed_shape_passes_without_a_compiler(setup):
+    """compile="graphs": no torch.compile anywhere (on CUDA the raw passes are captured as our graphs; here
+    they run eager with fixed shapes): greedy output equals plain decoding, batch 1 and batch 3."""
+    model, tok = setup
+    torch._dynamo.reset()
+    counters.clear()
+    prompts = generator_tests.prompts(3, model.config.vocab_size)
+    for name, drafter in generator_tests.drafters(model, [], seed=0):
+        if name == "oracle_deep":  # (drafts a given reference: none here)
+            continue
+        gen = SpeculativeGenerator(model, tok, drafter, compile="graphs")
+        gen.eos = set()
+        refs = [generator_tests.plain_greedy(model, p, 12) for p in prompts]
+        assert [gen.generate(input_ids=p, max_new_tokens=12).token_ids for p in prompts] == refs, name
+        assert gen.runner._compiled is not None and gen.runner.static_shapes  # the fixed-shape passes
+        if hasattr(drafter, "with_tree"):
+            rows = gen.generate_batch(input_ids=prompts, max_new_tokens=12, tree_for_batch=False)
+            assert [r.token_ids for r in rows] == refs, name
+    assert counters["stats"]["unique_graphs"] == 0  # nothing traced, nothing compiled
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama) -> None:

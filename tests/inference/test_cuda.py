@@ -76,13 +76,14 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
 
 @pytest.mark.parametrize(
     ("compile", "draft_compile"),
-    [(True, None), (False, True), ("reduce-overhead", None), (False, "reduce-overhead")],
+    [(True, None), (False, True), ("reduce-overhead", None), (False, "reduce-overhead"), ("graphs", None)],
 )
 def test_compiled_fast_path_on_cuda_equals_plain_decoding(
     tiny_llama, chatml_tokenizer, compile, draft_compile
 ):
     """The CUDA fast paths (True: inductor + our own captured CUDA graphs; "reduce-overhead": torch.compile's
-    CUDA graphs; both overwrite their outputs at every replay): the whole target + draft compiled, and the
+    CUDA graphs; "graphs": the eager passes captured as our CUDA graphs, no compiler; all overwrite their
+    outputs at every replay): the whole target + draft compiled, and the
     EAGLE draft alone as one graph beside the eager target, each decode greedily like plain eager decoding
     (static and EAGLE-2 dynamic trees; several prompts, so graphs replay at new committed lengths)."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
@@ -120,7 +121,7 @@ def test_graphed_function_captures_once_and_replays_on_cuda():
     assert d.tolist() == [7.0] * 4 and a.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
-@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+@pytest.mark.parametrize("compile", [True, "reduce-overhead", "graphs"])
 @pytest.mark.parametrize("name", ["none", "medusa", "eagle"])
 def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, compile, name):
     """generate_batch with the target's batch passes compiled (batch_graphs.py; our CUDA graphs and

@@ -75,12 +75,13 @@ class Replayed(GraphedFunction):
 
 @pytest.fixture
 def replayed_graphs(monkeypatch):
-    """compile=True builds `Replayed` graphs of the raw graph functions (what CUDA would capture)."""
+    """compile=True (and "graphs", which captures the raw functions on CUDA) builds `Replayed` graphs of
+    the raw graph functions (what CUDA would capture)."""
     made: list[Replayed] = []
     original = runner_module.compile_function
 
     def compile_function(fn, compile, cuda=False, fullgraph=False, state=None):
-        if compile is not True:  # another backend: as it is (the un-replayed reference)
+        if compile not in (True, "graphs"):  # another backend: as it is (the un-replayed reference)
             return original(fn, compile, cuda, fullgraph, state)
         made.append(Replayed(fn, state))
         return made[-1]
@@ -98,13 +99,16 @@ def _eagle(model, **tree) -> EagleDrafter:
     return EagleDrafter(head.eval(), **tree)
 
 
+@pytest.mark.parametrize("compile", [True, "graphs"])
 @pytest.mark.parametrize("tree", TREES)
-def test_replayed_graphs_decode_like_plain_decoding(tiny_llama, chatml_tokenizer, replayed_graphs, tree):
+def test_replayed_graphs_decode_like_plain_decoding(
+    tiny_llama, chatml_tokenizer, replayed_graphs, tree, compile
+):
     """Target verify + commit and the EAGLE draft + accept as replayed graphs, several prompts (the graphs
     replay at new committed lengths and new sequences): greedy output equals plain eager decoding."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
     plain = SpeculativeGenerator(model, chatml_tokenizer, None)
-    gen = SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile=True)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile=compile)
     for i in range(3):
         prompt = list(range(5 + i, 15 + 2 * i))
         ref = plain.generate(input_ids=prompt, max_new_tokens=20).token_ids

@@ -168,6 +168,7 @@ def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, caps
         "--device",
         "cpu",
         "--compile",
+        "--compile-batch",
         "--iters",
         "1",
         "--warmup",
@@ -180,7 +181,12 @@ def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, caps
     assert r["compile"].startswith("FAILED (RuntimeError: no compiler here)") and positive(
         r["decode_step_ms"]
     )
-    assert "compile: FAILED" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "compile: FAILED" in out
+    # the decoded batch rows' compiled passes failed too: said per row, the other numbers kept
+    assert all(row["decoded_error"] == "RuntimeError: no compiler here" for row in r["batch"])
+    assert all(positive(row["plain_step_ms"]) for row in r["batch"])
+    assert out.count("| failed: RuntimeError: no compiler here") == 3
 
 
 def test_compiled_run_traces_target_and_whole_draft(tmp_path):
