@@ -7,6 +7,7 @@ gradients to synchronise.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import dataclass, field
@@ -171,6 +172,7 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
                    **last_decode}  # fmt: skip
         (run.out / "metrics.json").write_text(json.dumps(summary, indent=1))
     acc.wait_for_everyone()
+    _drop_wrappers(run)
     acc.end_training()
     acc.print(f"head saved to {head_dir}")
     if run.main and run.s.trainer.push_to_hub:
@@ -180,6 +182,18 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
         f"time: {seconds:.0f} s for {state.step} steps; training throughput {tokens_per_s:,.0f} tokens/s"
     )
     return TrainResult(head_dir, last_eval, state.step, seconds, tokens_per_s)
+
+
+def _drop_wrappers(run: Run) -> None:
+    """Free the prepared (DDP) model while the process group is still registered, before end_training
+    destroys it. DDP's reducer holds the group: freed later, at the end of train(), the reducer's
+    deallocation (holding the GIL) ran the gloo group's destructor, which joins its worker threads while
+    one of them waited for the GIL to free a finished allreduce's tensors, and the process hung after
+    training had finished (seen once in a 2-process CPU run, py-spy: ~ProcessGroupGloo -> thread join
+    under ~Reducer). Freed here it only drops a reference; destroy_process_group then releases the GIL."""
+    run.model = run.accelerator.unwrap_model(run.model)
+    run.accelerator.free_memory()  # accelerate's own references to the prepared model, optimizer, loaders
+    gc.collect()  # (DDP's hooks make reference cycles)
 
 
 @torch.no_grad()
