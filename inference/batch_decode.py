@@ -1,4 +1,4 @@
-"""The batch > 1 decoding loop behind `SpeculativeGenerator.generate_batch`.
+"""The batch > 1 decoding loop behind `SpeculativeGenerator.generate_batch` and `stream_batch`.
 
 Each row has its own tree, its own accepted length, its own stop (EOS, its max_new_tokens) and, when
 sampling, its own generator seeded per row. Per pass: ONE draft call over all active rows (a
@@ -88,29 +88,13 @@ def batch_cache_size(drafter: Drafter | None, need: int, max_cache_len: int | No
     return max_cache_len or -(-(need + tree_room) // step) * step
 
 
-def decode_batch(
-    target: PreTrainedModel,
-    drafter: Drafter | None,
-    prompts: Sequence[torch.Tensor],
-    max_new: Sequence[int],
-    params: Sequence[SamplingParams],
-    eos: set[int],
-    stats: Sequence[GenerationStats],
-    max_cache_len: int | None = None,
-    runner: BatchRunner | None = None,
-) -> tuple[list[list[int]], float]:
-    """Decode every prompt [T_b]; returns each row's new ids and the batch's wall time (s).
-
-    Fills stats[b] (GenerationStats) per row: new_tokens, accept_lengths, drafted_tokens; wall/phase
-    times are the batch's (shared by all rows). runner: the target's batch runner to use (e.g. a
-    kept `CompiledBatchRunner`, whose cache must hold every row's prompt + max_new_tokens); None: a new
-    eager one sized for this batch.
-    """
-    out: list[list[int]] = [[] for _ in prompts]
-    for emitted in batch_passes(target, drafter, prompts, max_new, params, eos, stats, max_cache_len, runner):
+def collect(passes: Iterator[list[tuple[int, list[int]]]], rows: int) -> list[list[int]]:
+    """Each of `rows` rows' new ids from `batch_passes(...)`, run to the end."""
+    out: list[list[int]] = [[] for _ in range(rows)]
+    for emitted in passes:
         for b, ids in emitted:
             out[b].extend(ids)
-    return out, stats[0].wall_time
+    return out
 
 
 @torch.no_grad()
@@ -125,9 +109,14 @@ def batch_passes(
     max_cache_len: int | None = None,
     runner: BatchRunner | None = None,
 ) -> Iterator[list[tuple[int, list[int]]]]:
-    """decode_batch one pass at a time: yields, after the prefill and after every pass, the new ids of
-    each row that got some, as (row index into `prompts`, ids). The error for a cache too small comes
-    at the first next(); stats get their times when the iterator is exhausted."""
+    """Decode every prompt [T_b], one pass at a time: yields, after the prefill and after every pass, each
+    active row's new ids as (row index into `prompts`, ids) (`collect` gathers them per row).
+
+    Fills stats[b] (GenerationStats) per row: new_tokens, accept_lengths, drafted_tokens; wall/phase times
+    are the batch's (shared by all rows), set when the iterator is exhausted. runner: the target's batch
+    runner to use (e.g. a kept `CompiledBatchRunner`, whose cache must hold every row's prompt +
+    max_new_tokens); None: a new eager one sized for this batch. A cache too small (max_cache_len) raises
+    at the first next()."""
     need = max(len(p) + m for p, m in zip(prompts, max_new))
     if max_cache_len is not None and need > max_cache_len:
         worst = max(range(len(prompts)), key=lambda b: len(prompts[b]) + max_new[b])

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
-from spechead.inference.batch_decode import batch_cache_size, batch_passes
+from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.phase_clock import PhaseClock
@@ -208,10 +208,7 @@ class SpeculativeGenerator:
         stats, passes = self._batch_passes(
             prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
         )
-        out: list[list[int]] = [[] for _ in stats]
-        for emitted in passes:
-            for b, ids in emitted:
-                out[b].extend(ids)
+        out = collect(passes, len(stats))
         return [GenerationResult(self._text(o), o, s) for o, s in zip(out, stats)]
 
     def stream_batch(

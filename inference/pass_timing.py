@@ -40,7 +40,7 @@ def pass_ms_by_drafter(
     with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
     drafter alike; the first run's one-time work and noise only add). batch > 1: a pass of `batch` rows
     of that prompt through batched decoding (batch_decode.py), as generate_batch runs it."""
-    from spechead.inference.batch_decode import decode_batch
+    from spechead.inference.batch_decode import batch_passes, collect
     from spechead.inference.generator import GenerationStats, SpeculativeGenerator
 
     gen = SpeculativeGenerator(target, None)
@@ -54,7 +54,9 @@ def pass_ms_by_drafter(
             else:  # (the batch's times; every row decodes the same prompt alike)
                 stats = [GenerationStats() for _ in range(batch)]
                 rows, params = [prompt] * batch, [SamplingParams()] * batch
-                decode_batch(target, drafter, rows, [new_tokens] * batch, params, set(), stats)
+                collect(
+                    batch_passes(target, drafter, rows, [new_tokens] * batch, params, set(), stats), batch
+                )
                 done = stats[0]
             times[i].append(1e3 * (done.wall_time - done.prefill_time) / max(done.target_passes, 1))
     return [min(t) for t in times]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from spechead.inference.batch_decode import decode_batch
+from spechead.inference.batch_decode import batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
 from spechead.inference.calibrate import assumed_eagle_accuracy
 from spechead.inference.drafters.eagle import EagleDrafter
@@ -72,7 +72,10 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
         for _ in range(2):  # the first run warms up (allocations, the plan); the second is timed
             stats = [GenerationStats() for _ in range(b)]
             params = [SamplingParams()] * b
-            decode_batch(model, drafter, prompts, [new_tokens] * b, params, set(), stats, runner=runner)
+            passes = batch_passes(
+                model, drafter, prompts, [new_tokens] * b, params, set(), stats, runner=runner
+            )
+            collect(passes, b)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(1e3 * (stats[0].wall_time - stats[0].prefill_time) / max(stats[0].target_passes, 1))
