@@ -154,9 +154,10 @@ def test_stream_batch_pieces_join_to_each_rows_text(setup, kind, compile):
     assert last[0] < last[2]  # the stopped row went quiet while row 2 went on
 
 
-def test_stream_batch_is_lazy_and_checks_its_rows(setup):
+@pytest.mark.parametrize("compile", [False, "graphs"])  # graphs: the kept fixed-row runner (eager on a CPU)
+def test_stream_batch_is_lazy_and_checks_its_rows(setup, compile):
     model, tok = setup
-    gen = SpeculativeGenerator(model, tok, None, cache="static")
+    gen = SpeculativeGenerator(model, tok, None, cache="static", compile=compile)
     forwards = []
     hook = model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
@@ -167,5 +168,8 @@ def test_stream_batch_is_lazy_and_checks_its_rows(setup):
         assert len(forwards) <= 3
     finally:
         hook.remove()
+    # ... and the next call starts afresh (a kept runner's rows are prefilled again)
+    out = gen.generate_batch(input_ids=[[5, 6], [7]], max_new_tokens=[9, 5])
+    assert [r.token_ids for r in out] == [plain_greedy(model, [5, 6], 9), plain_greedy(model, [7], 5)]
     with pytest.raises(ValueError, match=r"row 1: the prompt is empty"):
         next(gen.stream_batch(input_ids=[[5, 6], []], max_new_tokens=4))
