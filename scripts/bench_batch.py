@@ -9,7 +9,9 @@ batches of B and decoded greedily three ways on the same loaded target: our engi
 up to each row's EOS), and our engine with the drafter (plain and speculative take turns batch by
 batch, so a shared machine's drifting load hits both alike). tokens/s = all new tokens / all wall time.
 Speculative rows are checked against plain rows (greedy: they must be equal) and mismatches printed.
-Prints one line per (drafter, B) and writes OUT/bench_batch.json.
+Prints one line per (drafter, B) and writes OUT/bench_batch.json. --compile [BACKEND] decodes with the
+target's batch passes compiled (both engines; e.g. `--device cuda --compile graphs`: our CUDA graphs of the
+eager passes; each batch size's first batch is decoded once untimed, to capture); HF `generate` stays eager.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="our engines with compile=BACKEND (plain flag: inductor; graphs: the eager passes as CUDA graphs)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
     return p.parse_args(argv)
 
@@ -93,12 +99,20 @@ def main(argv=None) -> int:
     specs = [d.split("=", 1) for d in args.drafter] or [("plain", None)]
     rows = []
     for name, path in specs:
-        gen = SpeculativeGenerator.from_pretrained(target, path, device=args.device, dtype=args.dtype)
-        plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)  # e.g. with a Medusa-2 adapter merged
+        gen = SpeculativeGenerator.from_pretrained(
+            target, path, device=args.device, dtype=args.dtype, compile=args.compile
+        )
+        # the same target (e.g. with a Medusa-2 adapter merged)
+        plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)
         gen.generate_batch(messages=chats[:2], max_new_tokens=8)  # warm-up
         plain.generate_batch(messages=chats[:2], max_new_tokens=8)
         for batch in args.batch_size:
-            gen.generate_batch(messages=chats[:batch], max_new_tokens=8)  # picks this size's tree (untimed)
+            warm = args.max_new_tokens if args.compile else 8  # compiled: every shape captured untimed
+            gen.generate_batch(
+                messages=chats[:batch], max_new_tokens=warm
+            )  # picks this size's tree (untimed)
+            if args.compile:
+                plain.generate_batch(messages=chats[:batch], max_new_tokens=warm)
             engines = [plain] if path is None else [plain, gen]
             runs = run_engines(engines, chats, batch, args.max_new_tokens)
             (plain_tps, plain_out, _), (spec_tps, spec_out, tau) = runs[0], runs[-1]

@@ -10,6 +10,7 @@
 #      batch passes as graphs);
 #   3. bench_demo_graphs: scripts/benchmark.py on the demo target and heads with compile="graphs".
 #   On request (named): bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
+#      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes as graphs);
 #      bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled (our CUDA graphs;
 #      torch.compile's reduce-overhead); bench_gpu_autotune, bench_gpu with inductor's max-autotune (GEMMs
 #      benchmarked against generated kernels) beside plain inductor (its compile time is unmeasured,
@@ -84,6 +85,9 @@ if [ ${#heads[@]} -gt 0 ]; then
     # on request: target AND drafters compiled, with our CUDA graphs and with torch.compile's (an A/B)
     step bench_demo_full "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --compile \
         --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_full"
+    # on request: batch 1, 4, 16 of the demo prompts with the demo heads, the batch passes as our graphs
+    step bench_batch_graphs "${DEMO_S:-100}" "$PY" scripts/bench_batch.py --device cuda --compile graphs \
+        --batch-size 1 4 16 --prompts 48 "${heads[@]}" --out "$OUT/bench_batch_graphs"
     step bench_demo_full_ro "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --no-hf \
         --compile reduce-overhead --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_full_ro"
 fi
