@@ -10,6 +10,7 @@ at once (batch_decode.py: one target forward per pass over every active row, sta
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -211,26 +212,14 @@ class SpeculativeGenerator:
         out = collect(passes, len(stats))
         return [GenerationResult(self._text(o), o, s) for o, s in zip(out, stats)]
 
-    def stream_batch(
-        self,
-        prompts: Sequence[str] | None = None,
-        *,
-        messages: Sequence[list[dict[str, str]]] | None = None,
-        input_ids: Sequence[list[int] | torch.Tensor] | None = None,
-        max_new_tokens: int | Sequence[int] = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | Sequence[int | None] | None = None,
-        tree_for_batch: bool = True,
-    ) -> Iterator[tuple[int, str]]:
+    def stream_batch(self, prompts: Sequence[str] | None = None, **kwargs) -> Iterator[tuple[int, str]]:
         """Yield (row, text) as each row's tokens are accepted: generate_batch one pass at a time (the same
         arguments; one target forward per pass over all active rows). Row b's pieces join to its
         generate_batch text; a row's pieces stop when it stops while the others go on. Afterwards
         `last_batch_stats` holds each row's GenerationStats."""
-        stats, passes = self._batch_passes(
-            prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
-        )
+        given = inspect.signature(self.generate_batch).bind(prompts, **kwargs)  # (unknown names: TypeError)
+        given.apply_defaults()
+        stats, passes = self._batch_passes(**given.arguments)
         texts = [TextStream(self.tokenizer) for _ in stats]
         for emitted in passes:
             for b, ids in emitted:

@@ -173,3 +173,5 @@ def test_stream_batch_is_lazy_and_checks_its_rows(setup, compile):
     assert [r.token_ids for r in out] == [plain_greedy(model, [5, 6], 9), plain_greedy(model, [7], 5)]
     with pytest.raises(ValueError, match=r"row 1: the prompt is empty"):
         next(gen.stream_batch(input_ids=[[5, 6], []], max_new_tokens=4))
+    with pytest.raises(TypeError, match="max_new"):  # generate_batch's arguments, checked by name
+        next(gen.stream_batch(input_ids=[[5, 6]], max_new=4))
