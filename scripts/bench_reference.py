@@ -7,8 +7,8 @@ prompts and trees, greedy, both eager on the same machine.
     # on a GPU: the reference's packages in a folder of their own, on the machine's python and torch
     python3 -m pip install --no-deps --target /tmp/refsite transformers==4.36.2 tokenizers==0.15.2 \
         huggingface_hub==0.36.2 eagle-llm==1.2.1
-    python3 scripts/bench_reference.py --ref-python python3 --ref-path /tmp/refsite --device cuda --compile \
-        --head outputs/eagle-ref-demo/head
+    python3 scripts/bench_reference.py --ref-python python3 --ref-path /tmp/refsite --device cuda \
+        --compile graphs --head outputs/eagle-ref-demo/head
 
 The head must be an EAGLE-1 head in the authors' architecture (layer 0 without an input norm:
 `python train.py head=eagle +head.first_layer_input_norm=false`); it is exported with
@@ -19,7 +19,7 @@ runs first, then ours, so drift of a shared machine falls on both. Configuration
 - "our calibrated tree": the static tree our loader picks for this head on this machine, both engines;
 - ours with its defaults (`SpeculativeGenerator.from_pretrained(target, head)`), and plain decoding in
   each engine (ours; the reference's `naive_generate`);
-- with --compile, ours again with `compile=True` (plain and defaults; on CUDA our CUDA graphs), which
+- with --compile [BACKEND], ours again compiled (plain and defaults; on CUDA our CUDA graphs), which
   the reference has no counterpart of: the other rows compare the two engines eager against eager.
 Tokens are counted up to EOS / --max-new-tokens in both; every output is compared with our plain
 greedy decoding. Writes OUT/reference.json and OUT/reference.md.
@@ -59,8 +59,10 @@ def parse(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--device", default="cpu", help="cpu or cuda (both engines)")
     p.add_argument(
-        "--compile", action="store_true", help="also our engine with compile=True (plain, defaults)"
-    )
+        "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="also our engine compiled (plain, defaults): inductor (plain flag) or e.g. graphs (CUDA graphs of the "
+        "eager passes); every prompt is decoded once untimed first, so shapes are compiled before timing",
+    )  # fmt: skip
     p.add_argument("--head", required=True, help="spechead EAGLE-1 head (authors' architecture)")
     p.add_argument("--target", default=demo_asset("target"), help="target directory (default: demo)")
     p.add_argument("--prompt-set", default="demo", help="prompt set (first turns are decoded)")
@@ -117,12 +119,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     try:
         return bench(args)
-    except (
-        HeadError,
-        RuntimeError,
-        OSError,
-        ValueError,
-    ) as err:  # a head the layout cannot hold, the reference failed
+    # a head the authors' layout cannot hold, a device this machine lacks, the reference failed
+    except (HeadError, RuntimeError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
@@ -159,9 +157,11 @@ def bench(args: argparse.Namespace) -> int:
     ref_runs: dict[str, list] = {}
     our_runs: dict[str, list] = {}
     gens: dict[str, SpeculativeGenerator] = {"plain": plain, "defaults": ours}
-    if args.compile:  # (compiled during each run's untimed warm-up prompt)
-        gens["plain, compiled"] = load(compile=True)
-        gens["defaults, compiled"] = load(args.head, compile=True)
+    if args.compile:  # every shape compiled (captured) before any timing: all prompts once, untimed
+        gens["plain, compiled"] = load(compile=args.compile)
+        gens["defaults, compiled"] = load(args.head, compile=args.compile)
+        for name in ("plain, compiled", "defaults, compiled"):
+            run_ours(gens[name], prompts, args.max_new_tokens)
     for r in range(args.repeats):
         print(f"repeat {r + 1}/{args.repeats}: reference engine ...", flush=True)
         ref = run_reference(args.ref_python, job, work, args.ref_path)

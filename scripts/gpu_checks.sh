@@ -16,7 +16,7 @@
 #      benchmarked against generated kernels) beside plain inductor (its compile time is unmeasured,
 #      hence its own limit AUTOTUNE_S); bench_gpu_batch, the batch rows with the target's batch passes
 #      compiled by inductor (limit BATCH_S); bench_reference, the EAGLE authors' engine beside ours on the
-#      demo target and the EAGLE-1 head outputs/eagle-ref-demo2/head (carry it), both eager, ours compiled
+#      demo target and the EAGLE-1 head outputs/eagle-ref-demo2/head (carry it), both eager, ours as graphs
 #      too (limit REF_S; the reference's packages come as wheels in .whl/ref/, installed apart in
 #      /tmp/refsite: `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
 #      --no-deps -d .whl/ref transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.36.2 eagle-llm==1.2.1`).
@@ -68,7 +68,8 @@ if [[ $steps == *" bench_reference "* ]]; then
         || { echo "error: installing the reference's wheels from .whl/ref/ failed"; status=1; }
 fi
 step bench_reference "${REF_S:-400}" "$PY" scripts/bench_reference.py --ref-python "$PY" --ref-path /tmp/refsite \
-    --device cuda --compile --head outputs/eagle-ref-demo2/head --prompts 24 --repeats 2 --out "$OUT/bench_reference"
+    --device cuda --compile graphs --head outputs/eagle-ref-demo2/head --prompts 24 --repeats 2 \
+    --out "$OUT/bench_reference"
 heads=()
 for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")
