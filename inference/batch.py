@@ -76,7 +76,10 @@ class BatchSlotLayer(CacheLayerMixin):
         owner = self.owner
         if owner.static_shapes:  # row b writes after its device-side length; the mask hides the rest
             assert owner.lengths_t is not None  # lazy_initialization made it
-            slots = owner.lengths_t[:, None] + torch.arange(n, device=key_states.device)  # [B, N]
+            offset = owner.write_offset  # (a draft's speculative slots so far)
+            slots = owner.lengths_t[:, None] + torch.arange(
+                offset, offset + n, device=key_states.device
+            )  # [B, N]
             view = owner.max_length
         else:
             assert owner.write_slots is not None  # the runner sets the write slots before every forward
@@ -109,6 +112,7 @@ class BatchSlotCache(Cache):
         # static_shapes (batch_graphs.py): writes after the device lengths, attention over all slots
         self.static_shapes = static_shapes
         self.lengths_t: Tensor | None = None  # static_shapes: [B] committed lengths on the device
+        self.write_offset = 0  # static_shapes: the next forward writes at lengths_t + offset + 0..N-1
         self.generation = new_generation()  # a new number at every buffer allocation (cuda_graphs.py)
         self.write_slots: Tensor | None = None  # [B, N] where the next forward writes
         self.view_length = 0  # S: slots the next forward attends over

@@ -107,7 +107,8 @@ class SpeculativeGenerator:
     the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
     cache), while the draft's many small ops per depth gain from one compiled graph.
     Batch decoding (`generate_batch`) compiles the target's batch passes likewise (batch_graphs.py:
-    fixed rows, tree buckets); its drafters run eager.
+    fixed rows, tree buckets) and, with the drafter compiled, EAGLE's batch draft and accept
+    (drafters/eagle_batch_graphs.py: fixed rows, one graph per pass); other batch drafters run eager.
     """
 
     default_cache = "static"
@@ -135,6 +136,7 @@ class SpeculativeGenerator:
             draft_compile = compile if draft_compile is None else draft_compile
             if draft_compile:
                 drafter.use_compile(draft_compile)
+        self.draft_compile = draft_compile or False  # (the trees picked per batch size compile likewise)
         self.eos = eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size
@@ -284,6 +286,8 @@ class SpeculativeGenerator:
             from spechead.inference.batch_tree import drafter_for_batch
 
             found = drafter_for_batch(self.target, drafter, self.tree_accuracy, batch)
+            if found[0] is not None and self.draft_compile:
+                found[0].use_compile(self.draft_compile)
             self._batch_drafters[batch], self.batch_calibration[batch] = found
         return self._batch_drafters[batch]
 

@@ -26,7 +26,7 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import no_grad
-from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan
@@ -103,6 +103,8 @@ class EagleDrafter(Drafter):
         # set by `use_compile`: the whole draft (`_grow_graph`) under torch.compile
         self._compiled: Callable[..., tuple[Tensor, Tensor, Tensor | None]] | None = None
         self._compiled_commit: Callable[..., Tensor] | None = None  # and the accept step (`_commit_graph`)
+        self._compile: bool | str = False  # what `use_compile` was given (batched() compiles likewise)
+        self._batch_graphs: BatchDrafter | None = None  # the kept compiled batch drafter, once made
         self._root: int | None = None  # the token x_C that pair was fed with
         self._masks = HeadMasks(GRAPH_COMMIT)  # eager masks from kept pieces (drafters/head_masks.py)
         self._positions = PositionIds()  # eager position ids [1, q]: views of one kept arange
@@ -137,6 +139,7 @@ class EagleDrafter(Drafter):
         sequence position (on CUDA one CUDA graph replay per propose, as SGLang captures EAGLE's draft).
         compile: True (inductor; CUDA graphs on CUDA), "graphs" (no compiler: the eager draft captured as a
         CUDA graph on CUDA) or a torch.compile backend name; False: eager."""
+        self._compile, self._batch_graphs = compile, None  # (batched() makes its graphs when asked)
         if not compile:
             self._compiled, self._compiled_commit, self._cache = None, None, None
             return
@@ -204,8 +207,16 @@ class EagleDrafter(Drafter):
         """The same head with a static tree of these rank paths (see `tree_from_choices`)."""
         return EagleDrafter(self.head, tree=choices)
 
-    def batched(self):
-        """B rows drafting in one head call per depth (drafters/eagle_batch.py)."""
+    def batched(self) -> BatchDrafter:
+        """B rows drafting in one head call per depth (drafters/eagle_batch.py); compiled (`use_compile`):
+        every row's draft and accept as fixed-shape graphs, one drafter kept with its graphs
+        (drafters/eagle_batch_graphs.py)."""
+        if self._compile:
+            from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
+
+            if self._batch_graphs is None:
+                self._batch_graphs = CompiledEagleBatchDrafter(self, self._compile)
+            return self._batch_graphs
         from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 
         return EagleBatchDrafter(self)

@@ -73,7 +73,8 @@ class EagleBatchDrafter(BatchDrafter):
         self.drafter._map_ids(self.device)
         with torch.no_grad():
             grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
-            tokens, parents = grow(roots_t)  # [B, N] each
+            assert self.feature is not None  # start made it
+            tokens, parents = grow(self.feature, roots_t)  # [B, N] each
         tokens, parents = tokens.cpu(), parents.cpu()  # the one host transfer
         return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
 
@@ -152,10 +153,10 @@ class EagleBatchDrafter(BatchDrafter):
         values, ids = logits.topk(k, dim=-1)
         return (values - torch.logsumexp(logits, dim=-1, keepdim=True) if scores else values), ids
 
-    def _grow_dynamic(self, roots: Tensor) -> tuple[Tensor, Tensor]:
-        """EAGLE-2 per row (see `EagleDrafter._grow_dynamic`), every depth one head call over [B, k]."""
-        k, dev, batch, feature = self.drafter.top_k, self.device, roots.shape[0], self.feature
-        assert feature is not None  # start made it
+    def _grow_dynamic(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:
+        """EAGLE-2 per row (see `EagleDrafter._grow_dynamic`) from each row's feature [B, H] and root [B],
+        every depth one head call over [B, k]: tokens, parents [B, N]."""
+        k, dev, batch = self.drafter.top_k, self.device, roots.shape[0]
         rows = torch.arange(batch, device=dev)[:, None]  # [B, 1]
         values, ids = self._top(feature[:, None], k)  # [B, 1, k]
         to_target = self.drafter._to_target
@@ -201,10 +202,11 @@ class EagleBatchDrafter(BatchDrafter):
         kept_parents = torch.where(kept_parents >= 0, index.gather(1, kept_parents.clamp(min=0)), -1)
         return all_tokens.gather(1, keep), kept_parents
 
-    def _grow_static(self, roots: Tensor) -> tuple[Tensor, Tensor]:
-        """The static tree per row (see `EagleDrafter._grow_static`), one head call per depth over [B, E]."""
-        plan, st, feature = self.drafter._static_plan(), self.drafter._static, self.feature
-        assert feature is not None and st is not None  # start made the feature; propose: a static tree
+    def _grow_static(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:
+        """The static tree per row (see `EagleDrafter._grow_static`) from features [B, H] and roots [B],
+        one head call per depth over [B, E]: tokens, parents [B, N]."""
+        plan, st = self.drafter._static_plan(), self.drafter._static
+        assert st is not None  # propose: a static tree
         batch, n = roots.shape[0], st.size
         tokens = roots[:, None].repeat(1, n)  # [B, N]
         out = feature.new_empty(batch, n, feature.shape[-1])  # [B, N, H]

@@ -10,6 +10,7 @@ import torch
 
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
 from spechead.inference.drafters.medusa import MedusaBatchDrafter
 from spechead.inference.drafters.row_loop import RowLoopDrafter
 from spechead.inference.generator import SpeculativeGenerator
@@ -81,11 +82,22 @@ def same(a: BatchDraft, b: BatchDraft) -> None:
     assert torch.equal(a.parents, b.parents)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle_dynamic", "eagle3_dynamic", "eagle3_static"])
-def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind):
-    drafter = build(model, kind)
-    batched, reference = drafter.batched(), RowLoopDrafter(drafter)
+KINDS = [("medusa", False), ("eagle_dynamic", False), ("eagle3_dynamic", False), ("eagle3_static", False)]
+# compiled EAGLE batch drafting (eagle_batch_graphs.py): "graphs" runs the fixed-shape functions as they
+# are on a CPU (what a CUDA graph captures), "eager" traces them with dynamo (one graph each: no break)
+COMPILED = [
+    (kind, c) for kind in ("eagle_dynamic", "eagle3_dynamic", "eagle3_static") for c in ("graphs", "eager")
+]
+
+
+@pytest.mark.parametrize(("kind", "compile"), KINDS + COMPILED)
+def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile):
+    drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
+    if compile:
+        drafter.use_compile(compile)
+    batched = drafter.batched()
     assert isinstance(batched, (MedusaBatchDrafter, EagleBatchDrafter))
+    assert isinstance(batched, CompiledEagleBatchDrafter) == bool(compile)
     hidden, vocab = model.config.hidden_size, model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(5, vocab, (n,), generator=g) for n in (9, 1, 14, 3)]

@@ -125,8 +125,9 @@ def test_graphed_function_captures_once_and_replays_on_cuda():
 @pytest.mark.parametrize("name", ["none", "medusa", "eagle"])
 def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, compile, name):
     """generate_batch with the target's batch passes compiled (batch_graphs.py; our CUDA graphs and
-    torch.compile's): rows of other lengths and budgets, twice (the second call replays the first's
-    graphs at new lengths), each row equal to plain eager decoding."""
+    torch.compile's) and EAGLE's batch draft and accept too (eagle_batch_graphs.py): rows of other
+    lengths and budgets, twice (the second call replays the first's graphs at new lengths), each row
+    equal to plain eager decoding."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     plain = SpeculativeGenerator(model, chatml_tokenizer, None)
     drafter = None if name == "none" else _drafters(model)[name]
@@ -136,3 +137,5 @@ def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, comp
         out = gen.generate_batch(input_ids=prompts, max_new_tokens=budgets, tree_for_batch=False)
         for b, (prompt, n) in enumerate(zip(prompts, budgets)):
             assert out[b].token_ids == plain.generate(input_ids=prompt, max_new_tokens=n).token_ids, (name, b)
+    if name == "eagle":
+        assert type(gen.drafter.batched()).__name__ == "CompiledEagleBatchDrafter"

@@ -252,3 +252,48 @@ def test_replayed_batch_graphs_decode_like_plain_decoding(tiny_llama, chatml_tok
         (g for g in replayed_graphs if g.fn.__name__ in names), key=lambda g: g.fn.__name__
     )
     assert verify.replays > verify.captures and commit.replays > 0, (verify.replays, commit.replays)
+
+
+def _batch_drafts(gen: SpeculativeGenerator, prompts, budgets) -> tuple[list, list]:
+    """Every row's output and every proposed batch of trees (tokens, parents) over two generate_batch
+    calls (the second replays the first's captures at new lengths)."""
+    trees, outputs = [], []
+    batched = gen.drafter.batched()
+    propose = batched.propose
+
+    def recorded(*args):
+        draft = propose(*args)
+        trees.append((draft.tokens.tolist(), draft.parents.tolist()))
+        return draft
+
+    batched.propose = recorded
+    for _ in range(2):
+        out = gen.generate_batch(input_ids=prompts, max_new_tokens=budgets, tree_for_batch=False)
+        outputs.append([r.token_ids for r in out])
+    return outputs, trees
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_replayed_batch_draft_graphs_propose_the_traced_trees(
+    tiny_llama, chatml_tokenizer, replayed_graphs, tree
+):
+    """EAGLE's batch draft and accept as replayed graphs (eagle_batch_graphs.py): rows of other lengths
+    and budgets (idle physical rows drafting along once a row stops; 3 rows in 4): the same trees as the
+    graph functions traced without code generation, pass by pass, and every row equals plain greedy."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    model.generation_config.eos_token_id = None
+    prompts, budgets = [list(range(5, 14)), list(range(20, 24)), list(range(7, 19))], [20, 13, 8]
+
+    def make(compile: bool | str) -> SpeculativeGenerator:
+        gen = SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile=compile)
+        gen.eos = set()
+        return gen
+
+    traced = _batch_drafts(make("eager"), prompts, budgets)
+    replayed = _batch_drafts(make(True), prompts, budgets)
+    assert replayed == traced and len(replayed[1]) > 20
+    for outputs in replayed[0]:
+        for b, (prompt, n) in enumerate(zip(prompts, budgets)):
+            assert outputs[b] == plain_greedy(model, prompt, n), b
+    draft, accept = (g for g in replayed_graphs if g.fn.__name__ in ("_graph_draft", "_graph_accept"))
+    assert draft.replays > draft.captures and accept.replays > accept.captures

@@ -1,0 +1,241 @@
+"""EAGLE / EAGLE-3 batch drafting with fixed shapes: every row's whole draft as ONE captured graph.
+
+`CompiledEagleBatchDrafter` is an `EagleBatchDrafter` whose calls take one of a few shapes, the drafter's
+counterpart of `CompiledBatchRunner` (batch_graphs.py): on CUDA a pass drafts every row's tree with one
+graph replay (every depth's head step, top-k and the final selection, as the batch-1 drafter's graph and
+SGLang's) and commits the accepted tokens with another, instead of tens of small host-launched kernels
+per depth. `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` makes `EagleDrafter.batched()`
+return one (kept by the drafter, so its graphs serve every later `generate_batch` call).
+- rows: `capacity` PHYSICAL rows (the batch's next power of 2), kept per capacity; a call's B rows take
+  rows 0..B-1 and `keep` only remaps active -> physical rows (no data moves, no new shape). An idle row
+  (finished, or never used) drafts along at committed length 0 from token 0: its tree is dropped and its
+  writes land in its own row.
+- the head cache: one `BatchSlotCache(static_shapes=True)` per capacity, S_max a multiple of 1024
+  (grown rarely: then every graph is captured again). Row b's committed entries sit at slots [0, C_b)
+  with C_b a device tensor (`lengths_t`); a draft writes its speculative entries at C_b + spec + i
+  (`write_offset`) and attends over all S_max slots behind a [P, 1, q, S_max] mask built in the graph.
+- accepts: K accepted tokens padded to a power of 2 (<= GRAPH_COMMIT; longer blocks such as the prompt
+  run the same function eagerly); the device lengths move inside the graph, the host keeps a copy for
+  the room checks only.
+The trees are `EagleBatchDrafter`'s (the same growth code), so row b's tree is its batch-1 tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from spechead.heads.grad import no_grad
+from spechead.inference.batch import BatchSlotCache
+from spechead.inference.batch_graphs import batch_capacity
+from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.eagle import GRAPH_COMMIT
+from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+
+if TYPE_CHECKING:
+    from spechead.inference.drafters.eagle import EagleDrafter
+
+
+class _Rows:
+    """The fixed-shape state of one capacity P: the head cache, committed lengths C_b [P] on the host
+    (its device copy is the cache's `lengths_t`) and each row's last committed output feature [P, H]."""
+
+    def __init__(self, layers: int, capacity: int, max_length: int, feature: Tensor) -> None:
+        self.cache = BatchSlotCache(layers, capacity, max_length, static_shapes=True)
+        self.cache.lengths_t = torch.zeros(capacity, dtype=torch.long, device=feature.device)
+        self.lengths = torch.zeros(capacity, dtype=torch.long)  # [P] host copy
+        self.feature = feature  # [P, H]
+
+    def sync(self) -> None:
+        """The device lengths follow the host's (one small copy, no sync)."""
+        lengths_t = self.cache.lengths_t
+        assert lengths_t is not None  # made in __init__
+        lengths_t.copy_(self.lengths, non_blocking=True)
+
+
+class CompiledEagleBatchDrafter(EagleBatchDrafter):
+    """B rows of an `EagleDrafter` drafted and committed as fixed-shape graphs (see the module doc).
+
+    compile: as `SpeculativeGenerator(compile=...)` (True: inductor and, on CUDA, our CUDA graphs;
+    "graphs": the eager functions captured as CUDA graphs; another string: that torch.compile backend)."""
+
+    def __init__(self, drafter: EagleDrafter, compile: bool | str) -> None:
+        from spechead.inference.runner import compile_function  # (looked up when used, as the drafter does)
+
+        super().__init__(drafter)
+        cuda = self.device.type == "cuda"
+        self._kept: dict[int, _Rows] = {}  # capacity -> its fixed-shape state
+        self._state: _Rows | None = None  # the current call's
+        self.rows: list[int] = []  # the physical row of each active row, in the caller's order
+        state = self._graph_state
+        self._draft = compile_function(self._graph_draft, compile, cuda, fullgraph=True, state=state)
+        self._accept = compile_function(self._graph_accept, compile, cuda, fullgraph=True, state=state)
+
+    def _graph_state(self) -> tuple:
+        """What the graphs read besides their arguments: every kept head cache's allocation (a graph's
+        shapes name its capacity), the id map, the static plan and the tree's settings."""
+        caches = tuple((p, rows.cache.generation) for p, rows in self._kept.items())
+        d = self.drafter
+        return caches, id(d._d2t), id(d._plan), d.top_k, d.depth, d.total_tokens
+
+    @property
+    def _rows(self) -> _Rows:
+        assert self._state is not None, "start first"
+        return self._state
+
+    # ---- BatchDrafter ------------------------------------------------------------------------------
+
+    @no_grad
+    def start(
+        self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
+    ) -> None:
+        """New rows 0..B-1 of a kept capacity; their prompts' pairs committed eagerly (any length)."""
+        batch, longest = len(prompts), max(p.numel() for p in prompts)
+        capacity = batch_capacity(batch)
+        need = -(-(longest + 128 + self._spec_room() + GRAPH_COMMIT) // 1024) * 1024
+        rows = self._kept.get(capacity)
+        if rows is None or rows.cache.max_length < need:
+            layers = len(getattr(self.head, "layers", [None]))  # EAGLE-1/2: its decoder layers; EAGLE-3: one
+            size = max(need, rows.cache.max_length if rows is not None else 0)
+            width = self.head.config.hidden_size
+            feature = torch.zeros(capacity, width, device=self.device, dtype=self.dtype)
+            rows = self._kept[capacity] = _Rows(layers, capacity, size, feature)
+        self._state, self.cache, self.rows = rows, rows.cache, list(range(batch))
+        rows.lengths.zero_()
+        rows.sync()
+        tokens = torch.zeros(batch, longest, dtype=torch.long)  # [B, T] padded
+        for b, p in enumerate(prompts):
+            tokens[b, : p.numel()] = p
+        lengths = [p.numel() for p in prompts]
+        states = {}
+        for layer in self.drafter.hidden_layers:  # {l: [B, T, H]} padded with zeros
+            per_row = [h[layer] for h in hidden]
+            states[layer] = per_row[0].new_zeros(batch, longest, per_row[0].shape[-1])
+            for b, h in enumerate(per_row):
+                states[layer][b, : h.shape[0]] = h
+        self._commit(tokens, lengths, states, roots, eager=True)
+
+    @no_grad
+    def accept(
+        self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
+    ) -> None:
+        self._commit(tokens, lengths, hidden, next_roots)
+
+    @no_grad
+    def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
+        """Every row's tree of the head's top-k children in one graph call (greedy / lossless rule A)."""
+        rows, drafter = self._rows, self.drafter
+        self._ensure_room(0)
+        drafter._map_ids(self.device)
+        if drafter._static is not None:
+            drafter._static_plan()  # built eagerly (host loops), read by the graph
+        all_roots = torch.zeros(rows.cache.batch, dtype=torch.long)  # [P] idle rows: token 0
+        all_roots[self.rows] = torch.tensor(list(roots), dtype=torch.long)
+        tokens, parents = self._draft(rows.feature, all_roots.to(self.device))  # [P, N] each
+        if drafter._static is not None:  # the plan's parents: only the tokens come back
+            tokens = tokens.cpu()[self.rows]
+            parents = drafter._static_plan().host_parents.expand(len(self.rows), -1)
+        else:  # one host transfer
+            both = torch.stack([tokens, parents]).cpu()[:, self.rows]  # [2, B, N]
+            tokens, parents = both[0], both[1]
+        return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only these active rows (in this order); the others' physical rows go idle (length 0)."""
+        kept = [self.rows[i] for i in rows]
+        state = self._rows
+        for row in set(self.rows) - set(kept):
+            state.lengths[row] = 0
+        self.rows = kept
+        state.sync()
+
+    # ---- the graphs --------------------------------------------------------------------------------
+
+    def _graph_draft(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:
+        """Every physical row's tree from its feature [P, H] and root [P]: tokens, parents [P, N]."""
+        grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
+        return grow(feature, roots)
+
+    def _graph_accept(self, packed: Tensor, *states: Tensor) -> Tensor:
+        """Commit row b's first n_b of K pairs, packed [P, K + 2] = (tokens [P, K], n_b, next root) with
+        target states [P, K, H] per captured layer, after the device lengths (which move by n_b):
+        the new last output feature [P, H]. Pairs past n_b write scratch that no real pair sees."""
+        cache = self.cache
+        assert cache is not None and cache.lengths_t is not None  # start made them
+        batch, k = packed.shape[0], packed.shape[1] - 2
+        tokens, lengths, roots = packed[:, :k], packed[:, k], packed[:, k + 1]  # [P, K], [P], [P]
+        last = (lengths - 1).clamp(min=0)[:, None]  # [P, 1] each row's last real pair (idle: any)
+        next_ids = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1).scatter(1, last, roots[:, None])
+        own = torch.ones(k, k, dtype=torch.bool, device=packed.device).tril()  # [K, K] causal
+        offsets = torch.arange(k, device=packed.device)
+        features = self.head.features(list(states))  # [P, K, H] (EAGLE-3: fused)
+        out = self._forward(features, next_ids, own.expand(batch, k, k), offsets)  # [P, K, H]
+        cache.lengths_t.add_(lengths)
+        return out.gather(1, last[:, :, None].expand(batch, 1, out.shape[-1]))[:, 0]  # [P, H]
+
+    # ---- committed cache ---------------------------------------------------------------------------
+
+    def _commit(
+        self,
+        tokens: Tensor,
+        lengths: Sequence[int],
+        hidden: dict[int, Tensor],
+        next_roots: Sequence[int],
+        eager: bool = False,
+    ) -> None:
+        """Row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} (active rows, padded
+        after) into its physical row: as the accept graph when K <= GRAPH_COMMIT (padded to a power of
+        2), otherwise (or `eager`) the same function run eagerly."""
+        rows, k = self._rows, tokens.shape[1]
+        missing = [layer for layer in self.drafter.hidden_layers if layer not in hidden]
+        if missing:
+            raise KeyError(
+                f"hidden states of layers {missing} missing (drafter reads {self.drafter.hidden_layers})"
+            )
+        graph = not eager and k <= GRAPH_COMMIT
+        width = 1 << max(k - 1, 0).bit_length() if graph else k  # K' >= K: a few graph shapes
+        self._ensure_room(width)
+        capacity, active = rows.cache.batch, torch.tensor(self.rows)
+        packed = torch.zeros(capacity, width + 2, dtype=torch.long)  # [P, K' + 2] (idle rows: n = 0)
+        packed[active, :k] = tokens.cpu()
+        packed[active, width] = torch.tensor(list(lengths), dtype=torch.long)
+        packed[active, width + 1] = torch.tensor(list(next_roots), dtype=torch.long)
+        on_device = active.to(self.device)
+        states = []
+        for layer in self.drafter.hidden_layers:
+            state = hidden[layer]  # [B, K, H]
+            full = torch.zeros(capacity, width, state.shape[-1], device=self.device, dtype=self.dtype)
+            full[on_device, :k] = state.to(self.device, self.dtype)
+            states.append(full)  # [P, K', H]
+        accept = self._accept if graph else self._graph_accept
+        rows.feature = accept(packed.to(self.device), *states)  # [P, H]
+        rows.lengths += packed[:, width]
+
+    def _ensure_room(self, extra: int) -> None:
+        """Grow the head cache (a multiple of 1024; rare: the graphs are captured again) so every row's
+        committed entries + extra + a whole draft fit."""
+        rows = self._rows
+        need = int(rows.lengths.max()) + extra + self._spec_room()
+        if need > rows.cache.max_length:
+            rows.cache.grow(-(-max(need, 2 * rows.cache.max_length) // 1024) * 1024)
+
+    def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
+        """`EagleBatchDrafter._forward` over the whole fixed-size cache: query i of row b writes slot
+        C_b + spec + i, sits at position C_b + offsets[i] and sees slots < C_b plus the block
+        [C_b, C_b + spec + q) where own [P, q, spec + q] is True; C_b [P] is the device length."""
+        cache = self.cache
+        assert cache is not None and cache.lengths_t is not None  # start made them
+        batch, q = ids.shape
+        c, span, dev = cache.lengths_t, cache.max_length, ids.device  # [P], S_max
+        width = own.shape[-1]  # spec + q
+        block = c[:, None] + torch.arange(width, device=dev)  # [P, spec + q] slots of the block
+        seen = (torch.arange(span, device=dev)[None, :] < c[:, None])[:, None, :].expand(batch, q, span)
+        seen = seen.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [P, q, S_max]
+        mask = torch.zeros(batch, 1, q, span, dtype=self.dtype, device=dev)
+        mask[:, 0].masked_fill_(~seen, torch.finfo(self.dtype).min)  # [P, 1, q, S_max]
+        cache.write_offset = spec  # these q queries write after the spec speculative slots so far
+        positions = c[:, None] + offsets[None, :]  # [P, q]
+        return self.drafter.head_step(features, ids, mask, positions, cache)
