@@ -107,7 +107,7 @@ class SpeculativeGenerator:
     the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
     cache), while the draft's many small ops per depth gain from one compiled graph.
     Batch decoding (`generate_batch`) compiles the target's batch passes likewise (batch_graphs.py:
-    fixed rows, tree buckets) and, with the drafter compiled, EAGLE's batch draft and accept
+    fixed rows, tree buckets) and, with the drafter compiled on CUDA, EAGLE's batch draft and accept
     (drafters/eagle_batch_graphs.py: fixed rows, one graph per pass); other batch drafters run eager.
     """
 

@@ -11,7 +11,9 @@ batch, so a shared machine's drifting load hits both alike). tokens/s = all new 
 Speculative rows are checked against plain rows (greedy: they must be equal) and mismatches printed.
 Prints one line per (drafter, B) and writes OUT/bench_batch.json. --compile [BACKEND] decodes with the
 target's batch passes compiled (both engines; e.g. `--device cuda --compile graphs`: our CUDA graphs of the
-eager passes; each batch size's first batch is decoded once untimed, to capture); HF `generate` stays eager.
+eager passes; each batch size's first batch is decoded once untimed, to capture) and the EAGLE batch
+draft too; --compile-draft [BACKEND] compiles the drafter only (EAGLE: every row's draft and accept as
+fixed-shape graphs, eagle_batch_graphs.py); HF `generate` stays eager.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
         help="our engines with compile=BACKEND (plain flag: inductor; graphs: the eager passes as CUDA graphs)",
+    )  # fmt: skip
+    p.add_argument(
+        "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
+        help="the drafter only compiled (draft_compile=BACKEND; plain flag: inductor)",
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
     return p.parse_args(argv)
@@ -100,14 +106,16 @@ def main(argv=None) -> int:
     rows = []
     for name, path in specs:
         gen = SpeculativeGenerator.from_pretrained(
-            target, path, device=args.device, dtype=args.dtype, compile=args.compile
-        )
+            target, path, device=args.device, dtype=args.dtype, compile=args.compile,
+            draft_compile=args.compile_draft or None,
+        )  # fmt: skip
         # the same target (e.g. with a Medusa-2 adapter merged)
         plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)
         gen.generate_batch(messages=chats[:2], max_new_tokens=8)  # warm-up
         plain.generate_batch(messages=chats[:2], max_new_tokens=8)
         for batch in args.batch_size:
-            warm = args.max_new_tokens if args.compile else 8  # compiled: every shape captured untimed
+            compiled = args.compile or args.compile_draft
+            warm = args.max_new_tokens if compiled else 8  # compiled: every shape captured untimed
             gen.generate_batch(
                 messages=chats[:batch], max_new_tokens=warm
             )  # picks this size's tree (untimed)

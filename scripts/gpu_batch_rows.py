@@ -1,5 +1,5 @@
 """The batch rows of scripts/bench_gpu.py: batch 1, 4, 16 plain steps and tree verifies on the target, whole
-passes decoded through the engine generate_batch runs (eager, or with the target's batch passes compiled),
+passes decoded through the engine generate_batch runs (eager, or with the target's batch passes and the draft compiled),
 their projections at a given tau and their two tables. Imported by bench_gpu.py (a sibling module)."""
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
     EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
     nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
     pass here commits about one token: its cost, not its tau, is what this measures. compile: the
-    target's batch passes compiled (batch_graphs.py, as generate_batch with compile=...; the drafter
-    eager); the first, untimed run compiles and captures."""
+    target's batch passes and the EAGLE batch draft and accept compiled (batch_graphs.py,
+    eagle_batch_graphs.py, as generate_batch with compile=...); the first, untimed run compiles and
+    captures."""
     device, nodes = next(model.parameters()).device, max(4, 64 // b)
     choices = best_choices(assumed_eagle_accuracy(head), nodes - 1)
     prompts = list(
@@ -60,6 +61,8 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
     out = {"decoded_tree_nodes": len(choices) + 1}
     for name, drafter in (("plain", None), ("spec", EagleDrafter(head, tree=choices))):
         times, runner = [], None
+        if compile and drafter is not None:
+            drafter.use_compile(compile)  # its batched() drafts every row as one graph
         if compile:  # one kept runner: the timed run replays what the warm-up captured
             layers = tuple(drafter.hidden_layers) if drafter else ()
             runner = CompiledBatchRunner(
@@ -114,7 +117,7 @@ def render_batch(r: dict) -> list[str]:
             f"{row['verify_ms']:12.3f} | {row['projected_tokens_per_s']:10.1f} ({row['projected_row_tokens_per_s']:.1f})"
             f" | {row['projected_speedup']:.2f}x"
         )
-    target = f"target compiled: {r['compile_batch']}" if r.get("compile_batch") else "eager"
+    target = f"target and draft compiled: {r['compile_batch']}" if r.get("compile_batch") else "eager"
     lines.append(
         f"batch, decoded (batch_decode: the engine of generate_batch; {target}) | tree nodes | plain pass ms"
         " | spec pass ms | projected spec tok/s | vs plain"

@@ -4,8 +4,9 @@
 counterpart of `CompiledBatchRunner` (batch_graphs.py): on CUDA a pass drafts every row's tree with one
 graph replay (every depth's head step, top-k and the final selection, as the batch-1 drafter's graph and
 SGLang's) and commits the accepted tokens with another, instead of tens of small host-launched kernels
-per depth. `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` makes `EagleDrafter.batched()`
-return one (kept by the drafter, so its graphs serve every later `generate_batch` call).
+per depth. On CUDA, `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` makes
+`EagleDrafter.batched()` return one (kept by the drafter, so its graphs serve every later
+`generate_batch` call; on a CPU the eager `EagleBatchDrafter` is the faster, see `batch_graphs`).
 - rows: `capacity` PHYSICAL rows (the batch's next power of 2), kept per capacity; a call's B rows take
   rows 0..B-1 and `keep` only remaps active -> physical rows (no data moves, no new shape). An idle row
   (finished, or never used) drafts along at committed length 0 from token 0: its tree is dropped and its

@@ -82,6 +82,17 @@ def same(a: BatchDraft, b: BatchDraft) -> None:
     assert torch.equal(a.parents, b.parents)
 
 
+def test_compiled_batch_drafting_is_for_cuda_by_default(model):
+    """On a CPU the eager batch draft is the faster (see `EagleDrafter.batch_graphs`)."""
+    drafter = build(model, "eagle3_static")
+    drafter.use_compile("graphs")
+    assert type(drafter.batched()) is EagleBatchDrafter
+    drafter.batch_graphs = True
+    assert isinstance(drafter.batched(), CompiledEagleBatchDrafter)
+    assert drafter.batched() is drafter.batched()  # kept, with its graphs
+    assert drafter.with_tree([[0], [1]]).batch_graphs is True
+
+
 KINDS = [("medusa", False), ("eagle_dynamic", False), ("eagle3_dynamic", False), ("eagle3_static", False)]
 # compiled EAGLE batch drafting (eagle_batch_graphs.py): "graphs" runs the fixed-shape functions as they
 # are on a CPU (what a CUDA graph captures), "eager" traces them with dynamo (one graph each: no break)
@@ -95,6 +106,7 @@ def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile):
     drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
     if compile:
         drafter.use_compile(compile)
+        drafter.batch_graphs = True  # (a CPU: by default only on CUDA)
     batched = drafter.batched()
     assert isinstance(batched, (MedusaBatchDrafter, EagleBatchDrafter))
     assert isinstance(batched, CompiledEagleBatchDrafter) == bool(compile)
@@ -106,7 +118,8 @@ def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile):
     for d in (batched, reference):
         d.start(prompts, first, roots)
     rows = [0, 1, 2, 3]
-    plans = [([3, 1, 5, 2], None), ([1, 4, 2, 1], [2, 0, 3]), ([2, 2, 1], [1, 2]), ([5, 1], None)]
+    # (an accept longer than the compiled drafter's accept graph takes, 16, runs its function eagerly)
+    plans = [([3, 1, 5, 2], None), ([1, 4, 2, 1], [2, 0, 3]), ([2, 18, 1], [1, 2]), ([5, 1], None)]
     for lengths, keep in plans:
         greedy = [SamplingParams()] * len(rows)
         same(
@@ -233,15 +246,21 @@ def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer):
         assert batch[b].stats.drafted_tokens == 0
 
 
-def test_batch_tree_for_an_eagle_head(model, chatml_tokenizer):
+@pytest.mark.parametrize("compile", [None, "graphs"])
+def test_batch_tree_for_an_eagle_head(model, chatml_tokenizer, compile):
     """EAGLE: the batched head step is timed per depth; the static tree found is drafted and verified
-    for every row (greedy rows equal HF greedy)."""
+    for every row (greedy rows equal HF greedy). A compiled drafter's tree for the batch is compiled
+    likewise and drafts every row as fixed-shape graphs (forced here: by default on CUDA only)."""
     from .test_generator import plain_greedy
 
-    gen = SpeculativeGenerator(model, chatml_tokenizer, build(model, "eagle3_static"), cache="static")
+    drafter = build(model, "eagle3_static")
+    drafter.batch_graphs = bool(compile)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static", draft_compile=compile)
     gen.tree_accuracy = torch.tensor([[0.97, 0.02]] * 4)
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     info = gen.batch_calibration[len(PROMPTS)]
+    used = gen._batch_drafters[len(PROMPTS)].batched()
+    assert isinstance(used, CompiledEagleBatchDrafter) == bool(compile), type(used)
     assert info["draft_ms_per_depth"] > 0 and "draft_ms" not in info and info["choices"]
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
         assert batch[b].token_ids == plain_greedy(model, prompt, n)

@@ -287,6 +287,7 @@ def test_replayed_batch_draft_graphs_propose_the_traced_trees(
     def make(compile: bool | str) -> SpeculativeGenerator:
         gen = SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **tree), compile=compile)
         gen.eos = set()
+        gen.drafter.batch_graphs = True  # (a CPU: by default only on CUDA)
         return gen
 
     traced = _batch_drafts(make("eager"), prompts, budgets)
@@ -297,3 +298,29 @@ def test_replayed_batch_draft_graphs_propose_the_traced_trees(
             assert outputs[b] == plain_greedy(model, prompt, n), b
     draft, accept = (g for g in replayed_graphs if g.fn.__name__ in ("_graph_draft", "_graph_accept"))
     assert draft.replays > draft.captures and accept.replays > accept.captures
+
+
+def test_replayed_batch_draft_graphs_follow_a_growing_head_cache(
+    tiny_llama, chatml_tokenizer, replayed_graphs
+):
+    """A row decoding past its head cache's end mid-call makes the cache grow (new buffers): the batch
+    draft graphs are captured again, not replayed over the old buffers (the same trees as traced)."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    model.config.max_position_embeddings = 4096
+    model.generation_config.eos_token_id = None
+    prompts, budgets = [[5 + (7 * i) % 200 for i in range(860)], list(range(20, 26))], [170, 30]
+
+    def make(compile: bool | str) -> SpeculativeGenerator:
+        gen = SpeculativeGenerator(model, chatml_tokenizer, _eagle(model, **TREES[1]), compile=compile)
+        gen.eos = set()
+        gen.drafter.batch_graphs = True  # (a CPU: by default only on CUDA)
+        return gen
+
+    traced = _batch_drafts(make("eager"), prompts, budgets)
+    gen = make(True)
+    replayed = _batch_drafts(gen, prompts, budgets)
+    assert replayed == traced
+    (rows,) = gen.drafter.batched()._kept.values()
+    assert rows.cache.max_length == 2048  # started at 1024 slots for the 860-token prompt
+    for b, (prompt, n) in enumerate(zip(prompts, budgets)):
+        assert replayed[0][1][b] == plain_greedy(model, prompt, n), b
