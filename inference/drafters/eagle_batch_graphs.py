@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from spechead.inference.drafters.eagle import EagleDrafter
 
 
+PROMPT_BLOCK = 512  # a prompt's pairs are committed this many positions at a time (bounded masks)
+
+
 class _Rows:
     """The fixed-shape state of one capacity P: the head cache, committed lengths C_b [P] on the host
     (its device copy is the cache's `lengths_t`) and each row's last committed output feature [P, H]."""
@@ -110,14 +113,26 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         tokens = torch.zeros(batch, longest, dtype=torch.long)  # [B, T] padded
         for b, p in enumerate(prompts):
             tokens[b, : p.numel()] = p
-        lengths = [p.numel() for p in prompts]
+        lengths = torch.tensor([p.numel() for p in prompts])  # [B]
         states = {}
         for layer in self.drafter.hidden_layers:  # {l: [B, T, H]} padded with zeros
             per_row = [h[layer] for h in hidden]
             states[layer] = per_row[0].new_zeros(batch, longest, per_row[0].shape[-1])
             for b, h in enumerate(per_row):
                 states[layer][b, : h.shape[0]] = h
-        self._commit(tokens, lengths, states, roots, eager=True)
+        # in blocks of PROMPT_BLOCK positions: a block's mask is [P, 1, block, S_max], not the prompt's
+        for start in range(0, longest, PROMPT_BLOCK):
+            block = tokens[:, start : start + PROMPT_BLOCK]  # [B, K]
+            n = (lengths - start).clamp(0, block.shape[1])  # [B] pairs of each row in this block
+            ends = lengths > start + n  # the row goes on: its block's last pair's next token is in the prompt
+            after = tokens[torch.arange(batch), (start + n).clamp(max=longest - 1)]
+            nexts = torch.where(ends, after, torch.tensor(list(roots)))  # [B]
+            before = rows.feature
+            part = {layer: x[:, start : start + PROMPT_BLOCK] for layer, x in states.items()}
+            self._commit(block, n.tolist(), part, nexts.tolist(), eager=True)
+            going = torch.zeros(capacity, dtype=torch.bool)  # rows with pairs here: the others keep theirs
+            going[:batch] = n > 0
+            rows.feature = torch.where(going.to(self.device)[:, None], rows.feature, before)
 
     @no_grad
     def accept(

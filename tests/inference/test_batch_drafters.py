@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spechead.inference.drafters import eagle_batch_graphs
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
@@ -102,11 +103,13 @@ COMPILED = [
 
 
 @pytest.mark.parametrize(("kind", "compile"), KINDS + COMPILED)
-def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile):
+def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile, monkeypatch):
     drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
     if compile:
         drafter.use_compile(compile)
         drafter.batch_graphs = True  # (a CPU: by default only on CUDA)
+        # the prompts' pairs committed 4 positions at a time: rows end inside a block and sit out others
+        monkeypatch.setattr(eagle_batch_graphs, "PROMPT_BLOCK", 4)
     batched = drafter.batched()
     assert isinstance(batched, (MedusaBatchDrafter, EagleBatchDrafter))
     assert isinstance(batched, CompiledEagleBatchDrafter) == bool(compile)
