@@ -83,6 +83,8 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
                 torch.cuda.synchronize(device)
             times.append(1e3 * (stats[0].wall_time - stats[0].prefill_time) / max(stats[0].target_passes, 1))
         out[f"decoded_{name}_pass_ms"] = times[-1]
+        if drafter is not None:  # whether every row's draft ran as graphs (eagle_batch_graphs.py: CUDA)
+            out["draft_graphs"] = type(drafter.batched()).__name__ == "CompiledEagleBatchDrafter"
     return out
 
 
@@ -117,7 +119,9 @@ def render_batch(r: dict) -> list[str]:
             f"{row['verify_ms']:12.3f} | {row['projected_tokens_per_s']:10.1f} ({row['projected_row_tokens_per_s']:.1f})"
             f" | {row['projected_speedup']:.2f}x"
         )
-    target = f"target and draft compiled: {r['compile_batch']}" if r.get("compile_batch") else "eager"
+    target = f"target compiled: {r['compile_batch']}" if r.get("compile_batch") else "eager"
+    if any(row.get("draft_graphs") for row in r["batch"]):
+        target += ", the draft as graphs"
     lines.append(
         f"batch, decoded (batch_decode: the engine of generate_batch; {target}) | tree nodes | plain pass ms"
         " | spec pass ms | projected spec tok/s | vs plain"

@@ -214,7 +214,7 @@ def test_compiled_run_traces_target_and_whole_draft(tmp_path):
 
 def test_compiled_batch_rows(tmp_path):
     """--compile-batch BACKEND: the decoded batch rows run the target's batch passes compiled
-    (batch_graphs.py), the batch-1 parts stay eager."""
+    (batch_graphs.py) and, on CUDA only, the EAGLE batch draft as graphs; the batch-1 parts stay eager."""
     proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "1", "--sizes", "1,64",
                "--compile-batch", "eager", "--out", "b.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -224,4 +224,5 @@ def test_compiled_batch_rows(tmp_path):
     assert all(
         positive(row["decoded_plain_pass_ms"]) and positive(row["decoded_spec_pass_ms"]) for row in r["batch"]
     )
-    assert "generate_batch; target compiled: eager)" in proc.stdout
+    assert "generate_batch; target compiled: eager)" in proc.stdout  # (a CPU: the batch draft eager)
+    assert [row["draft_graphs"] for row in r["batch"]] == [False] * 3
