@@ -107,8 +107,8 @@ class EagleDrafter(Drafter):
         self._batch_graphs: BatchDrafter | None = None  # the kept compiled batch drafter, once made
         # compiled batch drafting (`batched`): None = on CUDA only (on a CPU the fixed-shape functions
         # cost more than the eager batch draft, which attends over the rows' lengths, not the whole
-        # cache: 2.8 ms eager-run, 3.9 ms inductor against 2.0 ms a pass at batch 8 on the demo head);
-        # True: wherever the drafter is compiled (the CPU tests); False: never
+        # cache: scripts/bench_batch_draft.py, demo EAGLE-3 head, batch 8: 4.0 ms a pass run eager,
+        # 3.2 ms by inductor, against 2.7 ms); True: wherever the drafter is compiled; False: never
         self.batch_graphs: bool | None = None
         self._root: int | None = None  # the token x_C that pair was fed with
         self._masks = HeadMasks(GRAPH_COMMIT)  # eager masks from kept pieces (drafters/head_masks.py)
