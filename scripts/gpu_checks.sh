@@ -7,10 +7,11 @@
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
-#      batch passes as graphs);
+#      batch passes and every row's EAGLE draft as graphs);
 #   3. bench_demo_graphs: scripts/benchmark.py on the demo target and heads with compile="graphs".
 #   On request (named): bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
-#      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes as graphs);
+#      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes and the
+#      EAGLE batch draft as graphs); bench_batch_draft (the batched EAGLE-3 drafter alone, eager and graphs);
 #      bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled (our CUDA graphs;
 #      torch.compile's reduce-overhead); bench_gpu_autotune, bench_gpu with inductor's max-autotune (GEMMs
 #      benchmarked against generated kernels) beside plain inductor (its compile time is unmeasured,
@@ -89,6 +90,10 @@ if [ ${#heads[@]} -gt 0 ]; then
     # on request: batch 1, 4, 16 of the demo prompts with the demo heads, the batch passes as our graphs
     step bench_batch_graphs "${DEMO_S:-100}" "$PY" scripts/bench_batch.py --device cuda --compile graphs \
         --batch-size 1 4 16 --prompts 48 "${heads[@]}" --out "$OUT/bench_batch_graphs"
+    # on request: the batched EAGLE-3 drafter alone, eager beside every row's draft as our CUDA graphs
+    [ -f outputs/eagle3-demo/head/config.json ] && step bench_batch_draft "${DEMO_S:-100}" "$PY" \
+        scripts/bench_batch_draft.py --device cuda --drafter outputs/eagle3-demo/head --modes eager graphs \
+        --batch-size 1 4 16 --out "$OUT/bench_batch_draft"
     step bench_demo_full_ro "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --no-hf \
         --compile reduce-overhead --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_full_ro"
 fi
