@@ -160,9 +160,17 @@ class EagleDrafter(Drafter):
 
     def _graph_state(self) -> tuple:
         """What the draft graphs read besides their arguments (CUDA graphs bake it in): the head cache's
-        allocation, the id map, the static plan and the tree's settings."""
+        allocation, the id map, the static plan, the tree's settings and the step's rotary table."""
         generation = None if self._cache is None else self._cache.generation
-        return generation, id(self._d2t), id(self._plan), self.top_k, self.depth, self.total_tokens
+        return generation, *self._shared_state()
+
+    def _shared_state(self) -> tuple:
+        """What every graph of this drafter reads, the batch drafter's too (eagle_batch_graphs.py): the id
+        map, the static plan, the tree's settings and the fused step's rotary table, which the step makes
+        again, larger, when a longer cache asks (a batch's head cache may be longer than batch 1's)."""
+        table = getattr(self.head_step, "table", None)
+        angles = None if table is None else (table[0].data_ptr(), table[0].shape[0])
+        return id(self._d2t), id(self._plan), self.top_k, self.depth, self.total_tokens, angles
 
     @no_grad
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:

@@ -80,10 +80,9 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
 
     def _graph_state(self) -> tuple:
         """What the graphs read besides their arguments: every kept head cache's allocation (a graph's
-        shapes name its capacity), the id map, the static plan and the tree's settings."""
+        shapes name its capacity) and what the drafter's own graphs read (`EagleDrafter._shared_state`)."""
         caches = tuple((p, rows.cache.generation) for p, rows in self._kept.items())
-        d = self.drafter
-        return caches, id(d._d2t), id(d._plan), d.top_k, d.depth, d.total_tokens
+        return caches, *self.drafter._shared_state()
 
     @property
     def _rows(self) -> _Rows:

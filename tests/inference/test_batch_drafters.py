@@ -268,3 +268,25 @@ def test_batch_tree_for_an_eagle_head(model, chatml_tokenizer, compile):
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
         assert batch[b].token_ids == plain_greedy(model, prompt, n)
         assert batch[b].stats.drafted_tokens == len(info["choices"]) * len(batch[b].stats.accept_lengths)
+
+
+def test_the_graphs_state_follows_the_steps_rotary_table(model):
+    """The batch drafter shares its drafter's fused step; a batch's longer head cache makes the step's
+    rotary table again, larger (new memory): every graph reading the old one (batch 1's too) must be
+    captured again, so both drafters' graph states name the table."""
+    drafter = build(model, "eagle3_static")
+    drafter.use_compile("graphs")
+    drafter.batch_graphs = True
+    hidden, layers = model.config.hidden_size, drafter.hidden_layers
+    drafter.start(torch.arange(5, 15), {layer: torch.randn(10, hidden) for layer in layers}, 3)
+    drafter.propose(3, SamplingParams(), None)
+    one, table = drafter._graph_state(), drafter.head_step.table
+    assert table is not None and table[0].shape[0] == 1024  # the batch-1 head cache's slots
+    batched, long = drafter.batched(), 1100
+    batched.start(
+        [torch.arange(long) % 50 + 5], [{layer: torch.randn(long, hidden) for layer in layers}], [3]
+    )
+    batched.propose([3], [SamplingParams()], [None])
+    assert drafter.head_step.table[0].shape[0] == 2048  # made again for the batch's 2048 slots
+    angles = (drafter.head_step.table[0].data_ptr(), 2048)
+    assert one[-1] != angles and drafter._graph_state()[-1] == angles == batched._graph_state()[-1]
