@@ -27,6 +27,7 @@ from transformers import Cache, DynamicCache
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
+from spechead.heads.fp8 import Fp8Linear
 from spechead.heads.grad import no_grad
 
 _LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
@@ -75,10 +76,11 @@ def _supported(layer: nn.Module) -> bool:
     if type(layer).__name__ not in _LAYERS or attn is None or mlp is None:
         return False
     projections = ("q_proj", "k_proj", "v_proj", "o_proj")
+    linear = (nn.Linear, Fp8Linear)  # (`_linear` runs any other module's own forward)
     return (
-        all(isinstance(getattr(attn, p, None), nn.Linear) for p in projections)
+        all(isinstance(getattr(attn, p, None), linear) for p in projections)
         and not any(hasattr(attn, n) for n in ("q_norm", "k_norm"))
-        and all(isinstance(getattr(mlp, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj"))
+        and all(isinstance(getattr(mlp, p, None), linear) for p in ("gate_proj", "up_proj", "down_proj"))
         and type(getattr(mlp, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
         and _is_norm(layer.input_layernorm, identity_ok=True)
         and _is_norm(layer.post_attention_layernorm)

@@ -16,6 +16,7 @@ from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
+from spechead.heads.fp8 import to_fp8
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
@@ -161,6 +162,7 @@ def load_generator(
     calibrate: bool = True,
     compile: bool | str = False,
     draft_compile: bool | str | None = None,
+    draft_fp8: bool = False,
     **drafter_options,
 ):
     """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter.
@@ -170,7 +172,9 @@ def load_generator(
     EAGLE head on a CPU, a typical assumed one), time verify and draft costs on this device now and use
     the static tree with the best expected speedup here (`gen.calibration` says what was measured).
     compile, draft_compile: see SpeculativeGenerator (the target's verify pass and the drafter under
-    torch.compile; draft_compile alone: the drafter only, the fastest on a CPU).
+    torch.compile; draft_compile alone: the drafter only, the fastest on a CPU). draft_fp8: an EAGLE /
+    EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads; still
+    lossless), before any calibration, so the tree is measured as it will draft.
     """
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     model = AutoModelForCausalLM.from_pretrained(
@@ -184,6 +188,10 @@ def load_generator(
     model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps on .to: typed unbound
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
+    if draft_fp8 and not to_fp8(getattr(built, "head", None) or torch.nn.Module()):
+        raise ValueError(
+            f"draft_fp8 needs an EAGLE / EAGLE-3 head (layers run per draft depth); {drafter!r} has none"
+        )
     calibration = accuracy = None
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:

@@ -32,6 +32,7 @@ from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_pa
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+from spechead.heads.fp8 import to_fp8
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.profiling import (
     PartProfile,
@@ -96,6 +97,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
     p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
     p.add_argument("--no-batch", action="store_true", help="skip the batch 1, 4, 16 rows (eager: about 20 s)")
+    p.add_argument(
+        "--draft-fp8", action="store_true",
+        help="the head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads)",
+    )  # fmt: skip
     p.add_argument(
         "--compile-batch",
         **backend,
@@ -231,9 +236,12 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
 
 def draft_bytes(head: Eagle3Head, depth: int) -> int:
     """Weight bytes a depth-D draft must read at least: depth 1 the draft-vocab head (the root's children
-    from the accepted feature), each further depth the decoder layer, norm and that head (fc runs in accept)."""
-    step = sum(p.nbytes for name, p in head.named_parameters() if not name.startswith("fc."))
-    return head.lm_head.weight.nbytes + (depth - 1) * step
+    from the accepted feature), each further depth the decoder layer, norm and that head (fc runs in
+    accept). Buffers count too: FP8 layers (--draft-fp8) keep their weights there."""
+    tensors = [*head.named_parameters(), *head.named_buffers()]
+    step = sum(t.nbytes for name, t in tensors if not name.startswith(("fc.", "d2t", "t2d")))
+    lm_head = sum(t.nbytes for t in [*head.lm_head.parameters(), *head.lm_head.buffers()])
+    return lm_head + (depth - 1) * step
 
 
 def summarize(
@@ -280,7 +288,8 @@ def render(r: dict) -> str:
     lines = [
         f"device: {r['device_name']} ({r['device']}); target {r['target']}, bf16, context {r['context']}; "
         f"compile: {r['compile']}",
-        f"EAGLE-3 head: draft vocab {r['draft_vocab']}, EAGLE-2 dynamic top_k {r['top_k']}, depth {r['depth']}, "
+        f"EAGLE-3 head{' (per-depth layers FP8 e4m3)' if r.get('draft_fp8') else ''}: draft vocab "
+        f"{r['draft_vocab']}, EAGLE-2 dynamic top_k {r['top_k']}, depth {r['depth']}, "
         f"tree {r['tree_size']} nodes; drafting {r['draft_status']}",
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
         f"{r['roofline_ms']:.3f} ms",
@@ -370,13 +379,15 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     args.context = args.context or (64 if args.tiny else 512)
     torch.manual_seed(0)
     model, head = build(target_config(args.tiny, args.context), args.draft_vocab, device)
+    if args.draft_fp8:
+        to_fp8(head)
     timer = Timer(device, args.iters, args.warmup)
     bandwidth = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (32 << 20))
     weight_bytes, streamed = weight_and_streamed_bytes(model, args.context)
     parts, status = measure_compiled(model, head, args, timer, device, args.compile)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
-              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size,
+              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8,
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
     report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))
     extra = report["pass_ms"] - parts["verify_ms"][args.tree_size]  # commit + draft + accept at batch 1

@@ -1,0 +1,108 @@
+"""FP8 (e4m3) weights for a drafting head's per-depth layers: half the bytes bf16 reads per draft depth.
+
+Decoding at batch 1 is bound by the bytes read: an EAGLE-3 head for an 8B target reads about 680 MB per
+draft depth in bf16 (its decoder layer and its draft-vocab lm_head), so 7 depths cost at least 22% of a
+target step on an H100 (`scripts/bench_gpu.py`: the draft floor). In e4m3 the same depth reads half.
+Verification stays exact (the target checks every drafted token), so a coarser draft can only change
+WHICH tokens are proposed, never the output: decoding stays lossless.
+
+`Fp8Linear` keeps W as e4m3 [N, K] with one scale per output row, and multiplies with one
+`torch._scaled_mm` (an FP8 tensor-core GEMM on Hopper and later) at a per-tensor activation scale; the
+per-row weight scales multiply the output afterwards (tensor-wise `_scaled_mm` is the most portable
+kind). `to_fp8(head)` swaps a head's per-depth `nn.Linear`s in place for drafting (EAGLE-3: its decoder
+layer and lm_head; EAGLE-1/2: its decoder layers, not the target's lm_head it reads; never `fc`, which
+runs once per accept and whose dtype the drafter reads). For decoding only: not for training or saving.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+
+
+class Fp8Linear(nn.Module):
+    """y = x W^T (+ b) from an `nn.Linear` whose features are multiples of 16 (the FP8 GEMM's rule):
+    W stored as e4m3 [N, K] / scale [N], x (..., K) quantized per call (one scale for the tensor)."""
+
+    weight_fp8: Tensor  # [N, K] e4m3 (buffers: a frozen drafting layer)
+    weight_scale: Tensor  # [N] in the layer's dtype
+    unit: Tensor  # fp32 0-d, W's scale inside the GEMM (its rows' scales multiply the output)
+    bias: Tensor | None
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        n, k = linear.out_features, linear.in_features
+        if n % 16 or k % 16:
+            raise ValueError(f"FP8 GEMMs need features that are multiples of 16, got {k} -> {n}")
+        self.in_features, self.out_features = k, n
+        weight = linear.weight.detach().float()  # [N, K]
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX  # [N]: each row's max -> 448
+        self.dtype = linear.weight.dtype  # the output's (the layer's own)
+        self.register_buffer("weight_fp8", (weight / scale[:, None]).to(FP8))  # [N, K]
+        self.register_buffer("weight_scale", scale.to(self.dtype))  # [N]
+        self.register_buffer("unit", torch.ones((), device=weight.device))  # fp32 scale of W in the GEMM
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's own signature
+        """`.to(device)` moves the e4m3 weights and the fp32 unit scale as they are; a dtype cast
+        (`head.to(torch.bfloat16)`) changes the output's dtype, the row scales and the bias only."""
+        weight, unit = self.weight_fp8, self.unit
+        out = super()._apply(fn, recurse)
+        device = self.weight_scale.device
+        self.weight_fp8, self.unit = weight.to(device), unit.to(device)
+        self.dtype = self.weight_scale.dtype
+        return out
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., K) -> (..., N) in the layer's dtype."""
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        scale = rows.abs().amax().float().clamp(min=1e-12) / FP8_MAX  # 0-d: the tensor's max -> 448
+        quantized = (rows.float() / scale).to(FP8)
+        out = torch._scaled_mm(
+            quantized, self.weight_fp8.t(), scale_a=scale, scale_b=self.unit, out_dtype=self.dtype
+        )  # [M, N]
+        out = out * self.weight_scale
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, e4m3"
+
+
+def per_depth_linears(head: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute) of every `nn.Linear` a draft depth runs: EAGLE-3 its `midlayer` and
+    `lm_head`; EAGLE-1/2 its `layers` (the lm_head it reads is the target's). Medusa: none."""
+    roots: list[nn.Module] = []
+    midlayer, layers = getattr(head, "midlayer", None), getattr(head, "layers", None)
+    if isinstance(midlayer, nn.Module):
+        roots = [midlayer]
+    elif isinstance(layers, nn.ModuleList):
+        roots = list(layers)
+    found = [
+        (parent, name)
+        for root in roots
+        for parent in root.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
+    if roots and type(getattr(head, "lm_head", None)) is nn.Linear:
+        found.append((head, "lm_head"))
+    return found
+
+
+def to_fp8(head: nn.Module) -> int:
+    """Swap the head's per-depth `nn.Linear`s (`per_depth_linears`) for `Fp8Linear`s in place; layers
+    whose features are not multiples of 16 stay as they are. Returns how many were swapped (0: a head
+    with no per-depth layers, e.g. Medusa)."""
+    swapped = 0
+    for parent, name in per_depth_linears(head):
+        linear = getattr(parent, name)
+        if linear.in_features % 16 == 0 and linear.out_features % 16 == 0:
+            setattr(parent, name, Fp8Linear(linear))
+            swapped += 1
+    return swapped

@@ -1,0 +1,71 @@
+"""FP8 (e4m3) per-depth layers (heads/fp8.py): an `Fp8Linear` computes its `nn.Linear` to FP8 precision
+(one scaled GEMM), and `to_fp8` swaps exactly a head's per-depth linear layers: EAGLE-3's decoder layer
+and draft lm_head, EAGLE-1/2's layers, never `fc` or the target's lm_head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, MedusaConfig, MedusaHead
+from spechead.heads.fp8 import FP8, Fp8Linear, to_fp8
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().float() - b.detach().float()).norm() / b.detach().float().norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp8_linear_is_the_linear_to_fp8_precision(dtype, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias).to(dtype)
+    if bias:
+        nn.init.normal_(linear.bias, std=1.0)  # large enough that a dropped bias shows
+    fp8 = Fp8Linear(linear)
+    x = torch.randn(3, 5, 64).to(dtype)  # (..., K): any leading dims
+    y, ref = fp8(x), linear(x)
+    assert y.shape == ref.shape and y.dtype == dtype
+    assert fp8.weight_fp8.dtype == FP8 and fp8.weight_fp8.shape == (48, 64)
+    assert relative_error(y, ref) < 0.06  # e4m3: 3 mantissa bits, about 3% per product
+    assert relative_error(y, ref) > 1e-4  # (the weights really are e4m3, not a copy)
+    # each output row keeps its own scale: a row 1000x larger than the others is as exact as they are
+    with torch.no_grad():
+        linear.weight[0] *= 1000
+    scaled = Fp8Linear(linear)(x)
+    assert relative_error(scaled[..., 1:], linear(x)[..., 1:]) < 0.06
+
+
+def test_features_must_be_multiples_of_16():
+    with pytest.raises(ValueError, match="multiples of 16, got 24 -> 48"):
+        Fp8Linear(nn.Linear(24, 48))
+
+
+def test_to_fp8_swaps_the_per_depth_layers_only(tiny_llama):
+    target = tiny_llama(256, layers=4, hidden=32)
+    eagle3 = Eagle3Head(Eagle3Config.from_target(target.config, draft_vocab_size=128))
+    eagle3.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    assert to_fp8(eagle3) == 8  # q, k, v, o, gate, up, down and the draft lm_head
+    mid = eagle3.midlayer
+    linears = [mid.self_attn.q_proj, mid.self_attn.k_proj, mid.self_attn.v_proj, mid.self_attn.o_proj,
+               mid.mlp.gate_proj, mid.mlp.up_proj, mid.mlp.down_proj, eagle3.lm_head]  # fmt: skip
+    assert all(isinstance(m, Fp8Linear) for m in linears)
+    assert type(eagle3.fc) is nn.Linear and type(target.lm_head) is nn.Linear
+    eagle = EagleHead(EagleConfig.from_target(target.config))
+    eagle.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    assert to_fp8(eagle) == 7 * len(eagle.layers) and type(target.lm_head) is nn.Linear
+    medusa = MedusaHead(MedusaConfig(hidden_size=32, vocab_size=256, num_heads=2, target_num_layers=4))
+    assert to_fp8(medusa) == 0
+
+
+def test_a_dtype_cast_keeps_the_e4m3_weights():
+    """head.to(torch.bfloat16) after to_fp8: the weights stay e4m3 (a float8 tensor is a floating point
+    one, which Module.to would cast), the output follows the new dtype."""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16)
+    fp8 = Fp8Linear(linear).to(torch.bfloat16)
+    assert fp8.weight_fp8.dtype == FP8 and fp8.unit.dtype == torch.float32
+    x = torch.randn(4, 32)
+    y = fp8(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and relative_error(y, linear(x)) < 0.06

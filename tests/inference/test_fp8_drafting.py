@@ -1,0 +1,72 @@
+"""Drafting with FP8 per-depth layers (`from_pretrained(..., draft_fp8=True)`, heads/fp8.py): the head
+really drafts through its e4m3 weights (the fused step's output moves by FP8 rounding), and decoding
+stays lossless: greedy output equals the target's own, eager, traced as one graph and at batch 3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
+from spechead.heads.fp8 import Fp8Linear
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_options
+
+PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_target_dir, tmp_path_factory):
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
+    return head.save_pretrained(tmp_path_factory.mktemp("fp8") / "eagle3")
+
+
+def hf_greedy(target_dir, prompt: list[int], n: int) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("compile", [None, "eager"])
+def test_fp8_drafting_is_lossless(tiny_target_dir, head_dir, compile):
+    path, options = drafter_options(f"{head_dir}@draft_fp8=1,top_k=4,depth=4,total_tokens=16")
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), path, draft_compile=compile, **options)
+    head = gen.drafter.head
+    assert isinstance(head.midlayer.self_attn.q_proj, Fp8Linear) and isinstance(
+        head.midlayer.mlp.down_proj, Fp8Linear
+    )
+    gen.eos = set()
+    refs = [hf_greedy(tiny_target_dir, p, 16) for p in PROMPTS]
+    for prompt, ref in zip(PROMPTS, refs):
+        assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == ref
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=16, tree_for_batch=False)
+    assert [r.token_ids for r in batch] == refs
+
+
+def test_the_draft_step_runs_the_fp8_weights(tiny_target_dir, head_dir):
+    """The drafter's (fused) step on the same inputs: FP8 moves it by rounding, not more."""
+    plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), calibrate=False)
+    fp8 = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), str(head_dir), calibrate=False, draft_fp8=True
+    )
+    hidden = plain.target.config.hidden_size
+    torch.manual_seed(1)
+    features, ids = torch.randn(1, 3, hidden), torch.tensor([[5, 6, 7]])
+    outs = [g.drafter.head_step(features, ids, None, torch.arange(3)[None], None) for g in (plain, fp8)]
+    error = float((outs[1] - outs[0]).norm() / outs[0].norm())
+    assert 1e-4 < error < 0.1, error
+    assert type(fp8.drafter.head_step).__name__ == "_FusedStep"
+
+
+def test_draft_fp8_needs_an_eagle_head(tiny_target_dir, tmp_path):
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    medusa = MedusaHead(MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size, num_heads=2,
+                                     target_num_layers=config.num_hidden_layers))  # fmt: skip
+    path = medusa.save_pretrained(tmp_path / "medusa")
+    with pytest.raises(ValueError, match="draft_fp8 needs an EAGLE / EAGLE-3 head"):
+        SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(path), draft_fp8=True)
