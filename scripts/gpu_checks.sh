@@ -8,8 +8,10 @@
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
 #      batch passes and every row's EAGLE draft as graphs);
-#   3. bench_demo_graphs: scripts/benchmark.py on the demo target and heads with compile="graphs".
-#   On request (named): bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
+#   3. bench_gpu_fp8: bench_gpu.py --compile graphs --draft-fp8 (the draft's per-depth layers in FP8 e4m3:
+#      does a depth-7 draft reach <= 25% of a step?).
+#   On request (named): bench_demo_graphs (scripts/benchmark.py on the demo target and heads with
+#      compile="graphs"), bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
 #      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes and the
 #      EAGLE batch draft as graphs); bench_batch_draft (the batched EAGLE-3 drafter alone, eager and graphs);
 #      bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled (our CUDA graphs;
@@ -24,7 +26,7 @@
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
-#   bash scripts/gpu_checks.sh                       # the default three; env PYTEST_S, BENCH_S, DEMO_S: limits (s)
+#   bash scripts/gpu_checks.sh                       # the default three; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
 OUT=${OUT:-outputs/gpu}
@@ -41,7 +43,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
 
 status=0
-steps=" ${*:-pytest_gpu bench_gpu bench_demo_graphs} "
+steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8} "
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -57,6 +59,9 @@ step pytest_gpu "${PYTEST_S:-200}" "$PY" -m pytest -q -m gpu -p no:cacheprovider
 # inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs
 step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs \
     --sizes 1,64 --profile --out "$OUT/bench_gpu.json"
+# the draft's per-depth layers in FP8 e4m3 (heads/fp8.py), the target and draft as our graphs of the eager passes
+step bench_gpu_fp8 "${FP8_S:-200}" "$PY" scripts/bench_gpu.py --compile graphs --draft-fp8 --sizes 1,64 --no-batch \
+    --out "$OUT/bench_gpu_fp8.json"
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
 step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
     --sizes 1,64 --no-batch --out "$OUT/bench_gpu_autotune.json"

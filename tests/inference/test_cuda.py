@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
+from spechead.heads.fp8 import to_fp8
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
@@ -72,6 +73,21 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
     ref = SpeculativeGenerator(model, chatml_tokenizer, None).generate(input_ids=prompt, max_new_tokens=16)
     out = SpeculativeGenerator(model, chatml_tokenizer, tree).generate(input_ids=prompt, max_new_tokens=16)
     assert out.token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("draft_compile", [None, "graphs", True])
+def test_fp8_drafting_on_cuda_equals_plain_decoding(tiny_llama, chatml_tokenizer, draft_compile):
+    """The head's per-depth layers in FP8 (heads/fp8.py: torch._scaled_mm on the GPU), eager, as our CUDA
+    graphs and compiled by inductor, bf16 target: greedy output equals plain decoding."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda", torch.bfloat16)
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None)
+    drafter = _drafters(model)["eagle"]
+    assert to_fp8(drafter.head) > 0
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, draft_compile=draft_compile)
+    for i in range(4):
+        prompt = list(range(5 + i, 15 + 2 * i))
+        ref = plain.generate(input_ids=prompt, max_new_tokens=24).token_ids
+        assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref, (draft_compile, i)
 
 
 @pytest.mark.parametrize(
