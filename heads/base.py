@@ -206,6 +206,10 @@ class DraftHead(nn.Module):
     def save_pretrained(self, path: str | Path) -> Path:
         """Write config.json and model.safetensors (the head's own weights only) into `path`; a tree.json
         left there by earlier weights is removed (`scripts/build_tree.py` measures one for these)."""
+        if any(type(m).__name__ == "Fp8Linear" for m in self.modules()):  # (heads/fp8.py: decoding only)
+            raise ValueError(
+                "this head has FP8 drafting layers (to_fp8 / draft_fp8): save the head as trained"
+            )
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         drop_tree(path)

@@ -69,3 +69,13 @@ def test_a_dtype_cast_keeps_the_e4m3_weights():
     x = torch.randn(4, 32)
     y = fp8(x.bfloat16())
     assert y.dtype == torch.bfloat16 and relative_error(y, linear(x)) < 0.06
+
+
+def test_a_head_with_fp8_layers_is_not_saved(tiny_llama, tmp_path):
+    """FP8 layers are for drafting only: saving such a head (other tensor names, e4m3) would break it."""
+    target = tiny_llama(256, layers=4, hidden=32)
+    head = Eagle3Head(Eagle3Config.from_target(target.config, draft_vocab_size=128))
+    to_fp8(head)
+    with pytest.raises(ValueError, match="FP8 drafting layers"):
+        head.save_pretrained(tmp_path / "head")
+    assert not (tmp_path / "head").exists()
