@@ -188,10 +188,12 @@ def load_generator(
     model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps on .to: typed unbound
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
-    if draft_fp8 and not to_fp8(getattr(built, "head", None) or torch.nn.Module()):
-        raise ValueError(
-            f"draft_fp8 needs an EAGLE / EAGLE-3 head (layers run per draft depth); {drafter!r} has none"
-        )
+    if draft_fp8:
+        check_fp8_device(torch.device(device))
+        if not to_fp8(getattr(built, "head", None) or torch.nn.Module()):
+            raise ValueError(
+                f"draft_fp8 needs an EAGLE / EAGLE-3 head (layers run per draft depth); {drafter!r} has none"
+            )
     calibration = accuracy = None
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:
@@ -203,6 +205,16 @@ def load_generator(
     )  # fmt: skip
     gen.calibration, gen.tree_accuracy = calibration, accuracy
     return gen
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """ValueError unless FP8 GEMMs run on `device`: a CPU (emulated: slow) or a GPU of compute capability
+    8.9 or later (Ada, Hopper and later have FP8 tensor cores)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        raise ValueError(
+            f"draft_fp8 needs FP8 tensor cores (compute capability >= 8.9); {name} has none: drop draft_fp8"
+        )
 
 
 def calibrated_drafter(

@@ -34,6 +34,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.loading import check_fp8_device
 from spechead.inference.profiling import (
     PartProfile,
     Timer,
@@ -418,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         device = resolve_device(args)
+        if args.draft_fp8:
+            check_fp8_device(device)  # (an A100 has no FP8 tensor cores)
     except (ValueError, RuntimeError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -70,3 +70,15 @@ def test_draft_fp8_needs_an_eagle_head(tiny_target_dir, tmp_path):
     path = medusa.save_pretrained(tmp_path / "medusa")
     with pytest.raises(ValueError, match="draft_fp8 needs an EAGLE / EAGLE-3 head"):
         SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(path), draft_fp8=True)
+
+
+def test_a_gpu_without_fp8_tensor_cores_is_one_clear_error(monkeypatch):
+    from spechead.inference.loading import check_fp8_device
+
+    check_fp8_device(torch.device("cpu"))  # emulated on a CPU: allowed
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match=r"FP8 tensor cores \(compute capability >= 8.9\); NVIDIA A100"):
+        check_fp8_device(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_fp8_device(torch.device("cuda"))  # an H100
