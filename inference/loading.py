@@ -192,7 +192,7 @@ def load_generator(
         check_fp8_device(torch.device(device))
         if not to_fp8(getattr(built, "head", None) or torch.nn.Module()):
             raise ValueError(
-                f"draft_fp8 needs an EAGLE / EAGLE-3 head (layers run per draft depth); {drafter!r} has none"
+                f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
             )
     calibration = accuracy = None
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)

@@ -52,6 +52,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "target eager: the first answers compile (tens of seconds), later ones draft far cheaper",
     )  # fmt: skip
     p.add_argument(
+        "--draft-fp8", action="store_true",
+        help="an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (half the bytes a draft depth reads; GPUs "
+        "of compute capability >= 8.9; lossless)",
+    )  # fmt: skip
+    p.add_argument(
         "--stream", action="store_true",
         help="print text as it is accepted (several --prompt: one JSON line per piece, {\"row\": b, \"text\": ...})",
     )  # fmt: skip
@@ -75,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             compile=args.compile,
             draft_compile=args.compile_draft or None,
+            draft_fp8=args.draft_fp8,
         )
         chats = [[{"role": "user", "content": p}] for p in args.prompt]
         source = {"messages": chats[0]} if args.chat else {"prompt": args.prompt[0]}

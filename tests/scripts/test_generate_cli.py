@@ -60,7 +60,7 @@ def test_generate_several_prompts_is_a_batch(tiny_target_dir):
 
 def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_path, capsys, monkeypatch):
     """--compile-draft BACKEND reaches the generator: the EAGLE draft runs as a graph, the target eager,
-    and the answer is plain decoding's."""
+    and the answer is plain decoding's; so does --draft-fp8."""
     from transformers import AutoModelForCausalLM
 
     from spechead.heads import Eagle3Config, Eagle3Head
@@ -90,6 +90,12 @@ def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_pat
     assert made[-1].drafter._compiled is not None and made[-1].runner._compiled is None
     assert generate.main(common) == 0  # plain decoding
     assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
+    # --draft-fp8: the head's per-depth layers in e4m3 (heads/fp8.py), the answer still plain decoding's
+    assert generate.main([*common, "--drafter", str(head_dir), "--draft-fp8"]) == 0
+    assert type(made[-1].drafter.head.midlayer.mlp.up_proj).__name__ == "Fp8Linear"
+    assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
+    assert generate.main([*common, "--draft-fp8"]) == 2  # no head: one line
+    assert capsys.readouterr().err.strip().startswith("error: draft_fp8 needs an EAGLE / EAGLE-3 head")
 
 
 @pytest.mark.slow
