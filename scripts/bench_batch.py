@@ -27,6 +27,7 @@ from pathlib import Path
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.loading import drafter_options
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -104,10 +105,11 @@ def main(argv=None) -> int:
     chats = [[{"role": "user", "content": p.turns[0]}] for p in prompts]
     specs = [d.split("=", 1) for d in args.drafter] or [("plain", None)]
     rows = []
-    for name, path in specs:
+    for name, spec in specs:
+        path, options = drafter_options(spec) if spec else (None, {})  # HEAD@key=value,... as benchmark.py
         gen = SpeculativeGenerator.from_pretrained(
             target, path, device=args.device, dtype=args.dtype, compile=args.compile,
-            draft_compile=args.compile_draft or None,
+            draft_compile=args.compile_draft or None, **options,
         )  # fmt: skip
         # the same target (e.g. with a Medusa-2 adapter merged)
         plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)
