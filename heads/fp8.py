@@ -6,10 +6,10 @@ target step on an H100 (`scripts/bench_gpu.py`: the draft floor). In e4m3 the sa
 Verification stays exact (the target checks every drafted token), so a coarser draft can only change
 WHICH tokens are proposed, never the output: decoding stays lossless.
 
-`Fp8Linear` keeps W as e4m3 [N, K] with one scale per output row, and multiplies with one
-`torch._scaled_mm` (an FP8 tensor-core GEMM on Hopper and later) at a per-tensor activation scale; the
-per-row weight scales multiply the output afterwards (tensor-wise `_scaled_mm` is the most portable
-kind). `to_fp8(head)` swaps a head's per-depth `nn.Linear`s in place for drafting (EAGLE-3: its decoder
+`Fp8Linear` keeps W as e4m3 [N, K] with one scale per output row, quantizes x with one scale per row
+and multiplies with one `torch._scaled_mm` (an FP8 tensor-core GEMM on Ada, Hopper and later) at unit
+scales; the outer product of the two scales multiplies the output afterwards (tensor-wise `_scaled_mm`
+is the most portable kind). `to_fp8(head)` swaps a head's per-depth `nn.Linear`s in place for drafting (EAGLE-3: its decoder
 layer and lm_head; EAGLE-1/2: its decoder layers, not the target's lm_head it reads; never `fc`, which
 runs once per accept and whose dtype the drafter reads). For decoding only: not for training or saving.
 """
@@ -25,11 +25,11 @@ FP8_MAX = torch.finfo(FP8).max  # 448
 
 class Fp8Linear(nn.Module):
     """y = x W^T (+ b) from an `nn.Linear` whose features are multiples of 16 (the FP8 GEMM's rule):
-    W stored as e4m3 [N, K] / scale [N], x (..., K) quantized per call (one scale for the tensor)."""
+    W stored as e4m3 [N, K] / scale [N], x (..., K) quantized per call with one scale per row."""
 
     weight_fp8: Tensor  # [N, K] e4m3 (buffers: a frozen drafting layer)
-    weight_scale: Tensor  # [N] in the layer's dtype
-    unit: Tensor  # fp32 0-d, W's scale inside the GEMM (its rows' scales multiply the output)
+    weight_scale: Tensor  # [N] fp32
+    unit: Tensor  # fp32 0-d, the scales inside the GEMM (the rows' and columns' own multiply its output)
     bias: Tensor | None
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -42,30 +42,35 @@ class Fp8Linear(nn.Module):
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX  # [N]: each row's max -> 448
         self.dtype = linear.weight.dtype  # the output's (the layer's own)
         self.register_buffer("weight_fp8", (weight / scale[:, None]).to(FP8))  # [N, K]
-        self.register_buffer("weight_scale", scale.to(self.dtype))  # [N]
+        self.register_buffer("weight_scale", scale)  # [N] fp32
         self.register_buffer("unit", torch.ones((), device=weight.device))  # fp32 scale of W in the GEMM
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's own signature
-        """`.to(device)` moves the e4m3 weights and the fp32 unit scale as they are; a dtype cast
-        (`head.to(torch.bfloat16)`) changes the output's dtype, the row scales and the bias only."""
-        weight, unit = self.weight_fp8, self.unit
+        """`.to(device)` moves the e4m3 weights and the fp32 scales as they are; a dtype cast
+        (`head.to(torch.bfloat16)`) changes only the output's dtype and the bias."""
+        kept = (self.weight_fp8, self.weight_scale, self.unit)
+        self.dtype = fn(torch.zeros((), dtype=self.dtype, device=self.unit.device)).dtype  # where casts go
         out = super()._apply(fn, recurse)
-        device = self.weight_scale.device
-        self.weight_fp8, self.unit = weight.to(device), unit.to(device)
-        self.dtype = self.weight_scale.dtype
+        device = fn(self.unit).device
+        self.weight_fp8, self.weight_scale, self.unit = (t.to(device) for t in kept)
         return out
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N) in the layer's dtype."""
         rows = x.reshape(-1, self.in_features)  # [M, K]
-        scale = rows.abs().amax().float().clamp(min=1e-12) / FP8_MAX  # 0-d: the tensor's max -> 448
+        scale = (
+            rows.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+        )  # [M, 1]: row max -> 448
         quantized = (rows.float() / scale).to(FP8)
+        # unit scales in the GEMM (tensor-wise: the most portable kind), each row's and each column's own
+        # scale after it: (x / s_x) (W / s_w)^T * s_x s_w^T. fp16 would overflow on the unscaled sums
+        wide = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
         out = torch._scaled_mm(
-            quantized, self.weight_fp8.t(), scale_a=scale, scale_b=self.unit, out_dtype=self.dtype
-        )  # [M, N]
-        out = out * self.weight_scale
+            quantized, self.weight_fp8.t(), scale_a=self.unit, scale_b=self.unit, out_dtype=wide
+        )
+        out = (out * (scale * self.weight_scale)).to(self.dtype)  # [M, N]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
