@@ -29,7 +29,7 @@ from spechead.heads.grad import no_grad
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
-from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan
+from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan, kept_scores, static_scores
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
@@ -392,7 +392,7 @@ class EagleDrafter(Drafter):
     def last_scores(self) -> Tensor | None:
         """Every node's cumulative draft log-prob [N] (float64, root 0) of the last `propose`."""
         if self._scores is None and self._values is not None:  # eager static tree: summed on demand
-            self._scores = self._kept_scores(self._values).cpu()
+            self._scores = kept_scores(self._static_plan(), self._values).cpu()
         return self._scores
 
     def _grow_graph(
@@ -472,7 +472,7 @@ class EagleDrafter(Drafter):
                 run = self._to_target(ids_by_depth[-1][:, step["next_run"]])  # [1, E']
         candidates = torch.cat(ids_by_depth, dim=1)  # [1, M]: every depth's, in order
         tokens = torch.cat([root, self._to_target(candidates[:, plan.pick])], dim=1)[0]  # [N]
-        return tokens, plan.parents, self._static_scores(values_by_depth)
+        return tokens, plan.parents, static_scores(plan, values_by_depth)
 
     def _grow_static_eager(self, root: int) -> tuple[Tensor, Tensor, None]:
         """The static tree drafted eagerly into kept buffers (drafters/static_eager.py): its tokens [N],
@@ -487,22 +487,6 @@ class EagleDrafter(Drafter):
         )
         self._values = [(x, out.ids) for x, out in zip(logits, outs.depths)]
         return tokens, plan.parents, None
-
-    def _static_scores(self, values_by_depth: list[Tensor]) -> Tensor:
-        """Cumulative log-probs [N] (float64, root 0) from each depth's candidates' [E, need]."""
-        plan = self._static_plan()
-        flat = torch.cat([v.reshape(-1) for v in values_by_depth])[plan.pick]  # [N - 1]
-        return plan.path_sum @ F.pad(flat.double(), (1, 0))  # sums along the paths
-
-    def _kept_scores(self, kept: list[tuple[Tensor, Tensor]]) -> Tensor:
-        """`_static_scores` from each depth's logits [1, E, Vd] and chosen ids [1, E * need] (eager
-        drafting keeps those instead of log-probs)."""
-        values = []
-        for logits, ids in kept:
-            logits = logits[0].float()  # [E, Vd]
-            chosen = logits.gather(-1, ids.view(logits.shape[0], -1))  # [E, need]
-            values.append(chosen - torch.logsumexp(logits, dim=-1, keepdim=True))
-        return self._static_scores(values)
 
     def _static_plan(self) -> StaticPlan:
         """The static tree's per-depth plan (built once, on the head's device; see static_plan.py)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from spechead.inference.tree import StaticTree, ancestors_on_device, depth_first, depth_first_order
@@ -104,3 +105,21 @@ def _allowed(expand: list[int], parents: list[int], slot: dict[int, int]) -> Ten
     for r, node in enumerate(expand):
         slot[node] = base + r
     return allowed
+
+
+def static_scores(plan: StaticPlan, values_by_depth: list[Tensor]) -> Tensor:
+    """Cumulative log-probs [N] (float64, root 0) of the emitted tree from each depth's candidates'
+    log-probs [E, need]."""
+    flat = torch.cat([v.reshape(-1) for v in values_by_depth])[plan.pick]  # [N - 1]
+    return plan.path_sum @ F.pad(flat.double(), (1, 0))  # sums along the paths
+
+
+def kept_scores(plan: StaticPlan, kept: list[tuple[Tensor, Tensor]]) -> Tensor:
+    """`static_scores` from each depth's logits [1, E, Vd] and chosen ids [1, E * need] (eager drafting
+    keeps those instead of log-probs)."""
+    values = []
+    for logits, ids in kept:
+        logits = logits[0].float()  # [E, Vd]
+        chosen = logits.gather(-1, ids.view(logits.shape[0], -1))  # [E, need]
+        values.append(chosen - torch.logsumexp(logits, dim=-1, keepdim=True))
+    return static_scores(plan, values)
