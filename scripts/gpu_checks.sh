@@ -8,7 +8,7 @@
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
 #      batch passes and every row's EAGLE draft as graphs);
-#   3. bench_gpu_fp8: bench_gpu.py --compile graphs --draft-fp8 (the draft's per-depth layers in FP8 e4m3:
+#   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8 (the draft's per-depth layers in FP8 e4m3, inductor:
 #      does a depth-7 draft reach <= 25% of a step?).
 #   On request (named): bench_demo_graphs (scripts/benchmark.py on the demo target and heads with
 #      compile="graphs"), bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
@@ -59,8 +59,9 @@ step pytest_gpu "${PYTEST_S:-200}" "$PY" -m pytest -q -m gpu -p no:cacheprovider
 # inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs
 step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs \
     --sizes 1,64 --profile --out "$OUT/bench_gpu.json"
-# the draft's per-depth layers in FP8 e4m3 (heads/fp8.py), the target and draft as our graphs of the eager passes
-step bench_gpu_fp8 "${FP8_S:-200}" "$PY" scripts/bench_gpu.py --compile graphs --draft-fp8 --sizes 1,64 --no-batch \
+# the draft's per-depth layers in FP8 e4m3 (heads/fp8.py), compiled by inductor (it fuses each layer's
+# activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
+step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --no-batch \
     --out "$OUT/bench_gpu_fp8.json"
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
 step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
