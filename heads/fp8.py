@@ -9,9 +9,10 @@ WHICH tokens are proposed, never the output: decoding stays lossless.
 `Fp8Linear` keeps W as e4m3 [N, K] with one scale per output row, quantizes x with one scale per row
 and multiplies with one `torch._scaled_mm` (an FP8 tensor-core GEMM on Ada, Hopper and later) at unit
 scales; the outer product of the two scales multiplies the output afterwards (tensor-wise `_scaled_mm`
-is the most portable kind). `to_fp8(head)` swaps a head's per-depth `nn.Linear`s in place for drafting (EAGLE-3: its decoder
-layer and lm_head; EAGLE-1/2: its decoder layers, not the target's lm_head it reads; never `fc`, which
-runs once per accept and whose dtype the drafter reads). For decoding only: not for training or saving.
+is the most portable kind). `to_fp8(head)` swaps a head's per-depth `nn.Linear`s in place for
+drafting (EAGLE-3: its decoder layer and lm_head; EAGLE-1/2: its decoder layers, not the target's
+lm_head it reads; never `fc`, which runs once per accept and whose dtype the drafter reads). For
+decoding only: not for training or saving (`save_pretrained` refuses such a head).
 """
 
 from __future__ import annotations
