@@ -176,6 +176,8 @@ def load_generator(
     EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads; still
     lossless), before any calibration, so the tree is measured as it will draft.
     """
+    if draft_fp8:  # (before anything loads: one line in a second)
+        check_fp8_device(torch.device(device))
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     model = AutoModelForCausalLM.from_pretrained(
         target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
@@ -189,7 +191,6 @@ def load_generator(
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
     if draft_fp8:
-        check_fp8_device(torch.device(device))
         if not to_fp8(getattr(built, "head", None) or torch.nn.Module()):
             raise ValueError(
                 f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
