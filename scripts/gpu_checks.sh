@@ -55,7 +55,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
     echo "=== $name: exit $rc after $((SECONDS - start)) s"
     [ "$rc" -eq 0 ] || status=1
 }
-step pytest_gpu "${PYTEST_S:-200}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py
+step pytest_gpu "${PYTEST_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py
 # inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs
 step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs \
     --sizes 1,64 --profile --out "$OUT/bench_gpu.json"
