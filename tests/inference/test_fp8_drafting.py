@@ -61,6 +61,8 @@ def test_the_draft_step_runs_the_fp8_weights(tiny_target_dir, head_dir):
     error = float((outs[1] - outs[0]).norm() / outs[0].norm())
     assert 1e-4 < error < 0.1, error
     assert type(fp8.drafter.head_step).__name__ == "_FusedStep"
+    # a drafter made on the FP8 head (a tree picked at load or per batch size) keeps the fused step
+    assert type(fp8.drafter.with_tree([[0], [1]]).head_step).__name__ == "_FusedStep"
 
 
 def test_draft_fp8_needs_an_eagle_head(tiny_target_dir, tmp_path):
