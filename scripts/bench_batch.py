@@ -11,9 +11,10 @@ batch, so a shared machine's drifting load hits both alike). tokens/s = all new 
 Speculative rows are checked against plain rows (greedy: they must be equal) and mismatches printed.
 Prints one line per (drafter, B) and writes OUT/bench_batch.json. --compile [BACKEND] decodes with the
 target's batch passes compiled (both engines; e.g. `--device cuda --compile graphs`: our CUDA graphs of the
-eager passes; each batch size's first batch is decoded once untimed, to capture) and the EAGLE batch
-draft too; --compile-draft [BACKEND] compiles the drafter only (EAGLE: every row's draft and accept as
-fixed-shape graphs, eagle_batch_graphs.py); HF `generate` stays eager.
+eager passes; each batch size's first batch is decoded once untimed, to capture) and, on CUDA, the EAGLE
+batch draft too; --compile-draft [BACKEND] compiles the drafter only (EAGLE on CUDA: every row's draft and
+accept as fixed-shape graphs, eagle_batch_graphs.py; on a CPU the batch draft stays eager); HF `generate`
+stays eager.
 """
 
 from __future__ import annotations

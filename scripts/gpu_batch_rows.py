@@ -1,5 +1,6 @@
 """The batch rows of scripts/bench_gpu.py: batch 1, 4, 16 plain steps and tree verifies on the target, whole
-passes decoded through the engine generate_batch runs (eager, or with the target's batch passes and the draft compiled),
+passes decoded through the engine generate_batch runs (eager, or with the target's batch passes compiled and,
+on CUDA, the draft as graphs),
 their projections at a given tau and their two tables. Imported by bench_gpu.py (a sibling module)."""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
     EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
     nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
     pass here commits about one token: its cost, not its tau, is what this measures. compile: the
-    target's batch passes and the EAGLE batch draft and accept compiled (batch_graphs.py,
+    target's batch passes and (on CUDA) the EAGLE batch draft and accept compiled (batch_graphs.py,
     eagle_batch_graphs.py, as generate_batch with compile=...); the first, untimed run compiles and
     captures."""
     device, nodes = next(model.parameters()).device, max(4, 64 // b)
