@@ -17,6 +17,8 @@ decoding only: not for training or saving (`save_pretrained` refuses such a head
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -60,26 +62,42 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., N) in the layer's dtype."""
-        rows = x.reshape(-1, self.in_features)  # [M, K]
-        # one scale per row, its max -> 448 (few kernels: eager drafting on a GPU runs each on its own)
-        amax = torch.linalg.vector_norm(
-            rows, float("inf"), dim=1, keepdim=True, dtype=torch.float32
-        )  # [M, 1]
-        scale = amax.clamp(min=1e-12) / FP8_MAX
-        quantized = (rows / scale).to(FP8)
+        return self.from_quantized(quantize_rows(x), x.shape)
+
+    def from_quantized(self, quantized: tuple[Tensor, Tensor], shape: torch.Size) -> Tensor:
+        """The layer's output (..., N) for an input of `shape` (..., K) given as `quantize_rows`' pair:
+        layers reading the same input (q/k/v, gate/up) quantize it once."""
+        rows, scale = quantized  # [M, K] e4m3, [M, 1] fp32
         # unit scales in the GEMM (tensor-wise: the most portable kind), each row's and each column's own
         # scale after it: (x / s_x) (W / s_w)^T * s_x s_w^T. fp16 would overflow on the unscaled sums
         wide = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
         out = torch._scaled_mm(
-            quantized, self.weight_fp8.t(), scale_a=self.unit, scale_b=self.unit, out_dtype=wide
+            rows, self.weight_fp8.t(), scale_a=self.unit, scale_b=self.unit, out_dtype=wide
         )
         out = out.mul_(scale * self.weight_scale).to(self.dtype)  # [M, N] (in place: no wider copy)
         if self.bias is not None:
             out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3"
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., K) -> its rows in e4m3 [M, K] and their fp32 scales [M, 1] (each row's max -> 448; few
+    kernels: eager drafting on a GPU runs each on its own)."""
+    rows = x.reshape(-1, x.shape[-1])  # [M, K]
+    amax = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True, dtype=torch.float32)  # [M, 1]
+    scale = amax.clamp(min=1e-12) / FP8_MAX
+    return (rows / scale).to(FP8), scale
+
+
+def linears(modules: list[nn.Module], x: Tensor) -> list[Tensor]:
+    """[m(x) for m in modules], x quantized once when they are all `Fp8Linear`s (q/k/v, gate/up)."""
+    if all(type(m) is Fp8Linear for m in modules):
+        quantized = quantize_rows(x)
+        return [cast(Fp8Linear, m).from_quantized(quantized, x.shape) for m in modules]
+    return [m(x) for m in modules]
 
 
 def per_depth_linears(head: nn.Module) -> list[tuple[nn.Module, str]]:

@@ -27,7 +27,7 @@ from transformers import Cache, DynamicCache
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
-from spechead.heads.fp8 import Fp8Linear
+from spechead.heads.fp8 import Fp8Linear, linears
 from spechead.heads.grad import no_grad
 
 _LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
@@ -118,6 +118,13 @@ def _linear(module: nn.Module, x: Tensor) -> Tensor:
     return module(x)
 
 
+def _linears(modules: list[nn.Module], x: Tensor) -> list[Tensor]:
+    """[_linear(m, x) for m in modules]; FP8 layers (heads/fp8.py) reading the same x quantize it once."""
+    if type(modules[0]) is Fp8Linear:
+        return linears(modules, x)
+    return [_linear(m, x) for m in modules]
+
+
 def _embed(head: EagleHead | Eagle3Head, ids: Tensor, dtype: torch.dtype) -> Tensor:
     """`head.embed(ids)` (B, T) -> (B, T, H) in `dtype`: for a plain nn.Embedding one op, without the
     module call, a no_grad context and the head's parameter walk for its dtype (a scaled or otherwise
@@ -185,7 +192,7 @@ class _FusedStep:
             x = attn_in if attn_in is not None else _norm(_sub(layer, "input_layernorm"), hidden)
             hidden = hidden + self._attention(_sub(layer, "self_attn"), i, x, cos, sin, mask, past_key_values)
             mlp, x = _sub(layer, "mlp"), _norm(_sub(layer, "post_attention_layernorm"), hidden)
-            gate, up = _linear(_sub(mlp, "gate_proj"), x), _linear(_sub(mlp, "up_proj"), x)
+            gate, up = _linears([_sub(mlp, "gate_proj"), _sub(mlp, "up_proj")], x)
             hidden = hidden + _linear(_sub(mlp, "down_proj"), F.silu(gate) * up)
         return hidden
 
@@ -196,9 +203,10 @@ class _FusedStep:
         `cache` layer i. rotate_half(x) * sin = x.roll(D / 2) * signed sin: one op, not four."""
         batch, length, _ = x.shape
         dim = cast(int, attn.head_dim)
-        q = _linear(_sub(attn, "q_proj"), x).view(batch, length, -1, dim)  # (B, T, nh, D)
-        k = _linear(_sub(attn, "k_proj"), x).view(batch, length, -1, dim)  # (B, T, kv, D)
-        v = _linear(_sub(attn, "v_proj"), x).view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
+        q, k, v = _linears([_sub(attn, "q_proj"), _sub(attn, "k_proj"), _sub(attn, "v_proj")], x)
+        q = q.view(batch, length, -1, dim)  # (B, T, nh, D)
+        k = k.view(batch, length, -1, dim)  # (B, T, kv, D)
+        v = v.view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
         half = dim // 2  # rotary before the heads move to dim 1: the angles (B, T, 1, D) need no unsqueeze
         q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, D), (B, kv, T, D)

@@ -82,3 +82,18 @@ def test_a_head_with_fp8_layers_is_not_saved(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="FP8 drafting layers"):
         head.save_pretrained(tmp_path / "head")
     assert not (tmp_path / "head").exists()
+
+
+def test_layers_reading_one_input_quantize_it_once():
+    """`linears` (q/k/v, gate/up in the fused step): the same outputs as each layer's own call."""
+    from spechead.heads.fp8 import linears
+
+    torch.manual_seed(0)
+    q, k = Fp8Linear(nn.Linear(32, 64)), Fp8Linear(nn.Linear(32, 16))
+    x = torch.randn(2, 3, 32)
+    both = linears([q, k], x)
+    assert [t.shape for t in both] == [(2, 3, 64), (2, 3, 16)]
+    assert torch.equal(both[0], q(x)) and torch.equal(both[1], k(x))
+    plain = nn.Linear(32, 8)  # a layer left wide (features not multiples of 16): each its own call
+    mixed = linears([q, plain], x)
+    assert torch.equal(mixed[0], q(x)) and torch.equal(mixed[1], plain(x))
