@@ -413,7 +413,7 @@ class EagleDrafter(Drafter):
         k, device = self.top_k, self._weight.device
         values, ids = self._top(feature[None], k)  # [1, k] each
         tokens = [root[0], self._to_target(ids[0])]  # node tokens, by depth
-        parents = [torch.tensor([-1], device=device), torch.zeros(k, dtype=torch.long, device=device)]
+        parents = [torch.full((1,), -1, device=device), torch.zeros(k, dtype=torch.long, device=device)]
         scores = [torch.zeros(1, dtype=torch.float64, device=device), values[0].double()]
         count = 1 + k  # nodes so far; the depth-1 nodes are ids 1..k
         frontier = torch.arange(1, 1 + k, device=device)  # [k] node ids to expand next

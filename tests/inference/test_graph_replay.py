@@ -36,6 +36,8 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in SYNCS:
             raise RuntimeError(f"a host synchronisation inside a captured graph: {func}")
+        if func is torch.ops.aten.lift_fresh.default:  # torch.tensor(...): a host-to-device copy on CUDA
+            raise RuntimeError(f"a tensor made from host values inside a captured graph: {args[0]}")
         out = func(*args, **(kwargs or {}))
         self.ops.append((func, args, kwargs or {}, out))
         return out
