@@ -103,6 +103,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="the head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads)",
     )  # fmt: skip
     p.add_argument(
+        "--topk-chunk", type=int, default=None, metavar="N",
+        help="each draft depth's top-k in two stages over chunks of N ids (drafters/topk.py; default one topk)",
+    )  # fmt: skip
+    p.add_argument(
         "--compile-batch",
         **backend,
         help="the batch rows' decoded passes with the target's batch passes compiled (batch_graphs.py: "
@@ -193,6 +197,7 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
     # one drafter (one set of compiled graphs) drafting to depth 1..D: only the depth loop's bound changes
     drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
                            depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
+    drafter.topk_chunk = args.topk_chunk
     draft_status = "eager"
     if compile:
         try:  # a drafter that fails to compile still gives eager draft numbers beside the compiled target
@@ -229,6 +234,7 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
         if compile:  # beside it, the same draft eager (no graph): what the graph saves
             eager = EagleDrafter(head, tree="dynamic", top_k=drafter.top_k, depth=args.depth,
                                  total_tokens=args.tree_size)  # fmt: skip
+            eager.topk_chunk = args.topk_chunk
             eager.start(prompt[0], hidden, root)
             parts["draft eager"] = lambda: eager.propose(root, sampling, None)
         out["profile"] = {name: p.as_dict() for name, p in profile_parts(parts, device).items()}
@@ -291,7 +297,8 @@ def render(r: dict) -> str:
         f"compile: {r['compile']}",
         f"EAGLE-3 head{' (per-depth layers FP8 e4m3)' if r.get('draft_fp8') else ''}: draft vocab "
         f"{r['draft_vocab']}, EAGLE-2 dynamic top_k {r['top_k']}, depth {r['depth']}, "
-        f"tree {r['tree_size']} nodes; drafting {r['draft_status']}",
+        f"tree {r['tree_size']} nodes; drafting {r['draft_status']}"
+        + (f"; top-k in chunks of {r['topk_chunk']}" if r.get("topk_chunk") else ""),
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
         f"{r['roofline_ms']:.3f} ms",
         f"plain decode step {r['decode_step_ms']:.3f} ms = {r['roofline_fraction']:.1%} of roofline "
@@ -388,7 +395,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     parts, status = measure_compiled(model, head, args, timer, device, args.compile)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
-              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8,
+              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "topk_chunk": args.topk_chunk,
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
     report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))
     extra = report["pass_ms"] - parts["verify_ms"][args.tree_size]  # commit + draft + accept at batch 1

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in one run that fits a short lease (last measured: pytest_gpu, bench_gpu and
-# bench_demo_compiled took 331 s on one H100, bench_demo_full and bench_demo_full_ro 156 s). By default:
+# Every check that needs a GPU, in one run that fits a short lease (last measured on one H100, 2026-11-26:
+# the default three steps 411 s: pytest_gpu over 140 s cold (84 s once inductor's cache was warm),
+# bench_gpu 167 s, bench_gpu_fp8 83 s; bench_gpu_topk, new, is the same run as bench_gpu_fp8). By default:
 #   1. pytest_gpu: the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled
 #      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
-#      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration);
+#      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration,
+#      FP8 drafting eager and as graphs);
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
 #      batch passes and every row's EAGLE draft as graphs);
 #   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8 (the draft's per-depth layers in FP8 e4m3, inductor:
-#      does a depth-7 draft reach <= 25% of a step?).
+#      does a depth-7 draft reach <= 25% of a step? 31.6% on 2026-11-26, against 43.7% in bf16);
+#   4. bench_gpu_topk: the same with each depth's top-k in two stages (--topk-chunk 128, drafters/topk.py:
+#      single-block top-k kernels instead of the multi-block radix select's ~15 a depth); its draft_ms
+#      against bench_gpu_fp8's says whether `EagleDrafter.topk_chunk` should be on by default on CUDA.
 #   On request (named): bench_demo_graphs (scripts/benchmark.py on the demo target and heads with
 #      compile="graphs"), bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
 #      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes and the
@@ -26,7 +31,7 @@
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
-#   bash scripts/gpu_checks.sh                       # the default three; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
+#   bash scripts/gpu_checks.sh                       # the default four; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
 OUT=${OUT:-outputs/gpu}
@@ -43,7 +48,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
 
 status=0
-steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8} "
+steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8 bench_gpu_topk} "
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -63,6 +68,9 @@ step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare 
 # activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
 step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --no-batch \
     --out "$OUT/bench_gpu_fp8.json"
+# the same with each draft depth's top-k in two stages over chunks of 128 ids (an A/B against the step above)
+step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk 128 --sizes 1,64 \
+    --no-batch --out "$OUT/bench_gpu_topk.json"
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
 step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
     --sizes 1,64 --no-batch --out "$OUT/bench_gpu_autotune.json"

@@ -30,6 +30,7 @@ from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan, kept_scores, static_scores
+from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
@@ -110,6 +111,8 @@ class EagleDrafter(Drafter):
         # cache: scripts/bench_batch_draft.py, demo EAGLE-3 head, batch 8: 4.0 ms a pass run eager,
         # 3.2 ms by inductor, against 2.7 ms); True: wherever the drafter is compiled; False: never
         self.batch_graphs: bool | None = None
+        # each depth's top-k in two stages over chunks of this many ids (drafters/topk.py); None: one
+        self.topk_chunk: int | None = None
         self._root: int | None = None  # the token x_C that pair was fed with
         self._masks = HeadMasks(GRAPH_COMMIT)  # eager masks from kept pieces (drafters/head_masks.py)
         self._positions = PositionIds()  # eager position ids [1, q]: views of one kept arange
@@ -166,11 +169,12 @@ class EagleDrafter(Drafter):
 
     def _shared_state(self) -> tuple:
         """What every graph of this drafter reads, the batch drafter's too (eagle_batch_graphs.py): the id
-        map, the static plan, the tree's settings and the fused step's rotary table, which the step makes
-        again, larger, when a longer cache asks (a batch's head cache may be longer than batch 1's)."""
+        map, the static plan, the tree's settings (top-k chunks too) and the fused step's rotary table,
+        remade larger when a longer cache asks (a batch's head cache may be longer than batch 1's)."""
         table = getattr(self.head_step, "table", None)
         angles = None if table is None else (table[0].data_ptr(), table[0].shape[0])
-        return id(self._d2t), id(self._plan), self.top_k, self.depth, self.total_tokens, angles
+        settings = (self.top_k, self.depth, self.total_tokens, self.topk_chunk)
+        return id(self._d2t), id(self._plan), *settings, angles
 
     @no_grad
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:
@@ -219,7 +223,7 @@ class EagleDrafter(Drafter):
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:
         """The same head with a static tree of these rank paths (see `tree_from_choices`)."""
         other = EagleDrafter(self.head, tree=choices)
-        other.batch_graphs = self.batch_graphs
+        other.batch_graphs, other.topk_chunk = self.batch_graphs, self.topk_chunk
         return other
 
     def batched(self) -> BatchDrafter:
@@ -331,7 +335,7 @@ class EagleDrafter(Drafter):
 
         top-k of the raw logits minus their logsumexp (= top-k of log_softmax, without writing it)."""
         logits = self.head_logits(features)[0].float()  # [q, Vd]
-        values, ids = logits.topk(k, dim=-1)
+        values, ids = topk_rows(logits, k, self.topk_chunk)
         return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
 
     def _top_ids(

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.topk import topk_rows
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.eagle import EagleDrafter
@@ -150,7 +151,7 @@ class EagleBatchDrafter(BatchDrafter):
         """Features [B, q, H] -> the k best children: log-probs [B, q, k] (raw logits when not
         `scores`: a static tree needs only the ranks), head-vocab ids [B, q, k]."""
         logits = self.drafter.head_logits(features).float()  # [B, q, Vd]
-        values, ids = logits.topk(k, dim=-1)
+        values, ids = topk_rows(logits, k, self.drafter.topk_chunk)
         return (values - torch.logsumexp(logits, dim=-1, keepdim=True) if scores else values), ids
 
     def _grow_dynamic(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:

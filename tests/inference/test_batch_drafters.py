@@ -8,12 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spechead.inference.drafters import eagle as eagle_module
+from spechead.inference.drafters import eagle_batch as eagle_batch_module
 from spechead.inference.drafters import eagle_batch_graphs
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
 from spechead.inference.drafters.medusa import MedusaBatchDrafter
 from spechead.inference.drafters.row_loop import RowLoopDrafter
+from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -113,6 +116,44 @@ def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile, m
     batched = drafter.batched()
     assert isinstance(batched, (MedusaBatchDrafter, EagleBatchDrafter))
     assert isinstance(batched, CompiledEagleBatchDrafter) == bool(compile)
+    propose_alike(model, batched, reference)
+
+
+# batch 1 through per-row clones (a clone's dynamo-compiled functions would read the original's state)
+TWO_STAGES = [(kind, c, True) for kind, c in [("eagle_dynamic", False), *COMPILED]] + [
+    (kind, c, False) for kind, c in [("eagle_dynamic", False), *COMPILED] if c != "eager"
+]
+
+
+@pytest.mark.parametrize(("kind", "compile", "batch"), TWO_STAGES)
+def test_a_two_stage_topk_proposes_the_same_trees(model, kind, compile, batch, monkeypatch):
+    """`topk_chunk` (drafters/topk.py) at batch 1 and batched, eager and compiled: the trees of one topk."""
+    drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
+    before = drafter._shared_state()
+    drafter.topk_chunk = 20  # (the tiny vocab: several chunks, the last one partial)
+    assert drafter._shared_state() != before  # captured graphs baked the old top-k in: dropped
+    assert drafter._vocab % 20 and drafter._vocab > 40
+    if compile:
+        drafter.use_compile(compile)
+        drafter.batch_graphs = True
+        monkeypatch.setattr(eagle_batch_graphs, "PROMPT_BLOCK", 4)
+    assert drafter.with_tree([[0]]).topk_chunk == 20
+    chunks = []  # what every top-k was asked for (the reference: None)
+
+    def counted(x, k, chunk=None):
+        chunks.append(chunk)
+        return topk_rows(x, k, chunk)
+
+    monkeypatch.setattr(eagle_module, "topk_rows", counted)
+    monkeypatch.setattr(eagle_batch_module, "topk_rows", counted)
+    propose_alike(model, drafter.batched() if batch else RowLoopDrafter(drafter), reference)
+    assert 20 in chunks
+
+
+def propose_alike(model, batched, reference) -> None:
+    """Both drafters (batched: the one tested) through the same mixed-length prompts, accepts and rows
+    leaving; every pass proposes the same trees."""
+    drafter = reference.drafter
     hidden, vocab = model.config.hidden_size, model.config.vocab_size
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(5, vocab, (n,), generator=g) for n in (9, 1, 14, 3)]

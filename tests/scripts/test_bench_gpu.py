@@ -230,11 +230,13 @@ def test_compiled_batch_rows(tmp_path):
 
 def test_fp8_draft_reads_about_half_the_bytes(tiny_run, tmp_path):
     """--draft-fp8: the head's per-depth layers in e4m3 (heads/fp8.py); its weight bytes (buffers now)
-    count in the draft's roofline: about half of bf16's (the norms and row scales stay bf16)."""
+    count in the draft's roofline: about half of bf16's (the norms and row scales stay bf16). With
+    --topk-chunk (the same run): the depths' top-k in two stages, said in the report."""
     proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "1", "--no-batch", "--draft-fp8",
-               "--out", "fp8.json", cwd=tmp_path)  # fmt: skip
+               "--topk-chunk", "16", "--out", "fp8.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r, bf16 = json.loads((tmp_path / "fp8.json").read_text()), tiny_run[0]
     assert r["draft_fp8"] is True and bf16["draft_fp8"] is False
     assert 0.45 < r["draft_bytes"] / bf16["draft_bytes"] < 0.6
     assert "EAGLE-3 head (per-depth layers FP8 e4m3)" in proc.stdout and positive(r["draft_ms"])
+    assert r["topk_chunk"] == 16 and bf16["topk_chunk"] is None and "; top-k in chunks of 16" in proc.stdout

@@ -1,0 +1,58 @@
+"""topk_rows: the two-stage top-k gives torch.topk's values and the columns that hold them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.drafters.topk import topk_rows
+
+
+@pytest.mark.parametrize("shape", [(8, 4096), (3, 1000), (2, 5, 777), (1, 129)])
+@pytest.mark.parametrize("chunk", [16, 128])
+def test_two_stages_give_torch_topk(shape, chunk):
+    g = torch.Generator().manual_seed(sum(shape) + chunk)
+    x = torch.randn(shape, generator=g)  # distinct values: the ids are unique too
+    for k in (1, 8, 16):
+        want_values, want_ids = x.topk(k, dim=-1)
+        values, ids = topk_rows(x, k, chunk)
+        assert torch.equal(values, want_values), (shape, chunk, k)
+        assert torch.equal(ids, want_ids), (shape, chunk, k)
+
+
+def test_the_winners_of_one_chunk_and_the_last_partial_chunk():
+    """All of a row's best in one chunk (the second stage must not take one per chunk), the best in the
+    padded last chunk (its ids may not point past the row)."""
+    x = torch.zeros(2, 300)
+    x[0, 130:138] = torch.arange(8, 0, -1, dtype=torch.float)  # 8 best, all in chunk 1
+    x[1, 290:300] = torch.arange(10, dtype=torch.float) + 1  # best at 299, in the 44-wide last chunk
+    values, ids = topk_rows(x, 8, 128)
+    assert ids[0].tolist() == list(range(130, 138))
+    assert ids[1].tolist() == list(range(299, 291, -1))
+    assert torch.equal(values, x.topk(8, dim=-1).values)
+
+
+def test_ties_give_the_same_values_at_columns_holding_them():
+    x = torch.randint(0, 4, (4, 1000), generator=torch.Generator().manual_seed(0)).float()
+    values, ids = topk_rows(x, 16, 64)
+    assert torch.equal(values, x.topk(16, dim=-1).values)
+    assert torch.equal(x.gather(-1, ids), values)
+    assert all(len(set(row.tolist())) == 16 for row in ids)  # no column named twice
+
+
+def test_one_stage_when_chunks_cannot_help():
+    x = torch.randn(2, 100)
+    assert torch.equal(topk_rows(x, 8, None)[1], x.topk(8).indices)
+    assert torch.equal(topk_rows(x, 8, 128)[1], x.topk(8).indices)  # a row no longer than a chunk
+    assert torch.equal(topk_rows(x, 16, 8)[1], x.topk(16).indices)  # k > chunk
+
+
+def test_the_padding_never_wins_and_no_id_points_past_the_row():
+    x = torch.full((2, 300), -5.0)
+    x[0, [3, 150, 298]] = torch.tensor([1.0, 2.0, 3.0])  # 3 above the rest; the 5 others tie at -5
+    x[1] = float("-inf")  # a row with fewer than k finite entries: ids stay inside it
+    x[1, [10, 20]] = torch.tensor([1.0, 2.0])
+    values, ids = topk_rows(x, 8, 128)
+    assert torch.equal(values, x.topk(8, dim=-1).values)
+    assert torch.equal(x[0].gather(-1, ids[0]), values[0]) and len(set(ids[0].tolist())) == 8
+    assert ids[1, :2].tolist() == [20, 10] and int(ids.max()) < 300
