@@ -112,16 +112,21 @@ class CompiledBatchRunner(BatchRunner):
         if n > self.room():
             raise ValueError(f"a tree of {n} nodes does not fit: {self.room()} KV slots left")
         size, dev = self._bucket(n), self.device
-        tokens, parents = tokens.to(dev), parents.to(dev)
-        rows = torch.tensor(self.rows, device=dev)  # [B] physical rows
-        all_tokens = torch.zeros(self.capacity, size, dtype=torch.long, device=dev)  # [P, N']
-        all_parents = torch.zeros(self.capacity, size, dtype=torch.long, device=dev)  # idle: a star
-        all_parents[:, 0] = -1
-        all_tokens[rows, :n] = tokens
-        all_tokens[rows, n:] = tokens[:, :1]  # padding: children of the root nobody attends to
-        all_parents[rows, :n] = parents
+        first = self.rows == list(range(batch))  # the active rows are physical rows 0..B-1 (no rows left)
+        host = tokens.device.type == "cpu" and parents.device.type == "cpu"
+        # [2, P, N'] tokens, parents of every physical row: idle rows a one-node tree, padding children
+        # of the root nobody attends to; packed on the host where the draft is (one copy to the device)
+        packed = torch.zeros(2, self.capacity, size, dtype=torch.long, device="cpu" if host else dev)
+        packed[1, :, 0] = -1
+        rows = slice(0, batch) if first else torch.tensor(self.rows, device=packed.device)  # [B] physical
+        packed[0, rows, :n] = tokens
+        packed[0, rows, n:] = tokens[:, :1]
+        packed[1, rows, :n] = parents
+        all_tokens, all_parents = packed.to(dev)  # [P, N'] each
         logits, anc, states = self._verify_graph(all_tokens, all_parents)  # [P, N', V], [P, N', N']
-        self.last_ancestors = anc[rows, :n, :n]  # [B, N, N]
+        if not first and host:
+            rows = rows.to(dev)
+        self.last_ancestors = anc[rows, :n, :n]  # [B, N, N] (views when the rows come first)
         hidden = {k: v[rows, :n] for k, v in zip(self.layers, states)}
         return logits[rows, :n], hidden
 
@@ -157,16 +162,15 @@ class CompiledBatchRunner(BatchRunner):
         """Active row b keeps the accepted nodes paths[b] [K_b] (ascending, paths[b][0] = 0)."""
         if len(paths) != len(self.rows):
             raise ValueError(f"need one path per row ({len(self.rows)}), got {len(paths)}")
-        nodes = [torch.as_tensor(p, dtype=torch.long) for p in paths]
-        ks = [int(p.numel()) for p in nodes]
-        if any(not torch.equal(p, torch.arange(k)) for p, k in zip(nodes, ks)):  # some path must move
+        nodes = [p.tolist() if isinstance(p, Tensor) else list(p) for p in paths]  # host lists
+        ks = [len(p) for p in nodes]
+        if any(p != list(range(k)) for p, k in zip(nodes, ks)):  # some path must move
             size = 1 << max(max(ks) - 1, 0).bit_length()  # K' >= K_b: a few graph shapes
-            padded = torch.zeros(self.capacity, size, dtype=torch.long)  # [P, K'] idle rows: node 0
+            padded = [[0] * size for _ in range(self.capacity)]  # [P, K'] idle rows: node 0
             for row, p in zip(self.rows, nodes):
-                padded[row] = torch.cat([p, p[-1:].expand(size - p.numel())])
-            self._commit_graph(padded.to(self.device))
-        for row, k in zip(self.rows, ks):
-            self.lengths[row] += k
+                padded[row] = p + p[-1:] * (size - len(p))
+            self._commit_graph(torch.tensor(padded, dtype=torch.long, device=self.device))  # one copy
+        self.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(ks))
         self._sync_lengths()
 
     def _graph_commit(self, nodes: Tensor) -> None:
