@@ -162,7 +162,11 @@ class SlotLayer(CacheLayerMixin):
         if self._owner is not None:
             self._owner.generation = next(_ALLOCATIONS)
         if self.static_shapes:
-            self.length_t = torch.tensor(self.length, dtype=torch.long, device=key_states.device)
+            device = key_states.device
+            if self._owner is not None:  # one length tensor per cache (and device): one fill a set_length
+                self.length_t = self._owner.length_tensor(self.length, device)
+            else:
+                self.length_t = torch.tensor(self.length, dtype=torch.long, device=device)
             if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may replay over them
                 for buffer in (self.keys, self.values, self.length_t):
                     torch._dynamo.mark_static_address(buffer)
@@ -268,6 +272,16 @@ class SlotCache(Cache):
         self.static_shapes = static_shapes
         self.buffer = LayerBuffer(num_layers)  # every layer's keys and values in one buffer, when they can
         self.generation = next(_ALLOCATIONS)  # a new number whenever a layer's buffers are (re)allocated
+        # static_shapes: the 0-d device length every layer on that device writes after (shared: moving
+        # it is one kernel, not one per layer; kept for the cache's life, so graphs may bake it in)
+        self._lengths_t: dict[torch.device, torch.Tensor] = {}
+
+    def length_tensor(self, length: int, device: torch.device) -> torch.Tensor:
+        """The shared 0-d device length on `device` (made, at `length`, the first time a layer asks)."""
+        found = self._lengths_t.get(device)
+        if found is None:
+            found = self._lengths_t[device] = torch.tensor(length, dtype=torch.long, device=device)
+        return found
 
     @property
     def storage(self) -> torch.Tensor | None:
@@ -301,14 +315,17 @@ class SlotCache(Cache):
         (no host sync); the host-side `length` stays (`set_length` sets both again)."""
         for layer in self.slot_layers:
             assert layer.length_t is not None, "write_at needs static_shapes and a first update"
-            layer.length_t.copy_(slot)
+        for length_t in self._lengths_t.values():  # (every layer's, shared)
+            length_t.copy_(slot)
 
     def set_length(self, length: int) -> None:
         """Declare the first `length` slots valid in every layer (later slots become scratch)."""
         if not 0 <= length <= self.max_length:
             raise ValueError(f"length must be in [0, {self.max_length}], got {length}")
         for layer in self.slot_layers:
-            layer.set_length(length)
+            layer.length = length
+        for length_t in self._lengths_t.values():  # static_shapes: the layers' shared device lengths
+            length_t.fill_(length)
 
 
 def commit_path(cache: Cache, past_len: int, path: torch.Tensor, contiguous: bool = False) -> None:

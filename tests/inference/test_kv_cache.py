@@ -116,3 +116,24 @@ def test_slot_cache_without_one_buffer_commits_layer_by_layer():
     commit_path(cache, PAST, torch.tensor([0, 2, 5]))
     assert cache.shared_storage() is None
     assert [slot_positions(cache, layer) for layer in range(LAYERS)] == [[0, 1, 2, 3, 5, 8]] * LAYERS
+
+
+def test_fixed_shape_layers_write_after_one_shared_device_length():
+    """static_shapes: every layer on a device reads one 0-d length (moving it is one kernel, not one per
+    layer); set_length and write_at move it for all; a layer on another device gets that device's own."""
+    cache = SlotCache(LAYERS, 16, static_shapes=True)
+    states = torch.zeros(1, 2, 2, 4)
+    for layer in range(LAYERS):
+        cache.update(states, states, layer)
+    lengths = {id(layer.length_t) for layer in cache.slot_layers}
+    assert len(lengths) == 1 and cache.device_length() is cache.slot_layers[-1].length_t
+    cache.set_length(5)
+    assert int(cache.device_length()) == 5 and [layer.length for layer in cache.slot_layers] == [5] * LAYERS
+    cache.update(torch.ones(1, 2, 2, 4), torch.ones(1, 2, 2, 4), LAYERS - 1)  # writes slots 5, 6
+    assert cache.slot_layers[-1].keys[0, 0, :, 0].tolist() == [0.0] * 5 + [1.0] * 2 + [0.0] * 9
+    cache.write_at(torch.tensor(9))
+    assert int(cache.device_length()) == 9 and cache.slot_layers[0].length == 5  # (the host's stays)
+    cache.slot_layers[0].lazy_initialization(states.to("meta"), states.to("meta"))  # a layer elsewhere
+    assert cache.slot_layers[0].length_t.device.type == "meta" and int(cache.slot_layers[1].length_t) == 9
+    cache.set_length(3)
+    assert int(cache.slot_layers[1].length_t) == 3 and cache.slot_layers[0].length_t.device.type == "meta"
