@@ -27,7 +27,7 @@ from torch import Tensor
 from spechead.heads.grad import no_grad
 from spechead.inference.batch import BatchRunner, BatchSlotCache
 from spechead.inference.runner import CUDA_BUCKETS
-from spechead.inference.tree import ancestors_on_device
+from spechead.inference.tree import tree_inputs_after
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -118,14 +118,15 @@ class CompiledBatchRunner(BatchRunner):
         # of the root nobody attends to; packed on the host where the draft is (one copy to the device)
         packed = torch.zeros(2, self.capacity, size, dtype=torch.long, device="cpu" if host else dev)
         packed[1, :, 0] = -1
-        rows = slice(0, batch) if first else torch.tensor(self.rows, device=packed.device)  # [B] physical
+        picked = None if first else torch.tensor(self.rows, device=packed.device)  # [B] physical rows
+        rows: slice | Tensor = slice(0, batch) if picked is None else picked
         packed[0, rows, :n] = tokens
         packed[0, rows, n:] = tokens[:, :1]
         packed[1, rows, :n] = parents
         all_tokens, all_parents = packed.to(dev)  # [P, N'] each
         logits, anc, states = self._verify_graph(all_tokens, all_parents)  # [P, N', V], [P, N', N']
-        if not first and host:
-            rows = rows.to(dev)
+        if picked is not None and host:
+            rows = picked.to(dev)
         self.last_ancestors = anc[rows, :n, :n]  # [B, N, N] (views when the rows come first)
         hidden = {k: v[rows, :n] for k, v in zip(self.layers, states)}
         return logits[rows, :n], hidden
@@ -137,16 +138,7 @@ class CompiledBatchRunner(BatchRunner):
         cache = self._cache
         lengths = cache.lengths_t
         assert lengths is not None  # the prefill's copies allocated it
-        rows, n = tokens.shape
-        span = cache.max_length
-        anc = ancestors_on_device(parents)  # [P, N, N]
-        positions = lengths[:, None] + anc.sum(-1) - 1  # [P, N]
-        slots = lengths[:, None] + torch.arange(n, device=tokens.device)  # [P, N]
-        cols = torch.arange(span, device=tokens.device)  # [S]
-        allowed = (cols[None, :] < lengths[:, None])[:, None, :].expand(rows, n, span).clone()  # [P, N, S]
-        allowed.scatter_(2, slots[:, None, :].expand(rows, n, n), anc)  # own tree: ancestors + self
-        mask = torch.zeros(rows, 1, n, span, dtype=self.dtype, device=tokens.device)  # [P, 1, N, S]
-        mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask, positions, anc = tree_inputs_after(parents, lengths, cache.max_length, self.dtype)
         out = self.model(
             input_ids=tokens,
             attention_mask=mask,

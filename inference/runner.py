@@ -34,7 +34,7 @@ from spechead.heads.grad import no_grad
 from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
 from spechead.inference.positions import PositionIds
-from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_static, tree_mask
+from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_after, tree_mask
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -205,6 +205,7 @@ class TargetRunner:
         self._zeros: Tensor | None = None  # [1, 1, 1, S] additive zeros: the plain step's mask
         self._positions = PositionIds()  # the plain step's position [1, 1]: a view, not a new tensor
         self._single: Tensor | None = None  # the plain step's ancestors [1, 1, 1] (all True)
+        self._graph_ancestors: Tensor | None = None  # compiled: the last pass's ancestors [1, N, N]
         self._trees: dict[bytes, tuple[Tensor, Tensor, Tensor]] = {}  # tree shape -> ancestors, depths, block
         self._wide: dict[bytes, Tensor] = {}  # tree shape seen again -> its mask over W + N columns
         # the last known tree's host parents (kept: its id stays its own), their version, `_structure`'s answer
@@ -255,11 +256,23 @@ class TargetRunner:
 
     # ---- passes --------------------------------------------------------------------------------
 
-    def _graph_forward(self, **kwargs) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """The compiled pass: logits [B, T, V] and the captured layers' states (graph outputs, not hooks:
-        hooks added after a graph was traced would not run in it), in `self.layers` order."""
-        out = self.model(cache=self.cache, use_cache=True, output_hidden_states=bool(self.layers), **kwargs)
-        return out.logits, tuple(out.hidden_states[c] for c in self.layers.values())
+    def _graph_forward(self, input_ids: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+        """The compiled pass over a tree input_ids / parents [1, N] after the cache's device length (its
+        mask, positions and ancestors made in the graph: no op outside it): logits [1, N, V], ancestors
+        [1, N, N] and the captured layers' states (graph outputs, not hooks: hooks added after a graph
+        was traced would not run in it), in `self.layers` order."""
+        slots = self.slots
+        lengths = slots.device_length().view(1)  # [1]
+        mask, positions, anc = tree_inputs_after(parents, lengths, slots.max_length, self.dtype)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=bool(self.layers),
+        )
+        return out.logits, anc, tuple(out.hidden_states[c] for c in self.layers.values())
 
     def _graph_state(self) -> tuple:
         """What the compiled passes read besides their arguments: the cache's allocation, the layers."""
@@ -267,9 +280,9 @@ class TargetRunner:
         return generation, tuple(self.layers.values())
 
     def _forward(self, compiled: bool = False, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
-        if compiled:
+        if compiled:  # (input_ids, parents: see `_graph_forward`; its ancestors kept for `verify`)
             assert self._compiled is not None  # compiled passes run only when compile= made it
-            logits, states = self._compiled(**kwargs)
+            logits, self._graph_ancestors, states = self._compiled(**kwargs)
             return logits, dict(zip(self.layers, states))  # [B, T, H] each
         store = self._capture.store
         store.clear()
@@ -338,10 +351,9 @@ class TargetRunner:
                 f"a tree of {n} nodes does not fit: {room} KV slots left (cache {self.capacity})"
             )
         self._rewind()
-        host_parents = parents if parents.device.type == "cpu" else None  # a cache key without a sync
-        if tokens.device != self.device or parents.device != self.device:  # (`to` costs even as a no-op)
-            tokens, parents = tokens.to(self.device), parents.to(self.device)
         if n == 1 and not self.static_shapes:
+            if tokens.device != self.device:  # (`to` costs even as a no-op)
+                tokens = tokens.to(self.device)
             if self._single is None:  # one node is its own ancestor: the same [1, 1, 1] every step
                 self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
             self.last_ancestors = self._single
@@ -352,21 +364,22 @@ class TargetRunner:
             logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
             return logits.float(), hidden
         size = self._bucket(n, room)
-        if size > n:  # pad: children of the root nobody attends to, cut off again below
+        if size > n:  # pad where the tree is (the host, usually): children of the root nobody attends to
             pad = size - n
             tokens = torch.cat([tokens, tokens[:, :1].expand(1, pad)], dim=1)
             parents = torch.cat([parents, parents.new_zeros(1, pad)], dim=1)
-            if host_parents is not None:  # the padded shape's key
-                host_parents = torch.cat([host_parents, host_parents.new_zeros(1, pad)], dim=1)
-        if self.static_shapes:
-            mask, positions, anc = tree_inputs_static(parents, self.length, self.slots.max_length, self.dtype)
+        host_parents = parents if parents.device.type == "cpu" else None  # a cache key without a sync
+        if tokens.device != self.device or parents.device != self.device:
+            tokens, parents = tokens.to(self.device), parents.to(self.device)
+        if self.static_shapes:  # the mask, positions and ancestors made inside the graph
+            logits, hidden = self._forward(True, input_ids=tokens, parents=parents)
+            anc = self._graph_ancestors
+            assert anc is not None  # the graph's output
         else:
             anc, depth, block, key = self._structure(parents, host_parents)
             mask, positions = self._tree_mask(block, key), depth + self.length  # [1, 1, N, past + N], [1, N]
+            logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
         self.last_ancestors = anc if size == n else anc[:, :n, :n]  # unpadded: no slicing (ops cost on a CPU)
-        logits, hidden = self._forward(
-            self.static_shapes, input_ids=tokens, attention_mask=mask, position_ids=positions
-        )
         if size > n:  # padded: cut the padding off again
             logits, hidden = logits[:, :n], {k: v[:, :n] for k, v in hidden.items()}
         return logits.float(), hidden

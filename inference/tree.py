@@ -258,23 +258,26 @@ def tree_mask(ancestors: torch.Tensor, past_len: int, dtype: torch.dtype) -> tor
     return mask
 
 
-def tree_inputs_static(
-    parents: torch.Tensor, past_len: int, max_len: int, dtype: torch.dtype
+def tree_inputs_after(
+    parents: torch.Tensor, lengths: torch.Tensor, max_len: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`tree_inputs_on_device` over a whole preallocated cache: mask [B, 1, N, max_len] (fixed shape).
+    """`tree_inputs_on_device` over a whole preallocated cache, after DEVICE lengths [B] (long): mask
+    [B, 1, N, max_len], positions [B, N], ancestors [B, N, N]. Fixed shapes, no host value: what a
+    captured graph computes for every length.
 
-    Column j is cache slot j: the prefix [0, past_len) is visible, slots past_len.. hold the N nodes
-    (ancestors and self visible), every later slot is blocked. Positions [B, N], ancestors [B, N, N].
+    Column j is cache slot j: row b's prefix [0, lengths[b]) is visible, slots lengths[b].. hold its N
+    nodes (ancestors and self visible), every later slot is blocked. lengths[b] + N <= max_len is the
+    caller's to check (a slot past the end would be dropped).
     """
-    anc = ancestors_on_device(parents)  # [B, N, N]
     batch, n = parents.shape
-    if past_len + n > max_len:
-        raise ValueError(f"{n} nodes after {past_len} positions do not fit a cache of {max_len}")
-    positions = anc.sum(-1) - 1 + past_len
-    blocked = torch.finfo(dtype).min
-    mask = torch.full((batch, 1, n, max_len), blocked, dtype=dtype, device=parents.device)
-    mask[..., :past_len] = 0
-    mask[:, 0, :, past_len : past_len + n].masked_fill_(anc, 0)
+    anc = ancestors_on_device(parents)  # [B, N, N]
+    positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
+    slots = lengths[:, None] + torch.arange(n, device=parents.device)  # [B, N]
+    cols = torch.arange(max_len, device=parents.device)  # [S]
+    allowed = (cols[None, :] < lengths[:, None])[:, None, :].expand(batch, n, max_len).clone()  # [B, N, S]
+    allowed.scatter_(2, slots[:, None, :].expand(batch, n, n), anc)  # own tree: ancestors + self
+    mask = torch.zeros(batch, 1, n, max_len, dtype=dtype, device=parents.device)  # [B, 1, N, S]
+    mask[:, 0].masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask, positions, anc
 
 

@@ -16,8 +16,8 @@ from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import (
     causal_inputs_static,
     path_to_node,
+    tree_inputs_after,
     tree_inputs_on_device,
-    tree_inputs_static,
 )
 
 from . import test_eagle_drafter as eagle_tests  # make_head, Stream, the static tree
@@ -43,18 +43,43 @@ def test_static_slot_layer_writes_at_its_device_length_and_returns_whole_buffers
 
 
 def test_static_tree_inputs_are_the_dynamic_ones_padded_with_blocked_slots():
-    parents = torch.tensor([[-1, 0, 0, 1, 3, 2]])  # [1, N]
-    dyn_mask, dyn_pos, dyn_anc = tree_inputs_on_device(parents, 5, torch.float32)  # [1, 1, N, 5 + N]
-    mask, pos, anc = tree_inputs_static(parents, 5, 16, torch.float32)  # [1, 1, N, 16]
-    assert mask.shape == (1, 1, 6, 16)
-    assert torch.equal(mask[..., :11], dyn_mask) and torch.equal(pos, dyn_pos) and torch.equal(anc, dyn_anc)
-    assert (mask[..., 11:] == torch.finfo(torch.float32).min).all()
+    """After device lengths (one per row): row b's mask is the dynamic one after lengths[b], blocked after."""
+    parents = torch.tensor([[-1, 0, 0, 1, 3, 2], [-1, 0, 1, 1, 0, 4]])  # [2, N]
+    mask, pos, anc = tree_inputs_after(parents, torch.tensor([5, 2]), 16, torch.float32)  # [2, 1, N, 16]
+    assert mask.shape == (2, 1, 6, 16)
+    for b, past in enumerate((5, 2)):
+        dyn_mask, dyn_pos, dyn_anc = tree_inputs_on_device(parents[b : b + 1], past, torch.float32)
+        assert torch.equal(mask[b : b + 1, ..., : past + 6], dyn_mask)
+        assert torch.equal(pos[b : b + 1], dyn_pos) and torch.equal(anc[b : b + 1], dyn_anc)
+        assert (mask[b, ..., past + 6 :] == torch.finfo(torch.float32).min).all()
     causal, positions = causal_inputs_static(3, 2, 8, torch.float32, torch.device("cpu"))
     visible = causal[0, 0] == 0  # [T, S]
     assert visible.tolist() == [[j <= i + 2 for j in range(8)] for i in range(3)]
     assert positions.tolist() == [[2, 3, 4]]
-    with pytest.raises(ValueError, match="do not fit"):
-        tree_inputs_static(parents, 12, 16, torch.float32)
+
+
+def test_the_fixed_shape_verify_gives_the_eager_passes_outputs(setup):
+    """The fixed-shape pass (its mask, positions and ancestors made inside the graph from the device
+    length; "graphs" on a CPU runs it as a CUDA graph would capture it) gives the eager static runner's
+    logits, states and ancestors, pass after pass with commits between: a tiny random target's greedy
+    tokens barely feel a position off by one (logits move ~1e-3), these numbers do."""
+    model, _ = setup
+    prompt = torch.arange(5, 25)[None]  # [1, 20]
+    runners = [TargetRunner(model, cache="static", compile=c) for c in (False, "graphs")]
+    for runner in runners:
+        runner.use_layers((1,))
+        runner.reserve(20, 40, 64)
+        runner.prefill(prompt)
+    trees = [([[7, 8, 9]], [[-1, 0, 0]], [0, 2]), ([[3, 4, 5, 6, 7]], [[-1, 0, 1, 1, 3]], [0, 1, 3, 4])]
+    for tokens, parents, path in trees:  # 3 and 5 nodes: padded to buckets 4 and 8
+        (ref, ref_hidden), (out, hidden) = [
+            r.verify(torch.tensor(tokens), torch.tensor(parents)) for r in runners
+        ]
+        assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-6), (out - ref).abs().max()
+        assert torch.allclose(hidden[1], ref_hidden[1], atol=1e-6)
+        assert torch.equal(runners[1].last_ancestors, runners[0].last_ancestors)
+        for runner in runners:
+            runner.commit(path)
 
 
 def test_compile_needs_the_static_cache(setup):
