@@ -62,3 +62,37 @@ def test_a_longer_batch_grows_the_kept_runner(tiny_llama, chatml_tokenizer) -> N
     assert grown is not small and grown.max_length >= 1040
     assert out[0].token_ids == plain_greedy(model, long_prompt, 40)
     assert out[1].token_ids == plain_greedy(model, PROMPTS[1], 6)
+
+
+def test_the_fixed_shape_batch_verify_gives_the_eager_passes_outputs(setup) -> None:
+    """Numbers, not tokens (a tiny random target's greedy tokens barely feel a wrong position): the
+    compiled runner ("graphs": the passes as captured) gives the eager batch runner's logits, states and
+    ancestors for rows of mixed lengths, trees padded to buckets, commits and a row leaving."""
+    from spechead.inference.batch import BatchRunner
+
+    model, _ = setup
+    prompts = [torch.arange(5, 5 + n) for n in (7, 3, 12)]
+    eager = BatchRunner(model, (1,), max_length=64)
+    fixed = CompiledBatchRunner(model, (1,), max_length=64, capacity=4, compile="graphs")
+    for runner in (eager, fixed):
+        runner.prefill(prompts)
+    passes = [  # tokens [B, N], parents [B, N], accepted paths, rows kept after
+        (
+            [[7, 8, 9], [3, 4, 5], [6, 7, 8]],
+            [[-1, 0, 0], [-1, 0, 1], [-1, 0, 0]],
+            [[0, 2], [0, 1, 2], [0]],
+            [2, 0],
+        ),
+        ([[4, 5, 6, 7, 8], [9, 9, 8, 7, 6]], [[-1, 0, 1, 1, 3], [-1, 0, 0, 2, 2]], [[0, 1, 3], [0, 2]], None),
+        ([[5, 6], [7, 8]], [[-1, 0], [-1, 0]], [[0], [0, 1]], None),  # after the kept rows' commits
+    ]
+    for tokens, parents, paths, keep in passes:
+        tokens, parents = torch.tensor(tokens), torch.tensor(parents)
+        (ref, ref_hidden), (out, hidden) = [r.verify(tokens, parents) for r in (eager, fixed)]
+        assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-6), (out - ref).abs().max()
+        assert torch.allclose(hidden[1], ref_hidden[1], atol=1e-6)
+        assert torch.equal(fixed.last_ancestors, eager.last_ancestors)
+        for runner in (eager, fixed):
+            runner.commit(paths)
+            if keep is not None:
+                runner.keep(keep)
