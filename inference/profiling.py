@@ -93,8 +93,11 @@ def wall_ms(fn: Callable[[], object], device: torch.device, iters: int) -> float
     return statistics.median(times)
 
 
-def profile_part(fn: Callable[[], object], device: torch.device, iters: int = 5, top: int = 8) -> PartProfile:
-    """Profile `iters` calls of fn() (after one untimed call) -> its PartProfile (per call)."""
+def profile_part(
+    fn: Callable[[], object], device: torch.device, iters: int = 5, top: int = 30
+) -> PartProfile:
+    """Profile `iters` calls of fn() (after one untimed call) -> its PartProfile (per call; its `top`
+    most expensive kernels kept: a JSON report holds them all, `render_profiles` prints the first few)."""
     fn()
     wall = wall_ms(fn, device, iters)
     cuda = device.type == "cuda"
@@ -129,8 +132,8 @@ def profile_parts(
     return {name: profile_part(fn, device, iters) for name, fn in parts.items()}
 
 
-def render_profiles(profiles: dict[str, PartProfile]) -> list[str]:
-    """Text lines: one row per part (wall, kernels, idle = wall - kernels), then each part's top kernels."""
+def render_profiles(profiles: dict[str, PartProfile], top: int = 8) -> list[str]:
+    """Text lines: one row per part (wall, kernels, idle = wall - kernels), then each part's `top` kernels."""
     lines = [
         "profile (per call) | wall ms | kernel ms | idle ms (host, launches, syncs) | kernels | host ops"
     ]
@@ -142,5 +145,5 @@ def render_profiles(profiles: dict[str, PartProfile]) -> list[str]:
             f"{name:18s} | {p.wall_ms:7.3f} | {busy:9s} | {idle:31s} | {kernels:7s} | {p.host_ops:.0f}"
         )
     for name, p in profiles.items():
-        lines.append(f"  {name} top: " + "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in p.top))
+        lines.append(f"  {name} top: " + "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in p.top[:top]))
     return lines

@@ -35,6 +35,7 @@ def test_profile_counts_host_ops_per_call_and_ranks_them():
     assert all(n == 1 for name, _, n in p.top if name in ("aten::mm", "aten::sum"))  # per call, not per 3
     more = profile_part(lambda: (x @ x @ x).relu().sum(), torch.device("cpu"), iters=3)
     assert more.host_ops > p.host_ops
+    assert len(profile_part(lambda: (x @ x).relu().sum(), torch.device("cpu"), iters=1, top=2).top) == 2
 
 
 def test_render_has_a_row_and_a_top_line_per_part():
@@ -48,3 +49,5 @@ def test_render_has_a_row_and_a_top_line_per_part():
     # Python scalar made a tensor of x's dtype), which once ranked above the add in a full CI run
     assert lines[3].startswith("  a top: ") and "aten::add " in lines[3]
     assert lines[4].startswith("  b top: ") and "aten::mul " in lines[4]
+    many = profile_parts({"c": lambda: (x @ x).relu().sum() * 2}, torch.device("cpu"), iters=1)
+    assert len(many["c"].top) > 2 and render_profiles(many, top=2)[2].count(" ms x") == 2  # kept, printed
