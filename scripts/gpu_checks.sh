@@ -68,8 +68,9 @@ step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare 
 # activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
 step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --no-batch \
     --out "$OUT/bench_gpu_fp8.json"
-# the same with each draft depth's top-k in two stages over chunks of 128 ids (an A/B against the step above)
-step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk 128 --sizes 1,64 \
+# the same with each draft depth's top-k in two stages over chunks of 128 ids (an A/B against the step above),
+# profiled: the JSON keeps the draft's 30 costliest kernels
+step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk 128 --sizes 1,64 --profile \
     --no-batch --out "$OUT/bench_gpu_topk.json"
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
 step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
