@@ -267,7 +267,7 @@ def tree_inputs_after(
 
     Column j is cache slot j: row b's prefix [0, lengths[b]) is visible, slots lengths[b].. hold its N
     nodes (ancestors and self visible), every later slot is blocked. lengths[b] + N <= max_len is the
-    caller's to check (a slot past the end would be dropped).
+    caller's to check (on the host, before the graph: the nodes' slots must exist).
     """
     batch, n = parents.shape
     anc = ancestors_on_device(parents)  # [B, N, N]

@@ -20,6 +20,8 @@ def topk_rows(x: Tensor, k: int, chunk: int | None = None) -> tuple[Tensor, Tens
     [..., k] each. chunk: in two stages over chunks of this many columns (None, or k > chunk: one
     `torch.topk`). x's entries are taken to be finite (logits): a row with fewer than k finite
     entries may name its last column more than once."""
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be a positive number of columns, got {chunk}")
     width = x.shape[-1]
     if chunk is None or k > chunk or width <= chunk:
         return x.topk(k, dim=-1)

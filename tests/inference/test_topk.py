@@ -45,6 +45,8 @@ def test_one_stage_when_chunks_cannot_help():
     assert torch.equal(topk_rows(x, 8, None)[1], x.topk(8).indices)
     assert torch.equal(topk_rows(x, 8, 128)[1], x.topk(8).indices)  # a row no longer than a chunk
     assert torch.equal(topk_rows(x, 16, 8)[1], x.topk(16).indices)  # k > chunk
+    with pytest.raises(ValueError, match="chunk must be a positive number of columns, got 0"):
+        topk_rows(x, 8, 0)
 
 
 def test_the_padding_never_wins_and_no_id_points_past_the_row():
