@@ -29,7 +29,7 @@ from spechead.heads.base import resolve_layers
 from spechead.heads.grad import no_grad
 from spechead.inference.kv_cache import LayerBuffer, croppable_cache, new_generation
 from spechead.inference.runner import _Capture, check_tree_attention
-from spechead.inference.tree import ancestors_on_device
+from spechead.inference.tree import tree_inputs_after
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -256,15 +256,9 @@ class BatchRunner:
         view = int(self.lengths.max()) + n  # S
         if n == 1:  # plain step: row b sees its prefix and its own new slot (few ops: the common case)
             return self._step(tokens, lengths, view)
-        anc = ancestors_on_device(parents)  # [B, N, N]
-        self.last_ancestors = anc
-        positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
-        slots = lengths[:, None] + torch.arange(n, device=dev)  # [B, N]
-        cols = torch.arange(view, device=dev)  # [S]
-        allowed = (cols[None, :] < lengths[:, None])[:, None, :].expand(batch, n, view).clone()  # [B, N, S]
-        allowed.scatter_(2, slots[:, None, :].expand(batch, n, n), anc)  # own tree: ancestors + self
-        mask = torch.zeros(batch, 1, n, view, dtype=self.dtype, device=dev)  # [B, 1, N, S]
-        mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        # the mask over the S = view columns every row needs: [B, 1, N, S]; positions [B, N]
+        mask, positions, self.last_ancestors = tree_inputs_after(parents, lengths, view, self.dtype)
+        slots = lengths[:, None] + torch.arange(n, device=dev)  # [B, N] where the nodes' entries go
         self.cache.write_slots, self.cache.view_length = slots, view
         logits, hidden = self._forward(
             self.cache, input_ids=tokens, attention_mask=mask, position_ids=positions

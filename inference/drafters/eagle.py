@@ -111,8 +111,7 @@ class EagleDrafter(Drafter):
         # cache: scripts/bench_batch_draft.py, demo EAGLE-3 head, batch 8: 4.0 ms a pass run eager,
         # 3.2 ms by inductor, against 2.7 ms); True: wherever the drafter is compiled; False: never
         self.batch_graphs: bool | None = None
-        # each depth's top-k in two stages over chunks of this many ids (drafters/topk.py); None: one
-        self.topk_chunk: int | None = None
+        self.topk_chunk: int | None = None  # each depth's top-k over chunks of this many ids (topk.py)
         self._root: int | None = None  # the token x_C that pair was fed with
         self._masks = HeadMasks(GRAPH_COMMIT)  # eager masks from kept pieces (drafters/head_masks.py)
         self._positions = PositionIds()  # eager position ids [1, q]: views of one kept arange
