@@ -14,7 +14,7 @@ or bonus), which becomes the next tree's root. The emitted tokens are tokens[pat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,10 +26,13 @@ RULES = ("deterministic", "iid", "without_replacement")
 
 @dataclass
 class Acceptance:
-    """`path`: accepted node indices INCLUDING the root (path[0] == 0); `next_token`: emitted after it."""
+    """`path`: accepted node indices INCLUDING the root (path[0] == 0); `next_token`: emitted after it.
+    `path_tokens`: the tokens at `path` (root first), when the rule read them on the host anyway (greedy
+    and sampled acceptance: a caller then needs no host copy of a tree that lives on a GPU); else None."""
 
     path: list[int]
     next_token: int
+    path_tokens: list[int] | None = field(default=None, compare=False)  # (derived: equality ignores it)
 
     @property
     def num_accepted(self) -> int:
@@ -64,7 +67,8 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
     path = [deepest]  # walked back from the deepest accepted node (parents checked with the tree)
     while path[-1] > 0:
         path.append(par[path[-1]])
-    return Acceptance(path=path[::-1], next_token=int(best[deepest]))
+    path.reverse()
+    return Acceptance(path=path, next_token=int(best[deepest]), path_tokens=[tokens[i] for i in path])
 
 
 def _normalised(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -126,7 +130,7 @@ def sample_accept(
     while True:
         p_node = p[node].float()  # [V]
         if not kids[node]:  # whole path accepted: bonus token from p at the leaf
-            return Acceptance(path=path, next_token=sample(p_node, generator))
+            return Acceptance(path, sample(p_node, generator), [tokens[i] for i in path])
         r = _normalised(p_node.clone(), p_node)  # [V] residual, normalised
         q_node = None  # [V] draft distribution (B, C), normalised
         if q is not None and rule != "deterministic":
@@ -157,7 +161,7 @@ def sample_accept(
                 q_node[x] = 0.0
                 q_node = _normalised(q_node, q_node)
         if accepted is None:  # every child rejected: correction token from the residual
-            return Acceptance(path=path, next_token=sample(r, generator))
+            return Acceptance(path, sample(r, generator), [tokens[i] for i in path])
         path.append(accepted)
         node = accepted
 
@@ -207,7 +211,8 @@ def typical_accept(
 def greedy_accept_batch(
     tokens: torch.Tensor, parents: torch.Tensor, ancestors: torch.Tensor, target_logits: torch.Tensor
 ) -> list[Acceptance]:
-    """`greedy_accept` for a batch of trees, computed on their device with ONE host transfer at the end.
+    """`greedy_accept` for a batch of trees, computed on their device with ONE host transfer at the end
+    (which brings the trees' tokens along: each Acceptance has its `path_tokens`).
 
     tokens / parents [B, N], ancestors [B, N, N] (`tree.ancestors_on_device`), logits [B, N, V].
     A node is accepted iff every node on its root path (root excluded) equals the argmax at its parent;
@@ -223,7 +228,10 @@ def greedy_accept_batch(
     rows = torch.arange(tokens.shape[0], device=tokens.device)
     on_path = ancestors[rows, deepest]  # [B, N]
     nxt = best[rows, deepest]  # [B]
-    packed = torch.cat([nxt[:, None], on_path.long()], dim=1).tolist()  # the one host round trip
-    return [
-        Acceptance(path=[i for i, x in enumerate(row[1:]) if x], next_token=int(row[0])) for row in packed
-    ]
+    n = tokens.shape[1]
+    packed = torch.cat([nxt[:, None], on_path.long(), tokens], dim=1).tolist()  # the one host round trip
+    out = []
+    for row in packed:  # [next token, on_path [N], tokens [N]]
+        path = [i for i, x in enumerate(row[1 : n + 1]) if x]
+        out.append(Acceptance(path, int(row[0]), [row[n + 1 + i] for i in path]))
+    return out

@@ -1,4 +1,5 @@
-"""Check a device name before loading anything onto it (one clear message instead of a traceback)."""
+"""Devices: check a device name before loading anything onto it (one clear message instead of a
+traceback); copy small host tensors to a GPU without waiting for its queued work."""
 
 from __future__ import annotations
 
@@ -26,3 +27,18 @@ def check_device(name: str, flag: str = "--device") -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"{flag} {name}: MPS is not available on this machine; use {flag} cpu")
     return device
+
+
+def host_to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """x (a small host tensor: ids, a path) on `device` without waiting for the work queued there.
+
+    A blocking copy to a GPU (`x.to("cuda")`, `torch.tensor(..., device="cuda")`) first waits for every
+    kernel queued on the stream, so each one in a decoding pass leaves the GPU idle while the host
+    prepares the next launch; and the driver may wait likewise in a non-blocking copy from pageable
+    memory. So on CUDA: through pinned memory (PyTorch keeps that buffer until the copy has run) with a
+    non-blocking copy. Elsewhere (a CPU: the same memory) `x` itself or `to`."""
+    if x.device == device:
+        return x
+    if device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)

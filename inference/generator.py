@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
@@ -147,8 +148,12 @@ class SpeculativeGenerator:
         self._batch_runners: dict[tuple, CompiledBatchRunner] = {}  # compiled: kept with their graphs
         self.last_stats: GenerationStats | None = None  # the last stream()'s, when it ran to the end
         self.last_batch_stats: list[GenerationStats] = []  # the last stream_batch()'s rows'
-        if buckets is None and next(target.parameters()).device.type == "cuda":
+        device = next(target.parameters()).device
+        if buckets is None and device.type == "cuda":
             buckets = CUDA_BUCKETS
+        # greedy acceptance on the target's device, its result and the path's tokens in ONE transfer, the
+        # pass's one wait for the device (an accelerator's default; a CPU walks host lists, cheaper there)
+        self.device_accept = device.type != "cpu"
         layers = tuple(drafter.hidden_layers) if drafter else ()
         self.runner = TargetRunner(
             target, layers, cache=cache or self.default_cache, max_length=max_cache_len, buckets=buckets,
@@ -386,7 +391,9 @@ class SpeculativeGenerator:
                 tree = draft.tree
                 room = runner.room()
                 if room is not None and tree.size > room:  # near a fixed cache's end: keep the first nodes
-                    tree = TokenTree(tree.tokens[:room], tree.parents[:room])  # (lossless: fewer candidates)
+                    tree = TokenTree.trusted(
+                        tree.tokens[:room], tree.parents[:room]
+                    )  # a tree's prefix: lossless
                 if tree.parents is not parents_of:  # a static tree's parents repeat: the same [1, N] view
                     parents_of, parents_in = tree.parents, tree.parents[None]  # (a cache key for the runner)
                 inputs = (tree.tokens[None], parents_in)  # [1, N] each
@@ -396,13 +403,13 @@ class SpeculativeGenerator:
             rows = logits[0] if draft is not None else logits  # [N, V] (plain decoding: no view needed)
             if n == 1:  # plain decoding (or an empty draft): the target's own next token
                 acc = Acceptance(path=[0], next_token=pick(logits.reshape(-1), params, generator))  # [V]
-            elif params.is_greedy and logits.device.type == "cpu":  # host = device: a list walk is cheapest
+            elif params.is_greedy and not self.device_accept:  # host = device: a list walk is cheapest
                 acc = greedy_accept(tree, rows)
-            elif params.is_greedy:  # on an accelerator: on the device, one host round trip
-                anc = runner.last_ancestors
-                assert anc is not None  # verify just set it
-                tokens = tree.tokens.to(anc.device)[None]
-                acc = greedy_accept_batch(tokens, tree.parents.to(anc.device)[None], anc, logits)[0]
+            elif params.is_greedy:  # on an accelerator: on the device; the pass's ONE wait for the device
+                anc, parents = runner.last_ancestors, runner.last_parents  # [1, N, N], [1, N] there
+                assert anc is not None and parents is not None  # verify just set them
+                tokens = host_to_device(tree.tokens, anc.device)[None]  # (a drafter's GPU tree: itself)
+                acc = greedy_accept_batch(tokens, parents, anc, logits)[0]
             else:
                 rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
                 q = q[: tree.size] if q is not None else None  # [N, V]
@@ -415,14 +422,16 @@ class SpeculativeGenerator:
             if drafter is None:  # plain decoding: nothing to hand on
                 pending = [root]
                 continue
-            k, host_tokens = len(acc.path), tree.tokens.tolist()  # (a list: indexing it costs no op)
-            pending = [*(host_tokens[i] for i in acc.path[1:]), root]
+            k, host_ids = len(acc.path), acc.path_tokens  # the path's tokens, read with the acceptance
+            if host_ids is None:  # (a rule that did not read them: from the tree)
+                host_ids = [int(t) for t in tree.tokens[acc.path].tolist()]
+            pending = [*host_ids[1:], root]
+            path_tokens = torch.tensor(host_ids)  # [K] on the host (the drafter reads them there)
             if acc.path[-1] == k - 1:  # the path is nodes 0..k-1 (a chain's): slices, not gathers
-                path_tokens, kept = tree.tokens[:k], {key: v[0, :k] for key, v in hidden.items()}
-            else:
-                path = torch.tensor(acc.path, dtype=torch.long)
-                dev_path = path.to(self.target.device)
-                path_tokens, kept = tree.tokens[path], {key: v[0, dev_path] for key, v in hidden.items()}
+                kept = {key: v[0, :k] for key, v in hidden.items()}
+            else:  # (copied without waiting for the queued commit)
+                dev_path = host_to_device(torch.tensor(acc.path), self.target.device)
+                kept = {key: v[0, dev_path] for key, v in hidden.items()}
             accepted = (path_tokens, kept, root)  # [K], {l: [K, H]}
             checked = (tree, rows)  # [N], [N, V]
         spent = clock.totals()

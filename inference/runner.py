@@ -32,6 +32,7 @@ from transformers import DynamicCache
 from spechead.heads.base import resolve_layers
 from spechead.heads.grad import no_grad
 from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
+from spechead.inference.devices import host_to_device
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
 from spechead.inference.positions import PositionIds
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_after, tree_mask
@@ -202,6 +203,7 @@ class TargetRunner:
         self.cache: DynamicCache | SlotCache | None = None
         self.length = 0  # committed positions (past_len)
         self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify
+        self.last_parents: Tensor | None = None  # [B, N] of the last verify, on the device (eager step: None)
         self._zeros: Tensor | None = None  # [1, 1, 1, S] additive zeros: the plain step's mask
         self._positions = PositionIds()  # the plain step's position [1, 1]: a view, not a new tensor
         self._single: Tensor | None = None  # the plain step's ancestors [1, 1, 1] (all True)
@@ -353,10 +355,10 @@ class TargetRunner:
         self._rewind()
         if n == 1 and not self.static_shapes:
             if tokens.device != self.device:  # (`to` costs even as a no-op)
-                tokens = tokens.to(self.device)
+                tokens = host_to_device(tokens, self.device)
             if self._single is None:  # one node is its own ancestor: the same [1, 1, 1] every step
                 self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
-            self.last_ancestors = self._single
+            self.last_ancestors, self.last_parents = self._single, None
             positions = self._positions(self.length, 1, self.device)  # [1, 1]
             # an explicit all-visible mask: transformers then skips building its own causal mask,
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
@@ -369,8 +371,10 @@ class TargetRunner:
             tokens = torch.cat([tokens, tokens[:, :1].expand(1, pad)], dim=1)
             parents = torch.cat([parents, parents.new_zeros(1, pad)], dim=1)
         host_parents = parents if parents.device.type == "cpu" else None  # a cache key without a sync
-        if tokens.device != self.device or parents.device != self.device:
-            tokens, parents = tokens.to(self.device), parents.to(self.device)
+        if tokens.device != self.device:  # (a drafter's tree on the GPU already: no copy, no wait)
+            tokens = host_to_device(tokens, self.device)
+        if parents.device != self.device:
+            parents = host_to_device(parents, self.device)
         if self.static_shapes:  # the mask, positions and ancestors made inside the graph
             logits, hidden = self._forward(True, input_ids=tokens, parents=parents)
             anc = self._graph_ancestors
@@ -380,6 +384,7 @@ class TargetRunner:
             mask, positions = self._tree_mask(block, key), depth + self.length  # [1, 1, N, past + N], [1, N]
             logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
         self.last_ancestors = anc if size == n else anc[:, :n, :n]  # unpadded: no slicing (ops cost on a CPU)
+        self.last_parents = parents if size == n else parents[:, :n]  # [1, N] on the device
         if size > n:  # padded: cut the padding off again
             logits, hidden = logits[:, :n], {k: v[:, :n] for k, v in hidden.items()}
         return logits.float(), hidden
@@ -470,7 +475,7 @@ class TargetRunner:
             and self.length + padded <= self.slots.max_length
         ):
             # pad with the last node: the copies past K land in scratch slots, beyond the new length
-            path = torch.cat([path, path[-1:].expand(padded - k)]).to(self.device)
+            path = host_to_device(torch.cat([path, path[-1:].expand(padded - k)]), self.device)
             self._compiled_commit(path)
             self.slots.set_length(self.length + k)
         else:

@@ -13,7 +13,8 @@ for depth 1..D; per depth = the increments), the drafter's accept and the target
 projected from those parts: tau * t_step / (t_verify(N) + t_commit + t_draft + t_accept). Batch 1, 4, 16:
 plain batched decoding ([B, 1] steps with a cache) and batched tree verification, with projected speculative
 tokens/s, and whole passes of batched decoding (plain and EAGLE-3 with a static tree) through the engine
-generate_batch runs, projected at tau 5.4 from their measured cost. Weights are random: times are real, accepted lengths are not (tau is an input). The EAGLE-3 draft
+generate_batch runs, projected at tau 5.4 from their measured cost. Batch 1 decoded: whole passes through
+SpeculativeGenerator (plain and EAGLE-3), host work and waits included, against the parts' sum. Weights are random: times are real, accepted lengths are not (tau is an input). The EAGLE-3 draft
 vocab is --draft-vocab (default 32000, the published heads' size). Rope scaling is left out (no cost).
 Timing: CUDA events (one synchronisation per measurement) on CUDA, perf_counter on CPU; medians of --iters.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_parents, render_batch
+from gpu_stream_rows import project_stream, render_stream, stream_or_error
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
@@ -98,6 +100,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
     p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
     p.add_argument("--no-batch", action="store_true", help="skip the batch 1, 4, 16 rows (eager: about 20 s)")
+    p.add_argument(
+        "--no-stream", action="store_true",
+        help="skip the batch-1 decoded row (whole passes through SpeculativeGenerator, compiled like --compile)",
+    )  # fmt: skip
     p.add_argument(
         "--draft-fp8", action="store_true",
         help="the head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads)",
@@ -316,6 +322,7 @@ def render(r: dict) -> str:
         "projected speedup tau * t_step / t_pass:  " + "  ".join(
             f"tau {t}: {s:.2f}x" for t, s in r["projected_speedup"].items()),
     ]  # fmt: skip
+    lines += render_stream(r)
     if r["batch"]:
         lines += render_batch(r)
     if "compare" in r:
@@ -414,6 +421,9 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         "the second decodes (random weights: about one token a pass) and projects tau 5.4 from its "
         "measured pass, batched drafter and engine included"
     )
+    if not args.no_stream:  # whole passes as the engine runs them, beside the parts' sum
+        stream = stream_or_error(model, head, args, compile=args.compile or False)
+        report["stream"] = project_stream(stream, report["pass_ms"], tau=5.4)
     report["goals"] = goals(report)
     if args.compile and args.compare:  # the batch-1 parts again with another compiled fast path
         other, other_status = measure_compiled(model, head, args, timer, device, args.compare)

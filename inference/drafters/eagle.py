@@ -26,6 +26,7 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import no_grad
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
@@ -34,12 +35,7 @@ from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import (
-    StaticTree,
-    TokenTree,
-    causal_inputs_static,
-    tree_from_choices,
-)
+from spechead.inference.tree import StaticTree, TokenTree, causal_inputs_static, tree_from_choices
 
 GRAPH_COMMIT = 16  # compiled: accepts of at most this many tokens run as a graph (the prompt runs eager)
 
@@ -209,15 +205,14 @@ class EagleDrafter(Drafter):
                 tokens, parents, scores = self._grow_dynamic(self._feature, root_t, None)
         finally:
             self._crop()  # drop every speculative entry: the cache holds the C committed ones only
-        if scores is not None and tokens.device.type != "cpu":  # one host transfer (one GPU sync)
-            host = torch.stack([tokens.double(), parents.double(), scores]).cpu()  # [3, N]; ids exact
-            tokens, parents, scores = host[0].long(), host[1].long(), host[2]
-        elif tokens.device.type != "cpu":
-            tokens = tokens.cpu()
-        self._scores = scores
+        # The tree stays where it was drafted: on a GPU the target's verify is queued right behind the
+        # draft, and the host reads the tree's tokens with the acceptance's one transfer (no wait here).
+        self._scores = scores  # [N] on the head's device: `last_scores` brings it over when read
         if self._plan is not None:  # the plan's parents, validated once by tree_from_choices
             return Draft(tree=TokenTree.trusted(tokens, self._plan.host_parents), rule="deterministic")
-        return Draft(tree=TokenTree(tokens=tokens, parents=parents), rule="deterministic")
+        # (a dynamic tree is valid by construction: its nodes are kept in id order, each after its
+        # parent, which the selection keeps; tests/inference/drafters check every proposed tree)
+        return Draft(tree=TokenTree.trusted(tokens, parents), rule="deterministic")
 
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:
         """The same head with a static tree of these rank paths (see `tree_from_choices`)."""
@@ -246,7 +241,9 @@ class EagleDrafter(Drafter):
         """Step the head on pairs (f of tokens[i], tokens[i+1] or next_token) at positions C.. (causal)."""
         device, k = self._weight.device, tokens.numel()
         # the next tokens [1, K] made from a host list: one op (a slice and a concatenation are three)
-        next_ids = torch.tensor([[*tokens.tolist()[1:], int(next_token)]], dtype=torch.long, device=device)
+        next_ids = host_to_device(
+            torch.tensor([[*tokens.tolist()[1:], int(next_token)]]), device
+        )  # (no wait)
         features = self._features(hidden, k)  # [1, K, H]
         self._ensure_room(k)
         c, cache = self._committed, self._cache
@@ -395,7 +392,9 @@ class EagleDrafter(Drafter):
     def last_scores(self) -> Tensor | None:
         """Every node's cumulative draft log-prob [N] (float64, root 0) of the last `propose`."""
         if self._scores is None and self._values is not None:  # eager static tree: summed on demand
-            self._scores = kept_scores(self._static_plan(), self._values).cpu()
+            self._scores = kept_scores(self._static_plan(), self._values)
+        if self._scores is not None and self._scores.device.type != "cpu":  # read: to the host, once
+            self._scores = self._scores.cpu()
         return self._scores
 
     def _grow_graph(

@@ -38,6 +38,7 @@ def test_greedy_deep_path():
     acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([3, 4, 0, 1, 0, 0, 2]))
     assert acc == Acceptance(path=[0, 1, 3, 6], next_token=2)
     assert acc.num_accepted == 3
+    assert acc.path_tokens == [9 % V, 3, 4, 1]  # the tokens at the path, root first
 
 
 def test_greedy_branch_choice_and_correction():
@@ -47,6 +48,7 @@ def test_greedy_branch_choice_and_correction():
     # branch under node 1: argmax 6 -> node 4 (a leaf): bonus = argmax at node 4
     acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([3, 6, 0, 1, 2, 0, 0]))
     assert acc == Acceptance(path=[0, 1, 4], next_token=2)
+    assert acc.path_tokens == [9 % V, 3, 6]
 
 
 def test_greedy_nothing_accepted():

@@ -13,7 +13,7 @@ from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.unroll import ttt_forward
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import depths, path_to_node
+from spechead.inference.tree import TokenTree, depths, path_to_node
 
 H, V, L, VD = 32, 64, 4, 40
 GREEDY = SamplingParams()
@@ -200,6 +200,7 @@ def test_dynamic_tree_shape_and_path_scores(target, kind) -> None:
     stream = Stream(head, 9, seed=4)
     drafter.start(stream.tokens, stream.states, 3)
     tree = drafter.propose(3, GREEDY, None).tree
+    TokenTree(tree.tokens, tree.parents)  # a valid tree (the drafter hands it over unchecked)
     assert 2 <= tree.size <= total and int(depths(tree.parents).max()) <= depth
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
     for p in set(parents[1:]):  # siblings are distinct tokens, at most top_k of them
@@ -250,6 +251,7 @@ def test_dynamic_keeps_highest_cumulative_probability(target, monkeypatch) -> No
     stream.tokens %= H
     drafter.start(stream.tokens, stream.states, 2)
     tree = drafter.propose(2, GREEDY, None).tree
+    TokenTree(tree.tokens, tree.parents)  # a valid tree (the drafter hands it over unchecked)
     got = {}
     for node in range(1, tree.size):
         got[tuple(int(tree.tokens[i]) for i in path_to_node(tree.parents, node)[1:])] = float(

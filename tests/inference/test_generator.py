@@ -129,6 +129,25 @@ def test_greedy_equals_plain_decoding(setup):
                 assert set(result.stats.accept_lengths[:-1]) <= {5}  # 4 drafts + 1; the last pass may be cut
 
 
+@pytest.mark.parametrize("compile", [False, "graphs"])
+def test_greedy_accepted_on_the_device_equals_plain_decoding(setup, compile, cache_backend):
+    """The accelerator's greedy path (`device_accept`: acceptance on the target's device, the path's
+    tokens brought back with it, the tree never copied to the host) run on the CPU: the same code but
+    for the pinned copies. compile="graphs": the fixed-shape passes, trees padded to buckets."""
+    if compile and cache_backend == "dynamic":
+        pytest.skip("compiled passes run on the static cache only")
+    model, tok = setup
+    for i, prompt in enumerate(prompts(6, model.config.vocab_size)):
+        reference = plain_greedy(model, prompt, 24)
+        eos = reference[9 + i % 5]  # an EOS inside a tree: generation stops at its first use
+        stop = reference.index(eos)
+        for name, drafter in drafters(model, reference, seed=i):
+            gen = SpeculativeGenerator(model, tok, drafter, compile=compile)
+            gen.device_accept, gen.eos = True, {eos}
+            result = gen.generate(input_ids=prompt, max_new_tokens=24)
+            assert result.token_ids == reference[: stop + 1], f"{name} on prompt {i}"
+
+
 def test_greedy_equality_depends_on_tree_positions(positional):
     """Long prompts, deep branching trees (node index != depth): tree position ids past_len + depth are
     the only ones that reproduce greedy decoding (node index or an off-by-one breaks this test)."""

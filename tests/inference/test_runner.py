@@ -65,6 +65,7 @@ def test_greedy_accept_batch_equals_greedy_accept():
         anc = ancestors_on_device(tree.parents[None])
         got = greedy_accept_batch(tree.tokens[None], tree.parents[None], anc, logits[None])[0]
         assert got == greedy_accept(tree, logits)
+        assert got.path_tokens == tree.tokens[got.path].tolist()  # brought back in the same transfer
 
 
 @torch.no_grad()

@@ -135,6 +135,21 @@ def test_batch_rows_and_goals(tiny_run):
     assert "of roofline" in out and "compile: off" in out
 
 
+@pytest.mark.slow
+def test_batch1_decoded_row(tiny_run):
+    """Whole passes through SpeculativeGenerator beside the parts' sum (on a CPU: no sync count)."""
+    r, out = tiny_run
+    row = r["stream"]
+    assert row["stream_new_tokens"] == 48
+    for name in ("plain", "spec"):
+        assert positive(row[f"stream_{name}_pass_ms"]) and row[f"stream_{name}_syncs"] == 0
+        assert row[f"stream_{name}_passes"] >= 1  # (the spec passes may emit several tokens each)
+    assert row["stream_plain_passes"] == 47 and row["stream_plain_tau"] == 1.0  # every token but the first
+    assert math.isclose(row["stream_speedup"], 5.4 * row["stream_plain_pass_ms"] / row["stream_spec_pass_ms"])
+    assert math.isclose(row["stream_gap_ms"], row["stream_spec_pass_ms"] - r["pass_ms"])
+    assert "batch 1, decoded (SpeculativeGenerator, 48 tokens" in out and "host waits for the GPU" in out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
 def test_cuda_without_tiny_on_a_cpu_machine_is_one_error_line(tmp_path):
     proc = run("--device", "cuda", "--iters", "1", cwd=tmp_path)

@@ -1,0 +1,99 @@
+"""The batch-1 decoded row of scripts/bench_gpu.py: whole passes through SpeculativeGenerator (plain, and
+EAGLE-3 with the benchmark's dynamic tree), measured as they run, host work and waits included, beside
+the sum of the parts bench_gpu times apart; and, on CUDA, how often a pass waits for the device.
+Imported by bench_gpu.py (a sibling module)."""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+
+import torch
+
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.generator import SpeculativeGenerator
+
+NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
+
+
+def count_syncs(device: torch.device, fn) -> tuple[object, int]:
+    """fn() and how many times it made the host wait for the GPU (PyTorch's sync debug mode: every
+    synchronising call warns); 0 off CUDA."""
+    if device.type != "cuda":
+        return fn(), 0
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return out, sum("synchroniz" in str(w.message) for w in seen)
+
+
+@torch.no_grad()
+def decoded_stream(model, head, args, compile: bool | str = False, repeats: int = 3) -> dict:
+    """ms per pass of batch-1 decoding through the engine (the median of `repeats` generates after a
+    warm-up that compiles and captures), plain and EAGLE-3, and the host's waits per pass."""
+    device, ctx = next(model.parameters()).device, args.context
+    prompt = torch.randint(0, model.config.vocab_size, (ctx,), generator=torch.Generator().manual_seed(1))
+    out: dict = {"stream_new_tokens": NEW_TOKENS}
+    for name in ("plain", "spec"):
+        drafter = None
+        if name == "spec":
+            drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
+                                   depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
+            drafter.topk_chunk = args.topk_chunk
+        gen = SpeculativeGenerator(model, None, drafter, compile=compile)
+        gen.eos = set()  # random weights: never stop early
+
+        def run(gen=gen):
+            return gen.generate(input_ids=prompt, max_new_tokens=NEW_TOKENS).stats
+
+        run()  # warm-up: compiles, captures the graphs, allocates
+        times = []
+        for _ in range(repeats):
+            stats = run()
+            times.append(1e3 * (stats.wall_time - stats.prefill_time) / max(stats.target_passes, 1))
+        stats, syncs = count_syncs(device, run)
+        out[f"stream_{name}_pass_ms"] = statistics.median(times)
+        out[f"stream_{name}_passes"] = stats.target_passes
+        out[f"stream_{name}_syncs"] = syncs  # the whole generate's, prefill included
+        out[f"stream_{name}_tau"] = stats.tau
+    return out
+
+
+def stream_or_error(model, head, args, compile: bool | str = False) -> dict:
+    """decoded_stream, or {"stream_error": what failed} (the other rows' numbers must not be lost)."""
+    try:
+        return decoded_stream(model, head, args, compile=compile)
+    except Exception as err:  # noqa: BLE001 - reported in the table and the JSON
+        first = str(err).strip().splitlines()[:1]
+        return {"stream_error": f"{type(err).__name__}: {first[0] if first else ''}"[:300]}
+
+
+def project_stream(row: dict, parts_pass_ms: float, tau: float) -> dict:
+    """The decoded passes' projection at `tau` and what the parts timed apart missed (host work, waits)."""
+    if "stream_error" in row:
+        return row
+    spec, plain = row["stream_spec_pass_ms"], row["stream_plain_pass_ms"]
+    return {**row, "stream_speedup": tau * plain / spec, "stream_tau": tau,
+            "stream_gap_ms": spec - parts_pass_ms}  # fmt: skip
+
+
+def render_stream(r: dict) -> list[str]:
+    """Two lines: the decoded passes and their projection, the host's waits per pass."""
+    row = r.get("stream") or {}
+    if not row:
+        return []
+    if "stream_error" in row:
+        return [f"batch 1, decoded (SpeculativeGenerator): failed: {row['stream_error']}"]
+    return [
+        f"batch 1, decoded (SpeculativeGenerator, {row['stream_new_tokens']} tokens, random weights so about "
+        f"one a pass): plain {row['stream_plain_pass_ms']:.3f} ms a pass, EAGLE-3 {row['stream_spec_pass_ms']:.3f} "
+        f"ms ({row['stream_gap_ms']:+.3f} ms against the parts' sum); projected at tau {row['stream_tau']}: "
+        f"{row['stream_speedup']:.2f}x the decoded plain passes",
+        f"host waits for the GPU (whole generate, prefill included): plain {row['stream_plain_syncs']} in "
+        f"{row['stream_plain_passes']} passes, EAGLE-3 {row['stream_spec_syncs']} in {row['stream_spec_passes']}",
+    ]

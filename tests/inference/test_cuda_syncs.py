@@ -1,0 +1,58 @@
+"""On CUDA a decoding pass waits for the device ONCE (the acceptance's transfer): the drafted tree stays on
+the GPU, host values go over without blocking copies. Counted with PyTorch's sync debug mode (every
+synchronising call warns). Skipped where there is no GPU (CI has none)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from spechead.heads import EagleConfig, EagleHead
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.generator import SpeculativeGenerator
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def syncs_and_passes(gen: SpeculativeGenerator, prompt: list[int], n: int) -> tuple[int, int, list[int]]:
+    """(host waits for the GPU, target passes, tokens) of one generate."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            result = gen.generate(input_ids=prompt, max_new_tokens=n)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchroniz" in str(w.message) for w in seen)
+    return syncs, result.stats.target_passes, result.token_ids
+
+
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree):
+    """The fast path (target and draft as CUDA graphs, compile="graphs": captured in seconds; inductor's
+    kernels change nothing on the host). Eager, transformers' own forward may wait too: not counted."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
+    head.attach_target_modules(
+        lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+    )
+    options = {"top_k": 4, "depth": 4, "total_tokens": 16} if tree == "dynamic" else {}
+    choices = "dynamic" if tree == "dynamic" else [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
+    drafter = EagleDrafter(head.eval(), tree=choices, **options)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile="graphs")
+    gen.eos = set()
+    prompt = list(range(5, 17))
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None).generate(input_ids=prompt, max_new_tokens=40)
+    gen.generate(input_ids=prompt, max_new_tokens=40)  # warm-up: graphs captured, buffers allocated
+    short = syncs_and_passes(gen, prompt, 10)
+    long = syncs_and_passes(gen, prompt, 40)
+    assert long[2] == plain.token_ids  # (and lossless)
+    per_pass = (long[0] - short[0]) / (long[1] - short[1])  # the prefill's and the end's waits cancel out
+    assert per_pass <= 1.0, (
+        f"{per_pass:.2f} waits a pass ({long[0]} in {long[1]} passes, {short[0]} in {short[1]})"
+    )
