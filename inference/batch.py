@@ -27,6 +27,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from spechead.heads.base import resolve_layers
 from spechead.heads.grad import no_grad
+from spechead.inference.devices import host_to_device
 from spechead.inference.kv_cache import LayerBuffer, croppable_cache, new_generation
 from spechead.inference.runner import _Capture, check_tree_attention
 from spechead.inference.tree import tree_inputs_after
@@ -251,8 +252,8 @@ class BatchRunner:
         if n > self.room():
             raise ValueError(f"a tree of {n} nodes does not fit: {self.room()} KV slots left")
         dev = self.device
-        tokens, parents = tokens.to(dev), parents.to(dev)
-        lengths = self.lengths.to(dev)  # [B]
+        tokens, parents = host_to_device(tokens, dev), host_to_device(parents, dev)  # (no wait for the GPU)
+        lengths = host_to_device(self.lengths, dev)  # [B]
         view = int(self.lengths.max()) + n  # S
         if n == 1:  # plain step: row b sees its prefix and its own new slot (few ops: the common case)
             return self._step(tokens, lengths, view)
@@ -295,7 +296,7 @@ class BatchRunner:
         dst = torch.minimum(torch.arange(kmax)[None, :], ks[:, None] - 1)  # [B, Kmax]
         src, dst = src + self.lengths[:, None], dst + self.lengths[:, None]
         if not torch.equal(src, dst):  # some row's path is not already in place
-            src, dst = src.to(self.device), dst.to(self.device)
+            src, dst = host_to_device(src, self.device), host_to_device(dst, self.device)
             assert self.cache is not None  # rows (paths) exist only after prefill
             shared = self.cache.shared_storage()  # [L, 2, B, kv, S_max, D]
             if shared is not None:  # every layer at once

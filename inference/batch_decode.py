@@ -21,6 +21,7 @@ import torch
 
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
 from spechead.inference.batch import BatchRunner
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
 from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
 from spechead.inference.stops import until_stop
@@ -58,8 +59,8 @@ def accept_rows(
         return [Acceptance(path=[0], next_token=t) for t in logits[:, 0].argmax(-1).tolist()]
     if all(r.params.is_greedy for r in rows):
         real = torch.arange(n)[None, :] < torch.tensor(draft.sizes)[:, None]  # [B, N]
-        tokens = torch.where(real, draft.tokens, -1).to(logits.device)
-        return greedy_accept_batch(tokens, draft.parents.to(logits.device), ancestors, logits)
+        tokens = host_to_device(torch.where(real, draft.tokens, -1), logits.device)
+        return greedy_accept_batch(tokens, host_to_device(draft.parents, logits.device), ancestors, logits)
     out = []
     for b, row in enumerate(rows):
         tree, row_logits = draft.tree(b), logits[b, : draft.sizes[b]]  # [N_b, V]
@@ -167,7 +168,7 @@ def batch_passes(
                 accepted = (
                     tokens[idx],
                     [lengths[b] for b in going],
-                    {k: v[idx.to(v.device)] for k, v in hidden.items()},
+                    {k: v[host_to_device(idx, v.device)] for k, v in hidden.items()},
                 )
             active = [active[b] for b in going]
         t0 = time.perf_counter()
@@ -195,7 +196,7 @@ def batch_passes(
             row.root, row.verified = acc.next_token, True
             row.pending = [*toks[1:k], row.root]
         if batched:
-            dev_paths = paths.to(device)
+            dev_paths = host_to_device(paths, device)  # (no wait for the queued commit)
             gathered = {
                 k: v.gather(1, dev_paths[:, :, None].expand(-1, -1, v.shape[-1])) for k, v in hidden.items()
             }

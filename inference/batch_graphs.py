@@ -26,6 +26,7 @@ from torch import Tensor
 
 from spechead.heads.grad import no_grad
 from spechead.inference.batch import BatchRunner, BatchSlotCache
+from spechead.inference.devices import host_to_device
 from spechead.inference.runner import CUDA_BUCKETS
 from spechead.inference.tree import tree_inputs_after
 
@@ -75,7 +76,7 @@ class CompiledBatchRunner(BatchRunner):
         """The device lengths follow the host's (one small copy, no sync)."""
         lengths_t = self._cache.lengths_t
         if lengths_t is not None:
-            lengths_t.copy_(self.lengths, non_blocking=True)
+            lengths_t.copy_(host_to_device(self.lengths, lengths_t.device))  # (device to device)
 
     def room(self) -> int:
         """Tree nodes every row can still take (idle rows sit at length 0)."""
@@ -118,15 +119,17 @@ class CompiledBatchRunner(BatchRunner):
         # of the root nobody attends to; packed on the host where the draft is (one copy to the device)
         packed = torch.zeros(2, self.capacity, size, dtype=torch.long, device="cpu" if host else dev)
         packed[1, :, 0] = -1
-        picked = None if first else torch.tensor(self.rows, device=packed.device)  # [B] physical rows
+        picked = (
+            None if first else host_to_device(torch.tensor(self.rows), packed.device)
+        )  # [B] physical rows
         rows: slice | Tensor = slice(0, batch) if picked is None else picked
         packed[0, rows, :n] = tokens
         packed[0, rows, n:] = tokens[:, :1]
         packed[1, rows, :n] = parents
-        all_tokens, all_parents = packed.to(dev)  # [P, N'] each
+        all_tokens, all_parents = host_to_device(packed, dev)  # [P, N'] each (no wait for the GPU)
         logits, anc, states = self._verify_graph(all_tokens, all_parents)  # [P, N', V], [P, N', N']
         if picked is not None and host:
-            rows = picked.to(dev)
+            rows = host_to_device(picked, dev)
         self.last_ancestors = anc[rows, :n, :n]  # [B, N, N] (views when the rows come first)
         hidden = {k: v[rows, :n] for k, v in zip(self.layers, states)}
         return logits[rows, :n], hidden
@@ -161,7 +164,7 @@ class CompiledBatchRunner(BatchRunner):
             padded = [[0] * size for _ in range(self.capacity)]  # [P, K'] idle rows: node 0
             for row, p in zip(self.rows, nodes):
                 padded[row] = p + p[-1:] * (size - len(p))
-            self._commit_graph(torch.tensor(padded, dtype=torch.long, device=self.device))  # one copy
+            self._commit_graph(host_to_device(torch.tensor(padded), self.device))  # one copy, no wait
         self.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(ks))
         self._sync_lengths()
 

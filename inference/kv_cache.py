@@ -28,6 +28,8 @@ from transformers.cache_utils import (
     DynamicLayer,
 )
 
+from spechead.inference.devices import host_to_device
+
 
 def croppable_cache(model) -> DynamicCache:
     """A fresh DynamicCache for `model` whose layers `keep_positions` can crop: for a sliding-window model
@@ -81,6 +83,7 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
     if past_len < 0:
         raise ValueError(f"past_len must be >= 0, got {past_len}")
     contiguous = keep_list == list(range(len(keep_list)))  # e.g. a chain: a plain crop, no copy
+    indices: dict[torch.device, torch.Tensor] = {}  # [K] per device (layers may sit on several GPUs)
     for i, cache_layer in enumerate(cache.layers):
         layer = _dynamic_layer(i, cache_layer)
         keys, values = layer.keys, layer.values
@@ -99,7 +102,11 @@ def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[in
             layer.keys = keys[..., :end, :]
             layer.values = values[..., :end, :]
             continue
-        idx = torch.tensor(keep_list, dtype=torch.long, device=keys.device) + past_len  # [K]
+        idx = indices.get(keys.device)
+        if idx is None:  # (copied once per device, without waiting for the GPU's queued work)
+            idx = indices[keys.device] = host_to_device(
+                torch.tensor(keep_list) + past_len, keys.device
+            )  # [K]
         layer.keys = torch.cat([keys[..., :past_len, :], keys.index_select(-2, idx)], dim=-2)
         layer.values = torch.cat([values[..., :past_len, :], values.index_select(-2, idx)], dim=-2)
 
@@ -339,7 +346,7 @@ def commit_path(cache: Cache, past_len: int, path: torch.Tensor, contiguous: boo
         return
     k = int(path.numel())
     if not contiguous:
-        src = path.to(cache.slot_layers[0].keys.device) + past_len  # [K] slots of the accepted nodes
+        src = host_to_device(path, cache.slot_layers[0].keys.device) + past_len  # [K] the accepted slots
         shared = cache.shared_storage()  # [L, 2, B, kv, S_max, D]
         if shared is not None:  # every layer at once
             shared[..., past_len : past_len + k, :] = shared.index_select(-2, src)

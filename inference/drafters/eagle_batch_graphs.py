@@ -32,6 +32,7 @@ from torch import Tensor
 from spechead.heads.grad import no_grad
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.batch_graphs import batch_capacity
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle import GRAPH_COMMIT
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
@@ -57,7 +58,7 @@ class _Rows:
         """The device lengths follow the host's (one small copy, no sync)."""
         lengths_t = self.cache.lengths_t
         assert lengths_t is not None  # made in __init__
-        lengths_t.copy_(self.lengths, non_blocking=True)
+        lengths_t.copy_(host_to_device(self.lengths, lengths_t.device))  # (device to device)
 
 
 class CompiledEagleBatchDrafter(EagleBatchDrafter):
@@ -131,7 +132,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
             self._commit(block, n.tolist(), part, nexts.tolist(), eager=True)
             going = torch.zeros(capacity, dtype=torch.bool)  # rows with pairs here: the others keep theirs
             going[:batch] = n > 0
-            rows.feature = torch.where(going.to(self.device)[:, None], rows.feature, before)
+            rows.feature = torch.where(host_to_device(going, self.device)[:, None], rows.feature, before)
 
     @no_grad
     def accept(
@@ -149,7 +150,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
             drafter._static_plan()  # built eagerly (host loops), read by the graph
         all_roots = torch.zeros(rows.cache.batch, dtype=torch.long)  # [P] idle rows: token 0
         all_roots[self.rows] = torch.tensor(list(roots), dtype=torch.long)
-        tokens, parents = self._draft(rows.feature, all_roots.to(self.device))  # [P, N] each
+        tokens, parents = self._draft(rows.feature, host_to_device(all_roots, self.device))  # [P, N] each
         if drafter._static is not None:  # the plan's parents: only the tokens come back
             tokens = tokens.cpu()[self.rows]
             parents = drafter._static_plan().host_parents.expand(len(self.rows), -1)
@@ -218,7 +219,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         packed[active, :k] = tokens.cpu()
         packed[active, width] = torch.tensor(list(lengths), dtype=torch.long)
         packed[active, width + 1] = torch.tensor(list(next_roots), dtype=torch.long)
-        on_device = active.to(self.device)
+        on_device = host_to_device(active, self.device)
         states = []
         for layer in self.drafter.hidden_layers:
             state = hidden[layer]  # [B, K, H]
@@ -226,7 +227,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
             full[on_device, :k] = state.to(self.device, self.dtype)
             states.append(full)  # [P, K', H]
         accept = self._accept if graph else self._graph_accept
-        rows.feature = accept(packed.to(self.device), *states)  # [P, H]
+        rows.feature = accept(host_to_device(packed, self.device), *states)  # [P, H]
         rows.lengths += packed[:, width]
 
     def _ensure_room(self, extra: int) -> None:
