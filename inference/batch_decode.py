@@ -56,16 +56,18 @@ def accept_rows(
     in row order, each with its own generator (the batch-1 draws)."""
     n = draft.tokens.shape[1]
     if n == 1 and all(r.params.is_greedy for r in rows):  # plain steps: each row's argmax
-        return [Acceptance(path=[0], next_token=t) for t in logits[:, 0].argmax(-1).tolist()]
+        nexts = logits[:, 0].argmax(-1).tolist()
+        return [Acceptance([0], t, [r.root]) for t, r in zip(nexts, rows)]
     if all(r.params.is_greedy for r in rows):
         real = torch.arange(n)[None, :] < torch.tensor(draft.sizes)[:, None]  # [B, N]
+        real = host_to_device(real, draft.tokens.device)  # (the trees may be on the GPU: no wait)
         tokens = host_to_device(torch.where(real, draft.tokens, -1), logits.device)
         return greedy_accept_batch(tokens, host_to_device(draft.parents, logits.device), ancestors, logits)
     out = []
     for b, row in enumerate(rows):
         tree, row_logits = draft.tree(b), logits[b, : draft.sizes[b]]  # [N_b, V]
         if tree.size == 1:
-            out.append(Acceptance(path=[0], next_token=pick(row_logits[0], row.params, row.generator)))
+            out.append(Acceptance([0], pick(row_logits[0], row.params, row.generator), [row.root]))
         elif row.params.is_greedy:
             out.append(greedy_accept(tree, row_logits))
         else:
@@ -80,6 +82,15 @@ def padded_paths(accs: Sequence[Acceptance]) -> tuple[torch.Tensor, list[int]]:
     lengths = [len(a.path) for a in accs]
     k = max(lengths)
     return torch.tensor([a.path + a.path[-1:] * (k - len(a.path)) for a in accs], dtype=torch.long), lengths
+
+
+def path_tokens(accs: Sequence[Acceptance], draft: BatchDraft, paths: torch.Tensor) -> torch.Tensor:
+    """The accepted tokens [B, K] on the host, root first, padded like `padded_paths` (the last one
+    repeated): from what the acceptance read (no copy of trees on the GPU), else gathered from the trees."""
+    k, read = paths.shape[1], [a.path_tokens for a in accs]
+    if all(t is not None for t in read):
+        return torch.tensor([t + t[-1:] * (k - len(t)) for t in read if t is not None])
+    return draft.tokens.gather(1, host_to_device(paths, draft.tokens.device)).cpu()
 
 
 def batch_cache_size(drafter: Drafter | None, need: int, max_cache_len: int | None, step: int = 256) -> int:
@@ -190,7 +201,7 @@ def batch_passes(
         accs = accept_rows(draft, logits, runner.last_ancestors, active)
         paths, lengths = padded_paths(accs)  # [B, K], K_b
         runner.commit([a.path for a in accs])
-        tokens = draft.tokens.gather(1, paths)  # [B, K] root + accepted drafts (padded)
+        tokens = path_tokens(accs, draft, paths)  # [B, K] root + accepted drafts (padded), host
         for row, acc, k, toks, n in zip(active, accs, lengths, tokens.tolist(), draft.sizes):
             row.stats.drafted_tokens += n - 1
             row.root, row.verified = acc.next_token, True

@@ -402,7 +402,7 @@ class SpeculativeGenerator:
             n = tree.size
             rows = logits[0] if draft is not None else logits  # [N, V] (plain decoding: no view needed)
             if n == 1:  # plain decoding (or an empty draft): the target's own next token
-                acc = Acceptance(path=[0], next_token=pick(logits.reshape(-1), params, generator))  # [V]
+                acc = Acceptance([0], pick(logits.reshape(-1), params, generator), [root])  # [V]
             elif params.is_greedy and not self.device_accept:  # host = device: a list walk is cheapest
                 acc = greedy_accept(tree, rows)
             elif params.is_greedy:  # on an accelerator: on the device; the pass's ONE wait for the device

@@ -151,12 +151,13 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         all_roots = torch.zeros(rows.cache.batch, dtype=torch.long)  # [P] idle rows: token 0
         all_roots[self.rows] = torch.tensor(list(roots), dtype=torch.long)
         tokens, parents = self._draft(rows.feature, host_to_device(all_roots, self.device))  # [P, N] each
-        if drafter._static is not None:  # the plan's parents: only the tokens come back
-            tokens = tokens.cpu()[self.rows]
-            parents = drafter._static_plan().host_parents.expand(len(self.rows), -1)
-        else:  # one host transfer
-            both = torch.stack([tokens, parents]).cpu()[:, self.rows]  # [2, B, N]
-            tokens, parents = both[0], both[1]
+        # The trees stay on the device (the verify is queued behind the draft, no wait here); the host
+        # reads the accepted tokens with the acceptance's one transfer (batch_decode.path_tokens).
+        if self.rows == list(range(len(self.rows))):  # the active rows come first: views
+            tokens, parents = tokens[: len(self.rows)], parents[: len(self.rows)]
+        else:
+            picked = host_to_device(torch.tensor(self.rows), self.device)  # [B] physical rows
+            tokens, parents = tokens[picked], parents[picked]
         return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
 
     def keep(self, rows: Sequence[int]) -> None:

@@ -56,3 +56,37 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree):
     assert per_pass <= 1.0, (
         f"{per_pass:.2f} waits a pass ({long[0]} in {long[1]} passes, {short[0]} in {short[1]})"
     )
+
+
+def test_one_wait_for_the_gpu_per_batch_pass(tiny_llama, chatml_tokenizer):
+    """Batch decoding's fast path (the target's batch passes and every row's EAGLE draft as CUDA graphs):
+    the trees stay on the GPU, the acceptance's transfer is the pass's one wait."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
+    head.attach_target_modules(
+        lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+    )
+    drafter = EagleDrafter(head.eval(), tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile="graphs")
+    gen.eos = set()
+    prompts = [list(range(5, 17)), list(range(20, 27))]
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None)
+
+    def run(n: int) -> tuple[int, int, list[list[int]]]:
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                results = gen.generate_batch(input_ids=prompts, max_new_tokens=n, tree_for_batch=False)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        syncs = sum("synchroniz" in str(w.message) for w in seen)
+        return syncs, results[0].stats.target_passes, [r.token_ids for r in results]
+
+    run(40)  # warm-up: graphs captured, buffers allocated
+    short, long = run(10), run(40)
+    assert long[2] == [plain.generate(input_ids=p, max_new_tokens=40).token_ids for p in prompts]
+    per_pass = (long[0] - short[0]) / (long[1] - short[1])
+    assert per_pass <= 1.0, (
+        f"{per_pass:.2f} waits a pass ({long[0]} in {long[1]} passes, {short[0]} in {short[1]})"
+    )
