@@ -5,11 +5,13 @@
 #   1. pytest_gpu: the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled
 #      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
 #      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration,
-#      FP8 drafting eager and as graphs);
+#      FP8 drafting eager and as graphs) and tests/inference/test_cuda_syncs.py (a pass waits for the GPU
+#      once, batch 1 and batch 2, counted with PyTorch's sync debug mode; new, not run yet);
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
-#      batch passes and every row's EAGLE draft as graphs);
+#      batch passes and every row's EAGLE draft as graphs; new, not run yet: batch 1 decoded whole through
+#      SpeculativeGenerator, its pass beside the parts' sum, with the host's waits for the GPU counted);
 #   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8 (the draft's per-depth layers in FP8 e4m3, inductor:
 #      does a depth-7 draft reach <= 25% of a step? 31.6% on 2026-11-26, against 43.7% in bf16);
 #   4. bench_gpu_topk: the same with each depth's top-k in two stages (--topk-chunk 128, drafters/topk.py:
@@ -60,18 +62,19 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
     echo "=== $name: exit $rc after $((SECONDS - start)) s"
     [ "$rc" -eq 0 ] || status=1
 }
-step pytest_gpu "${PYTEST_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py
+step pytest_gpu "${PYTEST_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py \
+    tests/inference/test_cuda_syncs.py
 # inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs
 step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs \
     --sizes 1,64 --profile --out "$OUT/bench_gpu.json"
 # the draft's per-depth layers in FP8 e4m3 (heads/fp8.py), compiled by inductor (it fuses each layer's
 # activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
 step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --no-batch \
-    --out "$OUT/bench_gpu_fp8.json"
+    --no-stream --out "$OUT/bench_gpu_fp8.json"
 # the same with each draft depth's top-k in two stages over chunks of 128 ids (an A/B against the step above),
 # profiled: the JSON keeps the draft's 30 costliest kernels
 step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk 128 --sizes 1,64 --profile \
-    --no-batch --out "$OUT/bench_gpu_topk.json"
+    --no-batch --no-stream --out "$OUT/bench_gpu_topk.json"
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs
 step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compile max-autotune --compare inductor \
     --sizes 1,64 --no-batch --out "$OUT/bench_gpu_autotune.json"
