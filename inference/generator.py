@@ -391,9 +391,8 @@ class SpeculativeGenerator:
                 tree = draft.tree
                 room = runner.room()
                 if room is not None and tree.size > room:  # near a fixed cache's end: keep the first nodes
-                    tree = TokenTree.trusted(
-                        tree.tokens[:room], tree.parents[:room]
-                    )  # a tree's prefix: lossless
+                    # (a tree's first nodes are a tree: lossless, fewer candidates)
+                    tree = TokenTree.trusted(tree.tokens[:room], tree.parents[:room])
                 if tree.parents is not parents_of:  # a static tree's parents repeat: the same [1, N] view
                     parents_of, parents_in = tree.parents, tree.parents[None]  # (a cache key for the runner)
                 inputs = (tree.tokens[None], parents_in)  # [1, N] each

@@ -211,7 +211,7 @@ class EagleDrafter(Drafter):
         if self._plan is not None:  # the plan's parents, validated once by tree_from_choices
             return Draft(tree=TokenTree.trusted(tokens, self._plan.host_parents), rule="deterministic")
         # (a dynamic tree is valid by construction: its nodes are kept in id order, each after its
-        # parent, which the selection keeps; tests/inference/drafters check every proposed tree)
+        # parent, which the selection keeps; tests/inference/test_eagle_drafter.py validates them)
         return Draft(tree=TokenTree.trusted(tokens, parents), rule="deterministic")
 
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:
