@@ -32,6 +32,22 @@ def syncs_and_passes(gen: SpeculativeGenerator, prompt: list[int], n: int) -> tu
     return syncs, result.stats.target_passes, result.token_ids
 
 
+def test_host_to_device_neither_waits_nor_reads_the_source_late():
+    from spechead.inference.devices import host_to_device
+
+    x = torch.arange(1000)
+    big = torch.randn(4096, 4096, device="cuda")
+    for _ in range(20):  # work queued on the stream: a blocking copy would wait for all of it
+        big = big @ big.T / 4096
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = host_to_device(x, torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    x.zero_()  # the source changes before the copy has run: the copy read its own pinned buffer
+    assert y.device.type == "cuda" and y.cpu().tolist() == list(range(1000))
+
+
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree):
     """The fast path (target and draft as CUDA graphs, compile="graphs": captured in seconds; inductor's
