@@ -172,11 +172,14 @@ def deepest_path(parents: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure_runner(model, head, args, timer: Timer, compile: bool | str = False) -> dict:
+def measure_runner(
+    model, head, args, timer: Timer, compile: bool | str = False, keep: dict | None = None
+) -> dict:
     """Decode step, verify by tree size, commit, EAGLE-3 propose by depth and accept (batch 1).
 
     compile: the runner's compiled verify (fixed-shape cache, one graph per bucket; CUDA graphs on CUDA)
-    and the drafter's compiled head step and top-k (one graph per frontier size)."""
+    and the drafter's compiled head step and top-k (one graph per frontier size). keep: receives the
+    runner and the drafter (the decoded row reuses them, graphs and all)."""
     device, ctx, vocab = next(model.parameters()).device, args.context, model.config.vocab_size
     buckets = CUDA_BUCKETS if device.type == "cuda" or compile else None
     runner = TargetRunner(model, head.config.target_layers, cache="static",
@@ -226,6 +229,8 @@ def measure_runner(model, head, args, timer: Timer, compile: bool | str = False)
         drafter._crop()
 
     accept_ms = timer.ms(lambda: drafter.accept(prompt[0, :ACCEPTED], accepted, root), setup=restart)
+    if keep is not None:
+        keep.update(runner=runner, drafter=drafter)
     out = {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
            "commit_path_len": int(path.numel()), "draft_status": draft_status}  # fmt: skip
     if args.profile:
@@ -370,11 +375,11 @@ def weight_and_streamed_bytes(model: LlamaForCausalLM, context: int) -> tuple[in
 
 
 def measure_compiled(
-    model, head, args, timer: Timer, device: torch.device, backend: str | None
+    model, head, args, timer: Timer, device: torch.device, backend: str | None, keep: dict | None = None
 ) -> tuple[dict, str]:
     """measure_runner with the target compiled with `backend` (eager numbers, said so, if that fails)."""
     if not backend:
-        return measure_runner(model, head, args, timer), "off"
+        return measure_runner(model, head, args, timer, keep=keep), "off"
     cuda = device.type == "cuda"
     how = {"inductor": "inductor, CUDA graphs captured by GraphedFunction" if cuda else "inductor",
            "reduce-overhead": "inductor, mode=reduce-overhead" if cuda else "inductor",
@@ -382,11 +387,12 @@ def measure_compiled(
            }.get(backend, backend)  # fmt: skip
     start = time.perf_counter()
     try:
-        parts = measure_runner(model, head, args, timer, compile=True if backend == "inductor" else backend)
+        compile = True if backend == "inductor" else backend
+        parts = measure_runner(model, head, args, timer, compile=compile, keep=keep)
         status = f"on, target and draft step ({how}; compiling + measuring took {time.perf_counter() - start:.0f} s)"
     except Exception as err:  # noqa: BLE001 - any compile failure still yields eager numbers
         status = f"FAILED ({type(err).__name__}: {str(err).splitlines()[0][:200]}); eager numbers"
-        parts = measure_runner(model, head, args, timer)
+        parts = measure_runner(model, head, args, timer, keep=keep)
     return parts, status
 
 
@@ -399,7 +405,8 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     timer = Timer(device, args.iters, args.warmup)
     bandwidth = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (32 << 20))
     weight_bytes, streamed = weight_and_streamed_bytes(model, args.context)
-    parts, status = measure_compiled(model, head, args, timer, device, args.compile)
+    kept: dict = {}  # the measured runner and drafter: the decoded row reuses their graphs
+    parts, status = measure_compiled(model, head, args, timer, device, args.compile, keep=kept)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
               "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "topk_chunk": args.topk_chunk,
@@ -422,7 +429,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
         "measured pass, batched drafter and engine included"
     )
     if not args.no_stream:  # whole passes as the engine runs them, beside the parts' sum
-        stream = stream_or_error(model, head, args, compile=args.compile or False)
+        stream = stream_or_error(model, head, args, args.compile or False, kept["runner"], kept["drafter"])
         report["stream"] = project_stream(stream, report["pass_ms"], tau=5.4)
     report["goals"] = goals(report)
     if args.compile and args.compare:  # the batch-1 parts again with another compiled fast path

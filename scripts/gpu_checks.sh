@@ -11,7 +11,9 @@
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
 #      batch passes and every row's EAGLE draft as graphs; new, not run yet: batch 1 decoded whole through
-#      SpeculativeGenerator, its pass beside the parts' sum, with the host's waits for the GPU counted);
+#      SpeculativeGenerator, its pass beside the parts' sum, with the host's waits for the GPU counted: it
+#      reuses the measured runner's and drafter's graphs, but plain decoding compiles its step once more,
+#      so this step may take about a minute more than the 167 s measured);
 #   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8 (the draft's per-depth layers in FP8 e4m3, inductor:
 #      does a depth-7 draft reach <= 25% of a step? 31.6% on 2026-11-26, against 43.7% in bf16);
 #   4. bench_gpu_topk: the same with each depth's top-k in two stages (--topk-chunk 128, drafters/topk.py:

@@ -12,6 +12,7 @@ import torch
 
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.runner import TargetRunner
 
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
 
@@ -33,19 +34,22 @@ def count_syncs(device: torch.device, fn) -> tuple[object, int]:
 
 
 @torch.no_grad()
-def decoded_stream(model, head, args, compile: bool | str = False, repeats: int = 3) -> dict:
+def decoded_stream(
+    model, head, args, compile: bool | str, runner: TargetRunner, drafter: EagleDrafter, repeats: int = 3
+) -> dict:
     """ms per pass of batch-1 decoding through the engine (the median of `repeats` generates after a
-    warm-up that compiles and captures), plain and EAGLE-3, and the host's waits per pass."""
+    warm-up), plain and EAGLE-3, and the host's waits per pass. EAGLE-3 decodes with the runner and the
+    drafter bench_gpu measured (their graphs: no second compile of the 8B target); plain decoding with a
+    runner of its own (no hidden states captured: its step compiles once more)."""
     device, ctx = next(model.parameters()).device, args.context
     prompt = torch.randint(0, model.config.vocab_size, (ctx,), generator=torch.Generator().manual_seed(1))
     out: dict = {"stream_new_tokens": NEW_TOKENS}
     for name in ("plain", "spec"):
-        drafter = None
-        if name == "spec":
-            drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
-                                   depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
-            drafter.topk_chunk = args.topk_chunk
-        gen = SpeculativeGenerator(model, None, drafter, compile=compile)
+        if name == "plain":
+            gen = SpeculativeGenerator(model, None, None, compile=compile)
+        else:  # (compile=False: the drafter keeps its graphs; the measured runner replaces the new one)
+            gen = SpeculativeGenerator(model, None, drafter)
+            gen.runner = runner
         gen.eos = set()  # random weights: never stop early
 
         def run(gen=gen):
@@ -64,10 +68,12 @@ def decoded_stream(model, head, args, compile: bool | str = False, repeats: int 
     return out
 
 
-def stream_or_error(model, head, args, compile: bool | str = False) -> dict:
+def stream_or_error(
+    model, head, args, compile: bool | str, runner: TargetRunner, drafter: EagleDrafter
+) -> dict:
     """decoded_stream, or {"stream_error": what failed} (the other rows' numbers must not be lost)."""
     try:
-        return decoded_stream(model, head, args, compile=compile)
+        return decoded_stream(model, head, args, compile, runner, drafter)
     except Exception as err:  # noqa: BLE001 - reported in the table and the JSON
         first = str(err).strip().splitlines()[:1]
         return {"stream_error": f"{type(err).__name__}: {first[0] if first else ''}"[:300]}
