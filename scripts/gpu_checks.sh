@@ -36,6 +36,8 @@
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
 #   bash scripts/gpu_checks.sh                       # the default four; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
+#   (with the new tests and the decoded row the four may no longer fit one 600 s call: estimated 170 + 230
+#   + 83 + 100 s; then run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8 bench_gpu_topk` in the next)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
 OUT=${OUT:-outputs/gpu}
