@@ -73,7 +73,8 @@ def test_sampling_with_one_hot_target_is_greedy():
     want = greedy_accept(tree, logits)
     for rule in ("deterministic", "iid", "without_replacement"):
         q = torch.full((7, V), 1.0 / V)
-        assert sample_accept(tree, p, rule, q, make_generator(0)) == want
+        got = sample_accept(tree, p, rule, q, make_generator(0))
+        assert got == want and got.path_tokens == want.path_tokens == tokens[want.path].tolist()
 
 
 def test_sample_accept_argument_errors():
