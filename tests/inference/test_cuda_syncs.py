@@ -63,7 +63,9 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree):
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile="graphs")
     gen.eos = set()
     prompt = list(range(5, 17))
-    plain = SpeculativeGenerator(model, chatml_tokenizer, None).generate(input_ids=prompt, max_new_tokens=40)
+    reference = SpeculativeGenerator(model, chatml_tokenizer, None)
+    reference.eos = set()  # (both run to max_new_tokens)
+    plain = reference.generate(input_ids=prompt, max_new_tokens=40)
     gen.generate(input_ids=prompt, max_new_tokens=40)  # warm-up: graphs captured, buffers allocated
     short = syncs_and_passes(gen, prompt, 10)
     long = syncs_and_passes(gen, prompt, 40)
@@ -87,6 +89,7 @@ def test_one_wait_for_the_gpu_per_batch_pass(tiny_llama, chatml_tokenizer):
     gen.eos = set()
     prompts = [list(range(5, 17)), list(range(20, 27))]
     plain = SpeculativeGenerator(model, chatml_tokenizer, None)
+    plain.eos = set()  # (both run to max_new_tokens)
 
     def run(n: int) -> tuple[int, int, list[list[int]]]:
         torch.cuda.set_sync_debug_mode("warn")
