@@ -77,19 +77,23 @@ def accept_rows(
     return out
 
 
+def _padded(rows: Sequence[list[int]], k: int) -> torch.Tensor:
+    """Host lists as [B, k] (long), each padded by repeating its last entry."""
+    return torch.tensor([row + row[-1:] * (k - len(row)) for row in rows], dtype=torch.long)
+
+
 def padded_paths(accs: Sequence[Acceptance]) -> tuple[torch.Tensor, list[int]]:
     """Accepted paths as [B, K_max] (each padded by repeating its last node) and their lengths."""
     lengths = [len(a.path) for a in accs]
-    k = max(lengths)
-    return torch.tensor([a.path + a.path[-1:] * (k - len(a.path)) for a in accs], dtype=torch.long), lengths
+    return _padded([a.path for a in accs], max(lengths)), lengths
 
 
 def path_tokens(accs: Sequence[Acceptance], draft: BatchDraft, paths: torch.Tensor) -> torch.Tensor:
     """The accepted tokens [B, K] on the host, root first, padded like `padded_paths` (the last one
     repeated): from what the acceptance read (no copy of trees on the GPU), else gathered from the trees."""
-    k, read = paths.shape[1], [a.path_tokens for a in accs]
+    read = [a.path_tokens for a in accs]
     if all(t is not None for t in read):
-        return torch.tensor([t + t[-1:] * (k - len(t)) for t in read if t is not None])
+        return _padded([t for t in read if t is not None], paths.shape[1])
     return draft.tokens.gather(1, host_to_device(paths, draft.tokens.device)).cpu()
 
 

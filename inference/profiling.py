@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -147,3 +148,19 @@ def render_profiles(profiles: dict[str, PartProfile], top: int = 8) -> list[str]
     for name, p in profiles.items():
         lines.append(f"  {name} top: " + "; ".join(f"{k} {ms:.3f} ms x{n:.0f}" for k, ms, n in p.top[:top]))
     return lines
+
+
+def count_syncs(device: torch.device, fn: Callable[[], object]) -> tuple[object, int]:
+    """fn() and how many times it made the host wait for the GPU (PyTorch's sync debug mode: each
+    synchronising call warns; counted, not shown); 0 off CUDA."""
+    if device.type != "cuda":
+        return fn(), 0
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return out, sum("synchroniz" in str(w.message) for w in seen)

@@ -6,31 +6,15 @@ Imported by bench_gpu.py (a sibling module)."""
 from __future__ import annotations
 
 import statistics
-import warnings
 
 import torch
 
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.profiling import count_syncs
 from spechead.inference.runner import TargetRunner
 
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
-
-
-def count_syncs(device: torch.device, fn) -> tuple[object, int]:
-    """fn() and how many times it made the host wait for the GPU (PyTorch's sync debug mode: every
-    synchronising call warns); 0 off CUDA."""
-    if device.type != "cuda":
-        return fn(), 0
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            out = fn()
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-    return out, sum("synchroniz" in str(w.message) for w in seen)
 
 
 @torch.no_grad()

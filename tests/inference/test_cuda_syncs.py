@@ -4,14 +4,13 @@ synchronising call warns). Skipped where there is no GPU (CI has none)."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from spechead.heads import EagleConfig, EagleHead
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.profiling import count_syncs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,14 +20,9 @@ pytestmark = [
 
 def syncs_and_passes(gen: SpeculativeGenerator, prompt: list[int], n: int) -> tuple[int, int, list[int]]:
     """(host waits for the GPU, target passes, tokens) of one generate."""
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            result = gen.generate(input_ids=prompt, max_new_tokens=n)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    syncs = sum("synchroniz" in str(w.message) for w in seen)
+    result, syncs = count_syncs(
+        torch.device("cuda"), lambda: gen.generate(input_ids=prompt, max_new_tokens=n)
+    )
     return syncs, result.stats.target_passes, result.token_ids
 
 
@@ -92,14 +86,10 @@ def test_one_wait_for_the_gpu_per_batch_pass(tiny_llama, chatml_tokenizer):
     plain.eos = set()  # (both run to max_new_tokens)
 
     def run(n: int) -> tuple[int, int, list[list[int]]]:
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                results = gen.generate_batch(input_ids=prompts, max_new_tokens=n, tree_for_batch=False)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        syncs = sum("synchroniz" in str(w.message) for w in seen)
+        def decode():
+            return gen.generate_batch(input_ids=prompts, max_new_tokens=n, tree_for_batch=False)
+
+        results, syncs = count_syncs(torch.device("cuda"), decode)
         return syncs, results[0].stats.target_passes, [r.token_ids for r in results]
 
     run(40)  # warm-up: graphs captured, buffers allocated

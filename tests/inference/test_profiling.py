@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from spechead.inference.profiling import Timer, profile_part, profile_parts, render_profiles
+from spechead.inference.profiling import Timer, count_syncs, profile_part, profile_parts, render_profiles
 
 
 def test_timer_takes_the_median_of_its_timed_calls_and_runs_setup_untimed():
@@ -51,3 +51,9 @@ def test_render_has_a_row_and_a_top_line_per_part():
     assert lines[4].startswith("  b top: ") and "aten::mul " in lines[4]
     many = profile_parts({"c": lambda: (x @ x).relu().sum() * 2}, torch.device("cpu"), iters=1)
     assert len(many["c"].top) > 2 and render_profiles(many, top=2)[2].count(" ms x") == 2  # kept, printed
+
+
+def test_count_syncs_runs_fn_and_counts_nothing_off_cuda():
+    calls = []
+    out, syncs = count_syncs(torch.device("cpu"), lambda: calls.append(1) or "done")
+    assert (out, syncs, calls) == ("done", 0, [1])
