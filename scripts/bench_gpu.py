@@ -14,8 +14,9 @@ projected from those parts: tau * t_step / (t_verify(N) + t_commit + t_draft + t
 plain batched decoding ([B, 1] steps with a cache) and batched tree verification, with projected speculative
 tokens/s, and whole passes of batched decoding (plain and EAGLE-3 with a static tree) through the engine
 generate_batch runs, projected at tau 5.4 from their measured cost. Batch 1 decoded: whole passes through
-SpeculativeGenerator (plain and EAGLE-3), host work and waits included, against the parts' sum. Weights are random: times are real, accepted lengths are not (tau is an input). The EAGLE-3 draft
-vocab is --draft-vocab (default 32000, the published heads' size). Rope scaling is left out (no cost).
+SpeculativeGenerator (plain and EAGLE-3), host work and waits included, against the parts' sum. Weights
+are random: times are real, accepted lengths are not (tau is an input). The EAGLE-3 draft vocab is
+--draft-vocab (default 32000, the published heads' size). Rope scaling is left out (no cost).
 Timing: CUDA events (one synchronisation per measurement) on CUDA, perf_counter on CPU; medians of --iters.
 """
 
