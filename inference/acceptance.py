@@ -52,21 +52,25 @@ def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
     Output equals plain greedy decoding token for token.
     """
     _check_rows(tree, target_logits, "target_logits")
-    best = argmax_ids(target_logits)  # [N], first max on ties
-    tokens, par = tree.tokens.tolist(), tree.parents.tolist()
+    return greedy_walk(tree.tokens.tolist(), tree.parents.tolist(), argmax_ids(target_logits))
+
+
+def greedy_walk(tokens: list[int], parents: list[int], best: list[int]) -> Acceptance:
+    """`greedy_accept` on host lists: a tree's tokens and parents [N] and the argmax of the target's
+    logits at every node [N] (first max on ties). A walk in node order (parents come first)."""
     n = len(tokens)
     ok = [True] + [False] * (n - 1)
     depth = [0] * n
     deepest = 0
     for i in range(1, n):
-        p = par[i]
+        p = parents[i]
         depth[i] = depth[p] + 1
         ok[i] = ok[p] and tokens[i] == best[p]
         if ok[i] and depth[i] > depth[deepest]:
             deepest = i
     path = [deepest]  # walked back from the deepest accepted node (parents checked with the tree)
     while path[-1] > 0:
-        path.append(par[path[-1]])
+        path.append(parents[path[-1]])
     path.reverse()
     return Acceptance(path=path, next_token=int(best[deepest]), path_tokens=[tokens[i] for i in path])
 

@@ -19,11 +19,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
+from spechead.inference.acceptance import (
+    Acceptance,
+    greedy_accept,
+    greedy_accept_batch,
+    greedy_walk,
+    sample_accept,
+)
 from spechead.inference.batch import BatchRunner
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
-from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
+from spechead.inference.sampling import SamplingParams, argmax_ids, make_generator, pick, target_probs
 from spechead.inference.stops import until_stop
 
 if TYPE_CHECKING:
@@ -48,16 +54,28 @@ class _Row:
 
 
 def accept_rows(
-    draft: BatchDraft, logits: torch.Tensor, ancestors: torch.Tensor, rows: Sequence[_Row]
+    draft: BatchDraft,
+    logits: torch.Tensor,
+    ancestors: torch.Tensor,
+    rows: Sequence[_Row],
+    on_device: bool | None = None,
 ) -> list:
     """Acceptance of every row's tree from verify logits [B, N, V] and ancestors [B, N, N].
 
-    All greedy: one batched walk (padding nodes get token -1 so they never match). Otherwise per row,
-    in row order, each with its own generator (the batch-1 draws)."""
+    All greedy: on an accelerator one batched walk on the device (padding nodes get token -1 so they
+    never match); on a CPU (`on_device` None: where the logits are) one argmax over every row and a
+    walk of each row's N_b real nodes in host lists (a dozen tensor ops cost more there). Otherwise per
+    row, in row order, each with its own generator (the batch-1 draws)."""
     n = draft.tokens.shape[1]
     if n == 1 and all(r.params.is_greedy for r in rows):  # plain steps: each row's argmax
-        nexts = logits[:, 0].argmax(-1).tolist()
+        nexts = argmax_ids(logits[:, 0])
         return [Acceptance([0], t, [r.root]) for t, r in zip(nexts, rows)]
+    on_device = logits.device.type != "cpu" if on_device is None else on_device
+    if all(r.params.is_greedy for r in rows) and not on_device:
+        best, tokens, parents = argmax_ids(logits), draft.tokens.tolist(), draft.parents.tolist()  # [B, N]
+        return [
+            greedy_walk(t[:size], p[:size], b) for t, p, b, size in zip(tokens, parents, best, draft.sizes)
+        ]
     if all(r.params.is_greedy for r in rows):
         real = torch.arange(n)[None, :] < torch.tensor(draft.sizes)[:, None]  # [B, N]
         real = host_to_device(real, draft.tokens.device)  # (the trees may be on the GPU: no wait)

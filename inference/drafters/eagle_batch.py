@@ -19,7 +19,9 @@ import torch
 from torch import Tensor
 
 from spechead.inference.batch import BatchSlotCache
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.static_plan import StaticPlan
 from spechead.inference.drafters.topk import topk_rows
 
 if TYPE_CHECKING:
@@ -36,7 +38,13 @@ class EagleBatchDrafter(BatchDrafter):
         self.dtype = self.head.fc.weight.dtype
         self.cache: BatchSlotCache | None = None
         self.committed = torch.zeros(0, dtype=torch.long)  # [B] C_b on the head's device
+        self.lengths: list[int] = []  # C_b on the host
         self.longest = 0  # max_b C_b (host int)
+        self._range = torch.arange(0, device=self.device)  # see `_arange`
+        # the additive mask's values (attend, blocked) as 0-d tensors: `torch.where` then makes the mask
+        # in the head's dtype in one op
+        self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
+        self._blocked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.feature: Tensor | None = None  # [B, H] output of each row's last committed pair
 
     # ---- BatchDrafter ------------------------------------------------------------------------------
@@ -50,7 +58,7 @@ class EagleBatchDrafter(BatchDrafter):
         size = max(256, -(-(longest + 128 + self._spec_room()) // 256) * 256)
         self.cache = BatchSlotCache(layers, len(prompts), size)
         self.committed = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
-        self.longest = 0
+        self.lengths, self.longest = [0] * len(prompts), 0
         tokens = torch.zeros(len(prompts), longest, dtype=torch.long)  # [B, T] padded
         for b, p in enumerate(prompts):
             tokens[b, : p.numel()] = p
@@ -84,7 +92,8 @@ class EagleBatchDrafter(BatchDrafter):
         assert self.cache is not None and self.feature is not None  # start made them
         self.cache.keep_rows(idx)
         self.committed, self.feature = self.committed[idx], self.feature[idx]
-        self.longest = int(self.committed.max())
+        self.lengths = [self.lengths[b] for b in rows]
+        self.longest = max(self.lengths)
 
     # ---- committed cache ---------------------------------------------------------------------------
 
@@ -101,20 +110,30 @@ class EagleBatchDrafter(BatchDrafter):
         """Step the head on row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} at
         positions C_b.. (causal within the block); padded queries write scratch slots after them."""
         batch, k = tokens.shape
-        dev = self.device
-        tokens = tokens.to(dev)
-        lens = torch.tensor(list(lengths), dtype=torch.long, device=dev)  # [B]
-        rows = torch.arange(batch, device=dev)
-        next_ids = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, K]: x_{t+1} of each pair
-        next_ids[rows, lens - 1] = torch.tensor(list(next_roots), dtype=torch.long, device=dev)
+        dev, lengths = self.device, list(lengths)
+        # x_{t+1} of each pair, the row's next root after its last one, padded: one tensor from host lists
+        # (a concatenation and an index_put of device tensors cost more on a CPU)
+        nexts = [
+            [*row[1:n], root] + [0] * (k - n) for row, n, root in zip(tokens.tolist(), lengths, next_roots)
+        ]
+        packed = host_to_device(torch.tensor([[n - 1 for n in lengths], lengths]), dev)  # [2, B]
         self._ensure_room(k)
-        own = torch.ones(k, k, dtype=torch.bool, device=dev).tril()  # [K, K] causal inside the block
-        out = self._forward(
-            self._features(hidden), next_ids, own.expand(batch, k, k), torch.arange(k, device=dev)
-        )
-        self.feature = out[rows, lens - 1]  # [B, H]
-        self.committed = self.committed + lens
-        self.longest = int(self.committed.max())
+        slots = self.committed[:, None] + self._arange(k)  # [B, K] where the pairs go, their positions too
+        view = self.longest + k  # S
+        seen = self._arange(view)[None, None, :] <= slots[:, :, None]  # [B, K, S] causal after C_b
+        mask = torch.where(seen, self._attend, self._blocked)[:, None]  # [B, 1, K, S]
+        ids = host_to_device(torch.tensor(nexts), dev)  # [B, K]
+        out = self._run(self._features(hidden), ids, (mask, slots, slots, view))  # [B, K, H]
+        self.feature = out[self._arange(batch), packed[0]]  # [B, H] each row's last real pair
+        self.committed = self.committed + packed[1]
+        self.lengths = [c + n for c, n in zip(self.lengths, lengths)]
+        self.longest = max(self.lengths)
+
+    def _arange(self, n: int) -> Tensor:
+        """0..n-1 [n] on the head's device: a view of one kept arange (a view costs less than an op)."""
+        if self._range.numel() < n:
+            self._range = torch.arange(max(2 * n, 1024), device=self.device)
+        return self._range[:n]
 
     def _features(self, hidden: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [B, K, H]} -> the head's input features [B, K, H] (fused for EAGLE-3)."""
@@ -130,7 +149,12 @@ class EagleBatchDrafter(BatchDrafter):
         """One head call on q queries per row: features [B, q, H], tokens [B, q]. Query i of row b
         writes slot C_b + spec + i, sits at position C_b + offsets[i] and sees slots < C_b plus the
         block [C_b, C_b + spec + q) where own [B, q, spec + q] is True. Returns features [B, q, H]."""
-        batch, q = ids.shape
+        return self._run(features, ids, self._inputs(own, offsets, spec))
+
+    def _inputs(self, own: Tensor, offsets: Tensor, spec: int = 0) -> tuple[Tensor, Tensor, Tensor, int]:
+        """What `_forward` hands the head for q queries (see there): the additive mask [B, 1, q, S], the
+        positions [B, q], the slots they write [B, q] and S (the slots they attend over)."""
+        batch, q = own.shape[0], own.shape[1]
         dev, c = self.device, self.committed  # [B]
         width = own.shape[-1]  # spec + q
         view = self.longest + width  # S
@@ -139,10 +163,14 @@ class EagleBatchDrafter(BatchDrafter):
         allowed = allowed.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [B, q, S]
         mask = torch.zeros(batch, 1, q, view, dtype=self.dtype, device=dev)
         mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)  # [B, 1, q, S]
+        return mask, c[:, None] + offsets[None, :], block[:, spec:], view
+
+    def _run(self, features: Tensor, ids: Tensor, inputs: tuple[Tensor, Tensor, Tensor, int]) -> Tensor:
+        """The head on features [B, q, H] and tokens [B, q] with `_inputs`' mask, positions, slots and S."""
+        mask, positions, slots, view = inputs
         cache = self.cache
         assert cache is not None  # start made it
-        cache.write_slots, cache.view_length = block[:, spec:], view
-        positions = c[:, None] + offsets[None, :]  # [B, q]
+        cache.write_slots, cache.view_length = slots, view
         return self.drafter.head_step(features, ids, mask, positions, cache)
 
     # ---- tree growth -------------------------------------------------------------------------------
@@ -212,14 +240,29 @@ class EagleBatchDrafter(BatchDrafter):
         tokens = roots[:, None].repeat(1, n)  # [B, N]
         out = feature.new_empty(batch, n, feature.shape[-1])  # [B, N, H]
         out[:, 0] = feature
-        spec = 0
+        spec, every = 0, self._static_inputs(plan, batch)
         for step in plan.steps:
             if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head
-                run, allowed = step["run"], step["allowed"]  # [E], [E, spec + E]
-                offsets = torch.full((run.numel(),), step["depth"] - 2, device=self.device)
-                own = allowed.expand(batch, -1, -1)
-                out[:, run] = self._forward(out[:, step["run_parent"]], tokens[:, run], own, offsets, spec)
+                run = step["run"]  # [E]
+                out[:, run] = self._run_static(out[:, step["run_parent"]], tokens[:, run], step, spec, every)
                 spec += run.numel()
             _, ids = self._top(out[:, step["expand"]], step["need"], scores=False)  # [B, E, need]
             tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
         return tokens[:, plan.order], plan.parents.expand(batch, -1)  # emitted depth-first (see the plan)
+
+    def _static_inputs(self, plan: StaticPlan, batch: int) -> tuple[Tensor, Tensor, Tensor, int] | None:
+        """`_inputs` of every speculative query of a static draft [B, Q] at once (the plan's stacked
+        masks and offsets): each depth's are views of them (on a CPU each op costs; a mask a depth was
+        about ten). S covers all Q slots: a depth's query sees the later ones' as blocked columns."""
+        q = plan.spec_offsets.numel()
+        return self._inputs(plan.spec_allowed.expand(batch, q, q), plan.spec_offsets) if q else None
+
+    def _run_static(
+        self, features: Tensor, ids: Tensor, step: dict, spec: int, every: tuple | None
+    ) -> Tensor:
+        """The head on a depth's E queries (features [B, E, H], tokens [B, E]) after `spec` speculative
+        slots, through views of `every` (`_static_inputs`) -> features [B, E, H]."""
+        assert every is not None  # (a depth that runs: the plan has speculative queries)
+        mask, positions, slots, view = every
+        rows = slice(spec, spec + ids.shape[1])
+        return self._run(features, ids, (mask[:, :, rows], positions[:, rows], slots[:, rows], view))

@@ -36,6 +36,7 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle import GRAPH_COMMIT
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+from spechead.inference.drafters.static_plan import StaticPlan
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.eagle import EagleDrafter
@@ -238,6 +239,16 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         need = int(rows.lengths.max()) + extra + self._spec_room()
         if need > rows.cache.max_length:
             rows.cache.grow(-(-max(need, 2 * rows.cache.max_length) // 1024) * 1024)
+
+    def _static_inputs(self, plan: StaticPlan, batch: int) -> None:
+        """None: inside a graph each depth builds its own mask (`_run_static`), over the fixed-size cache."""
+        return None
+
+    def _run_static(self, features: Tensor, ids: Tensor, step: dict, spec: int, every: None) -> Tensor:
+        """A depth's E queries through `_forward` (features [B, E, H], tokens [B, E]) -> [B, E, H]."""
+        batch, run = ids.shape
+        offsets = torch.full((run,), step["depth"] - 2, device=self.device)  # position C_b + depth - 2
+        return self._forward(features, ids, step["allowed"].expand(batch, -1, -1), offsets, spec)
 
     def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
         """`EagleBatchDrafter._forward` over the whole fixed-size cache: query i of row b writes slot

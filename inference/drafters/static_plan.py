@@ -35,7 +35,12 @@ class StaticPlan:
     Flags that let eager drafting skip a gather or a mask (each op costs on a CPU): same_rows (parent_rows
     is every row of the previous depth's outputs, in order), next_all (next_run is every candidate, in
     order) and sees_all (d >= 2: ONE node runs and every speculative slot so far is its ancestor's, so it
-    attends to everything in the cache: no mask)."""
+    attends to everything in the cache: no mask).
+
+    Every speculative query of a draft at once (batched eager drafting builds ONE mask a draft, not one
+    a depth): spec_allowed [Q, Q] (bool: the steps' `allowed` stacked, each row padded with False for
+    the slots of later queries) and spec_offsets [Q] (query j sits at position C + spec_offsets[j]: its
+    node's depth - 1); Q = the speculative slots a draft writes (its expanded nodes below the root)."""
 
     steps: list[dict]
     order: Tensor
@@ -43,6 +48,8 @@ class StaticPlan:
     path_sum: Tensor
     parents: Tensor
     host_parents: Tensor
+    spec_allowed: Tensor
+    spec_offsets: Tensor
 
 
 def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) -> StaticPlan:
@@ -88,7 +95,14 @@ def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) 
     emitted = depth_first(st).parents  # [N]
     pick = torch.cat(picks)[torch.tensor(order[1:], device=device) - 1]  # [N - 1]
     path_sum = ancestors_on_device(emitted[None])[0].to(device, torch.float64)  # [N, N]
-    return StaticPlan(steps, as_long(order), pick, path_sum, emitted.to(device), emitted)
+    ran = [step for step in steps if step["run"] is not None]
+    spec = sum(len(step["run"]) for step in ran)  # Q
+    allowed = [F.pad(step["allowed"], (0, spec - step["allowed"].shape[1])) for step in ran]
+    spec_allowed = torch.cat(allowed) if ran else torch.zeros(0, 0, dtype=torch.bool, device=device)
+    spec_offsets = as_long([step["depth"] - 2 for step in ran for _ in range(len(step["run"]))])  # [Q]
+    return StaticPlan(
+        steps, as_long(order), pick, path_sum, emitted.to(device), emitted, spec_allowed, spec_offsets
+    )
 
 
 def _allowed(expand: list[int], parents: list[int], slot: dict[int, int]) -> Tensor:
