@@ -72,10 +72,8 @@ def accept_rows(
         return [Acceptance([0], t, [r.root]) for t, r in zip(nexts, rows)]
     on_device = logits.device.type != "cpu" if on_device is None else on_device
     if all(r.params.is_greedy for r in rows) and not on_device:
-        best, tokens, parents = argmax_ids(logits), draft.tokens.tolist(), draft.parents.tolist()  # [B, N]
-        return [
-            greedy_walk(t[:size], p[:size], b) for t, p, b, size in zip(tokens, parents, best, draft.sizes)
-        ]
+        best, trees, links = argmax_ids(logits), draft.tokens.tolist(), draft.parents.tolist()  # [B, N]
+        return [greedy_walk(t[:size], p[:size], b) for t, p, b, size in zip(trees, links, best, draft.sizes)]
     if all(r.params.is_greedy for r in rows):
         real = torch.arange(n)[None, :] < torch.tensor(draft.sizes)[:, None]  # [B, N]
         real = host_to_device(real, draft.tokens.device)  # (the trees may be on the GPU: no wait)

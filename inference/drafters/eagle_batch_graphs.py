@@ -244,7 +244,9 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         """None: inside a graph each depth builds its own mask (`_run_static`), over the fixed-size cache."""
         return None
 
-    def _run_static(self, features: Tensor, ids: Tensor, step: dict, spec: int, every: None) -> Tensor:
+    def _run_static(
+        self, features: Tensor, ids: Tensor, step: dict, spec: int, every: tuple | None
+    ) -> Tensor:
         """A depth's E queries through `_forward` (features [B, E, H], tokens [B, E]) -> [B, E, H]."""
         batch, run = ids.shape
         offsets = torch.full((run,), step["depth"] - 2, device=self.device)  # position C_b + depth - 2

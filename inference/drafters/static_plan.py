@@ -97,8 +97,8 @@ def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) 
     path_sum = ancestors_on_device(emitted[None])[0].to(device, torch.float64)  # [N, N]
     ran = [step for step in steps if step["run"] is not None]
     spec = sum(len(step["run"]) for step in ran)  # Q
-    allowed = [F.pad(step["allowed"], (0, spec - step["allowed"].shape[1])) for step in ran]
-    spec_allowed = torch.cat(allowed) if ran else torch.zeros(0, 0, dtype=torch.bool, device=device)
+    blocks = [F.pad(step["allowed"], (0, spec - step["allowed"].shape[1])) for step in ran]
+    spec_allowed = torch.cat(blocks) if ran else torch.zeros(0, 0, dtype=torch.bool, device=device)
     spec_offsets = as_long([step["depth"] - 2 for step in ran for _ in range(len(step["run"]))])  # [Q]
     return StaticPlan(
         steps, as_long(order), pick, path_sum, emitted.to(device), emitted, spec_allowed, spec_offsets
