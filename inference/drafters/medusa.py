@@ -13,6 +13,7 @@ import torch
 
 from spechead.heads.grad import no_grad
 from spechead.heads.medusa import MedusaHead
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree, depth_first, tree_from_choices
@@ -40,10 +41,10 @@ class MedusaDrafter(Drafter):
         self.choices = choices
         # Precomputed once: which heads run, how many candidates each gives, where they go.
         depth, rank = self.static.depth, self.static.rank  # [N], [N]
-        self._drafted = torch.nonzero(depth > 0)[:, 0]  # [N - 1] node indices
-        self._head_of = depth[self._drafted] - 1  # [N - 1] which head fills each node
-        self._rank_of = rank[self._drafted]  # [N - 1] which of its candidates
         self._width = int(rank.max()) + 1 if len(rank) > 1 else 1
+        # node i >= 1's candidate among the heads' [K * width] (head depth - 1, its rank-th best), on
+        # the heads' device (moved by `fill` when they move)
+        self._pick = (depth[1:] - 1) * self._width + rank[1:]  # [N - 1]
         self._used_heads = int(depth.max())  # heads deeper than the tree never run
         self.hidden_layers = (head.config.target_layers[0],)
         # the heads' device and dtype: a kept Parameter follows head.to() and load_state_dict, and
@@ -75,18 +76,22 @@ class MedusaDrafter(Drafter):
 
     @no_grad
     def fill(self, states: torch.Tensor, roots: Sequence[int]) -> torch.Tensor:
-        """The static tree's tokens [B, N] (host) for rows with last target states [B, H] and roots [B]:
-        each head runs ONCE over all rows."""
+        """The static tree's tokens [B, N] for rows with last target states [B, H] and roots [B]: each
+        head runs ONCE over all rows. The tokens stay on the heads' device: on a GPU the verify is
+        queued behind the heads, no wait (the acceptance reads the accepted tokens with its transfer)."""
         weight = self._weight
         state = states.to(weight.device, weight.dtype)[:, None]  # [B, 1, H] (the target may run elsewhere)
+        root_ids = host_to_device(
+            torch.tensor(list(roots), dtype=torch.long)[:, None], weight.device
+        )  # [B, 1]
+        if not self._used_heads:  # a root-only tree
+            return root_ids
         logits = [self.head.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
-        tokens = torch.tensor(roots, dtype=torch.long)[:, None].repeat(1, self.static.size)  # [B, N]
-        if logits:
-            candidates = torch.stack(logits, 1).topk(self._width, dim=-1).indices.cpu()  # [B, K, width]
-            tokens[:, self._drafted] = candidates[
-                :, self._head_of, self._rank_of
-            ]  # the tree lives on the CPU
-        return tokens
+        candidates = torch.stack(logits, 1).topk(self._width, dim=-1).indices  # [B, K, width]
+        if self._pick.device != weight.device:
+            self._pick = self._pick.to(weight.device)
+        # node i >= 1 (depth-first: the root is the only node at depth 0) carries candidate pick[i - 1]
+        return torch.cat([root_ids, candidates.flatten(1).index_select(1, self._pick)], dim=1)  # [B, N]
 
 
 class MedusaBatchDrafter(BatchDrafter):
