@@ -6,7 +6,7 @@ committed lengths C_b (like `BatchRunner` for the target). Row b's committed ent
 [0, C_b); a propose writes its speculative entries at C_b + 0, 1, ... and attends through an additive
 mask [B, 1, q, S] that opens slots < C_b plus the node's speculative ancestors and itself; positions
 are C_b + depth - 1. Speculative slots are scratch: the next commit overwrites them. Top-k, scores
-and frontiers are [B, ...] tensors on the head's device; trees come back to the host once per pass.
+and frontiers are [B, ...] tensors on the head's device, and so are the trees it hands over.
 Row b's tree equals its batch-1 tree (same ties rule: stable sorts), up to float rounding.
 """
 
@@ -78,17 +78,18 @@ class EagleBatchDrafter(BatchDrafter):
     def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
         """Every row's tree of the head's top-k children (deterministic: greedy / lossless rule A)."""
         self._ensure_room(0)
-        roots_t = torch.tensor(list(roots), dtype=torch.long, device=self.device)  # [B]
+        roots_t = host_to_device(torch.tensor(list(roots), dtype=torch.long), self.device)  # [B] (no wait)
         self.drafter._map_ids(self.device)
         with torch.no_grad():
             grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
             assert self.feature is not None  # start made it
             tokens, parents = grow(self.feature, roots_t)  # [B, N] each
-        tokens, parents = tokens.cpu(), parents.cpu()  # the one host transfer
+        # the trees stay on the head's device: on a GPU the verify is queued behind the draft (no wait);
+        # the acceptance reads the accepted tokens with its one transfer (batch_decode.path_tokens)
         return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
 
     def keep(self, rows: Sequence[int]) -> None:
-        idx = torch.tensor(list(rows), dtype=torch.long, device=self.device)
+        idx = host_to_device(torch.tensor(list(rows), dtype=torch.long), self.device)  # (no wait)
         assert self.cache is not None and self.feature is not None  # start made them
         self.cache.keep_rows(idx)
         self.committed, self.feature = self.committed[idx], self.feature[idx]
