@@ -12,8 +12,9 @@ committed entries sit at slots [0, len_b). A verify pass writes row b's N tree e
 (S = max_b len_b + N) that, for row b, opens slots < len_b plus the node's own ancestors in its tree
 and blocks everything else (other rows' longer prefixes, stale scratch). Position ids = len_b + depth.
 Trees of different sizes are padded to the batch's max N with dummy children of the root that no real
-node attends to. Prefill runs row by row (mixed prompt lengths, no padding) and copies each row's K/V
-into its slots. The static layout only: the dynamic back-end stays batch 1.
+node attends to. Prefill runs rows of similar prompt lengths together (`length_groups`; right padding,
+which causality hides from the real tokens) and copies each row's K/V into its slots. The static
+layout only: the dynamic back-end stays batch 1.
 """
 
 from __future__ import annotations
@@ -161,6 +162,22 @@ class BatchSlotCache(Cache):
                 layer.keys[:, :, :old], layer.values[:, :, :old] = keys, values
 
 
+def length_groups(lengths: Sequence[int], waste: float = 0.25) -> list[list[int]]:
+    """Rows 0..B-1 of these prompt lengths in groups to prefill together: by length, longest first, a
+    row joining the current group while its padded size (rows x the group's longest) stays within
+    1 + waste of its real tokens (mixed lengths do not pay for the longest prompt B times)."""
+    groups: list[list[int]] = []
+    real = 0
+    for b in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + waste) * (real + lengths[b]):
+            groups[-1].append(b)
+            real += lengths[b]
+        else:
+            groups.append([b])
+            real = lengths[b]
+    return groups
+
+
 class BatchRunner:
     """Prefill, verify and commit B rows at once on the target (static slots; see the module doc)."""
 
@@ -203,22 +220,36 @@ class BatchRunner:
     def _prefill_rows(
         self, prompts: Sequence[Tensor], cache: BatchSlotCache
     ) -> tuple[Tensor, list[dict[int, Tensor]]]:
-        """Run each prompt ids_b [T_b] alone (eager, any length) and copy its K/V into row b's first T_b
-        slots of `cache`: logits [B, V] (fp32, last positions) and [{l: [T_b, H]}]."""
-        all_logits, hiddens = [], []
-        for b, ids in enumerate(prompts):
-            row_cache = croppable_cache(self.model)
-            logits, hidden = self._forward(row_cache, input_ids=ids[None].to(self.device), logits_to_keep=1)
-            all_logits.append(logits[0, -1].float())  # [V]
-            hiddens.append({k: v[0] for k, v in hidden.items()})  # {l: [T_b, H]}
-            t = ids.numel()
-            for layer, row_layer in zip(cache.slot_layers, row_cache.layers):
-                row = cast(DynamicLayer, row_layer)  # a dense decoder's DynamicCache
-                assert row.keys is not None and row.values is not None  # the row's forward filled it
+        """Run the prompts ids_b [T_b] (eager, any length) in groups of similar lengths (`length_groups`),
+        each group ONE forward right-padded to its longest prompt, and copy each row's K/V into its first
+        slots of `cache`: logits [B, V] (fp32, last positions) and [{l: [T_b, H]}].
+
+        No mask: the causal default of a prefill (as at batch 1). The padding sits after every real
+        token, so causality alone hides it from them; its entries land in slots past T_b (scratch)."""
+        all_logits: list[Tensor] = [torch.empty(0)] * len(prompts)
+        hiddens: list[dict[int, Tensor]] = [{} for _ in prompts]
+        for group in length_groups([p.numel() for p in prompts]):
+            sizes = [prompts[b].numel() for b in group]
+            ids = torch.zeros(len(group), max(sizes), dtype=torch.long)  # [G, T] right-padded
+            for row, b in enumerate(group):
+                ids[row, : sizes[row]] = prompts[b]
+            last = torch.tensor(sizes)[:, None] - 1  # [G, 1] each row's last token: its logits only
+            group_cache = croppable_cache(self.model)
+            logits, hidden = self._forward(
+                group_cache, input_ids=ids.to(self.device), logits_to_keep=host_to_device(last, self.device)
+            )
+            for row, b in enumerate(group):
+                all_logits[b] = logits[row, -1].float()  # [V]
+                hiddens[b] = {k: v[row, : sizes[row]] for k, v in hidden.items()}  # {l: [T_b, H]}
+            rows = host_to_device(torch.tensor(group), self.device)  # [G] the group's rows in `cache`
+            for layer, group_layer in zip(cache.slot_layers, group_cache.layers):
+                done = cast(DynamicLayer, group_layer)  # a dense decoder's DynamicCache
+                assert done.keys is not None and done.values is not None  # the group's forward filled it
                 if not layer.is_initialized:
-                    layer.lazy_initialization(row.keys, row.values)
-                layer.keys[b, :, :t] = row.keys[0]  # [kv, T_b, D]
-                layer.values[b, :, :t] = row.values[0]
+                    layer.lazy_initialization(done.keys, done.values)
+                t = done.keys.shape[2]  # [G, kv, T, D]: slots past a row's T_b are scratch
+                layer.keys[rows, :, :t] = done.keys
+                layer.values[rows, :, :t] = done.values
         return torch.stack(all_logits), hiddens
 
     def room(self) -> int:

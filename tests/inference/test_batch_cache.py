@@ -63,3 +63,42 @@ def test_commit_and_row_drops_move_every_layer(tiny_llama, dims):
     assert (cache.shared_storage() is not None) == (shared is not None)
     assert all(layer.keys.shape[2] == 40 for layer in cache.slot_layers)
     assert slots(cache, 1, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
+
+
+def test_length_groups_bound_the_padding():
+    from spechead.inference.batch import length_groups
+
+    assert length_groups([5, 5, 5]) == [[0, 1, 2]]
+    assert length_groups([]) == []
+    lengths = [28, 23, 54, 18, 23, 155, 23, 19]
+    groups = length_groups(lengths)
+    assert sorted(b for g in groups for b in g) == list(range(len(lengths)))  # every row once
+    assert groups[0] == [5]  # the long outlier alone: the short rows do not pay for it
+    for group in groups:
+        real = sum(lengths[b] for b in group)
+        assert len(group) * max(lengths[b] for b in group) <= 1.25 * real
+    assert length_groups(lengths, waste=10.0) == [sorted(range(8), key=lambda b: -lengths[b])]
+
+
+def test_prefill_in_padded_groups_equals_each_row_alone(tiny_llama):
+    """Rows prefilled together (right-padded to the group's longest) get the logits, hidden states and
+    K/V of their prompt prefilled alone: the padding never reaches a real token."""
+    from spechead.inference.batch import length_groups
+
+    model = tiny_llama(64, layers=2, hidden=32, seed=2)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (n,), generator=g) for n in (9, 7, 8, 2)]  # 9, 7, 8 in one group
+    together = BatchRunner(model, (0, 1), max_length=32)
+    logits, hidden = together.prefill(prompts)
+    assert [len(group) for group in length_groups([p.numel() for p in prompts])] == [3, 1]
+    for b, ids in enumerate(prompts):
+        alone = BatchRunner(model, (0, 1), max_length=32)
+        row_logits, row_hidden = alone.prefill([ids])
+        torch.testing.assert_close(logits[b], row_logits[0], rtol=0, atol=1e-5)
+        for layer in (0, 1):
+            torch.testing.assert_close(hidden[b][layer], row_hidden[0][layer], rtol=0, atol=1e-5)
+        assert together.cache is not None and alone.cache is not None
+        for mine, theirs in zip(together.cache.slot_layers, alone.cache.slot_layers):
+            t = ids.numel()
+            torch.testing.assert_close(mine.keys[b, :, :t], theirs.keys[0, :, :t], rtol=0, atol=1e-5)
+            torch.testing.assert_close(mine.values[b, :, :t], theirs.values[0, :, :t], rtol=0, atol=1e-5)
