@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from spechead.inference.batch import BatchSlotCache
+from spechead.inference.batch import BatchSlotCache, length_groups
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 from spechead.inference.drafters.static_plan import StaticPlan
@@ -52,13 +52,50 @@ class EagleBatchDrafter(BatchDrafter):
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
-        """Commit every row's prompt pairs (f_t, x_{t+1}), x_T = root, in one causal head pass."""
-        longest = max(p.numel() for p in prompts)
+        """Commit every row's prompt pairs (f_t, x_{t+1}), x_T = root: rows of similar prompt lengths in
+        one causal head pass each (`length_groups`: short rows do not pay for the longest one), their
+        entries then copied into this drafter's cache."""
+        lengths = [p.numel() for p in prompts]
+        groups = length_groups(lengths)
+        if len(groups) == 1:
+            self._start_rows(prompts, hidden, roots)
+            return
+        self._new_cache(len(prompts), max(lengths))
+        assert self.cache is not None  # just made
+        feature = None
+        for group in groups:
+            part = EagleBatchDrafter(self.drafter)
+            part._start_rows(
+                [prompts[b] for b in group], [hidden[b] for b in group], [roots[b] for b in group]
+            )
+            assert part.cache is not None and part.feature is not None  # its start made them
+            rows = host_to_device(torch.tensor(group), self.device)  # [G] its rows here
+            for layer, done in zip(self.cache.slot_layers, part.cache.slot_layers):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(done.keys, done.values)
+                layer.keys[rows, :, : part.longest] = done.keys[:, :, : part.longest]  # [G, kv, T, D]
+                layer.values[rows, :, : part.longest] = done.values[:, :, : part.longest]
+            if feature is None:
+                feature = part.feature.new_empty(len(prompts), part.feature.shape[-1])  # [B, H]
+            feature[rows] = part.feature
+        self.feature = feature
+        self.committed = host_to_device(torch.tensor(lengths), self.device)
+        self.lengths, self.longest = lengths, max(lengths)
+
+    def _new_cache(self, batch: int, longest: int) -> None:
+        """An empty head cache for `batch` rows whose prompts are at most `longest` tokens."""
         layers = len(getattr(self.head, "layers", [None]))  # EAGLE-1/2: its decoder layers; EAGLE-3: one
         size = max(256, -(-(longest + 128 + self._spec_room()) // 256) * 256)
-        self.cache = BatchSlotCache(layers, len(prompts), size)
-        self.committed = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
-        self.lengths, self.longest = [0] * len(prompts), 0
+        self.cache = BatchSlotCache(layers, batch, size)
+        self.committed = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.lengths, self.longest = [0] * batch, 0
+
+    def _start_rows(
+        self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
+    ) -> None:
+        """`start` in one causal head pass over every row, padded to the longest prompt."""
+        longest = max(p.numel() for p in prompts)
+        self._new_cache(len(prompts), longest)
         tokens = torch.zeros(len(prompts), longest, dtype=torch.long)  # [B, T] padded
         for b, p in enumerate(prompts):
             tokens[b, : p.numel()] = p
