@@ -258,7 +258,8 @@ class BatchRunner:
 
     @torch.no_grad()
     def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
-        """Prefill prompts ids_b [T_b] one row at a time: logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
+        """Prefill prompts ids_b [T_b] (in length groups, `_prefill_rows`): logits [B, V] (fp32, last
+        positions), [{l: [T_b, H]}]."""
         self.check_prompts(prompts)
         self.cache = BatchSlotCache(self.num_layers, len(prompts), self.max_length)
         logits, hiddens = self._prefill_rows(prompts, self.cache)  # [B, V]

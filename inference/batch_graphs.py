@@ -13,7 +13,7 @@ torch.compile traces each once and, on CUDA, each is captured as a CUDA graph of
   `lengths_t[b]` and attends over all S_max slots behind a [P, 1, N, S_max] mask built in the graph.
   The cache lives as long as the runner (the generator keeps one runner per capacity), so graphs
   are reused from one `generate_batch` call to the next.
-The prefill stays eager (one row at a time, any length), as in the batch-1 compiled runner.
+The prefill stays eager (rows of similar lengths together, any length), as in the batch-1 compiled runner.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class CompiledBatchRunner(BatchRunner):
 
     @torch.no_grad()
     def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
-        """Prefill prompts ids_b [T_b] (B <= capacity) into rows 0..B-1, eagerly one row at a time:
+        """Prefill prompts ids_b [T_b] (B <= capacity) into rows 0..B-1, eagerly (length groups):
         logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
         if len(prompts) > self.capacity:
             raise ValueError(f"{len(prompts)} prompts > this runner's {self.capacity} rows")
