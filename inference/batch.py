@@ -162,15 +162,20 @@ class BatchSlotCache(Cache):
                 layer.keys[:, :, :old], layer.values[:, :, :old] = keys, values
 
 
-def length_groups(lengths: Sequence[int], waste: float = 0.25) -> list[list[int]]:
+def length_groups(lengths: Sequence[int], waste: float = 0.25, most: int = 8) -> list[list[int]]:
     """Rows 0..B-1 of these prompt lengths in groups to prefill together: by length, longest first, a
     row joining the current group while its padded size (rows x the group's longest) stays within
-    1 + waste of its real tokens (mixed lengths do not pay for the longest prompt B times)."""
+    1 + waste of its real tokens (mixed lengths do not pay for the longest prompt B times) and the
+    group has fewer than `most` rows (a group's logits are kept at every row's last position: rows x
+    distinct lengths x V)."""
     groups: list[list[int]] = []
     real = 0
     for b in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= (1 + waste) * (real + lengths[b]):
-            groups[-1].append(b)
+        group = groups[-1] if groups else []
+        if 0 < len(group) < most and (len(group) + 1) * lengths[group[0]] <= (1 + waste) * (
+            real + lengths[b]
+        ):
+            group.append(b)
             real += lengths[b]
         else:
             groups.append([b])
@@ -233,13 +238,17 @@ class BatchRunner:
             ids = torch.zeros(len(group), max(sizes), dtype=torch.long)  # [G, T] right-padded
             for row, b in enumerate(group):
                 ids[row, : sizes[row]] = prompts[b]
-            last = torch.tensor(sizes)[:, None] - 1  # [G, 1] each row's last token: its logits only
+            # the logits at the rows' last positions only (a 1-D `logits_to_keep`: every model reads it
+            # as positions kept for every row), [G, P, V] for the P distinct ones
+            last = sorted({n - 1 for n in sizes})
             group_cache = croppable_cache(self.model)
             logits, hidden = self._forward(
-                group_cache, input_ids=ids.to(self.device), logits_to_keep=host_to_device(last, self.device)
+                group_cache,
+                input_ids=ids.to(self.device),
+                logits_to_keep=host_to_device(torch.tensor(last), self.device),
             )
             for row, b in enumerate(group):
-                all_logits[b] = logits[row, -1].float()  # [V]
+                all_logits[b] = logits[row, last.index(sizes[row] - 1)].float()  # [V]
                 hiddens[b] = {k: v[row, : sizes[row]] for k, v in hidden.items()}  # {l: [T_b, H]}
             rows = host_to_device(torch.tensor(group), self.device)  # [G] the group's rows in `cache`
             for layer, group_layer in zip(cache.slot_layers, group_cache.layers):

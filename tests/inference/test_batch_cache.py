@@ -78,6 +78,7 @@ def test_length_groups_bound_the_padding():
         real = sum(lengths[b] for b in group)
         assert len(group) * max(lengths[b] for b in group) <= 1.25 * real
     assert length_groups(lengths, waste=10.0) == [sorted(range(8), key=lambda b: -lengths[b])]
+    assert [len(g) for g in length_groups([4] * 10)] == [8, 2]  # at most 8 rows a group
 
 
 def test_prefill_in_padded_groups_equals_each_row_alone(tiny_llama):
