@@ -81,12 +81,16 @@ def test_length_groups_bound_the_padding():
     assert [len(g) for g in length_groups([4] * 10)] == [8, 2]  # at most 8 rows a group
 
 
-def test_prefill_in_padded_groups_equals_each_row_alone(tiny_llama):
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_prefill_in_padded_groups_equals_each_row_alone(tiny_llama, kind):
     """Rows prefilled together (right-padded to the group's longest) get the logits, hidden states and
-    K/V of their prompt prefilled alone: the padding never reaches a real token."""
+    K/V of their prompt prefilled alone: the padding never reaches a real token. Llama, and Qwen2 and
+    Mistral with sliding windows (wider than the prompts) for other architectures' masks."""
     from spechead.inference.batch import length_groups
 
-    model = tiny_llama(64, layers=2, hidden=32, seed=2)
+    from .test_runner import _sliding
+
+    model = tiny_llama(64, layers=2, hidden=32, seed=2) if kind == "llama" else _sliding(kind, 24)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 64, (n,), generator=g) for n in (9, 7, 8, 2)]  # 9, 7, 8 in one group
     together = BatchRunner(model, (0, 1), max_length=32)
