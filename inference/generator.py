@@ -205,7 +205,8 @@ class SpeculativeGenerator:
         stop and (sampling) generator seeded with its seed, so result[b] equals
         `generate(<row b>, max_new_tokens=..., seed=seed[b])`: greedy token for token, sampling draw for
         draw. Static cache only (`max_cache_len` applies to every row); a row's stats carry its own
-        tokens and passes, with the batch's wall/phase times.
+        tokens and passes, with the batch's wall/phase times. One row decodes through the
+        single-sequence engine (`generate`'s, its fastest), not the batch loop.
 
         tree_for_batch: when the head's accuracy table is known (`tree_accuracy`, set by
         from_pretrained), the static tree is re-picked for this batch size by measuring this device
@@ -271,6 +272,8 @@ class SpeculativeGenerator:
                 raise ValueError(f"row {b}: {err}") from None
         params = [SamplingParams(temperature, top_k, top_p, s) for s in seeds]
         stats = [GenerationStats() for _ in range(batch)]
+        if batch == 1:  # one row: the single-sequence engine, this row's fastest (the same output)
+            return stats, ([(0, ids)] for ids in self._decode(ids[0], max_new[0], params[0], stats[0]))
         drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
         runner = None
         need, fixed = max(len(i) + m for i, m in zip(ids, max_new)), self.runner.fixed_length

@@ -7,7 +7,8 @@ For each batch size B the prompt set (first user turn of each prompt, chat templ
 batches of B and decoded greedily three ways on the same loaded target: our engine with no drafter
 (`generate_batch`, plain batched decoding), Hugging Face `generate` with left padding (tokens counted
 up to each row's EOS), and our engine with the drafter (plain and speculative take turns batch by
-batch, so a shared machine's drifting load hits both alike). tokens/s = all new tokens / all wall time.
+batch, so a shared machine's drifting load hits both alike; B = 1 runs the single-sequence engine, as
+`generate_batch` does for one row). tokens/s = all new tokens / all wall time.
 Speculative rows are checked against plain rows (greedy: they must be equal) and mismatches printed.
 Prints one line per (drafter, B) and writes OUT/bench_batch.json. --compile [BACKEND] decodes with the
 target's batch passes compiled (both engines; e.g. `--device cuda --compile graphs`: our CUDA graphs of the

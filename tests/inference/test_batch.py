@@ -85,7 +85,7 @@ def test_sampling_rows_equal_their_batch1_draws(setup, kind, compile):
         assert batch[b].token_ids == single, (kind, b)
 
 
-def test_batch_of_strings_and_single_row(setup):
+def test_batch_of_strings_and_single_row(setup, monkeypatch):
     model, tok = setup
     gen = SpeculativeGenerator(model, tok, medusa_drafter(model), cache="static")
     out = gen.generate_batch(["hello there", "a"], max_new_tokens=6)
@@ -93,8 +93,19 @@ def test_batch_of_strings_and_single_row(setup):
         gen.generate("hello there", max_new_tokens=6).token_ids,
         gen.generate("a", max_new_tokens=6).token_ids,
     ]
+    # one row runs the single-sequence engine (its fastest), not the batch loop: its very passes
+    from spechead.inference import generator as generator_module
+
+    def no_batch_loop(*args, **kwargs):
+        raise AssertionError("one row went through the batch loop")
+
+    monkeypatch.setattr(generator_module, "batch_passes", no_batch_loop)
     one = gen.generate_batch(input_ids=[PROMPTS[2]], max_new_tokens=8)
     assert one[0].token_ids == plain_greedy(model, PROMPTS[2], 8)
+    single = gen.generate(input_ids=PROMPTS[2], max_new_tokens=8)
+    assert one[0].stats.accept_lengths == single.stats.accept_lengths
+    pieces = list(gen.stream_batch(input_ids=[PROMPTS[2]], max_new_tokens=8))
+    assert {row for row, _ in pieces} == {0} and gen.last_batch_stats[0].new_tokens == 8
 
 
 def test_bad_input_lines(setup):
