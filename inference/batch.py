@@ -143,12 +143,12 @@ class BatchSlotCache(Cache):
         self.batch = rows.numel()
         shared = self.shared_storage()
         if shared is not None:  # one gather for every layer
-            self._rebind(shared.index_select(2, rows.to(shared.device)))
+            self._rebind(shared.index_select(2, host_to_device(rows, shared.device)))
             return
         self.buffer.reset()
         for layer in self.slot_layers:
             if layer.is_initialized:
-                idx = rows.to(layer.keys.device)
+                idx = host_to_device(rows, layer.keys.device)  # (no wait)
                 layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
 
     def grow(self, max_length: int) -> None:
