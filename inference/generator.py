@@ -273,7 +273,7 @@ class SpeculativeGenerator:
         params = [SamplingParams(temperature, top_k, top_p, s) for s in seeds]
         stats = [GenerationStats() for _ in range(batch)]
         if batch == 1:  # one row: the single-sequence engine, this row's fastest (the same output)
-            return stats, ([(0, ids)] for ids in self._decode(ids[0], max_new[0], params[0], stats[0]))
+            return stats, ([(0, chunk)] for chunk in self._decode(ids[0], max_new[0], params[0], stats[0]))
         drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
         runner = None
         need, fixed = max(len(i) + m for i, m in zip(ids, max_new)), self.runner.fixed_length

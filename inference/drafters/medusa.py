@@ -81,9 +81,7 @@ class MedusaDrafter(Drafter):
         queued behind the heads, no wait (the acceptance reads the accepted tokens with its transfer)."""
         weight = self._weight
         state = states.to(weight.device, weight.dtype)[:, None]  # [B, 1, H] (the target may run elsewhere)
-        root_ids = host_to_device(
-            torch.tensor(list(roots), dtype=torch.long)[:, None], weight.device
-        )  # [B, 1]
+        root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
         if not self._used_heads:  # a root-only tree
             return root_ids
         logits = [self.head.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
