@@ -138,17 +138,36 @@ class BatchSlotCache(Cache):
         """`layers`, as built in __init__ (all BatchSlotLayers)."""
         return cast("list[BatchSlotLayer]", self.layers)
 
-    def keep_rows(self, rows: Tensor) -> None:
-        """Keep only rows [B'] (long, any device) of every layer, in this order."""
-        self.batch = rows.numel()
+    def keep_rows(self, rows: Sequence[int], used: int | None = None) -> None:
+        """Keep only rows [B'] of every layer, in this order. Finished rows dropped (the kept ones in
+        ascending order): in place, each moved row's first `used` slots (None: all; past the committed
+        lengths only scratch) copied up to its new place, no second buffer (a KV cache can hold most of a
+        device's memory); another order: one gather."""
+        rows = list(rows)
+        self.batch, end = len(rows), self.max_length if used is None else used
         shared = self.shared_storage()
+        if rows == sorted(set(rows)):  # rows[j] >= j: row j is written after it was read, never before
+            moves = [(j, i) for j, i in enumerate(rows) if i != j]
+            if shared is not None:  # every layer at once, along its batch dim (2)
+                for j, i in moves:
+                    shared[:, :, j, :, :end].copy_(shared[:, :, i, :, :end])
+                self._rebind(shared[:, :, : len(rows)])
+                return
+            for layer in self.slot_layers:
+                if layer.is_initialized:
+                    for j, i in moves:
+                        layer.keys[j, :, :end].copy_(layer.keys[i, :, :end])
+                        layer.values[j, :, :end].copy_(layer.values[i, :, :end])
+                    layer.keys, layer.values = layer.keys[: len(rows)], layer.values[: len(rows)]
+            return
+        index = torch.tensor(rows, dtype=torch.long)
         if shared is not None:  # one gather for every layer
-            self._rebind(shared.index_select(2, host_to_device(rows, shared.device)))
+            self._rebind(shared.index_select(2, host_to_device(index, shared.device)))
             return
         self.buffer.reset()
         for layer in self.slot_layers:
             if layer.is_initialized:
-                idx = host_to_device(rows, layer.keys.device)  # (no wait)
+                idx = host_to_device(index, layer.keys.device)  # (no wait)
                 layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
 
     def grow(self, max_length: int) -> None:
@@ -360,7 +379,6 @@ class BatchRunner:
         rows = list(rows)
         if rows == list(range(self.lengths.numel())):
             return
-        idx = torch.tensor(rows, dtype=torch.long)
-        self.lengths = self.lengths[idx]
+        self.lengths = self.lengths[torch.tensor(rows, dtype=torch.long)]
         assert self.cache is not None  # rows exist only after prefill
-        self.cache.keep_rows(idx)
+        self.cache.keep_rows(rows, int(self.lengths.max()))  # (their committed entries: all that matters)

@@ -128,10 +128,10 @@ class EagleBatchDrafter(BatchDrafter):
     def keep(self, rows: Sequence[int]) -> None:
         idx = host_to_device(torch.tensor(list(rows), dtype=torch.long), self.device)  # (no wait)
         assert self.cache is not None and self.feature is not None  # start made them
-        self.cache.keep_rows(idx)
         self.committed, self.feature = self.committed[idx], self.feature[idx]
         self.lengths = [self.lengths[b] for b in rows]
         self.longest = max(self.lengths)
+        self.cache.keep_rows(rows, self.longest)  # (their committed entries: the rest is scratch)
 
     # ---- committed cache ---------------------------------------------------------------------------
 
