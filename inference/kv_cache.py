@@ -221,7 +221,7 @@ class SlotLayer(CacheLayerMixin):
 class LayerBuffer:
     """One buffer `storage` [L, 2, B, kv, S_max, D] whose slices are every layer's keys and values, when
     all L layers share one shape: a commit (or a batch's row drop) then moves the entries of every layer
-    with one gather instead of ops per layer (each op costs on a CPU). Layers of another shape keep
+    with one op instead of ops per layer (each op costs on a CPU). Layers of another shape keep
     buffers of their own (no L-fold copies per shape)."""
 
     def __init__(self, num_layers: int) -> None:

@@ -1,6 +1,7 @@
 """The batch KV cache: every layer's keys and values live in one buffer [L, 2, B, kv, S_max, D] when they
-share a shape, so a commit (each row's accepted path moved into place after its own prefix) and a row drop
-are one gather each; layers of several shapes keep their own buffers and give the same results."""
+share a shape, so a commit (each row's accepted path moved into place after its own prefix) is one gather
+and a row drop moves the later rows up in place; layers of several shapes keep their own buffers and
+give the same results."""
 
 from __future__ import annotations
 
