@@ -17,6 +17,7 @@ from spechead.heads.dtypes import DTYPES
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
+from spechead.inference.attention import NAME as TREE_SDPA
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
@@ -155,7 +156,7 @@ def load_generator(
     *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "float32",
-    attn_implementation: str = "sdpa",
+    attn_implementation: str = TREE_SDPA,
     revision: str | None = None,
     cache: str | None = None,
     max_cache_len: int | None = None,
@@ -174,7 +175,9 @@ def load_generator(
     compile, draft_compile: see SpeculativeGenerator (the target's verify pass and the drafter under
     torch.compile; draft_compile alone: the drafter only, the fastest on a CPU). draft_fp8: an EAGLE /
     EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads; still
-    lossless), before any calibration, so the tree is measured as it will draft.
+    lossless), before any calibration, so the tree is measured as it will draft. attn_implementation:
+    the target's; by default "spechead_sdpa" (inference/attention.py: transformers' sdpa, with grouped
+    key/value heads inside the kernel for tree passes on a CPU).
     """
     if draft_fp8:  # (before anything loads: one line in a second)
         check_fp8_device(torch.device(device))

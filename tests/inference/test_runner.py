@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
+from spechead.inference.attention import NAME as TREE_SDPA
 from spechead.inference.kv_cache import SlotCache, attention_window
 from spechead.inference.runner import TargetRunner, compile_function
 from spechead.inference.tree import (
@@ -24,7 +25,7 @@ VOCAB = 64
 HIDDEN = (0, 2, -1)
 
 
-@pytest.fixture(params=["eager", "sdpa"])
+@pytest.fixture(params=["eager", "sdpa", TREE_SDPA])
 def model(request, tiny_llama):
     m = tiny_llama(VOCAB, layers=4, hidden=32, seed=0)
     m.set_attn_implementation(request.param)

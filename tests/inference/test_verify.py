@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from spechead.inference.acceptance import greedy_accept
+from spechead.inference.attention import NAME as TREE_SDPA
 from spechead.inference.kv_cache import cache_length, keep_positions
 from spechead.inference.tree import TokenTree, depths, path_to_node, retrieve_indices
 from spechead.inference.verify import prefill, verify_tree
@@ -16,7 +17,7 @@ VOCAB = 64
 HIDDEN = (0, 1, 3, 4, -1, -2)  # 4 layers: embeddings, layer outputs, after the final norm
 
 
-@pytest.fixture(params=["eager", "sdpa"])
+@pytest.fixture(params=["eager", "sdpa", TREE_SDPA])
 def model(request, tiny_llama):
     m = tiny_llama(VOCAB, layers=4, hidden=32, seed=0)
     m.set_attn_implementation(request.param)

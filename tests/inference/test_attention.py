@@ -1,0 +1,58 @@
+"""`tree_sdpa` (inference/attention.py): transformers' sdpa attention with the grouped key/value heads
+inside the kernel for tree passes on a CPU; the same outputs, and transformers' own path elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from spechead.inference import attention
+from spechead.inference.attention import NAME, tree_sdpa
+
+
+class Grouped(nn.Module):
+    num_key_value_groups = 3
+    is_causal = True
+
+
+def inputs(queries: int, masked: bool):
+    g = torch.Generator().manual_seed(queries)
+    q = torch.randn(2, 6, queries, 8, generator=g)  # [B, nh, T, D]
+    k, v = torch.randn(2, 2, 11, 8, generator=g), torch.randn(2, 2, 11, 8, generator=g)  # [B, kv, S, D]
+    mask = None
+    if masked:  # a tree's additive mask: each query sees a random half of the slots and the last one
+        seen = torch.rand(2, 1, queries, 11, generator=g) < 0.5
+        seen[..., -1] = True
+        mask = torch.zeros(seen.shape).masked_fill(~seen, torch.finfo(torch.float32).min)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize(("queries", "masked"), [(5, True), (1, True), (5, False)])
+def test_tree_sdpa_equals_transformers_sdpa(monkeypatch, queries, masked):
+    """Several queries under a mask (a tree pass): sdpa with `enable_gqa`, not transformers' path (which
+    copies the key/value heads); one query or no mask: transformers' path. The same output either way."""
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa_attention_forward(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", counted)
+    q, k, v, mask = inputs(queries, masked)
+    ours, weights = tree_sdpa(Grouped(), q, k, v, mask, scaling=0.3)
+    theirs, _ = sdpa_attention_forward(Grouped(), q, k, v, mask, scaling=0.3)
+    assert weights is None and ours.shape == (2, queries, 6, 8)  # [B, T, nh, D]
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert len(calls) == (0 if masked and queries > 1 else 1)
+
+
+def test_registered_for_transformers(tiny_llama):
+    """A model set to "spechead_sdpa" runs through it, with sdpa's masks, and gives sdpa's logits."""
+    model = tiny_llama(64, layers=2, hidden=32, seed=1)
+    ids = torch.randint(0, 64, (1, 9))
+    reference = model(ids).logits
+    model.set_attn_implementation(NAME)
+    assert model.config._attn_implementation == NAME
+    torch.testing.assert_close(model(ids).logits, reference, rtol=0, atol=1e-6)
