@@ -4,6 +4,7 @@ Every head family module must be imported here: importing it runs @register_head
 lets `load_head` rebuild a saved head of that family.
 """
 
+from spechead.heads import attention  # noqa: F401  (registers the "spechead_sdpa" attention)
 from spechead.heads.base import (
     DraftHead,
     HeadConfig,

@@ -13,11 +13,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spechead.heads import DraftHead, directory, load_head
+from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
-from spechead.inference.attention import NAME as TREE_SDPA
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
@@ -176,7 +176,7 @@ def load_generator(
     torch.compile; draft_compile alone: the drafter only, the fastest on a CPU). draft_fp8: an EAGLE /
     EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads; still
     lossless), before any calibration, so the tree is measured as it will draft. attn_implementation:
-    the target's; by default "spechead_sdpa" (inference/attention.py: transformers' sdpa, with grouped
+    the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
     key/value heads inside the kernel for tree passes on a CPU).
     """
     if draft_fp8:  # (before anything loads: one line in a second)

@@ -14,12 +14,13 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from spechead.heads.attention import NAME as TREE_SDPA  # (registers it with transformers)
 from spechead.heads.base import resolve_layers
 from spechead.heads.capture import capture_hidden
 from spechead.heads.dtypes import DTYPES
 from spechead.training.errors import TrainError
 
-ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+ATTENTION = ("eager", "sdpa", TREE_SDPA, "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
-from spechead.inference.attention import NAME as TREE_SDPA
 from spechead.inference.kv_cache import SlotCache, attention_window
 from spechead.inference.runner import TargetRunner, compile_function
 from spechead.inference.tree import (

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.inference.acceptance import greedy_accept
-from spechead.inference.attention import NAME as TREE_SDPA
 from spechead.inference.kv_cache import cache_length, keep_positions
 from spechead.inference.tree import TokenTree, depths, path_to_node, retrieve_indices
 from spechead.inference.verify import prefill, verify_tree

@@ -1,6 +1,7 @@
 """`tree_sdpa`: transformers' sdpa attention, with grouped-query attention inside the kernel for tree
 passes on a CPU. Registered with transformers' `AttentionInterface` (and its mask interface) as
-"spechead_sdpa", the attention `SpeculativeGenerator.from_pretrained` loads a target with.
+"spechead_sdpa": the attention `SpeculativeGenerator.from_pretrained` loads a target with by default,
+and the demo's training target (`configs/model/demo.yaml`; its decode evals verify trees too).
 
 A tree verification runs N > 1 queries under a 4D mask. For exactly that case transformers' sdpa
 integration repeats every layer's key/value heads (`repeat_kv`: a copy of the layer's whole cache view,

@@ -1,4 +1,4 @@
-"""`tree_sdpa` (inference/attention.py): transformers' sdpa attention with the grouped key/value heads
+"""`tree_sdpa` (heads/attention.py): transformers' sdpa attention with the grouped key/value heads
 inside the kernel for tree passes on a CPU; the same outputs, and transformers' own path elsewhere."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from spechead.inference import attention
-from spechead.inference.attention import NAME, tree_sdpa
+from spechead.heads import attention
+from spechead.heads.attention import NAME, tree_sdpa
 
 
 class Grouped(nn.Module):
@@ -56,3 +56,15 @@ def test_registered_for_transformers(tiny_llama):
     model.set_attn_implementation(NAME)
     assert model.config._attn_implementation == NAME
     torch.testing.assert_close(model(ids).logits, reference, rtol=0, atol=1e-6)
+
+
+def test_gradients_equal_transformers_sdpa():
+    """Medusa-2 trains the target (LoRA) through its attention: the same gradients as sdpa's."""
+    q, k, v, mask = inputs(5, True)
+    grads = []
+    for attend in (tree_sdpa, sdpa_attention_forward):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out, _ = attend(Grouped(), *leaves, mask, scaling=0.3)
+        grads.append(torch.autograd.grad(out.square().sum(), leaves))
+    for ours, theirs in zip(*grads):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
