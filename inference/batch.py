@@ -19,7 +19,7 @@ layout only: the dynamic back-end stays batch 1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -170,6 +170,15 @@ class BatchSlotCache(Cache):
                 idx = host_to_device(index, layer.keys.device)  # (no wait)
                 layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
 
+    def write_rows(self, rows: Tensor, states: Iterable[tuple[Tensor, Tensor]]) -> None:
+        """Copy each layer's keys and values [G, kv, T, D] (another cache's G rows, in layer order) into
+        rows [G] (long, on the buffers' device), slots 0..T-1; layers get their buffers on first use."""
+        for layer, (keys, values) in zip(self.slot_layers, states):
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            layer.keys[rows, :, : keys.shape[2]] = keys
+            layer.values[rows, :, : values.shape[2]] = values
+
     def grow(self, max_length: int) -> None:
         """Reallocate every layer to `max_length` slots, keeping the old ones (rare: amortised doubling)."""
         old, self.max_length = self.max_length, max_length
@@ -270,14 +279,12 @@ class BatchRunner:
                 all_logits[b] = logits[row, last.index(sizes[row] - 1)].float()  # [V]
                 hiddens[b] = {k: v[row, : sizes[row]] for k, v in hidden.items()}  # {l: [T_b, H]}
             rows = host_to_device(torch.tensor(group), self.device)  # [G] the group's rows in `cache`
-            for layer, group_layer in zip(cache.slot_layers, group_cache.layers):
-                done = cast(DynamicLayer, group_layer)  # a dense decoder's DynamicCache
+            filled = []
+            for layer in group_cache.layers:
+                done = cast(DynamicLayer, layer)  # a dense decoder's DynamicCache
                 assert done.keys is not None and done.values is not None  # the group's forward filled it
-                if not layer.is_initialized:
-                    layer.lazy_initialization(done.keys, done.values)
-                t = done.keys.shape[2]  # [G, kv, T, D]: slots past a row's T_b are scratch
-                layer.keys[rows, :, :t] = done.keys
-                layer.values[rows, :, :t] = done.values
+                filled.append((done.keys, done.values))
+            cache.write_rows(rows, filled)  # (slots past a row's T_b: its padding's entries, scratch)
         return torch.stack(all_logits), hiddens
 
     def room(self) -> int:

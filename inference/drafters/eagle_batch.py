@@ -23,6 +23,7 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 from spechead.inference.drafters.static_plan import StaticPlan
 from spechead.inference.drafters.topk import topk_rows
+from spechead.inference.positions import PositionIds
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.eagle import EagleDrafter
@@ -40,7 +41,7 @@ class EagleBatchDrafter(BatchDrafter):
         self.committed = torch.zeros(0, dtype=torch.long)  # [B] C_b on the head's device
         self.lengths: list[int] = []  # C_b on the host
         self.longest = 0  # max_b C_b (host int)
-        self._range = torch.arange(0, device=self.device)  # see `_arange`
+        self._ids = PositionIds()  # 0..n-1 as [1, n] views of one kept arange
         # the additive mask's values (attend, blocked) as 0-d tensors: `torch.where` then makes the mask
         # in the head's dtype in one op
         self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
@@ -70,11 +71,10 @@ class EagleBatchDrafter(BatchDrafter):
             )
             assert part.cache is not None and part.feature is not None  # its start made them
             rows = host_to_device(torch.tensor(group), self.device)  # [G] its rows here
-            for layer, done in zip(self.cache.slot_layers, part.cache.slot_layers):
-                if not layer.is_initialized:
-                    layer.lazy_initialization(done.keys, done.values)
-                layer.keys[rows, :, : part.longest] = done.keys[:, :, : part.longest]  # [G, kv, T, D]
-                layer.values[rows, :, : part.longest] = done.values[:, :, : part.longest]
+            t = part.longest  # its committed slots [G, kv, T, D]
+            self.cache.write_rows(
+                rows, ((x.keys[:, :, :t], x.values[:, :, :t]) for x in part.cache.slot_layers)
+            )
             if feature is None:
                 feature = part.feature.new_empty(len(prompts), part.feature.shape[-1])  # [B, H]
             feature[rows] = part.feature
@@ -156,22 +156,17 @@ class EagleBatchDrafter(BatchDrafter):
         ]
         packed = host_to_device(torch.tensor([[n - 1 for n in lengths], lengths]), dev)  # [2, B]
         self._ensure_room(k)
-        slots = self.committed[:, None] + self._arange(k)  # [B, K] where the pairs go, their positions too
+        # [B, K] where the pairs go, their positions too
+        slots = self.committed[:, None] + self._ids(0, k, dev)
         view = self.longest + k  # S
-        seen = self._arange(view)[None, None, :] <= slots[:, :, None]  # [B, K, S] causal after C_b
+        seen = self._ids(0, view, dev)[:, None] <= slots[:, :, None]  # [B, K, S] causal after C_b
         mask = torch.where(seen, self._attend, self._blocked)[:, None]  # [B, 1, K, S]
         ids = host_to_device(torch.tensor(nexts), dev)  # [B, K]
         out = self._run(self._features(hidden), ids, (mask, slots, slots, view))  # [B, K, H]
-        self.feature = out[self._arange(batch), packed[0]]  # [B, H] each row's last real pair
+        self.feature = out[self._ids(0, batch, dev)[0], packed[0]]  # [B, H] each row's last real pair
         self.committed = self.committed + packed[1]
         self.lengths = [c + n for c, n in zip(self.lengths, lengths)]
         self.longest = max(self.lengths)
-
-    def _arange(self, n: int) -> Tensor:
-        """0..n-1 [n] on the head's device: a view of one kept arange (a view costs less than an op)."""
-        if self._range.numel() < n:
-            self._range = torch.arange(max(2 * n, 1024), device=self.device)
-        return self._range[:n]
 
     def _features(self, hidden: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [B, K, H]} -> the head's input features [B, K, H] (fused for EAGLE-3)."""
