@@ -153,6 +153,7 @@ class BatchSlotCache(Cache):
                     shared[:, :, j, :, :end].copy_(shared[:, :, i, :, :end])
                 self._rebind(shared[:, :, : len(rows)])
                 return
+            self.buffer.reset()  # (the layers' buffers are views of their first B' rows now)
             for layer in self.slot_layers:
                 if layer.is_initialized:
                     for j, i in moves:
@@ -197,17 +198,16 @@ def length_groups(lengths: Sequence[int], waste: float = 0.25, most: int = 8) ->
     group has fewer than `most` rows (a group's logits are kept at every row's last position: rows x
     distinct lengths x V)."""
     groups: list[list[int]] = []
-    real = 0
+    real = 0  # the current group's real tokens
     for b in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        group = groups[-1] if groups else []
-        if 0 < len(group) < most and (len(group) + 1) * lengths[group[0]] <= (1 + waste) * (
-            real + lengths[b]
-        ):
-            group.append(b)
-            real += lengths[b]
-        else:
-            groups.append([b])
-            real = lengths[b]
+        if groups and len(groups[-1]) < most:
+            padded = (len(groups[-1]) + 1) * lengths[groups[-1][0]]  # its rows x its longest, with b
+            if padded <= (1 + waste) * (real + lengths[b]):
+                groups[-1].append(b)
+                real += lengths[b]
+                continue
+        groups.append([b])
+        real = lengths[b]
     return groups
 
 
