@@ -144,7 +144,7 @@ def check_tree_attention(model: PreTrainedModel) -> None:
     if "flash" in impl:
         raise ValueError(
             f"tree verification needs arbitrary 4D masks; attn_implementation {impl!r} cannot take them "
-            "(load the target with attn_implementation='sdpa' or 'eager')"
+            "(load the target with attn_implementation='spechead_sdpa', 'sdpa' or 'eager')"
         )
 
 

@@ -40,6 +40,9 @@ def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
     (tmp_path / "head" / "tree.json").write_text(json.dumps({"choices": [[0]], "accuracy": accuracy}))
     assert saved_accuracy(tmp_path / "head").shape == (3, 3)
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
+    assert (
+        gen.target.config._attn_implementation == "spechead_sdpa"
+    )  # (heads/attention.py; plain below: sdpa)
     info = gen.calibration
     assert info is not None and set(info["verify_ms_by_size"]) >= {1, 2, 4, 8}
     assert info["draft_ms_per_depth"] > 0 and info["expected_speedup"] > 0
