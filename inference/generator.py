@@ -180,9 +180,11 @@ class SpeculativeGenerator:
         a tokenizer takes ids only and returns no text)."""
         stats = GenerationStats()
         ids: list[int] = []
-        for chunk in self._decode(self._prompt_ids(prompt, messages, input_ids), max_new_tokens,
-                                  SamplingParams(temperature, top_k, top_p, seed), stats):  # fmt: skip
-            ids.extend(chunk)
+        prompt_ids = self._prompt_ids(prompt, messages, input_ids)
+        params = SamplingParams(temperature, top_k, top_p, seed)
+        with torch.no_grad():  # once for the whole decode (`_decode` enters it again at every yield)
+            for chunk in self._steps(prompt_ids, max_new_tokens, params, stats):
+                ids.extend(chunk)
         return GenerationResult(self._text(ids), ids, stats)
 
     def generate_batch(
@@ -351,11 +353,18 @@ class SpeculativeGenerator:
             )
         check_window(self.runner.window, prompt_len, max_new_tokens)
 
-    @torch.no_grad()
     def _decode(
         self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats
-    ):
-        """Yield lists of new token ids as they are accepted; fills `stats`."""
+    ) -> Iterator[list[int]]:
+        """`_steps` without gradients while it runs, the caller's grad mode between its yields (a
+        stream's consumer runs there)."""
+        return torch.no_grad()(self._steps)(prompt, max_new_tokens, params, stats)
+
+    def _steps(
+        self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats
+    ) -> Iterator[list[int]]:
+        """Yield lists of new token ids as they are accepted; fills `stats`. Runs with gradients off:
+        `generate` turns them off once around it, `_decode` at every resume."""
         self._check_lengths(len(prompt), max_new_tokens)
         runner, drafter = self.runner, self.drafter
         runner.use_layers(tuple(drafter.hidden_layers) if drafter else ())  # (a drafter may be swapped in)
@@ -385,7 +394,7 @@ class SpeculativeGenerator:
             if drafter and accepted is not None:  # only when decoding goes on (no wasted work at the end)
                 assert checked is not None  # set together with `accepted`
                 drafter.verified(*checked)  # the whole tree's outputs first (lookahead's Jacobi guesses)
-                drafter.accept(*accepted)
+                drafter.accept_path(*accepted)
             draft = drafter.propose(root, params, generator) if drafter else None
             if draft is None:  # plain decoding: the one-token inputs [1, 1] are made once and refilled
                 plain.tokens.fill_(root)
@@ -424,17 +433,12 @@ class SpeculativeGenerator:
             if drafter is None:  # plain decoding: nothing to hand on
                 pending = [root]
                 continue
-            k, host_ids = len(acc.path), acc.path_tokens  # the path's tokens, read with the acceptance
+            host_ids = acc.path_tokens  # the path's tokens, read with the acceptance
             if host_ids is None:  # (a rule that did not read them: from the tree)
                 host_ids = [int(t) for t in tree.tokens[acc.path].tolist()]
             pending = [*host_ids[1:], root]
-            path_tokens = torch.tensor(host_ids)  # [K] on the host (the drafter reads them there)
-            if acc.path[-1] == k - 1:  # the path is nodes 0..k-1 (a chain's): slices, not gathers
-                kept = {key: v[0, :k] for key, v in hidden.items()}
-            else:  # (copied without waiting for the queued commit)
-                dev_path = host_to_device(torch.tensor(acc.path), self.target.device)
-                kept = {key: v[0, dev_path] for key, v in hidden.items()}
-            accepted = (path_tokens, kept, root)  # [K], {l: [K, H]}
+            # the drafter takes the path's rows of the whole tree's states itself (drafters/base.py)
+            accepted = (host_ids, hidden, acc.path, root)  # [K], {l: [1, N, H]}, [K]
             checked = (tree, rows)  # [N], [N, V]
         spent = clock.totals()
         stats.prefill_time = spent["prefill"]

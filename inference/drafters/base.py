@@ -6,7 +6,10 @@ the root; the target verifies all nodes in one pass; the accepted path (root + a
 kept in the target cache and `accept` tells the drafter which tokens became real, with the target's
 hidden states at those positions, and the new root. Just before `accept`, the optional `verified` hook
 hands over the target's logits at EVERY node of the tree it verified (lookahead decoding reads its Jacobi
-guesses there); drafters that only need the accepted path ignore it.
+guesses there); drafters that only need the accepted path ignore it. The loop itself calls
+`accept_path` (the path's tokens as a host list, the states of EVERY node and the path's indices): its
+default takes the path's rows and calls `accept`, so a drafter implements `accept` alone; EAGLE overrides
+it to fuse its input features over the whole tree first (fewer ops a pass than a slice per layer).
 
 Batch > 1 (`SpeculativeGenerator.generate_batch`): the decoding loop talks to a `BatchDrafter`, the
 same timeline for B rows at once (start / propose / accept over all active rows, `keep` when rows
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from spechead.inference.acceptance import RULES
+from spechead.inference.devices import host_to_device
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
 
@@ -71,6 +75,16 @@ class Drafter(ABC):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         """tokens [K] (root + accepted drafts) joined the target cache with states {layer: [K, H]}."""
 
+    def accept_path(
+        self, tokens: list[int], hidden: dict[int, torch.Tensor], path: list[int], next_root: int
+    ) -> None:
+        """`accept` as the decoding loop calls it: the path's tokens [K] as a host list (root first), the
+        target's states at EVERY node of the verified tree {layer: [1, N, H]} and the path's node indices
+        [K] (ascending, 0 first). By default the path's rows are taken and `accept` is called; a drafter
+        that reads them more cheaply another way (EAGLE: its fused features first, one slice after)
+        overrides it. Either way what the drafter learns is `accept`'s."""
+        self.accept(torch.tensor(tokens), path_states(hidden, path), next_root)
+
     def verified(self, tree: TokenTree, logits: torch.Tensor) -> None:  # noqa: B027
         """Optional (default: nothing): the target's logits [N, V] at every node of `tree`, the tree as
         verified (the proposed one, or its first nodes when cut to fit a fixed cache). Called once per
@@ -88,6 +102,17 @@ class Drafter(ABC):
         from spechead.inference.drafters.row_loop import RowLoopDrafter
 
         return RowLoopDrafter(self)
+
+
+def path_states(states: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
+    """The rows of a path [K] (ascending node indices, 0 first) of per-node states {layer: [1, N, H]}
+    -> {layer: [K, H]}: slices when the path is nodes 0..K-1 (a chain's), else one gather per layer
+    (the index copied to the states' device without waiting for its queued work)."""
+    k = len(path)
+    if not states or path[-1] == k - 1:
+        return {layer: v[0, :k] for layer, v in states.items()}
+    index = host_to_device(torch.tensor(path), next(iter(states.values())).device)  # [K]
+    return {layer: v[0, index] for layer, v in states.items()}
 
 
 @dataclass

@@ -133,7 +133,7 @@ class EagleDrafter(Drafter):
             self._cache = SlotCache(1, -(-size // 1024) * 1024, static_shapes=True)
         self._cache.set_length(0)
         self._committed, self._feature = 0, None
-        self._commit(prompt, hidden, root)
+        self._commit(prompt.tolist(), self._features(hidden, prompt.numel())[None], root)  # [1, T, H]
 
     def use_compile(self, compile: bool | str) -> None:
         """Capture the WHOLE draft (every depth's head step, top-k and the final selection) as one
@@ -179,7 +179,28 @@ class EagleDrafter(Drafter):
         if tokens.dim() != 1 or tokens.numel() == 0:
             raise ValueError(f"tokens must be a non-empty 1-D tensor [K], got shape {tuple(tokens.shape)}")
         self._crop()
-        self._commit(tokens, hidden, next_root)
+        self._commit(tokens.tolist(), self._features(hidden, tokens.numel())[None], next_root)  # [1, K, H]
+
+    @no_grad
+    def accept_path(
+        self, tokens: list[int], hidden: dict[int, Tensor], path: list[int], next_root: int
+    ) -> None:
+        """`accept` from the verified tree's states at every node {layer: [1, N, H]}: the input features
+        fused over all N nodes first (EAGLE-3: one fc over N rows, no per-layer slices), then the path's
+        K rows taken once (the same features as `accept`'s, up to the matmul's rounding by row count)."""
+        if type(self).accept is not EagleDrafter.accept:  # a subclass's own `accept` hears every path
+            return super().accept_path(tokens, hidden, path, next_root)
+        if self._cache is None:
+            raise RuntimeError("EagleDrafter.accept_path called before start")
+        nodes = next(iter(hidden.values())).shape[1]  # N (the head reads at least one layer)
+        self._crop()
+        features = self._features(hidden, nodes)  # [1, N, H]
+        k = len(path)
+        if path[-1] == k - 1:  # the path is nodes 0..K-1 (a chain's): a slice, not a gather
+            features = features[:, :k]  # [1, K, H]
+        else:  # (copied without waiting for the queued work)
+            features = features[:, host_to_device(torch.tensor(path), features.device)]  # [1, K, H]
+        self._commit(tokens, features, next_root)
 
     @no_grad
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
@@ -237,14 +258,12 @@ class EagleDrafter(Drafter):
 
     # ---- committed cache ---------------------------------------------------------------------
 
-    def _commit(self, tokens: Tensor, hidden: dict[int, Tensor], next_token: int) -> None:
-        """Step the head on pairs (f of tokens[i], tokens[i+1] or next_token) at positions C.. (causal)."""
-        device, k = self._weight.device, tokens.numel()
+    def _commit(self, tokens: list[int], features: Tensor, next_token: int) -> None:
+        """Step the head on pairs (features [1, K, H] of tokens[i], tokens[i+1] or next_token) at
+        positions C.. (causal); tokens [K] a host list."""
+        device, k = self._weight.device, len(tokens)
         # the next tokens [1, K] made from a host list: one op (a slice and a concatenation are three)
-        next_ids = host_to_device(
-            torch.tensor([[*tokens.tolist()[1:], int(next_token)]]), device
-        )  # (no wait)
-        features = self._features(hidden, k)  # [1, K, H]
+        next_ids = host_to_device(torch.tensor([[*tokens[1:], int(next_token)]]), device)  # (no wait)
         self._ensure_room(k)
         c, cache = self._committed, self._cache
         assert cache is not None  # start made it
@@ -295,20 +314,20 @@ class EagleDrafter(Drafter):
             cache.grow(-(-max(need, 2 * cache.max_length) // step) * step)
 
     def _features(self, hidden: dict[int, Tensor], length: int) -> Tensor:
-        """Target states {layer: [K, H]} -> the head's input features [1, K, H] (fused for EAGLE-3)."""
+        """Target states {layer: [..., K, H]} -> the head's input features [..., K, H] (fused for EAGLE-3)."""
         missing = [layer for layer in self.hidden_layers if layer not in hidden]
         if missing:
             raise KeyError(f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})")
         weight, states = self._weight, []
         for layer in self.hidden_layers:
             state = hidden[layer]  # [K, H]
-            if state.shape[0] != length:
-                raise ValueError(f"hidden[{layer}] has {state.shape[0]} positions, expected {length}")
+            if state.shape[-2] != length:
+                raise ValueError(f"hidden[{layer}] has {state.shape[-2]} positions, expected {length}")
             if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
                 state = state.to(weight.device, weight.dtype)  # a bf16 target may feed an fp32 head
             states.append(state)
-        # EAGLE-3: fused (over any leading dims: one unsqueeze after, not three)
-        return self.head.features(states)[None]  # [1, K, H]
+        # EAGLE-3: fused (over any leading dims: a caller's one unsqueeze after, not three)
+        return self.head.features(states)  # [..., K, H]
 
     def _crop(self) -> None:
         if self._cache is not None:

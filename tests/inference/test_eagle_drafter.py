@@ -88,9 +88,12 @@ def chain_scores(
     return picked.double().cumsum(0), to_target(logp.argmax(-1))
 
 
+@pytest.mark.parametrize("api", ["accept", "accept_path"])
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
-def test_cache_stays_consistent_across_cycles(target, kind, tree) -> None:
+def test_cache_stays_consistent_across_cycles(target, kind, tree, api) -> None:
+    """accept_path (the decoding loop's call: every node's states, the path's indices) takes the path's
+    rows: the tree's other rows hold noise, and the cache must still equal a fresh run's."""
     head = make_head(target, kind)
     opts = dict(tree="dynamic", top_k=3, depth=4, total_tokens=12) if tree == "dynamic" else dict(tree=STATIC)
     drafter = EagleDrafter(head, **opts)
@@ -102,10 +105,17 @@ def test_cache_stays_consistent_across_cycles(target, kind, tree) -> None:
         draft = drafter.propose(root, GREEDY, None)
         assert draft.rule == "deterministic" and draft.q is None
         node = int(torch.randint(draft.tree.size, (1,), generator=pick))  # any accepted path, maybe root only
-        accepted = draft.tree.tokens[path_to_node(draft.tree.parents, node)]
+        path = path_to_node(draft.tree.parents, node)  # [K], in place (0..K-1) or not
+        accepted = draft.tree.tokens[path]
         next_root = int(torch.randint(V, (1,), generator=pick))
         hidden = stream.extend(torch.cat([torch.tensor([root]), accepted[1:]]))
-        drafter.accept(accepted, hidden, next_root)
+        if api == "accept":
+            drafter.accept(accepted, hidden, next_root)
+        else:  # the whole tree's states [1, N, H]: the path's rows are the stream's, the rest noise
+            whole = {layer: torch.randn(1, draft.tree.size, H) for layer in hidden}
+            for layer, rows in hidden.items():
+                whole[layer][0, path] = rows
+            drafter.accept_path(accepted.tolist(), whole, path, next_root)
         root = next_root
         # A fresh run over all committed pairs, at once, gives the same cache and last feature.
         fresh = DynamicCache()

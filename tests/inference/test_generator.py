@@ -276,6 +276,32 @@ def test_stream_yields_the_same_text(setup):
     assert gen.last_stats.new_tokens == 15
 
 
+class GradProbe(PromptLookupDrafter):
+    """Records whether gradients were on whenever the loop asked for a draft."""
+
+    def __init__(self) -> None:
+        super().__init__(num_draft=4)
+        self.grad_on: list[bool] = []
+
+    def propose(self, root, sampling, generator):
+        self.grad_on.append(torch.is_grad_enabled())
+        return super().propose(root, sampling, generator)
+
+
+def test_decoding_runs_without_gradients_and_leaves_the_callers_mode(setup):
+    """generate turns gradients off once around its loop, stream around each of its steps: the loop
+    never builds a graph, and the caller's mode holds after generate and between stream's pieces."""
+    model, tok = setup
+    probe = GradProbe()
+    gen = SpeculativeGenerator(model, tok, probe)
+    with torch.enable_grad():
+        gen.generate("What is the capital of France?", max_new_tokens=12)
+        assert torch.is_grad_enabled()
+        for _ in gen.stream("What is the capital of France?", max_new_tokens=12):
+            assert torch.is_grad_enabled()  # the consumer's code between yields: its own mode
+    assert len(probe.grad_on) > 2 and not any(probe.grad_on)
+
+
 class TopChildrenClaimingIid(DraftModelDrafter):
     """A deliberately WRONG drafter: argmax children verified with q-ratios as if sampled from q."""
 

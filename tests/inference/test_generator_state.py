@@ -152,8 +152,8 @@ class EagleWithReferenceBranch(EagleDrafter):
         super().start(prompt, hidden, root)
         self.done = 1
 
-    def accept(self, tokens, hidden, next_root):
-        super().accept(tokens, hidden, next_root)
+    def accept_path(self, tokens, hidden, path, next_root):  # EAGLE's own: fused over the tree, then the path
+        super().accept_path(tokens, hidden, path, next_root)
         self.done += len(tokens)
 
     def propose(self, root, sampling, generator):
@@ -178,6 +178,18 @@ class EagleWithReferenceBranch(EagleDrafter):
         )
 
 
+class ByAccept(EagleWithReferenceBranch):
+    """The same drafter with an `accept` of its own: the loop's paths reach it through the default
+    `Drafter.accept_path`, which takes the path's rows of the tree's states (drafters/base.path_states)."""
+
+    accept_path = EagleDrafter.accept_path  # (not the counting one above: `accept` counts)
+
+    def accept(self, tokens, hidden, next_root):
+        super().accept(tokens, hidden, next_root)
+        self.done += len(tokens)
+
+
+@pytest.mark.parametrize("hook", [EagleWithReferenceBranch, ByAccept])
 @pytest.mark.parametrize(
     ("family", "options"),
     [
@@ -186,14 +198,14 @@ class EagleWithReferenceBranch(EagleDrafter):
         ("eagle3", dict(tree=[[0], [1], [0, 0]], first=True)),  # paths in place: rows 0..k-1
     ],
 )
-def test_drafter_state_follows_the_accepted_rows(setup, family, options):
+def test_drafter_state_follows_the_accepted_rows(setup, family, options, hook):
     """After generate() on branching trees, the EAGLE head's committed cache and last feature equal a
     fresh head run over the target's states of the emitted sequence (the accepted rows were handed on)."""
     model, tok = setup
     head = eagle_head(model, family)
     prompt = [17, 23, 5, 88, 130, 64, 9]
     reference = hf_greedy(model, prompt, 30)
-    drafter = EagleWithReferenceBranch(head, reference, branch=5, **options)
+    drafter = hook(head, reference, branch=5, **options)
     gen = SpeculativeGenerator(model, tok, drafter)
     gen.eos = set()
     result = gen.generate(input_ids=prompt, max_new_tokens=30)
