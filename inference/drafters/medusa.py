@@ -67,6 +67,15 @@ class MedusaDrafter(Drafter):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]
 
+    def accept_path(
+        self, tokens: list[int], hidden: dict[int, torch.Tensor], path: list[int], next_root: int
+    ) -> None:
+        """`accept` from the tree's states {layer: [1, N, H]}: the path's last node's state, read directly."""
+        if type(self).accept is not MedusaDrafter.accept:  # a subclass's own `accept` hears every path
+            super().accept_path(tokens, hidden, path, next_root)
+            return
+        self.last_hidden = hidden[self.hidden_layers[0]][0, path[-1]]  # [H]
+
     def with_tree(self, choices: list[list[int]]) -> MedusaDrafter:
         """The same heads with another static tree (rank paths, see `tree_from_choices`)."""
         return MedusaDrafter(self.head, choices)

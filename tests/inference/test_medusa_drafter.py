@@ -70,6 +70,15 @@ def test_depth_d_nodes_carry_head_d_minus_1_ranked_candidates():
     draft = drafter.propose(11, SamplingParams(temperature=1.0), None)
     assert draft.tree.tokens.tolist() == expected_tokens(choices, rankings[1], 11)
 
+    # accept_path (the decoding loop's call): the path [0, 7, 8] of the whole tree's states, whose last
+    # node holds e_0 (every other node e_1): the heads move to e_0
+    tree_states = states[1].repeat(1, draft.tree.size, 1)  # [1, N, H]
+    tree_states[0, 8] = states[0]
+    drafter.accept_path([11, 4, 6], {LAYER: tree_states}, [0, 7, 8], 13)
+    assert drafter.propose(13, SamplingParams(), None).tree.tokens.tolist() == expected_tokens(
+        choices, rankings[0], 13
+    )
+
 
 def test_default_tree_is_clipped_to_the_number_of_heads():
     head, rankings, states = controlled_head(seed=1)
@@ -78,3 +87,26 @@ def test_default_tree_is_clipped_to_the_number_of_heads():
     tokens = drafter.propose(2, SamplingParams(), None).tree.tokens.tolist()
     clipped = [c for c in DEFAULT_MEDUSA_CHOICES if len(c) <= K]
     assert tokens == expected_tokens(clipped, rankings[0], 2)
+
+
+class HeardAccept(MedusaDrafter):
+    """A subclass with an `accept` of its own: the loop's `accept_path` must still reach it."""
+
+    def __init__(self, head, choices) -> None:
+        super().__init__(head, choices)
+        self.heard: list[list[int]] = []
+
+    def accept(self, tokens, hidden, next_root):
+        self.heard.append(tokens.tolist())
+        super().accept(tokens, hidden, next_root)
+
+
+def test_a_subclass_accept_hears_the_loops_paths():
+    head, rankings, states = controlled_head(seed=2)
+    drafter = HeardAccept(head, [[0], [1], [0, 0]])
+    drafter.start(torch.tensor([1]), {LAYER: states[1:]}, 2)
+    tree_states = states[1].repeat(1, 4, 1)  # [1, N, H]: the path's last node (2) holds e_0
+    tree_states[0, 2] = states[0]
+    drafter.accept_path([2, 5, 6], {LAYER: tree_states}, [0, 1, 2], 3)
+    assert drafter.heard == [[2, 5, 6]]
+    assert torch.equal(drafter.last_hidden, states[0])
