@@ -28,6 +28,7 @@ from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import no_grad
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter
+from spechead.inference.drafters.dynamic_tree import grow_dynamic
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan, kept_scores, static_scores
@@ -429,45 +430,17 @@ class EagleDrafter(Drafter):
     def _grow_dynamic(
         self, feature: Tensor, root: Tensor, committed: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """EAGLE-2: expand the `top_k` best frontier nodes per depth with one head call over them all;
-        keep the best `total_tokens - 1` nodes. Returns tokens, parents, scores [N] (float64)."""
-        k, device = self.top_k, self._weight.device
-        values, ids = self._top(feature[None], k)  # [1, k] each
-        tokens = [root[0], self._to_target(ids[0])]  # node tokens, by depth
-        parents = [torch.full((1,), -1, device=device), torch.zeros(k, dtype=torch.long, device=device)]
-        scores = [torch.zeros(1, dtype=torch.float64, device=device), values[0].double()]
-        count = 1 + k  # nodes so far; the depth-1 nodes are ids 1..k
-        frontier = torch.arange(1, 1 + k, device=device)  # [k] node ids to expand next
-        front_feat = feature.expand(k, -1)  # [k, H] features of their parents
-        front_tok, front_score = tokens[1], scores[1]  # [k] each
-        anc = torch.zeros(k, 0, dtype=torch.bool, device=device)  # [k, S] ancestors' speculative slots
-        eye = torch.eye(k, dtype=torch.bool, device=device)
-        for d in range(2, self.depth + 1):
-            allowed = torch.cat([anc, eye], dim=1)  # [k, S + k]
-            out = self._step(front_feat[None], front_tok[None], allowed, d - 1, committed)  # [1, k, H]
-            values, ids = self._top(out, k)  # [k, k] each
-            new_score = (front_score[:, None] + values.double()).reshape(-1)  # [k * k]
-            new_tok = self._to_target(ids).reshape(-1)  # [k * k]
-            tokens.append(new_tok)
-            parents.append(frontier.repeat_interleave(k))
-            scores.append(new_score)
-            if d < self.depth:  # the next frontier: best k new nodes (ties: lower id), in id order
-                pick = torch.sort(-new_score, stable=True).indices[:k].sort().values  # [k]
-                row = pick // k  # which expanded node each one hangs from
-                anc = torch.cat([anc[row], eye[row]], dim=1)  # [k, S + k]
-                frontier, front_feat = count + pick, out[0, row]
-                front_tok, front_score = new_tok[pick], new_score[pick]
-            count += k * k
-        all_tokens, all_parents, all_scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)  # [M]
-        budget = min(self.total_tokens - 1, count - 1)
-        # Scores never grow along a path (log-probs <= 0) and ties go to the lower id (a parent), so the
-        # best `budget` nodes are closed under ancestors: `tree.select_best` reduces to this sort.
-        keep = torch.sort(-all_scores[1:], stable=True).indices[:budget].sort().values + 1
-        keep = torch.cat([keep.new_zeros(1), keep])  # [N] ascending, root first
-        index = torch.full((count,), -1, dtype=torch.long, device=device)
-        index[keep] = torch.arange(keep.numel(), device=device)
-        kept_parents = torch.where(all_parents[keep] >= 0, index[all_parents[keep].clamp(min=0)], -1)
-        return all_tokens[keep], kept_parents, all_scores[keep]
+        """EAGLE-2 from the root's feature [1, H] and token [1, 1] (drafters/dynamic_tree.py): tokens,
+        parents, scores [N] (float64)."""
+        return grow_dynamic(
+            feature,
+            root,
+            committed,
+            (self.top_k, self.depth, self.total_tokens),
+            self._step,
+            self._top,
+            self._to_target,
+        )
 
     def _grow_static(self, feature: Tensor, root: Tensor, committed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The static tree inside the draft graph (node i = the rank[i]-th child of its parent), one head
