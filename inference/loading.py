@@ -231,9 +231,9 @@ def calibrated_drafter(
     table: calibrated from on a CPU where the family asks for it (EAGLE: its default dynamic tree is
     sized for a GPU), else kept only for batch trees while the default tree stays. A saved tree tuned on
     this kind of device (its "device", written by tree_tuning.tune_tree) stays unless another tree is
-    expected clearly faster (calibrate.KEEP_MARGIN): near-equal trees would trade places with noise.
-    The part-by-part costs (calibrate.py) rank the trees; the best few are then decoded here
-    (pass_timing.py) and the tree whose passes pay best is used.
+    expected clearly faster: near-equal trees would trade places with noise. The part-by-part costs
+    (calibrate.py) rank the trees; the best few are then decoded here (pass_timing.py) and the tree whose
+    passes pay best is used, the tuned one unless another pays pass_timing.IN_SITU_KEEP_MARGIN more.
     """
     from spechead.inference.calibrate import calibrated_choices, saved_accuracy
 
@@ -272,17 +272,17 @@ def decoded_choice(
     target, head, accuracy: torch.Tensor, ranked: list[list[list[int]]], keep: list[list[int]] | None = None
 ) -> tuple[list[list[int]], dict]:
     """Of the trees `ranked` (calibrate's best few by part-by-part costs) and `keep` (a tree tuned for this
-    kind of device, decoded first and kept unless another is expected KEEP_MARGIN faster), the one whose
-    passes pay best when the head decodes with it here (pass_timing.py), and what was measured."""
-    from spechead.inference.calibrate import KEEP_MARGIN, covers
-    from spechead.inference.pass_timing import in_situ_choice
+    kind of device, decoded first and kept unless another is expected IN_SITU_KEEP_MARGIN faster), the one
+    whose passes pay best when the head decodes with it here (pass_timing.py), and what was measured."""
+    from spechead.inference.calibrate import covers
+    from spechead.inference.pass_timing import IN_SITU_KEEP_MARGIN, in_situ_choice
 
     option = family_of(head.config).tree_option
     candidates = [c for c in ranked if c != keep]
     if keep is not None and covers(accuracy, keep):
         candidates.insert(0, keep)
     build = lambda choices: drafter_for_head(head, None, **{option: choices})  # noqa: E731
-    return in_situ_choice(target, build, accuracy, candidates, keep=keep, keep_margin=KEEP_MARGIN)
+    return in_situ_choice(target, build, accuracy, candidates, keep=keep, keep_margin=IN_SITU_KEEP_MARGIN)
 
 
 WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings

@@ -96,6 +96,35 @@ def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path
     assert gen.drafter.choices == candidates[-1] and not gen.calibration["kept_saved_tree"]
 
 
+@pytest.mark.parametrize(("faster", "kept"), [(0.02, True), (0.05, False)])
+def test_the_tuned_tree_gives_way_only_to_a_tree_decoded_clearly_faster(
+    tiny_target_dir, tmp_path, monkeypatch, faster, kept
+):
+    """In situ the tree tuned with the head (decoded first) stays unless another is expected more than
+    IN_SITU_KEEP_MARGIN (3%) faster: a challenger 2% faster leaves it, one 5% faster replaces it. Every
+    candidate's accept length is made 1 and its pass fixed, so the expected speedups are plain / pass."""
+    import spechead.inference.pass_timing as pass_timing
+
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
+    table = {"choices": [[0]], "accuracy": [[0.7, 0.2], [0.6, 0.2], [0.5, 0.1]], "device": "cpu"}
+    (tmp_path / "h" / "tree.json").write_text(json.dumps(table))
+
+    def timed(target, drafters, prompt, new_tokens=32, batch=1):  # plain, the tuned tree, the others
+        others = [2.0] * (len(drafters) - 3) + [1 / (1 + faster)]  # the last one the fastest
+        return [1.0, 1.0, *others]
+
+    monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
+    monkeypatch.setattr(pass_timing, "expected_accept_length", lambda accuracy, choices: 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
+    candidates = gen.calibration["in_situ"]["candidates"]
+    assert len(candidates) >= 2 and candidates[0] == [[0]]  # the tuned tree, decoded first
+    assert gen.calibration["kept_saved_tree"] == kept
+    assert gen.drafter.choices == (candidates[0] if kept else candidates[-1])
+
+
 def test_a_short_context_target_is_timed_within_its_context(tiny_llama):
     """prompt + new tokens fit max_position_embeddings (the generator refuses more)."""
     from spechead.inference.pass_timing import in_situ_choice
