@@ -96,12 +96,12 @@ def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path
     assert gen.drafter.choices == candidates[-1] and not gen.calibration["kept_saved_tree"]
 
 
-@pytest.mark.parametrize(("faster", "kept"), [(0.02, True), (0.05, False)])
+@pytest.mark.parametrize(("faster", "kept"), [(0.015, True), (0.03, False)])
 def test_the_tuned_tree_gives_way_only_to_a_tree_decoded_clearly_faster(
     tiny_target_dir, tmp_path, monkeypatch, faster, kept
 ):
     """In situ the tree tuned with the head (decoded first) stays unless another is expected more than
-    IN_SITU_KEEP_MARGIN (3%) faster: a challenger 2% faster leaves it, one 5% faster replaces it. Every
+    IN_SITU_KEEP_MARGIN (2%) faster: a challenger 1.5% faster leaves it, one 3% faster replaces it. Every
     candidate's accept length is made 1 and its pass fixed, so the expected speedups are plain / pass."""
     import spechead.inference.pass_timing as pass_timing
 
