@@ -130,11 +130,19 @@ def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) ->
     (EAGLE: instead of the dynamic tree unless tree/top_k/depth/total_tokens are given).
     """
     fam = family_of(head.config)
+    build = fam.load("drafter")
+    valid = [name for name in inspect.signature(build).parameters if name != "head"]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:  # one line naming what this family's drafter takes (a static tree's option differs)
+        raise ValueError(
+            f"{fam.name} head: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)} "
+            f"(a static tree goes in {fam.tree_option}=)"
+        )
     tree = directory.read_tree(head_dir) if head_dir is not None else None
     saved = tree["choices"] if tree else None
     if saved is not None and not set(TREE_OPTIONS) & set(options):
         options = {**options, fam.tree_option: saved}
-    return fam.load("drafter")(head, **options)
+    return build(head, **options)
 
 
 def merge_head_adapter(target, head_dir: str):

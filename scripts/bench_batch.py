@@ -108,11 +108,17 @@ def main(argv=None) -> int:
     specs = [d.split("=", 1) for d in args.drafter] or [("plain", None)]
     rows = []
     for name, spec in specs:
-        path, options = drafter_options(spec) if spec else (None, {})  # HEAD@key=value,... as benchmark.py
-        gen = SpeculativeGenerator.from_pretrained(
-            target, path, device=args.device, dtype=args.dtype, compile=args.compile,
-            draft_compile=args.compile_draft or None, **options,
-        )  # fmt: skip
+        try:
+            path, options = (
+                drafter_options(spec) if spec else (None, {})
+            )  # HEAD@key=value,... as benchmark.py
+            gen = SpeculativeGenerator.from_pretrained(
+                target, path, device=args.device, dtype=args.dtype, compile=args.compile,
+                draft_compile=args.compile_draft or None, **options,
+            )  # fmt: skip
+        except ValueError as err:  # a bad drafter spec or option: one line, exit 2
+            print(f"bench_batch.py: error: --drafter {name}={spec}: {err}", file=sys.stderr)
+            return 2
         # the same target (e.g. with a Medusa-2 adapter merged)
         plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)
         gen.generate_batch(messages=chats[:2], max_new_tokens=8)  # warm-up

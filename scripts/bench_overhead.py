@@ -118,8 +118,13 @@ def main(argv=None) -> int:
         help="compile the drafter (EAGLE: the whole draft as one graph, timed as the head's forwards)",
     )  # fmt: skip
     args = p.parse_args(argv)
-    path, options = drafter_options(args.drafter)
-    gen = SpeculativeGenerator.from_pretrained(args.target, path, draft_compile=args.compile_draft, **options)
+    try:
+        path, options = drafter_options(args.drafter)
+        gen = SpeculativeGenerator.from_pretrained(
+            args.target, path, draft_compile=args.compile_draft, **options
+        )
+    except ValueError as err:  # a bad drafter spec or option: one line, exit 2
+        p.error(f"--drafter {args.drafter}: {err}")
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)
     tok = gen.tokenizer
     chats = [

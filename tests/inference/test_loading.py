@@ -1,0 +1,36 @@
+"""loading.py: a head's drafter options are checked against what its family's drafter takes."""
+
+from __future__ import annotations
+
+import pytest
+
+from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.loading import drafter_for_head
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(64, layers=2, hidden=32).eval()
+
+
+def test_a_heads_drafter_options_are_checked_in_one_line(target):
+    eagle3 = Eagle3Head(Eagle3Config.from_target(target.config, target_layers=[0, 1, 2]))
+    eagle3.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    cfg = target.config
+    medusa = MedusaHead(MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=2))
+    assert isinstance(drafter_for_head(eagle3, tree=[[0], [0, 0]]), EagleDrafter)
+    assert drafter_for_head(medusa, choices=[[0], [0, 0]]).choices == [[0], [0, 0]]
+    assert isinstance(drafter_for_head(medusa), MedusaDrafter)
+    # a static tree in the other family's option: the message names the right one
+    with pytest.raises(
+        ValueError,
+        match=r"^medusa head: unknown option\(s\) tree; valid: choices \(a static tree goes in choices=\)$",
+    ):
+        drafter_for_head(medusa, tree=[[0]])
+    with pytest.raises(
+        ValueError,
+        match=r"eagle3 head: unknown option\(s\) bogus, choices; valid: tree, top_k, depth, total_tokens",
+    ):
+        drafter_for_head(eagle3, choices=[[0]], bogus=3)
