@@ -104,14 +104,19 @@ class Drafter(ABC):
         return RowLoopDrafter(self)
 
 
-def path_states(states: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
-    """The rows of a path [K] (ascending node indices, 0 first) of per-node states {layer: [1, N, H]}
-    -> {layer: [K, H]}: slices when the path is nodes 0..K-1 (a chain's), else one gather per layer
-    (the index copied to the states' device without waiting for its queued work)."""
+def path_index(path: list[int], device: torch.device) -> slice | torch.Tensor:
+    """How to take a path's rows along a node dim, for a path [K] of ascending node indices (0 first): a
+    slice when it is nodes 0..K-1 (a chain's: views, no copy), else the indices [K] on `device` (copied
+    there without waiting for its queued work) for one gather."""
     k = len(path)
-    if not states or path[-1] == k - 1:
-        return {layer: v[0, :k] for layer, v in states.items()}
-    index = host_to_device(torch.tensor(path), next(iter(states.values())).device)  # [K]
+    return slice(0, k) if path[-1] == k - 1 else host_to_device(torch.tensor(path), device)
+
+
+def path_states(states: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
+    """The rows of a path [K] (see `path_index`) of per-node states {layer: [1, N, H]} -> {layer: [K, H]}."""
+    if not states:
+        return {}
+    index = path_index(path, next(iter(states.values())).device)
     return {layer: v[0, index] for layer, v in states.items()}
 
 

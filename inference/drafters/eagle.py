@@ -27,7 +27,7 @@ from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import no_grad
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter
+from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter, path_index
 from spechead.inference.drafters.dynamic_tree import grow_dynamic
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
@@ -196,12 +196,7 @@ class EagleDrafter(Drafter):
         nodes = next(iter(hidden.values())).shape[1]  # N (the head reads at least one layer)
         self._crop()
         features = self._features(hidden, nodes)  # [1, N, H]
-        k = len(path)
-        if path[-1] == k - 1:  # the path is nodes 0..K-1 (a chain's): a slice, not a gather
-            features = features[:, :k]  # [1, K, H]
-        else:  # (copied without waiting for the queued work)
-            features = features[:, host_to_device(torch.tensor(path), features.device)]  # [1, K, H]
-        self._commit(tokens, features, next_root)
+        self._commit(tokens, features[:, path_index(path, features.device)], next_root)  # [1, K, H]
 
     @no_grad
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
