@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_accept_batch, sample_accept
+from spechead.inference.acceptance import Acceptance, greedy_accept_batch, greedy_walk, sample_accept
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import Drafter, chain
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
-from spechead.inference.sampling import SamplingParams, make_generator, pick, target_probs
+from spechead.inference.sampling import SamplingParams, argmax_ids, make_generator, pick, target_probs
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
@@ -377,10 +377,15 @@ class SpeculativeGenerator:
             drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
         clock.mark("prefill")
         pending = [root]  # tokens to emit
-        plain = chain([], root)  # plain decoding's one-node tree (its token refilled every step)
-        plain_inputs = (plain.tokens[None], plain.parents[None])  # [1, 1] views of it
+        # plain decoding's one-node tree and its [1, 1] views: made at its first step, then refilled
+        plain: tuple[TokenTree, tuple[torch.Tensor, torch.Tensor]] | None = None
         accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
-        parents_of, parents_in = None, plain_inputs[1]  # the last tree's parents [N] and their [1, N] view
+        # whether the drafter reads the verified tree's logits (lookahead's Jacobi guesses; not EAGLE, Medusa)
+        hears = drafter is not None and type(drafter).verified is not Drafter.verified
+        parents_of: torch.Tensor | None = (
+            None  # the last tree's parents [N] (none yet: set at the first draft)
+        )
+        parents_in: torch.Tensor  # and their [1, N] view
         verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
             out = until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
@@ -392,30 +397,33 @@ class SpeculativeGenerator:
                 break
             clock.mark("other")
             if drafter and accepted is not None:  # only when decoding goes on (no wasted work at the end)
-                assert checked is not None  # set together with `accepted`
-                drafter.verified(*checked)  # the whole tree's outputs first (lookahead's Jacobi guesses)
+                if checked is not None:  # the whole tree's outputs first
+                    drafter.verified(*checked)
                 drafter.accept_path(*accepted)
             draft = drafter.propose(root, params, generator) if drafter else None
             if draft is None:  # plain decoding: the one-token inputs [1, 1] are made once and refilled
-                plain.tokens.fill_(root)
-                tree, inputs = plain, plain_inputs
+                if plain is None:
+                    one = chain([], root)
+                    plain = (one, (one.tokens[None], one.parents[None]))
+                tree, inputs = plain
+                tree.tokens.fill_(root)
+                n = 1
             else:
                 tree = draft.tree
-                room = runner.room()
-                if room is not None and tree.size > room:  # near a fixed cache's end: keep the first nodes
+                n, room = tree.size, runner.room()
+                if room is not None and n > room:  # near a fixed cache's end: keep the first nodes
                     # (a tree's first nodes are a tree: lossless, fewer candidates)
-                    tree = TokenTree.trusted(tree.tokens[:room], tree.parents[:room])
+                    tree, n = TokenTree.trusted(tree.tokens[:room], tree.parents[:room]), room
                 if tree.parents is not parents_of:  # a static tree's parents repeat: the same [1, N] view
                     parents_of, parents_in = tree.parents, tree.parents[None]  # (a cache key for the runner)
                 inputs = (tree.tokens[None], parents_in)  # [1, N] each
             clock.mark("draft")
             logits, hidden = runner.verify(*inputs)  # [1, N, V], {l: [1, N, H]}
-            n = tree.size
-            rows = logits[0] if draft is not None else logits  # [N, V] (plain decoding: no view needed)
             if n == 1:  # plain decoding (or an empty draft): the target's own next token
                 acc = Acceptance([0], pick(logits.reshape(-1), params, generator), [root])  # [V]
             elif params.is_greedy and not self.device_accept:  # host = device: a list walk is cheapest
-                acc = greedy_accept(tree, rows)
+                # (greedy_accept's walk, without its shape checks or a [N, V] view: verify made both)
+                acc = greedy_walk(tree.tokens.tolist(), tree.parents.tolist(), argmax_ids(logits)[0])
             elif params.is_greedy:  # on an accelerator: on the device; the pass's ONE wait for the device
                 anc, parents = runner.last_ancestors, runner.last_parents  # [1, N, N], [1, N] there
                 assert anc is not None and parents is not None  # verify just set them
@@ -423,8 +431,8 @@ class SpeculativeGenerator:
                 acc = greedy_accept_batch(tokens, parents, anc, logits)[0]
             else:
                 rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
-                q = q[: tree.size] if q is not None else None  # [N, V]
-                acc = sample_accept(tree, target_probs(rows, params), rule, q, generator)
+                q = q[:n] if q is not None else None  # [N, V]
+                acc = sample_accept(tree, target_probs(logits[0], params), rule, q, generator)
             runner.commit(acc.path)
             verified = True
             clock.mark("verify")
@@ -439,7 +447,8 @@ class SpeculativeGenerator:
             pending = [*host_ids[1:], root]
             # the drafter takes the path's rows of the whole tree's states itself (drafters/base.py)
             accepted = (host_ids, hidden, acc.path, root)  # [K], {l: [1, N, H]}, [K]
-            checked = (tree, rows)  # [N], [N, V]
+            if hears:
+                checked = (tree, logits[0])  # [N], [N, V]
         spent = clock.totals()
         stats.prefill_time = spent["prefill"]
         stats.draft_time = spent["draft"]

@@ -325,6 +325,13 @@ class SlotCache(Cache):
         for length_t in self._lengths_t.values():  # (every layer's, shared)
             length_t.copy_(slot)
 
+    def crop_to(self, length: int) -> None:
+        """`set_length(length)`, skipped when the layers are there already: an eager layer moves its own
+        length as it writes (the first layer first), so after a kept write there is nothing to drop (a
+        loop over the layers saved, every decoding pass). With static_shapes it always sets."""
+        if self.static_shapes or self.slot_layers[0].length != length:
+            self.set_length(length)
+
     def set_length(self, length: int) -> None:
         """Declare the first `length` slots valid in every layer (later slots become scratch)."""
         if not 0 <= length <= self.max_length:

@@ -364,7 +364,7 @@ class TargetRunner:
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
             mask = self._visible(self.length + 1)
             logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
-            return logits.float(), hidden
+            return _fp32(logits), hidden
         size = self._bucket(n, room)
         if size > n:  # pad where the tree is (the host, usually): children of the root nobody attends to
             pad = size - n
@@ -387,7 +387,7 @@ class TargetRunner:
         self.last_parents = parents if size == n else parents[:, :n]  # [1, N] on the device
         if size > n:  # padded: cut the padding off again
             logits, hidden = logits[:, :n], {k: v[:, :n] for k, v in hidden.items()}
-        return logits.float(), hidden
+        return _fp32(logits), hidden
 
     def _structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor, Tensor, bytes | None]:
         """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, 1, N, N] (0 = attend) of
@@ -446,7 +446,7 @@ class TargetRunner:
     def _rewind(self) -> None:
         """Drop scratch entries of an uncommitted verify (dynamic: crop; static: just the length)."""
         if isinstance(self.cache, SlotCache):
-            self.cache.set_length(self.length)
+            self.cache.crop_to(self.length)  # (after a commit: nothing to drop)
             return
         assert self.cache is not None  # verify checked it
         if self.cache.get_seq_length() > self.length:
@@ -492,3 +492,8 @@ class TargetRunner:
         for layer in cache.slot_layers:
             layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
             layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
+
+
+def _fp32(logits: Tensor) -> Tensor:
+    """logits as fp32 (`float()` costs a call into torch even when they are fp32 already)."""
+    return logits if logits.dtype == torch.float32 else logits.float()

@@ -285,8 +285,9 @@ class EagleDrafter(Drafter):
             mask, positions = causal_inputs_static(k, c, columns, self._weight.dtype, device)
         out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
         self._committed += k
-        cache.set_length(self._committed)
-        self._feature = out[0, -1:]  # [1, H] (strides (H, 1) whatever K: a compiled draft's guards hold)
+        cache.crop_to(self._committed)  # (an eager cache is there already)
+        # [1, H]; for a compiled draft with strides (H, 1) whatever K, so its guards hold (two views)
+        self._feature = out[:, -1] if self._compiled is None else out[0, -1:]
         self._root = int(next_token)
 
     def _commit_graph(self, features: Tensor, next_ids: Tensor, length: Tensor) -> Tensor:
@@ -327,7 +328,7 @@ class EagleDrafter(Drafter):
 
     def _crop(self) -> None:
         if self._cache is not None:
-            self._cache.set_length(self._committed)
+            self._cache.crop_to(self._committed)
 
     # ---- tree growth (tensors on the head's device; no host round trip inside the depth loop) -----
 
