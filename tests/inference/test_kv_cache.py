@@ -100,6 +100,26 @@ def test_slot_cache_layers_share_one_buffer_and_commit_moves_every_layer():
     assert [slot_positions(cache, layer) for layer in range(LAYERS)] == [[0, 1, 2, 3, 5, 8]] * LAYERS
 
 
+def test_crop_to_drops_every_layers_scratch_and_skips_only_when_the_layers_are_there():
+    """crop_to(length): every layer back to `length`; an eager cache whose layers wrote exactly up to it
+    is left alone (their own lengths moved as they wrote), a fixed-shape one is always set (its device
+    length does not move as it writes)."""
+    cache = filled_slots()  # every layer at PAST + N
+    cache.crop_to(PAST + N)
+    assert [layer.length for layer in cache.slot_layers] == [PAST + N] * LAYERS
+    cache.slot_layers[-1].length = PAST + N + 2  # a later layer ahead: only the first is read
+    cache.crop_to(PAST + N)
+    assert cache.slot_layers[-1].length == PAST + N + 2
+    cache.crop_to(PAST)  # scratch past PAST dropped in every layer
+    assert [layer.length for layer in cache.slot_layers] == [PAST] * LAYERS
+    fixed = SlotCache(LAYERS, 16, static_shapes=True)
+    for layer in range(LAYERS):
+        fixed.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer)
+    fixed.slot_layers[0].length_t.fill_(5)  # the device length moved (as a graph's write_at moves it)
+    fixed.crop_to(0)  # the host lengths are at 0 already: set anyway
+    assert int(fixed.device_length()) == 0
+
+
 def test_slot_cache_without_one_buffer_commits_layer_by_layer():
     """Layers that cannot share (another batch size in one layer, or fixed shapes) commit one by one."""
     cache = filled_slots()

@@ -106,6 +106,28 @@ def test_verify_equals_plain_paths_and_commit_equals_plain_run(model, cache, buc
 
 @torch.no_grad()
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_verify_left_uncommitted_or_a_length_set_back_is_dropped_by_the_next_verify(model, cache):
+    """A verify without a commit (pass timing, calibration) leaves scratch entries: the next verify runs
+    after the committed prefix only, as does one after `runner.length` was set back past a commit."""
+    runner = TargetRunner(model, cache=cache)
+    runner.reserve(6, 30)
+    seq = [3, 9, 27, 17, 51, 25]
+    runner.prefill(torch.tensor([seq]))
+    tree = random_tree(6, 1)
+    first, _ = runner.verify(tree.tokens[None], tree.parents[None])
+    again, _ = runner.verify(tree.tokens[None], tree.parents[None])  # no commit in between
+    torch.testing.assert_close(again, first, atol=1e-5, rtol=0)
+    runner.commit([0, 1])
+    runner.length = len(seq)  # set back: drop that commit too
+    again, _ = runner.verify(tree.tokens[None], tree.parents[None])
+    torch.testing.assert_close(again, first, atol=1e-5, rtol=0)
+    for node in range(6):
+        ref, _ = plain(model, seq + tree.tokens[path_to_node(tree.parents, node)].tolist())
+        torch.testing.assert_close(again[0, node], ref[-1], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_a_tree_shape_seen_again_verifies_through_its_kept_mask_at_any_length(model, cache):
     """A static tree's shape repeats every pass: from its second pass on, the mask is a view of a kept
     one over W >= past columns, widened when a later sequence outgrows W (here: 1100 positions)."""
