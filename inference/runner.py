@@ -370,7 +370,7 @@ class TargetRunner:
             pad = size - n
             tokens = torch.cat([tokens, tokens[:, :1].expand(1, pad)], dim=1)
             parents = torch.cat([parents, parents.new_zeros(1, pad)], dim=1)
-        host_parents = parents if parents.device.type == "cpu" else None  # a cache key without a sync
+        host_parents = parents if parents.is_cpu else None  # a cache key without a sync
         if tokens.device != self.device:  # (a drafter's tree on the GPU already: no copy, no wait)
             tokens = host_to_device(tokens, self.device)
         if parents.device != self.device:

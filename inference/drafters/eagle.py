@@ -26,7 +26,7 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import no_grad
-from spechead.inference.devices import host_to_device
+from spechead.inference.devices import host_ids
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter, path_index
 from spechead.inference.drafters.dynamic_tree import grow_dynamic
 from spechead.inference.drafters.head_masks import HeadMasks
@@ -258,8 +258,8 @@ class EagleDrafter(Drafter):
         """Step the head on pairs (features [1, K, H] of tokens[i], tokens[i+1] or next_token) at
         positions C.. (causal); tokens [K] a host list."""
         device, k = self._weight.device, len(tokens)
-        # the next tokens [1, K] made from a host list: one op (a slice and a concatenation are three)
-        next_ids = host_to_device(torch.tensor([[*tokens[1:], int(next_token)]]), device)  # (no wait)
+        # the next tokens made from a host list at once (a slice and a concatenation are three ops)
+        next_ids = host_ids([[*tokens[1:], int(next_token)]], device)  # [1, K] (no wait)
         self._ensure_room(k)
         c, cache = self._committed, self._cache
         assert cache is not None  # start made it

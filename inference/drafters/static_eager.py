@@ -94,4 +94,4 @@ def grow_static_eager(
             torch.index_select(d2t, 0, out.flat, out=out.mapped)
         if step["next_run"] is not None:  # the target ids of the nodes the next depth expands
             run = out.row if step["next_all"] else out.row[:, step["next_run"]]  # [1, E']
-    return outs.targets[outs.pick], logits_by_depth
+    return torch.index_select(outs.targets, 0, outs.pick), logits_by_depth  # (the mapping's op, not `[]`)
