@@ -32,7 +32,7 @@ from transformers import DynamicCache
 from spechead.heads.base import resolve_layers
 from spechead.heads.grad import no_grad
 from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
-from spechead.inference.devices import host_to_device
+from spechead.inference.devices import host_ids, host_to_device
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
 from spechead.inference.positions import PositionIds
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_after, tree_mask
@@ -460,7 +460,7 @@ class TargetRunner:
                 self.cache.set_length(self.length + k)
                 self.length += k
                 return
-            path = torch.arange(k) if contiguous else torch.tensor(path, dtype=torch.long)
+            path = torch.arange(k) if contiguous else host_ids(path, torch.device("cpu"))
         else:
             path = torch.as_tensor(path, dtype=torch.long)
             if path.dim() == 2:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from spechead.inference.acceptance import RULES
-from spechead.inference.devices import host_to_device
+from spechead.inference.devices import host_ids
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
 
@@ -109,7 +109,7 @@ def path_index(path: list[int], device: torch.device) -> slice | torch.Tensor:
     slice when it is nodes 0..K-1 (a chain's: views, no copy), else the indices [K] on `device` (copied
     there without waiting for its queued work) for one gather."""
     k = len(path)
-    return slice(0, k) if path[-1] == k - 1 else host_to_device(torch.tensor(path), device)
+    return slice(0, k) if path[-1] == k - 1 else host_ids(path, device)
 
 
 def path_states(states: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
