@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -13,15 +15,10 @@ class PhaseClock:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.marks: list[tuple[str, object]] = []
-        self.start = self._stamp()
-
-    def _stamp(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        self.marks: list[tuple[str, Any]] = []  # (phase, an event or a float)
+        # a stamp: a recorded CUDA event, or on a CPU perf_counter itself (no Python call in between)
+        self._stamp: Callable[[], Any] = _event if self.cuda else time.perf_counter
+        self.start: Any = self._stamp()
 
     def mark(self, phase: str) -> None:
         self.marks.append((phase, self._stamp()))
@@ -37,3 +34,10 @@ class PhaseClock:
             out[phase] += last.elapsed_time(stamp) / 1e3 if self.cuda else stamp - last
             last = stamp
         return out
+
+
+def _event() -> torch.cuda.Event:
+    """A CUDA event recorded now on the current stream (timed)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
