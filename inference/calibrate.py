@@ -168,14 +168,16 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
 
 
 @torch.no_grad()
-def eagle_accept_cost_ms(drafter, tokens: int = 3, repeats: int = 9) -> float:
-    """ms of an EAGLE drafter's accept step (the head on `tokens` accepted pairs) after 128 committed."""
-    accepted = {layer: state[:tokens] for layer, state in _start_on_noise(drafter).items()}
+def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int = 9) -> float:
+    """ms of an EAGLE drafter's accept step as decoding runs it (`accept_path`: the input features of a
+    verified `nodes`-node tree, then the head on its first `tokens` nodes' pairs) after 128 committed."""
+    verified = {layer: state[None, :nodes] for layer, state in _start_on_noise(drafter).items()}  # [1, N, H]
+    path = list(range(tokens))
 
     def accept() -> None:
         drafter._committed = 128  # every accept lands after the same 128 entries
         drafter._crop()
-        drafter.accept(torch.zeros(tokens, dtype=torch.long), accepted, 0)
+        drafter.accept_path([0] * tokens, verified, path, 0)
 
     return _drafter_ms(drafter, accept, repeats)
 

@@ -223,13 +223,16 @@ def measure_runner(
     for depth in sorted({1, args.depth}) if compile else range(1, args.depth + 1):
         drafter.depth = depth
         propose_ms[depth] = timer.ms(lambda: drafter.propose(root, sampling, None))
-    accepted = {layer: h[:ACCEPTED] for layer, h in hidden.items()}
+    # the accept as decoding runs it (`accept_path`): the verified tree's states {l: [1, N, H]} and the
+    # path of its first ACCEPTED nodes (EAGLE-3 fuses all N rows, then takes the path's)
+    tree_states = {layer: h[None, : args.tree_size] for layer, h in hidden.items()}
+    accepted = (prompt[0, :ACCEPTED].tolist(), tree_states, list(range(ACCEPTED)), root)
 
     def restart() -> None:  # every accept commits after the same prompt (the cache does not fill up)
         drafter._committed = ctx
         drafter._crop()
 
-    accept_ms = timer.ms(lambda: drafter.accept(prompt[0, :ACCEPTED], accepted, root), setup=restart)
+    accept_ms = timer.ms(lambda: drafter.accept_path(*accepted), setup=restart)
     if keep is not None:
         keep.update(runner=runner, drafter=drafter)
     out = {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
@@ -241,7 +244,7 @@ def measure_runner(
             f"verify({args.tree_size})": verify_tree,
             "verify+commit": lambda: (verify_tree(), runner.commit(path)),
             f"draft (depth {args.depth})": lambda: drafter.propose(root, sampling, None),
-            "accept": lambda: (restart(), drafter.accept(prompt[0, :ACCEPTED], accepted, root)),
+            "accept": lambda: (restart(), drafter.accept_path(*accepted)),
         }
         if compile:  # beside it, the same draft eager (no graph): what the graph saves
             eager = EagleDrafter(head, tree="dynamic", top_k=drafter.top_k, depth=args.depth,
