@@ -420,7 +420,7 @@ class TargetRunner:
         (PyTorch pads a mask whose strides are not aligned, not one whose start is not), and a view at
         column W - past crashed there with 'misaligned address'."""
         size, past = block.shape[-1], self.length
-        key = key if block.device.type == "cpu" else None
+        key = key if block.is_cpu else None
         wide = self._wide.get(key) if key is not None else None
         if key is not None and (wide is None or wide.shape[-1] - size < past):
             if wide is None and len(self._wide) >= 4:

@@ -31,7 +31,7 @@ class HeadMasks:
         again when the cache, the dtype or the device changes); on the CPU only, as the target's verify
         mask (runner.TargetRunner._tree_mask: CUDA's attention needs a 16-element-aligned mask start)."""
         q = block.shape[0]
-        if key is not None and block.device.type == "cpu":
+        if key is not None and block.is_cpu:
             wide = self.wide.get(key)
             if wide is None or wide.shape[-1] != slots + block.shape[1] or not _same_kind(wide, block):
                 wide = self.wide[key] = torch.cat([block.new_zeros(q, slots), block], dim=1)[None, None]
