@@ -382,10 +382,9 @@ class SpeculativeGenerator:
         accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
         # whether the drafter reads the verified tree's logits (lookahead's Jacobi guesses; not EAGLE, Medusa)
         hears = drafter is not None and type(drafter).verified is not Drafter.verified
-        parents_of: torch.Tensor | None = (
-            None  # the last tree's parents [N] (none yet: set at the first draft)
-        )
-        parents_in: torch.Tensor  # and their [1, N] view
+        # the last tree's parents [N] (none before the first draft) and their [1, N] view (set with them)
+        parents_of: torch.Tensor | None = None
+        parents_in: torch.Tensor
         verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
         while True:
             out = until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
