@@ -285,8 +285,7 @@ class EagleDrafter(Drafter):
             mask, positions = causal_inputs_static(k, c, columns, self._weight.dtype, device)
         out = self.head_step(features, next_ids, mask, positions, cache)  # [1, K, H]
         self._committed += k
-        if cache.static_shapes:  # (an eager cache's layer moved its own length as it wrote)
-            cache.set_length(self._committed)
+        cache.crop_to(self._committed)  # (an eager cache's layer is there already: its write moved it)
         # [1, H]; for a compiled draft with strides (H, 1) whatever K, so its guards hold (two views)
         self._feature = out[:, -1] if self._compiled is None else out[0, -1:]
         self._root = int(next_token)
