@@ -21,7 +21,7 @@ from spechead.inference.acceptance import Acceptance, greedy_accept_batch, greed
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import Drafter, chain
+from spechead.inference.drafters.base import Drafter, chain, hears_verified
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
 from spechead.inference.sampling import SamplingParams, argmax_ids, make_generator, pick, target_probs
@@ -381,7 +381,7 @@ class SpeculativeGenerator:
         plain: tuple[TokenTree, tuple[torch.Tensor, torch.Tensor]] | None = None
         accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
         # whether the drafter reads the verified tree's logits (lookahead's Jacobi guesses; not EAGLE, Medusa)
-        hears = drafter is not None and type(drafter).verified is not Drafter.verified
+        hears = drafter is not None and hears_verified(drafter)
         # the last tree's parents [N] (none before the first draft) and their [1, N] view (set with them)
         parents_of: torch.Tensor | None = None
         parents_in: torch.Tensor

@@ -104,6 +104,13 @@ class Drafter(ABC):
         return RowLoopDrafter(self)
 
 
+def hears_verified(drafter: Drafter) -> bool:
+    """Whether the decoding loop must call `drafter.verified` (it reads the verified tree's logits: its
+    class overrides the hook, or the instance was given one); the loop skips the call and its [N, V]
+    view for every other drafter."""
+    return type(drafter).verified is not Drafter.verified or "verified" in getattr(drafter, "__dict__", {})
+
+
 def path_index(path: list[int], device: torch.device) -> slice | torch.Tensor:
     """How to take a path's rows along a node dim, for a path [K] of ascending node indices (0 first): a
     slice when it is nodes 0..K-1 (a chain's: views, no copy), else the indices [K] on `device` (copied

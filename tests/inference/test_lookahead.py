@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.drafters.base import Draft
+from spechead.inference.drafters.base import Draft, hears_verified
 from spechead.inference.drafters.lookahead import (
     LookaheadDrafter,
     candidate_trie,
@@ -17,6 +17,7 @@ from spechead.inference.drafters.lookahead import (
     window_ngrams,
     window_nodes,
 )
+from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
@@ -174,6 +175,21 @@ def test_jacobi_trajectories_feed_the_pool(setup):
             for p in prompts(20, model.config.vocab_size)
         )
     assert totals[LookaheadDrafter] > 1.2 * totals[NoJacobi], totals
+
+
+def test_a_verified_hook_given_to_an_instance_is_called_too(setup):
+    """The loop calls `verified` only for drafters that read it: a class's override or, as here, a hook
+    set on the instance (which a check of the class alone would miss), once a pass before `accept`."""
+    model, tok = setup
+    drafter, heard = PromptLookupDrafter(), []  # (its class has no `verified`)
+    drafter.verified = lambda tree, logits: heard.append((tree.size, tuple(logits.shape)))
+    gen = SpeculativeGenerator(model, tok, drafter)
+    gen.eos = set()
+    result = gen.generate(input_ids=prompts(1, model.config.vocab_size)[0], max_new_tokens=24)
+    passes = result.stats.target_passes
+    assert len(heard) == passes - 1, (len(heard), passes)  # every pass but the last (decoding stopped)
+    assert all(shape == (n, model.config.vocab_size) for n, shape in heard)
+    assert hears_verified(LookaheadDrafter()) and not hears_verified(PromptLookupDrafter())
 
 
 def test_greedy_stops_at_eos_and_max_new_tokens_inside_a_draft(setup):
