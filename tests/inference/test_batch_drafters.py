@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spechead.inference import batch_decode
 from spechead.inference.drafters import eagle as eagle_module
 from spechead.inference.drafters import eagle_batch as eagle_batch_module
 from spechead.inference.drafters import eagle_batch_graphs
@@ -48,14 +49,16 @@ def build(model, kind):
     return drafter
 
 
-def fitted_medusa(model, prompts, new_tokens: int = 24):
+def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: bool = False):
     """A Medusa drafter fitted (a few hundred Adam steps) to the target's own greedy continuations of
-    `prompts`: it drafts them well, so decoding accepts whole paths (and stops inside trees)."""
+    `prompts`: it drafts them well, so decoding accepts whole paths (and stops inside trees). decoy: each
+    head also learns, more strongly, the token after the right one, so the right one is its SECOND best
+    (accepted paths then run through rank-1 children)."""
     from spechead.inference.batch import BatchRunner
 
     from .test_generator import plain_greedy
 
-    drafter = medusa_drafter(model)
+    drafter = medusa_drafter(model, choices)
     head, layer = drafter.head, drafter.hidden_layers[0]
     seqs = [torch.tensor(p + plain_greedy(model, p, new_tokens)) for p in prompts]
     runner = BatchRunner(model, (layer,), max_length=max(s.numel() for s in seqs))
@@ -68,6 +71,9 @@ def fitted_medusa(model, prompts, new_tokens: int = 24):
             for k in range(head.num_heads):  # head k at position t predicts token t + 2 + k
                 logits = head.head_logits(k, states[layer][None, : -(2 + k)])[0]  # [T - 2 - k, V]
                 loss = loss + torch.nn.functional.cross_entropy(logits, seq[2 + k :])
+                if decoy:
+                    wrong = (seq[2 + k :] + 1) % logits.shape[-1]
+                    loss = loss + 2 * torch.nn.functional.cross_entropy(logits, wrong)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -207,6 +213,32 @@ def test_batched_drafting_keeps_every_rows_batch1_passes(model, chatml_tokenizer
         if kind == "medusa_fitted" and not kw:  # whole paths accepted; row 0 stopped inside a tree
             assert max(batch[0].stats.accept_lengths) > 2 and min(batch[0].stats.accept_lengths) < 4
             assert all(max(r.stats.accept_lengths) > 1 for r in batch)
+
+
+def test_rows_accepting_off_the_main_path_keep_their_batch1_passes(model, chatml_tokenizer, monkeypatch):
+    """Paths through a rank-1 child are not the tree's first nodes: the states the batch drafter gets
+    for its next draft must be the path's rows (not the first K rows), or a row's next trees, and so
+    its accept lengths, leave its batch-1 run's (its tokens cannot tell: the target checks them)."""
+    bushy = [[0], [1], [0, 1], [1, 0], [1, 1], [1, 1, 0], [1, 1, 1]]
+    drafter = fitted_medusa(model, PROMPTS, choices=bushy, decoy=True)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
+    gen.eos = set()
+    paths = []
+    accept_rows = batch_decode.accept_rows
+
+    def spy(*args, **kwargs):
+        accs = accept_rows(*args, **kwargs)
+        paths.extend(a.path for a in accs)
+        return accs
+
+    monkeypatch.setattr(batch_decode, "accept_rows", spy)
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    off_main = sum(path[-1] != len(path) - 1 for path in paths)  # not nodes 0..K-1
+    assert off_main >= 3, paths
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        single = gen.generate(input_ids=prompt, max_new_tokens=n)
+        assert batch[b].token_ids == single.token_ids, b
+        assert batch[b].stats.accept_lengths == single.stats.accept_lengths, b
 
 
 @pytest.mark.parametrize("on_device", [False, True])
