@@ -29,7 +29,7 @@ def ops(logits: torch.Tensor, ids: torch.Tensor, table: torch.Tensor) -> dict:
     return {
         "numpy argmax of the logits (+ tolist)": lambda: logits.numpy().argmax(-1).tolist(),
         "torch argmax of the logits (+ tolist)": lambda: logits.argmax(-1).tolist(),
-        "a view of the logits": lambda: logits[0, 1],
+        "a view of the logits": lambda: logits[0, -1],
         "index_select of 5 ids": lambda: torch.index_select(table, 0, ids),
         "long tensor of 5 host ints (numpy)": lambda: torch.from_numpy(np.array([1, 2, 3, 4, 5])),
         "a Python sum of 20 ints": lambda: sum(range(20)),

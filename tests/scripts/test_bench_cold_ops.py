@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 
-def test_every_op_is_timed_cold_after_a_copy_and_warm(script, tiny_target_dir, capsys):
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_every_op_is_timed_cold_after_a_copy_and_warm(script, tiny_target_dir, capsys, tokens):
     module = script("bench_cold_ops")
-    assert module.main(["--target", str(tiny_target_dir), "--tokens", "3", "--repeats", "2"]) == 0
+    assert module.main(["--target", str(tiny_target_dir), "--tokens", str(tokens), "--repeats", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert "forwards of 3 tokens" in lines[0]
+    assert f"forwards of {tokens} tokens" in lines[0]
     rows = lines[2:]
     assert len(rows) == 6 and any(r.startswith("numpy argmax") for r in rows)
     for row in rows:
