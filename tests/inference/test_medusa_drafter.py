@@ -110,3 +110,22 @@ def test_a_subclass_accept_hears_the_loops_paths():
     drafter.accept_path([2, 5, 6], {LAYER: tree_states}, [0, 1, 2], 3)
     assert drafter.heard == [[2, 5, 6]]
     assert torch.equal(drafter.last_hidden, states[0])
+
+
+def test_each_draft_is_its_own_tensor_and_the_heads_may_change_dtype():
+    """One row's tree comes from kept buffers: a later propose must not change an earlier draft's
+    tokens, and heads moved to another dtype between proposes remake the buffers."""
+    head, rankings, states = controlled_head()
+    choices = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
+    drafter = MedusaDrafter(head, choices)
+    drafter.start(torch.tensor([3, 4]), {LAYER: states[[1, 0]]}, 7)
+    first = drafter.propose(7, SamplingParams(), None)
+    drafter.accept(torch.tensor([7]), {LAYER: states[1:2]}, 9)  # the heads move to e_1
+    second = drafter.propose(9, SamplingParams(), None)
+    assert first.tree.tokens.tolist() == expected_tokens(choices, rankings[0], 7)
+    assert second.tree.tokens.tolist() == expected_tokens(choices, rankings[1], 9)
+    head.to(torch.float64)
+    drafter.accept(torch.tensor([9]), {LAYER: states[0:1]}, 5)
+    assert drafter.propose(5, SamplingParams(), None).tree.tokens.tolist() == expected_tokens(
+        choices, rankings[0], 5
+    )
