@@ -51,9 +51,9 @@ class MedusaDrafter(Drafter):
         # `next(head.parameters())` walks every submodule (each pass)
         self._weight = next(head.parameters())
         self.last_hidden: torch.Tensor | None = None  # [H] target state of the last cached token
-        # one row's kept buffers (`_one_row`): ids [1, 1 + K * width] (the root's slot, then the heads'
-        # top ids), top values [1, K, width], the ids' views [1, 1] (root) and [1, K, width] (top ids), and
-        # pick [N] into ids
+        # one row's kept buffers (`_one_row`): ids [1 + K * width] (the root's slot, then the heads' top
+        # ids), top values [1, K, width], the ids' views [1] (root) and [1, K, width] (top ids), and pick
+        # [N] into ids
         self._row: tuple[torch.Tensor, ...] | None = None
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
@@ -65,7 +65,9 @@ class MedusaDrafter(Drafter):
     @no_grad
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         assert self.last_hidden is not None  # start made it
-        tokens = self.fill(self.last_hidden[None], [root])[0]  # [N]
+        if not self._used_heads:  # a root-only tree
+            return Draft(TokenTree.trusted(self.fill(self.last_hidden[None], [root])[0], self.static.parents))
+        tokens = self._one_row(self.last_hidden, root)  # [N]
         return Draft(TokenTree.trusted(tokens, self.static.parents))  # validated once, when built
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
@@ -97,8 +99,6 @@ class MedusaDrafter(Drafter):
         if not self._used_heads:  # a root-only tree
             return host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
         logits = [self.head.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
-        if len(roots) == 1:
-            return self._one_row(torch.stack(logits, 1), int(roots[0]))
         root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
         candidates = torch.stack(logits, 1).topk(self._width, dim=-1).indices  # [B, K, width]
         if self._pick.device != weight.device:
@@ -106,21 +106,27 @@ class MedusaDrafter(Drafter):
         # node i >= 1 (depth-first: the root is the only node at depth 0) carries candidate pick[i - 1]
         return torch.cat([root_ids, candidates.flatten(1).index_select(1, self._pick)], dim=1)  # [B, N]
 
-    def _one_row(self, logits: torch.Tensor, root: int) -> torch.Tensor:
-        """`fill` for one row from the heads' logits [1, K, V]: the top ids written after the root's slot
-        of a kept buffer, the tree's tokens [1, N] taken by ONE gather (a new tensor). On a CPU every op
-        costs after the heads' forwards: no tensor from a host list, no concatenation."""
+    def _one_row(self, state: torch.Tensor, root: int) -> torch.Tensor:
+        """`fill` for one row, the last target state [H] (at least one head runs): the heads' top ids
+        written after the root's slot of a kept buffer, the tree's tokens [N] taken by ONE gather (a new
+        tensor). On a CPU every op costs after the heads' forwards: no tensor from a host list, no
+        concatenation with the root, no per-head views."""
+        weight = self._weight
+        if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
+            state = state.to(weight.device, weight.dtype)
+        x = state.view(1, 1, -1)  # [1, 1, H]
+        logits = torch.cat([self.head.head_logits(k, x) for k in range(self._used_heads)], 1)  # [1, K, V]
         row = self._row
         if row is None or row[1].dtype != logits.dtype or row[0].device != logits.device:
             k, width, device = self._used_heads, self._width, logits.device
-            ids = torch.zeros(1, 1 + k * width, dtype=torch.long, device=device)
+            ids = torch.zeros(1 + k * width, dtype=torch.long, device=device)
             values = torch.empty(1, k, width, dtype=logits.dtype, device=device)
             pick = torch.cat([self._pick.new_zeros(1), self._pick + 1]).to(device)  # [N], root first
-            row = self._row = (ids, values, ids[:, :1], ids[:, 1:].view(1, k, width), pick)
+            row = self._row = (ids, values, ids[:1], ids[1:].view(1, k, width), pick)
         ids, values, root_slot, top, pick = row
         torch.topk(logits, self._width, dim=-1, out=(values, top))
         root_slot.fill_(root)  # (an item assignment makes a tensor of the int first)
-        return ids.index_select(1, pick)  # [1, N]
+        return ids.index_select(0, pick)  # [N]
 
 
 class MedusaBatchDrafter(BatchDrafter):
