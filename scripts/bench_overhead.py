@@ -75,8 +75,10 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
         timers.wrap(drafter, "_top", "draft_net")
         timers.wrap(drafter, "_top_ids", "draft_net")  # (static trees: the top-k ids only)
         timers.wrap(drafter.head, "features", "draft_net")  # the name the drafter calls (`fuse` for EAGLE-3)
-    elif hasattr(drafter, "head"):  # Medusa: the heads' one pass
-        timers.wrap(drafter.head, "head_logits", "draft_net")
+    elif hasattr(
+        drafter, "head"
+    ):  # Medusa: the heads' one pass (the drafter's fused heads where it has them)
+        timers.wrap(drafter if hasattr(drafter, "head_logits") else drafter.head, "head_logits", "draft_net")
     elif hasattr(drafter, "model"):  # a draft model
         timers.wrap(drafter.model, "forward", "draft_net")
     start = drafter.start

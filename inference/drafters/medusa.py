@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from spechead.heads.fused import fused_medusa_logits
 from spechead.heads.grad import no_grad
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.devices import host_to_device
@@ -34,6 +35,8 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, head: MedusaHead, choices: list[list[int]] | None = None):
         self.head = head.eval()
+        # head k's logits (B, T, H) -> (B, T, V), without module calls where the blocks allow
+        self.head_logits = fused_medusa_logits(head) or head.head_logits
         depth_limit = head.config.num_heads
         choices = [c for c in (choices or DEFAULT_MEDUSA_CHOICES) if len(c) <= depth_limit]
         # parents [N], depth [N], rank [N]; depth-first: the greedy main path is nodes 0..d (contiguous)
@@ -98,7 +101,7 @@ class MedusaDrafter(Drafter):
         state = states.to(weight.device, weight.dtype)[:, None]  # [B, 1, H] (the target may run elsewhere)
         if not self._used_heads:  # a root-only tree
             return host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
-        logits = [self.head.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
+        logits = [self.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
         root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
         candidates = torch.stack(logits, 1).topk(self._width, dim=-1).indices  # [B, K, width]
         if self._pick.device != weight.device:
@@ -115,7 +118,7 @@ class MedusaDrafter(Drafter):
         if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
             state = state.to(weight.device, weight.dtype)
         x = state.view(1, 1, -1)  # [1, 1, H]
-        logits = torch.cat([self.head.head_logits(k, x) for k in range(self._used_heads)], 1)  # [1, K, V]
+        logits = torch.cat([self.head_logits(k, x) for k in range(self._used_heads)], 1)  # [1, K, V]
         row = self._row
         if row is None or row[1].dtype != logits.dtype or row[0].device != logits.device:
             k, width, device = self._used_heads, self._width, logits.device

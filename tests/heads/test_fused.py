@@ -9,7 +9,8 @@ from transformers import AutoConfig, DynamicCache
 
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
-from spechead.heads.fused import fused_logits, fused_step
+from spechead.heads.fused import fused_logits, fused_medusa_logits, fused_step
+from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.kv_cache import SlotCache
 
@@ -163,3 +164,31 @@ def test_modules_replaced_after_fused_step_are_the_ones_used(family) -> None:
         ref = head.step(feats, ids, None, None, DynamicCache())
         new = fused(feats, ids, None, None, DynamicCache())
     torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_fused_medusa_logits_equal_the_module_logits(shared) -> None:
+    """Medusa's heads without module calls: the same logits as `head_logits`, bit for bit, with its own
+    projections or the target's shared (bf16) lm_head; blocks swapped in later are the ones used."""
+    cfg = MedusaConfig(
+        hidden_size=H, vocab_size=V, num_heads=3, num_layers=2, target_num_layers=2, share_lm_head=shared
+    )
+    head = MedusaHead(cfg)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    if shared:
+        head.attach_target_modules(lm_head=torch.nn.Linear(H, V, bias=False).to(torch.bfloat16))
+    fused = fused_medusa_logits(head)
+    assert fused is not None
+    hidden = torch.randn(2, 5, H, generator=gen)
+    with torch.no_grad():
+        for k in range(3):
+            out, ref = fused(k, hidden), head.head_logits(k, hidden)
+            assert out.dtype == ref.dtype and torch.equal(out, ref), k
+        head.heads[1][0].act = torch.nn.GELU()  # no longer a plain block: it runs its own forward
+        head.heads[2][1] = ResBlock(H)  # a new block (the identity) in place of the old one
+        for k in (1, 2):
+            assert torch.equal(fused(k, hidden), head.head_logits(k, hidden)), k
+    assert fused_medusa_logits(head) is None  # a head made with another block kind keeps its modules
