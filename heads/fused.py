@@ -1,4 +1,4 @@
-"""A short functional forward of an EAGLE head's decoder layer(s), for drafting.
+"""A short functional forward of an EAGLE head's decoder layer(s), and of Medusa's heads, for drafting.
 
 Drafting runs one head step per tree depth, so what a step costs outside its matrix products adds up:
 through transformers' modules a Llama-family layer is about 90 small ops (norms of 7 ops each, the
@@ -12,6 +12,8 @@ export and everything else use them); tests check this path against `head.step`.
 
 Only layers whose math is known here qualify (Llama, Mistral, Qwen2: q/k/v/o projections with
 optional biases, RMSNorm, a gated SiLU MLP); anything else returns None and drafting uses `head.step`.
+`fused_medusa_logits(head)` does the same for Medusa's heads (every one runs each pass): plain
+ResBlocks and projections as functional ops on the same weights, bit for bit `head.head_logits`.
 """
 
 from __future__ import annotations
