@@ -68,9 +68,10 @@ class MedusaDrafter(Drafter):
     @no_grad
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         assert self.last_hidden is not None  # start made it
-        if not self._used_heads:  # a root-only tree
-            return Draft(TokenTree.trusted(self.fill(self.last_hidden[None], [root])[0], self.static.parents))
-        tokens = self._one_row(self.last_hidden, root)  # [N]
+        if self._used_heads:
+            tokens = self._one_row(self.last_hidden, root)  # [N]
+        else:  # a root-only tree
+            tokens = self.fill(self.last_hidden[None], [root])[0]
         return Draft(TokenTree.trusted(tokens, self.static.parents))  # validated once, when built
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
