@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spechead.inference.sampling import argmax_ids, sample
+from spechead.inference.sampling import TargetRows, argmax_ids, sample
 from spechead.inference.tree import TokenTree, children, path_to_node
 
 RULES = ("deterministic", "iid", "without_replacement")
@@ -40,7 +40,7 @@ class Acceptance:
         return len(self.path) - 1
 
 
-def _check_rows(tree: TokenTree, x: torch.Tensor, name: str) -> None:
+def _check_rows(tree: TokenTree, x: torch.Tensor | TargetRows, name: str) -> None:
     if x.dim() != 2 or x.shape[0] != tree.size:
         raise ValueError(f"{name} must be [N, V] with N = {tree.size}, got {tuple(x.shape)}")
 
@@ -95,12 +95,13 @@ def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
 
 def sample_accept(
     tree: TokenTree,
-    p: torch.Tensor,
+    p: torch.Tensor | TargetRows,
     rule: str,
     q: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> Acceptance:
-    """Lossless speculative sampling on a tree: emitted tokens ~ p exactly, for p [N, V] probabilities.
+    """Lossless speculative sampling on a tree: emitted tokens ~ p exactly, for p [N, V] probabilities
+    (or `TargetRows`, which computes only the rows the walk reads).
 
     Walk from the root; at each node try its children in index order with residual r = p[node]:
     - "deterministic" (A, e.g. top-k of a head, n-gram): accept child x with prob r(x)/sum(r); on

@@ -29,7 +29,7 @@ from spechead.inference.acceptance import (
 from spechead.inference.batch import BatchRunner
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
-from spechead.inference.sampling import SamplingParams, argmax_ids, make_generator, pick, target_probs
+from spechead.inference.sampling import SamplingParams, TargetRows, argmax_ids, make_generator, pick
 from spechead.inference.stops import until_stop
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def accept_rows(
             out.append(greedy_accept(tree, row_logits))
         else:
             q = draft.q[b, : tree.size] if draft.q is not None else None  # [N_b, V]
-            probs = target_probs(row_logits, row.params)
+            probs = TargetRows(row_logits, row.params)  # [N_b, V], the rows the walk reads
             out.append(sample_accept(tree, probs, draft.rule, q, row.generator))
     return out
 

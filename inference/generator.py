@@ -24,7 +24,7 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import Drafter, chain, hears_verified
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
-from spechead.inference.sampling import SamplingParams, argmax_ids, make_generator, pick, target_probs
+from spechead.inference.sampling import SamplingParams, TargetRows, argmax_ids, make_generator, pick
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
@@ -431,7 +431,7 @@ class SpeculativeGenerator:
             else:
                 rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
                 q = q[:n] if q is not None else None  # [N, V]
-                acc = sample_accept(tree, target_probs(logits[0], params), rule, q, generator)
+                acc = sample_accept(tree, TargetRows(logits[0], params), rule, q, generator)  # [N, V]
             runner.commit(acc.path)
             verified = True
             clock.mark("verify")

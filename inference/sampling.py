@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)  # (numpy has no bfloat16)
+# How many of the largest probabilities `nucleus` reads before it sorts a whole row
+NUCLEUS_GUESSES = (64, 1024)
 
 
 @dataclass
@@ -61,19 +63,68 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         x = x.masked_fill(x < kth, float("-inf"))
     probs = torch.softmax(x, dim=-1)
     if params.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # [..., V]
-        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # [..., V]
-        keep_sorted = mass_before < params.top_p
-        keep_sorted[..., 0] = True
-        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-        probs = probs * keep
+        probs = probs * nucleus(probs, params.top_p)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
 
+class TargetRows:
+    """`target_probs(logits, params)` [N, V], each row [V] computed when read: an acceptance walk reads
+    the rows of the nodes it visits (about tau of a tree's N), and a row's top-p costs a top-k or a sort
+    over the vocabulary. Indexable by a node and shaped like the probs it stands for."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+        self.logits, self.params = logits, params  # [N, V]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.logits.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    def dim(self) -> int:
+        return self.logits.dim()
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        return target_probs(self.logits[node], self.params)  # [V] fp32
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p's keep mask [..., V] for probs [..., V]: the smallest set of most likely tokens whose mass
+    >= top_p (at least the argmax; ties at the edge: lowest ids first, as a stable sort orders them).
+
+    Only the kept values' order matters, so it reads the largest few values (top-k) and sorts the whole
+    row only when a row's nucleus may not fit in them: on a CPU a sort of [V] costs 10-100x a top-k of 64
+    (V = 2048: 80 against 8 us; V = 128256: 4.3 against 0.24 ms)."""
+    vocab = probs.shape[-1]
+    for k in (*(k for k in NUCLEUS_GUESSES if k < vocab), vocab):
+        if k < vocab:
+            top = torch.topk(probs, k, dim=-1).values  # [..., k] descending
+        else:
+            top = torch.sort(probs, dim=-1, descending=True).values  # [..., V]
+        mass_before = torch.cumsum(top, dim=-1) - top  # [..., k]
+        kept = (mass_before < top_p).sum(-1, keepdim=True).clamp(min=1)  # [..., 1] tokens kept
+        if k == vocab or bool((kept < k).all()):  # every row's nucleus ends inside its top k
+            break
+    edge = top.gather(-1, kept - 1)  # [..., 1] the least kept probability
+    above = probs > edge  # [..., V]: all kept
+    ties = probs == edge  # [..., V]: the first `kept - above` of them kept
+    return above | (ties & (torch.cumsum(ties, dim=-1) <= kept - above.sum(-1, keepdim=True)))
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """Draw one token id from probs [V] (need not be normalised; generator on probs' device)."""
-    return int(torch.multinomial(probs.float(), 1, generator=generator).item())
+    """Draw one token id from probs [V] (need not be normalised; generator on probs' device): the first id
+    whose cumulative mass exceeds u * total, u ~ U[0, 1) (fp64 sums: an id of zero mass is never drawn).
+    On a CPU this costs a fraction of torch.multinomial (V = 2048: 9 against 46 us; 128256: 0.11 against
+    2.2 ms). ValueError when probs hold no positive finite mass."""
+    cdf = torch.cumsum(probs, dim=0, dtype=torch.float64)  # [V]
+    u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
+    drawn = int(torch.searchsorted(cdf, u * cdf[-1:], right=True))  # = V for a zero, NaN or inf total
+    if drawn >= len(cdf):
+        raise ValueError(f"cannot sample from probs without a positive finite mass (total {float(cdf[-1])})")
+    return drawn
 
 
 def argmax_ids(logits: torch.Tensor) -> Any:

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.sampling import SamplingParams, argmax_ids, make_generator, sample, target_probs
+from spechead.inference.acceptance import sample_accept
+from spechead.inference.sampling import (
+    SamplingParams,
+    TargetRows,
+    argmax_ids,
+    make_generator,
+    nucleus,
+    sample,
+    target_probs,
+)
+from spechead.inference.tree import TokenTree
 
 
 @pytest.mark.parametrize(
@@ -184,3 +194,75 @@ def test_argmax_ids_equals_torch_argmax_ties_and_nans_included(dtype):
     assert argmax_ids(view) == rows and argmax_ids(x[:, ::2]) == x[:, ::2].argmax(-1).tolist()
     leaf = x.float().requires_grad_()
     assert argmax_ids(leaf) == leaf.argmax(-1).tolist()
+
+
+def stable_sort_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p keep mask [..., V] by the definition: a stable descending sort, the positions whose mass
+    before them is < top_p (the first always), scattered back to the ids."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_p, -1) - sorted_p < top_p
+    keep_sorted[..., 0] = True
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.3, 0.9, 0.99, 0.999999])
+@pytest.mark.parametrize(
+    "scale", [0.1, 1.0, 4.0]
+)  # flat rows (a nucleus past 64 and 1024 ids) to peaked ones
+def test_nucleus_equals_a_stable_sort_of_the_whole_row(top_p, scale):
+    """`nucleus` reads a top-k before it sorts a whole row: every row, whichever the number of ids it
+    keeps, gets the mask of the definition (V = 3000: the guesses of 64 and 1024 and the whole sort)."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(7, 3000, generator=g) * scale, -1)  # [N, V]
+    kept = stable_sort_nucleus(probs, top_p)
+    assert torch.equal(nucleus(probs, top_p), kept)
+    for row in range(7):  # one row at a time: what an acceptance walk reads
+        assert torch.equal(nucleus(probs[row], top_p), kept[row])
+
+
+@pytest.mark.parametrize("top_p", [0.2, 0.5, 0.8, 0.95])
+def test_nucleus_keeps_the_lowest_ids_of_a_tie_at_its_edge(top_p):
+    """Probabilities in a few levels (as bf16 logits give): the edge of the nucleus falls inside a tie,
+    and the ids kept there are the lowest, as a stable sort orders them."""
+    g = torch.Generator().manual_seed(1)
+    levels = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    logits = levels[torch.randint(0, 4, (5, 500), generator=g)]  # [N, V]: ties everywhere
+    probs = torch.softmax(logits, -1)
+    mask = nucleus(probs, top_p)
+    assert torch.equal(mask, stable_sort_nucleus(probs, top_p))
+    edge = [bool(((probs[r] == probs[r][mask[r]].min()) & ~mask[r]).any()) for r in range(5)]
+    assert any(edge)  # the case has teeth: some row leaves part of a tie out
+
+
+def test_sample_never_draws_an_id_of_zero_mass_and_refuses_no_mass():
+    """The inverse-CDF draw: ids of zero mass (leading, inner, trailing) are never drawn, a single id of
+    mass is always drawn, and probs without a positive finite mass are refused in one line."""
+    g = make_generator(3)
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.0, 0.75, 0.0])
+    draws = {sample(probs, g) for _ in range(2000)}
+    assert draws == {1, 4}
+    assert {sample(torch.tensor([0.0, 0.0, 1e-30, 0.0]), g) for _ in range(50)} == {2}
+    for bad in ([0.0, 0.0], [0.5, float("nan")], [float("inf"), 1.0]):
+        with pytest.raises(ValueError, match="positive finite mass"):
+            sample(torch.tensor(bad), g)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_target_rows_are_the_rows_of_target_probs(seed):
+    """`TargetRows` (each row computed when read) walks a tree exactly as the whole [N, V] probs do: the
+    same coins give the same path and next token, row by row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 300, generator=g) * 2  # [N, V]
+    params = SamplingParams(temperature=0.8, top_k=100, top_p=0.9)
+    rows = TargetRows(logits, params)
+    assert rows.shape == logits.shape and rows.device == logits.device and rows.dim() == 2
+    for node in range(6):
+        assert torch.equal(rows[node], target_probs(logits, params)[node])
+    tree = TokenTree.trusted(torch.tensor([5, 7, 9, 7, 1, 2]), torch.tensor([-1, 0, 0, 1, 3, 3]))
+    whole = target_probs(logits, params)
+    tree.tokens[1:] = torch.stack([whole[0].argmax(), whole[0].argsort()[-2], whole[1].argmax(),
+                                   whole[3].argmax(), whole[3].argsort()[-2]])  # fmt: skip
+    for coins in range(20):
+        a = sample_accept(tree, rows, "deterministic", generator=make_generator(coins))
+        b = sample_accept(tree, whole, "deterministic", generator=make_generator(coins))
+        assert (a.path, a.next_token) == (b.path, b.next_token)
