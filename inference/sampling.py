@@ -109,6 +109,9 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         if k == vocab or bool((kept < k).all()):  # every row's nucleus ends inside its top k
             break
     edge = top.gather(-1, kept - 1)  # [..., 1] the least kept probability
+    keep = probs >= edge  # [..., V]
+    if bool((keep.sum(-1, keepdim=True) == kept).all()):  # no tie at the edge left partly out: done
+        return keep  # (two passes over the vocabulary, not six: they cost at V = 128256)
     above = probs > edge  # [..., V]: all kept
     ties = probs == edge  # [..., V]: the first `kept - above` of them kept
     return above | (ties & (torch.cumsum(ties, dim=-1) <= kept - above.sum(-1, keepdim=True)))

@@ -1,0 +1,107 @@
+"""What sampling costs a decoding step, by vocabulary size: spechead's top-p and draw against a sort and
+torch.multinomial, and a tree's acceptance walk reading only the rows it visits.
+
+    python scripts/bench_sampling.py                            # V = 2048 (the demo), 32000, 128256
+    python scripts/bench_sampling.py --vocab 128256 --rows 60 --device cuda
+
+Per vocabulary size V and logits scale (logits = N(0, 1) x scale: the larger the scale, the fewer ids
+the top-p nucleus holds; its size is printed), medians in microseconds:
+- top-p of one row: `sampling.nucleus` (a top-k of 64, then 1024, then a sort) against the definition
+  it replaced, a stable descending sort of the whole row;
+- draw: `sampling.sample` (inverse CDF) against torch.multinomial, one row;
+- walk: `sample_accept` (rule A) on a chain of `--rows` nodes, each the best child of its parent, with
+  every row's target_probs made first (as before) against `TargetRows` (a row made when the walk reads
+  it; the walk reads the rows of the nodes it accepts and one more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from spechead.inference.acceptance import sample_accept
+from spechead.inference.sampling import SamplingParams, TargetRows, nucleus, sample, target_probs
+from spechead.inference.tree import TokenTree
+
+
+def sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p keep mask [..., V] by a stable sort of the whole row (what `nucleus` replaced)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = torch.cumsum(sorted_p, -1) - sorted_p < top_p
+    keep_sorted[..., 0] = True
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+def median_us(fn, repeats: int, device: torch.device) -> float:
+    """Median wall time of fn() in microseconds (synchronised on a GPU)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+def measure(
+    vocab: int, scale: float, rows: int, top_p: float, repeats: int, device: torch.device
+) -> dict[str, float]:
+    """The timings of one vocabulary size and logits scale (see the module's docstring)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=g, device=device) * scale  # [N, V]
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    probs = torch.softmax(logits, -1)  # [N, V]
+    assert torch.equal(nucleus(probs, top_p), sorted_nucleus(probs, top_p))  # the same mask
+    whole = target_probs(logits, params)  # [N, V]
+    tokens = torch.cat([torch.zeros(1, dtype=torch.long, device=device), whole[:-1].argmax(-1)])  # [N]
+    chain = TokenTree.trusted(tokens, torch.arange(-1, rows - 1, device=device))  # each node's best child
+    coins = torch.Generator(device=device).manual_seed(1)
+    time_it = lambda fn: median_us(fn, repeats, device)  # noqa: E731
+    return {
+        "nucleus ids": float(nucleus(probs[0], top_p).sum()),
+        "top-p sort": time_it(lambda: sorted_nucleus(probs[0], top_p)),
+        "top-p nucleus": time_it(lambda: nucleus(probs[0], top_p)),
+        "multinomial": time_it(lambda: int(torch.multinomial(whole[0], 1, generator=coins))),
+        "inverse CDF": time_it(lambda: sample(whole[0], coins)),
+        "walk every row": time_it(
+            lambda: sample_accept(chain, target_probs(logits, params), "deterministic", None, coins)
+        ),
+        "walk rows read": time_it(
+            lambda: sample_accept(chain, TargetRows(logits, params), "deterministic", None, coins)
+        ),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vocab", type=int, nargs="+", default=[2048, 32000, 128256])
+    p.add_argument("--scale", type=float, nargs="+", default=[6.0, 4.0, 2.0], help="logits = N(0, 1) x scale")
+    p.add_argument("--rows", type=int, default=6, help="rows a verified tree has (its nodes)")
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    if min(args.vocab) < 2 or args.rows < 2 or args.repeats < 1 or not 0 < args.top_p < 1:
+        p.error("--vocab >= 2, --rows >= 2, --repeats >= 1 and 0 < --top-p < 1, please")
+    device = torch.device(args.device)
+    print(f"top-p {args.top_p}, {args.device}, walks of {args.rows} nodes, median of {args.repeats} (us)")
+    header = None
+    for vocab in args.vocab:
+        for scale in args.scale:
+            row = measure(vocab, scale, args.rows, args.top_p, args.repeats, device)
+            if header is None:
+                header = ["V", "scale", *row]
+                print(" | ".join(header))
+            print(" | ".join([str(vocab), f"{scale:g}", *(f"{x:.0f}" for x in row.values())]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
