@@ -272,7 +272,7 @@ def calibrated_drafter(
             "to be faster, or keep it to measure",
             stacklevel=3,
         )
-    calibrated = drafter_for_head(head, None, **{fam.tree_option: choices})
+    calibrated = drafter.with_tree(choices)  # (the drafter's other options, e.g. EAGLE's rule, kept)
     return calibrated, {"choices": choices, **info, "accuracy_source": source}, accuracy
 
 

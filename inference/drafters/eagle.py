@@ -1,17 +1,16 @@
 """EAGLE-1/2 and EAGLE-3 drafting: static (Medusa-style) or dynamic (EAGLE-2) trees from a feature head.
 
-Cache convention (the same as training, see spechead.heads.unroll): the head's cache (a preallocated
-`SlotCache`, grown by doubling when a sequence outgrows it) holds one
-COMMITTED entry per position t whose pair (target feature f_t, token x_{t+1}) is known, at rotary
-position t; C = number of committed entries = the target's cached length. The output of the last pair
-(position C - 1, token x_C = the root) predicts the root's children.
+Cache convention (as in training, spechead.heads.unroll): the head's cache (a preallocated `SlotCache`,
+grown by doubling when a sequence outgrows it) holds one COMMITTED entry per position t whose pair (target
+feature f_t, token x_{t+1}) is known, at rotary position t; C = number of committed entries = the target's
+cached length. The output of the last pair (position C - 1, token x_C = the root) predicts its children.
 
-Drafting a tree rooted at x_C: a node at depth d >= 1 (token x_{C+d}) is run as TTT step d at
-position C + d - 1: it reads its parent's output feature and its own token, and attends to the C
-committed entries, the entries of its ancestors at depths 1..d-1 and itself (exactly
-`ttt_allowed`). Those speculative entries are dropped (the length reset to C) after every `propose`.
-Growth runs on the head's device: one head call per depth over the whole frontier, top-k and
-cumulative scores kept as tensors; the tree comes back to the host once, at the end.
+Drafting a tree rooted at x_C: a node at depth d >= 1 (token x_{C+d}) is run as TTT step d at position
+C + d - 1: it reads its parent's output feature and its own token, and attends to the C committed entries,
+the entries of its ancestors at depths 1..d-1 and itself (exactly `ttt_allowed`). Those speculative entries
+are dropped (the length reset to C) after every `propose`. Growth runs on the head's device: one head call
+per depth over the whole frontier, top-k and cumulative scores kept as tensors; the tree comes back to the
+host once, at the end.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from spechead.inference.devices import host_ids
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter, path_index
 from spechead.inference.drafters.dynamic_tree import grow_dynamic
 from spechead.inference.drafters.head_masks import HeadMasks
+from spechead.inference.drafters.sampled_children import SampledChildren, check_rule
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan, kept_scores, static_scores
 from spechead.inference.drafters.topk import topk_rows
@@ -47,6 +47,9 @@ class EagleDrafter(Drafter):
     tree: "dynamic" (EAGLE-2: per depth expand the `top_k` frontier nodes of highest cumulative
     log-prob, each with its `top_k` children, down to `depth`; keep the best `total_tokens - 1`
     nodes) or static paths of child ranks, e.g. [[0], [1], [0, 0]] (see `tree_from_choices`).
+    rule: when sampling, children are the head's top-k ("deterministic", rule A) or, for a static tree
+    drafted eagerly at batch 1, draws from the head ("without_replacement", rule C: sampled_children.py;
+    more accepted at temperatures near 1, for more draft work a depth). Greedy takes the top-k.
     After each `propose`, `last_scores` [N] holds every node's cumulative draft log-prob (root 0).
     """
 
@@ -58,7 +61,9 @@ class EagleDrafter(Drafter):
         top_k: int = 10,
         depth: int = 6,
         total_tokens: int = 60,
+        rule: str = "deterministic",
     ) -> None:
+        self.rule = check_rule(rule)  # how a static tree's children are chosen when sampling
         self.head = head
         # the head's device and dtype, read from one kept Parameter (head.to() moves its data in place; a
         # module attribute lookup per read costs about 1 us on a CPU, several per pass)
@@ -68,6 +73,7 @@ class EagleDrafter(Drafter):
         self.head_logits = fused_logits(head) or head.logits  # (B, T, H) -> (B, T, Vd), the same way
         self.hidden_layers = tuple(head.config.target_layers)
         self._vocab = getattr(head.config, "draft_vocab_size", head.config.vocab_size)  # Vd
+        self._vocab_out = head.config.vocab_size  # V: the target's
         self._static: StaticTree | None = None
         if isinstance(tree, str):
             if tree != "dynamic":
@@ -103,10 +109,8 @@ class EagleDrafter(Drafter):
         self._compiled_commit: Callable[..., Tensor] | None = None  # and the accept step (`_commit_graph`)
         self._compile: bool | str = False  # what `use_compile` was given (batched() compiles likewise)
         self._batch_graphs: BatchDrafter | None = None  # the kept compiled batch drafter, once made
-        # compiled batch drafting (`batched`): None = on CUDA only (on a CPU the fixed-shape functions
-        # cost more than the eager batch draft, which attends over the rows' lengths, not the whole
-        # cache: scripts/bench_batch_draft.py, demo EAGLE-3 head, batch 8: 4.0 ms a pass run eager,
-        # 3.2 ms by inductor, against 2.7 ms); True: wherever the drafter is compiled; False: never
+        # compiled batch drafting (`batched`): None = on CUDA only (on a CPU the eager batch draft measured
+        # faster: README, scripts/bench_batch_draft.py); True: wherever the drafter is compiled; False: never
         self.batch_graphs: bool | None = None
         self.topk_chunk: int | None = None  # each depth's top-k over chunks of this many ids (topk.py)
         self._root: int | None = None  # the token x_C that pair was fed with
@@ -200,7 +204,7 @@ class EagleDrafter(Drafter):
 
     @no_grad
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        """A tree of the head's top-k children (deterministic: no q, lossless rule A / greedy)."""
+        """A tree of the head's top-k children (rule A; greedy), or of children drawn from it (`rule`)."""
         if self._cache is None or self._feature is None:
             raise RuntimeError("EagleDrafter.propose called before start")
         if int(root) != self._root:
@@ -208,6 +212,7 @@ class EagleDrafter(Drafter):
         self._ensure_room(self.max_nodes)
         self._map_ids(self._weight.device)
         self._values = None  # (set again by an eager static tree's growth)
+        drawn: SampledChildren | None = None  # a static tree's children drawn from the head (sampling)
         try:
             if self._compiled is not None:
                 if self._static is not None:
@@ -216,7 +221,9 @@ class EagleDrafter(Drafter):
                 length = self._cache.device_length()
                 tokens, parents, scores = self._compiled(self._feature, root_t, length)
             elif self._static is not None:  # its scores are summed only when `last_scores` is read
-                tokens, parents, scores = self._grow_static_eager(int(root))
+                if self.rule != "deterministic" and not sampling.is_greedy:  # drawn children (rule C)
+                    drawn = SampledChildren(self.head_logits, sampling, generator, self._vocab_out)
+                tokens, parents, scores = self._grow_static_eager(int(root), drawn)
             else:  # (torch.full costs less than torch.tensor on a CPU)
                 root_t = torch.full((1, 1), int(root), device=self._weight.device)  # [1, 1] long
                 tokens, parents, scores = self._grow_dynamic(self._feature, root_t, None)
@@ -226,14 +233,15 @@ class EagleDrafter(Drafter):
         # draft, and the host reads the tree's tokens with the acceptance's one transfer (no wait here).
         self._scores = scores  # [N] on the head's device: `last_scores` brings it over when read
         if self._plan is not None:  # the plan's parents, validated once by tree_from_choices
-            return Draft(tree=TokenTree.trusted(tokens, self._plan.host_parents), rule="deterministic")
+            tree = TokenTree.trusted(tokens, self._plan.host_parents)
+            return Draft(tree=tree) if drawn is None else drawn.draft(tree, self._plan, self._d2t)
         # (a dynamic tree is valid by construction: its nodes are kept in id order, each after its
         # parent, which the selection keeps; tests/inference/test_eagle_drafter.py validates them)
         return Draft(tree=TokenTree.trusted(tokens, parents), rule="deterministic")
 
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:
         """The same head with a static tree of these rank paths (see `tree_from_choices`)."""
-        other = EagleDrafter(self.head, tree=choices)
+        other = EagleDrafter(self.head, tree=choices, rule=self.rule)
         other.batch_graphs, other.topk_chunk = self.batch_graphs, self.topk_chunk
         return other
 
@@ -368,14 +376,12 @@ class EagleDrafter(Drafter):
     def _step(
         self, features: Tensor, ids: Tensor, allowed_spec: Tensor | None, depth: int, committed: Tensor | None
     ) -> Tensor:
-        """One head call on q nodes at `depth` >= 1: parent features [1, q, H], tokens [1, q],
-        allowed_spec [q, S + q] (their ancestors' speculative slots and themselves: bool, or in eager
-        drafting already the additive block, 0 = attend; or None in eager drafting when ONE node sees
-        every slot so far: no mask at all) -> output features [1, q, H].
-
-        committed: None (eager: the C committed entries, `self._committed`) or, inside the draft graph,
-        C as a 0-d device tensor: then the mask spans the whole fixed-size cache and the write slot is
-        set on the device, so the graph does not depend on C."""
+        """One head call on q nodes at `depth` >= 1: parent features [1, q, H], tokens [1, q], allowed_spec
+        [q, S + q] (their ancestors' speculative slots and themselves: bool, or in eager drafting already the
+        additive block, 0 = attend; or None in eager drafting when ONE node sees every slot so far: no mask)
+        -> output features [1, q, H]. committed: None (eager: `self._committed` entries) or, inside the draft
+        graph, C as a 0-d device tensor: then the mask spans the whole fixed-size cache and the write slot
+        is set on the device, so the graph does not depend on C."""
         cache, dtype, q = self._cache, self._weight.dtype, ids.shape[1]
         assert cache is not None  # start made it
         if committed is None:
@@ -464,16 +470,23 @@ class EagleDrafter(Drafter):
         tokens = torch.cat([root, self._to_target(candidates[:, plan.pick])], dim=1)[0]  # [N]
         return tokens, plan.parents, static_scores(plan, values_by_depth)
 
-    def _grow_static_eager(self, root: int) -> tuple[Tensor, Tensor, None]:
+    def _grow_static_eager(self, root: int, drawn: SampledChildren | None) -> tuple[Tensor, Tensor, None]:
         """The static tree drafted eagerly into kept buffers (drafters/static_eager.py): its tokens [N],
-        the plan's parents [N] and no scores (each depth's logits and ids stay for `last_scores`)."""
+        the plan's parents [N] and no scores (each depth's logits and ids stay for `last_scores`).
+        Children are the head's top-k, or drawn by `drawn` (which keeps their distributions)."""
         plan, outs = self._static_plan(), self._outputs
         if outs is None:
             mapped = self._vocab != self.head.config.vocab_size  # EAGLE-3's reduced vocab: ids to map
             outs = self._outputs = build_static_outputs(plan, self._weight.dtype, mapped)
         assert self._feature is not None  # propose checked it
         tokens, logits = grow_static_eager(
-            plan, outs, self._feature, root, self._d2t, self._step, self._top_ids
+            plan,
+            outs,
+            self._feature,
+            root,
+            self._d2t,
+            self._step,
+            self._top_ids if drawn is None else drawn.top,
         )
         self._values = [(x, out.ids) for x, out in zip(logits, outs.depths)]
         return tokens, plan.parents, None

@@ -40,7 +40,9 @@ class StaticPlan:
     Every speculative query of a draft at once (batched eager drafting builds ONE mask a draft, not one
     a depth): spec_allowed [Q, Q] (bool: the steps' `allowed` stacked, each row padded with False for
     the slots of later queries) and spec_offsets [Q] (query j sits at position C + spec_offsets[j]: its
-    node's depth - 1); Q = the speculative slots a draft writes (its expanded nodes below the root)."""
+    node's depth - 1); Q = the speculative slots a draft writes (its expanded nodes below the root).
+    expanded [sum E]: the emitted ids of the nodes every depth expands (the rows of each depth's head
+    outputs, depth by depth: where drawn children's distributions go, sampled_children.py)."""
 
     steps: list[dict]
     order: Tensor
@@ -50,6 +52,7 @@ class StaticPlan:
     host_parents: Tensor
     spec_allowed: Tensor
     spec_offsets: Tensor
+    expanded: Tensor  # [sum E] the emitted ids of every depth's expanded nodes, depth by depth
 
 
 def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) -> StaticPlan:
@@ -100,8 +103,18 @@ def build_static_plan(st: StaticTree, device: torch.device, dtype: torch.dtype) 
     blocks = [F.pad(step["allowed"], (0, spec - step["allowed"].shape[1])) for step in ran]
     spec_allowed = torch.cat(blocks) if ran else torch.zeros(0, 0, dtype=torch.bool, device=device)
     spec_offsets = as_long([step["depth"] - 2 for step in ran for _ in range(len(step["run"]))])  # [Q]
+    where = {node: i for i, node in enumerate(order)}  # depth-order id -> emitted id
+    expanded = as_long([where[node] for step in steps for node in step["expand"].tolist()])
     return StaticPlan(
-        steps, as_long(order), pick, path_sum, emitted.to(device), emitted, spec_allowed, spec_offsets
+        steps,
+        as_long(order),
+        pick,
+        path_sum,
+        emitted.to(device),
+        emitted,
+        spec_allowed,
+        spec_offsets,
+        expanded,
     )
 
 

@@ -71,6 +71,13 @@ def test_an_eagle_head_without_a_table_gets_a_cpu_sized_tree(tiny_target_dir, tm
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
     assert gen.calibration["accuracy_source"].startswith("assumed")
     assert gen.drafter._static is not None  # a measured static tree, not the GPU-sized dynamic default
+    assert gen.drafter.rule == "deterministic"
+    drawn = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), str(tmp_path / "h"), rule="without_replacement"
+    )
+    assert drawn.calibration is not None and drawn.drafter.rule == "without_replacement"  # kept through it
+    with pytest.raises(ValueError, match='rule must be "without_replacement" or "deterministic"'):
+        SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"), rule="iid")
     dynamic = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"), tree="dynamic")
     assert dynamic.calibration is None and dynamic.drafter._static is None
 

@@ -1,0 +1,96 @@
+"""Children drawn from an EAGLE head's distribution when decoding samples, verified by rule C.
+
+A head's top-k children (rule A) are accepted with the target's probability of each: at temperature 1
+a flat target accepts its top-1 draft often less than it accepts a draw from a head that matches it
+(rule B/C accept a child x with min(1, p(x) / q(x)): on average 1 - TV(p, q) for the first). On the demo
+EAGLE-3 head with a 5-chain, 48 prompts, tau rose from 2.82 to 3.29 at temperature 1 and top-p 0.9.
+
+Each expanded node's children are k draws WITHOUT replacement from q = softmax(head logits / T) (the
+decoding temperature; no top-k or top-p: a truncated q measured no better and costs a sort), in draw
+order (one draw: by inverse CDF; k: the k largest q / Exp(1) keys, exponential races), so a tree's
+rank-r child is the r-th draw and
+`acceptance.sample_accept` tries the children in that order. q is floored above zero so that k draws
+never run out of ids; the q handed to the acceptance is the very one the draws used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from spechead.inference.drafters.base import Draft
+from spechead.inference.drafters.static_plan import StaticPlan
+from spechead.inference.sampling import SamplingParams
+from spechead.inference.tree import TokenTree
+
+FLOOR = 1e-30  # every id's least draft probability (fp32 keeps it; Vd * FLOOR is no mass at all)
+RULES = ("deterministic", "without_replacement")  # EagleDrafter's rules: top-k children, or drawn ones
+
+
+def check_rule(rule: str) -> str:
+    """`rule` when it is one of RULES, else ValueError naming them."""
+    if rule not in RULES:
+        raise ValueError(f'rule must be "without_replacement" or "deterministic", got {rule!r}')
+    return rule
+
+
+def draft_probs(logits: Tensor, temperature: float) -> Tensor:
+    """q [..., Vd] fp32 that children are drawn from: softmax(logits / temperature), floored at FLOOR."""
+    return torch.softmax(logits.float() / temperature, dim=-1).clamp_min_(FLOOR)
+
+
+def draw_without_replacement(q: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
+    """[E, k] ids: k draws without replacement from each row of q [E, Vd] (weights > 0, need not sum to
+    1), in draw order: one draw by inverse CDF; k > 1 the ids of the k largest q / Exp(1) keys (fp64)."""
+    if k == 1:  # (a chain's every depth: a quarter of the ops over [E, Vd] that the races take)
+        cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)  # [E, Vd]
+        u = torch.rand((q.shape[0], 1), dtype=torch.float64, device=q.device, generator=generator)
+        return torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)  # [E, 1]: the first cdf > u * total
+    uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)  # [E, Vd]
+    races = uniform.log_().neg_()  # Exp(1) (a U of 0 gives inf: that id's key 0, odds 2**-53 an id)
+    return torch.topk(q.double() / races, k, dim=-1).indices  # (exponential_ costs 4x this on a CPU)
+
+
+class SampledChildren:
+    """The `top_fn` of eager static drafting (static_eager.py) that draws each depth's children instead of
+    taking the head's top-k; it keeps each depth's q for `q_rows`."""
+
+    def __init__(
+        self,
+        head_logits: Callable[[Tensor], Tensor],
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        vocab: int,
+    ) -> None:
+        self.head_logits, self.generator = head_logits, generator
+        self.temperature = sampling.temperature  # q's (top-k and top-p stay the target's alone)
+        self.vocab = vocab  # V: the target's vocabulary, which q rows span
+        self.q_by_depth: list[Tensor] = []  # per depth: q [E, Vd] of the nodes it expanded
+
+    def top(self, features: Tensor, k: int, out: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """Output features [1, E, H] -> the head's logits [1, E, Vd] and k drawn head-vocab ids per row,
+        written into out[1] [1, E, k] (the kept buffer eager drafting maps and gathers from)."""
+        logits = self.head_logits(features)  # [1, E, Vd]
+        q = draft_probs(logits[0], self.temperature)  # [E, Vd]
+        generator = self.generator if self.generator is None or self.generator.device == q.device else None
+        out[1].copy_(draw_without_replacement(q, k, generator)[None])
+        self.q_by_depth.append(q)
+        return logits, out[1]
+
+    def draft(self, tree: TokenTree, plan: StaticPlan, d2t: Tensor | None) -> Draft:
+        """The drafted static tree with its children's rule (C) and q [N, V] (`q_rows`)."""
+        return Draft(tree=tree, rule="without_replacement", q=self.q_rows(plan, self.vocab, d2t))
+
+    def q_rows(self, plan: StaticPlan, vocab: int, d2t: Tensor | None) -> Tensor:
+        """q [N, V] over the target's vocabulary for the emitted tree: row i = the distribution node i's
+        children were drawn from (zero for leaves); d2t [Vd] maps head ids to target ids (None: the
+        same). Summed where two head ids map to one target id."""
+        rows = torch.cat(self.q_by_depth) if len(self.q_by_depth) > 1 else self.q_by_depth[0]  # [sum E, Vd]
+        q = rows.new_zeros(len(plan.host_parents), rows.shape[1])  # [N, Vd]
+        q[plan.expanded] = rows
+        if d2t is None and rows.shape[1] == vocab:
+            return q
+        assert d2t is not None  # (a head over fewer ids than the target's maps them)
+        return q.new_zeros(len(q), vocab).index_add_(1, d2t, q)  # [N, V]
