@@ -21,7 +21,7 @@ from torch import Tensor
 
 from spechead.inference.drafters.base import Draft
 from spechead.inference.drafters.static_plan import StaticPlan
-from spechead.inference.sampling import SamplingParams
+from spechead.inference.sampling import SamplingParams, inverse_cdf
 from spechead.inference.tree import TokenTree
 
 FLOOR = 1e-30  # every id's least draft probability (fp32 keeps it; Vd * FLOOR is no mass at all)
@@ -44,9 +44,7 @@ def draw_without_replacement(q: Tensor, k: int, generator: torch.Generator | Non
     """[E, k] ids: k draws without replacement from each row of q [E, Vd] (weights > 0, need not sum to
     1), in draw order: one draw by inverse CDF; k > 1 the ids of the k largest q / Exp(1) keys (fp64)."""
     if k == 1:  # (a chain's every depth: a quarter of the ops over [E, Vd] that the races take)
-        cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)  # [E, Vd]
-        u = torch.rand((q.shape[0], 1), dtype=torch.float64, device=q.device, generator=generator)
-        return torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)  # [E, 1]: the first cdf > u * total
+        return inverse_cdf(q, generator)  # [E, 1]
     uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)  # [E, Vd]
     races = uniform.log_().neg_()  # Exp(1) (a U of 0 gives inf: that id's key 0, odds 2**-53 an id)
     return torch.topk(q.double() / races, k, dim=-1).indices  # (exponential_ costs 4x this on a CPU)
@@ -80,16 +78,16 @@ class SampledChildren:
 
     def draft(self, tree: TokenTree, plan: StaticPlan, d2t: Tensor | None) -> Draft:
         """The drafted static tree with its children's rule (C) and q [N, V] (`q_rows`)."""
-        return Draft(tree=tree, rule="without_replacement", q=self.q_rows(plan, self.vocab, d2t))
+        return Draft(tree=tree, rule="without_replacement", q=self.q_rows(plan, d2t))
 
-    def q_rows(self, plan: StaticPlan, vocab: int, d2t: Tensor | None) -> Tensor:
+    def q_rows(self, plan: StaticPlan, d2t: Tensor | None) -> Tensor:
         """q [N, V] over the target's vocabulary for the emitted tree: row i = the distribution node i's
         children were drawn from (zero for leaves); d2t [Vd] maps head ids to target ids (None: the
         same). Summed where two head ids map to one target id."""
         rows = torch.cat(self.q_by_depth) if len(self.q_by_depth) > 1 else self.q_by_depth[0]  # [sum E, Vd]
         q = rows.new_zeros(len(plan.host_parents), rows.shape[1])  # [N, Vd]
         q[plan.expanded] = rows
-        if d2t is None and rows.shape[1] == vocab:
+        if d2t is None and rows.shape[1] == self.vocab:
             return q
         assert d2t is not None  # (a head over fewer ids than the target's maps them)
-        return q.new_zeros(len(q), vocab).index_add_(1, d2t, q)  # [N, V]
+        return q.new_zeros(len(q), self.vocab).index_add_(1, d2t, q)  # [N, V]

@@ -69,7 +69,7 @@ def test_q_rows_put_each_depth_on_the_nodes_it_expanded():
             3: torch.tensor([[0.6, 0.4, 0.0]])}  # fmt: skip
     drawn.q_by_depth = [rows[d] for d in (1, 2, 3)]
     d2t = torch.tensor([4, 0, 2])  # head id -> target id
-    q = drawn.q_rows(plan, 5, d2t)  # [N, V]
+    q = drawn.q_rows(plan, d2t)  # [N, V]
     assert q.shape == (len(parents), 5)
     depth = [0] * len(parents)
     for i in range(1, len(parents)):
@@ -83,7 +83,8 @@ def test_q_rows_put_each_depth_on_the_nodes_it_expanded():
         siblings = [n for n in expanded if depth[n] == depth[node]]
         want = torch.zeros(5).index_add_(0, d2t, rows[depth[node] + 1][siblings.index(node)])
         assert torch.equal(q[node], want), node
-    same = drawn.q_rows(plan, 3, None)  # a head over the target's own vocab
+    drawn.vocab = 3  # a head over the target's own vocab
+    same = drawn.q_rows(plan, None)
     assert torch.equal(same[plan.expanded], torch.cat([rows[d] for d in (1, 2, 3)]))
 
 
