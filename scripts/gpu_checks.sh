@@ -32,6 +32,11 @@
 #      too (limit REF_S; the reference's packages come as wheels in .whl/ref/, installed apart in
 #      /tmp/refsite: `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
 #      --no-deps -d .whl/ref transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.36.2 eagle-llm==1.2.1`).
+#   bench_sampling and bench_sampling_60 (scripts/bench_sampling.py on CUDA: top-p, the draw and the walk by
+#      vocabulary size, over trees of 6 and 60 nodes; the host reads a boolean or two a call, unmeasured on a GPU) and
+#      bench_demo_sampled (the demo heads sampling at temperature 1, top-p 0.9, EAGLE-3's top-k children
+#      beside children drawn from the head, rule=without_replacement: +12-20% tau on a CPU, not yet timed
+#      where draft ops are cheap next to a step).
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
@@ -93,6 +98,9 @@ fi
 step bench_reference "${REF_S:-400}" "$PY" scripts/bench_reference.py --ref-python "$PY" --ref-path /tmp/refsite \
     --device cuda --compile graphs --head outputs/eagle-ref-demo2/head --prompts 24 --repeats 2 \
     --out "$OUT/bench_reference"
+# on request: sampling's costs by vocabulary size on the GPU (top-p, one draw, the acceptance walk)
+step bench_sampling "${DEMO_S:-100}" "$PY" scripts/bench_sampling.py --device cuda --vocab 32000 128256 --rows 6
+step bench_sampling_60 "${DEMO_S:-100}" "$PY" scripts/bench_sampling.py --device cuda --vocab 128256 --rows 60
 heads=()
 for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")
@@ -116,6 +124,11 @@ if [ ${#heads[@]} -gt 0 ]; then
     [ -f outputs/eagle3-demo/head/config.json ] && step bench_batch_draft "${DEMO_S:-100}" "$PY" \
         scripts/bench_batch_draft.py --device cuda --drafter outputs/eagle3-demo/head --modes eager graphs \
         --batch-size 1 4 16 --out "$OUT/bench_batch_draft"
+    # on request: sampling (T 1, top-p 0.9), EAGLE-3's top-k children beside children drawn from the head
+    [ -f outputs/eagle3-demo/head/config.json ] && step bench_demo_sampled "${DEMO_S:-100}" "$PY" \
+        scripts/benchmark.py --device cuda --prompts 24 --no-hf --temperature 1.0 --top-p 0.9 --seed 0 \
+        --drafter eagle3=outputs/eagle3-demo/head \
+        --drafter eagle3_drawn=outputs/eagle3-demo/head@rule=without_replacement --out "$OUT/bench_demo_sampled"
     step bench_demo_full_ro "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --no-hf \
         --compile reduce-overhead --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_full_ro"
 fi
