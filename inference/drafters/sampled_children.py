@@ -35,19 +35,26 @@ def check_rule(rule: str) -> str:
     return rule
 
 
-def draft_probs(logits: Tensor, temperature: float) -> Tensor:
-    """q [..., Vd] fp32 that children are drawn from: softmax(logits / temperature), floored at FLOOR."""
-    return torch.softmax(logits.float() / temperature, dim=-1).clamp_min_(FLOOR)
+def draft_probs(logits: Tensor, temperature: float, floor: bool = True) -> Tensor:
+    """q [..., Vd] fp32 that children are drawn from: softmax(logits / temperature), floored at FLOOR
+    (needed by k > 1 draws only: one draw by inverse CDF never picks an id of no mass)."""
+    x = logits.float() if temperature == 1.0 else logits.float() / temperature
+    q = torch.softmax(x, dim=-1)
+    return q.clamp_min_(FLOOR) if floor else q
 
 
-def draw_without_replacement(q: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
-    """[E, k] ids: k draws without replacement from each row of q [E, Vd] (weights > 0, need not sum to
-    1), in draw order: one draw by inverse CDF; k > 1 the ids of the k largest q / Exp(1) keys (fp64)."""
+def draw_without_replacement(
+    q: Tensor, k: int, generator: torch.Generator | None, out: Tensor | None = None
+) -> Tensor:
+    """[..., k] ids: k draws without replacement from each row of q [..., Vd] (weights > 0, need not sum
+    to 1), in draw order: one draw by inverse CDF; k > 1 the ids of the k largest q / Exp(1) keys (fp64).
+    Written into `out` [..., k] when given (and returned)."""
     if k == 1:  # (a chain's every depth: a quarter of the ops over [E, Vd] that the races take)
-        return inverse_cdf(q, generator)  # [E, 1]
-    uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)  # [E, Vd]
+        return inverse_cdf(q, generator, out=out)  # [..., 1]
+    uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)  # [..., Vd]
     races = uniform.log_().neg_()  # Exp(1) (a U of 0 gives inf: that id's key 0, odds 2**-53 an id)
-    return torch.topk(q.double() / races, k, dim=-1).indices  # (exponential_ costs 4x this on a CPU)
+    ids = torch.topk(q.double() / races, k, dim=-1).indices  # (exponential_ costs 4x this on a CPU)
+    return ids if out is None else out.copy_(ids)
 
 
 class SampledChildren:
@@ -64,15 +71,15 @@ class SampledChildren:
         self.head_logits, self.generator = head_logits, generator
         self.temperature = sampling.temperature  # q's (top-k and top-p stay the target's alone)
         self.vocab = vocab  # V: the target's vocabulary, which q rows span
-        self.q_by_depth: list[Tensor] = []  # per depth: q [E, Vd] of the nodes it expanded
+        self.q_by_depth: list[Tensor] = []  # per depth: q [1, E, Vd] of the nodes it expanded
 
     def top(self, features: Tensor, k: int, out: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """Output features [1, E, H] -> the head's logits [1, E, Vd] and k drawn head-vocab ids per row,
         written into out[1] [1, E, k] (the kept buffer eager drafting maps and gathers from)."""
         logits = self.head_logits(features)  # [1, E, Vd]
-        q = draft_probs(logits[0], self.temperature)  # [E, Vd]
+        q = draft_probs(logits, self.temperature, floor=k > 1)  # [1, E, Vd]
         generator = self.generator if self.generator is None or self.generator.device == q.device else None
-        out[1].copy_(draw_without_replacement(q, k, generator)[None])
+        draw_without_replacement(q, k, generator, out=out[1])  # (the batch dim kept: no view, no copy)
         self.q_by_depth.append(q)
         return logits, out[1]
 
@@ -84,7 +91,8 @@ class SampledChildren:
         """q [N, V] over the target's vocabulary for the emitted tree: row i = the distribution node i's
         children were drawn from (zero for leaves); d2t [Vd] maps head ids to target ids (None: the
         same). Summed where two head ids map to one target id."""
-        rows = torch.cat(self.q_by_depth) if len(self.q_by_depth) > 1 else self.q_by_depth[0]  # [sum E, Vd]
+        many = len(self.q_by_depth) > 1
+        rows = (torch.cat(self.q_by_depth, dim=1) if many else self.q_by_depth[0])[0]  # [sum E, Vd]
         q = rows.new_zeros(len(plan.host_parents), rows.shape[1])  # [N, Vd]
         q[plan.expanded] = rows
         if d2t is None and rows.shape[1] == self.vocab:

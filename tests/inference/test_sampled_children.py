@@ -56,6 +56,10 @@ def test_draft_probs_apply_the_temperature_and_keep_every_id():
     assert q.dtype == torch.float32
     torch.testing.assert_close(q[0], torch.softmax(torch.tensor([0.0, 2.0, 4.0]), -1))
     assert draft_probs(torch.tensor([[0.0, 300.0]]), 0.5)[0, 0] > 0  # underflown, floored
+    assert draft_probs(torch.tensor([[0.0, 300.0]]), 0.5, floor=False)[0, 0] == 0  # (one draw needs no floor)
+    torch.testing.assert_close(
+        draft_probs(torch.tensor([[0.0, 1.0]]), 1.0), torch.softmax(torch.tensor([[0.0, 1.0]]), -1)
+    )
 
 
 def test_q_rows_put_each_depth_on_the_nodes_it_expanded():
@@ -67,7 +71,7 @@ def test_q_rows_put_each_depth_on_the_nodes_it_expanded():
     drawn = SampledChildren(lambda x: x, SamplingParams(temperature=1.0), None, 5)
     rows = {1: torch.tensor([[0.5, 0.5, 0.0]]), 2: torch.tensor([[0.1, 0.2, 0.7], [0.3, 0.3, 0.4]]),
             3: torch.tensor([[0.6, 0.4, 0.0]])}  # fmt: skip
-    drawn.q_by_depth = [rows[d] for d in (1, 2, 3)]
+    drawn.q_by_depth = [rows[d][None] for d in (1, 2, 3)]  # [1, E, Vd] each
     d2t = torch.tensor([4, 0, 2])  # head id -> target id
     q = drawn.q_rows(plan, d2t)  # [N, V]
     assert q.shape == (len(parents), 5)
