@@ -3,6 +3,8 @@
     python scripts/bench_overhead.py --drafter outputs/eagle3-demo/head
     python scripts/bench_overhead.py --drafter outputs/bench-heads/medusa2/head --prompts 12
     python scripts/bench_overhead.py --drafter outputs/eagle3-demo/head@tree=tree.json  # a fixed tree
+    python scripts/bench_overhead.py --drafter outputs/eagle3-demo/head@rule=without_replacement \
+        --temperature 1.0 --top-p 0.9                   # sampling, EAGLE's children drawn from the head
 
 Decodes a prompt set greedily twice on the same loaded target, plain and with the drafter, taking
 turns prompt by prompt. Timers wrap the target's forward (the runner's one model call per pass) and
@@ -11,7 +13,10 @@ and each top-k over the head's logits; Medusa: the heads' pass; a draft model: i
 the prompt at `start` count with the prefill, not with a pass), so "engine" is whatever a pass spends outside them:
 tree building, masks, acceptance, cache commits, bookkeeping. Prints, per pass and as a share of a
 plain decoding step: the target forward, the draft networks, the engine, and the draft time per
-depth (EAGLE). CPU timings (perf_counter): on a GPU the timers would only see launch times.
+depth (EAGLE). With --temperature > 0 both decode by sampling (seeded per prompt; EAGLE's drawn
+children, `rule=without_replacement`, count their head calls and draws as draft networks; the
+acceptance's target distributions are engine). CPU timings (perf_counter): on a GPU the timers would
+only see launch times.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from pathlib import Path
 
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
+from spechead.inference.drafters.sampled_children import SampledChildren
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
+
+_DRAWN_TOP = SampledChildren.top
 
 
 class Timers:
@@ -75,6 +83,8 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
         timers.wrap(drafter, "_top", "draft_net")
         timers.wrap(drafter, "_top_ids", "draft_net")  # (static trees: the top-k ids only)
         timers.wrap(drafter.head, "features", "draft_net")  # the name the drafter calls (`fuse` for EAGLE-3)
+        # drawn children (sampling, made per propose): their head calls and draws, timed on the class
+        timers.wrap(SampledChildren, "top", "draft_net")  # (a function there: `self` passes through)
     elif hasattr(
         drafter, "head"
     ):  # Medusa: the heads' one pass (the drafter's fused heads where it has them)
@@ -93,15 +103,23 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
     drafter.start = timed_start
 
 
-def decode(gen, chats, max_new: int) -> tuple[float, int, int]:
+def decode(gen, chats, max_new: int, sampling: dict) -> tuple[float, int, int]:
     """(wall s excluding the prefill, verification passes, new tokens) over the chats."""
     wall = passes = tokens = 0
     for ids in chats:
-        r = gen.generate(input_ids=ids, max_new_tokens=max_new)
+        r = gen.generate(input_ids=ids, max_new_tokens=max_new, **sampling)
         wall += r.stats.wall_time - r.stats.prefill_time
         passes += r.stats.target_passes
         tokens += r.stats.new_tokens
     return wall, passes, tokens
+
+
+def sampling(args, ids: list[int]) -> dict:
+    """generate()'s sampling arguments: greedy, or --temperature / --top-p seeded by the prompt (the same
+    seed for the plain and the speculative run of a prompt)."""
+    if args.temperature <= 0:
+        return {}
+    return {"temperature": args.temperature, "top_p": args.top_p, "seed": len(ids) + sum(ids) % 9973}
 
 
 def main(argv=None) -> int:
@@ -114,6 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-set", default="demo")
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: decode by sampling (both sides)")
+    p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON here")
     p.add_argument(
         "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
@@ -145,8 +165,10 @@ def main(argv=None) -> int:
     totals = {"plain": [0.0, 0, 0], "spec": [0.0, 0, 0]}
     for ids in chats:  # taking turns: a drifting load hits both alike
         for name, g in (("plain", plain), ("spec", gen)):
-            for i, x in enumerate(decode(g, [ids], args.max_new_tokens)):
+            for i, x in enumerate(decode(g, [ids], args.max_new_tokens, sampling(args, ids))):
                 totals[name][i] += x
+    if SampledChildren.top is not _DRAWN_TOP:  # (the class is shared: unwrapped for whoever runs next)
+        SampledChildren.top = _DRAWN_TOP  # type: ignore[method-assign]
     (p_wall, p_passes, p_tokens), (s_wall, s_passes, s_tokens) = totals["plain"], totals["spec"]
     step = p_wall / p_passes
     target = (spec_t.spent["target"] - spec_t.spent["prefill_target"]) / s_passes

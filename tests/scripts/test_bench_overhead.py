@@ -53,3 +53,23 @@ def test_pass_splits_into_target_draft_and_engine(
         assert row["draft_ms_per_depth"] == pytest.approx(row["draft_networks_ms"] / row["draft_depths"])
     else:  # no network drafts: prompt lookup's work is all engine
         assert row["draft_networks_ms"] == 0 and row["draft_ms_per_depth"] is None
+
+
+def test_sampling_times_the_drawn_children_as_draft_work(
+    script, tiny_target_dir, eagle3_dir, tmp_path, capsys
+):
+    """--temperature: both sides sample; an EAGLE head drawing its children (rule=without_replacement)
+    has its head calls and draws timed as draft networks, and the class is left as it was."""
+    from spechead.inference.drafters.sampled_children import SampledChildren
+
+    top = SampledChildren.top
+    out = tmp_path / "sampled.json"
+    tree = tmp_path / "chain.json"
+    tree.write_text("[[0], [0, 0], [0, 0, 0]]")
+    spec = f"{eagle3_dir}@tree={tree},rule=without_replacement"
+    argv = ["--target", str(tiny_target_dir), "--drafter", spec, "--prompt-set", str(prompts(tmp_path / "p.jsonl")),
+            "--max-new-tokens", "10", "--temperature", "1.0", "--top-p", "0.9", "--out", str(out)]  # fmt: skip
+    assert script("bench_overhead").main(argv) == 0
+    row = json.loads(out.read_text())
+    assert row["draft_depths"] == 3 and row["draft_networks_ms"] > 0 and row["engine_ms"] > 0
+    assert SampledChildren.top is top
