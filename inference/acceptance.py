@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from spechead.inference.sampling import TargetRows, argmax_ids, sample
 from spechead.inference.tree import TokenTree, children, path_to_node
 
 RULES = ("deterministic", "iid", "without_replacement")
+Row = torch.Tensor | np.ndarray  # one row [V] of a walk: numpy on a CPU (cheap calls), else torch
 
 
 @dataclass
@@ -75,8 +77,8 @@ def greedy_walk(tokens: list[int], parents: list[int], best: list[int]) -> Accep
     return Acceptance(path=path, next_token=int(best[deepest]), path_tokens=[tokens[i] for i in path])
 
 
-def _normalised(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """r / sum(r); if the mass vanished (or is not finite) fall back to `fallback` (= p at the node).
+def _normalised(r: Row, fallback: Row) -> Row:
+    """A new r / sum(r); if the mass vanished (or is not finite) a copy of `fallback` (= p at the node).
 
     In exact arithmetic a rejection never empties the residual (rule A: a child of mass 1 is accepted
     with probability 1; rules B/C: r == q implies acceptance with probability 1), so this only guards
@@ -85,7 +87,12 @@ def _normalised(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     s = float(r.sum())
     if s > 0 and math.isfinite(s):
         return r / s
-    return fallback.clone()
+    return fallback.copy() if isinstance(fallback, np.ndarray) else fallback.clone()
+
+
+def _positive_part(x: Row) -> Row:
+    """max(x, 0) elementwise, for a numpy or a torch row [V]."""
+    return np.maximum(x, 0.0) if isinstance(x, np.ndarray) else torch.clamp(x, min=0.0)
 
 
 def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
@@ -114,7 +121,8 @@ def sample_accept(
     On acceptance descend into the child (residual restarts at p[child]); if every child is rejected
     emit y ~ r; at a leaf emit a bonus y ~ p[leaf]. Duplicate sibling tokens are handled (a rejected
     token has r(x) = 0 afterwards, so its duplicate is rejected). Under B/C a child with q(x) = 0 cannot
-    have been sampled from q: ValueError. `generator` must live on p's device (or be None).
+    have been sampled from q: ValueError. `generator` must live on p's device (or be None). On a CPU the
+    rows are walked as numpy arrays: each step is a few scalar reads and one or two passes over [V].
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
@@ -128,18 +136,38 @@ def sample_accept(
         if q.shape != p.shape:
             raise ValueError(f"q {tuple(q.shape)} and p {tuple(p.shape)} must have the same shape [N, V]")
         q = q.to(p.device)  # drafters may run on another device than the target
+    return walk(tree, p, rule, q, generator, host=p.device.type == "cpu")
+
+
+def walk(
+    tree: TokenTree,
+    p: torch.Tensor | TargetRows,
+    rule: str,
+    q: torch.Tensor | None,
+    generator: torch.Generator | None,
+    host: bool,
+) -> Acceptance:
+    """`sample_accept`'s walk, its arguments checked; `host`: rows as numpy arrays (p and q on the CPU),
+    else as torch tensors. Both draw the same path with the same coins (up to rounding)."""
+
+    def row(x: torch.Tensor) -> Row:  # [V] fp32
+        return x.detach().float().numpy() if host else x.float()
+
+    def draw(r: Row) -> int:
+        return sample(torch.from_numpy(r) if isinstance(r, np.ndarray) else r, generator)
+
     kids = children(tree.parents)
     tokens = tree.tokens.tolist()
     path = [0]
     node = 0
     while True:
-        p_node = p[node].float()  # [V]
+        p_node = row(p[node])  # [V]
         if not kids[node]:  # whole path accepted: bonus token from p at the leaf
-            return Acceptance(path, sample(p_node, generator), [tokens[i] for i in path])
-        r = _normalised(p_node.clone(), p_node)  # [V] residual, normalised
+            return Acceptance(path, draw(p_node), [tokens[i] for i in path])
+        r = _normalised(p_node, p_node)  # [V] residual, normalised (a new array)
         q_node = None  # [V] draft distribution (B, C), normalised
         if q is not None and rule != "deterministic":
-            q_node = _normalised(q[node].float(), q[node].float())
+            q_node = _normalised(row(q[node]), row(q[node]))
         accepted = None
         for c in kids[node]:
             x = tokens[c]
@@ -161,12 +189,12 @@ def sample_accept(
             if u < min(1.0, float(r[x]) / qx):
                 accepted = c
                 break
-            r = _normalised(torch.clamp(r - q_node, min=0.0), p_node)
+            r = _normalised(_positive_part(r - q_node), p_node)  # [V]
             if rule == "without_replacement":
                 q_node[x] = 0.0
                 q_node = _normalised(q_node, q_node)
         if accepted is None:  # every child rejected: correction token from the residual
-            return Acceptance(path, sample(r, generator), [tokens[i] for i in path])
+            return Acceptance(path, draw(r), [tokens[i] for i in path])
         path.append(accepted)
         node = accepted
 

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from spechead.inference.acceptance import Acceptance, greedy_accept, sample_accept, typical_accept
+from spechead.inference.acceptance import Acceptance, greedy_accept, sample_accept, typical_accept, walk
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
 from spechead.inference.tree import TokenTree
 
@@ -310,8 +310,11 @@ def _draw_orders(q: torch.Tensor, k: int, mode: str) -> list[tuple[float, list[i
     return out
 
 
-def exact_joint(monkeypatch, draft_mode: str, rule: str, kids: dict[int, list[int]]) -> torch.Tensor:
-    """Exact joint [V_S, V_S] of the first two emitted tokens: the drafter's draws x sample_accept's."""
+def exact_joint(
+    monkeypatch, draft_mode: str, rule: str, kids: dict[int, list[int]], host: bool = True
+) -> torch.Tensor:
+    """Exact joint [V_S, V_S] of the first two emitted tokens: the drafter's draws x sample_accept's
+    (its walk over numpy rows, a CPU's, or with `host` False over torch rows, every other device's)."""
     enum = _enumerated(monkeypatch)
     n = 1 + sum(len(v) for v in kids.values())
     parents = torch.tensor([-1] + [p for p, cs in sorted(kids.items()) for _ in cs])
@@ -324,7 +327,12 @@ def exact_joint(monkeypatch, draft_mode: str, rule: str, kids: dict[int, list[in
             tree = TokenTree(torch.tensor(tokens), parents)
             p = torch.stack([P_TAB[c] for c in ctx]).double()  # [N, V_S]
             q = torch.stack([Q_TAB[c] for c in ctx]).double()  # [N, V_S]
-            for w, acc in enum.outcomes(lambda: sample_accept(tree, p, rule, q)):
+            accept = (
+                (lambda: sample_accept(tree, p, rule, q))
+                if host
+                else (lambda: walk(tree, p, rule, q, None, False))
+            )
+            for w, acc in enum.outcomes(accept):
                 emitted = [tokens[i] for i in acc.path[1:]] + [acc.next_token]
                 if len(emitted) > 1:
                     joint[emitted[0], emitted[1]] += prob * w
@@ -354,16 +362,18 @@ EXACT_KIDS = {0: [1, 2, 3], 1: [4, 5]}
     ("draft_mode", "rule"),
     [("iid", "iid"), ("without_replacement", "without_replacement"), ("iid", "deterministic")],
 )
-def test_sampling_rules_are_exactly_lossless(monkeypatch, draft_mode, rule):
-    joint = exact_joint(monkeypatch, draft_mode, rule, EXACT_KIDS)
+@pytest.mark.parametrize("host", [True, False], ids=["numpy-rows", "torch-rows"])
+def test_sampling_rules_are_exactly_lossless(monkeypatch, draft_mode, rule, host):
+    joint = exact_joint(monkeypatch, draft_mode, rule, EXACT_KIDS, host)
     assert abs(float(joint.sum()) - 1.0) < 1e-6  # every branch enumerated (sample_accept runs in fp32)
     err = float((joint - EXACT.double()).abs().max())
     assert err < 1e-6, f"{rule} on {draft_mode} children: max |P - exact| = {err:.2e}"
 
 
-def test_without_replacement_needs_q_renormalised(monkeypatch):
+@pytest.mark.parametrize("host", [True, False], ids=["numpy-rows", "torch-rows"])
+def test_without_replacement_needs_q_renormalised(monkeypatch, host):
     """Teeth for rule C: children drawn WITHOUT replacement but verified as rule B (which is rule C
     minus "remove the rejected x from q and renormalise") are off by far more than rounding."""
-    joint = exact_joint(monkeypatch, "without_replacement", "iid", EXACT_KIDS)
+    joint = exact_joint(monkeypatch, "without_replacement", "iid", EXACT_KIDS, host)
     err = float((joint - EXACT.double()).abs().max())
     assert err > 1e-3, f"skipping the q update went unnoticed (max |P - exact| = {err:.2e})"

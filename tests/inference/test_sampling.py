@@ -5,17 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.acceptance import sample_accept
+from spechead.inference.acceptance import sample_accept, walk
 from spechead.inference.sampling import (
     SamplingParams,
     TargetRows,
     argmax_ids,
+    host_nucleus,
+    inverse_cdf,
     make_generator,
     nucleus,
     sample,
     target_probs,
+    torch_probs,
 )
 from spechead.inference.tree import TokenTree
+
+# target_probs on a CPU goes through numpy; torch_probs is the path of every other device
+PROBS = pytest.mark.parametrize("probs_of", [target_probs, torch_probs], ids=["host", "torch"])
 
 
 @pytest.mark.parametrize(
@@ -39,50 +45,55 @@ def test_is_greedy():
     assert not SamplingParams(temperature=0.7).is_greedy
 
 
-def test_greedy_is_one_hot_argmax():
+@PROBS
+def test_greedy_is_one_hot_argmax(probs_of):
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 1.0, 2.0, 0.0]])
-    probs = target_probs(logits, SamplingParams())
+    probs = probs_of(logits, SamplingParams())
     assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
 
 
-def test_temperature_scaling_fp32():
+@PROBS
+def test_temperature_scaling_fp32(probs_of):
     logits = torch.tensor([0.0, 1.0, 2.0], dtype=torch.bfloat16)
-    probs = target_probs(logits, SamplingParams(temperature=0.5))
+    probs = probs_of(logits, SamplingParams(temperature=0.5))
     assert probs.dtype == torch.float32
     assert torch.allclose(probs, torch.softmax(torch.tensor([0.0, 2.0, 4.0]), -1))
     assert torch.allclose(
-        target_probs(logits, SamplingParams(temperature=1.0)), torch.softmax(logits.float(), -1)
+        probs_of(logits, SamplingParams(temperature=1.0)), torch.softmax(logits.float(), -1)
     )
 
 
-def test_top_k():
+@PROBS
+def test_top_k(probs_of):
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [4.0, 0.0, 0.0, 0.0]])  # [2, V]
-    probs = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    probs = probs_of(logits, SamplingParams(temperature=1.0, top_k=2))
     assert (probs[0] > 0).tolist() == [False, True, False, True]
     assert torch.allclose(probs[0, [1, 3]], torch.softmax(torch.tensor([3.0, 2.0]), -1))
     assert torch.allclose(probs.sum(-1), torch.ones(2))
     # ties at the k-th value are kept; top_k >= V is off
     assert (probs[1] > 0).sum() == 4
-    assert torch.allclose(target_probs(logits, SamplingParams(1.0, top_k=10)), torch.softmax(logits, -1))
+    assert torch.allclose(probs_of(logits, SamplingParams(1.0, top_k=10)), torch.softmax(logits, -1))
 
 
-def test_top_p_smallest_set_and_at_least_argmax():
+@PROBS
+def test_top_p_smallest_set_and_at_least_argmax(probs_of):
     p = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = p.log()
-    keep = lambda top_p: (target_probs(logits, SamplingParams(1.0, top_p=top_p)) > 0).tolist()  # noqa: E731
+    keep = lambda top_p: (probs_of(logits, SamplingParams(1.0, top_p=top_p)) > 0).tolist()  # noqa: E731
     assert keep(0.5) == [True, False, False, False]  # mass 0.5 >= 0.5
     assert keep(0.6) == [True, True, False, False]
     assert keep(0.8) == [True, True, False, False]
     assert keep(0.81) == [True, True, True, False]
     assert keep(1e-6) == [True, False, False, False]  # always at least the argmax
     assert keep(1.0) == [True, True, True, True]
-    probs = target_probs(logits, SamplingParams(1.0, top_p=0.7))
+    probs = probs_of(logits, SamplingParams(1.0, top_p=0.7))
     assert torch.allclose(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
 
 
-def test_top_k_then_top_p_batched():
+@PROBS
+def test_top_k_then_top_p_batched(probs_of):
     logits = torch.randn(3, 5, 50, generator=torch.Generator().manual_seed(0))  # [..., V]
-    probs = target_probs(logits, SamplingParams(temperature=0.8, top_k=10, top_p=0.9))
+    probs = probs_of(logits, SamplingParams(temperature=0.8, top_k=10, top_p=0.9))
     assert probs.shape == logits.shape
     assert torch.allclose(probs.sum(-1), torch.ones(3, 5))
     assert ((probs > 0).sum(-1) <= 10).all() and ((probs > 0).sum(-1) >= 1).all()
@@ -138,10 +149,11 @@ def hf_warped(logits: torch.Tensor, params: SamplingParams, order: str = "TKP") 
     return torch.softmax(scores, -1)[0]
 
 
+@PROBS
 @pytest.mark.parametrize(("logits", "params", "expected"), ORDER_CASES)
-def test_temperature_then_top_k_then_top_p(logits, params, expected):
+def test_temperature_then_top_k_then_top_p(probs_of, logits, params, expected):
     logits, expected = torch.tensor(logits), torch.tensor(expected)
-    probs = target_probs(logits, params)
+    probs = probs_of(logits, params)
     torch.testing.assert_close(probs, expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(probs, hf_warped(logits, params, "TKP"), atol=1e-6, rtol=0)
     for wrong in ("TPK", "KPT", "PKT"):  # the case has teeth: any other order gives another answer
@@ -216,8 +228,9 @@ def test_nucleus_equals_a_stable_sort_of_the_whole_row(top_p, scale):
     probs = torch.softmax(torch.randn(7, 3000, generator=g) * scale, -1)  # [N, V]
     kept = stable_sort_nucleus(probs, top_p)
     assert torch.equal(nucleus(probs, top_p), kept)
-    for row in range(7):  # one row at a time: what an acceptance walk reads
+    for row in range(7):  # one row at a time: what an acceptance walk reads (torch, then numpy)
         assert torch.equal(nucleus(probs[row], top_p), kept[row])
+        assert host_nucleus(probs[row].numpy(), top_p).tolist() == kept[row].tolist()
 
 
 @pytest.mark.parametrize("top_p", [0.2, 0.5, 0.8, 0.95])
@@ -230,6 +243,7 @@ def test_nucleus_keeps_the_lowest_ids_of_a_tie_at_its_edge(top_p):
     probs = torch.softmax(logits, -1)
     mask = nucleus(probs, top_p)
     assert torch.equal(mask, stable_sort_nucleus(probs, top_p))
+    assert [host_nucleus(row.numpy(), top_p).tolist() for row in probs] == mask.tolist()
     edge = [bool(((probs[r] == probs[r][mask[r]].min()) & ~mask[r]).any()) for r in range(5)]
     assert any(edge)  # the case has teeth: some row leaves part of a tie out
 
@@ -266,3 +280,62 @@ def test_target_rows_are_the_rows_of_target_probs(seed):
         a = sample_accept(tree, rows, "deterministic", generator=make_generator(coins))
         b = sample_accept(tree, whole, "deterministic", generator=make_generator(coins))
         assert (a.path, a.next_token) == (b.path, b.next_token)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.3, top_k=50),
+        SamplingParams(temperature=0.5, top_k=200, top_p=0.95),
+        SamplingParams(temperature=1.0, top_p=0.999),  # a nucleus past the guesses of 64 and 1024
+    ],
+)
+def test_host_probs_are_torch_probs(dtype, params):
+    """The CPU's numpy rows and the torch path (every other device) give one distribution: the same
+    kept ids, probabilities equal up to fp32 rounding, in any leading shape and input dtype."""
+    g = torch.Generator().manual_seed(2)
+    logits = (torch.randn(2, 3, 3000, generator=g) * torch.tensor([0.3, 2.0, 6.0])[:, None]).to(dtype)
+    logits[0, 0, 100:110] = logits[0, 0, 5]  # a tie, at the k-th value or the nucleus's edge
+    host, dev = target_probs(logits, params), torch_probs(logits, params)  # [2, 3, V]
+    assert host.shape == dev.shape == logits.shape and host.dtype == dev.dtype == torch.float32
+    assert torch.equal(host > 0, dev > 0)
+    torch.testing.assert_close(host, dev, atol=1e-6, rtol=1e-5)
+    for i in range(3):  # one row is a row of the whole
+        assert torch.equal(target_probs(logits[1, i], params), host[1, i])
+
+
+def test_host_draw_is_the_inverse_cdf_draw():
+    """On a CPU `sample` draws through numpy with the uniform inverse_cdf takes from the generator: the
+    same seed draws the same id (zero-mass ids included in the rows)."""
+    g = torch.Generator().manual_seed(5)
+    probs = torch.softmax(torch.randn(8, 500, generator=g) * 3, -1)  # [R, V]
+    probs[:, ::3] = 0.0
+    for seed in range(40):
+        row = probs[seed % 8]
+        assert sample(row, make_generator(seed)) == int(inverse_cdf(row, make_generator(seed)))
+
+
+@pytest.mark.parametrize("rule", ["deterministic", "iid", "without_replacement"])
+def test_host_walk_is_the_torch_walk(rule):
+    """The acceptance walk over numpy rows (a CPU's) and over torch rows (every other device's) accept
+    the same path and next token with the same coins, on a branched tree."""
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(7, 40, generator=g) * 3  # [N, V]
+    p = torch.softmax(logits, -1)  # [N, V]
+    q = torch.softmax(logits + torch.randn(7, 40, generator=g), -1)  # [N, V]: a draft near p
+    parents = torch.tensor([-1, 0, 0, 0, 1, 1, 2])  # [N]
+    seen = set()
+    for trial in range(60):
+        draws = {
+            node: torch.multinomial(q[node], 3, replacement=rule == "iid", generator=g) for node in (0, 1, 2)
+        }
+        picks = [draws[0][0], draws[0][1], draws[0][2], draws[1][0], draws[1][1], draws[2][0]]  # [N - 1]
+        tree = TokenTree.trusted(torch.stack([torch.tensor(0), *picks]), parents)
+        a = walk(tree, p, rule, q, make_generator(trial), host=True)
+        b = walk(tree, p, rule, q, make_generator(trial), host=False)
+        assert (a.path, a.next_token, a.path_tokens) == (b.path, b.next_token, b.path_tokens)
+        seen.add(len(a.path))
+    assert len(seen) >= 3  # paths of several lengths: rejections and acceptances both walked
