@@ -1,17 +1,19 @@
 """What sampling costs a decoding step, by vocabulary size: spechead's top-p and draw against a sort and
-torch.multinomial, and a tree's acceptance walk reading only the rows it visits.
+torch.multinomial, torch against numpy (a CPU's path), and a tree's acceptance walk.
 
     python scripts/bench_sampling.py                            # V = 2048 (the demo), 32000, 128256
     python scripts/bench_sampling.py --vocab 128256 --rows 60 --device cuda
 
 Per vocabulary size V and logits scale (logits = N(0, 1) x scale: the larger the scale, the fewer ids
 the top-p nucleus holds; its size is printed), medians in microseconds:
-- top-p of one row: `sampling.nucleus` (a top-k of 64, then 1024, then a sort) against the definition
-  it replaced, a stable descending sort of the whole row;
-- draw: `sampling.sample` (inverse CDF) against torch.multinomial, one row;
-- walk: `sample_accept` (rule A) on a chain of `--rows` nodes, each the best child of its parent, with
-  every row's target_probs made first (as before) against `TargetRows` (a row made when the walk reads
-  it; the walk reads the rows of the nodes it accepts and one more).
+- top-p of one row: a stable descending sort of the whole row (the definition), `sampling.nucleus` in
+  torch (a top-k of 64, then 1024, then a sort; a GPU's path) and `sampling.host_nucleus` in numpy (a
+  CPU's path; "-" on another device);
+- draw, one row: torch.multinomial against `sampling.sample` (an inverse CDF in torch: numpy's was
+  slower on a CPU, 15 against 11 us at V = 2048 and 0.45 against 0.22 ms at 128256);
+- walk: `sample_accept` (rule A) on a chain of `--rows` nodes, each the best child of its parent: in
+  torch with every row's target_probs made first (the engine before TargetRows and numpy rows), and as
+  the engine walks now (`TargetRows`: a row made when the walk reads it; numpy rows on a CPU).
 """
 
 from __future__ import annotations
@@ -22,8 +24,15 @@ import time
 
 import torch
 
-from spechead.inference.acceptance import sample_accept
-from spechead.inference.sampling import SamplingParams, TargetRows, nucleus, sample, target_probs
+from spechead.inference.acceptance import sample_accept, walk
+from spechead.inference.sampling import (
+    SamplingParams,
+    TargetRows,
+    host_nucleus,
+    nucleus,
+    sample,
+    torch_probs,
+)
 from spechead.inference.tree import TokenTree
 
 
@@ -59,21 +68,23 @@ def measure(
     params = SamplingParams(temperature=1.0, top_p=top_p)
     probs = torch.softmax(logits, -1)  # [N, V]
     assert torch.equal(nucleus(probs, top_p), sorted_nucleus(probs, top_p))  # the same mask
-    whole = target_probs(logits, params)  # [N, V]
+    whole = torch_probs(logits, params)  # [N, V]
     tokens = torch.cat([torch.zeros(1, dtype=torch.long, device=device), whole[:-1].argmax(-1)])  # [N]
     chain = TokenTree.trusted(tokens, torch.arange(-1, rows - 1, device=device))  # each node's best child
     coins = torch.Generator(device=device).manual_seed(1)
     time_it = lambda fn: median_us(fn, repeats, device)  # noqa: E731
+    host = probs[0].numpy() if device.type == "cpu" else None  # [V]
     return {
         "nucleus ids": float(nucleus(probs[0], top_p).sum()),
         "top-p sort": time_it(lambda: sorted_nucleus(probs[0], top_p)),
-        "top-p nucleus": time_it(lambda: nucleus(probs[0], top_p)),
+        "top-p torch": time_it(lambda: nucleus(probs[0], top_p)),
+        "top-p numpy": time_it(lambda: host_nucleus(host, top_p)) if host is not None else float("nan"),
         "multinomial": time_it(lambda: int(torch.multinomial(whole[0], 1, generator=coins))),
-        "inverse CDF": time_it(lambda: sample(whole[0], coins)),
-        "walk every row": time_it(
-            lambda: sample_accept(chain, target_probs(logits, params), "deterministic", None, coins)
+        "draw": time_it(lambda: sample(whole[0], coins)),
+        "walk torch, every row": time_it(
+            lambda: walk(chain, torch_probs(logits, params), "deterministic", None, coins, host=False)
         ),
-        "walk rows read": time_it(
+        "walk": time_it(
             lambda: sample_accept(chain, TargetRows(logits, params), "deterministic", None, coins)
         ),
     }
@@ -99,7 +110,8 @@ def main(argv=None) -> int:
             if header is None:
                 header = ["V", "scale", *row]
                 print(" | ".join(header))
-            print(" | ".join([str(vocab), f"{scale:g}", *(f"{x:.0f}" for x in row.values())]))
+            cells = ("-" if x != x else f"{x:.0f}" for x in row.values())  # (NaN: not on this device)
+            print(" | ".join([str(vocab), f"{scale:g}", *cells]))
     return 0
 
 

@@ -13,7 +13,7 @@ def test_every_size_and_scale_gets_its_timings(script, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert "walks of 3 nodes" in lines[0]
     header = lines[1].split(" | ")
-    assert header[:3] == ["V", "scale", "nucleus ids"] and len(header) == 9
+    assert header[:3] == ["V", "scale", "nucleus ids"] and len(header) == 10
     rows = [line.split(" | ") for line in lines[2:]]
     assert [(r[0], r[1]) for r in rows] == [("100", "6"), ("100", "1"), ("3000", "6"), ("3000", "1")]
     assert all(float(x) > 0 for r in rows for x in r[2:])
