@@ -155,19 +155,20 @@ def main(argv=None) -> int:
         for q in load_prompt_set(args.prompt_set, args.prompts)
     ]  # fmt: skip
     spec_t, plain_t = Timers(), Timers()
-    instrument(gen, spec_t)
-    instrument(plain, plain_t)
-    for g in (plain, gen):  # warm-up (compiled: every commit-graph shape, the accepts of 1..16 tokens)
-        for ids in chats[: 4 if args.compile_draft else 1]:
-            g.generate(input_ids=ids, max_new_tokens=args.max_new_tokens if args.compile_draft else 8)
-    for timers in (spec_t, plain_t):  # the warm-up is not measured
-        timers.spent.clear()
     totals = {"plain": [0.0, 0, 0], "spec": [0.0, 0, 0]}
-    for ids in chats:  # taking turns: a drifting load hits both alike
-        for name, g in (("plain", plain), ("spec", gen)):
-            for i, x in enumerate(decode(g, [ids], args.max_new_tokens, sampling(args, ids))):
-                totals[name][i] += x
-    if SampledChildren.top is not _DRAWN_TOP:  # (the class is shared: unwrapped for whoever runs next)
+    try:
+        instrument(gen, spec_t)
+        instrument(plain, plain_t)
+        for g in (plain, gen):  # warm-up (compiled: every commit-graph shape, the accepts of 1..16 tokens)
+            for ids in chats[: 4 if args.compile_draft else 1]:
+                g.generate(input_ids=ids, max_new_tokens=args.max_new_tokens if args.compile_draft else 8)
+        for timers in (spec_t, plain_t):  # the warm-up is not measured
+            timers.spent.clear()
+        for ids in chats:  # taking turns: a drifting load hits both alike
+            for name, g in (("plain", plain), ("spec", gen)):
+                for i, x in enumerate(decode(g, [ids], args.max_new_tokens, sampling(args, ids))):
+                    totals[name][i] += x
+    finally:  # the class is shared: unwrapped for whoever runs next, whether or not decoding raised
         SampledChildren.top = _DRAWN_TOP  # type: ignore[method-assign]
     (p_wall, p_passes, p_tokens), (s_wall, s_passes, s_tokens) = totals["plain"], totals["spec"]
     step = p_wall / p_passes

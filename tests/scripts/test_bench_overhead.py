@@ -73,3 +73,23 @@ def test_sampling_times_the_drawn_children_as_draft_work(
     row = json.loads(out.read_text())
     assert row["draft_depths"] == 3 and row["draft_networks_ms"] > 0 and row["engine_ms"] > 0
     assert SampledChildren.top is top
+
+
+def test_a_run_that_raises_leaves_the_class_unwrapped(
+    script, tiny_target_dir, eagle3_dir, tmp_path, monkeypatch
+):
+    """The drawn children's timer is set on the shared class: a decoding error still takes it off."""
+    from spechead.inference.drafters.sampled_children import SampledChildren
+
+    top, module = SampledChildren.top, script("bench_overhead")
+
+    def broken(*args, **kwargs):
+        assert SampledChildren.top is not top  # (instrumented by now)
+        raise RuntimeError("decoding failed")
+
+    monkeypatch.setattr(module, "decode", broken)
+    argv = ["--target", str(tiny_target_dir), "--drafter", str(eagle3_dir), "--prompt-set",
+            str(prompts(tmp_path / "p.jsonl")), "--max-new-tokens", "4"]  # fmt: skip
+    with pytest.raises(RuntimeError, match="decoding failed"):
+        module.main(argv)
+    assert SampledChildren.top is top
