@@ -27,9 +27,17 @@ from spechead.inference.acceptance import (
     sample_accept,
 )
 from spechead.inference.batch import BatchRunner
+from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
-from spechead.inference.sampling import SamplingParams, TargetRows, argmax_ids, make_generator, pick
+from spechead.inference.sampling import (
+    SamplingParams,
+    TargetRows,
+    argmax_ids,
+    make_generator,
+    pick,
+    torch_probs,
+)
 from spechead.inference.stops import until_stop
 
 if TYPE_CHECKING:
@@ -64,8 +72,10 @@ def accept_rows(
 
     All greedy: on an accelerator one batched walk on the device (padding nodes get token -1 so they
     never match); on a CPU (`on_device` None: where the logits are) one argmax over every row and a
-    walk of each row's N_b real nodes in host lists (a dozen tensor ops cost more there). Otherwise per
-    row, in row order, each with its own generator (the batch-1 draws)."""
+    walk of each row's N_b real nodes in host lists (a dozen tensor ops cost more there). All sampled
+    with deterministic children on an accelerator: rule A as batched tensor ops (`sample_accept_batch`,
+    one host transfer; each row draws from its generator as at batch 1). Otherwise per row, in row
+    order, each with its own generator (the batch-1 draws)."""
     n = draft.tokens.shape[1]
     if n == 1 and all(r.params.is_greedy for r in rows):  # plain steps: each row's argmax
         nexts = argmax_ids(logits[:, 0])
@@ -79,6 +89,12 @@ def accept_rows(
         real = host_to_device(real, draft.tokens.device)  # (the trees may be on the GPU: no wait)
         tokens = host_to_device(torch.where(real, draft.tokens, -1), logits.device)
         return greedy_accept_batch(tokens, host_to_device(draft.parents, logits.device), ancestors, logits)
+    if on_device and draft.rule == "deterministic" and not any(r.params.is_greedy for r in rows):
+        every = _probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A batched)
+        tokens, parents = (host_to_device(x, logits.device) for x in (draft.tokens, draft.parents))
+        return sample_accept_batch(
+            tokens, parents, ancestors, every, [r.generator for r in rows], draft.sizes
+        )
     out = []
     for b, row in enumerate(rows):
         tree, row_logits = draft.tree(b), logits[b, : draft.sizes[b]]  # [N_b, V]
@@ -91,6 +107,15 @@ def accept_rows(
             probs = TargetRows(row_logits, row.params)  # [N_b, V], the rows the walk reads
             out.append(sample_accept(tree, probs, draft.rule, q, row.generator))
     return out
+
+
+def _probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Every row's target probs [B, N, V] from logits [B, N, V]: one call when the rows share their
+    transform (their seeds aside), else row by row."""
+    transform = {(p.temperature, p.top_k, p.top_p) for p in params}
+    if len(transform) == 1:
+        return torch_probs(logits, params[0])
+    return torch.stack([torch_probs(row, p) for row, p in zip(logits, params)])
 
 
 def _padded(rows: Sequence[list[int]], k: int) -> torch.Tensor:
@@ -140,6 +165,7 @@ def batch_passes(
     stats: Sequence[GenerationStats],
     max_cache_len: int | None = None,
     runner: BatchRunner | None = None,
+    on_device: bool | None = None,
 ) -> Iterator[list[tuple[int, list[int]]]]:
     """Decode every prompt [T_b], one pass at a time: yields, after the prefill and after every pass, each
     active row's new ids as (row index into `prompts`, ids) (`collect` gathers them per row).
@@ -148,7 +174,7 @@ def batch_passes(
     are the batch's (shared by all rows), set when the iterator is exhausted. runner: the target's batch
     runner to use (e.g. a kept `CompiledBatchRunner`, whose cache must hold every row's prompt +
     max_new_tokens); None: a new eager one sized for this batch. A cache too small (max_cache_len) raises
-    at the first next()."""
+    at the first next(). on_device: accept on the logits' device (`accept_rows`; None: where they are)."""
     need = max(len(p) + m for p, m in zip(prompts, max_new))
     if max_cache_len is not None and need > max_cache_len:
         worst = max(range(len(prompts)), key=lambda b: len(prompts[b]) + max_new[b])
@@ -218,7 +244,7 @@ def batch_passes(
         if batched:
             batched.verified(draft, logits)  # before the next accept (lookahead reads its Jacobi guesses)
         assert runner.last_ancestors is not None  # verify just set it
-        accs = accept_rows(draft, logits, runner.last_ancestors, active)
+        accs = accept_rows(draft, logits, runner.last_ancestors, active, on_device)
         paths, lengths = padded_paths(accs)  # [B, K], K_b
         runner.commit([a.path for a in accs])
         tokens = path_tokens(accs, draft, paths)  # [B, K] root + accepted drafts (padded), host

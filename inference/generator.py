@@ -20,11 +20,19 @@ from transformers import PreTrainedModel
 from spechead.inference.acceptance import Acceptance, greedy_accept_batch, greedy_walk, sample_accept
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
+from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import Drafter, chain, hears_verified
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
-from spechead.inference.sampling import SamplingParams, TargetRows, argmax_ids, make_generator, pick
+from spechead.inference.sampling import (
+    SamplingParams,
+    TargetRows,
+    argmax_ids,
+    make_generator,
+    pick,
+    torch_probs,
+)
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
@@ -284,7 +292,9 @@ class SpeculativeGenerator:
             size = fixed if fixed is not None else batch_cache_size(drafter, need, None, 1024)
             layers = tuple(drafter.hidden_layers) if drafter else ()
             runner = kept_runner(self._batch_runners, self.target, layers, batch, size, self.compile)
-        passes = batch_passes(self.target, drafter, ids, max_new, params, self.eos, stats, fixed, runner)
+        passes = batch_passes(
+            self.target, drafter, ids, max_new, params, self.eos, stats, fixed, runner, self.device_accept
+        )
         return stats, passes
 
     def _drafter_for_batch(self, batch: int) -> Drafter | None:
@@ -423,11 +433,18 @@ class SpeculativeGenerator:
             elif params.is_greedy and not self.device_accept:  # host = device: a list walk is cheapest
                 # (greedy_accept's walk, without its shape checks or a [N, V] view: verify made both)
                 acc = greedy_walk(tree.tokens.tolist(), tree.parents.tolist(), argmax_ids(logits)[0])
-            elif params.is_greedy:  # on an accelerator: on the device; the pass's ONE wait for the device
+            elif self.device_accept and (
+                params.is_greedy or draft is not None and draft.rule == "deterministic"
+            ):
+                # on an accelerator, on the device: greedy or rule A as batched tensor ops; the pass's ONE wait
                 anc, parents = runner.last_ancestors, runner.last_parents  # [1, N, N], [1, N] there
                 assert anc is not None and parents is not None  # verify just set them
                 tokens = host_to_device(tree.tokens, anc.device)[None]  # (a drafter's GPU tree: itself)
-                acc = greedy_accept_batch(tokens, parents, anc, logits)[0]
+                if params.is_greedy:
+                    acc = greedy_accept_batch(tokens, parents, anc, logits)[0]
+                else:  # every node's target probs [1, N, V]: on a GPU about the cost of one row
+                    probs = torch_probs(logits, params)
+                    acc = sample_accept_batch(tokens, parents, anc, probs, [generator])[0]
             else:
                 rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
                 q = q[:n] if q is not None else None  # [N, V]

@@ -6,7 +6,8 @@
 #      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
 #      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration,
 #      FP8 drafting eager and as graphs) and tests/inference/test_cuda_syncs.py (a pass waits for the GPU
-#      once, batch 1 and batch 2, counted with PyTorch's sync debug mode; new, not run yet);
+#      once, batch 1 and batch 2, counted with PyTorch's sync debug mode; new, not run yet; since
+#      2026-11-27 also a sampled pass: rule A accepted on the device, inference/device_sampling.py);
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's

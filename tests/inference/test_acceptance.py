@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from spechead.inference.acceptance import Acceptance, greedy_accept, sample_accept, typical_accept, walk
+from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
-from spechead.inference.tree import TokenTree
+from spechead.inference.tree import TokenTree, ancestors_on_device
 
 V = 8
 
@@ -181,7 +182,13 @@ def _tv_to_exact(draft_mode: str, rule: str, seed: int) -> tuple[float, float]:
         tree = TokenTree(tokens, S_PARENTS)
         p = torch.stack([P_TAB[c] for c in ctx])  # [N, V_S]
         q = torch.stack([Q_TAB[c] for c in ctx])  # [N, V_S]
-        acc = _accept_all(tree, p, g) if rule == "accept_all" else sample_accept(tree, p, rule, q, g)
+        if rule == "accept_all":
+            acc = _accept_all(tree, p, g)
+        elif rule == "device":  # rule A as batched tensor ops (device_sampling.py), coins drawn there
+            anc = ancestors_on_device(tree.parents[None])
+            acc = sample_accept_batch(tree.tokens[None], tree.parents[None], anc, p[None], [g])[0]
+        else:
+            acc = sample_accept(tree, p, rule, q, g)
         emitted = tokens[acc.path[1:]].tolist() + [acc.next_token]
         e2 = emitted[1] if len(emitted) > 1 else sample(P_TAB[(emitted[0],)], g)
         counts[emitted[0], e2] += 1
@@ -200,6 +207,8 @@ def _tv_to_exact(draft_mode: str, rule: str, seed: int) -> tuple[float, float]:
         # A is lossless for ANY children chosen independently of the target's coins, sampled ones too:
         # it is sequential rejection with point-mass proposals (residual r minus the rejected token)
         ("iid", "deterministic"),
+        ("topk", "device"),  # A on the device, the coins drawn up front
+        ("dup", "device"),
         ("iid", "iid"),  # B
         ("without_replacement", "without_replacement"),  # C
     ],

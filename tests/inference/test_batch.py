@@ -85,6 +85,44 @@ def test_sampling_rows_equal_their_batch1_draws(setup, kind, compile):
         assert batch[b].token_ids == single, (kind, b)
 
 
+@pytest.mark.parametrize("kind", ["plain", "medusa", "eagle_dynamic", "prompt_lookup"])
+def test_sampling_rows_accepted_on_the_device_equal_their_batch1_draws(setup, kind, monkeypatch):
+    """The accelerator's path (`device_accept`) on the CPU: rows of a padded batch accepted by rule A as
+    one set of tensor ops draw what each row draws alone (its coins, then its token), never walked.
+    Prompt lookup's trees differ in size from row to row: padded batches."""
+    from spechead.inference import batch_decode
+    from spechead.inference import generator as generator_module
+    from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+
+    def no_walk(*args, **kwargs):
+        raise AssertionError("a sampled tree was walked on the device path")
+
+    for module in (batch_decode, generator_module):
+        monkeypatch.setattr(module, "sample_accept", no_walk)
+    sizes, accept = [], batch_decode.sample_accept_batch
+
+    def recorded(*args, **kwargs):
+        sizes.append(tuple(args[5]))
+        return accept(*args, **kwargs)
+
+    monkeypatch.setattr(batch_decode, "sample_accept_batch", recorded)
+    model, tok = setup
+    drafter = (
+        PromptLookupDrafter(num_draft=3, max_ngram=1)
+        if kind == "prompt_lookup"
+        else make_drafter(model, kind)
+    )
+    gen = SpeculativeGenerator(model, tok, drafter, cache="static")
+    gen.device_accept = True
+    seeds, kw = [11, 12, 13, 14], {"temperature": 0.9, "top_k": 20}
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, seed=seeds, **kw)
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        single = gen.generate(input_ids=prompt, max_new_tokens=n, seed=seeds[b], **kw).token_ids
+        assert batch[b].token_ids == single, (kind, b)
+    if kind == "prompt_lookup":
+        assert any(len(set(s)) > 1 for s in sizes)  # some pass padded a row's tree
+
+
 def test_batch_of_strings_and_single_row(setup, monkeypatch):
     model, tok = setup
     gen = SpeculativeGenerator(model, tok, medusa_drafter(model), cache="static")

@@ -18,10 +18,12 @@ pytestmark = [
 ]
 
 
-def syncs_and_passes(gen: SpeculativeGenerator, prompt: list[int], n: int) -> tuple[int, int, list[int]]:
+def syncs_and_passes(
+    gen: SpeculativeGenerator, prompt: list[int], n: int, **sampling
+) -> tuple[int, int, list[int]]:
     """(host waits for the GPU, target passes, tokens) of one generate."""
     result, syncs = count_syncs(
-        torch.device("cuda"), lambda: gen.generate(input_ids=prompt, max_new_tokens=n)
+        torch.device("cuda"), lambda: gen.generate(input_ids=prompt, max_new_tokens=n, **sampling)
     )
     return syncs, result.stats.target_passes, result.token_ids
 
@@ -42,10 +44,13 @@ def test_host_to_device_neither_waits_nor_reads_the_source_late():
     assert y.device.type == "cuda" and y.cpu().tolist() == list(range(1000))
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
-def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree):
+def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampled):
     """The fast path (target and draft as CUDA graphs, compile="graphs": captured in seconds; inductor's
-    kernels change nothing on the host). Eager, transformers' own forward may wait too: not counted."""
+    kernels change nothing on the host). Eager, transformers' own forward may wait too: not counted.
+    Sampled (temperature and top-k; top-p reads a flag or two back): rule A as batched tensor ops
+    (device_sampling.py), whose packed result is the pass's one wait as greedy acceptance's is."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
     head.attach_target_modules(
@@ -60,10 +65,12 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree):
     reference = SpeculativeGenerator(model, chatml_tokenizer, None)
     reference.eos = set()  # (both run to max_new_tokens)
     plain = reference.generate(input_ids=prompt, max_new_tokens=40)
-    gen.generate(input_ids=prompt, max_new_tokens=40)  # warm-up: graphs captured, buffers allocated
-    short = syncs_and_passes(gen, prompt, 10)
-    long = syncs_and_passes(gen, prompt, 40)
-    assert long[2] == plain.token_ids  # (and lossless)
+    sampling = {"temperature": 0.9, "top_k": 20, "seed": 3} if sampled else {}
+    gen.generate(input_ids=prompt, max_new_tokens=40, **sampling)  # warm-up: graphs captured, buffers
+    short = syncs_and_passes(gen, prompt, 10, **sampling)
+    long = syncs_and_passes(gen, prompt, 40, **sampling)
+    if not sampled:
+        assert long[2] == plain.token_ids  # (and lossless)
     per_pass = (long[0] - short[0]) / (long[1] - short[1])  # the prefill's and the end's waits cancel out
     assert per_pass <= 1.0, (
         f"{per_pass:.2f} waits a pass ({long[0]} in {long[1]} passes, {short[0]} in {short[1]})"

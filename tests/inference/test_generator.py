@@ -243,6 +243,27 @@ def test_sampling_matches_the_target_distribution(setup, name):
     assert tv < 0.07, f"{name}: TV {tv:.3f}"
 
 
+@pytest.mark.parametrize("name", ["medusa", "eagle3"])
+def test_sampling_accepted_on_the_device_matches_the_target_distribution(setup, name, monkeypatch):
+    """The accelerator's sampling path (`device_accept`) run on the CPU: rule A over top-k children as
+    batched tensor ops over every node's probs (the walk is never called)."""
+    import spechead.inference.generator as generator_module
+
+    def no_walk(*args, **kwargs):
+        raise AssertionError("the host walk ran on the device path")
+
+    monkeypatch.setattr(generator_module, "sample_accept", no_walk)
+    model, tok = setup
+    drafter = {
+        "medusa": medusa_drafter(model, [[0], [1], [0, 0], [2]]),
+        "eagle3": eagle_drafter(model, "eagle3", top_k=3, depth=2, total_tokens=6),
+    }[name]
+    gen = SpeculativeGenerator(model, tok, drafter)
+    gen.device_accept = True
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials=1500)
+    assert tv < 0.07, f"{name}: TV {tv:.3f}"
+
+
 def test_bad_generation_arguments(setup):
     model, tok = setup
     gen = SpeculativeGenerator(model, tok, None)
