@@ -49,8 +49,8 @@ def test_host_to_device_neither_waits_nor_reads_the_source_late():
 def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampled):
     """The fast path (target and draft as CUDA graphs, compile="graphs": captured in seconds; inductor's
     kernels change nothing on the host). Eager, transformers' own forward may wait too: not counted.
-    Sampled (temperature and top-k; top-p reads a flag or two back): rule A as batched tensor ops
-    (device_sampling.py), whose packed result is the pass's one wait as greedy acceptance's is."""
+    Sampled (temperature and top-k; top-p reads its two flags back once a guess): rule A as batched
+    tensor ops (device_sampling.py), whose packed result is the pass's one wait as greedy's is."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
     head.attach_target_modules(
