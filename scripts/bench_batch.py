@@ -10,6 +10,8 @@ up to each row's EOS), and our engine with the drafter (plain and speculative ta
 batch, so a shared machine's drifting load hits both alike; B = 1 runs the single-sequence engine, as
 `generate_batch` does for one row). tokens/s = all new tokens / all wall time.
 Speculative rows are checked against plain rows (greedy: they must be equal) and mismatches printed.
+--temperature T (> 0) samples instead (with --top-p): each prompt seeded by its place in the set (--seed
+plus its index), the same seed for every engine, HF `generate` with do_sample; no equality check then.
 Prints one line per (drafter, B) and writes OUT/bench_batch.json. --compile [BACKEND] decodes with the
 target's batch passes compiled (both engines; e.g. `--device cuda --compile graphs`: our CUDA graphs of the
 eager passes; each batch size's first batch is decoded once untimed, to capture) and, on CUDA, the EAGLE
@@ -51,11 +53,27 @@ def parse(argv=None) -> argparse.Namespace:
         "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
         help="the drafter only compiled (draft_compile=BACKEND; plain flag: inductor)",
     )  # fmt: skip
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: decode by sampling (every engine)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed SEED + i")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error("--temperature >= 0 and 0 < --top-p <= 1, please")
+    return args
 
 
-def run_engines(gens: list, chats: list, batch: int, max_new: int) -> list[tuple[float, list, float]]:
+def sampling(args: argparse.Namespace, first: int, rows: int) -> dict:
+    """generate_batch's sampling arguments for prompts first..first + rows - 1 ({} when greedy)."""
+    if args.temperature == 0:
+        return {}
+    seeds = [args.seed + first + i for i in range(rows)]
+    return {"temperature": args.temperature, "top_p": args.top_p, "seed": seeds}
+
+
+def run_engines(
+    gens: list, chats: list, batch: int, max_new: int, args: argparse.Namespace
+) -> list[tuple[float, list, float]]:
     """Per generator: tokens/s, the outputs per prompt and tau (tokens per target pass, pooled) for
     batches of `batch`. The generators take turns on each batch (a shared machine's load drifts: it
     then hits them alike)."""
@@ -64,7 +82,8 @@ def run_engines(gens: list, chats: list, batch: int, max_new: int) -> list[tuple
         chunk = chats[i : i + batch]
         for g, gen in enumerate(gens):
             start = time.perf_counter()
-            results = gen.generate_batch(messages=chunk, max_new_tokens=max_new)
+            kw = sampling(args, i, len(chunk))
+            results = gen.generate_batch(messages=chunk, max_new_tokens=max_new, **kw)
             wall[g] += time.perf_counter() - start
             outputs[g] += [r.token_ids for r in results]
             new[g] += sum(r.stats.new_tokens for r in results)
@@ -75,8 +94,14 @@ def run_engines(gens: list, chats: list, batch: int, max_new: int) -> list[tuple
     ]
 
 
-def run_hf(gen: SpeculativeGenerator, chats: list, batch: int, max_new: int) -> float:
-    """Hugging Face greedy `generate` with left padding: tokens/s counting each row up to its EOS."""
+def run_hf(
+    gen: SpeculativeGenerator, chats: list, batch: int, max_new: int, args: argparse.Namespace
+) -> float:
+    """Hugging Face `generate` with left padding (greedy, or sampling as --temperature / --top-p): tokens/s
+    counting each row up to its EOS."""
+    kw = {"do_sample": False}
+    if args.temperature > 0:
+        kw = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p, "top_k": 0}
     model, tok = gen.target, gen.tokenizer
     side, tok.padding_side = tok.padding_side, "left"
     new, wall = 0, 0.0
@@ -88,9 +113,7 @@ def run_hf(gen: SpeculativeGenerator, chats: list, batch: int, max_new: int) -> 
             ]
             enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
             start = time.perf_counter()
-            out = model.generate(
-                **enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id
-            )
+            out = model.generate(**enc, max_new_tokens=max_new, pad_token_id=tok.pad_token_id, **kw)
             wall += time.perf_counter() - start
             for row in out[:, enc["input_ids"].shape[1] :].tolist():
                 stop = next((j + 1 for j, t in enumerate(row) if t in gen.eos), len(row))
@@ -132,11 +155,12 @@ def main(argv=None) -> int:
             if args.compile:
                 plain.generate_batch(messages=chats[:batch], max_new_tokens=warm)
             engines = [plain] if path is None else [plain, gen]
-            runs = run_engines(engines, chats, batch, args.max_new_tokens)
+            runs = run_engines(engines, chats, batch, args.max_new_tokens, args)
             (plain_tps, plain_out, _), (spec_tps, spec_out, tau) = runs[0], runs[-1]
             tau = 1.0 if path is None else tau
-            hf_tps = None if args.no_hf else run_hf(plain, chats, batch, args.max_new_tokens)
-            bad = sum(a != b for a, b in zip(spec_out, plain_out))
+            hf_tps = None if args.no_hf else run_hf(plain, chats, batch, args.max_new_tokens, args)
+            sampled = args.temperature > 0  # (samples differ between engines: nothing to compare)
+            bad = None if sampled else sum(a != b for a, b in zip(spec_out, plain_out))
             picked = getattr(gen, "batch_calibration", {}).get(batch) if batch > 1 else None
             tree = picked["choices"] if picked else (gen.calibration or {}).get("choices")
             row = {"drafter": name, "batch": batch, "tau": tau, "tree": tree, "plain_tokens_per_s": plain_tps,
@@ -146,7 +170,8 @@ def main(argv=None) -> int:
             hf = "-" if hf_tps is None else f"{hf_tps:.1f}"
             print(
                 f"{name:10s} B={batch:<3d} tau {tau:.2f}  plain {plain_tps:.1f} tok/s  HF {hf} tok/s  "
-                f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  mismatches {bad}"
+                f"spec {spec_tps:.1f} tok/s  speedup {spec_tps / plain_tps:.2f}x  "
+                + ("sampled" if sampled else f"mismatches {bad}")
                 + (f"  tree {len(tree)} nodes" if tree else "  no tree (plain pays best)" if picked else ""),
                 flush=True,
             )
