@@ -74,7 +74,7 @@ def sample_accept_batch(
     last = torch.where(on_path, ancestors.sum(-1), 0).argmax(-1)  # [B] the deepest (one chain)
     rows = torch.arange(batch, device=device)
     kids = (parents == last[:, None]) & is_real  # [B, N]: the last node's children, all rejected
-    hit = torch.zeros(batch, vocab, device=device).scatter_add_(1, ids, kids.to(probs.dtype)) > 0
+    hit = torch.zeros_like(probs[:, 0]).scatter_add_(1, ids, kids.to(probs.dtype)) > 0  # [B, V]
     end = probs[rows, last]  # [B, V]
     residual = end.masked_fill(hit, 0.0)  # [B, V]
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, end)  # (rounding only)

@@ -55,7 +55,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     kept), then top-p (the smallest set of most likely tokens whose mass >= top_p; always keeps at least
     the argmax), renormalised. On a CPU row by row through numpy (`host_probs`), else `torch_probs`.
     """
-    if on_host(logits) and not params.is_greedy:
+    if logits.is_cpu and not logits.requires_grad and not params.is_greedy:  # (bf16 too, as fp32)
         return torch.from_numpy(host_probs(logits.float().numpy(), params))
     return torch_probs(logits, params)
 

@@ -65,6 +65,8 @@ def test_the_device_rule_is_the_walk_coin_for_coin(monkeypatch, host):
             p[0, 3] = 1.0  # a one-hot row: its children other than 3 are rejected for sure
         if trial % 3 == 0:  # rows need not be normalised (each is divided by its own mass)
             p = p * torch.rand(n, 1, generator=g) * 4
+        if trial % 7 == 0:  # nor fp32
+            p = p.double()
         tree = random_tree(g, n, p)
         coins = torch.rand(n, generator=g)  # [N]
         got = one(tree, p, trial, coins)
