@@ -167,7 +167,8 @@ def walk(
         r = _normalised(p_node, p_node)  # [V] residual, normalised (a new array)
         q_node = None  # [V] draft distribution (B, C), normalised
         if q is not None and rule != "deterministic":
-            q_node = _normalised(row(q[node]), row(q[node]))
+            q_row = row(q[node])  # [V] (a view of q where it can: _normalised makes a new one)
+            q_node = _normalised(q_row, q_row)
         accepted = None
         for c in kids[node]:
             x = tokens[c]
