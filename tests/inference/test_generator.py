@@ -264,6 +264,24 @@ def test_sampling_accepted_on_the_device_matches_the_target_distribution(setup, 
     assert tv < 0.07, f"{name}: TV {tv:.3f}"
 
 
+SAMPLED = {"temperature": 1.3, "top_k": 3}
+
+
+def test_sampling_accepted_on_the_device_through_fixed_shape_passes(setup):
+    """compile="graphs" (the fixed-shape passes, trees padded to buckets, eager on a CPU) with the device
+    acceptance: the same seeds draw the same tokens as the eager passes (the rows it reads are unpadded)."""
+    model, tok = setup
+    outputs = []
+    for compile in (False, "graphs"):
+        drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0], [0, 0, 0]])
+        gen = SpeculativeGenerator(model, tok, drafter, cache="static", compile=compile)
+        gen.device_accept, gen.eos = True, set()
+        outputs.append(
+            [gen.generate(input_ids=PROMPT, max_new_tokens=16, seed=s, **SAMPLED).token_ids for s in range(4)]
+        )
+    assert outputs[0] == outputs[1]
+
+
 def test_bad_generation_arguments(setup):
     model, tok = setup
     gen = SpeculativeGenerator(model, tok, None)
