@@ -154,7 +154,9 @@ def merge_head_adapter(target, head_dir: str):
     adapter = directory.adapter_dir(directory.resolve(head_dir))
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(target, str(adapter)).merge_and_unload()
+    with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        return PeftModel.from_pretrained(target, str(adapter)).merge_and_unload()
 
 
 def load_generator(

@@ -10,9 +10,10 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from spechead.heads import MedusaHead, load_head
+from spechead.inference.loading import merge_head_adapter
 from spechead.training.errors import TrainError
 from spechead.training.objectives import build_objective
-from spechead.training.objectives.medusa2 import head_weight
+from spechead.training.objectives.medusa2 import LoraSettings, add_lora, head_weight
 from spechead.training.target import TargetConfig, load_target
 from spechead.training.trainer import train
 
@@ -59,6 +60,26 @@ def test_merged_adapter_reproduces_adapted_logits(medusa2_run, tiny_target_dir):
         merged = adapted.merge_and_unload()(ids).logits
     torch.testing.assert_close(merged, unmerged, rtol=1e-4, atol=1e-5)
     assert (unmerged - base).abs().max() > 1e-4  # the adapter really learned something
+
+
+def test_serving_merge_is_quiet_and_merged(medusa2_run, tiny_target_dir, recwarn):
+    """Loading a Medusa-2 head for serving merges its adapter without peft's FutureWarning about
+    transformers' deprecated `is_gradient_checkpointing` (printed at every load, nothing a user can do;
+    `add_lora` in training filters it the same way)."""
+    ids = torch.randint(0, 300, (1, 8))
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        base = target(ids).logits
+        merged = merge_head_adapter(target, str(medusa2_run.head_dir))
+        assert (merged(ids).logits - base).abs().max() > 1e-4  # the adapter is in the weights
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
+def test_add_lora_is_quiet(tiny_target_dir, recwarn):
+    target = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    adapted = add_lora(target, LoraSettings(r=2, alpha=4))
+    assert any("lora_A" in name for name, _ in adapted.named_parameters())
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
 
 
 @pytest.fixture(scope="module")

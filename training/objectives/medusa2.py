@@ -9,6 +9,7 @@ saved head directory holds the heads and `adapter/`; merge the adapter into the 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -114,15 +115,17 @@ class JointModel(nn.Module):
 def add_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
     """Wrap `model` with a trainable LoRA adapter; its base weights stay frozen."""
     try:
-        return get_peft_model(
-            model,
-            LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-            ),
-        )
+        with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            return get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=list(lora.target_modules),
+                ),
+            )
     except ValueError as err:
         linear = sorted(
             {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
