@@ -87,7 +87,12 @@ def _normalised(r: Row, fallback: Row) -> Row:
     s = float(r.sum())
     if s > 0 and math.isfinite(s):
         return r / s
-    return fallback.copy() if isinstance(fallback, np.ndarray) else fallback.clone()
+    return _copy(fallback)
+
+
+def _copy(x: Row) -> Row:
+    """A copy of a numpy or a torch row [V]."""
+    return x.copy() if isinstance(x, np.ndarray) else x.clone()
 
 
 def _positive_part(x: Row) -> Row:
@@ -164,40 +169,69 @@ def walk(
         p_node = row(p[node])  # [V]
         if not kids[node]:  # whole path accepted: bonus token from p at the leaf
             return Acceptance(path, draw(p_node), [tokens[i] for i in path])
-        r = _normalised(p_node, p_node)  # [V] residual, normalised (a new array)
-        q_node = None  # [V] draft distribution (B, C), normalised
-        if q is not None and rule != "deterministic":
-            q_row = row(q[node])  # [V] (a view of q where it can: _normalised makes a new one)
-            q_node = _normalised(q_row, q_row)
-        accepted = None
-        for c in kids[node]:
-            x = tokens[c]
-            u = _uniform(generator, p.device)
-            if rule == "deterministic":
-                if u < float(r[x]):  # r is normalised: r(x) / sum(r)
-                    accepted = c
-                    break
-                r[x] = 0.0
-                r = _normalised(r, p_node)
-                continue
-            assert q_node is not None  # rules B/C: q was checked above
-            qx = float(q_node[x])
-            if not qx > 0:
-                raise ValueError(
-                    f"rule {rule!r}: child {c} (token {x}) has q = 0 at node {node}; "
-                    "children must be sampled from q[node]"
-                )
-            if u < min(1.0, float(r[x]) / qx):
-                accepted = c
-                break
-            r = _normalised(_positive_part(r - q_node), p_node)  # [V]
-            if rule == "without_replacement":
-                q_node[x] = 0.0
-                q_node = _normalised(q_node, q_node)
+        if rule == "deterministic":
+            accepted, r = _rule_a(kids[node], tokens, p_node, generator, p.device)
+        else:
+            assert q is not None  # rules B/C: sample_accept checked it
+            accepted, r = _rules_bc(kids[node], tokens, p_node, row(q[node]), rule, node, generator, p.device)
         if accepted is None:  # every child rejected: correction token from the residual
             return Acceptance(path, draw(r), [tokens[i] for i in path])
         path.append(accepted)
         node = accepted
+
+
+def _rule_a(
+    kids: list[int], tokens: list[int], p_node: Row, generator: torch.Generator | None, device: torch.device
+) -> tuple[int | None, Row]:
+    """Rule A at one node: the first child accepted (None: all rejected) and the residual [V] (p_node
+    itself when no child was rejected: a draw reads it, nothing writes it). Child x is accepted with
+    chance r(x) / mass(r); a rejection zeroes r(x) and takes r(x) off the running mass, so no pass over
+    [V] renormalises (a duplicate token then has r(x) = 0: rejected). One coin per child tried."""
+    r, mass = p_node, float(p_node.sum())  # the residual (unnormalised) and its mass
+    for c in kids:
+        x = tokens[c]
+        rx = float(r[x])
+        if _uniform(generator, device) < (rx / mass if mass > 0 else 0.0):  # (mass 0: a row without mass)
+            return c, r
+        if r is p_node:  # the first rejection: p's row itself is never written
+            r = _copy(p_node)
+        r[x] = 0.0
+        mass -= rx
+        if not (mass > 0 and math.isfinite(mass)):  # rounding only (see _normalised): p is a valid target
+            r, mass = _copy(p_node), float(p_node.sum())
+    return None, r
+
+
+def _rules_bc(
+    kids: list[int],
+    tokens: list[int],
+    p_node: Row,
+    q_row: Row,
+    rule: str,
+    node: int,
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> tuple[int | None, Row]:
+    """Rules B ("iid") and C ("without_replacement") at one node whose children were drawn from q_row
+    [V]: the first child accepted (None: all rejected) and the residual [V], normalised."""
+    r = _normalised(p_node, p_node)  # [V] residual, normalised (a new array)
+    q_node = _normalised(q_row, q_row)  # [V] (q_row may be a view of q: this makes a new one)
+    for c in kids:
+        x = tokens[c]
+        u = _uniform(generator, device)
+        qx = float(q_node[x])
+        if not qx > 0:
+            raise ValueError(
+                f"rule {rule!r}: child {c} (token {x}) has q = 0 at node {node}; "
+                "children must be sampled from q[node]"
+            )
+        if u < min(1.0, float(r[x]) / qx):
+            return c, r
+        r = _normalised(_positive_part(r - q_node), p_node)  # [V]
+        if rule == "without_replacement":
+            q_node[x] = 0.0
+            q_node = _normalised(q_node, q_node)
+    return None, r
 
 
 def typical_accept(
