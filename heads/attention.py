@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import AttentionInterface
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -55,6 +55,14 @@ def tree_sdpa(
         query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
     )  # [B, nh, T, D]
     return out.transpose(1, 2).contiguous(), None
+
+
+def runs_sdpa(config: PretrainedConfig) -> bool:
+    """Whether the causal LM that transformers builds for `config` can run sdpa attention (and so
+    "spechead_sdpa"). Gemma-2's soft-capped attention cannot: transformers refuses sdpa for it at load.
+    A config transformers does not map (remote code) counts as able: its own loading decides."""
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return cls is None or bool(getattr(cls, "_supports_sdpa", True))
 
 
 AttentionInterface.register(NAME, tree_sdpa)

@@ -10,10 +10,11 @@ from importlib.resources import files
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.attention import NAME as TREE_SDPA
+from spechead.heads.attention import runs_sdpa
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
@@ -187,13 +188,17 @@ def load_generator(
     EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads; still
     lossless), before any calibration, so the tree is measured as it will draft. attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
-    key/value heads inside the kernel for tree passes on a CPU).
+    key/value heads inside the kernel for tree passes on a CPU), or "eager" for a model class that
+    cannot run sdpa (Gemma-2).
     """
     if draft_fp8:  # (before anything loads: one line in a second)
         check_fp8_device(torch.device(device))
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    config = AutoConfig.from_pretrained(target, revision=revision)
+    if attn_implementation == TREE_SDPA and not runs_sdpa(config):  # our default, not a user's choice:
+        attn_implementation = "eager"  # (Gemma-2) eager attention takes tree masks as well
     model = AutoModelForCausalLM.from_pretrained(
-        target, revision=revision, dtype=torch_dtype, attn_implementation=attn_implementation
+        target, revision=revision, config=config, dtype=torch_dtype, attn_implementation=attn_implementation
     )
     own = isinstance(drafter, str) and (
         drafter in BUILTIN_DRAFTERS or _is_cascade(drafter) or is_self_spec(drafter)

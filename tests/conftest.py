@@ -129,6 +129,23 @@ def tiny_target_dir(tmp_path_factory, chatml_tokenizer) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def gemma2_target_dir(tmp_path_factory, chatml_tokenizer) -> Path:
+    """A saved tiny Gemma-2 target (soft-capped attention: transformers refuses sdpa for it) + ChatML
+    tokenizer directory."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    path = tmp_path_factory.mktemp("gemma2_target")
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=len(chatml_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+    )  # fmt: skip
+    Gemma2ForCausalLM(config).save_pretrained(path)
+    chatml_tokenizer.save_pretrained(path)
+    return path
+
+
 QUESTIONS = [
     ("What is the capital of France?", "The capital of France is Paris."),
     ("Please add 12 and 30.", "12 plus 30 is 42."),

@@ -12,9 +12,16 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from spechead.heads.attention import NAME as TREE_SDPA  # (registers it with transformers)
+from spechead.heads.attention import runs_sdpa
 from spechead.heads.base import resolve_layers
 from spechead.heads.capture import capture_hidden
 from spechead.heads.dtypes import DTYPES
@@ -68,6 +75,20 @@ def _load_error(path: str, err: Exception) -> TrainError:
         f"model.path={path!r} is not a local directory and could not be loaded from the Hub ({reason}); "
         "check the id, log in with `hf auth login`, or set model.path=DIR"
     )
+
+
+def _refuses_sdpa(cfg: TargetConfig) -> bool:
+    """Whether `cfg` asks for sdpa attention (or ours) and `cfg.path`'s config names a model class
+    without it (Gemma-2: transformers refuses sdpa at load)."""
+    if cfg.attn_implementation not in ("sdpa", TREE_SDPA):
+        return False
+    try:
+        config = AutoConfig.from_pretrained(
+            cfg.path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+        )
+    except (OSError, ValueError):
+        return False
+    return not runs_sdpa(config)
 
 
 def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
@@ -149,5 +170,10 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu") -> Frozen
             trust_remote_code=cfg.trust_remote_code,
         )
     except (OSError, ValueError) as err:
+        if _refuses_sdpa(cfg):
+            raise TrainError(
+                f"model.attn_implementation={cfg.attn_implementation}: {cfg.path} cannot run sdpa attention "
+                "(Gemma-2's soft-capped attention); set model.attn_implementation=eager"
+            ) from None
         raise _load_error(cfg.path, err) from None
     return FrozenTarget(model, cfg.path).to(device)

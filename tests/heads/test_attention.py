@@ -9,7 +9,7 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from spechead.heads import attention
-from spechead.heads.attention import NAME, tree_sdpa
+from spechead.heads.attention import NAME, runs_sdpa, tree_sdpa
 
 
 class Grouped(nn.Module):
@@ -68,3 +68,15 @@ def test_gradients_equal_transformers_sdpa():
         grads.append(torch.autograd.grad(out.square().sum(), leaves))
     for ours, theirs in zip(*grads):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_runs_sdpa_reads_the_model_class():
+    from transformers import Gemma2Config, LlamaConfig, PretrainedConfig, Qwen2Config
+
+    assert runs_sdpa(LlamaConfig()) and runs_sdpa(Qwen2Config())
+    assert not runs_sdpa(Gemma2Config())  # soft-capped attention: transformers refuses sdpa for it
+
+    class RemoteConfig(PretrainedConfig):  # a config transformers does not map: its own loading decides
+        model_type = "spechead-remote"
+
+    assert runs_sdpa(RemoteConfig())

@@ -34,3 +34,29 @@ def test_a_heads_drafter_options_are_checked_in_one_line(target):
         match=r"eagle3 head: unknown option\(s\) bogus, choices; valid: tree, top_k, depth, total_tokens",
     ):
         drafter_for_head(eagle3, choices=[[0]], bogus=3)
+
+
+def test_a_target_without_sdpa_loads_eager_and_decodes_exactly(gemma2_target_dir, tiny_target_dir):
+    """Our default attention ("spechead_sdpa") on a model class that cannot run sdpa (Gemma-2) falls
+    back to eager, which takes tree masks too: greedy decoding equals transformers' own; a Llama keeps
+    the default, and an explicit choice is kept as given."""
+    import torch
+
+    from spechead.heads.attention import NAME
+    from spechead.inference.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(str(gemma2_target_dir), "prompt_lookup")
+    assert gen.target.config._attn_implementation == "eager"
+    prompt = [5, 9, 14, 20, 5, 9, 14, 30, 5, 9]  # repeats: prompt lookup drafts
+    reference = gen.target.generate(
+        torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False
+    )[0, len(prompt) :].tolist()
+    gen.eos = set()
+    result = gen.generate(input_ids=prompt, max_new_tokens=12)
+    assert result.token_ids == reference and result.stats.drafted_tokens > 0
+    with pytest.raises(ValueError, match="scaled_dot_product_attention"):  # asked for: transformers refuses
+        SpeculativeGenerator.from_pretrained(str(gemma2_target_dir), attn_implementation="sdpa")
+    llama = SpeculativeGenerator.from_pretrained(str(tiny_target_dir))
+    assert llama.target.config._attn_implementation == NAME
+    eager = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), attn_implementation="eager")
+    assert eager.target.config._attn_implementation == "eager"

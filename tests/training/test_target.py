@@ -80,3 +80,14 @@ def test_chat_template_override(tiny_target_dir, tmp_path):
     tok = load_tokenizer(TargetConfig(path=str(tiny_target_dir), chat_template=str(jinja)))
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert text == "[user] hi\n"
+
+
+def test_a_model_without_sdpa_names_the_override(gemma2_target_dir):
+    """Gemma-2 cannot run sdpa attention (the presets' and `model=local`'s default): one line that says
+    which setting to change, and the target loads with it."""
+    with pytest.raises(
+        TrainError, match=r"^model\.attn_implementation=sdpa: .* set model\.attn_implementation=eager$"
+    ):
+        load_target(TargetConfig(path=str(gemma2_target_dir)))
+    target = load_target(TargetConfig(path=str(gemma2_target_dir), attn_implementation="eager"))
+    assert target.model.config._attn_implementation == "eager"
