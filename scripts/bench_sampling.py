@@ -13,7 +13,10 @@ the top-p nucleus holds; its size is printed), medians in microseconds:
   slower on a CPU, 15 against 11 us at V = 2048 and 0.45 against 0.22 ms at 128256);
 - walk: `sample_accept` (rule A) on a chain of `--rows` nodes, each the best child of its parent: in
   torch with every row's target_probs made first (the engine before TargetRows and numpy rows), and as
-  the engine walks now (`TargetRows`: a row made when the walk reads it; numpy rows on a CPU).
+  the engine walks now (`TargetRows`: a row made when the walk reads it; numpy rows on a CPU);
+- walk, siblings: as the engine walks, a tree of `--rows` nodes whose root has the row's three best
+  tokens as children (fewer when --rows < 4), the rest a chain of best children under the first: a flat
+  row rejects its first children, and each rejection's residual is what rule A pays for.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def measure(
     whole = torch_probs(logits, params)  # [N, V]
     tokens = torch.cat([torch.zeros(1, dtype=torch.long, device=device), whole[:-1].argmax(-1)])  # [N]
     chain = TokenTree.trusted(tokens, torch.arange(-1, rows - 1, device=device))  # each node's best child
+    siblings = sibling_tree(whole)
     coins = torch.Generator(device=device).manual_seed(1)
     time_it = lambda fn: median_us(fn, repeats, device)  # noqa: E731
     host = probs[0].numpy() if device.type == "cpu" else None  # [V]
@@ -87,7 +91,26 @@ def measure(
         "walk": time_it(
             lambda: sample_accept(chain, TargetRows(logits, params), "deterministic", None, coins)
         ),
+        "walk, siblings": time_it(
+            lambda: sample_accept(siblings, TargetRows(logits, params), "deterministic", None, coins)
+        ),
     }
+
+
+def sibling_tree(probs: torch.Tensor) -> TokenTree:
+    """N nodes over probs [N, V]: the root's best min(3, N - 1) tokens as its children (in rank order),
+    then a chain of best children under the first child (node i's child reads row i)."""
+    rows = probs.shape[0]
+    width = min(3, rows - 1)
+    tokens = [0, *probs[0].topk(width).indices.tolist()]  # [1 + width]
+    parents = [-1] + [0] * width
+    for node in range(width + 1, rows):
+        parent = 1 if node == width + 1 else node - 1
+        tokens.append(int(probs[parent].argmax()))
+        parents.append(parent)
+    return TokenTree.trusted(
+        torch.tensor(tokens, device=probs.device), torch.tensor(parents, device=probs.device)
+    )
 
 
 def main(argv=None) -> int:
