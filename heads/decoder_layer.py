@@ -139,6 +139,12 @@ class Rotary:
 
     def __init__(self, config: PretrainedConfig) -> None:
         self.module = rotary_class(config)(config=config)
+        if not isinstance(getattr(self.module, "inv_freq", None), Tensor):  # one table per layer type
+            raise HeadError(
+                f"architecture {config.model_type!r} keeps a rotary table per attention type (sliding and "
+                "full layers, as Gemma-3 does): EAGLE heads do not support it; train head=medusa or "
+                "head=medusa2 for this target"
+            )
 
     def __call__(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         """x (B, T, *) for dtype/device, position_ids (B, T) -> (cos, sin), each (B, T, head_dim)."""

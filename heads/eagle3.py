@@ -222,7 +222,7 @@ def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
     if children != _LAYER_PARTS:
         raise HeadError(
             f"{type(layer).__name__} has submodules {sorted(children)}; EAGLE-3 supports layers made of "
-            f"exactly {sorted(_LAYER_PARTS)} (Llama-like)"
+            f"exactly {sorted(_LAYER_PARTS)} (Llama-like): train head=medusa or head=medusa2 for this target"
         )
     attn, hidden = layer.self_attn, layer_cfg.hidden_size
     for name in ("q_proj", "k_proj", "v_proj"):

@@ -114,3 +114,23 @@ def test_causal_allowed_with_padding_and_a_cached_prefix() -> None:
     assert mask.shape == (1, 1, 2, 5)
     with pytest.raises(HeadError, match="attention_mask has shape"):
         causal_mask4d(torch.zeros(1, 2, 8), torch.ones(1, 4), past_len=3)
+
+
+def test_gemma3_targets_name_the_heads_that_train_on_them() -> None:
+    """Gemma-3 keeps one rotary table per attention type and sandwich-normed layers: EAGLE and EAGLE-3
+    heads refuse it at construction, in one line that names the Medusa heads (any target)."""
+    from transformers import Gemma3TextConfig
+
+    from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead
+
+    target = Gemma3TextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    for make in (
+        lambda: EagleHead(EagleConfig.from_target(target)),
+        lambda: Eagle3Head(Eagle3Config.from_target(target, target_layers=[0, 1, 1])),
+    ):
+        with pytest.raises(HeadError, match=r"train head=medusa or head=medusa2 for this target$") as err:
+            make()
+        assert "\n" not in str(err.value)
