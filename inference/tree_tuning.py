@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from spechead.heads import DraftHead
 from spechead.heads.families import family_of
 from spechead.inference.calibrate import best_for_costs, calibrated_choices, fit_accuracy
-from spechead.inference.evaluation import Prompt
+from spechead.inference.evaluation import Prompt, answer_room
 from spechead.inference.generator import SpeculativeGenerator, pooled_tau
 from spechead.inference.loading import decoded_choice, drafter_for_head
 from spechead.inference.tree_search import expected_accept_length
@@ -71,7 +71,10 @@ def continue_prompts(
                 tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
                 if chat else tok(turn, add_special_tokens=True)["input_ids"]
             )  # fmt: skip
-            r = gen.generate(input_ids=ids, max_new_tokens=max_new_tokens)
+            room = answer_room(gen, len(ids), max_new_tokens)  # (a sliding window may end it sooner)
+            if room == 0:
+                break
+            r = gen.generate(input_ids=ids, max_new_tokens=room)
             messages.append({"role": "assistant", "content": r.text})
             out.sequences.append(torch.tensor(list(ids) + r.token_ids, dtype=torch.long))
             out.starts.append(len(ids))
