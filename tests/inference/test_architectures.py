@@ -1,6 +1,7 @@
 """Targets beyond Llama through the engine: tree passes equal plain forwards, and speculative greedy
-decoding equals transformers' `generate`, on tiny Qwen3, Qwen3-MoE, Mixtral and Gemma-3 models (q/k
-norms, routed experts, scaled embeddings and sliding-window layer types), on both cache back-ends."""
+decoding equals transformers' `generate`, on tiny Qwen3, Qwen3-MoE, Mixtral, Gemma-3, Phi-3, OLMo-2 and
+Granite models (q/k norms, routed experts, scaled embeddings, sliding-window layer types, fused
+projections, scaled residuals), on both cache back-ends."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ MODELS = {
         transformers.MixtralConfig(num_local_experts=4, num_experts_per_tok=2, **SHAPE)
     ),
     "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(head_dim=8, **SHAPE)),
+    "phi3": lambda: transformers.Phi3ForCausalLM(
+        transformers.Phi3Config(pad_token_id=0, bos_token_id=1, eos_token_id=2, **SHAPE)
+    ),
+    "olmo2": lambda: transformers.Olmo2ForCausalLM(
+        transformers.Olmo2Config(pad_token_id=0, bos_token_id=1, eos_token_id=2, **SHAPE)
+    ),
+    "granite": lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(**SHAPE)),
 }
 
 
@@ -67,10 +75,13 @@ def test_speculative_greedy_equals_generate(kind, cache, chatml_tokenizer):
     """The target drafts for itself on a tree whose rank-1 siblings its greedy verify rejects: every
     pass commits a path that is not the first nodes in order (the cache copies entries into place)."""
     model = _model(kind)
+    model.generation_config.eos_token_id = None  # both run to max_new_tokens (min_new_tokens would
+    # forbid EOS in generate alone: a different argmax where it is the best token)
     prompt = [5, 9, 14, 20, 33, 41]
-    reference = model.generate(
-        torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0
-    )[0, len(prompt) :].tolist()
+    reference = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)[
+        0, len(prompt) :
+    ].tolist()
+    assert len(reference) == 16
     drafter = DraftModelDrafter(model, tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache=cache)
     gen.eos = set()

@@ -48,10 +48,13 @@ def test_a_target_without_sdpa_loads_eager_and_decodes_exactly(gemma2_target_dir
     gen = SpeculativeGenerator.from_pretrained(str(gemma2_target_dir), "prompt_lookup")
     assert gen.target.config._attn_implementation == "eager"
     prompt = [5, 9, 14, 20, 5, 9, 14, 30, 5, 9]  # repeats: prompt lookup drafts
+    gen.target.generation_config.eos_token_id = None  # both run to max_new_tokens
     reference = gen.target.generate(
-        torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False
-    )[0, len(prompt) :].tolist()
+        torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0
+    )
+    reference = reference[0, len(prompt) :].tolist()
     gen.eos = set()
+    assert len(reference) == 12
     result = gen.generate(input_ids=prompt, max_new_tokens=12)
     assert result.token_ids == reference and result.stats.drafted_tokens > 0
     with pytest.raises(ValueError, match="scaled_dot_product_attention"):  # asked for: transformers refuses
