@@ -37,12 +37,14 @@ def host_to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     kernel queued on the stream, so each one in a decoding pass leaves the GPU idle while the host
     prepares the next launch; and the driver may wait likewise in a non-blocking copy from pageable
     memory. So on CUDA: through pinned memory (PyTorch keeps that buffer until the copy has run) with a
-    non-blocking copy. Elsewhere (a CPU: the same memory) `x` itself or `to`."""
+    non-blocking copy (of a contiguous `x`: pinning keeps strides, and an expanded view's stride 0 makes
+    its pinned copy write one element many times, which PyTorch refuses). Elsewhere (a CPU: the same
+    memory) `x` itself or `to`."""
     if x.device == device:
         return x
     if device.type != "cuda" or x.device.type != "cpu":
         return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
+    return x.contiguous().pin_memory().to(device, non_blocking=True)
 
 
 def host_ids(ids: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:

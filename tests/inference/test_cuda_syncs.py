@@ -42,6 +42,9 @@ def test_host_to_device_neither_waits_nor_reads_the_source_late():
         torch.cuda.set_sync_debug_mode(0)
     x.zero_()  # the source changes before the copy has run: the copy read its own pinned buffer
     assert y.device.type == "cuda" and y.cpu().tolist() == list(range(1000))
+    # an expanded view (stride 0: Medusa's batch parents, one tree for every row) copies as its values
+    rows = host_to_device(torch.arange(4).expand(3, 4), torch.device("cuda"))
+    assert rows.cpu().tolist() == [[0, 1, 2, 3]] * 3
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
