@@ -111,7 +111,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--topk-chunk", type=int, default=None, metavar="N",
-        help="each draft depth's top-k in two stages over chunks of N ids (drafters/topk.py; default one topk)",
+        help="each draft depth's top-k over the k chunks of N ids with the largest maxima (drafters/topk.py; default one topk)",
     )  # fmt: skip
     p.add_argument(
         "--compile-batch",

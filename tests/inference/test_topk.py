@@ -1,4 +1,4 @@
-"""topk_rows: the two-stage top-k gives torch.topk's values and the columns that hold them."""
+"""topk_rows: the chunked top-k gives torch.topk's values and the columns that hold them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from spechead.inference.drafters.topk import topk_rows
 
 @pytest.mark.parametrize("shape", [(8, 4096), (3, 1000), (2, 5, 777), (1, 129)])
 @pytest.mark.parametrize("chunk", [16, 128])
-def test_two_stages_give_torch_topk(shape, chunk):
+def test_chunks_give_torch_topk(shape, chunk):
     g = torch.Generator().manual_seed(sum(shape) + chunk)
     x = torch.randn(shape, generator=g)  # distinct values: the ids are unique too
     for k in (1, 8, 16):
@@ -21,12 +21,12 @@ def test_two_stages_give_torch_topk(shape, chunk):
 
 
 def test_the_winners_of_one_chunk_and_the_last_partial_chunk():
-    """All of a row's best in one chunk (the second stage must not take one per chunk), the best in the
+    """All of a row's best in one chunk (the second top-k must not take one per chunk), the best in the
     padded last chunk (its ids may not point past the row)."""
     x = torch.zeros(2, 300)
-    x[0, 130:138] = torch.arange(8, 0, -1, dtype=torch.float)  # 8 best, all in chunk 1
-    x[1, 290:300] = torch.arange(10, dtype=torch.float) + 1  # best at 299, in the 44-wide last chunk
-    values, ids = topk_rows(x, 8, 128)
+    x[0, 130:138] = torch.arange(8, 0, -1, dtype=torch.float)  # 8 best, all in chunk 8 (128..143)
+    x[1, 290:300] = torch.arange(10, dtype=torch.float) + 1  # best at 299, in the 12-wide last chunk
+    values, ids = topk_rows(x, 8, 16)
     assert ids[0].tolist() == list(range(130, 138))
     assert ids[1].tolist() == list(range(299, 291, -1))
     assert torch.equal(values, x.topk(8, dim=-1).values)
@@ -44,7 +44,8 @@ def test_one_stage_when_chunks_cannot_help():
     x = torch.randn(2, 100)
     assert torch.equal(topk_rows(x, 8, None)[1], x.topk(8).indices)
     assert torch.equal(topk_rows(x, 8, 128)[1], x.topk(8).indices)  # a row no longer than a chunk
-    assert torch.equal(topk_rows(x, 16, 8)[1], x.topk(16).indices)  # k > chunk
+    assert torch.equal(topk_rows(x, 8, 12)[1], x.topk(8).indices)  # k chunks cover the row (96 + pad)
+    assert torch.equal(topk_rows(x, 16, 4)[1], x.topk(16).indices)  # k > chunk, chunked (64 < 100)
     with pytest.raises(ValueError, match="chunk must be a positive number of columns, got 0"):
         topk_rows(x, 8, 0)
 
@@ -54,7 +55,24 @@ def test_the_padding_never_wins_and_no_id_points_past_the_row():
     x[0, [3, 150, 298]] = torch.tensor([1.0, 2.0, 3.0])  # 3 above the rest; the 5 others tie at -5
     x[1] = float("-inf")  # a row with fewer than k finite entries: ids stay inside it
     x[1, [10, 20]] = torch.tensor([1.0, 2.0])
-    values, ids = topk_rows(x, 8, 128)
+    values, ids = topk_rows(x, 8, 16)  # 19 chunks, the last 12 wide
     assert torch.equal(values, x.topk(8, dim=-1).values)
     assert torch.equal(x[0].gather(-1, ids[0]), values[0]) and len(set(ids[0].tolist())) == 8
     assert ids[1, :2].tolist() == [20, 10] and int(ids.max()) < 300
+    last = torch.full((1, 289), float("-inf"))  # 18 chunks of 16 and one of 1 column + 15 of padding
+    last[0, 288] = 1.0  # the only finite entry: its chunk is kept first, with its padding
+    values, ids = topk_rows(last, 8, 16)
+    assert values[0, 0] == 1.0 and ids[0, 0] == 288 and int(ids.max()) < 289
+
+
+def test_the_kth_best_in_the_kth_chunk_by_maximum():
+    """Each of the k best in its own chunk, the k-th best's chunk the k-th by maximum; and every chunk's
+    maximum tied (which k chunks are kept is arbitrary): the values still are torch.topk's."""
+    x = torch.zeros(1, 640)  # 40 chunks of 16
+    x[0, torch.arange(8) * 80 + 5] = torch.arange(8, 0, -1, dtype=torch.float)  # 8 best, 8 chunks
+    values, ids = topk_rows(x, 8, 16)
+    assert ids[0].tolist() == (torch.arange(8) * 80 + 5).tolist()
+    tied = torch.zeros(2, 640)
+    tied[:, ::16] = 1.0  # every chunk's maximum is 1 (40 of them), the rest 0
+    values, ids = topk_rows(tied, 8, 16)
+    assert torch.equal(values, tied.topk(8, dim=-1).values) and torch.equal(tied.gather(-1, ids), values)

@@ -246,7 +246,7 @@ def test_compiled_batch_rows(tmp_path):
 def test_fp8_draft_reads_about_half_the_bytes(tiny_run, tmp_path):
     """--draft-fp8: the head's per-depth layers in e4m3 (heads/fp8.py); its weight bytes (buffers now)
     count in the draft's roofline: about half of bf16's (the norms and row scales stay bf16). With
-    --topk-chunk (the same run): the depths' top-k in two stages, said in the report."""
+    --topk-chunk (the same run): the depths' top-k over chunks, said in the report."""
     proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "1", "--no-batch", "--draft-fp8",
                "--topk-chunk", "16", "--out", "fp8.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
