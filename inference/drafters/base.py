@@ -129,8 +129,8 @@ def path_states(states: dict[int, torch.Tensor], path: list[int]) -> dict[int, t
 
 @dataclass
 class BatchDraft:
-    """Trees for B rows padded to one size N: tokens [B, N], parents [B, N] (on the host, or on the
-    drafter's device: the compiled EAGLE batch drafter leaves them on the GPU for the verify).
+    """Trees for B rows padded to one size N: tokens [B, N], parents [B, N], both on the host or both on
+    the drafter's device (the compiled EAGLE batch drafter leaves them on the GPU for the verify).
 
     Row b's tree is its first sizes[b] nodes; nodes after them are padding (children of the root
     that no real node descends from; the verify pass computes and ignores them). rule as `Draft`;

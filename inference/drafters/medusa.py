@@ -140,6 +140,7 @@ class MedusaBatchDrafter(BatchDrafter):
         self.drafter = drafter
         self.layer = drafter.hidden_layers[0]
         self.last_hidden: torch.Tensor | None = None  # [B, H] target state of each row's last cached token
+        self._parents = drafter.static.parents  # [N] the static tree's, kept on the tokens' device
 
     def start(self, prompts, hidden, roots) -> None:
         self.last_hidden = torch.stack([h[self.layer][-1] for h in hidden])  # [B, H]
@@ -147,8 +148,9 @@ class MedusaBatchDrafter(BatchDrafter):
     def propose(self, roots, sampling, generators) -> BatchDraft:
         assert self.last_hidden is not None  # start made it
         tokens = self.drafter.fill(self.last_hidden, roots)  # [B, N]
-        parents = self.drafter.static.parents.expand_as(tokens)  # [B, N]
-        return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
+        if self._parents.device != tokens.device:  # (on a GPU, the verify packs both on the device)
+            self._parents = self._parents.to(tokens.device)
+        return BatchDraft(tokens, self._parents.expand_as(tokens), [tokens.shape[1]] * tokens.shape[0])
 
     def accept(self, tokens, lengths, hidden, next_roots) -> None:
         states = hidden[self.layer]  # [B, K, H]
