@@ -37,6 +37,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.topk import Chunk, resolve_chunk
 from spechead.inference.loading import check_fp8_device
 from spechead.inference.profiling import (
     PartProfile,
@@ -110,8 +111,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="the head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads)",
     )  # fmt: skip
     p.add_argument(
-        "--topk-chunk", type=int, default=None, metavar="N",
-        help="each draft depth's top-k over the k chunks of N ids with the largest maxima (drafters/topk.py; default one topk)",
+        "--topk-chunk", type=topk_chunk, default="auto", metavar="N",
+        help="each draft depth's top-k over the k chunks of N ids with the largest maxima (drafters/topk.py); "
+             "none: one topk; default auto (the drafters' default: 64 on CUDA for a draft vocab >= 20000)",
     )  # fmt: skip
     p.add_argument(
         "--compile-batch",
@@ -125,6 +127,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="also profile each part (torch.profiler): wall vs kernel time, kernel counts, top kernels",
     )
     return p.parse_args(argv)
+
+
+def topk_chunk(text: str) -> Chunk:
+    """ "64" -> 64, "auto" -> "auto", "none" -> None (one topk)."""
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a chunk is a positive number of ids, auto or none, got {text!r}")
+    return int(text)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -413,7 +424,8 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     parts, status = measure_compiled(model, head, args, timer, device, args.compile, keep=kept)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
-              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "topk_chunk": args.topk_chunk,
+              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8,
+              "topk_chunk": resolve_chunk(args.topk_chunk, device.type, head.config.draft_vocab_size),
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
     report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))
     extra = report["pass_ms"] - parts["verify_ms"][args.tree_size]  # commit + draft + accept at batch 1

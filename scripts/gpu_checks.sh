@@ -16,12 +16,12 @@
 #      reuses the measured runner's and drafter's graphs, but plain decoding compiles its step once more,
 #      so this step may take about a minute more than the 167 s measured);
 #   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8 (the draft's per-depth layers in FP8 e4m3, inductor:
-#      does a depth-7 draft reach <= 25% of a step? 31.6% on 2026-11-26, against 43.7% in bf16);
-#   4. bench_gpu_topk: the same with each depth's top-k over the 8 chunks of 128 ids with the largest
-#      maxima (--topk-chunk 128, drafters/topk.py: two single-block top-ks over short rows instead of the
-#      multi-block radix select's ~15 kernels a depth); its draft_ms against bench_gpu_fp8's says whether
-#      `EagleDrafter.topk_chunk` should be on by default on CUDA (H200, 2026-11-27, the earlier two-stage
-#      form: 1.64 against 1.71 ms). On request, bench_topk: scripts/bench_topk.py, the top-k alone by chunk.
+#      does a depth-7 draft reach <= 25% of a step? 31.6% on an H100 2026-11-26, 31.9% on an H200
+#      2026-11-27, against 43.7% in bf16); since 2026-11-27 each depth's top-k searches the 8 chunks of 64
+#      ids with the largest maxima by default on CUDA (drafters/topk.py "auto"; not yet timed in a draft);
+#   4. bench_gpu_topk: the same with one torch.topk a depth (--topk-chunk none: the multi-block radix
+#      select, ~15 kernels a depth), profiled: the A/B of that default. On request, bench_topk:
+#      scripts/bench_topk.py, a depth's top-k alone by chunk (H200: [8, 32000] 44 us by 64, 59 in one topk).
 #   On request (named): bench_demo_graphs (scripts/benchmark.py on the demo target and heads with
 #      compile="graphs"), bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
 #      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes and the
@@ -83,9 +83,9 @@ step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare 
 # activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
 step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --no-batch \
     --no-stream --out "$OUT/bench_gpu_fp8.json"
-# the same with each draft depth's top-k over the best chunks of 128 ids (an A/B against the step above),
+# the same with one torch.topk a draft depth (an A/B against the step above: its chunked top-k, the default),
 # profiled: the JSON keeps the draft's 30 costliest kernels
-step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk 128 --sizes 1,64 --profile \
+step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk none --sizes 1,64 --profile \
     --no-batch --no-stream --out "$OUT/bench_gpu_topk.json"
 # on request: one draft depth's top-k alone, one topk against chunks of 32 to 256 ids, eager and compiled
 step bench_topk "${DEMO_S:-100}" "$PY" scripts/bench_topk.py --device cuda --out "$OUT/bench_topk.json"

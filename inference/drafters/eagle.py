@@ -32,7 +32,7 @@ from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.sampled_children import SampledChildren, check_rule
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan, kept_scores, static_scores
-from spechead.inference.drafters.topk import topk_rows
+from spechead.inference.drafters.topk import Chunk, topk_rows
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
@@ -112,7 +112,7 @@ class EagleDrafter(Drafter):
         # compiled batch drafting (`batched`): None = on CUDA only (on a CPU the eager batch draft measured
         # faster: README, scripts/bench_batch_draft.py); True: wherever the drafter is compiled; False: never
         self.batch_graphs: bool | None = None
-        self.topk_chunk: int | None = None  # each depth's top-k over chunks of this many ids (topk.py)
+        self.topk_chunk: Chunk = "auto"  # each depth's top-k over chunks of this many ids (topk.py)
         self._root: int | None = None  # the token x_C that pair was fed with
         self._masks = HeadMasks(GRAPH_COMMIT)  # eager masks from kept pieces (drafters/head_masks.py)
         self._positions = PositionIds()  # eager position ids [1, q]: views of one kept arange

@@ -9,22 +9,38 @@ short rows. The same k values come out: a row's i-th best entry a_i either sits 
 i - 1 above it, or some a_j (j <= i) sits in a dropped chunk, and then each of the k kept chunks holds an
 entry >= a_j >= a_i. Which of several equal values is named may differ from `torch.topk`.
 
-(An earlier form took the k best of every chunk, then the k best of those: about 2,000 single-block top-ks a
-depth at [8, 32000], chunk 128; on an H200 its depth-7 FP8 draft was 1.64 against one topk's 1.71 ms.)
-Whether this pays on a GPU is what `scripts/bench_gpu.py --topk-chunk` and `scripts/bench_topk.py` measure.
+"auto" (the drafters' default) chunks by 64 where `torch.topk` would run the multi-block select: on CUDA,
+rows of 20,000 or more (PyTorch's own threshold for a few rows). `scripts/bench_topk.py` on an H200,
+2026-11-27, a depth's top-k with its log-probs as CUDA graphs: [8, 32000] 44 us chunked by 64 against 59
+us in one topk (128: 47, 256: 51), [1, 32000] 34 against 54; on a CPU one topk stays (at V = 2048, 81
+against 59 us). (An earlier form took the k best of every chunk, then of those: ~2,000 single-block
+top-ks a depth; a depth-7 FP8 draft took 1.64 against one topk's 1.71 ms, `scripts/bench_gpu.py`.)
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch.nn.functional as F
 from torch import Tensor
 
+Chunk = int | Literal["auto"] | None
+AUTO_CHUNK, AUTO_WIDTH = 64, 20000  # "auto": chunks of 64 ids on CUDA for rows of 20,000 or more
 
-def topk_rows(x: Tensor, k: int, chunk: int | None = None) -> tuple[Tensor, Tensor]:
+
+def resolve_chunk(chunk: Chunk, device_type: str, width: int) -> int | None:
+    """The chunk `topk_rows` uses for rows of `width` on a device of this type ("cuda", "cpu")."""
+    if chunk != "auto":
+        return chunk
+    return AUTO_CHUNK if device_type == "cuda" and width >= AUTO_WIDTH else None
+
+
+def topk_rows(x: Tensor, k: int, chunk: Chunk = None) -> tuple[Tensor, Tensor]:
     """The k largest values of each row of x [..., V], sorted (largest first), and their column ids
     [..., k] each. chunk: search only the k chunks of this many columns with the largest maxima (None,
-    or k chunks cover the row: one `torch.topk`). x's entries are taken to be finite (logits): a row with
-    fewer than k finite entries may name its last column more than once."""
+    or k chunks cover the row: one `torch.topk`; "auto": see the module). x's entries are taken to be
+    finite (logits): a row with fewer than k finite entries may name its last column more than once."""
+    chunk = resolve_chunk(chunk, x.device.type, x.shape[-1])
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of columns, got {chunk}")
     width = x.shape[-1]

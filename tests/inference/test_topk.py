@@ -76,3 +76,28 @@ def test_the_kth_best_in_the_kth_chunk_by_maximum():
     tied[:, ::16] = 1.0  # every chunk's maximum is 1 (40 of them), the rest 0
     values, ids = topk_rows(tied, 8, 16)
     assert torch.equal(values, tied.topk(8, dim=-1).values) and torch.equal(tied.gather(-1, ids), values)
+
+
+def test_auto_chunks_by_64_on_cuda_for_long_rows_only():
+    """ "auto" (the drafters' default): torch.topk's multi-block select runs for a few rows of 20,000 or
+    more on CUDA; there 64-id chunks measured faster; shorter rows and a CPU keep one topk."""
+    from spechead.inference.drafters.topk import resolve_chunk
+
+    assert resolve_chunk("auto", "cuda", 32000) == 64 and resolve_chunk("auto", "cuda", 20000) == 64
+    assert resolve_chunk("auto", "cuda", 19999) is None and resolve_chunk("auto", "cpu", 128256) is None
+    assert resolve_chunk(16, "cpu", 100) == 16 and resolve_chunk(None, "cuda", 32000) is None
+    x = torch.randn(2, 20000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(topk_rows(x, 8, "auto")[1], x.topk(8).indices)  # (a CPU: one topk)
+
+
+def test_eagle_drafters_default_to_auto_and_pass_it_on():
+    from transformers import LlamaConfig
+
+    from spechead.heads.eagle import EagleConfig, EagleHead
+    from spechead.inference.drafters.eagle import EagleDrafter
+
+    target = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    head = EagleHead(EagleConfig.from_target(target))
+    drafter = EagleDrafter(head, tree="dynamic")
+    assert drafter.topk_chunk == "auto" and drafter.with_tree([[0]]).topk_chunk == "auto"

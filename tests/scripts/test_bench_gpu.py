@@ -163,6 +163,23 @@ def test_bad_numbers_are_one_error_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["error: --iters must be >= 1, got 0"]
 
 
+def test_topk_chunk_takes_a_number_auto_or_none(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parse([]).topk_chunk == "auto"  # the drafters' default
+    assert [module.parse(["--topk-chunk", x]).topk_chunk for x in ("64", "none", "auto")] == [
+        64,
+        None,
+        "auto",
+    ]
+    proc = run("--tiny", "--device", "cpu", "--topk-chunk", "0", cwd=tmp_path)
+    assert (
+        proc.returncode == 2 and "a chunk is a positive number of ids, auto or none, got '0'" in proc.stderr
+    )
+
+
 def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(
         str(SCRIPT.parent)
