@@ -40,12 +40,20 @@ def decoded_stream(
             return gen.generate(input_ids=prompt, max_new_tokens=NEW_TOKENS).stats
 
         run()  # warm-up: compiles, captures the graphs, allocates
-        times = []
+        times, phases = [], []
         for _ in range(repeats):
             stats = run()
-            times.append(1e3 * (stats.wall_time - stats.prefill_time) / max(stats.target_passes, 1))
+            per_pass = 1e3 / max(stats.target_passes, 1)
+            times.append((stats.wall_time - stats.prefill_time) * per_pass)
+            phases.append((stats.draft_time * per_pass, stats.verify_time * per_pass))
         stats, syncs = count_syncs(device, run)
         out[f"stream_{name}_pass_ms"] = statistics.median(times)
+        # a pass by phase (the generator's PhaseClock: on CUDA events, so the device's timeline): draft
+        # (the drafter's accept and propose), verify (the target's pass, the acceptance and the commit), and
+        # the rest (the loop's host work between a pass's result and the next draft)
+        draft, verify = (statistics.median(p[i] for p in phases) for i in (0, 1))
+        out[f"stream_{name}_phase_ms"] = {"draft": draft, "verify": verify,
+                                          "other": out[f"stream_{name}_pass_ms"] - draft - verify}  # fmt: skip
         out[f"stream_{name}_passes"] = stats.target_passes
         out[f"stream_{name}_syncs"] = syncs  # the whole generate's, prefill included
         out[f"stream_{name}_tau"] = stats.tau
@@ -86,4 +94,8 @@ def render_stream(r: dict) -> list[str]:
         f"{row['stream_speedup']:.2f}x the decoded plain passes",
         f"host waits for the GPU (whole generate, prefill included): plain {row['stream_plain_syncs']} in "
         f"{row['stream_plain_passes']} passes, EAGLE-3 {row['stream_spec_syncs']} in {row['stream_spec_passes']}",
-    ]
+        "a decoded pass by phase, ms (draft / verify, accept and commit / the loop's other work): "
+        + "; ".join(f"{label} " + " / ".join(f"{row[f'stream_{name}_phase_ms'][k]:.3f}" for k in
+                                             ("draft", "verify", "other"))
+                    for name, label in (("plain", "plain"), ("spec", "EAGLE-3"))),
+    ]  # fmt: skip

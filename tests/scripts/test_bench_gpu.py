@@ -144,10 +144,22 @@ def test_batch1_decoded_row(tiny_run):
     for name in ("plain", "spec"):
         assert positive(row[f"stream_{name}_pass_ms"]) and row[f"stream_{name}_syncs"] == 0
         assert row[f"stream_{name}_passes"] >= 1  # (the spec passes may emit several tokens each)
+        phase = row[f"stream_{name}_phase_ms"]  # the pass split by the generator's own clock
+        assert (
+            positive(phase["verify"])
+            and phase["draft"] >= 0
+            and phase["verify"] < row[f"stream_{name}_pass_ms"]
+        )
+        assert math.isclose(sum(phase.values()), row[f"stream_{name}_pass_ms"])
+    assert row["stream_plain_phase_ms"]["draft"] < 0.2 * row["stream_spec_phase_ms"]["draft"]  # plain: none
     assert row["stream_plain_passes"] == 47 and row["stream_plain_tau"] == 1.0  # every token but the first
     assert math.isclose(row["stream_speedup"], 5.4 * row["stream_plain_pass_ms"] / row["stream_spec_pass_ms"])
     assert math.isclose(row["stream_gap_ms"], row["stream_spec_pass_ms"] - r["pass_ms"])
     assert "batch 1, decoded (SpeculativeGenerator, 48 tokens" in out and "host waits for the GPU" in out
+    assert (
+        "a decoded pass by phase, ms (draft / verify, accept and commit / the loop's other work): plain "
+        in out
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
