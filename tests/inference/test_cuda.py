@@ -155,3 +155,25 @@ def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, comp
             assert out[b].token_ids == plain.generate(input_ids=prompt, max_new_tokens=n).token_ids, (name, b)
     if name == "eagle":
         assert type(gen.drafter.batched()).__name__ == "CompiledEagleBatchDrafter"
+
+
+@pytest.mark.parametrize("draft_compile", [None, "graphs", True])
+def test_chunked_topk_on_cuda_drafts_the_trees_of_one_topk(tiny_llama, draft_compile):
+    """A draft vocab past 20,000 on CUDA: the EAGLE drafter's default top-k ("auto", drafters/topk.py)
+    searches 64-id chunks; eager, as our graphs and inductor's, its trees are one topk's and it decodes
+    as plain decoding does."""
+    from spechead.inference.sampling import SamplingParams
+
+    model = tiny_llama(24000, layers=2, hidden=64, seed=1).to("cuda")
+    head, trees = _drafters(model)["eagle"].head, {}  # (one head: `_drafters` makes new random ones)
+    for chunk in ("auto", None):
+        drafter = EagleDrafter(head, top_k=4, depth=4, total_tokens=16)
+        drafter.topk_chunk = chunk
+        gen = SpeculativeGenerator(model, None, drafter, draft_compile=draft_compile)
+        prompt = list(range(5, 25))
+        out = gen.generate(input_ids=prompt, max_new_tokens=24)
+        ref = SpeculativeGenerator(model, None, None).generate(input_ids=prompt, max_new_tokens=24)
+        assert out.token_ids == ref.token_ids, (chunk, draft_compile)
+        draft = gen.drafter.propose(gen.drafter._root, SamplingParams(), None)  # after the last accept
+        trees[chunk] = (draft.tree.tokens.tolist(), draft.tree.parents.tolist())
+    assert trees["auto"] == trees[None]
