@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in one run that fits a short lease (last measured on one H100, 2026-11-26:
-# the default three steps 411 s: pytest_gpu over 140 s cold (84 s once inductor's cache was warm),
-# bench_gpu 167 s, bench_gpu_fp8 83 s; bench_gpu_topk, new, is the same run as bench_gpu_fp8). By default:
+# Every check that needs a GPU, in two calls of one short lease (last measured on one H200, 2026-11-27, a
+# cold machine: `pytest_gpu bench_gpu` 381 s in one call (pytest_gpu 162 s, bench_gpu 198 s; add about 20 s
+# for test_chunked_topk_on_cuda...), then `bench_gpu_fp8 bench_gpu_topk` 160 s on the warm machine (67 and
+# 80 s); a fresh machine's first inductor compile takes longer: give bench_gpu's steps >= 150 s). By default:
 #   1. pytest_gpu: the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled
 #      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
 #      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration,
@@ -44,8 +45,8 @@
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
 #   bash scripts/gpu_checks.sh                       # the default four; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
-#   (with the new tests and the decoded row the four may no longer fit one 600 s call: estimated 170 + 230
-#   + 83 + 100 s; then run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8 bench_gpu_topk` in the next)
+#   (the four do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8
+#   bench_gpu_topk` in the next, at once, while the machine is warm)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
 OUT=${OUT:-outputs/gpu}
