@@ -78,16 +78,18 @@ def test_the_kth_best_in_the_kth_chunk_by_maximum():
     assert torch.equal(values, tied.topk(8, dim=-1).values) and torch.equal(tied.gather(-1, ids), values)
 
 
-def test_auto_chunks_by_64_on_cuda_for_long_rows_only():
-    """ "auto" (the drafters' default): torch.topk's multi-block select runs for a few rows of 20,000 or
-    more on CUDA; there 64-id chunks measured faster; shorter rows and a CPU keep one topk."""
+def test_auto_chunks_by_64_for_long_rows_only():
+    """ "auto" (the drafters' default): rows of 20,000 or more (torch.topk's multi-block select on CUDA)
+    in 64-id chunks, measured faster on an H200 and on a CPU; shorter rows keep one topk, and so do
+    devices not measured."""
     from spechead.inference.drafters.topk import resolve_chunk
 
-    assert resolve_chunk("auto", "cuda", 32000) == 64 and resolve_chunk("auto", "cuda", 20000) == 64
-    assert resolve_chunk("auto", "cuda", 19999) is None and resolve_chunk("auto", "cpu", 128256) is None
+    assert resolve_chunk("auto", "cuda", 32000) == 64 and resolve_chunk("auto", "cpu", 20000) == 64
+    assert resolve_chunk("auto", "cuda", 19999) is None and resolve_chunk("auto", "cpu", 2048) is None
+    assert resolve_chunk("auto", "mps", 128256) is None
     assert resolve_chunk(16, "cpu", 100) == 16 and resolve_chunk(None, "cuda", 32000) is None
     x = torch.randn(2, 20000, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(topk_rows(x, 8, "auto")[1], x.topk(8).indices)  # (a CPU: one topk)
+    assert torch.equal(topk_rows(x, 8, "auto")[1], x.topk(8).indices)
 
 
 def test_eagle_drafters_default_to_auto_and_pass_it_on():
