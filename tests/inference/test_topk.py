@@ -103,3 +103,30 @@ def test_eagle_drafters_default_to_auto_and_pass_it_on():
     head = EagleHead(EagleConfig.from_target(target))
     drafter = EagleDrafter(head, tree="dynamic")
     assert drafter.topk_chunk == "auto" and drafter.with_tree([[0]]).topk_chunk == "auto"
+
+
+@pytest.mark.parametrize("draft_compile", [None, "eager"])
+def test_an_eagle_draft_past_the_threshold_is_one_topks(tiny_llama, draft_compile):
+    """A draft vocab of 24,000 on a CPU: "auto" chunks (eager, and traced whole as the compiled draft);
+    the drafter decodes as plain decoding and drafts the trees of one topk (tests/inference/test_cuda.py
+    holds the same on CUDA)."""
+    from spechead.heads.eagle import EagleConfig, EagleHead
+    from spechead.inference.drafters.eagle import EagleDrafter
+    from spechead.inference.generator import SpeculativeGenerator
+    from spechead.inference.sampling import SamplingParams
+
+    model = tiny_llama(24000, layers=2, hidden=64, seed=1)
+    head = EagleHead(EagleConfig.from_target(model.config))
+    head.attach_target_modules(
+        lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+    )
+    prompt, trees = list(range(5, 25)), {}
+    plain = SpeculativeGenerator(model, None, None).generate(input_ids=prompt, max_new_tokens=16).token_ids
+    for chunk in ("auto", None):
+        drafter = EagleDrafter(head.eval(), top_k=4, depth=4, total_tokens=16)
+        drafter.topk_chunk = chunk
+        gen = SpeculativeGenerator(model, None, drafter, draft_compile=draft_compile)
+        assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == plain, chunk
+        draft = drafter.propose(drafter._root, SamplingParams(), None)  # after the last accept
+        trees[chunk] = (draft.tree.tokens.tolist(), draft.tree.parents.tolist())
+    assert trees["auto"] == trees[None]
