@@ -113,7 +113,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--topk-chunk", type=topk_chunk, default="auto", metavar="N",
         help="each draft depth's top-k over the k chunks of N ids with the largest maxima (drafters/topk.py); "
-             "none: one topk; default auto (the drafters' default: 64 on CUDA for a draft vocab >= 20000)",
+             "none: one topk; default auto (the drafters' default: chunks of 64 for a draft vocab >= 20000)",
     )  # fmt: skip
     p.add_argument(
         "--compile-batch",
