@@ -1,4 +1,4 @@
-"""`no_grad`: `torch.no_grad` for calls made on every decoding pass, free when gradients are already off.
+"""Grad modes for calls made on every pass: `no_grad` (a head's step), `inference_mode` (decoding's entry points).
 
 Entering `torch.no_grad()` as a decorator costs about eight Python calls (the context is cloned, built,
 entered and left: ~1.7 us a call on a 2-core CPU, against ~0.2 us for this one when gradients are off).
@@ -31,3 +31,23 @@ def no_grad(fn: Callable[P, R]) -> Callable[P, R]:
             return fn(*args, **kwargs)
 
     return call
+
+
+def inference_mode(fn: Callable[P, R]) -> Callable[P, R]:
+    """fn run under torch.inference_mode() (directly when it is already on): no autograd bookkeeping and
+    no version counters on any op, ~10% of a decoding pass on a 2-core CPU. For decoding's entry points
+    only: tensors made in the mode cannot be updated in place outside it, nor saved for backward."""
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        if torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def version(t: torch.Tensor) -> int:
+    """t's in-place version counter, -1 for an inference tensor (made in inference mode: it has none)."""
+    return -1 if t.is_inference() else t._version

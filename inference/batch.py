@@ -27,7 +27,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 from spechead.heads.base import resolve_layers
-from spechead.heads.grad import no_grad
+from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
 from spechead.inference.kv_cache import LayerBuffer, croppable_cache, new_generation
 from spechead.inference.runner import _Capture, check_tree_attention
@@ -291,7 +291,7 @@ class BatchRunner:
         """Tree nodes every active row can still take (the padded N must fit after the longest row)."""
         return self.max_length - int(self.lengths.max())
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
         """Prefill prompts ids_b [T_b] (in length groups, `_prefill_rows`): logits [B, V] (fp32, last
         positions), [{l: [T_b, H]}]."""
@@ -301,7 +301,7 @@ class BatchRunner:
         self.lengths = torch.tensor([p.numel() for p in prompts], dtype=torch.long)
         return logits, hiddens
 
-    @no_grad
+    @inference_mode
     def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """ONE target forward over trees tokens [B, N] / parents [B, N] (row b on top of its own prefix).
 
@@ -348,6 +348,7 @@ class BatchRunner:
         )
         return logits.float(), hidden  # [B, 1, V]
 
+    @inference_mode
     def commit(self, paths: Sequence[Tensor | Sequence[int]]) -> None:
         """Row b keeps the accepted nodes paths[b] [K_b] (ascending, paths[b][0] = 0) after its prefix."""
         if len(paths) != self.lengths.numel():
@@ -381,6 +382,7 @@ class BatchRunner:
                     buf.scatter_(2, d_idx, buf.gather(2, s_idx))  # gather copies first: overlap is fine
         self.lengths = self.lengths + ks
 
+    @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these rows (in this order), e.g. drop the finished ones."""
         rows = list(rows)

@@ -154,7 +154,7 @@ def collect(passes: Iterator[list[tuple[int, list[int]]]], rows: int) -> list[li
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def batch_passes(
     target: PreTrainedModel,
     drafter: Drafter | None,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from spechead.heads.grad import no_grad
+from spechead.heads.grad import inference_mode
 from spechead.inference.batch import BatchRunner, BatchSlotCache
 from spechead.inference.devices import host_to_device
 from spechead.inference.runner import CUDA_BUCKETS
@@ -82,7 +82,7 @@ class CompiledBatchRunner(BatchRunner):
         """Tree nodes every row can still take (idle rows sit at length 0)."""
         return self.max_length - int(self.lengths.max())
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
         """Prefill prompts ids_b [T_b] (B <= capacity) into rows 0..B-1, eagerly (length groups):
         logits [B, V] (fp32, last positions), [{l: [T_b, H]}]."""
@@ -100,7 +100,7 @@ class CompiledBatchRunner(BatchRunner):
         room = self.room()
         return next((s for s in CUDA_BUCKETS if n <= s <= room), n)
 
-    @no_grad
+    @inference_mode
     def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """ONE compiled target forward over the active rows' trees tokens [B, N] / parents [B, N]:
         logits [B, N, V] (fp32) and {l: [B, N, H]}, as `BatchRunner.verify`."""
@@ -153,6 +153,7 @@ class CompiledBatchRunner(BatchRunner):
         states = tuple(out.hidden_states[c] for c in self.layers.values()) if self.layers else ()
         return out.logits.float(), anc, states
 
+    @inference_mode
     def commit(self, paths: Sequence[Tensor | Sequence[int]]) -> None:
         """Active row b keeps the accepted nodes paths[b] [K_b] (ascending, paths[b][0] = 0)."""
         if len(paths) != len(self.rows):
@@ -184,6 +185,7 @@ class CompiledBatchRunner(BatchRunner):
                 moved = buf.gather(2, src[:, None, :, None].expand(rows, heads, k, dim))  # copies first
                 buf.scatter_(2, dst[:, None, :, None].expand(rows, heads, k, dim), moved)
 
+    @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these active rows (in this order); the others become idle (length 0)."""
         kept = [self.rows[i] for i in rows]

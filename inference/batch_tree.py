@@ -30,7 +30,7 @@ def assumed_medusa_accuracy(head: MedusaHead) -> torch.Tensor:
     return torch.stack([ranks * 0.75**k for k in range(head.num_heads)])
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def batch_verify_cost_ms(model: PreTrainedModel, batch: int, sizes, context: int = 128, repeats: int = 5):
     """{tree size: ms} of one verify pass of `batch` rows (chains of that size) after `context` tokens
     (round-robin over sizes, minimum kept, made non-decreasing in size: see `calibrate.verify_cost_ms`)."""
@@ -44,7 +44,7 @@ def batch_verify_cost_ms(model: PreTrainedModel, batch: int, sizes, context: int
     return size_costs_ms(calls, repeats, runner.device)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, float]:
     """The batched drafter's cost at `batch` rows after 128 committed tokens: Medusa {"draft_ms": one
     propose}; EAGLE {"draft_ms_per_depth": one head step + top-k over one node per row (the trees

@@ -100,7 +100,7 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def verify_cost_ms(
     model: PreTrainedModel, sizes=SIZES, context: int = 128, repeats: int = 15
 ) -> dict[int, float]:
@@ -149,7 +149,7 @@ def _drafter_ms(drafter, fn, repeats: int) -> float:
         drafter._cache = None  # a fresh start() comes with the next sequence
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
     """ms of one EAGLE draft depth (head step + logits + top-k over `width` nodes) after 128 committed."""
     _start_on_noise(drafter)
@@ -167,7 +167,7 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
     return _drafter_ms(drafter, depth, repeats)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int = 9) -> float:
     """ms of an EAGLE drafter's accept step as decoding runs it (`accept_path`: the input features of a
     verified `nodes`-node tree, then the head on its first `tokens` nodes' pairs) after 128 committed."""
@@ -182,7 +182,7 @@ def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int 
     return _drafter_ms(drafter, accept, repeats)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def commit_cost_ms(model: PreTrainedModel, context: int = 128, repeats: int = 7) -> float:
     """ms of the target's commit of an accepted path [0, 2, 3] of a 4-node tree (its K/V moved into place)."""
     runner = TargetRunner(model, cache="static")

@@ -194,7 +194,7 @@ DEFINITIONS = {
 }
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate_head(
     target: PreTrainedModel,
     tokenizer,

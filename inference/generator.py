@@ -190,7 +190,7 @@ class SpeculativeGenerator:
         ids: list[int] = []
         prompt_ids = self._prompt_ids(prompt, messages, input_ids)
         params = SamplingParams(temperature, top_k, top_p, seed)
-        with torch.no_grad():  # once for the whole decode (`_decode` enters it again at every yield)
+        with torch.inference_mode():  # once for the whole decode (`_decode` enters it again at every yield)
             for chunk in self._steps(prompt_ids, max_new_tokens, params, stats):
                 ids.extend(chunk)
         return GenerationResult(self._text(ids), ids, stats)
@@ -368,7 +368,7 @@ class SpeculativeGenerator:
     ) -> Iterator[list[int]]:
         """`_steps` without gradients while it runs, the caller's grad mode between its yields (a
         stream's consumer runs there)."""
-        return torch.no_grad()(self._steps)(prompt, max_new_tokens, params, stats)
+        return torch.inference_mode()(self._steps)(prompt, max_new_tokens, params, stats)
 
     def _steps(
         self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats

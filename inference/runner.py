@@ -17,7 +17,8 @@ length, attention over the whole buffer behind a [B, 1, N, S_max] mask) and the 
 `torch.compile(dynamic=False)`, one graph per tree-size bucket; on CUDA each bucket's call then captured
 as a CUDA graph of our own (cuda_graphs.py). The prefill stays eager (its length varies).
 
-Batch: the API carries B; this version runs B = 1 (ValueError otherwise).
+Batch: the API carries B; this version runs B = 1 (ValueError otherwise). prefill, verify and commit run
+in inference mode (`heads.grad.inference_mode`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
-from spechead.heads.grad import no_grad
+from spechead.heads.grad import inference_mode, version
 from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
 from spechead.inference.devices import host_ids, host_to_device
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
@@ -244,9 +245,7 @@ class TargetRunner:
                 f"max_new_tokens ({max_new_tokens}): raise max_cache_len or lower max_new_tokens"
             )
         if self.kind == "static":
-            step = (
-                1024 if self.static_shapes else 256
-            )  # rounded: reused across calls (compiled: no recompile)
+            step = 1024 if self.static_shapes else 256  # rounded: reused across calls (no recompile)
             size = self.fixed_length or -(-(need + tree_room) // step) * step
             if not isinstance(self.cache, SlotCache) or self.cache.max_length < size:
                 self.cache = SlotCache(self.num_layers, size, static_shapes=self.static_shapes)
@@ -297,7 +296,7 @@ class TargetRunner:
         store.clear()
         return out.logits, hidden
 
-    @no_grad
+    @inference_mode
     def prefill(self, input_ids: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """Run the prompt input_ids [B, T] from an empty cache: logits [B, V] (fp32, last position), {l: [B, T, H]}."""
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -331,7 +330,7 @@ class TargetRunner:
         self.length = input_ids.shape[1]
         return logits[:, -1].float(), hidden
 
-    @no_grad
+    @inference_mode
     def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
         """ONE target forward over trees tokens [B, N] / parents [B, N] on top of the committed cache.
 
@@ -395,13 +394,13 @@ class TargetRunner:
         (static trees repeat every pass); and the shape's key when it was remembered from an earlier
         pass (None the first time: dynamic trees rarely repeat)."""
         last = self._last_tree
-        if host is not None and last is not None and host is last[0] and host._version == last[1]:
+        if host is not None and last is not None and host is last[0] and version(host) == last[1] >= 0:
             return last[2]  # the very tensor of the last pass, unchanged (a static tree's): no key to make
         key = host.numpy().tobytes() if host is not None else None
         found = self._trees.get(key) if key is not None else None
         if found is not None:
             assert host is not None and key is not None  # (found: looked up by the host's key)
-            self._last_tree = (host, host._version, (*found, key))
+            self._last_tree = (host, version(host), (*found, key))
             return (*found, key)
         anc = ancestors_on_device(parents)
         found = (anc, anc.sum(-1) - 1, tree_mask(anc, 0, self.dtype))
@@ -452,6 +451,7 @@ class TargetRunner:
         if self.cache.get_seq_length() > self.length:
             self.cache.crop(self.length - self.cache.get_seq_length())
 
+    @inference_mode
     def commit(self, path: Tensor | Sequence[int]) -> None:
         """Keep the accepted nodes `path` [K] (ascending, path[0] = 0) of the last verify after the prefix."""
         if isinstance(path, list):  # the generator's plain list: no tensor when the path is in place

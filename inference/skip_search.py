@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from spechead.inference.drafters.draft_model import DraftModelDrafter
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def draft_matches(
     draft: PreTrainedModel, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], batch: int = 8
 ) -> list[torch.Tensor]:
@@ -79,7 +79,7 @@ def _median_seconds(run: Callable[[], object], repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def time_verify(target: PreTrainedModel, nodes: int, context: int = 128, repeats: int = 9) -> float:
     """Median seconds of the generator's verification pass over a chain of `nodes` tokens (root
     included) after `context` committed ones (the static-cache runner, as SpeculativeGenerator uses)."""
@@ -97,7 +97,7 @@ def time_verify(target: PreTrainedModel, nodes: int, context: int = 128, repeats
     return _median_seconds(run, repeats)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def time_draft(drafter: DraftModelDrafter, context: int = 128, repeats: int = 9) -> float:
     """Median seconds of one drafter pass (accept one draft token + the bonus, then propose) after
     `context` committed tokens, greedy: the drafter's forwards AND its Python/cache work."""

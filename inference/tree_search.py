@@ -77,7 +77,7 @@ def expected_accept_length(accuracy: torch.Tensor, choices: Sequence[Sequence[in
     return total
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def measure_topk_accuracy(
     model: PreTrainedModel,
     head: MedusaHead,
@@ -133,7 +133,7 @@ def measure_topk_accuracy(
     return hits.double().div(counts[:, None]).float()
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def measure_eagle_accuracy(
     model: PreTrainedModel,
     head: EagleHead | Eagle3Head,

@@ -90,7 +90,7 @@ def measure_accuracy(target: PreTrainedModel, head: DraftHead, answers: Continua
     return measure(target, head, answers.sequences, depth=depth, topk=topk, starts=answers.starts)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def tune_tree(
     target: PreTrainedModel,
     tokenizer,

@@ -31,7 +31,7 @@ def _check_model(model: PreTrainedModel) -> None:
         )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def verify_tree(
     model: PreTrainedModel,
     cache: DynamicCache,
@@ -69,7 +69,7 @@ def verify_tree(
     return out.logits[0].float(), hidden
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def prefill(
     model: PreTrainedModel,
     input_ids: torch.Tensor,

@@ -183,7 +183,7 @@ def deepest_path(parents: torch.Tensor) -> torch.Tensor:
     return torch.tensor(path[::-1], dtype=torch.long)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def measure_runner(
     model, head, args, timer: Timer, compile: bool | str = False, keep: dict | None = None
 ) -> dict:

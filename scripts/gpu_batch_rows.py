@@ -26,7 +26,7 @@ def random_parents(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
     return torch.tensor(parents, dtype=torch.long)[None].expand(batch, n).contiguous()
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
     """Batch b: a plain [b, 1] step and a [b, n] tree verify, HF forward on a SlotCache (eager)."""
     device, cache = next(model.parameters()).device, SlotCache(model.config.num_hidden_layers, ctx + n)
@@ -45,7 +45,7 @@ def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
     return {"batch": b, "plain_step_ms": step_ms, "plain_tokens_per_s": 1e3 * b / step_ms, "verify_ms": verify_ms}  # fmt: skip
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: bool | str = False) -> dict:
     """Batch b decoded through the engine generate_batch runs (batch_decode.py: BatchRunner, the batched
     EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)

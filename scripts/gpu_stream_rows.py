@@ -17,7 +17,7 @@ from spechead.inference.runner import TargetRunner
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decoded_stream(
     model, head, args, compile: bool | str, runner: TargetRunner, drafter: EagleDrafter, repeats: int = 3
 ) -> dict:

@@ -78,7 +78,7 @@ class CascadeDrafter(Drafter):
         keep_positions(self.cache, min(cache_length(self.cache), len(self.context)), [])
         self.tiny.rewind([*self.context, next_root])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         if self.cache is None:
             raise RuntimeError("CascadeDrafter.propose called before start")

@@ -166,7 +166,7 @@ class DraftModelDrafter(Drafter):
         keep_positions(self.cache, keep, torch.empty(0, dtype=torch.long))
         self.pending = list(sequence[keep:])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         if self.cache is None:
             raise RuntimeError("DraftModelDrafter.propose called before start")

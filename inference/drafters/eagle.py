@@ -24,7 +24,7 @@ from torch import Tensor
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
-from spechead.heads.grad import no_grad
+from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_ids
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter, path_index
 from spechead.inference.drafters.dynamic_tree import grow_dynamic
@@ -126,7 +126,7 @@ class EagleDrafter(Drafter):
         """Delegate to the head (HeadError, a ValueError, on a mismatch)."""
         self.head.check_target(hidden_size, vocab_size, num_layers)
 
-    @no_grad
+    @inference_mode
     def start(self, prompt: Tensor, hidden: dict[int, Tensor], root: int) -> None:
         """Reset and commit the pairs (f_t, x_{t+1}) of the prompt [T], with x_T = root."""
         if prompt.dim() != 1 or prompt.numel() == 0:
@@ -176,7 +176,7 @@ class EagleDrafter(Drafter):
         settings = (self.top_k, self.depth, self.total_tokens, self.topk_chunk)
         return id(self._d2t), id(self._plan), *settings, angles
 
-    @no_grad
+    @inference_mode
     def accept(self, tokens: Tensor, hidden: dict[int, Tensor], next_root: int) -> None:
         """Commit the pairs of tokens [K] (root + accepted drafts) in one head step."""
         if self._cache is None:
@@ -186,7 +186,7 @@ class EagleDrafter(Drafter):
         self._crop()
         self._commit(tokens.tolist(), self._features(hidden, tokens.numel())[None], next_root)  # [1, K, H]
 
-    @no_grad
+    @inference_mode
     def accept_path(
         self, tokens: list[int], hidden: dict[int, Tensor], path: list[int], next_root: int
     ) -> None:
@@ -202,7 +202,7 @@ class EagleDrafter(Drafter):
         features = self._features(hidden, nodes)  # [1, N, H]
         self._commit(tokens, features[:, path_index(path, features.device)], next_root)  # [1, K, H]
 
-    @no_grad
+    @inference_mode
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         """A tree of the head's top-k children (rule A; greedy), or of children drawn from it (`rule`)."""
         if self._cache is None or self._feature is None:

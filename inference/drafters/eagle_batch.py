@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from spechead.heads.grad import inference_mode
 from spechead.inference.batch import BatchSlotCache, length_groups
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
@@ -50,6 +51,7 @@ class EagleBatchDrafter(BatchDrafter):
 
     # ---- BatchDrafter ------------------------------------------------------------------------------
 
+    @inference_mode
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
@@ -107,24 +109,26 @@ class EagleBatchDrafter(BatchDrafter):
                 states[layer][b, : h.shape[0]] = h
         self._commit(tokens, [p.numel() for p in prompts], states, roots)
 
+    @inference_mode
     def accept(
         self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
     ) -> None:
         self._commit(tokens, lengths, hidden, next_roots)
 
+    @inference_mode
     def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
         """Every row's tree of the head's top-k children (deterministic: greedy / lossless rule A)."""
         self._ensure_room(0)
         roots_t = host_to_device(torch.tensor(list(roots), dtype=torch.long), self.device)  # [B] (no wait)
         self.drafter._map_ids(self.device)
-        with torch.no_grad():
-            grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
-            assert self.feature is not None  # start made it
-            tokens, parents = grow(self.feature, roots_t)  # [B, N] each
+        grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
+        assert self.feature is not None  # start made it
+        tokens, parents = grow(self.feature, roots_t)  # [B, N] each
         # the trees stay on the head's device: on a GPU the verify is queued behind the draft (no wait);
         # the acceptance reads the accepted tokens with its one transfer (batch_decode.path_tokens)
         return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
 
+    @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         idx = host_to_device(torch.tensor(list(rows), dtype=torch.long), self.device)  # (no wait)
         assert self.cache is not None and self.feature is not None  # start made them

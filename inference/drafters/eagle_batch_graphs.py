@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from spechead.heads.grad import no_grad
+from spechead.heads.grad import inference_mode
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.batch_graphs import batch_capacity
 from spechead.inference.devices import host_to_device
@@ -55,6 +55,7 @@ class _Rows:
         self.lengths = torch.zeros(capacity, dtype=torch.long)  # [P] host copy
         self.feature = feature  # [P, H]
 
+    @inference_mode
     def sync(self) -> None:
         """The device lengths follow the host's (one small copy, no sync)."""
         lengths_t = self.cache.lengths_t
@@ -93,7 +94,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
 
     # ---- BatchDrafter ------------------------------------------------------------------------------
 
-    @no_grad
+    @inference_mode
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
@@ -135,13 +136,13 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
             going[:batch] = n > 0
             rows.feature = torch.where(host_to_device(going, self.device)[:, None], rows.feature, before)
 
-    @no_grad
+    @inference_mode
     def accept(
         self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
     ) -> None:
         self._commit(tokens, lengths, hidden, next_roots)
 
-    @no_grad
+    @inference_mode
     def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
         """Every row's tree of the head's top-k children in one graph call (greedy / lossless rule A)."""
         rows, drafter = self._rows, self.drafter
@@ -161,6 +162,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
             tokens, parents = tokens[picked], parents[picked]
         return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
 
+    @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these active rows (in this order); the others' physical rows go idle (length 0)."""
         kept = [self.rows[i] for i in rows]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from spechead.heads.fused import fused_medusa_logits
-from spechead.heads.grad import no_grad
+from spechead.heads.grad import inference_mode
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
@@ -62,10 +62,11 @@ class MedusaDrafter(Drafter):
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
 
+    @inference_mode
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]
 
-    @no_grad
+    @inference_mode
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         assert self.last_hidden is not None  # start made it
         if self._used_heads:
@@ -74,9 +75,11 @@ class MedusaDrafter(Drafter):
             tokens = self.fill(self.last_hidden[None], [root])[0]
         return Draft(TokenTree.trusted(tokens, self.static.parents))  # validated once, when built
 
+    @inference_mode
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.last_hidden = hidden[self.hidden_layers[0]][-1]
 
+    @inference_mode
     def accept_path(
         self, tokens: list[int], hidden: dict[int, torch.Tensor], path: list[int], next_root: int
     ) -> None:
@@ -93,7 +96,7 @@ class MedusaDrafter(Drafter):
     def batched(self) -> MedusaBatchDrafter:
         return MedusaBatchDrafter(self)
 
-    @no_grad
+    @inference_mode
     def fill(self, states: torch.Tensor, roots: Sequence[int]) -> torch.Tensor:
         """The static tree's tokens [B, N] for rows with last target states [B, H] and roots [B]: each
         head runs ONCE over all rows. The tokens stay on the heads' device: on a GPU the verify is
@@ -142,6 +145,7 @@ class MedusaBatchDrafter(BatchDrafter):
         self.last_hidden: torch.Tensor | None = None  # [B, H] target state of each row's last cached token
         self._parents = drafter.static.parents  # [N] the static tree's, kept on the tokens' device
 
+    @inference_mode
     def start(self, prompts, hidden, roots) -> None:
         self.last_hidden = torch.stack([h[self.layer][-1] for h in hidden])  # [B, H]
 
@@ -152,11 +156,13 @@ class MedusaBatchDrafter(BatchDrafter):
             self._parents = self._parents.to(tokens.device)
         return BatchDraft(tokens, self._parents.expand_as(tokens), [tokens.shape[1]] * tokens.shape[0])
 
+    @inference_mode
     def accept(self, tokens, lengths, hidden, next_roots) -> None:
         states = hidden[self.layer]  # [B, K, H]
         last = torch.tensor(lengths, device=states.device) - 1  # [B]
         self.last_hidden = states[torch.arange(states.shape[0], device=states.device), last]
 
+    @inference_mode
     def keep(self, rows) -> None:
         assert self.last_hidden is not None  # start made it
         self.last_hidden = self.last_hidden[torch.tensor(rows, device=self.last_hidden.device)]

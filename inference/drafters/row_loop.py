@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from spechead.heads.grad import inference_mode
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
 from spechead.inference.sampling import SamplingParams
 
@@ -40,6 +41,7 @@ class RowLoopDrafter(BatchDrafter):
         self.drafter = drafter
         self.rows: list[Drafter] = []
 
+    @inference_mode
     def start(
         self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
     ) -> None:
@@ -47,6 +49,7 @@ class RowLoopDrafter(BatchDrafter):
         for row, prompt, states, root in zip(self.rows, prompts, hidden, roots):
             row.start(prompt, states, root)
 
+    @inference_mode
     def propose(
         self,
         roots: Sequence[int],
@@ -59,6 +62,7 @@ class RowLoopDrafter(BatchDrafter):
         ]
         return BatchDraft.of(drafts)
 
+    @inference_mode
     def accept(
         self,
         tokens: torch.Tensor,
@@ -69,6 +73,7 @@ class RowLoopDrafter(BatchDrafter):
         for b, (row, k) in enumerate(zip(self.rows, lengths)):
             row.accept(tokens[b, :k], {layer: h[b, :k] for layer, h in hidden.items()}, next_roots[b])
 
+    @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         self.rows = [self.rows[b] for b in rows]
 

@@ -62,7 +62,8 @@ def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: boo
     head, layer = drafter.head, drafter.hidden_layers[0]
     seqs = [torch.tensor(p + plain_greedy(model, p, new_tokens)) for p in prompts]
     runner = BatchRunner(model, (layer,), max_length=max(s.numel() for s in seqs))
-    _, hidden = runner.prefill(seqs)
+    _, hidden = runner.prefill(seqs)  # inference tensors: a clone trains (autograd saves it)
+    hidden = [{k: v.clone() for k, v in states.items()} for states in hidden]
     torch.manual_seed(0)
     opt = torch.optim.Adam(head.parameters(), lr=1e-2)
     for _ in range(300):

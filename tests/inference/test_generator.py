@@ -316,29 +316,36 @@ def test_stream_yields_the_same_text(setup):
 
 
 class GradProbe(PromptLookupDrafter):
-    """Records whether gradients were on whenever the loop asked for a draft."""
+    """Records the grad and inference modes whenever the loop asked for a draft."""
 
-    def __init__(self) -> None:
+    def __init__(self, modes: list[tuple[bool, bool]]) -> None:
         super().__init__(num_draft=4)
-        self.grad_on: list[bool] = []
+        self.record = modes.append  # (grad on, inference mode on) per propose; kept by the rows' deep copies
 
     def propose(self, root, sampling, generator):
-        self.grad_on.append(torch.is_grad_enabled())
+        self.record((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
         return super().propose(root, sampling, generator)
 
 
-def test_decoding_runs_without_gradients_and_leaves_the_callers_mode(setup):
-    """generate turns gradients off once around its loop, stream around each of its steps: the loop
-    never builds a graph, and the caller's mode holds after generate and between stream's pieces."""
+def test_decoding_runs_in_inference_mode_and_leaves_the_callers_mode(setup):
+    """generate (one prompt or a batch) enters inference mode once around its loop, stream around each of
+    its steps: the loop never builds a graph nor counts versions, and the caller's mode holds after
+    generate and between stream's pieces."""
     model, tok = setup
-    probe = GradProbe()
-    gen = SpeculativeGenerator(model, tok, probe)
+    modes: list[tuple[bool, bool]] = []
+    gen = SpeculativeGenerator(model, tok, GradProbe(modes))
+    prompt = "What is the capital of France?"
     with torch.enable_grad():
-        gen.generate("What is the capital of France?", max_new_tokens=12)
-        assert torch.is_grad_enabled()
-        for _ in gen.stream("What is the capital of France?", max_new_tokens=12):
-            assert torch.is_grad_enabled()  # the consumer's code between yields: its own mode
-    assert len(probe.grad_on) > 2 and not any(probe.grad_on)
+        gen.generate(prompt, max_new_tokens=12)
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        for _ in gen.stream(prompt, max_new_tokens=12):
+            assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # the consumer's own
+        single = len(modes)
+        if gen.runner.kind == "static":  # (batch decoding runs on the static cache)
+            gen.generate_batch([prompt, "hello"], max_new_tokens=8)
+            assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            assert len(modes) > single + 2
+    assert single > 4 and set(modes) == {(False, True)}
 
 
 class TopChildrenClaimingIid(DraftModelDrafter):

@@ -151,19 +151,23 @@ def test_a_tree_shape_seen_again_verifies_through_its_kept_mask_at_any_length(mo
     assert next(iter(runner._wide.values())).shape[-1] >= 1100 + 5
 
 
+@pytest.mark.parametrize("inference", [False, True], ids=["normal", "inference_tensor"])
 @torch.no_grad()
-def test_the_same_parents_tensor_again_reuses_its_structure_unless_written_in_place(model):
+def test_the_same_parents_tensor_again_reuses_its_structure_unless_written_in_place(model, inference):
     """The generator hands a static tree's [1, N] parents as the SAME tensor every pass (the runner
-    then skips making its key); written in place in between, the runner must see the new shape."""
+    then skips making its key); written in place in between, the runner must see the new shape. An
+    inference tensor (a drafter's buffer made in inference mode) has no version counter to tell."""
     runner = TargetRunner(model, cache="static")
-    parents = torch.tensor([[-1, 0, 1, 1, 2]])  # [1, N], one object throughout
+    with torch.inference_mode(inference):
+        parents = torch.tensor([[-1, 0, 1, 1, 2]])  # [1, N], one object throughout
     g = torch.Generator().manual_seed(1)
     seq = torch.randint(0, VOCAB, (6,), generator=g).tolist()
     runner.reserve(len(seq), 20)
     runner.prefill(torch.tensor([seq]))
     for new_shape in (None, None, [-1, 0, 0, 2, 1], None):
         if new_shape is not None:
-            parents.copy_(torch.tensor([new_shape]))  # the same object, another tree
+            with torch.inference_mode(inference):
+                parents.copy_(torch.tensor([new_shape]))  # the same object, another tree
         tokens = torch.randint(0, VOCAB, (5,), generator=g)
         logits, _ = runner.verify(tokens[None], parents)
         for node in range(5):
