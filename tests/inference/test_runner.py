@@ -191,6 +191,23 @@ def test_off_the_cpu_a_verify_mask_is_never_a_view_at_an_arbitrary_column(model)
     assert not runner._wide
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_entry_points_called_directly_run_in_inference_mode(tiny_llama, cache):
+    """Called with gradients on (no mode entered by the caller), prefill and verify run in inference
+    mode (outputs are inference tensors: no autograd, no version counters) and commit, called outside
+    it, still updates the cache they made in it."""
+    runner = TargetRunner(tiny_llama(VOCAB, layers=2, hidden=32, seed=0), hidden_layers=(1,), cache=cache)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    runner.reserve(6, 8)
+    logits, hidden = runner.prefill(ids)
+    tokens, parents = torch.tensor([[3, 4, 5, 6, 7]]), torch.tensor([[-1, 0, 0, 1, 2]])  # [1, N] each
+    tree_logits, tree_hidden = runner.verify(tokens, parents)
+    runner.commit([0, 2, 4])  # off the first branch: the entries move (in place)
+    assert runner.length == 6 + 3
+    outputs = [logits, tree_logits, *hidden.values(), *tree_hidden.values()]
+    assert all(t.is_inference() and not t.requires_grad for t in outputs) and torch.is_grad_enabled()
+
+
 def test_static_cache_is_preallocated_once(model):
     runner = TargetRunner(model, cache="static")
     runner.reserve(4, 20)
