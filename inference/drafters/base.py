@@ -151,7 +151,8 @@ class BatchDraft:
         parents = torch.stack([_pad(d.tree.parents, n, 0) for d in drafts])  # [B, N]
         q = None
         if drafts[0].q is not None:
-            q = torch.zeros(len(drafts), n, drafts[0].q.shape[-1], dtype=drafts[0].q.dtype)  # [B, N, V]
+            like = drafts[0].q  # [B, N, V] where the rows' q are (a GPU draft's: no round trip to the host)
+            q = torch.zeros(len(drafts), n, like.shape[-1], dtype=like.dtype, device=like.device)
             for b, d in enumerate(drafts):
                 assert d.q is not None  # every row's draft has the same rule
                 q[b, : d.tree.size] = d.q[: d.tree.size]

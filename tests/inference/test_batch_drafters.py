@@ -401,3 +401,21 @@ def test_the_graphs_state_follows_the_steps_rotary_table(model):
     assert drafter.head_step.table[0].shape[0] == 2048  # made again for the batch's 2048 slots
     angles = (drafter.head_step.table[0].data_ptr(), 2048)
     assert one[-1] != angles and drafter._graph_state()[-1] == angles == batched._graph_state()[-1]
+
+
+def test_stacked_drafts_keep_their_q_on_its_device():
+    """BatchDraft.of pads the rows' q [N_b, V] where they are (on a GPU: no copy to the host and back),
+    zeros after each row's nodes; checked on the meta device (no data, another device than the trees')."""
+    from spechead.inference.drafters.base import Draft
+    from spechead.inference.tree import TokenTree
+
+    drafts = [
+        Draft(TokenTree(torch.tensor([5, 6, 7]), torch.tensor([-1, 0, 0])), "iid", torch.rand(3, 11)),
+        Draft(TokenTree(torch.tensor([8, 9]), torch.tensor([-1, 0])), "iid", torch.rand(2, 11)),
+    ]
+    stacked = BatchDraft.of(drafts)
+    assert stacked.q is not None and stacked.q.shape == (2, 3, 11) and stacked.sizes == [3, 2]
+    assert torch.equal(stacked.q[1, :2], drafts[1].q) and not stacked.q[1, 2].any()
+    for d in drafts:
+        d.q = d.q.to("meta")
+    assert BatchDraft.of(drafts).q.device.type == "meta"
