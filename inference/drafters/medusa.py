@@ -16,6 +16,7 @@ from spechead.heads.grad import inference_mode
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
+from spechead.inference.drafters.topk import Chunk, resolve_chunk, topk_rows
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree, depth_first, tree_from_choices
 
@@ -58,6 +59,9 @@ class MedusaDrafter(Drafter):
         # ids), top values [1, K, width], the ids' views [1] (root) and [1, K, width] (top ids), and pick
         # [N] into ids
         self._row: tuple[torch.Tensor, ...] | None = None
+        # each head's best ids: over the chunks with the largest maxima for long rows (topk.py; None:
+        # one torch.topk); Medusa heads score the target's whole vocabulary
+        self.topk_chunk: Chunk = "auto"
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
@@ -91,7 +95,9 @@ class MedusaDrafter(Drafter):
 
     def with_tree(self, choices: list[list[int]]) -> MedusaDrafter:
         """The same heads with another static tree (rank paths, see `tree_from_choices`)."""
-        return MedusaDrafter(self.head, choices)
+        other = MedusaDrafter(self.head, choices)
+        other.topk_chunk = self.topk_chunk
+        return other
 
     def batched(self) -> MedusaBatchDrafter:
         return MedusaBatchDrafter(self)
@@ -107,7 +113,7 @@ class MedusaDrafter(Drafter):
             return host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
         logits = [self.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
         root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
-        candidates = torch.stack(logits, 1).topk(self._width, dim=-1).indices  # [B, K, width]
+        candidates = topk_rows(torch.stack(logits, 1), self._width, self.topk_chunk)[1]  # [B, K, width]
         if self._pick.device != weight.device:
             self._pick = self._pick.to(weight.device)
         # node i >= 1 (depth-first: the root is the only node at depth 0) carries candidate pick[i - 1]
@@ -131,7 +137,11 @@ class MedusaDrafter(Drafter):
             pick = torch.cat([self._pick.new_zeros(1), self._pick + 1]).to(device)  # [N], root first
             row = self._row = (ids, values, ids[:1], ids[1:].view(1, k, width), pick)
         ids, values, root_slot, top, pick = row
-        torch.topk(logits, self._width, dim=-1, out=(values, top))
+        chunk = resolve_chunk(self.topk_chunk, logits.device.type, logits.shape[-1])
+        if chunk is None:
+            torch.topk(logits, self._width, dim=-1, out=(values, top))
+        else:  # long rows: the chunked search's ids, copied in
+            top.copy_(topk_rows(logits, self._width, chunk)[1])
         root_slot.fill_(root)  # (an item assignment makes a tensor of the int first)
         return ids.index_select(0, pick)  # [N]
 

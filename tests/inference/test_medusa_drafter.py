@@ -3,6 +3,7 @@ r carries head (d-1)'s r-th best token, read at the LAST committed position."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from spechead.heads import MedusaConfig, MedusaHead
@@ -14,16 +15,16 @@ H, V, K = 8, 24, 4  # hidden size, vocab, Medusa heads
 LAYER = 2  # the target layer the heads read (target_num_layers = 2: index -1 resolves to 2)
 
 
-def controlled_head(seed: int = 0) -> tuple[MedusaHead, torch.Tensor, torch.Tensor]:
+def controlled_head(seed: int = 0, vocab: int = V) -> tuple[MedusaHead, torch.Tensor, torch.Tensor]:
     """A Medusa head whose head k, on state e_0 (e_1), ranks the vocab as rankings[0][k] ([1][k]).
 
     ResBlocks stay zero (the identity), so head k's logits on e_j are column j of its projection.
     Returns (head, rankings [2, K, V]: [j, k, r] = head k's r-th best token on e_j, one-hot states [2, H]).
     """
-    head = MedusaHead(MedusaConfig(hidden_size=H, vocab_size=V, num_heads=K, target_num_layers=LAYER))
+    head = MedusaHead(MedusaConfig(hidden_size=H, vocab_size=vocab, num_heads=K, target_num_layers=LAYER))
     g = torch.Generator().manual_seed(seed)
     rankings = torch.stack(
-        [torch.stack([torch.randperm(V, generator=g) for _ in range(K)]) for _ in range(2)]
+        [torch.stack([torch.randperm(vocab, generator=g) for _ in range(K)]) for _ in range(2)]
     )
     with torch.no_grad():
         for k in range(K):
@@ -31,7 +32,7 @@ def controlled_head(seed: int = 0) -> tuple[MedusaHead, torch.Tensor, torch.Tens
             proj.zero_()
             for j in range(2):
                 proj[rankings[j, k], j] = torch.linspace(
-                    5.0, -5.0, V
+                    5.0, -5.0, vocab
                 )  # r-th ranked token gets the r-th value
     return head.eval(), rankings, torch.eye(H)[:2]
 
@@ -78,6 +79,31 @@ def test_depth_d_nodes_carry_head_d_minus_1_ranked_candidates():
     assert drafter.propose(13, SamplingParams(), None).tree.tokens.tolist() == expected_tokens(
         choices, rankings[0], 13
     )
+
+
+@pytest.mark.parametrize("chunk", ["auto", None, 100])
+def test_a_large_vocabulary_ranks_through_the_chunked_topk(chunk, monkeypatch):
+    """24,000 ids a head (past "auto"'s threshold on a CPU): batch 1 and the batch fill both carry each
+    head's ranked candidates whichever top-k runs; "auto" runs the chunked one (topk.py), None one topk."""
+    from spechead.inference.drafters import medusa as medusa_module
+
+    calls, real = [], medusa_module.topk_rows  # the chunk each chunked search was asked for
+    monkeypatch.setattr(medusa_module, "topk_rows", lambda x, k, c: (calls.append(c), real(x, k, c))[1])
+    head, rankings, states = controlled_head(vocab=24000)
+    choices = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 3], [0, 0, 0], [0, 0, 5], [0, 0, 0, 0]]
+    drafter = MedusaDrafter(head, choices)
+    drafter.topk_chunk = chunk
+    drafter.start(torch.tensor([3, 4]), {LAYER: torch.stack([states[1], states[0]])}, 7)
+    assert drafter.propose(7, SamplingParams(), None).tree.tokens.tolist() == expected_tokens(
+        choices, rankings[0], 7
+    )
+    batch = drafter.with_tree(choices).batched()
+    assert batch.drafter.topk_chunk == chunk
+    batch.start([torch.tensor([3]), torch.tensor([4])], [{LAYER: states[1:]}, {LAYER: states[:1]}], [5, 6])
+    rows = batch.propose([5, 6], [SamplingParams()] * 2, [None, None]).tokens.tolist()
+    assert rows == [expected_tokens(choices, rankings[1], 5), expected_tokens(choices, rankings[0], 6)]
+    assert calls == ([64, "auto"] if chunk == "auto" else [100, 100] if chunk == 100 else [None])
+    assert MedusaDrafter(head).topk_chunk == "auto"  # the default
 
 
 def test_default_tree_is_clipped_to_the_number_of_heads():
