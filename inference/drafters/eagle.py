@@ -32,7 +32,7 @@ from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.sampled_children import SampledChildren, check_rule
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan, kept_scores, static_scores
-from spechead.inference.drafters.topk import Chunk, topk_rows
+from spechead.inference.drafters.topk import Chunk, resolve_chunk, topk_rows
 from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
@@ -65,8 +65,7 @@ class EagleDrafter(Drafter):
     ) -> None:
         self.rule = check_rule(rule)  # how a static tree's children are chosen when sampling
         self.head = head
-        # the head's device and dtype, read from one kept Parameter (head.to() moves its data in place; a
-        # module attribute lookup per read costs about 1 us on a CPU, several per pass)
+        # the head's device and dtype from one kept Parameter (head.to() moves it in place; no module lookup)
         self._weight = head.fc.weight
         # the head's step as a short chain of ops on its own weights where its layer kind allows
         self.head_step = fused_step(head) or head.step
@@ -361,16 +360,17 @@ class EagleDrafter(Drafter):
     def _top_ids(
         self, features: Tensor, k: int, out: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor]:
-        """`_top` without the log-probs (a static tree only needs the ranks), features [1, q, H]: the
-        logits [1, q, Vd] (kept for `last_scores`) and the k best head-vocab ids [1, q, k], written into
-        out = (values, ids) [1, q, k] when given (kept buffers: no new tensors)."""
+        """`_top` without the log-probs (a static tree only needs the ranks), features [1, q, H]: the logits
+        [1, q, Vd] (kept for `last_scores`) and the k best head-vocab ids [1, q, k], written into out =
+        (values, ids) [1, q, k] when given (kept buffers: no new tensors)."""
         logits = self.head_logits(features)  # [1, q, Vd]
+        chunk = resolve_chunk(self.topk_chunk, logits.device.type, logits.shape[-1])
         if out is None:
-            return logits, logits.topk(k, dim=-1).indices
-        if out[0].dtype == logits.dtype:
+            return logits, topk_rows(logits, k, chunk)[1]
+        if chunk is None and out[0].dtype == logits.dtype:
             torch.topk(logits, k, dim=-1, out=out)
-        else:  # (logits in another dtype than the buffer's, e.g. an autocast head): copied in
-            out[1].copy_(logits.topk(k, dim=-1).indices)
+        else:  # long rows (chunked), or logits in another dtype than the buffer's (an autocast head)
+            out[1].copy_(topk_rows(logits, k, chunk)[1])
         return logits, out[1]
 
     def _step(

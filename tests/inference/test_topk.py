@@ -105,11 +105,14 @@ def test_eagle_drafters_default_to_auto_and_pass_it_on():
     assert drafter.topk_chunk == "auto" and drafter.with_tree([[0]]).topk_chunk == "auto"
 
 
+@pytest.mark.parametrize(
+    "tree", ["dynamic", [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]], ids=["dynamic", "static"]
+)
 @pytest.mark.parametrize("draft_compile", [None, "eager"])
-def test_an_eagle_draft_past_the_threshold_is_one_topks(tiny_llama, draft_compile):
-    """A draft vocab of 24,000 on a CPU: "auto" chunks (eager, and traced whole as the compiled draft);
-    the drafter decodes as plain decoding and drafts the trees of one topk (tests/inference/test_cuda.py
-    holds the same on CUDA)."""
+def test_an_eagle_draft_past_the_threshold_is_one_topks(tiny_llama, draft_compile, tree):
+    """A draft vocab of 24,000 on a CPU: "auto" chunks (eager, and traced whole as the compiled draft;
+    dynamic and static trees); the drafter decodes as plain decoding and drafts the trees of one topk
+    (tests/inference/test_cuda.py holds the same on CUDA)."""
     from spechead.heads.eagle import EagleConfig, EagleHead
     from spechead.inference.drafters.eagle import EagleDrafter
     from spechead.inference.generator import SpeculativeGenerator
@@ -123,7 +126,7 @@ def test_an_eagle_draft_past_the_threshold_is_one_topks(tiny_llama, draft_compil
     prompt, trees = list(range(5, 25)), {}
     plain = SpeculativeGenerator(model, None, None).generate(input_ids=prompt, max_new_tokens=16).token_ids
     for chunk in ("auto", None):
-        drafter = EagleDrafter(head.eval(), top_k=4, depth=4, total_tokens=16)
+        drafter = EagleDrafter(head.eval(), tree=tree, top_k=4, depth=4, total_tokens=16)
         drafter.topk_chunk = chunk
         gen = SpeculativeGenerator(model, None, drafter, draft_compile=draft_compile)
         assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == plain, chunk
