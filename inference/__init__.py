@@ -1,6 +1,7 @@
 """spechead.inference: lossless tree decoding with any drafter (heads, draft models, prompt lookup)."""
 
-from spechead.inference.generator import GenerationResult, GenerationStats, SpeculativeGenerator
+from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.stats import GenerationResult, GenerationStats
 
 __all__ = ["GenerationResult", "GenerationStats", "SamplingParams", "SpeculativeGenerator"]

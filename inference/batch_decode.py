@@ -43,7 +43,7 @@ from spechead.inference.stops import until_stop
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from spechead.inference.generator import GenerationStats
+    from spechead.inference.stats import GenerationStats
 
 
 @dataclass

@@ -20,9 +20,10 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from spechead.heads import DraftHead
-from spechead.inference.generator import GenerationStats, SpeculativeGenerator, pooled_tau
+from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import calibrated_drafter, drafter_for_head
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category
+from spechead.inference.stats import GenerationStats, pooled_tau
 
 
 class Prompt(Protocol):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -24,6 +23,7 @@ from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import Drafter, chain, hears_verified
 from spechead.inference.phase_clock import PhaseClock
+from spechead.inference.plain_ahead import plain_ahead
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
 from spechead.inference.sampling import (
     SamplingParams,
@@ -33,71 +33,10 @@ from spechead.inference.sampling import (
     pick,
     torch_probs,
 )
+from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
-
-
-def pooled_tau(accept_lengths: Sequence[int]) -> float:
-    """tau: emitted tokens per target verification pass (accepted drafts + 1 each), POOLED: all
-    emitted tokens over all passes, as vLLM and SGLang count acceptance length (not a mean of taus)."""
-    return sum(accept_lengths) / max(len(accept_lengths), 1)
-
-
-@dataclass
-class GenerationStats:
-    """What one generate() call did. tau = emitted tokens per target pass after the prefill."""
-
-    drafted_tokens: int = 0
-    # Tokens each verification pass emitted: accepted drafts + 1 (the correction or bonus); the last
-    # pass's count stops at EOS / max_new_tokens. sum(accept_lengths) == new_tokens - 1 (the prefill
-    # emits the first token).
-    accept_lengths: list[int] = field(default_factory=list)
-    new_tokens: int = 0
-    wall_time: float = 0.0
-    prefill_time: float = 0.0  # the prompt's target pass
-    draft_time: float = 0.0  # drafter propose + accept
-    verify_time: float = 0.0  # target tree passes, acceptance and cache compaction
-
-    @property
-    def target_passes(self) -> int:
-        """Verification passes (the prefill not counted)."""
-        return len(self.accept_lengths)
-
-    @property
-    def accepted_tokens(self) -> int:
-        """Drafted tokens the target accepted."""
-        return sum(self.accept_lengths) - len(self.accept_lengths)
-
-    @property
-    def tau(self) -> float:
-        return pooled_tau(self.accept_lengths)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / max(self.wall_time, 1e-9)
-
-    def as_dict(self) -> dict:
-        return {
-            "tau": self.tau,
-            "target_passes": self.target_passes,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "new_tokens": self.new_tokens,
-            "wall_time": self.wall_time,
-            "prefill_time": self.prefill_time,
-            "draft_time": self.draft_time,
-            "verify_time": self.verify_time,
-            "tokens_per_s": self.tokens_per_s,
-            "accept_lengths": list(self.accept_lengths),
-        }
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]  # generated ids only
-    stats: GenerationStats
 
 
 class SpeculativeGenerator:
@@ -162,6 +101,9 @@ class SpeculativeGenerator:
         # greedy acceptance on the target's device, its result and the path's tokens in ONE transfer, the
         # pass's one wait for the device (an accelerator's default; a CPU walks host lists, cheaper there)
         self.device_accept = device.type != "cpu"
+        # plain decoding queued one step ahead of the host's reads (plain_ahead.py): on CUDA, where the
+        # host's work of a token then overlaps the step; a CPU runs both in turn, nothing to overlap
+        self.plain_ahead = device.type == "cuda"
         layers = tuple(drafter.hidden_layers) if drafter else ()
         self.runner = TargetRunner(
             target, layers, cache=cache or self.default_cache, max_length=max_cache_len, buckets=buckets,
@@ -386,6 +328,13 @@ class SpeculativeGenerator:
         if drafter:
             drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
         clock.mark("prefill")
+        if drafter is None and self.plain_ahead:  # one step ahead, a pass per token after the root
+            for token in plain_ahead(runner, root, params, generator, max_new_tokens, self.eos, clock):
+                stats.accept_lengths += [1] if stats.new_tokens else []
+                stats.new_tokens += 1
+                yield [token]
+            stats.take_times(clock.totals())
+            return
         pending = [root]  # tokens to emit
         # plain decoding's one-node tree and its [1, 1] views: made at its first step, then refilled
         plain: tuple[TokenTree, tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -465,11 +414,7 @@ class SpeculativeGenerator:
             accepted = (host_ids, hidden, acc.path, root)  # [K], {l: [1, N, H]}, [K]
             if hears:
                 checked = (tree, logits[0])  # [N], [N, V]
-        spent = clock.totals()
-        stats.prefill_time = spent["prefill"]
-        stats.draft_time = spent["draft"]
-        stats.verify_time = spent["verify"]
-        stats.wall_time = sum(spent.values())
+        stats.take_times(clock.totals())
 
 
 def _per_row(value, batch: int, name: str) -> list:

@@ -51,7 +51,8 @@ def pass_ms_by_drafter(
     drafter alike; the first run's one-time work and noise only add). batch > 1: a pass of `batch` rows
     of that prompt through batched decoding (batch_decode.py), as generate_batch runs it."""
     from spechead.inference.batch_decode import batch_passes, collect
-    from spechead.inference.generator import GenerationStats, SpeculativeGenerator
+    from spechead.inference.generator import SpeculativeGenerator
+    from spechead.inference.stats import GenerationStats
 
     gen = SpeculativeGenerator(target, None)
     gen.eos = set()  # a fixed number of tokens for every drafter

@@ -57,6 +57,31 @@ def test_seeded_sampling_runs_on_cuda(tiny_llama, chatml_tokenizer):
         )
 
 
+@pytest.mark.parametrize("compile", [False, "graphs"])
+def test_plain_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenizer, compile):
+    """CUDA's default plain decoding queues each step before reading the last token (plain_ahead.py):
+    greedy, Hugging Face's tokens; sampled, the token-by-token loop's draws for the same seed (the same
+    ops on the device); an EOS stops both at the same token."""
+    from .test_generator import plain_greedy
+
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    model.generation_config.eos_token_id = None
+    ahead = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
+    stepwise = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
+    stepwise.plain_ahead = False
+    assert ahead.plain_ahead
+    prompt = list(range(5, 17))
+    full = plain_greedy(model, prompt, 30)
+    assert ahead.generate(input_ids=prompt, max_new_tokens=30).token_ids == full
+    for seed in range(3):
+        kw = {"input_ids": prompt, "max_new_tokens": 30, "temperature": 0.9, "top_k": 20, "seed": seed}
+        assert ahead.generate(**kw).token_ids == stepwise.generate(**kw).token_ids
+    ahead.eos = stepwise.eos = {full[9]}
+    stop = full.index(full[9]) + 1
+    assert ahead.generate(input_ids=prompt, max_new_tokens=30).token_ids == full[:stop]
+    assert stepwise.generate(input_ids=prompt, max_new_tokens=30).token_ids == full[:stop]
+
+
 @pytest.mark.parametrize("name", ["medusa", "eagle"])
 def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, name):
     """The tree calibration times the drafter with states on the target's device (a Medusa head on CUDA

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spechead.inference.evaluation import DecodeSettings, PromptSetRun, Tally, summarize
-from spechead.inference.generator import GenerationStats
 from spechead.inference.report import TAU_NOTE, render
+from spechead.inference.stats import GenerationStats
 
 ROOT = Path(__file__).resolve().parents[2]
 

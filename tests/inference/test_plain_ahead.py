@@ -1,0 +1,93 @@
+"""Plain decoding one step ahead (plain_ahead.py), forced on a CPU (the default on CUDA only): the same
+tokens as the loop that reads every token before the next step (greedy: Hugging Face's; sampled: the
+same seed's draws), stops at EOS and max_new_tokens, stats, both caches and the fixed-shape passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.plain_ahead import HostReads, next_ids
+from spechead.inference.sampling import SamplingParams, make_generator, pick
+
+from .test_generator import plain_greedy
+
+PROMPTS = [[5, 9, 2, 7], [11, 3], list(range(20, 45))]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    m = tiny_llama(96, layers=2, hidden=32, seed=4)
+    m.generation_config.eos_token_id = None
+    return m
+
+
+def both(model, **options) -> tuple[SpeculativeGenerator, SpeculativeGenerator]:
+    """(one step ahead, token by token) over the same target."""
+    ahead, stepwise = (SpeculativeGenerator(model, None, None, **options) for _ in range(2))
+    ahead.plain_ahead, stepwise.plain_ahead = True, False
+    return ahead, stepwise
+
+
+@pytest.mark.parametrize("options", [{"cache": "static"}, {"cache": "dynamic"}, {"compile": "eager"}],
+                         ids=["static", "dynamic", "fixed_shapes"])  # fmt: skip
+def test_greedy_ahead_equals_huggingface_and_stops_at_max_new_tokens(model, options):
+    ahead, stepwise = both(model, **options)
+    assert not SpeculativeGenerator(model, None, None).plain_ahead  # a CPU's default: token by token
+    for prompt in PROMPTS:
+        for n in (1, 2, 17):
+            out = ahead.generate(input_ids=prompt, max_new_tokens=n)
+            assert out.token_ids == plain_greedy(model, prompt, n) == stepwise.generate(
+                input_ids=prompt, max_new_tokens=n).token_ids  # fmt: skip
+            assert out.stats.new_tokens == n and out.stats.accept_lengths == [1] * (n - 1)
+            assert out.stats.verify_time > 0 or n == 1
+
+
+def test_an_eos_stops_ahead_where_it_stops_token_by_token(model):
+    ahead, stepwise = both(model)
+    prompt = PROMPTS[0]
+    full = plain_greedy(model, prompt, 24)
+    for at in (0, 1, 5):  # the root (the prefill's token) is an EOS, the second token, a later one
+        for gen in (ahead, stepwise):
+            gen.eos = {full[at]}
+        out = ahead.generate(input_ids=prompt, max_new_tokens=24)
+        first = full.index(full[at])  # (an earlier copy of that token stops first)
+        assert (
+            out.token_ids
+            == full[: first + 1]
+            == stepwise.generate(input_ids=prompt, max_new_tokens=24).token_ids
+        )
+        assert len(out.stats.accept_lengths) == first
+        # the next decode starts over (the step computed after the EOS is never kept)
+        assert ahead.generate(input_ids=PROMPTS[1], max_new_tokens=6).token_ids == plain_greedy(
+            model, PROMPTS[1], 6
+        )
+
+
+@pytest.mark.parametrize("params", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 10},
+                                    {"temperature": 1.0, "top_p": 0.8}])  # fmt: skip
+def test_sampled_ahead_draws_what_token_by_token_draws_with_the_seed(model, params):
+    ahead, stepwise = both(model)
+    for seed in range(4):
+        for prompt in PROMPTS[:2]:
+            kw = {"input_ids": prompt, "max_new_tokens": 20, "seed": seed, **params}
+            assert ahead.generate(**kw).token_ids == stepwise.generate(**kw).token_ids
+
+
+def test_next_ids_is_pick_on_the_device():
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(0))  # [1, V]
+    assert next_ids(logits, SamplingParams(), None).tolist() == [[pick(logits[0], SamplingParams(), None)]]
+    params = SamplingParams(temperature=0.8, top_k=7)
+    for seed in range(20):  # one uniform a draw, as `sample` takes
+        drawn = next_ids(logits, params, make_generator(seed))
+        assert drawn.shape == (1, 1) and int(drawn) == pick(logits[0], params, make_generator(seed))
+
+
+def test_host_reads_come_back_in_order_with_two_in_flight():
+    reads = HostReads(torch.device("cpu"))
+    reads.push(torch.tensor([[3]]))
+    reads.push(torch.tensor([[4]]))
+    assert reads.pop() == 3
+    reads.push(torch.tensor([[5]]))  # into the slot just read
+    assert [reads.pop(), reads.pop()] == [4, 5]
