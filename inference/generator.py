@@ -57,6 +57,8 @@ class SpeculativeGenerator:
     Batch decoding (`generate_batch`) compiles the target's batch passes likewise (batch_graphs.py:
     fixed rows, tree buckets) and, with the drafter compiled on CUDA, EAGLE's batch draft and accept
     (drafters/eagle_batch_graphs.py: fixed rows, one graph per pass); other batch drafters run eager.
+    Without a drafter on CUDA, each plain step is queued before the last token is read (`plain_ahead`,
+    plain_ahead.py); set the attribute False to read every token first.
     """
 
     default_cache = "static"

@@ -141,7 +141,7 @@ def test_batch1_decoded_row(tiny_run):
     r, out = tiny_run
     row = r["stream"]
     assert row["stream_new_tokens"] == 48
-    for name in ("plain", "spec"):
+    for name in ("plain", "plain_stepwise", "spec"):  # (on a CPU both plain rows run token by token)
         assert positive(row[f"stream_{name}_pass_ms"]) and row[f"stream_{name}_syncs"] == 0
         assert row[f"stream_{name}_passes"] >= 1  # (the spec passes may emit several tokens each)
         phase = row[f"stream_{name}_phase_ms"]  # the pass split by the generator's own clock
@@ -152,7 +152,10 @@ def test_batch1_decoded_row(tiny_run):
         )
         assert math.isclose(sum(phase.values()), row[f"stream_{name}_pass_ms"])
     assert row["stream_plain_phase_ms"]["draft"] < 0.2 * row["stream_spec_phase_ms"]["draft"]  # plain: none
-    assert row["stream_plain_passes"] == 47 and row["stream_plain_tau"] == 1.0  # every token but the first
+    assert (
+        row["stream_plain_passes"] == row["stream_plain_stepwise_passes"] == 47
+    )  # every token but the first
+    assert row["stream_plain_tau"] == 1.0 and "token by token, the host reading each" in out
     assert math.isclose(row["stream_speedup"], 5.4 * row["stream_plain_pass_ms"] / row["stream_spec_pass_ms"])
     assert math.isclose(row["stream_gap_ms"], row["stream_spec_pass_ms"] - r["pass_ms"])
     assert "batch 1, decoded (SpeculativeGenerator, 48 tokens" in out and "host waits for the GPU" in out
