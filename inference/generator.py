@@ -332,7 +332,8 @@ class SpeculativeGenerator:
         clock.mark("prefill")
         if drafter is None and self.plain_ahead:  # one step ahead, a pass per token after the root
             for token in plain_ahead(runner, root, params, generator, max_new_tokens, self.eos, clock):
-                stats.accept_lengths += [1] if stats.new_tokens else []
+                if stats.new_tokens:  # every token after the prefill's is one pass's
+                    stats.accept_lengths.append(1)
                 stats.new_tokens += 1
                 yield [token]
             stats.take_times(clock.totals())

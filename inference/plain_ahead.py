@@ -39,21 +39,21 @@ class HostReads:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.slots = torch.empty(2, dtype=torch.long, pin_memory=self.cuda)  # [2]
-        self.pending: deque[tuple[int, torch.cuda.Event | None]] = deque()
+        self.events = [torch.cuda.Event(), torch.cuda.Event()] if self.cuda else None  # one a slot
+        self.pending: deque[int] = deque()  # slots in flight, oldest first
         self.free = 0
 
     def push(self, ids: Tensor) -> None:
         slot, self.free = self.free, self.free ^ 1
         self.slots[slot].copy_(ids.view(()), non_blocking=self.cuda)
-        event = torch.cuda.Event() if self.cuda else None
-        if event is not None:
-            event.record()
-        self.pending.append((slot, event))
+        if self.events is not None:
+            self.events[slot].record()
+        self.pending.append(slot)
 
     def pop(self) -> int:
-        slot, event = self.pending.popleft()
-        if event is not None:
-            event.synchronize()  # token t is on the host; the step queued after it may still run
+        slot = self.pending.popleft()
+        if self.events is not None:
+            self.events[slot].synchronize()  # token t is on the host; the step queued after it may still run
         return int(self.slots[slot])
 
 
