@@ -27,6 +27,7 @@ from spechead.inference.acceptance import (
     sample_accept,
 )
 from spechead.inference.batch import BatchRunner
+from spechead.inference.batch_plain_ahead import rows_ahead
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
@@ -166,6 +167,7 @@ def batch_passes(
     max_cache_len: int | None = None,
     runner: BatchRunner | None = None,
     on_device: bool | None = None,
+    ahead: bool | None = None,
 ) -> Iterator[list[tuple[int, list[int]]]]:
     """Decode every prompt [T_b], one pass at a time: yields, after the prefill and after every pass, each
     active row's new ids as (row index into `prompts`, ids) (`collect` gathers them per row).
@@ -174,7 +176,9 @@ def batch_passes(
     are the batch's (shared by all rows), set when the iterator is exhausted. runner: the target's batch
     runner to use (e.g. a kept `CompiledBatchRunner`, whose cache must hold every row's prompt +
     max_new_tokens); None: a new eager one sized for this batch. A cache too small (max_cache_len) raises
-    at the first next(). on_device: accept on the logits' device (`accept_rows`; None: where they are)."""
+    at the first next(). on_device: accept on the logits' device (`accept_rows`; None: where they are).
+    ahead: plain decoding (no drafter) with each step queued before the host reads the last one's tokens
+    (batch_plain_ahead.py; None: on CUDA, where the host's work then overlaps the device's)."""
     need = max(len(p) + m for p, m in zip(prompts, max_new))
     if max_cache_len is not None and need > max_cache_len:
         worst = max(range(len(prompts)), key=lambda b: len(prompts[b]) + max_new[b])
@@ -201,6 +205,11 @@ def batch_passes(
     if batched:
         batched.start([r.prompt for r in rows], hiddens, [r.root for r in rows])
     times["prefill"] = time.perf_counter() - start
+    if batched is None and (device.type == "cuda" if ahead is None else ahead):
+        yield from rows_ahead(runner, rows, eos)
+        times["verify"] = time.perf_counter() - start - times["prefill"]
+        _set_times(rows, time.perf_counter() - start, times)
+        return
     active, accepted = rows, None  # accepted: what the drafter has yet to hear (tokens, lengths, hidden)
     while True:
         going, emitted = [], []
@@ -261,7 +270,11 @@ def batch_passes(
         t2 = time.perf_counter()
         times["draft"] += t1 - t0
         times["verify"] += t2 - t1
-    wall = time.perf_counter() - start
+    _set_times(rows, time.perf_counter() - start, times)
+
+
+def _set_times(rows: Sequence[_Row], wall: float, times: dict[str, float]) -> None:
+    """The batch's wall and phase times into every row's stats."""
     for row in rows:
         row.stats.wall_time, row.stats.prefill_time = wall, times["prefill"]
         row.stats.draft_time, row.stats.verify_time = times["draft"], times["verify"]

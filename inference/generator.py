@@ -237,8 +237,9 @@ class SpeculativeGenerator:
             layers = tuple(drafter.hidden_layers) if drafter else ()
             runner = kept_runner(self._batch_runners, self.target, layers, batch, size, self.compile)
         passes = batch_passes(
-            self.target, drafter, ids, max_new, params, self.eos, stats, fixed, runner, self.device_accept
-        )
+            self.target, drafter, ids, max_new, params, self.eos, stats, fixed, runner, self.device_accept,
+            self.plain_ahead,
+        )  # fmt: skip
         return stats, passes
 
     def _drafter_for_batch(self, batch: int) -> Drafter | None:

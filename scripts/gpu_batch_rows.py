@@ -60,7 +60,14 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
         torch.randint(0, model.config.vocab_size, (b, ctx), generator=torch.Generator().manual_seed(b))
     )
     out = {"decoded_tree_nodes": len(choices) + 1}
-    for name, drafter in (("plain", None), ("spec", EagleDrafter(head, tree=choices))):
+    # plain decoding as the engine runs it (on CUDA each step queued before the last one's tokens are
+    # read, batch_plain_ahead.py) and token by token (each step after the host read the last's)
+    kinds = (
+        ("plain", None, None),
+        ("plain_stepwise", None, False),
+        ("spec", EagleDrafter(head, tree=choices), None),
+    )
+    for name, drafter, ahead in kinds:
         times, runner = [], None
         if compile and drafter is not None:
             drafter.use_compile(compile)  # its batched() drafts every row as one graph
@@ -77,7 +84,7 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
             stats = [GenerationStats() for _ in range(b)]
             params = [SamplingParams()] * b
             passes = batch_passes(
-                model, drafter, prompts, [new_tokens] * b, params, set(), stats, runner=runner
+                model, drafter, prompts, [new_tokens] * b, params, set(), stats, runner=runner, ahead=ahead
             )
             collect(passes, b)
             if device.type == "cuda":
@@ -125,14 +132,15 @@ def render_batch(r: dict) -> list[str]:
         target += ", the draft as graphs"
     lines.append(
         f"batch, decoded (batch_decode: the engine of generate_batch; {target}) | tree nodes | plain pass ms"
-        " | spec pass ms | projected spec tok/s | vs plain"
+        " (token by token) | spec pass ms | projected spec tok/s | vs plain"
     )
     for row in r["batch"]:
         if "decoded_error" in row:
             lines.append(f"{row['batch']:58d} | failed: {row['decoded_error']}")
             continue
         lines.append(
-            f"{row['batch']:58d} | {row['decoded_tree_nodes']:10d} | {row['decoded_plain_pass_ms']:13.3f} | "
+            f"{row['batch']:58d} | {row['decoded_tree_nodes']:10d} | {row['decoded_plain_pass_ms']:13.3f}"
+            f" ({row.get('decoded_plain_stepwise_pass_ms', float('nan')):.3f}) | "
             f"{row['decoded_spec_pass_ms']:12.3f} | {row['decoded_tokens_per_s']:20.1f} | {row['decoded_speedup']:.2f}x"
         )
     return [*lines, r["batch_speculative"]]

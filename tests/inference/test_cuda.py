@@ -82,6 +82,29 @@ def test_plain_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenizer, com
     assert stepwise.generate(input_ids=prompt, max_new_tokens=30).token_ids == full[:stop]
 
 
+@pytest.mark.parametrize("compile", [False, "graphs"])
+def test_plain_batch_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenizer, compile):
+    """CUDA's default plain batch decoding queues each step before reading the last one's tokens
+    (batch_plain_ahead.py): greedy rows equal Hugging Face's tokens with per-row max_new_tokens and a row
+    stopping at an EOS; sampled rows draw what the token-by-token batch loop draws."""
+    from .test_generator import plain_greedy
+
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
+    model.generation_config.eos_token_id = None
+    ahead = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
+    stepwise = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
+    stepwise.plain_ahead = False
+    prompts, max_new = [list(range(5, 17)), [40, 41], list(range(60, 90))], [30, 3, 21]
+    ahead.eos = stepwise.eos = {plain_greedy(model, prompts[0], 30)[9]}
+    out = ahead.generate_batch(input_ids=prompts, max_new_tokens=max_new)
+    for b, (prompt, n) in enumerate(zip(prompts, max_new)):
+        assert out[b].token_ids == plain_greedy(model, prompt, n, eos=next(iter(ahead.eos))), b
+    kw = {"input_ids": prompts, "max_new_tokens": max_new, "temperature": 0.9, "top_k": 20, "seed": [1, 2, 3]}
+    assert [r.token_ids for r in ahead.generate_batch(**kw)] == [
+        r.token_ids for r in stepwise.generate_batch(**kw)
+    ]
+
+
 @pytest.mark.parametrize("name", ["medusa", "eagle"])
 def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, name):
     """The tree calibration times the drafter with states on the target's device (a Medusa head on CUDA

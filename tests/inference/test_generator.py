@@ -52,9 +52,13 @@ class OracleDrafter(Drafter):
 
 
 def plain_greedy(model, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
-    """Hugging Face greedy decoding: the reference every drafter must reproduce."""
+    """Hugging Face greedy decoding: the reference every drafter must reproduce (on the model's device)."""
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0
+        torch.tensor([prompt], device=model.device),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
     )
     return out[0, len(prompt) :].tolist()
 
