@@ -73,12 +73,14 @@ def parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run_reference(python: str, job: dict, workdir: Path, path: str | None = None) -> dict:
-    """Run scripts/reference_eagle.py in the reference environment (`path`: first on its PYTHONPATH);
-    its JSON result."""
+def run_reference(
+    python: str, job: dict, workdir: Path, path: str | None = None, runner: str = "reference_eagle.py"
+) -> dict:
+    """Run scripts/`runner` (reference_eagle.py; reference_medusa.py) in the reference environment
+    (`path`: first on its PYTHONPATH); its JSON result."""
     job_file, out_file = workdir / "job.json", workdir / "ref.json"
     job_file.write_text(json.dumps(job))
-    script = Path(__file__).with_name("reference_eagle.py")
+    script = Path(__file__).with_name(runner)
     env = dict(os.environ)
     if path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
