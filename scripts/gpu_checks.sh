@@ -8,7 +8,10 @@
 #      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration,
 #      FP8 drafting eager and as graphs) and tests/inference/test_cuda_syncs.py (a pass waits for the GPU
 #      once, batch 1 and batch 2, counted with PyTorch's sync debug mode; new, not run yet; since
-#      2026-11-27 also a sampled pass: rule A accepted on the device, inference/device_sampling.py);
+#      2026-11-27 also a sampled pass: rule A accepted on the device, inference/device_sampling.py); not
+#      run yet: plain decoding one step ahead, batch 1 and batch > 1 (plain_ahead.py, batch_plain_ahead.py);
+#      the HF greedy reference (`plain_greedy`) now takes its ids on the model's device (before, those two
+#      tests would have failed at Hugging Face's generate with ids on the CPU);
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
@@ -36,6 +39,8 @@
 #      too (limit REF_S; the reference's packages come as wheels in .whl/ref/, installed apart in
 #      /tmp/refsite: `pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
 #      --no-deps -d .whl/ref transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.36.2 eagle-llm==1.2.1`).
+#   bench_reference_medusa, the Medusa authors' engine (medusa-llm 0.1) beside ours on outputs/medusa-demo/head
+#      (carry it; add medusa_llm-0.1 to .whl/ref/: `pip download ... medusa-llm==0.1`), not run on a GPU yet.
 #   bench_sampling and bench_sampling_60 (scripts/bench_sampling.py on CUDA: top-p, the draw and the walk by
 #      vocabulary size, over trees of 6 and 60 nodes; the host reads a boolean or two a call, unmeasured on a GPU) and
 #      bench_demo_sampled (the demo heads sampling at temperature 1, top-p 0.9, EAGLE-3's top-k children
@@ -97,13 +102,18 @@ step bench_gpu_autotune "${AUTOTUNE_S:-500}" "$PY" scripts/bench_gpu.py --compil
 step bench_gpu_batch "${BATCH_S:-500}" "$PY" scripts/bench_gpu.py --compile-batch --sizes 1,64 \
     --out "$OUT/bench_gpu_batch.json"
 # on request: the EAGLE authors' engine (eagle-llm, transformers 4.36) beside ours, both eager; ours compiled too
-if [[ $steps == *" bench_reference "* ]]; then
+if [[ $steps == *" bench_reference "* || $steps == *" bench_reference_medusa "* ]]; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/refsite .whl/ref/*.whl \
         || { echo "error: installing the reference's wheels from .whl/ref/ failed"; status=1; }
 fi
 step bench_reference "${REF_S:-400}" "$PY" scripts/bench_reference.py --ref-python "$PY" --ref-path /tmp/refsite \
     --device cuda --compile graphs --head outputs/eagle-ref-demo2/head --prompts 24 --repeats 2 \
     --out "$OUT/bench_reference"
+# on request: the Medusa authors' engine (medusa-llm 0.1 among the wheels of .whl/ref/) beside ours, both eager,
+# on the Medusa-1 head outputs/medusa-demo/head (carry it; `python train.py head=medusa trainer.output_dir=...`)
+step bench_reference_medusa "${REF_S:-400}" "$PY" scripts/bench_reference_medusa.py --ref-python "$PY" \
+    --ref-path /tmp/refsite --device cuda --head outputs/medusa-demo/head --prompts 24 --repeats 2 \
+    --out "$OUT/bench_reference_medusa"
 # on request: sampling's costs by vocabulary size on the GPU (top-p, one draw, the acceptance walk)
 step bench_sampling "${DEMO_S:-100}" "$PY" scripts/bench_sampling.py --device cuda --vocab 32000 128256 --rows 6
 step bench_sampling_60 "${DEMO_S:-100}" "$PY" scripts/bench_sampling.py --device cuda --vocab 128256 --rows 60
