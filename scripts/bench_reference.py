@@ -118,13 +118,27 @@ def summary(runs: list[list[dict]], plain_ids: list[list[int]]) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
+    return guarded(bench, parse(argv))
+
+
+def guarded(bench, args: argparse.Namespace) -> int:
+    """bench(args), or one error line and exit status 2 for what the user can fix: a head the authors'
+    layout cannot hold, a device this machine lacks, a bad option, the reference engine failing."""
     try:
         return bench(args)
-    # a head the authors' layout cannot hold, a device this machine lacks, the reference failed
     except (HeadError, RuntimeError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def first_turns(tokenizer, prompt_set: str, n: int) -> list[list[int]]:
+    """The first turns of `n` prompts of `prompt_set` as chat-template ids, ready to decode."""
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p.turns[0]}], add_generation_prompt=True, return_dict=False
+        )
+        for p in load_prompt_set(prompt_set, n)
+    ]
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -138,12 +152,7 @@ def bench(args: argparse.Namespace) -> int:
         args.target, head, device=args.device, **kw
     )
     plain = load()
-    prompts = [
-        plain.tokenizer.apply_chat_template(
-            [{"role": "user", "content": p.turns[0]}], add_generation_prompt=True, return_dict=False
-        )
-        for p in load_prompt_set(args.prompt_set, args.prompts)
-    ]
+    prompts = first_turns(plain.tokenizer, args.prompt_set, args.prompts)
     ours = load(args.head)  # our defaults: calibrated tree
     calibrated = (ours.calibration or {}).get("choices")
     job = {

@@ -30,12 +30,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from bench_reference import run_ours, run_reference, summary, where
+from bench_reference import first_turns, guarded, run_ours, run_reference, summary, where
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from spechead.configs import demo_asset
-from spechead.data.prompt_sets import load_prompt_set
-from spechead.heads import HeadError, load_head
+from spechead.heads import load_head
 from spechead.heads.formats import export_head
 from spechead.inference.devices import check_device
 from spechead.inference.generator import SpeculativeGenerator
@@ -122,13 +121,7 @@ def with_full_kv_heads(target: str, out: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    args = parse(argv)
-    try:
-        return bench(args)
-    # a head the authors' layout cannot hold, a device this machine lacks, a bad tree, the reference failed
-    except (HeadError, RuntimeError, OSError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return guarded(bench, parse(argv))
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -153,12 +146,7 @@ def bench(args: argparse.Namespace) -> int:
         target, head, device=args.device, **kw
     )
     plain = load()
-    prompts = [
-        plain.tokenizer.apply_chat_template(
-            [{"role": "user", "content": p.turns[0]}], add_generation_prompt=True, return_dict=False
-        )
-        for p in load_prompt_set(args.prompt_set, args.prompts)
-    ]
+    prompts = first_turns(plain.tokenizer, args.prompt_set, args.prompts)
     gens = {"plain": plain, "defaults": load(args.head)}
     gens.update({spec: load(args.head, choices=paths) for spec, (_, paths) in trees.items()})
     jobs = [

@@ -49,16 +49,16 @@ def clock(device: str) -> float:
     return time.perf_counter()
 
 
-def count_passes(ea) -> list[int]:
-    """Count the engine's tree verification passes (its module-level `tree_decoding`)."""
+def count_passes(module) -> list[int]:
+    """Count the engine's tree verification passes (`module.tree_decoding`: eagle-llm's and medusa-llm's)."""
     counter = [0]
-    inner = ea.tree_decoding
+    inner = module.tree_decoding
 
     def counted(*args, **kwargs):
         counter[0] += 1
         return inner(*args, **kwargs)
 
-    ea.tree_decoding = counted
+    module.tree_decoding = counted
     return counter
 
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import types
 import warnings
 
 import torch
+from reference_eagle import clock, count_passes, new_ids  # (beside this file: its folder is on sys.path)
 
 
 class IdsTokenizer:
@@ -51,33 +51,6 @@ def load(head: str, eos: int, device: str = "cpu"):
     placed = {} if device == "cpu" else {"device_map": device}
     model = mm.MedusaModel.from_pretrained(head, torch_dtype=torch.float32, **placed)
     return model.eval(), mm, tokenizer
-
-
-def clock(device: str) -> float:
-    """perf_counter after the device's queued work is done (CUDA: synchronised)."""
-    if device != "cpu":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def count_passes(mm) -> list[int]:
-    """Count the engine's tree verification passes (its module-level `tree_decoding`)."""
-    counter = [0]
-    inner = mm.tree_decoding
-
-    def counted(*args, **kwargs):
-        counter[0] += 1
-        return inner(*args, **kwargs)
-
-    mm.tree_decoding = counted
-    return counter
-
-
-def new_ids(ids: list[int], eos: int, limit: int) -> list[int]:
-    """ids cut after the first EOS and at `limit` tokens (the engine may emit past both in its last pass)."""
-    if eos in ids:
-        ids = ids[: ids.index(eos) + 1]
-    return ids[:limit]
 
 
 def run_tree(model, counter, tokenizer, prompts, choices, eos: int, max_new: int, device: str) -> list[dict]:
