@@ -22,6 +22,7 @@ from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import Drafter, chain, hears_verified
+from spechead.inference.drafters.eagle_ahead import runs_ahead
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.plain_ahead import plain_ahead
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
@@ -33,6 +34,7 @@ from spechead.inference.sampling import (
     pick,
     torch_probs,
 )
+from spechead.inference.spec_ahead import spec_ahead
 from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
@@ -106,6 +108,9 @@ class SpeculativeGenerator:
         # plain decoding queued one step ahead of the host's reads (plain_ahead.py): on CUDA, where the
         # host's work of a token then overlaps the step; a CPU runs both in turn, nothing to overlap
         self.plain_ahead = device.type == "cuda"
+        # greedy EAGLE (compiled, on a compiled preallocated target): each next draft queued before the host
+        # reads the acceptance (spec_ahead.py); on CUDA, where the host's work then overlaps the draft
+        self.spec_ahead = device.type == "cuda"
         layers = tuple(drafter.hidden_layers) if drafter else ()
         self.runner = TargetRunner(
             target, layers, cache=cache or self.default_cache, max_length=max_cache_len, buckets=buckets,
@@ -284,6 +289,14 @@ class SpeculativeGenerator:
 
     # ---- internals -------------------------------------------------------------------------------
 
+    def _runs_ahead(self, params: SamplingParams) -> bool:
+        """Whether `spec_ahead` decodes: asked for (CUDA's default), greedy, accepted on the device, a
+        compiled EAGLE drafter (drafters/eagle_ahead.py) and a target that commits as a fixed-shape graph."""
+        return (
+            self.spec_ahead and params.is_greedy and self.device_accept and self.runner.queues_commits
+            and runs_ahead(self.drafter)
+        )  # fmt: skip
+
     def _prompt_ids(self, prompt, messages, input_ids) -> torch.Tensor:
         given = [x is not None for x in (prompt, messages, input_ids)]
         if sum(given) != 1:
@@ -337,6 +350,15 @@ class SpeculativeGenerator:
                     stats.accept_lengths.append(1)
                 stats.new_tokens += 1
                 yield [token]
+            stats.take_times(clock.totals())
+            return
+        if drafter is not None and self._runs_ahead(params):  # the next draft queued before each read
+            out = until_stop([root], self.eos, max_new_tokens)
+            stats.new_tokens += len(out)
+            yield out
+            if out[-1] not in self.eos and stats.new_tokens < max_new_tokens:
+                first = drafter.propose(root, params, generator).tree
+                yield from spec_ahead(runner, drafter, root, first, max_new_tokens, self.eos, clock, stats)  # type: ignore[arg-type]
             stats.take_times(clock.totals())
             return
         pending = [root]  # tokens to emit

@@ -23,7 +23,7 @@ in inference mode (`heads.grad.inference_mode`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,7 +32,7 @@ from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
 from spechead.heads.grad import inference_mode, version
-from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
+from spechead.inference.compiling import compile_function
 from spechead.inference.devices import host_ids, host_to_device
 from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
 from spechead.inference.positions import PositionIds
@@ -86,57 +86,6 @@ class _Capture:
             capture = cls(model)
             model.__dict__["_spechead_capture"] = capture
         return capture
-
-
-def compile_function(
-    fn,
-    compile: bool | str,
-    cuda: bool = False,
-    fullgraph: bool = False,
-    state: Callable[[], Hashable] | None = None,
-):
-    """torch.compile of `fn` for fixed shapes. True / "inductor": inductor; on CUDA each call signature
-    then captured once as a CUDA graph of our own (`GraphedFunction`: a call is input copies and one
-    replay, no guards; `state` names what else the graph reads, see cuda_graphs.py). "graphs": no
-    compiler: on CUDA the eager function itself captured as our CUDA graphs (eager kernels, the host's
-    launches gone; ready in seconds where inductor takes minutes on an 8B target), elsewhere `fn` as it
-    is (the fixed-shape passes, eager). "max-autotune": the
-    same with inductor's mode "max-autotune-no-cudagraphs" (each GEMM shape benchmarked against
-    generated kernels: a longer compile, for the skinny decode GEMMs). "reduce-overhead":
-    inductor with torch.compile's own CUDA graphs (guards and graph-tree checks every call). Another
-    string: that torch.compile backend ("cudagraphs": CUDA graphs without inductor, compiled in seconds;
-    "eager", "aot_eager" trace without code generation: what the CPU tests use to check the graph
-    count). On CUDA every call returns copies of the graph's outputs (see `_replay`). fullgraph: a graph
-    break is an error (one graph or none)."""
-    # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
-    # function would silently send the rest back to eager
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    if compile == "graphs":  # (the raw function: what test_graph_replay's stand-in graphs check on a CPU)
-        return GraphedFunction(fn, state) if cuda else fn
-    if compile is True or compile in ("inductor", "max-autotune"):
-        mode = "max-autotune-no-cudagraphs" if compile == "max-autotune" else None  # (graphs: ours)
-        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, mode=mode)
-        return GraphedFunction(compiled, state) if cuda else compiled
-    assert isinstance(compile, str)  # compile=False: callers compile only when asked
-    if compile == "reduce-overhead":
-        compiled = torch.compile(
-            fn, dynamic=False, fullgraph=fullgraph, mode="reduce-overhead" if cuda else None
-        )
-    else:
-        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, backend=compile)
-    return _replay(compiled) if cuda else compiled
-
-
-def _replay(compiled):
-    """A CUDA graph writes its outputs into the same buffers at every replay, so an output kept from
-    one call (the draft loop feeds each depth's features to the next) would be overwritten by the next
-    call. Mark each call as a new step and hand out copies: a few small tensors per pass."""
-
-    def run(*args, **kwargs):
-        torch.compiler.cudagraph_mark_step_begin()
-        return copy_outputs(compiled(*args, **kwargs))
-
-    return run
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:
@@ -480,6 +429,24 @@ class TargetRunner:
             self.slots.set_length(self.length + k)
         else:
             commit_path(self.cache, self.length, path, contiguous=contiguous)
+        self.length += k
+
+    @property
+    def queues_commits(self) -> bool:
+        """Whether `commit_queued` runs here (compiled: the commit is a fixed-shape graph)."""
+        return self._compiled_commit is not None
+
+    @inference_mode
+    def commit_queued(self, path: Tensor) -> None:
+        """`commit` of a path still on the device, in two halves: the copy of its nodes into place queued
+        now (path [N]: the accepted nodes ascending, then the last one repeated; compiled runners only),
+        `advance(K)` once K is read (spec_ahead.py)."""
+        assert self._compiled_commit is not None, "commit_queued needs compile= (a fixed-shape commit)"
+        self._compiled_commit(path)
+
+    def advance(self, k: int) -> None:
+        """The second half of `commit_queued`: the K entries it moved are committed (the cache's lengths
+        follow at the next verify's rewind)."""
         self.length += k
 
     def _commit_graph(self, path: Tensor) -> None:

@@ -9,7 +9,9 @@
 #      FP8 drafting eager and as graphs) and tests/inference/test_cuda_syncs.py (a pass waits for the GPU
 #      once, batch 1 and batch 2, counted with PyTorch's sync debug mode; new, not run yet; since
 #      2026-11-27 also a sampled pass: rule A accepted on the device, inference/device_sampling.py); not
-#      run yet: plain decoding one step ahead, batch 1 and batch > 1 (plain_ahead.py, batch_plain_ahead.py);
+#      run yet: plain decoding one step ahead, batch 1 and batch > 1 (plain_ahead.py, batch_plain_ahead.py),
+#      and greedy EAGLE with the next draft queued before the acceptance is read (spec_ahead.py: the
+#      greedy cases of test_cuda_syncs.py decode that way; bench_gpu's decoded row times it both ways);
 #      the HF greedy reference (`plain_greedy`) now takes its ids on the model's device (before, those two
 #      tests would have failed at Hugging Face's generate with ids on the CPU);
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile

@@ -1,5 +1,6 @@
 """The batch-1 decoded row of scripts/bench_gpu.py: whole passes through SpeculativeGenerator (plain, as the
-engine runs it and token by token, and EAGLE-3 with the benchmark's dynamic tree), measured as they run, host work and waits included, beside
+engine runs it and token by token, and EAGLE-3 with the benchmark's dynamic tree, as the engine runs it
+and reading each acceptance before the next draft), measured as they run, host work and waits included, beside
 the sum of the parts bench_gpu times apart; and, on CUDA, how often a pass waits for the device.
 Imported by bench_gpu.py (a sibling module)."""
 
@@ -28,15 +29,18 @@ def decoded_stream(
     device, ctx = next(model.parameters()).device, args.context
     prompt = torch.randint(0, model.config.vocab_size, (ctx,), generator=torch.Generator().manual_seed(1))
     out: dict = {"stream_new_tokens": NEW_TOKENS}
-    for name in ("plain", "plain_stepwise", "spec"):
-        if (
-            name != "spec"
+    for name in ("plain", "plain_stepwise", "spec", "spec_stepwise"):
+        if not name.startswith(
+            "spec"
         ):  # plain decoding as the engine runs it (on CUDA one step ahead), and token by token
             gen = SpeculativeGenerator(model, None, None, compile=compile)
             gen.plain_ahead = gen.plain_ahead and name == "plain"
         else:  # (compile=False: the drafter keeps its graphs; the measured runner replaces the new one)
             gen = SpeculativeGenerator(model, None, drafter)
             gen.runner = runner
+            # as the engine runs it (on CUDA the next draft queued before the acceptance is read,
+            # spec_ahead.py), and reading each acceptance before the commits and the next draft
+            gen.spec_ahead = gen.spec_ahead and name == "spec"
         gen.eos = set()  # random weights: never stop early
 
         def run(gen=gen):
@@ -94,7 +98,8 @@ def render_stream(r: dict) -> list[str]:
         f"batch 1, decoded (SpeculativeGenerator, {row['stream_new_tokens']} tokens, random weights so about "
         f"one a pass): plain {row['stream_plain_pass_ms']:.3f} ms a pass (token by token, the host reading each "
         f"before the next step: {row['stream_plain_stepwise_pass_ms']:.3f}), EAGLE-3 {row['stream_spec_pass_ms']:.3f} "
-        f"ms ({row['stream_gap_ms']:+.3f} ms against the parts' sum); projected at tau {row['stream_tau']}: "
+        f"ms (reading each acceptance before the next draft: {row.get('stream_spec_stepwise_pass_ms', float('nan')):.3f}; "
+        f"{row['stream_gap_ms']:+.3f} ms against the parts' sum); projected at tau {row['stream_tau']}: "
         f"{row['stream_speedup']:.2f}x the decoded plain passes",
         f"host waits for the GPU (whole generate, prefill included): plain {row['stream_plain_syncs']} in "
         f"{row['stream_plain_passes']} passes, EAGLE-3 {row['stream_spec_syncs']} in {row['stream_spec_passes']}",
@@ -102,5 +107,6 @@ def render_stream(r: dict) -> list[str]:
         + "; ".join(f"{label} " + " / ".join(f"{row[f'stream_{name}_phase_ms'][k]:.3f}" for k in
                                              ("draft", "verify", "other"))
                     for name, label in (("plain", "plain"), ("plain_stepwise", "plain token by token"),
-                                        ("spec", "EAGLE-3"))),
+                                        ("spec", "EAGLE-3"), ("spec_stepwise", "EAGLE-3 reading first"))
+                    if f"stream_{name}_phase_ms" in row),
     ]  # fmt: skip

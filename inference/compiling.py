@@ -1,0 +1,65 @@
+"""torch.compile and CUDA graphs for the engine's fixed-shape functions (the runners' passes, the drafters'
+graphs): one entry point, `compile_function`, that every compiled path goes through.
+
+Callers look it up as `spechead.inference.runner.compile_function` (re-exported there) when they compile,
+so tests can swap in stand-in graphs on a CPU (tests/inference/test_graph_replay.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import torch
+
+from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
+
+
+def compile_function(
+    fn,
+    compile: bool | str,
+    cuda: bool = False,
+    fullgraph: bool = False,
+    state: Callable[[], Hashable] | None = None,
+):
+    """torch.compile of `fn` for fixed shapes. True / "inductor": inductor; on CUDA each call signature
+    then captured once as a CUDA graph of our own (`GraphedFunction`: a call is input copies and one
+    replay, no guards; `state` names what else the graph reads, see cuda_graphs.py). "graphs": no
+    compiler: on CUDA the eager function itself captured as our CUDA graphs (eager kernels, the host's
+    launches gone; ready in seconds where inductor takes minutes on an 8B target), elsewhere `fn` as it
+    is (the fixed-shape passes, eager). "max-autotune": the
+    same with inductor's mode "max-autotune-no-cudagraphs" (each GEMM shape benchmarked against
+    generated kernels: a longer compile, for the skinny decode GEMMs). "reduce-overhead":
+    inductor with torch.compile's own CUDA graphs (guards and graph-tree checks every call). Another
+    string: that torch.compile backend ("cudagraphs": CUDA graphs without inductor, compiled in seconds;
+    "eager", "aot_eager" trace without code generation: what the CPU tests use to check the graph
+    count). On CUDA every call returns copies of the graph's outputs (see `_replay`). fullgraph: a graph
+    break is an error (one graph or none)."""
+    # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
+    # function would silently send the rest back to eager
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    if compile == "graphs":  # (the raw function: what test_graph_replay's stand-in graphs check on a CPU)
+        return GraphedFunction(fn, state) if cuda else fn
+    if compile is True or compile in ("inductor", "max-autotune"):
+        mode = "max-autotune-no-cudagraphs" if compile == "max-autotune" else None  # (graphs: ours)
+        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, mode=mode)
+        return GraphedFunction(compiled, state) if cuda else compiled
+    assert isinstance(compile, str)  # compile=False: callers compile only when asked
+    if compile == "reduce-overhead":
+        compiled = torch.compile(
+            fn, dynamic=False, fullgraph=fullgraph, mode="reduce-overhead" if cuda else None
+        )
+    else:
+        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, backend=compile)
+    return _replay(compiled) if cuda else compiled
+
+
+def _replay(compiled):
+    """A CUDA graph writes its outputs into the same buffers at every replay, so an output kept from
+    one call (the draft loop feeds each depth's features to the next) would be overwritten by the next
+    call. Mark each call as a new step and hand out copies: a few small tensors per pass."""
+
+    def run(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return copy_outputs(compiled(*args, **kwargs))
+
+    return run

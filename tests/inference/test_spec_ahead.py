@@ -1,0 +1,169 @@
+"""Greedy EAGLE decoding with the next draft queued before the host reads the acceptance (spec_ahead.py,
+drafters/eagle_ahead.py), forced on a CPU (the default on CUDA only): the acceptance computed on the device
+is the greedy rule; the head's queued commit and draft equal `accept_path` and `propose`; decoding equals
+plain decoding with the same accepted lengths as the loop that reads first, also as replayed graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference import generator as generator_module
+from spechead.inference.acceptance import greedy_accept_batch
+from spechead.inference.drafters.eagle_ahead import (
+    accept_queued,
+    commit_size,
+    propose_queued,
+    runs_ahead,
+    settle,
+)
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams
+from spechead.inference.spec_ahead import QueuedAcceptance
+from spechead.inference.tree import ancestors_on_device, tree_from_choices
+
+from .test_generator import eagle_drafter, plain_greedy
+from .test_graph_replay import replayed_graphs  # noqa: F401 - the fixture
+
+CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0]]
+TREES = {
+    "eagle_static": ("eagle", {"tree": CHOICES}),
+    "eagle_dynamic": ("eagle", {"top_k": 3, "depth": 4, "total_tokens": 12}),
+    "eagle3_static": ("eagle3", {"tree": CHOICES}),
+}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama, chatml_tokenizer):
+    m = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
+    m.generation_config.eos_token_id = None
+    return m
+
+
+def test_the_queued_acceptance_is_the_greedy_rule():
+    """Trees whose target argmaxes accept a chosen node (off the main path too): the host form equals
+    greedy_accept_batch, and the device path is its nodes ascending, then the deepest repeated."""
+    gen = torch.Generator().manual_seed(0)
+    tree = tree_from_choices(CHOICES)
+    parents = tree.parents  # [N]
+    n, vocab = parents.shape[0], 50
+    anc = ancestors_on_device(parents[None])[0]  # [N, N]
+    for target in range(n):
+        tokens = torch.randint(0, vocab, (n,), generator=gen)
+        logits = torch.randn(n, vocab, generator=gen)
+        for node in anc[target].nonzero().flatten().tolist()[1:]:  # the target node's path is the argmax
+            logits[parents[node], tokens[node]] = 10.0
+        queued = QueuedAcceptance(tokens, parents, anc, logits, size=16)
+        expected = greedy_accept_batch(tokens[None], parents[None], anc[None], logits[None])[0]
+        got = queued.result()
+        assert got == expected and got.path_tokens == expected.path_tokens
+        k = len(expected.path)
+        assert int(queued.k) == k and int(queued.next_token) == expected.next_token
+        assert queued.path.shape == (16,) and queued.path.tolist() == expected.path + [expected.path[-1]] * (
+            16 - k
+        )
+
+
+@pytest.mark.parametrize("kind", list(TREES))
+def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, kind):
+    """Two drafters of one head: one hears paths on the host (accept_path, propose), the other from
+    device tensors (accept_queued, propose_queued, settle); off-main-path nodes, several rounds."""
+    family, options = TREES[kind]
+    host, queued = eagle_drafter(model, family, **options), eagle_drafter(model, family, **options)
+    for d in (host, queued):
+        d.use_compile("graphs")  # (a CPU: the fixed-shape graph functions, eager)
+    assert runs_ahead(queued) and commit_size(queued) == 8  # paths of at most 5 nodes
+    gen = torch.Generator().manual_seed(1)
+    h = model.config.hidden_size
+    prompt = torch.arange(5, 17)
+    states = {layer: torch.randn(1, 12, h, generator=gen) for layer in host.hidden_layers}
+    for d in (host, queued):
+        d.start(prompt, {k: v[0] for k, v in states.items()}, root=7)
+    root = 7
+    drafts = [d.propose(root, SamplingParams(), None) for d in (host, queued)]  # the first: from the host
+    for path in ([0, 2, 5], [0], [0, 1, 4, 7, 10], [0, 3], [0, 1, 3, 6, 9]):
+        assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist(), path
+        n = drafts[0].tree.size
+        hidden = {layer: torch.randn(1, n, h, generator=gen) for layer in host.hidden_layers}
+        tokens = torch.randint(0, model.config.vocab_size, (n,), generator=gen)
+        nxt = int(torch.randint(0, model.config.vocab_size, (1,), generator=gen))
+        host.accept_path([int(t) for t in tokens[path]], hidden, path, nxt)
+        padded = torch.tensor(path + [path[-1]] * (max(n, 8) - len(path)))
+        accept_queued(queued, hidden, tokens, padded, torch.tensor(len(path)), torch.tensor(nxt))
+        torch.testing.assert_close(queued._feature, host._feature)
+        drafts = [host.propose(nxt, SamplingParams(), None), propose_queued(queued, torch.tensor([[nxt]]))]
+        settle(queued, len(path), nxt)  # (after the draft, as spec_ahead reads the acceptance)
+        assert queued._committed == host._committed
+    assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
+
+
+@pytest.mark.parametrize("kind", list(TREES))
+def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(
+    model, chatml_tokenizer, kind, monkeypatch
+):
+    family, options = TREES[kind]
+    ahead = SpeculativeGenerator(
+        model, chatml_tokenizer, eagle_drafter(model, family, **options), compile="graphs"
+    )
+    first = SpeculativeGenerator(
+        model, chatml_tokenizer, eagle_drafter(model, family, **options), compile="graphs"
+    )
+    assert not ahead.spec_ahead  # a CPU's default: the loop that reads first
+    for g in (ahead, first):
+        g.device_accept = True
+    ahead.spec_ahead = True
+    queued, passes = [], 0
+    commit = ahead.runner.commit_queued
+    monkeypatch.setattr(
+        ahead.runner, "commit_queued", lambda path: (queued.append(path.shape[0]), commit(path))
+    )
+    for i, n in enumerate((1, 2, 9, 30)):
+        prompt = list(range(5 + i, 15 + 3 * i))
+        out, ref = (g.generate(input_ids=prompt, max_new_tokens=n) for g in (ahead, first))
+        assert out.token_ids == ref.token_ids == plain_greedy(model, prompt, n), (kind, n)
+        assert out.stats.accept_lengths == ref.stats.accept_lengths and out.stats.new_tokens == n
+        assert out.stats.drafted_tokens == ref.stats.drafted_tokens
+        passes += len(out.stats.accept_lengths)
+    assert len(queued) == passes > 0  # every pass committed from the device
+
+
+def test_an_eos_inside_an_accepted_path_stops_ahead_at_it(model, chatml_tokenizer):
+    ahead = SpeculativeGenerator(
+        model, chatml_tokenizer, eagle_drafter(model, "eagle", tree=CHOICES), compile="graphs"
+    )
+    ahead.device_accept = ahead.spec_ahead = True
+    prompt = list(range(9, 21))
+    full = plain_greedy(model, prompt, 30)
+    for at in (0, 3, 11):
+        ahead.eos = {full[at]}
+        out = ahead.generate(input_ids=prompt, max_new_tokens=30).token_ids
+        assert out == full[: full.index(full[at]) + 1]
+
+
+def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
+    """Sampling, an eager drafter, an eager target: the loop that reads first."""
+
+    def no_ahead(*args, **kwargs):
+        raise AssertionError("spec_ahead ran")
+
+    monkeypatch.setattr(generator_module, "spec_ahead", no_ahead)
+    prompt = list(range(5, 15))
+    for compile, draft_compile, kw in (("graphs", None, {"temperature": 0.8, "seed": 1}), (False, False, {}),
+                                       (False, "graphs", {})):  # fmt: skip
+        gen = SpeculativeGenerator(model, chatml_tokenizer, eagle_drafter(model, "eagle", tree=CHOICES),
+                                   compile=compile, draft_compile=draft_compile)  # fmt: skip
+        gen.device_accept = gen.spec_ahead = True
+        gen.generate(input_ids=prompt, max_new_tokens=8, **kw)
+
+
+def test_replayed_graphs_decode_ahead_like_plain_decoding(model, chatml_tokenizer, replayed_graphs):  # noqa: F811
+    """The target's verify and commit and the head's commit and draft as replayed graphs (what CUDA would
+    capture): decoding ahead still equals plain decoding, the graphs replayed."""
+    gen = SpeculativeGenerator(
+        model, chatml_tokenizer, eagle_drafter(model, "eagle", tree=CHOICES), compile=True
+    )
+    gen.device_accept = gen.spec_ahead = True
+    for i in range(3):
+        prompt = list(range(5 + i, 15 + 2 * i))
+        assert gen.generate(input_ids=prompt, max_new_tokens=20).token_ids == plain_greedy(model, prompt, 20)
+    assert all(g.replays > g.captures >= 1 for g in replayed_graphs)
