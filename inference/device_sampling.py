@@ -43,6 +43,30 @@ def sample_accept_batch(
     `sizes`: each row's real nodes (a padded batch: the rest are never accepted nor counted as children;
     None: all N). A row of size s draws its s - 1 coins from its generator, then its next token: a row
     decodes as it would alone. `coins` [B, N] replaces the drawn uniforms (tests). One host transfer."""
+    n, vocab = probs.shape[1], probs.shape[2]
+    nxt, path_mask, _ = rule_a_on_device(tokens, parents, ancestors, probs, generators, sizes, coins)
+    packed = torch.cat([nxt[:, None], path_mask.long(), tokens], dim=1).tolist()  # the one host transfer
+    out = []
+    for row in packed:  # [next token, on path [N], tokens [N]]
+        path = [i for i, x in enumerate(row[1 : n + 1]) if x]
+        if row[0] >= vocab:
+            raise ValueError("cannot sample the next token: the target's probs hold no positive finite mass")
+        out.append(Acceptance(path, int(row[0]), [row[n + 1 + i] for i in path]))
+    return out
+
+
+def rule_a_on_device(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    ancestors: torch.Tensor,
+    probs: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+    sizes: Sequence[int] | None = None,
+    coins: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sample_accept_batch` (same arguments, the same draws) without the host transfer: each row's next
+    token [B] (V when its probs hold no positive finite mass), its path as a mask over the nodes [B, N]
+    and its last accepted node [B], all on the device."""
     batch, n, vocab = probs.shape
     device = probs.device
     sizes = [n] * batch if sizes is None else list(sizes)
@@ -79,12 +103,4 @@ def sample_accept_batch(
     residual = end.masked_fill(hit, 0.0)  # [B, V]
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, end)  # (rounding only)
     nxt = torch.cat([inverse_cdf(residual[b], g) for b, g in enumerate(generators)])  # [B]
-    path_mask = ancestors[rows, last]  # [B, N]
-    packed = torch.cat([nxt[:, None], path_mask.long(), tokens], dim=1).tolist()  # the one host transfer
-    out = []
-    for row in packed:  # [next token, on path [N], tokens [N]]
-        path = [i for i, x in enumerate(row[1 : n + 1]) if x]
-        if row[0] >= vocab:
-            raise ValueError("cannot sample the next token: the target's probs hold no positive finite mass")
-        out.append(Acceptance(path, int(row[0]), [row[n + 1 + i] for i in path]))
-    return out
+    return nxt, ancestors[rows, last], last  # [B], [B, N], [B]

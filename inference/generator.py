@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -39,6 +40,9 @@ from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
+
+if TYPE_CHECKING:
+    from spechead.inference.drafters.eagle import EagleDrafter
 
 
 class SpeculativeGenerator:
@@ -290,11 +294,12 @@ class SpeculativeGenerator:
     # ---- internals -------------------------------------------------------------------------------
 
     def _runs_ahead(self, params: SamplingParams) -> bool:
-        """Whether `spec_ahead` decodes: asked for (CUDA's default), greedy, accepted on the device, a
-        compiled EAGLE drafter (drafters/eagle_ahead.py) and a target that commits as a fixed-shape graph."""
+        """Whether `spec_ahead` decodes: asked for (CUDA's default), accepted on the device, a compiled
+        EAGLE drafter of top-k children (drafters/eagle_ahead.py; greedy, or sampled by rule A) and a
+        target that commits as a fixed-shape graph."""
         return (
-            self.spec_ahead and params.is_greedy and self.device_accept and self.runner.queues_commits
-            and runs_ahead(self.drafter)
+            self.spec_ahead and self.device_accept and self.runner.queues_commits and runs_ahead(self.drafter)
+            and (params.is_greedy or self.drafter.rule == "deterministic")  # type: ignore[union-attr]
         )  # fmt: skip
 
     def _prompt_ids(self, prompt, messages, input_ids) -> torch.Tensor:
@@ -358,7 +363,10 @@ class SpeculativeGenerator:
             yield out
             if out[-1] not in self.eos and stats.new_tokens < max_new_tokens:
                 first = drafter.propose(root, params, generator).tree
-                yield from spec_ahead(runner, drafter, root, first, max_new_tokens, self.eos, clock, stats)  # type: ignore[arg-type]
+                eagle = cast("EagleDrafter", drafter)  # (what `_runs_ahead` checked)
+                yield from spec_ahead(
+                    runner, eagle, root, first, params, generator, max_new_tokens, self.eos, clock, stats
+                )
             stats.take_times(clock.totals())
             return
         pending = [root]  # tokens to emit

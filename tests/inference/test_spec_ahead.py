@@ -1,6 +1,6 @@
 """Greedy EAGLE decoding with the next draft queued before the host reads the acceptance (spec_ahead.py,
 drafters/eagle_ahead.py), forced on a CPU (the default on CUDA only): the acceptance computed on the device
-is the greedy rule; the head's queued commit and draft equal `accept_path` and `propose`; decoding equals
+is the greedy rule, or rule A's draws; the head's queued commit and draft equal `accept_path` and `propose`; decoding equals
 plain decoding with the same accepted lengths as the loop that reads first, also as replayed graphs."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 
 from spechead.inference import generator as generator_module
 from spechead.inference.acceptance import greedy_accept_batch
+from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.drafters.eagle_ahead import (
     accept_queued,
     commit_size,
@@ -53,7 +54,7 @@ def test_the_queued_acceptance_is_the_greedy_rule():
         logits = torch.randn(n, vocab, generator=gen)
         for node in anc[target].nonzero().flatten().tolist()[1:]:  # the target node's path is the argmax
             logits[parents[node], tokens[node]] = 10.0
-        queued = QueuedAcceptance(tokens, parents, anc, logits, size=16)
+        queued = QueuedAcceptance.greedy(tokens, parents, anc, logits, size=16)
         expected = greedy_accept_batch(tokens[None], parents[None], anc[None], logits[None])[0]
         got = queued.result()
         assert got == expected and got.path_tokens == expected.path_tokens
@@ -62,6 +63,31 @@ def test_the_queued_acceptance_is_the_greedy_rule():
         assert queued.path.shape == (16,) and queued.path.tolist() == expected.path + [expected.path[-1]] * (
             16 - k
         )
+
+
+def test_the_queued_sampled_acceptance_draws_what_rule_a_draws():
+    """Rule A's device ops with the same generator: the same path, next token and draws as
+    sample_accept_batch; probs without mass are refused when read."""
+    tree = tree_from_choices(CHOICES)
+    parents, n = tree.parents, tree.parents.shape[0]
+    anc = ancestors_on_device(parents[None])[0]  # [N, N]
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, 6, (n,), generator=gen)  # a small vocab: many children accepted
+        probs = torch.softmax(torch.randn(n, 6, generator=gen) * 2, -1)
+        queued = QueuedAcceptance.sampled(
+            tokens, parents, anc, probs, torch.Generator().manual_seed(seed), 16
+        )
+        expected = sample_accept_batch(
+            tokens[None], parents[None], anc[None], probs[None], [torch.Generator().manual_seed(seed)]
+        )[0]
+        got = queued.result()
+        assert got == expected and got.path_tokens == expected.path_tokens
+        assert queued.path.tolist()[: len(got.path)] == got.path and int(queued.k) == len(got.path)
+    empty = QueuedAcceptance.sampled(tokens, parents, anc, torch.zeros(n, 6), torch.Generator(), 16)
+    assert 0 <= int(empty.next_token) < 6  # (clamped for the queued ops)
+    with pytest.raises(ValueError, match="no positive finite mass"):
+        empty.result()
 
 
 @pytest.mark.parametrize("kind", list(TREES))
@@ -127,6 +153,25 @@ def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(
     assert len(queued) == passes > 0  # every pass committed from the device
 
 
+@pytest.mark.parametrize("kind", ["eagle_static", "eagle_dynamic"])
+def test_sampling_ahead_draws_what_the_loop_that_reads_first_draws(model, chatml_tokenizer, kind):
+    family, options = TREES[kind]
+    ahead, first = (
+        SpeculativeGenerator(
+            model, chatml_tokenizer, eagle_drafter(model, family, **options), compile="graphs"
+        )
+        for _ in range(2)
+    )
+    for g in (ahead, first):
+        g.device_accept = True
+    ahead.spec_ahead = True
+    for seed in range(3):
+        kw = {"input_ids": list(range(5 + seed, 17)), "max_new_tokens": 24, "seed": seed, "temperature": 0.9,
+              "top_k": 20}  # fmt: skip
+        out, ref = ahead.generate(**kw), first.generate(**kw)
+        assert out.token_ids == ref.token_ids and out.stats.accept_lengths == ref.stats.accept_lengths
+
+
 def test_an_eos_inside_an_accepted_path_stops_ahead_at_it(model, chatml_tokenizer):
     ahead = SpeculativeGenerator(
         model, chatml_tokenizer, eagle_drafter(model, "eagle", tree=CHOICES), compile="graphs"
@@ -141,17 +186,22 @@ def test_an_eos_inside_an_accepted_path_stops_ahead_at_it(model, chatml_tokenize
 
 
 def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
-    """Sampling, an eager drafter, an eager target: the loop that reads first."""
+    """Drawn children, an eager drafter, an eager target: the loop that reads first."""
 
     def no_ahead(*args, **kwargs):
         raise AssertionError("spec_ahead ran")
 
     monkeypatch.setattr(generator_module, "spec_ahead", no_ahead)
     prompt = list(range(5, 15))
-    for compile, draft_compile, kw in (("graphs", None, {"temperature": 0.8, "seed": 1}), (False, False, {}),
-                                       (False, "graphs", {})):  # fmt: skip
-        gen = SpeculativeGenerator(model, chatml_tokenizer, eagle_drafter(model, "eagle", tree=CHOICES),
-                                   compile=compile, draft_compile=draft_compile)  # fmt: skip
+    for compile, draft_compile, kw, rule in (
+        ("graphs", None, {"temperature": 0.8, "seed": 1}, "without_replacement"),
+        (False, False, {}, "deterministic"),
+        (False, "graphs", {}, "deterministic"),
+    ):
+        drafter = eagle_drafter(model, "eagle", tree=CHOICES, rule=rule)
+        gen = SpeculativeGenerator(
+            model, chatml_tokenizer, drafter, compile=compile, draft_compile=draft_compile
+        )
         gen.device_accept = gen.spec_ahead = True
         gen.generate(input_ids=prompt, max_new_tokens=8, **kw)
 
