@@ -1,4 +1,4 @@
-"""Greedy EAGLE decoding with the next draft queued before the host reads the acceptance.
+"""EAGLE decoding (greedy, or sampled by rule A) with the next draft queued before the host reads the acceptance.
 
 The speculative pass waits for the device once: the host reads which path was accepted. In the plain
 loop that read comes before the commits and the next draft are launched, so the host's work after it
