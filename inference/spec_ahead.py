@@ -1,16 +1,17 @@
-"""EAGLE decoding (greedy, or sampled by rule A) with the next draft queued before the host reads the acceptance.
+"""EAGLE decoding (greedy, or sampled by rule A) with the next draft queued before the host reads the
+acceptance.
 
 The speculative pass waits for the device once: the host reads which path was accepted. In the plain
 loop that read comes before the commits and the next draft are launched, so the host's work after it
 (the bookkeeping of the tokens, the launches) leaves the device idle. Here everything after the verify
-stays on the device until the next draft is queued: the greedy acceptance (the same rule as
-`greedy_accept_batch`; when sampling, rule A's as `sample_accept_batch` computes it) gives the accepted path as device tensors (its nodes [N], the last repeated; its
-length K; the next token), the target's commit of that path and the head's are queued from them
-(`TargetRunner.commit_queued`, drafters/eagle_ahead.py), then the whole next draft; only then does the
-host wait for the acceptance's one transfer (pinned memory, an event behind the copy), and its own work
-overlaps the draft. A stop (EOS, max_new_tokens) is seen after that draft was queued: its work is dropped.
-For compiled EAGLE drafters (top-k children) on a compiled, preallocated target; batch 1; the default on
-CUDA.
+stays on the device until the next draft is queued: the acceptance (greedy, as `greedy_accept_batch`;
+sampled, rule A as `sample_accept_batch` computes it, the same draws) gives the accepted path as device
+tensors (its nodes [N], the last repeated; its length K; the next token), the target's commit of that
+path and the head's are queued from them (`TargetRunner.commit_queued`, drafters/eagle_ahead.py), then
+the whole next draft; only then does the host wait for the acceptance's one transfer (pinned memory, an
+event behind the copy), and its own work overlaps the draft. A stop (EOS, max_new_tokens) is seen after
+that draft was queued: its work is dropped. For compiled EAGLE drafters (top-k children) on a compiled,
+preallocated target; batch 1; the default on CUDA.
 """
 
 from __future__ import annotations
