@@ -361,8 +361,10 @@ class SpeculativeGenerator:
             out = until_stop([root], self.eos, max_new_tokens)
             stats.new_tokens += len(out)
             yield out
+            clock.mark("other")
             if out[-1] not in self.eos and stats.new_tokens < max_new_tokens:
                 first = drafter.propose(root, params, generator).tree
+                clock.mark("draft")
                 eagle = cast("EagleDrafter", drafter)  # (what `_runs_ahead` checked)
                 yield from spec_ahead(
                     runner, eagle, root, first, params, generator, max_new_tokens, self.eos, clock, stats

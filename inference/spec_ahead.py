@@ -118,7 +118,6 @@ def spec_ahead(
         n, room = tree.size, runner.room()
         if room is not None and n > room:  # near a fixed cache's end: the first nodes (lossless)
             tree, n = TokenTree.trusted(tree.tokens[:room], tree.parents[:room]), room
-        clock.mark("draft")
         logits, hidden = runner.verify(tree.tokens[None], tree.parents[None])  # [1, N, V], {l: [1, N, H]}
         anc, parents = runner.last_ancestors, runner.last_parents  # [1, N, N], [1, N] on the device
         assert anc is not None and parents is not None  # verify just set them
@@ -128,13 +127,14 @@ def spec_ahead(
             probs = torch_probs(logits[0], params)
             queued = QueuedAcceptance.sampled(tree.tokens, parents[0], anc[0], probs, generator, size)
         runner.commit_queued(queued.path[:n])
+        clock.mark("verify")  # (on CUDA the device's timeline: the target's pass, acceptance and commit)
         accept_queued(drafter, hidden, tree.tokens, queued.path, queued.k, queued.next_token)
         following = propose_queued(drafter, queued.next_token.view(1, 1))  # queued: the next tree
+        clock.mark("draft")  # (the head's commit and the next draft)
         acc = queued.result()  # the pass's one wait (the draft above runs meanwhile)
         k = len(acc.path)
         runner.advance(k)
         settle(drafter, k, acc.next_token)
-        clock.mark("verify")
         stats.drafted_tokens += n - 1
         pending = [*(acc.path_tokens or [])[1:], acc.next_token]
         out = until_stop(pending, eos, max_new_tokens - stats.new_tokens)

@@ -149,6 +149,7 @@ def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(
         assert out.token_ids == ref.token_ids == plain_greedy(model, prompt, n), (kind, n)
         assert out.stats.accept_lengths == ref.stats.accept_lengths and out.stats.new_tokens == n
         assert out.stats.drafted_tokens == ref.stats.drafted_tokens
+        assert n < 9 or (out.stats.draft_time > 0 and out.stats.verify_time > 0)  # the phases are timed
         passes += len(out.stats.accept_lengths)
     assert len(queued) == passes > 0  # every pass committed from the device
 
