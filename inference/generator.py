@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, cast
 
 import torch
 from transformers import PreTrainedModel
@@ -22,8 +21,8 @@ from spechead.inference.batch_decode import batch_cache_size, batch_passes, coll
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
+from spechead.inference.drafters.ahead import Ahead, ahead_of
 from spechead.inference.drafters.base import Drafter, chain, hears_verified
-from spechead.inference.drafters.eagle_ahead import runs_ahead
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.plain_ahead import plain_ahead
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
@@ -40,9 +39,6 @@ from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
-
-if TYPE_CHECKING:
-    from spechead.inference.drafters.eagle import EagleDrafter
 
 
 class SpeculativeGenerator:
@@ -112,8 +108,8 @@ class SpeculativeGenerator:
         # plain decoding queued one step ahead of the host's reads (plain_ahead.py): on CUDA, where the
         # host's work of a token then overlaps the step; a CPU runs both in turn, nothing to overlap
         self.plain_ahead = device.type == "cuda"
-        # greedy EAGLE (compiled, on a compiled preallocated target): each next draft queued before the host
-        # reads the acceptance (spec_ahead.py); on CUDA, where the host's work then overlaps the draft
+        # EAGLE (compiled) and Medusa on a compiled preallocated target: each next draft queued before the
+        # host reads the acceptance (spec_ahead.py); on CUDA, where the host's work then overlaps the draft
         self.spec_ahead = device.type == "cuda"
         layers = tuple(drafter.hidden_layers) if drafter else ()
         self.runner = TargetRunner(
@@ -293,14 +289,14 @@ class SpeculativeGenerator:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _runs_ahead(self, params: SamplingParams) -> bool:
-        """Whether `spec_ahead` decodes: asked for (CUDA's default), accepted on the device, a compiled
-        EAGLE drafter of top-k children (drafters/eagle_ahead.py; greedy, or sampled by rule A) and a
-        target that commits as a fixed-shape graph."""
-        return (
-            self.spec_ahead and self.device_accept and self.runner.queues_commits and runs_ahead(self.drafter)
-            and (params.is_greedy or self.drafter.rule == "deterministic")  # type: ignore[union-attr]
-        )  # fmt: skip
+    def _ahead(self, params: SamplingParams) -> Ahead | None:
+        """The drafter's form for `spec_ahead` where it decodes: asked for (CUDA's default), accepted on
+        the device, a drafter of top-k children that drafts from device tensors (drafters/ahead.py:
+        compiled EAGLE, Medusa; greedy, or sampled by rule A) and a target that commits as a fixed-shape
+        graph."""
+        if not (self.spec_ahead and self.device_accept and self.runner.queues_commits):
+            return None
+        return ahead_of(self.drafter, params.is_greedy)
 
     def _prompt_ids(self, prompt, messages, input_ids) -> torch.Tensor:
         given = [x is not None for x in (prompt, messages, input_ids)]
@@ -357,7 +353,8 @@ class SpeculativeGenerator:
                 yield [token]
             stats.take_times(clock.totals())
             return
-        if drafter is not None and self._runs_ahead(params):  # the next draft queued before each read
+        ahead = self._ahead(params)  # (None without a drafter)
+        if drafter is not None and ahead is not None:  # the next draft queued before each read
             out = until_stop([root], self.eos, max_new_tokens)
             stats.new_tokens += len(out)
             yield out
@@ -365,9 +362,8 @@ class SpeculativeGenerator:
             if out[-1] not in self.eos and stats.new_tokens < max_new_tokens:
                 first = drafter.propose(root, params, generator).tree
                 clock.mark("draft")
-                eagle = cast("EagleDrafter", drafter)  # (what `_runs_ahead` checked)
                 yield from spec_ahead(
-                    runner, eagle, root, first, params, generator, max_new_tokens, self.eos, clock, stats
+                    runner, ahead, root, first, params, generator, max_new_tokens, self.eos, clock, stats
                 )
             stats.take_times(clock.totals())
             return

@@ -1,5 +1,5 @@
-"""EAGLE decoding (greedy, or sampled by rule A) with the next draft queued before the host reads the
-acceptance.
+"""Speculative decoding (greedy, or sampled by rule A) with the next draft queued before the host reads
+the acceptance.
 
 The speculative pass waits for the device once: the host reads which path was accepted. In the plain
 loop that read comes before the commits and the next draft are launched, so the host's work after it
@@ -7,11 +7,11 @@ loop that read comes before the commits and the next draft are launched, so the 
 stays on the device until the next draft is queued: the acceptance (greedy, as `greedy_accept_batch`;
 sampled, rule A as `sample_accept_batch` computes it, the same draws) gives the accepted path as device
 tensors (its nodes [N], the last repeated; its length K; the next token), the target's commit of that
-path and the head's are queued from them (`TargetRunner.commit_queued`, drafters/eagle_ahead.py), then
+path and the drafter's accept are queued from them (`TargetRunner.commit_queued`, drafters/ahead.py), then
 the whole next draft; only then does the host wait for the acceptance's one transfer (pinned memory, an
 event behind the copy), and its own work overlaps the draft. A stop (EOS, max_new_tokens) is seen after
-that draft was queued: its work is dropped. For compiled EAGLE drafters (top-k children) on a compiled,
-preallocated target; batch 1; the default on CUDA.
+that draft was queued: its work is dropped. For compiled EAGLE drafters and Medusa heads (top-k
+children, drafters/ahead.py) on a compiled, preallocated target; batch 1; the default on CUDA.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from torch import Tensor
 
 from spechead.inference.acceptance import Acceptance
 from spechead.inference.device_sampling import rule_a_on_device
-from spechead.inference.drafters.eagle import EagleDrafter
-from spechead.inference.drafters.eagle_ahead import accept_queued, commit_size, propose_queued, settle
+from spechead.inference.drafters.ahead import Ahead
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.sampling import SamplingParams, torch_probs
 from spechead.inference.stops import until_stop
@@ -97,7 +96,7 @@ class QueuedAcceptance:
 
 def spec_ahead(
     runner: TargetRunner,
-    drafter: EagleDrafter,
+    drafter: Ahead,
     root: int,
     first: TokenTree,
     params: SamplingParams,
@@ -113,7 +112,7 @@ def spec_ahead(
     Greedy, or sampled by rule A over the head's top-k children with `generator` (the draws of the
     loop that reads first)."""
     tree = first
-    size = commit_size(drafter)
+    size = drafter.size
     while True:
         n, room = tree.size, runner.room()
         if room is not None and n > room:  # near a fixed cache's end: the first nodes (lossless)
@@ -128,13 +127,13 @@ def spec_ahead(
             queued = QueuedAcceptance.sampled(tree.tokens, parents[0], anc[0], probs, generator, size)
         runner.commit_queued(queued.path[:n])
         clock.mark("verify")  # (on CUDA the device's timeline: the target's pass, acceptance and commit)
-        accept_queued(drafter, hidden, tree.tokens, queued.path, queued.k, queued.next_token)
-        following = propose_queued(drafter, queued.next_token.view(1, 1))  # queued: the next tree
-        clock.mark("draft")  # (the head's commit and the next draft)
+        drafter.accept(hidden, tree.tokens, queued.path, queued.k, queued.next_token)
+        following = drafter.propose(queued.next_token)  # queued: the next tree
+        clock.mark("draft")  # (the drafter's accept and the next draft)
         acc = queued.result()  # the pass's one wait (the draft above runs meanwhile)
         k = len(acc.path)
         runner.advance(k)
-        settle(drafter, k, acc.next_token)
+        drafter.settle(k, acc.next_token)
         stats.drafted_tokens += n - 1
         pending = [*(acc.path_tokens or [])[1:], acc.next_token]
         out = until_stop(pending, eos, max_new_tokens - stats.new_tokens)

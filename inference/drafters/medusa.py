@@ -119,10 +119,10 @@ class MedusaDrafter(Drafter):
         # node i >= 1 (depth-first: the root is the only node at depth 0) carries candidate pick[i - 1]
         return torch.cat([root_ids, candidates.flatten(1).index_select(1, self._pick)], dim=1)  # [B, N]
 
-    def _one_row(self, state: torch.Tensor, root: int) -> torch.Tensor:
-        """`fill` for one row, the last target state [H] (at least one head runs): the heads' top ids
-        written after the root's slot of a kept buffer, the tree's tokens [N] taken by ONE gather (a new
-        tensor). On a CPU every op costs after the heads' forwards: no tensor from a host list, no
+    def _one_row(self, state: torch.Tensor, root: int | torch.Tensor) -> torch.Tensor:
+        """`fill` for one row, the last target state [H] (at least one head runs) and the root (an int, or
+        a one-element device tensor: medusa_ahead.py): the heads' top ids written after the root's slot
+        of a kept buffer, the tree's tokens [N] taken by ONE gather (a new tensor). On a CPU every op costs after the heads' forwards: no tensor from a host list, no
         concatenation with the root, no per-head views."""
         weight = self._weight
         if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
@@ -142,7 +142,10 @@ class MedusaDrafter(Drafter):
             torch.topk(logits, self._width, dim=-1, out=(values, top))
         else:  # long rows: the chunked search's ids, copied in
             top.copy_(topk_rows(logits, self._width, chunk)[1])
-        root_slot.fill_(root)  # (an item assignment makes a tensor of the int first)
+        if isinstance(root, torch.Tensor):  # still on the device: copied there, no wait
+            root_slot.copy_(root.view(1))
+        else:
+            root_slot.fill_(root)  # (an item assignment makes a tensor of the int first)
         return ids.index_select(0, pick)  # [N]
 
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.heads import EagleConfig, EagleHead
+from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
+from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.profiling import count_syncs
+from spechead.inference.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,21 +51,35 @@ def test_host_to_device_neither_waits_nor_reads_the_source_late():
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("tree", ["dynamic", "static"])
+@pytest.mark.parametrize("tree", ["dynamic", "static", "medusa"])
 def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampled):
     """The fast path (target and draft as CUDA graphs, compile="graphs": captured in seconds; inductor's
-    kernels change nothing on the host). Eager, transformers' own forward may wait too: not counted.
+    kernels change nothing on the host; Medusa's heads eager), each next draft queued before the
+    acceptance is read (spec_ahead.py). Eager, transformers' own forward may wait too: not counted.
     Sampled (temperature and top-k; top-p reads its two flags back once a guess): rule A as batched
     tensor ops (device_sampling.py), whose packed result is the pass's one wait as greedy's is."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
-    head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
-    head.attach_target_modules(
-        lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
-    )
-    options = {"top_k": 4, "depth": 4, "total_tokens": 16} if tree == "dynamic" else {}
-    choices = "dynamic" if tree == "dynamic" else [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
-    drafter = EagleDrafter(head.eval(), tree=choices, **options)
+    choices = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
+    if tree == "medusa":
+        cfg = model.config
+        medusa = MedusaHead(
+            MedusaConfig(
+                hidden_size=cfg.hidden_size,
+                vocab_size=cfg.vocab_size,
+                num_heads=3,
+                target_num_layers=cfg.num_hidden_layers,
+            )
+        )
+        drafter: Drafter = MedusaDrafter(medusa.to("cuda"), choices)
+    else:
+        head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
+        head.attach_target_modules(
+            lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
+        )
+        options = {"top_k": 4, "depth": 4, "total_tokens": 16} if tree == "dynamic" else {}
+        drafter = EagleDrafter(head.eval(), tree="dynamic" if tree == "dynamic" else choices, **options)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile="graphs")
+    assert gen._ahead(SamplingParams()) is not None  # (CUDA's default: the next draft queued first)
     gen.eos = set()
     prompt = list(range(5, 17))
     reference = SpeculativeGenerator(model, chatml_tokenizer, None)

@@ -1,7 +1,8 @@
-"""Greedy EAGLE decoding with the next draft queued before the host reads the acceptance (spec_ahead.py,
-drafters/eagle_ahead.py), forced on a CPU (the default on CUDA only): the acceptance computed on the device
-is the greedy rule, or rule A's draws; the head's queued commit and draft equal `accept_path` and `propose`; decoding equals
-plain decoding with the same accepted lengths as the loop that reads first, also as replayed graphs."""
+"""EAGLE and Medusa decoding with the next draft queued before the host reads the acceptance
+(spec_ahead.py, drafters/ahead.py), forced on a CPU (the default on CUDA only): the acceptance computed on
+the device is the greedy rule, or rule A's draws; the drafters' queued accept and draft equal
+`accept_path` and `propose`; decoding equals plain decoding with the same accepted lengths as the loop
+that reads first, also as replayed graphs."""
 
 from __future__ import annotations
 
@@ -11,19 +12,16 @@ import torch
 from spechead.inference import generator as generator_module
 from spechead.inference.acceptance import greedy_accept_batch
 from spechead.inference.device_sampling import sample_accept_batch
-from spechead.inference.drafters.eagle_ahead import (
-    accept_queued,
-    commit_size,
-    propose_queued,
-    runs_ahead,
-    settle,
-)
+from spechead.inference.drafters.ahead import ahead_of
+from spechead.inference.drafters.eagle_ahead import EagleAhead, commit_size, runs_ahead
+from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.drafters.medusa_ahead import MedusaAhead
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.spec_ahead import QueuedAcceptance
 from spechead.inference.tree import ancestors_on_device, tree_from_choices
 
-from .test_generator import eagle_drafter, plain_greedy
+from .test_generator import eagle_drafter, medusa_drafter, plain_greedy
 from .test_graph_replay import replayed_graphs  # noqa: F401 - the fixture
 
 CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0]]
@@ -32,6 +30,15 @@ TREES = {
     "eagle_dynamic": ("eagle", {"top_k": 3, "depth": 4, "total_tokens": 12}),
     "eagle3_static": ("eagle3", {"tree": CHOICES}),
 }
+MEDUSA_CHOICES = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]]
+
+
+def drafter(model, kind: str):
+    """A fresh drafter of one of TREES' kinds, or "medusa" (three heads on MEDUSA_CHOICES)."""
+    if kind == "medusa":
+        return medusa_drafter(model, MEDUSA_CHOICES)
+    family, options = TREES[kind]
+    return eagle_drafter(model, family, **options)
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +100,13 @@ def test_the_queued_sampled_acceptance_draws_what_rule_a_draws():
 @pytest.mark.parametrize("kind", list(TREES))
 def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, kind):
     """Two drafters of one head: one hears paths on the host (accept_path, propose), the other from
-    device tensors (accept_queued, propose_queued, settle); off-main-path nodes, several rounds."""
+    device tensors (EagleAhead's accept, propose, settle); off-main-path nodes, several rounds."""
     family, options = TREES[kind]
     host, queued = eagle_drafter(model, family, **options), eagle_drafter(model, family, **options)
     for d in (host, queued):
         d.use_compile("graphs")  # (a CPU: the fixed-shape graph functions, eager)
     assert runs_ahead(queued) and commit_size(queued) == 8  # paths of at most 5 nodes
+    ahead = EagleAhead(queued)
     gen = torch.Generator().manual_seed(1)
     h = model.config.hidden_size
     prompt = torch.arange(5, 17)
@@ -115,25 +123,53 @@ def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, k
         nxt = int(torch.randint(0, model.config.vocab_size, (1,), generator=gen))
         host.accept_path([int(t) for t in tokens[path]], hidden, path, nxt)
         padded = torch.tensor(path + [path[-1]] * (max(n, 8) - len(path)))
-        accept_queued(queued, hidden, tokens, padded, torch.tensor(len(path)), torch.tensor(nxt))
+        ahead.accept(hidden, tokens, padded, torch.tensor(len(path)), torch.tensor(nxt))
         torch.testing.assert_close(queued._feature, host._feature)
-        drafts = [host.propose(nxt, SamplingParams(), None), propose_queued(queued, torch.tensor([[nxt]]))]
-        settle(queued, len(path), nxt)  # (after the draft, as spec_ahead reads the acceptance)
+        drafts = [host.propose(nxt, SamplingParams(), None), ahead.propose(torch.tensor(nxt))]
+        ahead.settle(len(path), nxt)  # (after the draft, as spec_ahead reads the acceptance)
         assert queued._committed == host._committed
     assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
 
 
-@pytest.mark.parametrize("kind", list(TREES))
+@pytest.mark.parametrize(
+    "choices", [MEDUSA_CHOICES, [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]], [[0]], [[0, 0, 0, 0]]]
+)  # (the last: deeper than the 3 heads, a root-only tree)
+def test_the_queued_medusa_accept_and_draft_equal_accept_path_and_propose(model, choices):
+    """Two drafters of one set of heads: one hears paths on the host, the other from device tensors
+    (MedusaAhead); paths off the main path, several rounds."""
+    host, queued = medusa_drafter(model, choices), medusa_drafter(model, choices)
+    ahead = ahead_of(queued, greedy=False)
+    assert isinstance(ahead, MedusaAhead) and ahead.size == 1
+    gen = torch.Generator().manual_seed(2)
+    h, vocab = model.config.hidden_size, model.config.vocab_size
+    states = {host.hidden_layers[0]: torch.randn(1, 12, h, generator=gen)}
+    for d in (host, queued):
+        d.start(torch.arange(5, 17), {k: v[0] for k, v in states.items()}, root=7)
+    drafts = [d.propose(7, SamplingParams(), None) for d in (host, queued)]  # the first: from the host
+    n = drafts[0].tree.size
+    paths = [p for p in ([0, 2, 4], [0], [0, 1, 3, 5], [0, 2], [0, 1], [0, 1, 3]) if p[-1] < n]
+    for path in paths:
+        assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist(), path
+        hidden = {host.hidden_layers[0]: torch.randn(1, n, h, generator=gen)}
+        tokens = torch.randint(0, vocab, (n,), generator=gen)
+        nxt = int(torch.randint(0, vocab, (1,), generator=gen))
+        host.accept_path([int(t) for t in tokens[path]], hidden, path, nxt)
+        padded = torch.tensor(path + [path[-1]] * (n - len(path)))
+        ahead.accept(hidden, tokens, padded, torch.tensor(len(path)), torch.tensor(nxt))
+        torch.testing.assert_close(queued.last_hidden, host.last_hidden)
+        drafts = [host.propose(nxt, SamplingParams(), None), ahead.propose(torch.tensor(nxt))]
+        ahead.settle(len(path), nxt)
+        assert drafts[1].tree.parents.tolist() == drafts[0].tree.parents.tolist()
+    assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
+    assert drafts[1].tree.tokens[0] == nxt
+
+
+@pytest.mark.parametrize("kind", [*TREES, "medusa"])
 def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(
     model, chatml_tokenizer, kind, monkeypatch
 ):
-    family, options = TREES[kind]
-    ahead = SpeculativeGenerator(
-        model, chatml_tokenizer, eagle_drafter(model, family, **options), compile="graphs"
-    )
-    first = SpeculativeGenerator(
-        model, chatml_tokenizer, eagle_drafter(model, family, **options), compile="graphs"
-    )
+    ahead = SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile="graphs")
+    first = SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile="graphs")
     assert not ahead.spec_ahead  # a CPU's default: the loop that reads first
     for g in (ahead, first):
         g.device_accept = True
@@ -154,13 +190,10 @@ def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(
     assert len(queued) == passes > 0  # every pass committed from the device
 
 
-@pytest.mark.parametrize("kind", ["eagle_static", "eagle_dynamic"])
+@pytest.mark.parametrize("kind", ["eagle_static", "eagle_dynamic", "medusa"])
 def test_sampling_ahead_draws_what_the_loop_that_reads_first_draws(model, chatml_tokenizer, kind):
-    family, options = TREES[kind]
     ahead, first = (
-        SpeculativeGenerator(
-            model, chatml_tokenizer, eagle_drafter(model, family, **options), compile="graphs"
-        )
+        SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile="graphs")
         for _ in range(2)
     )
     for g in (ahead, first):
@@ -187,7 +220,7 @@ def test_an_eos_inside_an_accepted_path_stops_ahead_at_it(model, chatml_tokenize
 
 
 def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
-    """Drawn children, an eager drafter, an eager target: the loop that reads first."""
+    """Drawn children, an eager drafter, an eager target, a Medusa subclass: the loop that reads first."""
 
     def no_ahead(*args, **kwargs):
         raise AssertionError("spec_ahead ran")
@@ -206,13 +239,22 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
         gen.device_accept = gen.spec_ahead = True
         gen.generate(input_ids=prompt, max_new_tokens=8, **kw)
 
+    class HearsMore(MedusaDrafter):  # a subclass may hear paths its own way
+        pass
 
-def test_replayed_graphs_decode_ahead_like_plain_decoding(model, chatml_tokenizer, replayed_graphs):  # noqa: F811
+    medusa = medusa_drafter(model, MEDUSA_CHOICES)
+    assert ahead_of(HearsMore(medusa.head, MEDUSA_CHOICES), greedy=True) is None
+    for compile, d in (("graphs", HearsMore(medusa.head, MEDUSA_CHOICES)), (False, medusa)):
+        gen = SpeculativeGenerator(model, chatml_tokenizer, d, compile=compile)
+        gen.device_accept = gen.spec_ahead = True
+        gen.generate(input_ids=prompt, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("kind", ["eagle_static", "medusa"])
+def test_replayed_graphs_decode_ahead_like_plain_decoding(model, chatml_tokenizer, replayed_graphs, kind):  # noqa: F811
     """The target's verify and commit and the head's commit and draft as replayed graphs (what CUDA would
-    capture): decoding ahead still equals plain decoding, the graphs replayed."""
-    gen = SpeculativeGenerator(
-        model, chatml_tokenizer, eagle_drafter(model, "eagle", tree=CHOICES), compile=True
-    )
+    capture; Medusa's heads run eager): decoding ahead still equals plain decoding, the graphs replayed."""
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile=True)
     gen.device_accept = gen.spec_ahead = True
     for i in range(3):
         prompt = list(range(5 + i, 15 + 2 * i))
