@@ -238,8 +238,9 @@ def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, caps
 
 def test_compiled_run_traces_target_and_whole_draft(tmp_path):
     """--compile BACKEND --sizes: the target's buckets and the whole-draft graph (depths 1 and D only)."""
+    # (--no-stream: the decoded rows are tiny_run's)
     proc = run("--tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--compile", "eager", "--sizes",
-               "1,64", "--compare", "aot_eager", "--no-batch", "--out", "c.json", cwd=tmp_path)  # fmt: skip
+               "1,64", "--compare", "aot_eager", "--no-batch", "--no-stream", "--out", "c.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "c.json").read_text())
     assert r["compile"].startswith("on, target and draft step (eager") and r["draft_status"] == "compiled"
@@ -263,7 +264,7 @@ def test_compiled_batch_rows(tmp_path):
     """--compile-batch BACKEND: the decoded batch rows run the target's batch passes compiled
     (batch_graphs.py) and, on CUDA only, the EAGLE batch draft as graphs; the batch-1 parts stay eager."""
     proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "1", "--sizes", "1,64",
-               "--compile-batch", "eager", "--out", "b.json", cwd=tmp_path)  # fmt: skip
+               "--compile-batch", "eager", "--no-stream", "--out", "b.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "b.json").read_text())
     assert r["compile_batch"] == "eager" and r["compile"].startswith("off")
