@@ -5,7 +5,8 @@ A head directory's tree.json (scripts/build_tree.py) stores `accuracy` [depth, k
 and child rank, a property of the head and the data, not of the machine). What a tree costs is a property
 of the machine: on a GPU at batch 1 a 60-node tree costs about one decode step; on a CPU it costs
 several. `calibrated_choices` times the target's verify pass by tree size and the drafter's per-depth
-(EAGLE) or per-pass (Medusa) cost here, then ranks trees with `tree_search.ranked_choices_for_cost`;
+(EAGLE) or per-pass (Medusa) cost here, eager or as the generator will compile them (`TimedAs`), then
+ranks trees with `tree_search.ranked_choices_for_cost`;
 loading.py decodes with the best few of them (pass_timing.py) to pick the one a whole pass favours.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +22,8 @@ import torch
 
 from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
-from spechead.inference.runner import TargetRunner
+from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
+from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree_search import (
     expected_accept_length,
     expected_speedup,
@@ -40,6 +43,30 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 KEEP_MARGIN = 0.10
 # The best trees of the part-by-part model that pass_timing.py then decodes with (its cost grows with them)
 CANDIDATES = 3
+
+
+@dataclass(frozen=True)
+class TimedAs:
+    """How calibration runs the target's passes and the draft: False (eager) or a compile mode."""
+
+    target: bool | str = False
+    draft: bool | str = False
+
+    @classmethod
+    def of(cls, device: torch.device, compile: bool | str, draft_compile: bool | str | None) -> TimedAs:
+        """For a generator built with these settings (`SpeculativeGenerator`'s): each part it compiles is
+        timed as "graphs", the fixed-shape passes without a compiler, captured as CUDA graphs on CUDA:
+        there most of what compiling buys is the launches a graph removes (an 8B target's eager step
+        7.5 ms against 5.4 compiled; an eager depth-7 EAGLE-3 draft 20 ms of host time for 2.6 ms of
+        kernels), so eager costs would size trees for drafting several times dearer than it is. The
+        draft on a CPU stays eager: there compiling gains by fusing ops (inductor, tens of seconds a
+        tree), and its fixed shapes alone cost more than eager. The target on a CPU: its fixed-shape
+        passes attend over the whole cache, what a compiled target pays."""
+        draft = compile if draft_compile is None else draft_compile
+        return cls("graphs" if compile else False, "graphs" if draft and device.type == "cuda" else False)
+
+
+EAGER = TimedAs()  # every part eager (the default)
 
 
 def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) -> torch.Tensor:
@@ -100,15 +127,23 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
+def _runner(model: PreTrainedModel, compile: bool | str) -> TargetRunner:
+    """A preallocated runner, compiled as the generator compiles it (its tree buckets on CUDA)."""
+    cuda = next(model.parameters()).device.type == "cuda"
+    buckets = CUDA_BUCKETS if cuda and compile else None
+    return TargetRunner(model, cache="static", compile=compile, buckets=buckets)
+
+
 @torch.inference_mode()
 def verify_cost_ms(
-    model: PreTrainedModel, sizes=SIZES, context: int = 128, repeats: int = 15
+    model: PreTrainedModel, sizes=SIZES, context: int = 128, repeats: int = 15, compile: bool | str = False
 ) -> dict[int, float]:
-    """{tree size: ms} of one verification pass (a chain of that size) after `context` tokens.
+    """{tree size: ms} of one verification pass (a chain of that size) after `context` tokens, the target
+    compiled by `compile` (a compiled pass is padded to its bucket: what decoding pays).
 
     Sizes are timed round-robin (load changes hit them alike), the minimum per size is kept (noise only
     adds) and costs are made non-decreasing in size (a bigger tree never costs less)."""
-    runner = TargetRunner(model, cache="static")
+    runner = _runner(model, compile)
     runner.reserve(context, max(sizes) + 1)
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
@@ -168,6 +203,25 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
 
 
 @torch.inference_mode()
+def compiled_depth_cost_ms(drafter, compile: bool | str, depth: int = 4, repeats: int = 9) -> float:
+    """ms a depth adds to the compiled whole draft (`use_compile(compile)`): the static trees of 4 nodes
+    a depth (the eager depth's width) to depth 1 and to `depth`, each drafted as one graph; their
+    difference / (depth - 1). (Compiled, the depths are one graph: none can be timed alone.)"""
+    ms = []
+    for d in (1, depth):
+        timed = drafter.with_tree([[0] * level + [rank] for level in range(d) for rank in range(4)])
+        timed.use_compile(compile)
+        _start_on_noise(timed)
+
+        def propose(t=timed) -> None:
+            t._crop()  # (every draft after the same committed entries)
+            t.propose(0, SamplingParams(), None)
+
+        ms.append(_drafter_ms(timed, propose, repeats))
+    return max(ms[1] - ms[0], 0.0) / (depth - 1)
+
+
+@torch.inference_mode()
 def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int = 9) -> float:
     """ms of an EAGLE drafter's accept step as decoding runs it (`accept_path`: the input features of a
     verified `nodes`-node tree, then the head on its first `tokens` nodes' pairs) after 128 committed."""
@@ -183,9 +237,12 @@ def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int 
 
 
 @torch.inference_mode()
-def commit_cost_ms(model: PreTrainedModel, context: int = 128, repeats: int = 7) -> float:
-    """ms of the target's commit of an accepted path [0, 2, 3] of a 4-node tree (its K/V moved into place)."""
-    runner = TargetRunner(model, cache="static")
+def commit_cost_ms(
+    model: PreTrainedModel, context: int = 128, repeats: int = 7, compile: bool | str = False
+) -> float:
+    """ms of the target's commit of an accepted path [0, 2, 3] of a 4-node tree (its K/V moved into place),
+    the target compiled by `compile`."""
+    runner = _runner(model, compile)
     runner.reserve(context, 8)
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
@@ -205,13 +262,22 @@ def calibrated_choices(
     accuracy: torch.Tensor,
     max_nodes: int = 64,
     keep: list[list[int]] | None = None,
+    timed_as: TimedAs = EAGER,
 ) -> tuple[list[list[int]], dict]:
     """The static tree with the best expected speedup measured on this device (or `keep`, a tree tuned
-    for this kind of device, when within KEEP_MARGIN of it), and what was measured."""
-    verify = verify_cost_ms(model, tuple(s for s in SIZES if s <= max_nodes + 1))
+    for this kind of device, when within KEEP_MARGIN of it), and what was measured; the target's passes
+    and the draft run as `timed_as` says (eager by default)."""
+    sizes = tuple(s for s in SIZES if s <= max_nodes + 1)
+    verify = verify_cost_ms(model, sizes, compile=timed_as.target)
     info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
-    info["pass_ms"] = commit_cost_ms(model)
-    if family_of(drafter.head.config).drafts_per_depth:
+    info["timed_as"] = {"target": timed_as.target, "draft": timed_as.draft}
+    info["pass_ms"] = commit_cost_ms(model, compile=timed_as.target)
+    if family_of(drafter.head.config).drafts_per_depth and timed_as.draft:
+        info["draft_ms_per_depth"] = compiled_depth_cost_ms(drafter, timed_as.draft)
+        compiled = drafter.with_tree([[0]])
+        compiled.use_compile(timed_as.draft)
+        info["pass_ms"] += eagle_accept_cost_ms(compiled)  # (its commit as one graph)
+    elif family_of(drafter.head.config).drafts_per_depth:
         info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4)
         info["pass_ms"] += eagle_accept_cost_ms(drafter)
     else:  # Medusa: one pass over every head, whatever the tree

@@ -19,6 +19,7 @@ from spechead.heads.dtypes import DTYPES
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
+from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
@@ -217,7 +218,8 @@ def load_generator(
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:
         saved = directory.read_tree(directory.resolve(drafter, revision))
-        built, calibration, accuracy = calibrated_drafter(model, built, saved)
+        timed_as = TimedAs.of(next(model.parameters()).device, compile, draft_compile)
+        built, calibration, accuracy = calibrated_drafter(model, built, saved, timed_as)
     gen = cls(
         model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile,
         draft_compile=draft_compile,
@@ -237,7 +239,7 @@ def check_fp8_device(device: torch.device) -> None:
 
 
 def calibrated_drafter(
-    target, drafter, saved: dict | None
+    target, drafter, saved: dict | None, timed_as: TimedAs | None = None
 ) -> tuple[Drafter, dict | None, torch.Tensor | None]:
     """A head's drafter with the static tree of the best expected speedup measured on the target's device,
     what was measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
@@ -249,6 +251,7 @@ def calibrated_drafter(
     expected clearly faster: near-equal trees would trade places with noise. The part-by-part costs
     (calibrate.py) rank the trees; the best few are then decoded here (pass_timing.py) and the tree whose
     passes pay best is used, the tuned one unless another pays pass_timing.IN_SITU_KEEP_MARGIN more.
+    timed_as: the parts compiled as the generator will compile them (calibrate.TimedAs; None: eager).
     """
     from spechead.inference.calibrate import calibrated_choices, saved_accuracy
 
@@ -265,9 +268,10 @@ def calibrated_drafter(
     # a tree tuned on this kind of device (tree_tuning.py saves where) is kept unless clearly beaten
     tuned_here = saved is not None and str(saved.get("device", "")).split(":")[0] == device.type
     keep = saved["choices"] if saved is not None and tuned_here else None
-    _, info = calibrated_choices(target, drafter, accuracy, keep=keep)
+    timed_as = timed_as or EAGER
+    _, info = calibrated_choices(target, drafter, accuracy, keep=keep, timed_as=timed_as)
     # the model's best few trees (and the tuned one) decoded here: the pass as decoding pays it
-    choices, info["in_situ"] = decoded_choice(target, head, accuracy, info.pop("ranked"), keep)
+    choices, info["in_situ"] = decoded_choice(target, head, accuracy, info.pop("ranked"), keep, timed_as)
     info["model_speedup"] = info["expected_speedup"]  # what the part-by-part costs expected of their best
     info["expected_speedup"] = info["in_situ"]["expected_speedup"]
     if "kept_saved_tree" in info["in_situ"]:
@@ -284,11 +288,17 @@ def calibrated_drafter(
 
 
 def decoded_choice(
-    target, head, accuracy: torch.Tensor, ranked: list[list[list[int]]], keep: list[list[int]] | None = None
+    target,
+    head,
+    accuracy: torch.Tensor,
+    ranked: list[list[list[int]]],
+    keep: list[list[int]] | None = None,
+    timed_as: TimedAs | None = None,
 ) -> tuple[list[list[int]], dict]:
     """Of the trees `ranked` (calibrate's best few by part-by-part costs) and `keep` (a tree tuned for this
     kind of device, decoded first and kept unless another is expected IN_SITU_KEEP_MARGIN faster), the one
-    whose passes pay best when the head decodes with it here (pass_timing.py), and what was measured."""
+    whose passes pay best when the head decodes with it here (pass_timing.py; compiled as `timed_as`
+    says, None: eager), and what was measured."""
     from spechead.inference.calibrate import covers
     from spechead.inference.pass_timing import IN_SITU_KEEP_MARGIN, in_situ_choice
 
@@ -297,7 +307,15 @@ def decoded_choice(
     if keep is not None and covers(accuracy, keep):
         candidates.insert(0, keep)
     build = lambda choices: drafter_for_head(head, None, **{option: choices})  # noqa: E731
-    return in_situ_choice(target, build, accuracy, candidates, keep=keep, keep_margin=IN_SITU_KEEP_MARGIN)
+    return in_situ_choice(
+        target,
+        build,
+        accuracy,
+        candidates,
+        keep=keep,
+        keep_margin=IN_SITU_KEEP_MARGIN,
+        timed_as=timed_as or EAGER,
+    )
 
 
 WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree_search import expected_accept_length
@@ -45,17 +46,24 @@ def pass_ms_by_drafter(
     new_tokens: int = 32,
     rounds: int = 3,
     batch: int = 1,
+    timed_as: TimedAs = EAGER,
 ) -> list[float]:
     """Milliseconds per decoding pass of each drafter (None: plain decoding), greedy from `prompt` [T]
     with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
-    drafter alike; the first run's one-time work and noise only add). batch > 1: a pass of `batch` rows
-    of that prompt through batched decoding (batch_decode.py), as generate_batch runs it."""
+    drafter alike; the first run's one-time work, a compiled part's capture included, and noise only
+    add). batch 1: the target and the drafters compiled as `timed_as` says (the drafters in place).
+    batch > 1: a pass of `batch` rows of that prompt through batched decoding (batch_decode.py), as
+    generate_batch runs it (eager)."""
     from spechead.inference.batch_decode import batch_passes, collect
     from spechead.inference.generator import SpeculativeGenerator
     from spechead.inference.stats import GenerationStats
 
-    gen = SpeculativeGenerator(target, None)
+    gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
+    if batch == 1 and timed_as.draft:
+        for drafter in drafters:
+            if drafter is not None:
+                drafter.use_compile(timed_as.draft)
     times: list[list[float]] = [[] for _ in drafters]
     for _ in range(rounds):
         for i, drafter in enumerate(drafters):
@@ -97,12 +105,14 @@ def in_situ_choice(
     keep_margin: float = IN_SITU_KEEP_MARGIN,
     new_tokens: int = 32,
     batch: int = 1,
+    timed_as: TimedAs = EAGER,
 ) -> tuple[Choices, dict]:
     """The candidate tree (`drafter_for(choices)` builds its drafter) with the best expected speedup when
     decoded here, or `keep` (one of the candidates, a tree tuned for this kind of device) unless another
     is expected more than `keep_margin` faster; and what was measured: plain_pass_ms, pass_ms and
     expected_speedup per candidate (in the candidates' order), the chosen tree's expected_speedup.
-    batch > 1: passes of `batch` rows (a batch's tokens/s against plain batched decoding)."""
+    batch > 1: passes of `batch` rows (a batch's tokens/s against plain batched decoding). timed_as: the
+    parts compiled as the generator will run them (batch 1)."""
     if not candidates:
         raise ValueError("in_situ_choice needs at least one candidate tree")
     # prompt + new tokens within the target's context (a short-context target gets a shorter run)
@@ -110,7 +120,7 @@ def in_situ_choice(
     length = min(64, context // 2)
     prompt, new_tokens = self_written_prompt(target, length), max(1, min(new_tokens, context - length))
     drafters: list[Drafter | None] = [None, *(drafter_for(c) for c in candidates)]
-    plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens, batch=batch)
+    plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens, batch=batch, timed_as=timed_as)
     accept = [float(expected_accept_length(accuracy, c)) for c in candidates]
     kept = candidates.index(keep) if keep is not None and keep in candidates else None
     best, info = pick_by_speedup(accept, plain, passes, kept, keep_margin)

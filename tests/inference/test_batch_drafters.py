@@ -331,7 +331,7 @@ def test_batch_tree_is_the_one_decoded_fastest_at_that_size(model, chatml_tokeni
 
     seen = []
 
-    def timed(target, drafters, prompt, new_tokens=32, batch=1):
+    def timed(target, drafters, prompt, new_tokens=32, batch=1, timed_as=None):
         seen.append((batch, [d.static.size if d else 1 for d in drafters]))
         return [5.0] * (len(drafters) - 1) + [0.5]
 

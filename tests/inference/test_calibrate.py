@@ -12,6 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from spechead.heads import Eagle3Config, Eagle3Head
 from spechead.inference.calibrate import (
+    EAGER,
+    TimedAs,
     best_for_costs,
     calibrated_choices,
     fit_accuracy,
@@ -181,3 +183,59 @@ def test_only_a_tree_tuned_on_this_kind_of_device_is_kept(tiny_target_dir, tmp_p
         warnings.simplefilter("ignore")  # an untrained head is expected to lose: not what this tests
         gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
     assert ("kept_saved_tree" in gen.calibration) == kept
+
+
+def test_the_parts_are_timed_as_the_generator_compiles_them():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert TimedAs.of(cuda, True, None) == TimedAs("graphs", "graphs")  # CUDA graphs: the launches gone
+    assert TimedAs.of(cuda, False, True) == TimedAs(False, "graphs")  # the drafter alone
+    assert TimedAs.of(cuda, "max-autotune", False) == TimedAs("graphs", False)
+    assert TimedAs.of(cuda, False, None) == EAGER
+    # a CPU: the target's fixed-shape passes (what its compiled passes attend over), the draft eager
+    assert TimedAs.of(cpu, True, None) == TimedAs("graphs", False)
+    assert TimedAs.of(cpu, False, True) == EAGER
+
+
+def test_compiled_parts_are_timed_compiled(tiny_target_dir, tmp_path, monkeypatch):
+    """Each part as the generator runs it: the target's runners, the draft's depth (the compiled whole
+    draft at two depths) and its accept; from_pretrained passes its compile settings down."""
+    from spechead.inference import runner as runner_module
+    from spechead.inference.drafters.eagle import EagleDrafter
+
+    runners, drafts = [], []
+    init, use_compile = runner_module.TargetRunner.__init__, EagleDrafter.use_compile
+    monkeypatch.setattr(
+        runner_module.TargetRunner,
+        "__init__",
+        lambda self, *a, **kw: (runners.append(kw.get("compile", False)), init(self, *a, **kw))[1],
+    )
+    monkeypatch.setattr(
+        EagleDrafter, "use_compile", lambda self, mode: (drafts.append(mode), use_compile(self, mode))[1]
+    )
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
+    head.save_pretrained(tmp_path / "head")
+    accuracy = [[0.7, 0.2, 0.05], [0.6, 0.2, 0.05], [0.6, 0.1, 0.05]]
+    (tmp_path / "head" / "tree.json").write_text(json.dumps({"choices": [[0]], "accuracy": accuracy}))
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)
+    runners.clear()
+    graphs = TimedAs("graphs", "graphs")
+    chosen, info = calibrated_choices(
+        gen.target, gen.drafter, torch.tensor(accuracy), max_nodes=8, timed_as=graphs
+    )
+    assert runners == ["graphs", "graphs"] and drafts == ["graphs"] * 3  # verify, commit; depths 1, 4, accept
+    assert info["timed_as"] == {"target": "graphs", "draft": "graphs"} and info["draft_ms_per_depth"] >= 0
+    assert info["pass_ms"] > 0 and 1 <= len(chosen) <= 8
+    runners.clear()
+    drafts.clear()
+    compiled = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), str(tmp_path / "head"), compile="graphs"
+    )
+    assert compiled.calibration["timed_as"] == {
+        "target": "graphs",
+        "draft": False,
+    }  # (a CPU: the draft eager)
+    # verify, commit, the in-situ passes, the generator's own; eager: the timing prompt the target writes
+    assert runners.count("graphs") == 4 and runners.count(False) == 1
+    assert drafts == ["graphs"]  # the generator's drafter, compiled as asked; calibration's stayed eager

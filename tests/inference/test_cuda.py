@@ -105,17 +105,20 @@ def test_plain_batch_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenize
     ]
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("name", ["medusa", "eagle"])
-def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, name):
+def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, name, compiled):
     """The tree calibration times the drafter with states on the target's device (a Medusa head on CUDA
-    was once fed a CPU state here); the tree it picks decodes like plain decoding."""
-    from spechead.inference.calibrate import calibrated_choices
+    was once fed a CPU state here), eager or as CUDA graphs (what a compiled generator runs); the tree it
+    picks decodes like plain decoding."""
+    from spechead.inference.calibrate import EAGER, TimedAs, calibrated_choices
 
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     drafter = _drafters(model)[name]
     accuracy = torch.tensor([[0.6, 0.2, 0.1, 0.05]] * 3)  # [depth, k]
-    choices, info = calibrated_choices(model, drafter, accuracy, max_nodes=16)
-    assert choices and info["step_ms"] > 0
+    timed_as = TimedAs.of(model.device, True, None) if compiled else EAGER
+    choices, info = calibrated_choices(model, drafter, accuracy, max_nodes=16, timed_as=timed_as)
+    assert choices and info["step_ms"] > 0 and info["timed_as"]["draft"] == ("graphs" if compiled else False)
     tree = drafter.with_tree(choices)
     prompt = list(range(5, 15))
     ref = SpeculativeGenerator(model, chatml_tokenizer, None).generate(input_ids=prompt, max_new_tokens=16)

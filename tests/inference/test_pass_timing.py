@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from spechead.heads import Eagle3Config, Eagle3Head
+from spechead.inference.calibrate import TimedAs
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.pass_timing import pass_ms_by_drafter, pick_by_speedup, self_written_prompt
@@ -50,6 +51,35 @@ def test_passes_are_timed_per_drafter(tiny_llama):
     assert len(rows) == 2 and min(rows) > 0  # batched passes of 3 rows (batch_decode.py)
 
 
+def test_passes_are_timed_as_the_generator_compiles_them(tiny_llama, monkeypatch):
+    """timed_as: the in-situ generator's target and every drafter compiled ("graphs": fixed shapes)."""
+    from spechead.inference import runner as runner_module
+
+    target = tiny_llama(64, layers=2, hidden=32).eval()
+    head = Eagle3Head(Eagle3Config.from_target(target.config, target_layers=[0, 1, 2]))
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    chain = EagleDrafter(head.eval(), tree=[[0], [0, 0]])
+    built = []
+    init = runner_module.TargetRunner.__init__
+    monkeypatch.setattr(
+        runner_module.TargetRunner,
+        "__init__",
+        lambda self, *a, **kw: (built.append(kw.get("compile", False)), init(self, *a, **kw))[1],
+    )
+    timed = pass_ms_by_drafter(
+        target,
+        [None, chain],
+        torch.arange(1, 20),
+        new_tokens=8,
+        rounds=1,
+        timed_as=TimedAs("graphs", "graphs"),
+    )
+    assert min(timed) > 0 and built == ["graphs"] and chain._compiled is not None
+    other = EagleDrafter(head.eval(), tree=[[0], [0, 0]])
+    pass_ms_by_drafter(target, [None, other], torch.arange(1, 20), new_tokens=8, rounds=1)  # eager
+    assert built == ["graphs", False] and other._compiled is None
+
+
 def test_from_pretrained_decodes_the_candidate_trees(tiny_target_dir, tmp_path):
     config = AutoConfig.from_pretrained(tiny_target_dir)
     torch.manual_seed(0)
@@ -86,7 +116,10 @@ def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path
     Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
     table = {"choices": [[0]], "accuracy": [[0.7, 0.2], [0.6, 0.2], [0.5, 0.1]], "device": "cpu"}
     (tmp_path / "h" / "tree.json").write_text(json.dumps(table))
-    timed = lambda target, drafters, prompt, new_tokens=32, batch=1: [5.0] * (len(drafters) - 1) + [0.5]  # noqa: E731
+
+    def timed(target, drafters, prompt, new_tokens=32, batch=1, timed_as=None):
+        return [5.0] * (len(drafters) - 1) + [0.5]
+
     monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -110,7 +143,9 @@ def test_the_tuned_tree_gives_way_only_to_a_tree_decoded_clearly_faster(
     table = {"choices": [[0]], "accuracy": [[0.7, 0.2], [0.6, 0.2], [0.5, 0.1]], "device": "cpu"}
     (tmp_path / "h" / "tree.json").write_text(json.dumps(table))
 
-    def timed(target, drafters, prompt, new_tokens=32, batch=1):  # plain, the tuned tree, the others
+    def timed(
+        target, drafters, prompt, new_tokens=32, batch=1, timed_as=None
+    ):  # plain, the tuned tree, the others
         others = [2.0] * (len(drafters) - 3) + [1 / (1 + faster)]  # the last one the fastest
         return [1.0, 1.0, *others]
 

@@ -93,7 +93,7 @@ def test_tuning_takes_the_tree_whose_decoded_passes_pay_best(target, medusa_for,
     head = _head("medusa", model, medusa_for)
     offered: list[list] = []
 
-    def timed(target, drafters, prompt, new_tokens=32, batch=1):
+    def timed(target, drafters, prompt, new_tokens=32, batch=1, timed_as=None):
         offered.append([d.choices for d in drafters[1:]])  # the candidates, plain decoding first
         return [5.0] * (len(drafters) - 1) + [0.5]
 
