@@ -33,13 +33,21 @@ def test_expensive_verification_gives_a_small_tree():
     assert len(small) < len(big)
 
 
-def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
-    config = AutoConfig.from_pretrained(tiny_target_dir)
+ACCURACY = [[0.7, 0.2, 0.05], [0.6, 0.2, 0.05], [0.6, 0.1, 0.05]]
+
+
+def saved_head(target_dir, path, accuracy: list[list[float]]) -> None:
+    """A seeded EAGLE-3 head for the target at `target_dir`, saved at `path` with a tree.json ([[0]])."""
+    config = AutoConfig.from_pretrained(target_dir)
     torch.manual_seed(0)
     head = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
-    head.save_pretrained(tmp_path / "head")
-    accuracy = [[0.7, 0.2, 0.05], [0.6, 0.2, 0.05], [0.6, 0.1, 0.05]]
-    (tmp_path / "head" / "tree.json").write_text(json.dumps({"choices": [[0]], "accuracy": accuracy}))
+    head.save_pretrained(path)
+    (path / "tree.json").write_text(json.dumps({"choices": [[0]], "accuracy": accuracy}))
+
+
+def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
+    accuracy = ACCURACY
+    saved_head(tiny_target_dir, tmp_path / "head", accuracy)
     assert saved_accuracy(tmp_path / "head").shape == (3, 3)
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
     assert (
@@ -212,12 +220,8 @@ def test_compiled_parts_are_timed_compiled(tiny_target_dir, tmp_path, monkeypatc
     monkeypatch.setattr(
         EagleDrafter, "use_compile", lambda self, mode: (drafts.append(mode), use_compile(self, mode))[1]
     )
-    config = AutoConfig.from_pretrained(tiny_target_dir)
-    torch.manual_seed(0)
-    head = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
-    head.save_pretrained(tmp_path / "head")
-    accuracy = [[0.7, 0.2, 0.05], [0.6, 0.2, 0.05], [0.6, 0.1, 0.05]]
-    (tmp_path / "head" / "tree.json").write_text(json.dumps({"choices": [[0]], "accuracy": accuracy}))
+    accuracy = ACCURACY
+    saved_head(tiny_target_dir, tmp_path / "head", accuracy)
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)
     runners.clear()
     graphs = TimedAs("graphs", "graphs")
