@@ -16,7 +16,8 @@ import torch
 from spechead.heads.families import family_of
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.batch import BatchRunner
-from spechead.inference.calibrate import SIZES, _timed, best_for_costs, size_costs_ms
+from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
+from spechead.inference.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, size_costs_ms
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -31,10 +32,23 @@ def assumed_medusa_accuracy(head: MedusaHead) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def batch_verify_cost_ms(model: PreTrainedModel, batch: int, sizes, context: int = 128, repeats: int = 5):
+def batch_verify_cost_ms(
+    model: PreTrainedModel,
+    batch: int,
+    sizes,
+    context: int = 128,
+    repeats: int = 5,
+    compile: bool | str = False,
+):
     """{tree size: ms} of one verify pass of `batch` rows (chains of that size) after `context` tokens
-    (round-robin over sizes, minimum kept, made non-decreasing in size: see `calibrate.verify_cost_ms`)."""
-    runner = BatchRunner(model, (), max_length=context + max(sizes) + 1)
+    (round-robin over sizes, minimum kept, made non-decreasing in size: see `calibrate.verify_cost_ms`),
+    compiled by `compile` as generate_batch compiles it (batch_graphs.py: fixed rows, tree buckets)."""
+    length = context + max(sizes) + 1
+    runner = (
+        CompiledBatchRunner(model, (), max_length=length, capacity=batch_capacity(batch), compile=compile)
+        if compile
+        else BatchRunner(model, (), max_length=length)
+    )
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
     runner.prefill(list(ids))
@@ -45,10 +59,14 @@ def batch_verify_cost_ms(model: PreTrainedModel, batch: int, sizes, context: int
 
 
 @torch.inference_mode()
-def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, float]:
+def batch_draft_cost_ms(
+    drafter, batch: int, repeats: int = 7, compile: bool | str = False
+) -> dict[str, float]:
     """The batched drafter's cost at `batch` rows after 128 committed tokens: Medusa {"draft_ms": one
     propose}; EAGLE {"draft_ms_per_depth": one head step + top-k over one node per row (the trees
-    that pay at batch > 1 are narrow; the commit of the accepted tokens costs about one such step)}."""
+    that pay at batch > 1 are narrow; the commit of the accepted tokens costs about one such step)}.
+    compile (EAGLE): the drafter compiled so (its whole batch draft one graph on CUDA): a depth is what a
+    chain of 4 adds to a chain of 1, / 3."""
     head = drafter.head
     param = next(head.parameters())
     hidden = head.config.hidden_size
@@ -56,12 +74,23 @@ def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, floa
         {layer: torch.randn(128, hidden, device=param.device) for layer in drafter.hidden_layers}
     ] * batch
     prompts = [torch.zeros(128, dtype=torch.long)] * batch
-    rows = drafter.batched()
-    rows.start(prompts, states, [0] * batch)
-    if not family_of(head.config).drafts_per_depth:
+
+    def propose_ms(rows) -> float:
+        rows.start(prompts, states, [0] * batch)
         propose = lambda: rows.propose([0] * batch, None, None)  # noqa: E731
         propose()
-        return {"draft_ms": min(_timed(propose, 1, param.device) for _ in range(repeats))}
+        return min(_timed(propose, 1, param.device) for _ in range(repeats))
+
+    if not family_of(head.config).drafts_per_depth:
+        return {"draft_ms": propose_ms(drafter.batched())}
+    if compile:
+        chains = [drafter.with_tree([[0] * (i + 1) for i in range(depth)]) for depth in (1, 4)]
+        for chain in chains:
+            chain.use_compile(compile)
+        short, long = (propose_ms(chain.batched()) for chain in chains)
+        return {"draft_ms_per_depth": max(long - short, 0.0) / 3}
+    rows = drafter.batched()
+    rows.start(prompts, states, [0] * batch)
     feats = torch.randn(batch, 1, hidden, device=param.device, dtype=param.dtype)
     ids = torch.zeros(batch, 1, dtype=torch.long, device=param.device)
     own = torch.ones(batch, 1, 1, dtype=torch.bool, device=param.device)
@@ -75,28 +104,39 @@ def batch_draft_cost_ms(drafter, batch: int, repeats: int = 7) -> dict[str, floa
 
 
 def choices_for_batch(
-    model: PreTrainedModel, drafter, accuracy: torch.Tensor, batch: int, max_tokens: int = 64
+    model: PreTrainedModel,
+    drafter,
+    accuracy: torch.Tensor,
+    batch: int,
+    max_tokens: int = 64,
+    timed_as: TimedAs = EAGER,
 ) -> tuple[list[list[int]], dict]:
     """The static tree with the best expected speedup at `batch` rows on this device, and what was
-    measured. Trees are compared up to max(4, max_tokens // batch) nodes per row."""
+    measured (the parts compiled as `timed_as` says). Trees are compared up to max(4, max_tokens // batch)
+    nodes per row."""
     max_nodes = max(4, max_tokens // batch)
-    verify = batch_verify_cost_ms(
-        model, batch, sorted({s for s in SIZES if s <= max_nodes} | {max_nodes + 1})
-    )
+    sizes = sorted({s for s in SIZES if s <= max_nodes} | {max_nodes + 1})
+    verify = batch_verify_cost_ms(model, batch, sizes, compile=timed_as.target)
     info: dict = {"batch": batch, "verify_ms_by_size": verify, "step_ms": verify[1]}
-    info.update(batch_draft_cost_ms(drafter, batch))
+    info["timed_as"] = {"target": timed_as.target, "draft": timed_as.draft}
+    info.update(batch_draft_cost_ms(drafter, batch, compile=timed_as.draft))
     return best_for_costs(accuracy, info, max_nodes), info
 
 
-def drafter_for_batch(model: PreTrainedModel, drafter, accuracy: torch.Tensor, batch: int) -> tuple:
+def drafter_for_batch(
+    model: PreTrainedModel, drafter, accuracy: torch.Tensor, batch: int, timed_as: TimedAs = EAGER
+) -> tuple:
     """(the drafter with the tree measured best for `batch` rows here, or None when no tree is expected to
     beat plain batched decoding; what was measured). The part-by-part costs rank the trees
-    (`choices_for_batch`), the best few are then decoded at this batch size (pass_timing.py)."""
+    (`choices_for_batch`), the best few are then decoded at this batch size (pass_timing.py), each part
+    compiled as generate_batch will run it (`timed_as`, calibrate.TimedAs)."""
     from spechead.inference.pass_timing import in_situ_choice
 
-    _, info = choices_for_batch(model, drafter, accuracy, batch)
+    _, info = choices_for_batch(model, drafter, accuracy, batch, timed_as=timed_as)
     ranked, info["model_speedup"] = info.pop("ranked"), info["expected_speedup"]
-    choices, info["in_situ"] = in_situ_choice(model, drafter.with_tree, accuracy, ranked, batch=batch)
+    choices, info["in_situ"] = in_situ_choice(
+        model, drafter.with_tree, accuracy, ranked, batch=batch, timed_as=timed_as
+    )
     info["expected_speedup"] = info["in_situ"]["expected_speedup"]
     pays = info["expected_speedup"] > 1  # drafting must beat plain batched decoding to be worth it
     return (drafter.with_tree(choices) if pays else None), {"choices": choices if pays else [], **info}

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from spechead.inference.acceptance import Acceptance, greedy_accept_batch, greedy_walk, sample_accept
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
+from spechead.inference.calibrate import TimedAs
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.ahead import Ahead, ahead_of
@@ -255,7 +256,8 @@ class SpeculativeGenerator:
         if batch not in self.batch_calibration:
             from spechead.inference.batch_tree import drafter_for_batch
 
-            found = drafter_for_batch(self.target, drafter, self.tree_accuracy, batch)
+            timed_as = TimedAs.of(self.target.device, self.compile, self.draft_compile)  # as decoded
+            found = drafter_for_batch(self.target, drafter, self.tree_accuracy, batch, timed_as)
             if found[0] is not None and self.draft_compile:
                 found[0].use_compile(self.draft_compile)
             self._batch_drafters[batch], self.batch_calibration[batch] = found

@@ -51,19 +51,21 @@ def pass_ms_by_drafter(
     """Milliseconds per decoding pass of each drafter (None: plain decoding), greedy from `prompt` [T]
     with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
     drafter alike; the first run's one-time work, a compiled part's capture included, and noise only
-    add). batch 1: the target and the drafters compiled as `timed_as` says (the drafters in place).
-    batch > 1: a pass of `batch` rows of that prompt through batched decoding (batch_decode.py), as
-    generate_batch runs it (eager)."""
-    from spechead.inference.batch_decode import batch_passes, collect
+    add). The target and the drafters (in place) are compiled as `timed_as` says. batch > 1: a pass of
+    `batch` rows of that prompt through batched decoding (batch_decode.py), as generate_batch runs it
+    (compiled: its kept fixed-shape runners, batch_graphs.py)."""
+    from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
+    from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
     from spechead.inference.generator import SpeculativeGenerator
     from spechead.inference.stats import GenerationStats
 
     gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
-    if batch == 1 and timed_as.draft:
+    if timed_as.draft:
         for drafter in drafters:
             if drafter is not None:
                 drafter.use_compile(timed_as.draft)
+    kept: dict[tuple, CompiledBatchRunner] = {}  # compiled batch runners, one per capacity and layers
     times: list[list[float]] = [[] for _ in drafters]
     for _ in range(rounds):
         for i, drafter in enumerate(drafters):
@@ -73,9 +75,15 @@ def pass_ms_by_drafter(
             else:  # (the batch's times; every row decodes the same prompt alike)
                 stats = [GenerationStats() for _ in range(batch)]
                 rows, params = [prompt] * batch, [SamplingParams()] * batch
-                collect(
-                    batch_passes(target, drafter, rows, [new_tokens] * batch, params, set(), stats), batch
+                runner = None
+                if timed_as.target:
+                    layers = tuple(drafter.hidden_layers) if drafter else ()
+                    size = batch_cache_size(drafter, len(prompt) + new_tokens, None, 1024)
+                    runner = kept_runner(kept, target, layers, batch, size, timed_as.target)
+                passes = batch_passes(
+                    target, drafter, rows, [new_tokens] * batch, params, set(), stats, runner=runner
                 )
+                collect(passes, batch)
                 done = stats[0]
             times[i].append(1e3 * (done.wall_time - done.prefill_time) / max(done.target_passes, 1))
     return [min(t) for t in times]
@@ -112,7 +120,7 @@ def in_situ_choice(
     is expected more than `keep_margin` faster; and what was measured: plain_pass_ms, pass_ms and
     expected_speedup per candidate (in the candidates' order), the chosen tree's expected_speedup.
     batch > 1: passes of `batch` rows (a batch's tokens/s against plain batched decoding). timed_as: the
-    parts compiled as the generator will run them (batch 1)."""
+    parts compiled as the generator will run them."""
     if not candidates:
         raise ValueError("in_situ_choice needs at least one candidate tree")
     # prompt + new tokens within the target's context (a short-context target gets a shorter run)

@@ -419,3 +419,44 @@ def test_stacked_drafts_keep_their_q_on_its_device():
     for d in drafts:
         d.q = d.q.to("meta")
     assert BatchDraft.of(drafts).q.device.type == "meta"
+
+
+def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tokenizer, monkeypatch):
+    """A compiled generator's batch calibration times its batch passes on fixed-shape runners
+    (batch_graphs.py), the verify by size and the in-situ passes; a compiled drafter (CUDA: the whole
+    batch draft one graph) is timed per depth as its chains of 1 and 4 drafted compiled."""
+    from spechead.inference import batch_graphs
+    from spechead.inference.batch_tree import choices_for_batch, drafter_for_batch
+    from spechead.inference.calibrate import TimedAs
+
+    from .test_generator import plain_greedy
+
+    runners, compiled = [], []
+    init, use_compile = batch_graphs.CompiledBatchRunner.__init__, eagle_module.EagleDrafter.use_compile
+    monkeypatch.setattr(
+        batch_graphs.CompiledBatchRunner,
+        "__init__",
+        lambda self, *a, **kw: (runners.append(kw["compile"]), init(self, *a, **kw))[1],
+    )
+    monkeypatch.setattr(
+        eagle_module.EagleDrafter,
+        "use_compile",
+        lambda self, mode: (compiled.append(mode), use_compile(self, mode))[1],
+    )
+    accuracy = torch.tensor([[0.97, 0.02]] * 4)
+    graphs = TimedAs("graphs", "graphs")
+    _, info = choices_for_batch(model, build(model, "eagle3_static"), accuracy, 4, timed_as=graphs)
+    assert runners == ["graphs"] and compiled == ["graphs", "graphs"]  # the verify; the chains of 1 and 4
+    assert info["timed_as"] == {"target": "graphs", "draft": "graphs"} and info["draft_ms_per_depth"] >= 0
+    runners.clear()
+    found, info = drafter_for_batch(model, build(model, "eagle3_static"), accuracy, 4, timed_as=graphs)
+    # the verify; the in-situ passes of plain decoding and of the trees (one kept runner per layers)
+    assert runners == ["graphs"] * 3 and info["in_situ"]["pass_ms"]
+    runners.clear()
+    gen = SpeculativeGenerator(model, chatml_tokenizer, build(model, "eagle3_static"), compile="graphs")
+    gen.tree_accuracy = accuracy
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    assert gen.batch_calibration[len(PROMPTS)]["timed_as"] == {"target": "graphs", "draft": False}  # (a CPU)
+    assert runners == ["graphs"] * 4  # the calibration's three, the generator's own
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        assert batch[b].token_ids == plain_greedy(model, prompt, n)
