@@ -105,7 +105,8 @@ def run_ours(gen: SpeculativeGenerator, prompts: list[list[int]], max_new: int) 
 
 
 def summary(runs: list[list[dict]], plain_ids: list[list[int]]) -> dict:
-    """tokens/s (median over repeats, with min and max), tau and mismatches against our plain decoding."""
+    """tokens/s (median over repeats, with min and max), tau and mismatches against our plain decoding,
+    and each prompt's target passes (the first repeat: greedy, every repeat decodes alike)."""
     rates = [sum(len(p["ids"]) for p in run) / sum(p["s"] for p in run) for run in runs]
     first = runs[0]
     return {
@@ -114,6 +115,7 @@ def summary(runs: list[list[dict]], plain_ids: list[list[int]]) -> dict:
         "tau": sum(len(p["ids"]) for p in first) / sum(p["passes"] for p in first),
         "mismatches": sum(p["ids"] != want for p, want in zip(first, plain_ids)),
         "tokens": sum(len(p["ids"]) for p in first),
+        "passes": [p["passes"] for p in first],
     }
 
 

@@ -27,6 +27,7 @@ import itertools
 import json
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -219,7 +220,17 @@ def render(result: dict) -> str:
             f"{row['tok_s'] / plain:.2f}x | {row['tok_s'] / best_ref:.2f}x the reference's best tree | "
             f"{row['mismatches']} |"
         )
-    return "\n".join([*lines, "", f"{ours['plain']['tokens']} tokens a run", ""])
+    gaps = [f"{spec} {pass_gaps(ref[spec]['passes'], ours[spec]['passes'])}" for spec in result["trees"]]
+    return "\n".join(
+        [*lines, "", f"{ours['plain']['tokens']} tokens a run", "",
+         "passes per prompt, the reference's minus ours (difference: prompts): " + "; ".join(gaps), ""]
+    )  # fmt: skip
+
+
+def pass_gaps(reference: list[int], ours: list[int]) -> str:
+    """How many prompts took the reference k more target passes than ours, as 'k: prompts' by k."""
+    counts = Counter(r - o for r, o in zip(reference, ours))
+    return ", ".join(f"{k:+d}: {n}" for k, n in sorted(counts.items()))
 
 
 if __name__ == "__main__":

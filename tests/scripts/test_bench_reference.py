@@ -40,6 +40,7 @@ def test_summary_counts_tokens_passes_and_mismatches() -> None:
     row = summary(runs, plain)
     assert row["tok_s"] == 2.5 and row["tok_s_range"] == [1.25, 5.0]  # median of 5 / 2, 5 / 1, 5 / 4
     assert row["tau"] == 5 / 3 and row["tokens"] == 5 and row["mismatches"] == 1
+    assert row["passes"] == [2, 1]  # the first repeat's, per prompt
 
 
 def test_a_head_the_authors_layout_cannot_hold_is_one_error_line(tiny_target_dir, tmp_path, capsys) -> None:

@@ -103,3 +103,8 @@ def test_a_failing_reference_engine_is_one_error_line(tmp_path) -> None:
     job = {"head": "h", "eos": 0, "max_new_tokens": 1, "prompts": [[1]], "trees": {}}
     with pytest.raises(RuntimeError, match="the reference engine failed: .*ModuleNotFoundError.*medusa"):
         run_reference(sys.executable, job, tmp_path, runner="reference_medusa.py")  # no medusa-llm here
+
+
+def test_pass_gaps_count_prompts_by_the_difference_in_passes() -> None:
+    gaps = script("bench_reference_medusa").pass_gaps
+    assert gaps([5, 6, 4, 9], [5, 5, 3, 10]) == "-1: 1, +0: 1, +1: 2"
