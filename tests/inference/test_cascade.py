@@ -208,11 +208,11 @@ class UnverifiedProposal(CascadeDrafter):
 )
 def test_sampling_matches_the_target_distribution(levels, variant, num_draft, tiny_draft):
     """27 outcomes (three tokens, top-3): sampling noise is about TV 0.04 at 1500 samples; the wrong
-    variants land far above."""
+    variants land far above (TV 0.44 and 0.53 at 500 samples, noise there about 0.07: 500 are enough)."""
     target, tok, medium, tiny = levels
     drafter = variant(tiny, medium, num_draft=num_draft, tiny_draft=tiny_draft)
     gen = SpeculativeGenerator(target, tok, drafter)
-    tv = sampling_tv(gen, PROMPT, PARAMS, trials=1500, length=3)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials=1500 if variant is CascadeDrafter else 500, length=3)
     if variant is CascadeDrafter:
         assert drafter.medium_tokens > 1.2 * drafter.medium_passes, "the medium rarely accepted the tiny"
         runs = [
