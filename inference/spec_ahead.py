@@ -20,12 +20,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
-from spechead.inference.acceptance import Acceptance
-from spechead.inference.device_sampling import rule_a_on_device
 from spechead.inference.drafters.ahead import Ahead
 from spechead.inference.phase_clock import PhaseClock
+from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import SamplingParams, torch_probs
 from spechead.inference.stops import until_stop
 from spechead.inference.tree import TokenTree
@@ -33,65 +31,6 @@ from spechead.inference.tree import TokenTree
 if TYPE_CHECKING:
     from spechead.inference.runner import TargetRunner
     from spechead.inference.stats import GenerationStats
-
-
-class QueuedAcceptance:
-    """The acceptance of one tree, computed on the device: the path's nodes [size] (ascending, then the
-    last repeated), its length K [0-d] and the next token [0-d] stay there for the queued commits; its
-    host form comes with ONE transfer into pinned memory, read after an event (CUDA) or at once.
-    Made by `greedy` or `sampled`."""
-
-    def __init__(
-        self, tokens: Tensor, on_path: Tensor, last: Tensor, next_token: Tensor, size: int, vocab: int
-    ):
-        """tokens [N] and the accepted nodes as a mask [N], the last of them [0-d] and the token after it
-        [0-d] (V: no token could be drawn), all on the tree's device; size: the path's length at least."""
-        n = tokens.shape[0]
-        self.k = on_path.sum()  # [0-d]
-        self.next_token = next_token.clamp(max=vocab - 1)  # (read as drawn: `result` refuses V)
-        idx = torch.arange(n, device=tokens.device)
-        order = torch.where(on_path, idx, n).sort().values  # [N]: the path's nodes, then n
-        if size > n:
-            order = torch.cat([order, order.new_full((size - n,), n)])
-        self.path = torch.where(order < n, order, last)  # [max(N, size)]
-        packed = torch.cat([next_token.view(1), on_path.long(), tokens])  # [1 + 2N]
-        cuda = tokens.device.type == "cuda"
-        self._host = torch.empty(packed.shape, dtype=torch.long, pin_memory=cuda)
-        self._host.copy_(packed, non_blocking=cuda)
-        self._event = torch.cuda.Event() if cuda else None
-        if self._event is not None:
-            self._event.record()
-        self._n, self._vocab = n, vocab
-
-    @classmethod
-    def greedy(cls, tokens: Tensor, parents: Tensor, ancestors: Tensor, logits: Tensor, size: int):
-        """The greedy rule (`greedy_accept_batch`'s) for tokens / parents [N], ancestors [N, N], logits
-        [N, V] of a verified tree."""
-        best = logits.argmax(-1)  # [N] the target's token after each node
-        match = tokens == best[parents.clamp(min=0)]  # [N]: each node is its parent's argmax
-        match[0] = True
-        ok = ~(ancestors & ~match[None, :]).any(-1)  # [N]: the whole root path matches
-        deepest = torch.where(ok, ancestors.sum(-1), 0).argmax()  # [0-d] first among the deepest
-        return cls(tokens, ancestors[deepest], deepest, best[deepest], size, logits.shape[-1])
-
-    @classmethod
-    def sampled(cls, tokens: Tensor, parents: Tensor, ancestors: Tensor, probs: Tensor, generator, size: int):
-        """Rule A over deterministic children (`sample_accept_batch`'s, the same draws from `generator`):
-        the target's probs [N, V] at every node."""
-        nxt, on_path, last = rule_a_on_device(
-            tokens[None], parents[None], ancestors[None], probs[None], [generator]
-        )
-        return cls(tokens, on_path[0], last[0], nxt[0], size, probs.shape[-1])
-
-    def result(self) -> Acceptance:
-        """The acceptance on the host (waits for its transfer only)."""
-        if self._event is not None:
-            self._event.synchronize()
-        row, n = self._host.tolist(), self._n
-        if row[0] >= self._vocab:
-            raise ValueError("cannot sample the next token: the target's probs hold no positive finite mass")
-        path = [i for i, x in enumerate(row[1 : n + 1]) if x]
-        return Acceptance(path, int(row[0]), [row[n + 1 + i] for i in path])
 
 
 def spec_ahead(
@@ -120,17 +59,19 @@ def spec_ahead(
         logits, hidden = runner.verify(tree.tokens[None], tree.parents[None])  # [1, N, V], {l: [1, N, H]}
         anc, parents = runner.last_ancestors, runner.last_parents  # [1, N, N], [1, N] on the device
         assert anc is not None and parents is not None  # verify just set them
+        tokens = tree.tokens[None]  # [1, N]
         if params.is_greedy:
-            queued = QueuedAcceptance.greedy(tree.tokens, parents[0], anc[0], logits[0], size)
-        else:  # every node's target probs [N, V]: on a GPU about the cost of one row
-            probs = torch_probs(logits[0], params)
-            queued = QueuedAcceptance.sampled(tree.tokens, parents[0], anc[0], probs, generator, size)
-        runner.commit_queued(queued.path[:n])
+            queued = QueuedAcceptance.greedy(tokens, parents, anc, logits, size)
+        else:  # every node's target probs [1, N, V]: on a GPU about the cost of one row
+            probs = torch_probs(logits, params)
+            queued = QueuedAcceptance.sampled(tokens, parents, anc, probs, [generator], size)
+        path, k, next_token = queued.path[0], queued.k[0], queued.next_token[0]  # [max(N, size)], 0-d, 0-d
+        runner.commit_queued(path[:n])
         clock.mark("verify")  # (on CUDA the device's timeline: the target's pass, acceptance and commit)
-        drafter.accept(hidden, tree.tokens, queued.path, queued.k, queued.next_token)
-        following = drafter.propose(queued.next_token)  # queued: the next tree
+        drafter.accept(hidden, tree.tokens, path, k, next_token)
+        following = drafter.propose(next_token)  # queued: the next tree
         clock.mark("draft")  # (the drafter's accept and the next draft)
-        acc = queued.result()  # the pass's one wait (the draft above runs meanwhile)
+        (acc,) = queued.result()  # the pass's one wait (the draft above runs meanwhile)
         k = len(acc.path)
         runner.advance(k)
         drafter.settle(k, acc.next_token)

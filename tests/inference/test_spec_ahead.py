@@ -17,8 +17,8 @@ from spechead.inference.drafters.eagle_ahead import EagleAhead, commit_size, run
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.medusa_ahead import MedusaAhead
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.spec_ahead import QueuedAcceptance
 from spechead.inference.tree import ancestors_on_device, tree_from_choices
 
 from .test_generator import eagle_drafter, medusa_drafter, plain_greedy
@@ -61,15 +61,14 @@ def test_the_queued_acceptance_is_the_greedy_rule():
         logits = torch.randn(n, vocab, generator=gen)
         for node in anc[target].nonzero().flatten().tolist()[1:]:  # the target node's path is the argmax
             logits[parents[node], tokens[node]] = 10.0
-        queued = QueuedAcceptance.greedy(tokens, parents, anc, logits, size=16)
+        queued = QueuedAcceptance.greedy(tokens[None], parents[None], anc[None], logits[None], size=16)
         expected = greedy_accept_batch(tokens[None], parents[None], anc[None], logits[None])[0]
-        got = queued.result()
+        (got,) = queued.result()
         assert got == expected and got.path_tokens == expected.path_tokens
         k = len(expected.path)
-        assert int(queued.k) == k and int(queued.next_token) == expected.next_token
-        assert queued.path.shape == (16,) and queued.path.tolist() == expected.path + [expected.path[-1]] * (
-            16 - k
-        )
+        assert queued.k.tolist() == [k] and queued.next_token.tolist() == [expected.next_token]
+        assert queued.path.shape == (1, 16)
+        assert queued.path[0].tolist() == expected.path + [expected.path[-1]] * (16 - k)
 
 
 def test_the_queued_sampled_acceptance_draws_what_rule_a_draws():
@@ -83,15 +82,17 @@ def test_the_queued_sampled_acceptance_draws_what_rule_a_draws():
         tokens = torch.randint(0, 6, (n,), generator=gen)  # a small vocab: many children accepted
         probs = torch.softmax(torch.randn(n, 6, generator=gen) * 2, -1)
         queued = QueuedAcceptance.sampled(
-            tokens, parents, anc, probs, torch.Generator().manual_seed(seed), 16
+            tokens[None], parents[None], anc[None], probs[None], [torch.Generator().manual_seed(seed)], 16
         )
         expected = sample_accept_batch(
             tokens[None], parents[None], anc[None], probs[None], [torch.Generator().manual_seed(seed)]
         )[0]
-        got = queued.result()
+        (got,) = queued.result()
         assert got == expected and got.path_tokens == expected.path_tokens
-        assert queued.path.tolist()[: len(got.path)] == got.path and int(queued.k) == len(got.path)
-    empty = QueuedAcceptance.sampled(tokens, parents, anc, torch.zeros(n, 6), torch.Generator(), 16)
+        assert queued.path[0].tolist()[: len(got.path)] == got.path and int(queued.k) == len(got.path)
+    empty = QueuedAcceptance.sampled(
+        tokens[None], parents[None], anc[None], torch.zeros(1, n, 6), [torch.Generator()], 16
+    )
     assert 0 <= int(empty.next_token) < 6  # (clamped for the queued ops)
     with pytest.raises(ValueError, match="no positive finite mass"):
         empty.result()
