@@ -28,6 +28,7 @@ from spechead.inference.acceptance import (
 )
 from spechead.inference.batch import BatchRunner
 from spechead.inference.batch_plain_ahead import rows_ahead
+from spechead.inference.batch_spec_ahead import batch_spec_ahead, queues_ahead
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Drafter
@@ -168,6 +169,7 @@ def batch_passes(
     runner: BatchRunner | None = None,
     on_device: bool | None = None,
     ahead: bool | None = None,
+    spec_ahead: bool | None = None,
 ) -> Iterator[list[tuple[int, list[int]]]]:
     """Decode every prompt [T_b], one pass at a time: yields, after the prefill and after every pass, each
     active row's new ids as (row index into `prompts`, ids) (`collect` gathers them per row).
@@ -178,7 +180,10 @@ def batch_passes(
     max_new_tokens); None: a new eager one sized for this batch. A cache too small (max_cache_len) raises
     at the first next(). on_device: accept on the logits' device (`accept_rows`; None: where they are).
     ahead: plain decoding (no drafter) with each step queued before the host reads the last one's tokens
-    (batch_plain_ahead.py; None: on CUDA, where the host's work then overlaps the device's)."""
+    (batch_plain_ahead.py; None: on CUDA, where the host's work then overlaps the device's). spec_ahead:
+    with a drafter, each next draft queued before the host reads the acceptance where the runner and the
+    drafter can (batch_spec_ahead.py: compiled runner, compiled EAGLE or Medusa batch drafter, rows all
+    greedy or all sampled; None: on CUDA)."""
     need = max(len(p) + m for p, m in zip(prompts, max_new))
     if max_cache_len is not None and need > max_cache_len:
         worst = max(range(len(prompts)), key=lambda b: len(prompts[b]) + max_new[b])
@@ -208,6 +213,14 @@ def batch_passes(
     if batched is None and (device.type == "cuda" if ahead is None else ahead):
         yield from rows_ahead(runner, rows, eos)
         times["verify"] = time.perf_counter() - start - times["prefill"]
+        _set_times(rows, time.perf_counter() - start, times)
+        return
+    rule = getattr(drafter, "rule", "deterministic")
+    if (device.type == "cuda" if spec_ahead is None else spec_ahead) and queues_ahead(
+        runner, batched, rows, rule
+    ):
+        yield from batch_spec_ahead(runner, batched, rows, eos)  # type: ignore[arg-type]  # (checked)
+        times["verify"] = time.perf_counter() - start - times["prefill"]  # (draft and verify overlap)
         _set_times(rows, time.perf_counter() - start, times)
         return
     active, accepted = rows, None  # accepted: what the drafter has yet to hear (tokens, lengths, hidden)

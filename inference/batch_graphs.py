@@ -169,6 +169,22 @@ class CompiledBatchRunner(BatchRunner):
         self.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(ks))
         self._sync_lengths()
 
+    queues_commits = True  # `commit_queued` runs here (batch_spec_ahead.py)
+
+    @inference_mode
+    def commit_queued(self, paths: Tensor) -> None:
+        """`commit` of paths still on the device, in two halves: the copies queued now (paths [B, P]: each
+        active row's accepted nodes ascending, then its last one repeated), `advance(K_b)` once read."""
+        padded = paths.new_zeros(self.capacity, paths.shape[1])  # [P_rows, P] idle rows: node 0
+        padded[host_to_device(torch.tensor(self.rows), paths.device)] = paths
+        self._commit_graph(padded)
+
+    @inference_mode
+    def advance(self, ks: Sequence[int]) -> None:
+        """The second half of `commit_queued`: active row b committed ks[b] entries (host and device)."""
+        self.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))
+        self._sync_lengths()
+
     def _graph_commit(self, nodes: Tensor) -> None:
         """Copy each row's entries of tree nodes [P, K] to the K slots after its device length, in every
         layer. Padding repeats the last node: its copies land past the new length (scratch), clamped

@@ -61,7 +61,9 @@ class SpeculativeGenerator:
     fixed rows, tree buckets) and, with the drafter compiled on CUDA, EAGLE's batch draft and accept
     (drafters/eagle_batch_graphs.py: fixed rows, one graph per pass); other batch drafters run eager.
     Without a drafter on CUDA, each plain step is queued before the last token is read (`plain_ahead`,
-    plain_ahead.py); set the attribute False to read every token first.
+    plain_ahead.py); set the attribute False to read every token first. With a compiled EAGLE or a Medusa
+    drafter on CUDA, each next draft is queued before the acceptance is read (`spec_ahead`: spec_ahead.py,
+    and batch_spec_ahead.py for generate_batch); False reads it first.
     """
 
     default_cache = "static"
@@ -244,7 +246,7 @@ class SpeculativeGenerator:
             runner = kept_runner(self._batch_runners, self.target, layers, batch, size, self.compile)
         passes = batch_passes(
             self.target, drafter, ids, max_new, params, self.eos, stats, fixed, runner, self.device_accept,
-            self.plain_ahead,
+            self.plain_ahead, self.spec_ahead,
         )  # fmt: skip
         return stats, passes
 

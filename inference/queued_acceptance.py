@@ -80,7 +80,9 @@ class QueuedAcceptance:
         out, n = [], self._n
         for row in self._host.tolist():
             if row[0] >= self._vocab:
-                raise ValueError("cannot sample the next token: the target's probs hold no positive finite mass")
+                raise ValueError(
+                    "cannot sample the next token: the target's probs hold no positive finite mass"
+                )
             path = [i for i, x in enumerate(row[1 : n + 1]) if x]
             out.append(Acceptance(path, int(row[0]), [row[n + 1 + i] for i in path]))
         return out

@@ -153,8 +153,12 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         all_roots = torch.zeros(rows.cache.batch, dtype=torch.long)  # [P] idle rows: token 0
         all_roots[self.rows] = torch.tensor(list(roots), dtype=torch.long)
         tokens, parents = self._draft(rows.feature, host_to_device(all_roots, self.device))  # [P, N] each
-        # The trees stay on the device (the verify is queued behind the draft, no wait here); the host
-        # reads the accepted tokens with the acceptance's one transfer (batch_decode.path_tokens).
+        return self._active_trees(tokens, parents)
+
+    def _active_trees(self, tokens: Tensor, parents: Tensor) -> BatchDraft:
+        """The active rows' trees of every physical row's tokens / parents [P_rows, N]. They stay on the
+        device (the verify is queued behind the draft, no wait here); the host reads the accepted tokens
+        with the acceptance's one transfer (batch_decode.path_tokens)."""
         if self.rows == list(range(len(self.rows))):  # the active rows come first: views
             tokens, parents = tokens[: len(self.rows)], parents[: len(self.rows)]
         else:
@@ -171,6 +175,59 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
             state.lengths[row] = 0
         self.rows = kept
         state.sync()
+
+    # ---- one draft ahead (batch_spec_ahead.py): the accepted paths still on the device ---------------
+
+    @property
+    def commit_width(self) -> int:
+        """P: pairs a queued accept commits per row (a power of two >= the longest path: depth + 1)."""
+        from spechead.inference.drafters.eagle_ahead import commit_size
+
+        return commit_size(self.drafter)
+
+    @inference_mode
+    def accept_queued(
+        self, hidden: dict[int, Tensor], tokens: Tensor, paths: Tensor, ks: Tensor, nexts: Tensor
+    ) -> None:
+        """`accept` from device tensors: the verified trees' states {l: [B, N, H]} and tokens [B, N], each
+        active row's path [B, >= P] (ascending, the last node repeated), its length K [B] and the next
+        token [B]; the same pairs as `accept` of the path's tokens (the pairs past K_b land in scratch).
+        The device lengths move by K_b in the graph; the host's copy waits for `settle`."""
+        rows, width = self._rows, self.commit_width
+        self._ensure_room(2 * width)  # (this commit, and the next draft before `settle` counts it)
+        paths = paths[:, :width]  # [B, P]
+        capacity, dev = rows.cache.batch, self.device
+        active = host_to_device(torch.tensor(self.rows), dev)  # [B] physical rows
+        packed = torch.zeros(capacity, width + 2, dtype=torch.long, device=dev)  # [P_rows, P + 2]
+        packed[active, :width] = tokens.to(dev).gather(1, paths)  # the pairs' own tokens
+        packed[active, width] = ks.to(dev)
+        packed[active, width + 1] = nexts.to(dev)
+        states = []
+        for layer in self.drafter.hidden_layers:
+            state = hidden[layer]  # [B, N, H]
+            picked = state.gather(1, paths.to(state.device)[:, :, None].expand(-1, -1, state.shape[-1]))
+            full = torch.zeros(capacity, width, state.shape[-1], device=dev, dtype=self.dtype)
+            full[active] = picked.to(dev, self.dtype)
+            states.append(full)  # [P_rows, P, H]
+        rows.feature = self._accept(packed, *states)  # [P_rows, H]
+
+    @inference_mode
+    def propose_queued(self, nexts: Tensor) -> BatchDraft:
+        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
+        rows, drafter = self._rows, self.drafter
+        drafter._map_ids(self.device)
+        if drafter._static is not None:
+            drafter._static_plan()
+        all_roots = torch.zeros(rows.cache.batch, dtype=torch.long, device=self.device)  # [P_rows]
+        all_roots[host_to_device(torch.tensor(self.rows), self.device)] = nexts.to(self.device)
+        tokens, parents = self._draft(rows.feature, all_roots)  # [P_rows, N] each
+        return self._active_trees(tokens, parents)
+
+    @inference_mode
+    def settle(self, ks: Sequence[int]) -> None:
+        """The host's committed lengths follow the queued accept (active row b: ks[b] pairs)."""
+        rows = self._rows
+        rows.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))
 
     # ---- the graphs --------------------------------------------------------------------------------
 

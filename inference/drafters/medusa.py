@@ -103,16 +103,20 @@ class MedusaDrafter(Drafter):
         return MedusaBatchDrafter(self)
 
     @inference_mode
-    def fill(self, states: torch.Tensor, roots: Sequence[int]) -> torch.Tensor:
-        """The static tree's tokens [B, N] for rows with last target states [B, H] and roots [B]: each
-        head runs ONCE over all rows. The tokens stay on the heads' device: on a GPU the verify is
-        queued behind the heads, no wait (the acceptance reads the accepted tokens with its transfer)."""
+    def fill(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """The static tree's tokens [B, N] for rows with last target states [B, H] and roots [B] (ints, or
+        a device tensor: batch_spec_ahead.py): each head runs ONCE over all rows. The tokens stay on the
+        heads' device: on a GPU the verify is queued behind the heads, no wait (the acceptance reads the
+        accepted tokens with its transfer)."""
         weight = self._weight
         state = states.to(weight.device, weight.dtype)[:, None]  # [B, 1, H] (the target may run elsewhere)
+        if isinstance(roots, torch.Tensor):
+            root_ids = roots.to(weight.device)[:, None]  # [B, 1]
+        else:
+            root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
         if not self._used_heads:  # a root-only tree
-            return host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
+            return root_ids.clone()
         logits = [self.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
-        root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
         candidates = topk_rows(torch.stack(logits, 1), self._width, self.topk_chunk)[1]  # [B, K, width]
         if self._pick.device != weight.device:
             self._pick = self._pick.to(weight.device)
@@ -164,7 +168,10 @@ class MedusaBatchDrafter(BatchDrafter):
 
     def propose(self, roots, sampling, generators) -> BatchDraft:
         assert self.last_hidden is not None  # start made it
-        tokens = self.drafter.fill(self.last_hidden, roots)  # [B, N]
+        return self._draft(self.drafter.fill(self.last_hidden, roots))
+
+    def _draft(self, tokens: torch.Tensor) -> BatchDraft:
+        """The rows' trees of tokens [B, N] (every row the static tree)."""
         if self._parents.device != tokens.device:  # (on a GPU, the verify packs both on the device)
             self._parents = self._parents.to(tokens.device)
         return BatchDraft(tokens, self._parents.expand_as(tokens), [tokens.shape[1]] * tokens.shape[0])
@@ -179,3 +186,22 @@ class MedusaBatchDrafter(BatchDrafter):
     def keep(self, rows) -> None:
         assert self.last_hidden is not None  # start made it
         self.last_hidden = self.last_hidden[torch.tensor(rows, device=self.last_hidden.device)]
+
+    # one draft ahead (batch_spec_ahead.py): the accepted paths still on the device
+    commit_width = 1  # `accept_queued` reads each path's last entry only
+
+    @inference_mode
+    def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
+        """Each row's next state: the verified trees' states {l: [B, N, H]} at its path's last node (paths
+        [B, >= 1], ascending, the last node repeated: the last entry)."""
+        states = hidden[self.layer]  # [B, N, H]
+        last = paths[:, -1:].to(states.device)  # [B, 1]
+        self.last_hidden = states.gather(1, last[:, :, None].expand(-1, -1, states.shape[-1]))[:, 0]
+
+    def propose_queued(self, nexts: torch.Tensor) -> BatchDraft:
+        """`propose` from the next tokens [B] on the device."""
+        assert self.last_hidden is not None  # accept_queued set it
+        return self._draft(self.drafter.fill(self.last_hidden, nexts))
+
+    def settle(self, ks) -> None:
+        """Nothing: the heads keep no count of their own."""
