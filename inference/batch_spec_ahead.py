@@ -72,7 +72,8 @@ def batch_spec_ahead(
         return
     active = list(rows)
     if len(going) < len(active):  # rows whose prefill token ended them leave first
-        kept = [i for i, r in enumerate(active) if r in going]
+        on = {r.index for r in going}
+        kept = [i for i, r in enumerate(active) if r.index in on]
         runner.keep(kept)
         drafter.keep(kept)
         active = going

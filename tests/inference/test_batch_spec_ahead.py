@@ -157,10 +157,11 @@ def test_batch_decoding_ahead_equals_the_loop_that_reads_first(model, chatml_tok
     for g in (ahead, first):
         g.eos = {eos}
     greedy = None
-    for kw in ({}, {"temperature": 0.8, "top_k": 30, "seed": [3, 4, 5, 6]}):
-        out = ahead.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False, **kw)
-        ref = first.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False, **kw)
-        for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+    budgets = (MAX_NEW, MAX_NEW, [14, 1, 20, 2])  # (the last: a row done at its prefill's token)
+    for kw, max_new in zip(({}, {"temperature": 0.8, "top_k": 30, "seed": [3, 4, 5, 6]}, {}), budgets):
+        out = ahead.generate_batch(input_ids=PROMPTS, max_new_tokens=max_new, tree_for_batch=False, **kw)
+        ref = first.generate_batch(input_ids=PROMPTS, max_new_tokens=max_new, tree_for_batch=False, **kw)
+        for b, (prompt, n) in enumerate(zip(PROMPTS, max_new)):
             assert out[b].token_ids == ref[b].token_ids, (kind, b, kw)
             assert out[b].stats.accept_lengths == ref[b].stats.accept_lengths, (kind, b, kw)
             assert out[b].stats.drafted_tokens == ref[b].stats.drafted_tokens, (kind, b, kw)
