@@ -98,8 +98,9 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
 
 
 def test_one_wait_for_the_gpu_per_batch_pass(tiny_llama, chatml_tokenizer):
-    """Batch decoding's fast path (the target's batch passes and every row's EAGLE draft as CUDA graphs):
-    the trees stay on the GPU, the acceptance's transfer is the pass's one wait."""
+    """Batch decoding's fast path (the target's batch passes and every row's EAGLE draft as CUDA graphs,
+    each next draft queued before the acceptance is read: batch_spec_ahead.py): the trees stay on the
+    GPU, the acceptance's transfer is the pass's one wait."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
     head.attach_target_modules(
