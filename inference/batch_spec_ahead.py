@@ -96,7 +96,7 @@ def batch_spec_ahead(
         emitted, kept = [], []
         for i, (row, acc, n) in enumerate(zip(active, accs, draft.sizes)):
             row.stats.drafted_tokens += n - 1
-            row.root, row.verified = acc.next_token, True
+            row.root = acc.next_token
             pending = [*(acc.path_tokens or [])[1:], acc.next_token]
             out = until_stop(pending, eos, row.max_new - row.stats.new_tokens)
             row.stats.new_tokens += len(out)

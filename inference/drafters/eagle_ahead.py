@@ -73,7 +73,7 @@ class EagleAhead:
 
     @inference_mode
     def propose(self, root: Tensor) -> Draft:
-        """The next tree drafted from the root [1, 1] (a device tensor) after `accept`, as `propose`
+        """The next tree drafted from the root (a one-element device tensor) after `accept`, as `propose`
         drafts it greedily; the speculative entries stay until `settle` crops them."""
         drafter = self.drafter
         cache = drafter._cache
