@@ -11,8 +11,10 @@ and multiplies with one `torch._scaled_mm` (an FP8 tensor-core GEMM on Ada, Hopp
 scales; the outer product of the two scales multiplies the output afterwards (tensor-wise `_scaled_mm`
 is the most portable kind). `to_fp8(head)` swaps a head's per-depth `nn.Linear`s in place for
 drafting (EAGLE-3: its decoder layer and lm_head; EAGLE-1/2: its decoder layers, not the target's
-lm_head it reads; never `fc`, which runs once per accept and whose dtype the drafter reads). For
-decoding only: not for training or saving (`save_pretrained` refuses such a head).
+lm_head it reads; never `fc`, which runs once per accept and whose dtype the drafter reads), then
+stacks the layers that read one input (q/k/v, gate/up) into one GEMM each, their rows kept as `Fp8Rows`
+views of the stack: each row's math is the same, with fewer and wider GEMMs per depth. For decoding
+only: not for training or saving (`save_pretrained` refuses such a head).
 """
 
 from __future__ import annotations
@@ -40,15 +42,37 @@ class Fp8Linear(nn.Module):
         n, k = linear.out_features, linear.in_features
         if n % 16 or k % 16:
             raise ValueError(f"FP8 GEMMs need features that are multiples of 16, got {k} -> {n}")
-        self.in_features, self.out_features = k, n
         weight = linear.weight.detach().float()  # [N, K]
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX  # [N]: each row's max -> 448
-        self.dtype = linear.weight.dtype  # the output's (the layer's own)
-        self.register_buffer("weight_fp8", (weight / scale[:, None]).to(FP8))  # [N, K]
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        self._keep((weight / scale[:, None]).to(FP8), scale, bias, linear.weight.dtype)
+
+    def _keep(self, weight_fp8: Tensor, scale: Tensor, bias: Tensor | None, dtype: torch.dtype) -> None:
+        """Register the e4m3 weights [N, K], their row scales [N], the bias [N] (or None) and the
+        output's dtype (the layer's own)."""
+        self.out_features, self.in_features = weight_fp8.shape
+        self.dtype = dtype
+        self.register_buffer("weight_fp8", weight_fp8)  # [N, K]
         self.register_buffer("weight_scale", scale)  # [N] fp32
-        self.register_buffer("unit", torch.ones((), device=weight.device))  # fp32 scale of W in the GEMM
-        bias = linear.bias
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.register_buffer("unit", torch.ones((), device=scale.device))  # fp32 scale of W in the GEMM
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def stacked(cls, layers: list[Fp8Linear]) -> Fp8Linear:
+        """One layer over the rows of `layers` (same input, same dtype), in order: [sum N_i, K]. Its
+        output (..., sum N_i) splits into theirs, each row's math unchanged: one GEMM instead of several."""
+        first = layers[0]
+        biased = [m.bias is not None for m in layers]
+        if any(m.in_features != first.in_features or m.dtype != first.dtype for m in layers) or (
+            any(biased) and not all(biased)
+        ):
+            raise ValueError("stacked FP8 layers need one input width, one dtype and biases on all or none")
+        out = cls.__new__(cls)
+        nn.Module.__init__(out)
+        bias = torch.cat([cast(Tensor, m.bias) for m in layers]) if all(biased) else None
+        weight = torch.cat([m.weight_fp8 for m in layers])  # [sum N_i, K]
+        out._keep(weight, torch.cat([m.weight_scale for m in layers]), bias, first.dtype)
+        return out
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's own signature
         """`.to(device)` moves the e4m3 weights and the fp32 scales as they are; a dtype cast
@@ -67,20 +91,56 @@ class Fp8Linear(nn.Module):
     def from_quantized(self, quantized: tuple[Tensor, Tensor], shape: torch.Size) -> Tensor:
         """The layer's output (..., N) for an input of `shape` (..., K) given as `quantize_rows`' pair:
         layers reading the same input (q/k/v, gate/up) quantize it once."""
-        rows, scale = quantized  # [M, K] e4m3, [M, 1] fp32
-        # unit scales in the GEMM (tensor-wise: the most portable kind), each row's and each column's own
-        # scale after it: (x / s_x) (W / s_w)^T * s_x s_w^T. fp16 would overflow on the unscaled sums
-        wide = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
-        out = torch._scaled_mm(
-            rows, self.weight_fp8.t(), scale_a=self.unit, scale_b=self.unit, out_dtype=wide
-        )
-        out = out.mul_(scale * self.weight_scale).to(self.dtype)  # [M, N] (in place: no wider copy)
-        if self.bias is not None:
-            out = out + self.bias
+        out = _gemm(quantized, self.weight_fp8, self.weight_scale, self.unit, self.bias, self.dtype)
         return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, e4m3"
+
+
+class Fp8Rows(nn.Module):
+    """Rows [start, stop) of a stacked `Fp8Linear` (`Fp8Linear.stacked`): a layer (q_proj, up_proj, ...)
+    whose weights live in the stack, which its parent module registers once (no copy). Alone it runs
+    its rows' GEMM; `linears` runs the whole stack in one GEMM for layers reading the same input."""
+
+    def __init__(self, stack: Fp8Linear, start: int, stop: int) -> None:
+        super().__init__()
+        self._stack = (stack,)  # (a tuple: not a submodule; `.to()` moves the stack through its parent)
+        self.start, self.stop = start, stop
+        self.in_features, self.out_features = stack.in_features, stop - start
+
+    @property
+    def stack(self) -> Fp8Linear:
+        return self._stack[0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., K) -> (..., stop - start) in the stack's dtype."""
+        s, rows = self.stack, slice(self.start, self.stop)
+        bias = None if s.bias is None else s.bias[rows]
+        out = _gemm(quantize_rows(x), s.weight_fp8[rows], s.weight_scale[rows], s.unit, bias, s.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"rows {self.start}:{self.stop} of a stacked e4m3 layer, in_features={self.in_features}"
+
+
+def _gemm(
+    quantized: tuple[Tensor, Tensor],
+    weight_fp8: Tensor,
+    weight_scale: Tensor,
+    unit: Tensor,
+    bias: Tensor | None,
+    dtype: torch.dtype,
+) -> Tensor:
+    """x W^T (+ b) [M, N] in `dtype` from `quantize_rows`' pair ([M, K] e4m3, [M, 1]) and W as e4m3
+    [N, K] (rows contiguous) with its row scales [N]."""
+    rows, scale = quantized
+    # unit scales in the GEMM (tensor-wise: the most portable kind), each row's and each column's own
+    # scale after it: (x / s_x) (W / s_w)^T * s_x s_w^T. fp16 would overflow on the unscaled sums
+    wide = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    out = torch._scaled_mm(rows, weight_fp8.t(), scale_a=unit, scale_b=unit, out_dtype=wide)
+    out = out.mul_(scale * weight_scale).to(dtype)  # [M, N] (in place: no wider copy)
+    return out if bias is None else out + bias
 
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -93,11 +153,28 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def linears(modules: list[nn.Module], x: Tensor) -> list[Tensor]:
-    """[m(x) for m in modules], x quantized once when they are all `Fp8Linear`s (q/k/v, gate/up)."""
+    """[m(x) for m in modules]: one GEMM when they are the rows of one stack in order (q/k/v, gate/up
+    after `to_fp8`), x quantized once when they are all `Fp8Linear`s."""
+    stack = _whole_stack(modules)
+    if stack is not None:
+        return list(stack(x).split([cast(Fp8Rows, m).out_features for m in modules], dim=-1))
     if all(type(m) is Fp8Linear for m in modules):
         quantized = quantize_rows(x)
         return [cast(Fp8Linear, m).from_quantized(quantized, x.shape) for m in modules]
     return [m(x) for m in modules]
+
+
+def _whole_stack(modules: list[nn.Module]) -> Fp8Linear | None:
+    """The stack `modules` are the rows of, all of them in order, else None."""
+    if not all(type(m) is Fp8Rows for m in modules):
+        return None
+    rows = cast(list[Fp8Rows], modules)
+    stack, end = rows[0].stack, 0
+    for m in rows:
+        if m.stack is not stack or m.start != end:
+            return None
+        end = m.stop
+    return stack if end == stack.out_features else None
 
 
 def per_depth_linears(head: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -121,14 +198,46 @@ def per_depth_linears(head: nn.Module) -> list[tuple[nn.Module, str]]:
     return found
 
 
-def to_fp8(head: nn.Module) -> int:
+def to_fp8(head: nn.Module, stack: bool = True) -> int:
     """Swap the head's per-depth `nn.Linear`s (`per_depth_linears`) for `Fp8Linear`s in place; layers
-    whose features are not multiples of 16 stay as they are. Returns how many were swapped (0: a head
-    with no per-depth layers, e.g. Medusa)."""
+    whose features are not multiples of 16 stay as they are. stack: then join the layers that read one
+    input (q/k/v, gate/up: `STACKS`) into one GEMM each (`stack_fp8`). Returns how many were swapped
+    (0: a head with no per-depth layers, e.g. Medusa)."""
     swapped = 0
     for parent, name in per_depth_linears(head):
         linear = getattr(parent, name)
         if linear.in_features % 16 == 0 and linear.out_features % 16 == 0:
             setattr(parent, name, Fp8Linear(linear))
             swapped += 1
+    if stack:
+        stack_fp8(head)
     return swapped
+
+
+# layers that read one input, and the name their stack takes on their parent
+STACKS = {("q_proj", "k_proj", "v_proj"): "qkv_proj_fp8", ("gate_proj", "up_proj"): "gate_up_proj_fp8"}
+
+
+def stack_fp8(module: nn.Module) -> int:
+    """Stack each group of `STACKS` whose layers are all `Fp8Linear`s of one input width and dtype: the
+    stack registered on their parent, each layer replaced by its rows (`Fp8Rows`). On a GPU at batch 1
+    the small k/v GEMMs leave most of the chip idle and each layer is a GEMM and a scaling kernel of its
+    own; stacked, one of each. Returns how many stacks were made."""
+    made = 0
+    for parent in list(module.modules()):
+        for names, stack_name in STACKS.items():
+            layers = [getattr(parent, n, None) for n in names]
+            if not all(type(m) is Fp8Linear for m in layers):
+                continue
+            fp8 = cast(list[Fp8Linear], layers)
+            biased = {m.bias is not None for m in fp8}
+            if len({(m.in_features, m.dtype) for m in fp8}) > 1 or len(biased) > 1:
+                continue
+            stack = Fp8Linear.stacked(fp8)
+            parent.add_module(stack_name, stack)
+            start = 0
+            for n, m in zip(names, fp8):
+                setattr(parent, n, Fp8Rows(stack, start, start + m.out_features))
+                start += m.out_features
+            made += 1
+    return made

@@ -29,7 +29,7 @@ from transformers import Cache, DynamicCache
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
-from spechead.heads.fp8 import Fp8Linear, linears
+from spechead.heads.fp8 import Fp8Linear, Fp8Rows, linears
 from spechead.heads.grad import no_grad
 from spechead.heads.medusa import MedusaHead, ResBlock
 
@@ -116,7 +116,7 @@ def _supported(layer: nn.Module) -> bool:
     if type(layer).__name__ not in _LAYERS or attn is None or mlp is None:
         return False
     projections = ("q_proj", "k_proj", "v_proj", "o_proj")
-    linear = (nn.Linear, Fp8Linear)  # (`_linear` runs any other module's own forward)
+    linear = (nn.Linear, Fp8Linear, Fp8Rows)  # (`_linear` runs any other module's own forward)
     return (
         all(isinstance(getattr(attn, p, None), linear) for p in projections)
         and not any(hasattr(attn, n) for n in ("q_norm", "k_norm"))
@@ -159,8 +159,9 @@ def _linear(module: nn.Module, x: Tensor) -> Tensor:
 
 
 def _linears(modules: list[nn.Module], x: Tensor) -> list[Tensor]:
-    """[_linear(m, x) for m in modules]; FP8 layers (heads/fp8.py) reading the same x quantize it once."""
-    if type(modules[0]) is Fp8Linear:
+    """[_linear(m, x) for m in modules]; FP8 layers (heads/fp8.py) reading the same x quantize it once,
+    and run one GEMM when stacked."""
+    if type(modules[0]) in (Fp8Linear, Fp8Rows):
         return linears(modules, x)
     return [_linear(m, x) for m in modules]
 

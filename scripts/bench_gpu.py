@@ -111,6 +111,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="the head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads)",
     )  # fmt: skip
     p.add_argument(
+        "--fp8-unstacked", action="store_true",
+        help="with --draft-fp8: q/k/v and gate/up as GEMMs of their own, not stacked into one each (an A/B)",
+    )  # fmt: skip
+    p.add_argument(
         "--topk-chunk", type=topk_chunk, default="auto", metavar="N",
         help="each draft depth's top-k over the k chunks of N ids with the largest maxima (drafters/topk.py); "
              "none: one topk; default auto (the drafters' default: chunks of 64 for a draft vocab >= 20000)",
@@ -416,7 +420,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     torch.manual_seed(0)
     model, head = build(target_config(args.tiny, args.context), args.draft_vocab, device)
     if args.draft_fp8:
-        to_fp8(head)
+        to_fp8(head, stack=not args.fp8_unstacked)
     timer = Timer(device, args.iters, args.warmup)
     bandwidth = copy_bandwidth(device, timer, (1 << 30) if device.type == "cuda" else (32 << 20))
     weight_bytes, streamed = weight_and_streamed_bytes(model, args.context)
@@ -424,7 +428,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     parts, status = measure_compiled(model, head, args, timer, device, args.compile, keep=kept)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
-              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8,
+              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "fp8_stacked": args.draft_fp8 and not args.fp8_unstacked,
               "topk_chunk": resolve_chunk(args.topk_chunk, device.type, head.config.draft_vocab_size),
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
     report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))

@@ -26,7 +26,9 @@
 #      2026-11-27, against 43.7% in bf16); since 2026-11-27 each depth's top-k searches the 8 chunks of 64
 #      ids with the largest maxima by default on CUDA (drafters/topk.py "auto"; not yet timed in a draft);
 #   4. bench_gpu_topk: the same with one torch.topk a depth (--topk-chunk none: the multi-block radix
-#      select, ~15 kernels a depth), profiled: the A/B of that default. On request, bench_topk:
+#      select, ~15 kernels a depth), profiled: the A/B of that default;
+#   5. bench_gpu_unstacked: bench_gpu_fp8 with q/k/v and gate/up as GEMMs of their own (--fp8-unstacked),
+#      profiled: the A/B of stacking them (heads/fp8.py, the default since 2026-11-28). On request, bench_topk:
 #      scripts/bench_topk.py, a depth's top-k alone by chunk (H200: [8, 32000] 44 us by 64, 59 in one topk).
 #   On request (named): bench_demo_graphs (scripts/benchmark.py on the demo target and heads with
 #      compile="graphs"), bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
@@ -51,9 +53,9 @@
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
-#   bash scripts/gpu_checks.sh                       # the default four; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
-#   (the four do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8
-#   bench_gpu_topk` in the next, at once, while the machine is warm)
+#   bash scripts/gpu_checks.sh                       # the default five; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
+#   (the five do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8
+#   bench_gpu_topk bench_gpu_unstacked` in the next, at once, while the machine is warm)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
 OUT=${OUT:-outputs/gpu}
@@ -70,7 +72,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
 
 status=0
-steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8 bench_gpu_topk} "
+steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8 bench_gpu_topk bench_gpu_unstacked} "
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -95,6 +97,10 @@ step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-
 # profiled: the JSON keeps the draft's 30 costliest kernels
 step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk none --sizes 1,64 --profile \
     --no-batch --no-stream --out "$OUT/bench_gpu_topk.json"
+# the FP8 draft with q/k/v and gate/up as GEMMs of their own (an A/B against bench_gpu_fp8's stacked GEMMs,
+# the default since 2026-11-28, not yet timed), profiled
+step bench_gpu_unstacked "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --fp8-unstacked --sizes 1,64 \
+    --profile --no-batch --no-stream --out "$OUT/bench_gpu_unstacked.json"
 # on request: one draft depth's top-k alone, one topk against chunks of 32 to 256 ids, eager and compiled
 step bench_topk "${DEMO_S:-100}" "$PY" scripts/bench_topk.py --device cuda --out "$OUT/bench_topk.json"
 # on request: GEMMs autotuned (max-autotune) against the default inductor, both with our CUDA graphs

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, MedusaConfig, MedusaHead
-from spechead.heads.fp8 import FP8, Fp8Linear, to_fp8
+from spechead.heads.fp8 import FP8, Fp8Linear, Fp8Rows, linears, stack_fp8, to_fp8
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,13 +51,16 @@ def test_to_fp8_swaps_the_per_depth_layers_only(tiny_llama):
     eagle3.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
     assert to_fp8(eagle3) == 8  # q, k, v, o, gate, up, down and the draft lm_head
     mid = eagle3.midlayer
-    linears = [mid.self_attn.q_proj, mid.self_attn.k_proj, mid.self_attn.v_proj, mid.self_attn.o_proj,
-               mid.mlp.gate_proj, mid.mlp.up_proj, mid.mlp.down_proj, eagle3.lm_head]  # fmt: skip
-    assert all(isinstance(m, Fp8Linear) for m in linears)
+    attn, mlp = mid.self_attn, mid.mlp
+    assert all(type(m) is Fp8Linear for m in (attn.o_proj, mlp.down_proj, eagle3.lm_head))
+    assert all(
+        type(m) is Fp8Rows for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+    )
     assert type(eagle3.fc) is nn.Linear and type(target.lm_head) is nn.Linear
     eagle = EagleHead(EagleConfig.from_target(target.config))
     eagle.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
-    assert to_fp8(eagle) == 7 * len(eagle.layers) and type(target.lm_head) is nn.Linear
+    assert to_fp8(eagle, stack=False) == 7 * len(eagle.layers) and type(target.lm_head) is nn.Linear
+    assert all(type(m) is Fp8Linear for m in eagle.layers[0].modules() if "Fp8" in type(m).__name__)
     medusa = MedusaHead(MedusaConfig(hidden_size=32, vocab_size=256, num_heads=2, target_num_layers=4))
     assert to_fp8(medusa) == 0
 
@@ -97,3 +100,53 @@ def test_layers_reading_one_input_quantize_it_once():
     plain = nn.Linear(32, 8)  # a layer left wide (features not multiples of 16): each its own call
     mixed = linears([q, plain], x)
     assert torch.equal(mixed[0], q(x)) and torch.equal(mixed[1], plain(x))
+
+
+def test_stacked_layers_are_their_rows_in_one_gemm(tiny_llama):
+    """`to_fp8` stacks q/k/v and gate/up: the rows are views of one e4m3 weight (no copy), alone or
+    through `linears` (one GEMM) they give the unstacked layers' outputs, and a cast or move reaches them."""
+    target = tiny_llama(256, layers=4, hidden=32)
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.from_target(target.config, draft_vocab_size=128))
+    for module in head.modules():  # biases on q/k/v (as Qwen2 has): stacked too
+        if isinstance(module, nn.Linear) and module.out_features != 128:
+            nn.init.normal_(module.weight, std=0.2)
+    attn, mlp = head.midlayer.self_attn, head.midlayer.mlp
+    attn.q_proj.bias = nn.Parameter(torch.randn(attn.q_proj.out_features))
+    attn.k_proj.bias = nn.Parameter(torch.randn(attn.k_proj.out_features))
+    attn.v_proj.bias = nn.Parameter(torch.randn(attn.v_proj.out_features))
+    names = [(attn, "q_proj"), (attn, "k_proj"), (attn, "v_proj"), (mlp, "gate_proj"), (mlp, "up_proj")]
+    alone = {n: Fp8Linear(getattr(parent, n)) for parent, n in names}  # the layers unstacked
+    to_fp8(head)
+    stacks = [attn.qkv_proj_fp8, mlp.gate_up_proj_fp8]
+    e4m3 = [b for b in head.buffers() if b.dtype == FP8]
+    # every e4m3 weight once: the rows hold none of their own
+    assert sum(b.numel() for b in e4m3) == sum(m.weight_fp8.numel() for m in alone.values()) + sum(
+        m.weight_fp8.numel() for m in (attn.o_proj, mlp.down_proj, head.lm_head)
+    )
+    assert [s.out_features for s in stacks] == [sum(alone[n].out_features for n in g) for g in
+                                                (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))]  # fmt: skip
+    x = torch.randn(2, 3, attn.q_proj.in_features)
+    q, k, v = linears([attn.q_proj, attn.k_proj, attn.v_proj], x)
+    for name, out in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+        assert torch.equal(out, alone[name](x)) and torch.equal(getattr(attn, name)(x), out)
+    h = torch.randn(4, mlp.gate_proj.in_features)
+    gate, up = linears([mlp.gate_proj, mlp.up_proj], h)
+    assert torch.equal(gate, alone["gate_proj"](h)) and torch.equal(up, alone["up_proj"](h))
+    # not the stack's rows in order, or not all of them: each layer its own GEMM, the same outputs
+    swapped = linears([attn.k_proj, attn.q_proj, attn.v_proj], x)
+    assert torch.equal(swapped[0], k) and torch.equal(swapped[1], q) and torch.equal(swapped[2], v)
+    assert torch.equal(linears([attn.q_proj, attn.k_proj], x)[1], k)
+    head.to(torch.bfloat16)  # the rows follow their stack
+    assert attn.v_proj(x.bfloat16()).dtype == torch.bfloat16 and attn.qkv_proj_fp8.weight_fp8.dtype == FP8
+    assert stack_fp8(head) == 0  # already stacked
+
+
+def test_layers_of_different_inputs_are_not_stacked():
+    """A group stacks only when its layers read one width in one dtype with biases on all or none."""
+    parent = nn.Module()
+    parent.gate_proj, parent.up_proj = Fp8Linear(nn.Linear(32, 64)), Fp8Linear(nn.Linear(32, 48, bias=False))
+    parent.q_proj, parent.k_proj, parent.v_proj = (Fp8Linear(nn.Linear(k, 16)) for k in (32, 32, 48))
+    assert stack_fp8(parent) == 0 and type(parent.up_proj) is type(parent.q_proj) is Fp8Linear
+    with pytest.raises(ValueError, match="one input width"):
+        Fp8Linear.stacked([parent.q_proj, parent.v_proj])

@@ -146,6 +146,27 @@ def test_fp8_drafting_on_cuda_equals_plain_decoding(tiny_llama, chatml_tokenizer
         assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref, (draft_compile, i)
 
 
+def test_stacked_fp8_layers_on_cuda_are_their_rows():
+    """q/k/v stacked into one FP8 GEMM (heads/fp8.py) on the GPU: each layer's output as its own GEMM's,
+    through `linears` and alone (its rows a view at an offset of the stack's e4m3 weight)."""
+    from torch import nn
+
+    from spechead.heads.fp8 import Fp8Linear, linears, stack_fp8
+
+    torch.manual_seed(0)
+    parent = nn.Module()
+    for name, n in (("q_proj", 256), ("k_proj", 64), ("v_proj", 64)):
+        setattr(parent, name, Fp8Linear(nn.Linear(512, n, dtype=torch.bfloat16)))
+    parent = parent.to("cuda")
+    x = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
+    alone = [m(x) for m in (parent.q_proj, parent.k_proj, parent.v_proj)]
+    assert stack_fp8(parent) == 1
+    rows = [parent.q_proj, parent.k_proj, parent.v_proj]
+    for out, own, ref in zip(linears(rows, x), [m(x) for m in rows], alone):
+        torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)  # (another GEMM kernel may sum apart)
+        torch.testing.assert_close(own, ref, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize(
     ("compile", "draft_compile"),
     [(True, None), (False, True), ("reduce-overhead", None), (False, "reduce-overhead"), ("graphs", None)],

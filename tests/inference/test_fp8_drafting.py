@@ -37,7 +37,7 @@ def test_fp8_drafting_is_lossless(tiny_target_dir, head_dir, compile):
     path, options = drafter_options(f"{head_dir}@draft_fp8=1,top_k=4,depth=4,total_tokens=16")
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), path, draft_compile=compile, **options)
     head = gen.drafter.head
-    assert isinstance(head.midlayer.self_attn.q_proj, Fp8Linear) and isinstance(
+    assert isinstance(head.midlayer.self_attn.qkv_proj_fp8, Fp8Linear) and isinstance(
         head.midlayer.mlp.down_proj, Fp8Linear
     )
     gen.eos = set()

@@ -288,6 +288,7 @@ def test_fp8_draft_reads_about_half_the_bytes(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r, bf16 = json.loads((tmp_path / "fp8.json").read_text()), tiny_run[0]
     assert r["draft_fp8"] is True and bf16["draft_fp8"] is False
+    assert r["fp8_stacked"] is True and bf16["fp8_stacked"] is False  # q/k/v, gate/up one GEMM each
     assert 0.45 < r["draft_bytes"] / bf16["draft_bytes"] < 0.6
     assert "EAGLE-3 head (per-depth layers FP8 e4m3)" in proc.stdout and positive(r["draft_ms"])
     assert r["topk_chunk"] == 16 and bf16["topk_chunk"] is None and "; top-k in chunks of 16" in proc.stdout

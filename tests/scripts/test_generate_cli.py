@@ -92,7 +92,7 @@ def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_pat
     assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
     # --draft-fp8: the head's per-depth layers in e4m3 (heads/fp8.py), the answer still plain decoding's
     assert generate.main([*common, "--drafter", str(head_dir), "--draft-fp8"]) == 0
-    assert type(made[-1].drafter.head.midlayer.mlp.up_proj).__name__ == "Fp8Linear"
+    assert type(made[-1].drafter.head.midlayer.mlp.down_proj).__name__ == "Fp8Linear"
     assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
     assert generate.main([*common, "--draft-fp8"]) == 2  # no head: one line
     assert capsys.readouterr().err.strip().startswith("error: draft_fp8 needs an EAGLE / EAGLE-3 head")
