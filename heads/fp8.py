@@ -61,18 +61,20 @@ class Fp8Linear(nn.Module):
     def stacked(cls, layers: list[Fp8Linear]) -> Fp8Linear:
         """One layer over the rows of `layers` (same input, same dtype), in order: [sum N_i, K]. Its
         output (..., sum N_i) splits into theirs, each row's math unchanged: one GEMM instead of several."""
-        first = layers[0]
-        biased = [m.bias is not None for m in layers]
-        if any(m.in_features != first.in_features or m.dtype != first.dtype for m in layers) or (
-            any(biased) and not all(biased)
-        ):
+        if not cls.stackable(layers):
             raise ValueError("stacked FP8 layers need one input width, one dtype and biases on all or none")
         out = cls.__new__(cls)
         nn.Module.__init__(out)
-        bias = torch.cat([cast(Tensor, m.bias) for m in layers]) if all(biased) else None
+        biased = layers[0].bias is not None
+        bias = torch.cat([cast(Tensor, m.bias) for m in layers]) if biased else None
         weight = torch.cat([m.weight_fp8 for m in layers])  # [sum N_i, K]
-        out._keep(weight, torch.cat([m.weight_scale for m in layers]), bias, first.dtype)
+        out._keep(weight, torch.cat([m.weight_scale for m in layers]), bias, layers[0].dtype)
         return out
+
+    @staticmethod
+    def stackable(layers: list[Fp8Linear]) -> bool:
+        """Whether `stacked` takes them: one input width, one dtype, biases on all or none."""
+        return len({(m.in_features, m.dtype, m.bias is not None) for m in layers}) == 1
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's own signature
         """`.to(device)` moves the e4m3 weights and the fp32 scales as they are; a dtype cast
@@ -230,8 +232,7 @@ def stack_fp8(module: nn.Module) -> int:
             if not all(type(m) is Fp8Linear for m in layers):
                 continue
             fp8 = cast(list[Fp8Linear], layers)
-            biased = {m.bias is not None for m in fp8}
-            if len({(m.in_features, m.dtype) for m in fp8}) > 1 or len(biased) > 1:
+            if not Fp8Linear.stackable(fp8):
                 continue
             stack = Fp8Linear.stacked(fp8)
             parent.add_module(stack_name, stack)
