@@ -41,7 +41,8 @@ SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 # took such a tree decoded 1.23x, the chain 1.27x and 1.37x in the runs around it). The in-situ stage that
 # follows (pass_timing.py) decodes every candidate alike and keeps the tree with a smaller margin of its own.
 KEEP_MARGIN = 0.10
-# The best trees of the part-by-part model that pass_timing.py then decodes with (its cost grows with them)
+# The best trees of the part-by-part model that pass_timing.py then decodes with (its cost grows with them),
+# of different size classes where the ranking allows (`spread`)
 CANDIDATES = 3
 
 
@@ -300,6 +301,22 @@ def covers(accuracy: torch.Tensor, choices: list[list[int]]) -> bool:
     return bool(choices) and all(len(c) <= shape[0] and max(c) < shape[1] for c in choices)
 
 
+def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:
+    """`count` trees of `ranked` (best first) for decoding in situ: the best, then the best of each size
+    class not yet taken (N verified nodes in (2^(c-1), 2^c]: a padded verify's bucket), then the next best.
+    Neighbouring sizes cost about alike (the same verify bucket), so decoding three of them tells little,
+    and a misranked bucket (one noisy verify time) would go unchecked: a tuned 3-node chain decoded 1.47x
+    where a 10-node tree of another class decoded 1.66x (demo Medusa-2 head, benchmark.py, 2026-11-28)."""
+    taken: list[list[list[int]]] = []
+    classes: set[int] = set()
+    for choices in ranked:  # one a size class, best first
+        if len(taken) < count and len(choices).bit_length() not in classes:
+            taken.append(choices)
+            classes.add(len(choices).bit_length())
+    rest = [c for c in ranked if c not in taken]
+    return taken + rest[: count - len(taken)]
+
+
 def best_for_costs(
     accuracy: torch.Tensor, info: dict, max_nodes: int, keep: list[list[int]] | None = None
 ) -> list[list[int]]:
@@ -316,7 +333,7 @@ def best_for_costs(
     table, verify, step = accuracy.float(), info["verify_ms_by_size"], info["step_ms"]
     ranked = ranked_choices_for_cost(table, verify, step, max_nodes=max_nodes, **costs)
     choices, speedup = ranked[0] if ranked else ([], 0.0)
-    info["ranked"] = [c for c, _ in ranked[:CANDIDATES]]  # what pass_timing.py decodes with
+    info["ranked"] = spread([c for c, _ in ranked], CANDIDATES)  # what pass_timing.py decodes with
     if keep is not None:
         kept_speedup = expected_speedup(table, keep, verify, step, **costs) if covers(table, keep) else 0.0
         info["kept_saved_tree"] = kept_speedup * (1 + KEEP_MARGIN) >= speedup

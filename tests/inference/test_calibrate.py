@@ -18,6 +18,7 @@ from spechead.inference.calibrate import (
     calibrated_choices,
     fit_accuracy,
     saved_accuracy,
+    spread,
 )
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tree import tree_from_choices
@@ -152,6 +153,26 @@ def test_a_head_expected_to_lose_here_says_so(tiny_target_dir, tmp_path):
         gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "h"))
     assert gen.calibration["expected_speedup"] >= 1.0
     assert not [w for w in seen if "plain decoding" in str(w.message)]  # a tree that pays: no warning
+
+
+def tree(n: int) -> list[list[int]]:
+    """A stand-in tree of n nodes (spread reads sizes only)."""
+    return [[i] for i in range(n)]
+
+
+def test_the_trees_decoded_in_situ_span_size_classes():
+    """`spread`: the best tree, then the best of each other size class (N = n + 1 verified nodes in
+    (2^(c-1), 2^c]), then the next best; best_for_costs' `ranked` is that spread."""
+    sizes = lambda trees: [len(t) for t in trees]  # noqa: E731
+    ranked = [tree(n) for n in (15, 14, 13, 16, 7, 3, 31, 4)]  # best first
+    assert sizes(spread(ranked, 3)) == [15, 16, 7]  # 15 | 16 (N = 17) | 7 (N = 8): three classes
+    assert sizes(spread(ranked, 5)) == [15, 16, 7, 3, 14]  # (31: N = 32, 16's class)
+    assert sizes(spread([tree(n) for n in (7, 6, 3, 4)], 3)) == [7, 3, 6]  # two classes: then the next best
+    assert sizes(spread([tree(2)], 3)) == [2]
+    accuracy = torch.tensor([[0.9, 0.3, 0.2], [0.9, 0.3, 0.2], [0.9, 0.3, 0.2]], dtype=torch.float64)
+    info = {"verify_ms_by_size": {1: 4.0, 2: 4.0, 4: 4.0, 8: 4.0, 16: 4.4}, "step_ms": 4.0}
+    best = best_for_costs(accuracy, info, 9)
+    assert info["ranked"][0] == best and len({len(t).bit_length() for t in info["ranked"]}) == 3
 
 
 def test_a_saved_tree_stays_unless_clearly_beaten():
