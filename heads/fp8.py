@@ -117,10 +117,14 @@ class Fp8Rows(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., stop - start) in the stack's dtype."""
+        return self.from_quantized(quantize_rows(x), x.shape)
+
+    def from_quantized(self, quantized: tuple[Tensor, Tensor], shape: torch.Size) -> Tensor:
+        """Its rows' output (..., stop - start) for an input of `shape` given as `quantize_rows`' pair."""
         s, rows = self.stack, slice(self.start, self.stop)
         bias = None if s.bias is None else s.bias[rows]
-        out = _gemm(quantize_rows(x), s.weight_fp8[rows], s.weight_scale[rows], s.unit, bias, s.dtype)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        out = _gemm(quantized, s.weight_fp8[rows], s.weight_scale[rows], s.unit, bias, s.dtype)
+        return out.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"rows {self.start}:{self.stop} of a stacked e4m3 layer, in_features={self.in_features}"
@@ -155,15 +159,49 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def linears(modules: list[nn.Module], x: Tensor) -> list[Tensor]:
-    """[m(x) for m in modules]: one GEMM when they are the rows of one stack in order (q/k/v, gate/up
-    after `to_fp8`), x quantized once when they are all `Fp8Linear`s."""
+    """[m(x) for m in modules]: FP8 layers (`reads_fp8`) quantize x once, and the rows of one stack in
+    order (q/k/v, gate/up after `to_fp8`) run one GEMM."""
+    if reads_fp8(modules):
+        return linears_from(modules, quantize_rows(x), x.shape)
+    return [m(x) for m in modules]
+
+
+def reads_fp8(modules: list[nn.Module]) -> bool:
+    """Whether every module is an FP8 layer (`Fp8Linear` or `Fp8Rows`): then they take one quantized input."""
+    return all(type(m) in (Fp8Linear, Fp8Rows) for m in modules)
+
+
+def linears_from(
+    modules: list[nn.Module], quantized: tuple[Tensor, Tensor], shape: torch.Size
+) -> list[Tensor]:
+    """The FP8 layers' outputs for one input of `shape` (..., K) given as `quantize_rows`' pair: one GEMM
+    when they are the rows of one stack in order, else one each."""
     stack = _whole_stack(modules)
     if stack is not None:
-        return list(stack(x).split([cast(Fp8Rows, m).out_features for m in modules], dim=-1))
-    if all(type(m) is Fp8Linear for m in modules):
-        quantized = quantize_rows(x)
-        return [cast(Fp8Linear, m).from_quantized(quantized, x.shape) for m in modules]
-    return [m(x) for m in modules]
+        sizes = [cast(Fp8Rows, m).out_features for m in modules]
+        return list(stack.from_quantized(quantized, shape).split(sizes, dim=-1))
+    return [cast(Fp8Linear | Fp8Rows, m).from_quantized(quantized, shape) for m in modules]
+
+
+def norm_quantized(parts: list[tuple[Tensor, Tensor, float]]) -> tuple[Tensor, Tensor]:
+    """`quantize_rows(cat([rms_norm(x, w, eps) for x, w, eps in parts], -1))` without writing the norms:
+    parts x (..., K_i) with their norm's weight [K_i] and eps -> e4m3 rows [M, sum K_i] and fp32 scales
+    [M, 1]. A row's largest entry after its norm is rstd * max|x * w| (rstd > 0), so the max and the
+    norm's mean square are one pass over x: one reduction where the norm and then the max took two
+    (a compiled draft depth reads three normed inputs: q/k/v's, gate/up's and the lm_head's)."""
+    rows, peaks = [], []
+    for x, weight, eps in parts:
+        xf = x.reshape(-1, x.shape[-1]).float()  # [M, K_i]
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # [M, 1]
+        xw = xf * weight.float()  # [M, K_i]
+        rows.append((xw, rstd))
+        peaks.append(xw.abs().amax(-1, keepdim=True) * rstd)  # [M, 1] the normed row's max
+    peak = peaks[0]
+    for other in peaks[1:]:
+        peak = torch.maximum(peak, other)
+    scale = peak.clamp(min=1e-12) / FP8_MAX  # [M, 1]
+    normed = torch.cat([xw * (rstd / scale) for xw, rstd in rows], dim=-1)  # [M, sum K_i] within +-448
+    return normed.clamp(-FP8_MAX, FP8_MAX).to(FP8), scale  # (the clamp: rounding at the max)
 
 
 def _whole_stack(modules: list[nn.Module]) -> Fp8Linear | None:

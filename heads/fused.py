@@ -29,7 +29,7 @@ from transformers import Cache, DynamicCache
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
-from spechead.heads.fp8 import Fp8Linear, Fp8Rows, linears
+from spechead.heads.fp8 import Fp8Linear, Fp8Rows, linears, linears_from, norm_quantized, reads_fp8
 from spechead.heads.grad import no_grad
 from spechead.heads.medusa import MedusaHead, ResBlock
 
@@ -66,8 +66,8 @@ def fused_logits(head: nn.Module) -> Callable[[Tensor], Tensor] | None:
     not EAGLE-3 (EAGLE-1/2 read the target's lm_head, no norm)."""
     if not isinstance(head, Eagle3Head) or not _is_norm(head.norm):
         return None
-    norm = cast(_RMSNorm, head.norm)
-    return lambda hidden: _linear(head.lm_head, _norm(norm, hidden))
+    norm = head.norm
+    return lambda hidden: _normed_linears([_sub(head, "lm_head")], [(norm, hidden)])[0]
 
 
 def fused_medusa_logits(head: MedusaHead) -> Callable[[int, Tensor], Tensor] | None:
@@ -166,6 +166,17 @@ def _linears(modules: list[nn.Module], x: Tensor) -> list[Tensor]:
     return [_linear(m, x) for m in modules]
 
 
+def _normed_linears(modules: list[nn.Module], normed: list[tuple[nn.Module, Tensor]]) -> list[Tensor]:
+    """`_linears(modules, x)` for x = cat([norm(h) for norm, h in normed], -1): FP8 layers read RMSNorms
+    fused into the quantization of their input (`fp8.norm_quantized`: one reduction fewer a norm)."""
+    if reads_fp8(modules) and all(_is_norm(norm) for norm, _ in normed):
+        parts = [(h, _param(norm, "weight"), cast(_RMSNorm, norm).variance_epsilon) for norm, h in normed]
+        shape = torch.Size([*normed[0][1].shape[:-1], sum(h.shape[-1] for _, h in normed)])
+        return linears_from(modules, norm_quantized(parts), shape)
+    x = _norm(*normed[0]) if len(normed) == 1 else torch.cat([_norm(norm, h) for norm, h in normed], -1)
+    return _linears(modules, x)
+
+
 def _embed(head: EagleHead | Eagle3Head, ids: Tensor, dtype: torch.dtype) -> Tensor:
     """`head.embed(ids)` (B, T) -> (B, T, H) in `dtype`: for a plain nn.Embedding one op, without the
     module call, a no_grad context and the head's parameter walk for its dtype (a scaled or otherwise
@@ -211,10 +222,8 @@ class _FusedStep:
         embedded = _embed(head, next_ids, dtype)  # (B, T, H)
         if isinstance(head, Eagle3Head):
             hidden = hidden.to(dtype)
-            mid = self.layers[0]
-            attn_in = torch.cat(
-                [_norm(_sub(mid, "input_layernorm"), embedded), _norm(_sub(mid, "hidden_norm"), hidden)], -1
-            )
+            mid = self.layers[0]  # its attention reads cat(norm(embedded), norm(hidden)) (B, T, 2H)
+            attn_in = [(_sub(mid, "input_layernorm"), embedded), (_sub(mid, "hidden_norm"), hidden)]
         else:
             hidden = _linear(_sub(head, "fc"), torch.cat([embedded, hidden.to(dtype)], dim=-1))
             attn_in = None
@@ -230,21 +239,34 @@ class _FusedStep:
             mask = mask.to(dtype)
         cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, T, 1, D) each; sin signed
         for i, layer in enumerate(self.layers):
-            x = attn_in if attn_in is not None else _norm(_sub(layer, "input_layernorm"), hidden)
-            hidden = hidden + self._attention(_sub(layer, "self_attn"), i, x, cos, sin, mask, past_key_values)
-            mlp, x = _sub(layer, "mlp"), _norm(_sub(layer, "post_attention_layernorm"), hidden)
-            gate, up = _linears([_sub(mlp, "gate_proj"), _sub(mlp, "up_proj")], x)
+            normed = attn_in or [(_sub(layer, "input_layernorm"), hidden)]
+            hidden = hidden + self._attention(
+                _sub(layer, "self_attn"), i, normed, cos, sin, mask, past_key_values
+            )
+            mlp = _sub(layer, "mlp")
+            gate, up = _normed_linears(
+                [_sub(mlp, "gate_proj"), _sub(mlp, "up_proj")],
+                [(_sub(layer, "post_attention_layernorm"), hidden)],
+            )
             hidden = hidden + _linear(_sub(mlp, "down_proj"), F.silu(gate) * up)
         return hidden
 
     def _attention(
-        self, attn: nn.Module, i: int, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, cache
+        self,
+        attn: nn.Module,
+        i: int,
+        normed: list[tuple[nn.Module, Tensor]],
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        cache,
     ) -> Tensor:
-        """Self-attention `attn` of x (B, T, Hin) with rotary angles cos / signed sin, appending K/V to
-        `cache` layer i. rotate_half(x) * sin = x.roll(D / 2) * signed sin: one op, not four."""
-        batch, length, _ = x.shape
+        """Self-attention `attn` of x = cat([norm(h) for norm, h in normed], -1) (B, T, Hin) with rotary
+        angles cos / signed sin, appending K/V to `cache` layer i. rotate_half(x) * sin = x.roll(D / 2) *
+        signed sin: one op, not four."""
+        batch, length = normed[0][1].shape[:2]
         dim = cast(int, attn.head_dim)
-        q, k, v = _linears([_sub(attn, "q_proj"), _sub(attn, "k_proj"), _sub(attn, "v_proj")], x)
+        q, k, v = _normed_linears([_sub(attn, "q_proj"), _sub(attn, "k_proj"), _sub(attn, "v_proj")], normed)
         q = q.view(batch, length, -1, dim)  # (B, T, nh, D)
         k = k.view(batch, length, -1, dim)  # (B, T, kv, D)
         v = v.view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)

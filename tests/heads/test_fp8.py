@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, MedusaConfig, MedusaHead
-from spechead.heads.fp8 import FP8, Fp8Linear, Fp8Rows, linears, stack_fp8, to_fp8
+from spechead.heads.fp8 import FP8, FP8_MAX, Fp8Linear, Fp8Rows, linears, stack_fp8, to_fp8
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -150,3 +151,30 @@ def test_layers_of_different_inputs_are_not_stacked():
     assert stack_fp8(parent) == 0 and type(parent.up_proj) is type(parent.q_proj) is Fp8Linear
     with pytest.raises(ValueError, match="one input width"):
         Fp8Linear.stacked([parent.q_proj, parent.v_proj])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norms_fused_into_the_quantization(dtype):
+    """`norm_quantized`: the rows of cat(rms_norm(x_i)) quantized as `quantize_rows` would, with no norm
+    written: the same scales (each row's max after its norms) and the same values to e4m3 precision,
+    for one part and for two (EAGLE-3's q/k/v input), an outlier in either part setting the row's scale."""
+    from spechead.heads.fp8 import norm_quantized, quantize_rows
+
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 3, 32).to(dtype), torch.randn(2, 3, 48).to(dtype)]
+    ws = [(torch.rand(32) + 0.5).to(dtype), (torch.rand(48) * 3).to(dtype)]
+    xs[0][0, 1, 5] = 40.0  # an outlier row in the first part, another in the second
+    xs[1][1, 2, 7] = -90.0
+    for n in (1, 2):
+        parts = [(x, w, 1e-5) for x, w in zip(xs[:n], ws[:n])]
+        ref = torch.cat(
+            [F.rms_norm(x.float(), w.shape, w.float(), 1e-5) for x, w, _ in parts], -1
+        )  # (2, 3, K)
+        rows, scale = norm_quantized(parts)
+        ref_rows, ref_scale = quantize_rows(ref)
+        assert (
+            rows.dtype == FP8 and rows.shape == ref_rows.shape == (6, ref.shape[-1]) and scale.shape == (6, 1)
+        )
+        torch.testing.assert_close(scale, ref_scale, rtol=1e-5, atol=0)
+        assert relative_error(rows.float() * scale, ref.reshape(6, -1)) < 0.04  # e4m3's rounding
+        assert (rows.float().abs().amax(1) == FP8_MAX).all()  # every row's max at e4m3's max
