@@ -25,6 +25,9 @@
 #      does a depth-7 draft reach <= 25% of a step? 31.6% on an H100 2026-11-26, 31.9% on an H200
 #      2026-11-27, against 43.7% in bf16); since 2026-11-27 each depth's top-k searches the 8 chunks of 64
 #      ids with the largest maxima by default on CUDA (drafters/topk.py "auto"; not yet timed in a draft);
+#      since 2026-11-28 q/k/v and gate/up run one FP8 GEMM each and the RMSNorms are fused into the FP8
+#      input quantization (heads/fp8.py; scripts/count_draft_kernels.py on a CPU: 238 kernels + 31 GEMMs
+#      a depth-7 draft against 251 + 49), not yet timed on a GPU;
 #   4. bench_gpu_topk: the same with one torch.topk a depth (--topk-chunk none: the multi-block radix
 #      select, ~15 kernels a depth), profiled: the A/B of that default;
 #   5. bench_gpu_unstacked: bench_gpu_fp8 with q/k/v and gate/up as GEMMs of their own (--fp8-unstacked),
