@@ -7,8 +7,9 @@ that overhead is as large as the step's arithmetic, and on a GPU each op is a ke
 `fused_step(head)` returns a function with `head.step`'s signature and result that runs the SAME
 weights (no copies) through about half as many ops: one `rms_norm` per norm, cos/sin gathered from a
 table made once by the head's own rotary module (exact: an angle is one product per position), and
-grouped-query attention without repeating keys. The head's modules stay the reference (training,
-export and everything else use them); tests check this path against `head.step`.
+grouped-query attention without repeating keys. FP8 drafting layers (heads/fp8.py) take their input
+quantized once per group, their RMSNorm fused into that quantization. The head's modules stay the
+reference (training, export and everything else use them); tests check this path against `head.step`.
 
 Only layers whose math is known here qualify (Llama, Mistral, Qwen2: q/k/v/o projections with
 optional biases, RMSNorm, a gated SiLU MLP); anything else returns None and drafting uses `head.step`.
