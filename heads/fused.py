@@ -168,9 +168,12 @@ def _linears(modules: list[nn.Module], x: Tensor) -> list[Tensor]:
 
 
 def _normed_linears(modules: list[nn.Module], normed: list[tuple[nn.Module, Tensor]]) -> list[Tensor]:
-    """`_linears(modules, x)` for x = cat([norm(h) for norm, h in normed], -1): FP8 layers read RMSNorms
-    fused into the quantization of their input (`fp8.norm_quantized`: one reduction fewer a norm)."""
-    if reads_fp8(modules) and all(_is_norm(norm) for norm, _ in normed):
+    """`_linears(modules, x)` for x = cat([norm(h) for norm, h in normed], -1). FP8 layers traced by a
+    compiler read RMSNorms fused into the quantization of their input (`fp8.norm_quantized`: one reduction
+    fewer a norm once fused; run op by op, as eager drafting and `compile="graphs"` run it, it is more
+    kernels than `rms_norm` and `quantize_rows`, which those keep)."""
+    fuse = torch.compiler.is_compiling() and reads_fp8(modules)
+    if fuse and all(_is_norm(norm) for norm, _ in normed):
         parts = [(h, _param(norm, "weight"), cast(_RMSNorm, norm).variance_epsilon) for norm, h in normed]
         shape = torch.Size([*normed[0][1].shape[:-1], sum(h.shape[-1] for _, h in normed)])
         return linears_from(modules, norm_quantized(parts), shape)

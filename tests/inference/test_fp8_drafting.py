@@ -65,6 +65,38 @@ def test_the_draft_step_runs_the_fp8_weights(tiny_target_dir, head_dir):
     assert type(fp8.drafter.with_tree([[0], [1]]).head_step).__name__ == "_FusedStep"
 
 
+def test_a_compiled_fp8_step_fuses_its_norms_into_the_quantization(tiny_target_dir, head_dir, monkeypatch):
+    """Traced by a compiler (as drafting with compile= runs it), the FP8 step and logits quantize their
+    RMSNorms' outputs in one pass each (fp8.norm_quantized: q/k/v's two norms, gate/up's, the lm_head's):
+    the same features and logits as run op by op, to e4m3 rounding."""
+    import spechead.heads.fused as fused
+
+    gen = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), str(head_dir), calibrate=False, draft_fp8=True
+    )
+    step, logits = gen.drafter.head_step, gen.drafter.head_logits
+    torch.manual_seed(1)
+    with torch.no_grad():  # norm weights other than ones (a trained head's): a dropped weight shows
+        for module in gen.drafter.head.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                module.weight.uniform_(0.5, 2.0)
+    parts: list[int] = []
+    real = fused.norm_quantized
+    monkeypatch.setattr(fused, "norm_quantized", lambda normed: parts.append(len(normed)) or real(normed))
+    features, ids = torch.randn(1, 3, gen.target.config.hidden_size), torch.tensor([[5, 6, 7]])
+    positions = torch.arange(3)[None]
+    with torch.inference_mode():
+        eager = logits(step(features, ids, None, positions, None))
+        assert parts == []  # op by op: rms_norm, then the quantization
+        draft = torch.compile(
+            lambda f, i, p: logits(step(f, i, None, p, None)), backend="eager", fullgraph=True
+        )
+        traced = draft(features, ids, positions)
+    assert parts == [2, 1, 1]
+    error = float((traced - eager).norm() / eager.norm())
+    assert error < 0.02, error
+
+
 def test_draft_fp8_needs_an_eagle_head(tiny_target_dir, tmp_path):
     config = AutoConfig.from_pretrained(tiny_target_dir)
     medusa = MedusaHead(MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size, num_heads=2,
