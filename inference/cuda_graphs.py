@@ -19,7 +19,8 @@ Outputs come back as copies: the next replay overwrites the graph's own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable
+import gc
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +45,27 @@ def copy_outputs(x: Any) -> Any:
     if isinstance(x, tuple):
         return tuple(copy_outputs(y) for y in x)
     return x
+
+
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """Python's automatic garbage collection off inside the block (restored as it was after it).
+
+    A capture must not meet a collection: a dead generator's graphs sit in reference cycles (a runner
+    holds its GraphedFunction, whose fn is the runner's own method), so a collection frees them, and
+    destroying a CUDA graph while a stream captures is an operation CUDA refuses. It invalidates the
+    capture under way, whose next kernel then fails (an H200, 2026-11-28, a capture after earlier tests'
+    generators: seven "operation not permitted when stream is capturing (function reset)", then
+    CUBLAS_STATUS_EXECUTION_FAILED; the same test alone passed). torch.cuda.graph no longer collects
+    before capturing (torch.compiler.config.force_cudagraph_gc, off by default), so the pause is ours.
+    The dead graphs go at the next collection after the capture."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class Captured:
@@ -110,7 +132,7 @@ class GraphedFunction:
         the outputs it writes at every replay."""
         graph = torch.cuda.CUDAGraph()
         guard = torch.cuda.device(device) if device is not None else contextlib.nullcontext()
-        with guard, torch.cuda.graph(graph):
+        with guard, collection_paused(), torch.cuda.graph(graph):
             outputs = call()
         return graph, outputs
 

@@ -214,6 +214,33 @@ def test_graphed_function_captures_once_and_replays_on_cuda():
     assert d.tolist() == [7.0] * 4 and a.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_a_dead_generators_graphs_do_not_break_a_capture():
+    """A collection during a capture that frees dead graphs invalidated it (an H200 run, 2026-11-28:
+    calibration after other tests' generators; CUBLAS_STATUS_EXECUTION_FAILED). With the collector's
+    threshold at 1 a collection would run inside the capture: GraphedFunction pauses it."""
+    import gc
+
+    from spechead.inference.cuda_graphs import GraphedFunction
+
+    class Owner:  # a runner holding its graphed method: a cycle only the collector frees
+        def __init__(self):
+            self.graphed = GraphedFunction(self.step)
+
+        def step(self, x):
+            return x * 2
+
+    Owner().graphed(torch.ones(4, device="cuda"))  # captured, then dead in a cycle
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        f = GraphedFunction(lambda x: sum([x + i for i in range(8)]))  # lists: collections if allowed
+        f(torch.ones(4, device="cuda"))
+        out = f(torch.zeros(4, device="cuda"))  # a replay of the graph captured above
+    finally:
+        gc.set_threshold(*threshold)
+    assert f.captures == 1 and out.tolist() == [28.0] * 4
+
+
 @pytest.mark.parametrize("compile", [True, "reduce-overhead", "graphs"])
 @pytest.mark.parametrize("name", ["none", "medusa", "eagle"])
 def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, compile, name):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import pytest
 import torch
 
-from spechead.inference.cuda_graphs import GraphedFunction
+from spechead.inference.cuda_graphs import GraphedFunction, collection_paused
 from spechead.inference.kv_cache import SlotCache
 
 
@@ -77,6 +80,55 @@ def test_an_input_that_is_the_captured_buffer_is_not_copied_onto_itself():
     (static,) = next(iter(f._graphs.values())).inputs
     static.fill_(4.0)
     assert f(static).tolist() == [8.0, 8.0]
+
+
+class _Cycle:
+    """An object in a reference cycle, counted in `freed` when the collector frees it."""
+
+    def __init__(self, freed: list) -> None:
+        self.me, self.freed = self, freed
+
+    def __del__(self) -> None:
+        self.freed.append(1)
+
+
+def test_no_collection_runs_inside_the_pause_and_it_restores_the_collector():
+    """A dead cycle (a dead generator's graphs) is not freed inside the pause however much is allocated
+    there, and is freed by the next collection after it; the collector comes back as it was."""
+    freed: list = []
+    assert gc.isenabled()
+    with collection_paused():
+        _Cycle(freed)
+        assert not gc.isenabled()
+        junk = [[i] for i in range(50_000)]  # far past the first generation's threshold
+        assert freed == []
+    del junk
+    assert gc.isenabled()
+    gc.collect()
+    assert freed == [1]
+    gc.disable()
+    try:
+        with collection_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), collection_paused():
+        raise RuntimeError("a failed capture")
+    assert gc.isenabled()
+
+
+def test_the_capture_and_only_it_runs_without_collections(monkeypatch):
+    """GraphedFunction pauses collections around the capture, not around the first (warm-up) call or a
+    replay. torch.cuda.graph's stand-in runs the call, as capturing does on a GPU."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    seen = []
+    f = GraphedFunction(lambda x: (seen.append(gc.isenabled()), x * 2)[1])
+    f._replay = lambda entry: seen.append(("replay", gc.isenabled()))
+    f(torch.ones(2))
+    f(torch.ones(2))
+    assert seen == [True, False, ("replay", True)] and gc.isenabled()
 
 
 def test_slot_cache_generation_changes_with_every_allocation():
