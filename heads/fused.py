@@ -40,6 +40,9 @@ _NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 _GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 StepFn = Callable[..., Tensor]
+# the most queries `grouped_attention` serves under attention="matmul" (a draft depth's frontier, an
+# accept step); longer inputs (a prompt's pairs at start) keep sdpa
+FEW_QUERIES = 64
 
 
 class _RMSNorm(Protocol):
@@ -193,6 +196,28 @@ def _embed(head: EagleHead | Eagle3Head, ids: Tensor, dtype: torch.dtype) -> Ten
     return out if out.dtype == dtype else out.to(dtype)
 
 
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """softmax(q k^T scale + mask) v as two batched matrix products, each key head with its group of
+    query heads stacked as rows: q (B, nh, T, D), k / v (B, kv, S, D), mask additive (B, 1, T, S) or
+    boolean (True: attend) or None -> (B, nh, T, D). Scores and softmax in fp32.
+
+    Why: on an H200 a compiled depth-7 FP8 draft spent 0.148 ms in six cuDNN sdpa calls, 25 us each for
+    eight queries (bench_gpu_topk, 2026-11-28): the kernel tiles queries, so eight of them over a long
+    cache leave most of the GPU idle. Two matrix products and a softmax are three small kernels whose
+    cost on a GPU is not measured yet (`bench_gpu.py --draft-attention matmul`)."""
+    batch, heads, length, dim = q.shape
+    kv = k.shape[1]
+    rows = (q * scale).reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g
+    scores = torch.matmul(rows, k.transpose(-1, -2)).float()  # (B, kv, g*T, S)
+    scores = scores.view(batch, kv, heads // kv, length, -1)  # (B, kv, g, T, S)
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    elif mask is not None:
+        scores = scores + mask[:, :, None]  # (B, 1, 1, T, S)
+    probs = scores.softmax(-1).to(v.dtype).view(batch, kv, heads // kv * length, -1)
+    return torch.matmul(probs, v).view(batch, heads, length, dim)
+
+
 def _norm(module: _RMSNorm | nn.Module, x: Tensor) -> Tensor:
     """RMSNorm (or the Identity EAGLE-1 may put first) as one op, (..., H) -> (..., H)."""
     if isinstance(module, nn.Identity):
@@ -210,6 +235,8 @@ class _FusedStep:
         rope = getattr(head.rotary.module, "rope_type", "default")
         self.tabled = "dynamic" not in str(rope)  # dynamic rope angles depend on the sequence length
         self.table: tuple[Tensor, Tensor] | None = None  # cos, signed sin [S, 1, head_dim] (see _angles)
+        # "sdpa" or "matmul": how up to FEW_QUERIES queries attend (`grouped_attention`; an A/B for now)
+        self.attention = "sdpa"
 
     @no_grad
     def __call__(
@@ -279,6 +306,9 @@ class _FusedStep:
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, D), (B, kv, T, D)
         if cache is not None:
             k, v = cache.update(k, v, i)  # (B, kv, S, D): the cache's view after writing
+        if self.attention == "matmul" and length <= FEW_QUERIES:
+            out = grouped_attention(q, k, v, mask, cast(float, attn.scaling))  # (B, nh, T, D)
+            return _linear(_sub(attn, "o_proj"), out.transpose(1, 2).reshape(batch, length, -1))
         groups = q.shape[1] // k.shape[1]
         extra = {"enable_gqa": True} if _GQA and groups > 1 else {}
         if groups > 1 and not _GQA:

@@ -120,6 +120,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
              "none: one topk; default auto (the drafters' default: chunks of 64 for a draft vocab >= 20000)",
     )  # fmt: skip
     p.add_argument(
+        "--draft-attention", choices=("sdpa", "matmul"), default="sdpa",
+        help="how a draft depth's few queries attend: sdpa (default) or matmul (heads/fused.py "
+             "grouped_attention: two batched matrix products and a softmax; an A/B)",
+    )  # fmt: skip
+    p.add_argument(
         "--compile-batch",
         **backend,
         help="the batch rows' decoded passes with the target's batch passes compiled (batch_graphs.py: "
@@ -131,6 +136,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="also profile each part (torch.profiler): wall vs kernel time, kernel counts, top kernels",
     )
     return p.parse_args(argv)
+
+
+def use_attention(drafter: EagleDrafter, how: str) -> None:
+    """The drafter's fused step attends its few queries by `how` ("sdpa" or "matmul"; heads/fused.py)."""
+    if hasattr(drafter.head_step, "attention"):
+        drafter.head_step.attention = how
 
 
 def topk_chunk(text: str) -> Chunk:
@@ -223,6 +234,7 @@ def measure_runner(
     drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
                            depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
     drafter.topk_chunk = args.topk_chunk
+    use_attention(drafter, args.draft_attention)
     draft_status = "eager"
     if compile:
         try:  # a drafter that fails to compile still gives eager draft numbers beside the compiled target
@@ -251,7 +263,8 @@ def measure_runner(
     if keep is not None:
         keep.update(runner=runner, drafter=drafter)
     out = {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
-           "commit_path_len": int(path.numel()), "draft_status": draft_status}  # fmt: skip
+           "commit_path_len": int(path.numel()), "draft_status": draft_status,
+           "draft_attention": getattr(drafter.head_step, "attention", None)}  # fmt: skip
     if args.profile:
         step_parents = random_parents(1).to(device)
         parts = {
@@ -265,6 +278,7 @@ def measure_runner(
             eager = EagleDrafter(head, tree="dynamic", top_k=drafter.top_k, depth=args.depth,
                                  total_tokens=args.tree_size)  # fmt: skip
             eager.topk_chunk = args.topk_chunk
+            use_attention(eager, args.draft_attention)
             eager.start(prompt[0], hidden, root)
             parts["draft eager"] = lambda: eager.propose(root, sampling, None)
         out["profile"] = {name: p.as_dict() for name, p in profile_parts(parts, device).items()}
@@ -328,7 +342,8 @@ def render(r: dict) -> str:
         f"EAGLE-3 head{' (per-depth layers FP8 e4m3)' if r.get('draft_fp8') else ''}: draft vocab "
         f"{r['draft_vocab']}, EAGLE-2 dynamic top_k {r['top_k']}, depth {r['depth']}, "
         f"tree {r['tree_size']} nodes; drafting {r['draft_status']}"
-        + (f"; top-k in chunks of {r['topk_chunk']}" if r.get("topk_chunk") else ""),
+        + (f"; top-k in chunks of {r['topk_chunk']}" if r.get("topk_chunk") else "")
+        + ("; few-query attention as matmuls" if r.get("draft_attention") == "matmul" else ""),
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
         f"{r['roofline_ms']:.3f} ms",
         f"plain decode step {r['decode_step_ms']:.3f} ms = {r['roofline_fraction']:.1%} of roofline "

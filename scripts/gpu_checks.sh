@@ -1,38 +1,33 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in two calls of one short lease (last measured on one H200, 2026-11-27, a
-# cold machine: `pytest_gpu bench_gpu` 381 s in one call (pytest_gpu 162 s, bench_gpu 198 s; add about 20 s
-# for test_chunked_topk_on_cuda...), then `bench_gpu_fp8 bench_gpu_topk` 160 s on the warm machine (67 and
-# 80 s); a fresh machine's first inductor compile takes longer: give bench_gpu's steps >= 150 s). By default:
+# Every check that needs a GPU, in two calls of one short lease (last measured on one H200, 2026-11-28, a
+# cold machine: `pytest_gpu bench_gpu` 412 s in one call (pytest_gpu 192 s, bench_gpu 201 s), then
+# `bench_gpu_fp8 bench_gpu_topk bench_gpu_unstacked` 240 s on the warm machine (77, 68 and 64 s); a fresh
+# machine's first inductor compile takes longer: give bench_gpu's steps >= 150 s). By default:
 #   1. pytest_gpu: the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled
 #      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
 #      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration,
-#      FP8 drafting eager and as graphs) and tests/inference/test_cuda_syncs.py (a pass waits for the GPU
-#      once, batch 1 and batch 2, counted with PyTorch's sync debug mode; new, not run yet; since
-#      2026-11-27 also a sampled pass: rule A accepted on the device, inference/device_sampling.py); not
-#      run yet: plain decoding one step ahead, batch 1 and batch > 1 (plain_ahead.py, batch_plain_ahead.py),
-#      and greedy EAGLE with the next draft queued before the acceptance is read (spec_ahead.py: the
-#      greedy cases of test_cuda_syncs.py decode that way; bench_gpu's decoded row times it both ways);
-#      the HF greedy reference (`plain_greedy`) now takes its ids on the model's device (before, those two
-#      tests would have failed at Hugging Face's generate with ids on the CPU);
+#      FP8 drafting eager and as graphs, plain decoding one step ahead, stacked FP8 rows) and
+#      tests/inference/test_cuda_syncs.py (a pass waits for the GPU once, batch 1 and batch 2, sampled
+#      too). 2026-11-28: 38 passed, 2 failed: two calibration tests, which pass alone, failed after the
+#      earlier tests' generators: a garbage collection inside a capture freed their graphs and
+#      invalidated it (fixed since: cuda_graphs.collection_paused); new, not run yet:
+#      test_a_dead_generators_graphs_do_not_break_a_capture;
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
-#      compiler-free graphs, where each part's time goes, and batch 1, 4, 16 decoded with the target's
-#      batch passes and every row's EAGLE draft as graphs; new, not run yet: batch 1 decoded whole through
-#      SpeculativeGenerator, its pass beside the parts' sum, with the host's waits for the GPU counted: it
-#      reuses the measured runner's and drafter's graphs, but plain decoding compiles its step once more,
-#      so this step may take about a minute more than the 167 s measured);
-#   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8 (the draft's per-depth layers in FP8 e4m3, inductor:
-#      does a depth-7 draft reach <= 25% of a step? 31.6% on an H100 2026-11-26, 31.9% on an H200
-#      2026-11-27, against 43.7% in bf16); since 2026-11-27 each depth's top-k searches the 8 chunks of 64
-#      ids with the largest maxima by default on CUDA (drafters/topk.py "auto"; not yet timed in a draft);
-#      since 2026-11-28 q/k/v and gate/up run one FP8 GEMM each and the RMSNorms are fused into the FP8
-#      input quantization (heads/fp8.py; scripts/count_draft_kernels.py on a CPU: 238 kernels + 31 GEMMs
-#      a depth-7 draft against 251 + 49), not yet timed on a GPU;
-#   4. bench_gpu_topk: the same with one torch.topk a depth (--topk-chunk none: the multi-block radix
-#      select, ~15 kernels a depth), profiled: the A/B of that default;
-#   5. bench_gpu_unstacked: bench_gpu_fp8 with q/k/v and gate/up as GEMMs of their own (--fp8-unstacked),
-#      profiled: the A/B of stacking them (heads/fp8.py, the default since 2026-11-28). On request, bench_topk:
-#      scripts/bench_topk.py, a depth's top-k alone by chunk (H200: [8, 32000] 44 us by 64, 59 in one topk).
+#      compiler-free graphs, where each part's time goes, batch 1, 4, 16 decoded with the target's batch
+#      passes and every row's EAGLE draft as graphs, and batch 1 decoded whole through SpeculativeGenerator,
+#      its pass beside the parts' sum, with the host's waits for the GPU counted);
+#   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8, profiled (the draft's per-depth layers in FP8
+#      e4m3, inductor, q/k/v and gate/up stacked, the norms fused into the quantization, the chunked
+#      top-k: does a depth-7 draft reach <= 25% of a step? H200 2026-11-28: 26.3%, 1.419 ms);
+#   4. bench_gpu_attention: the same with the draft's few-query attention as two matrix products and a
+#      softmax (--draft-attention matmul, heads/fused.py grouped_attention), profiled: the A/B of step 3
+#      (cuDNN's sdpa took 25 us a call there, six calls a draft; not yet timed on a GPU).
+#   On request: bench_gpu_topk (step 3 with one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551
+#      against 1.419 ms chunked) and bench_gpu_unstacked (step 3 with q/k/v and gate/up unstacked,
+#      --fp8-unstacked; 2026-11-28: 1.532 against 1.419 ms stacked): the A/Bs of those defaults, profiled;
+#      bench_topk: scripts/bench_topk.py, a depth's top-k alone by chunk (H200: [8, 32000] 44 us by 64,
+#      59 in one topk).
 #   On request (named): bench_demo_graphs (scripts/benchmark.py on the demo target and heads with
 #      compile="graphs"), bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
 #      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes and the
@@ -56,9 +51,9 @@
 # Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
-#   bash scripts/gpu_checks.sh                       # the default five; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
-#   (the five do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8
-#   bench_gpu_topk bench_gpu_unstacked` in the next, at once, while the machine is warm)
+#   bash scripts/gpu_checks.sh                       # the default four; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
+#   (the four do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8
+#   bench_gpu_attention` in the next, at once, while the machine is warm)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
 OUT=${OUT:-outputs/gpu}
@@ -75,7 +70,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
 
 status=0
-steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8 bench_gpu_topk bench_gpu_unstacked} "
+steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8 bench_gpu_attention} "
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -94,8 +89,11 @@ step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare 
     --sizes 1,64 --profile --out "$OUT/bench_gpu.json"
 # the draft's per-depth layers in FP8 e4m3 (heads/fp8.py), compiled by inductor (it fuses each layer's
 # activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
-step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --no-batch \
-    --no-stream --out "$OUT/bench_gpu_fp8.json"
+step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --profile \
+    --no-batch --no-stream --out "$OUT/bench_gpu_fp8.json"
+# the same with the draft's few-query attention as matmuls and a softmax (an A/B against the step above)
+step bench_gpu_attention "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --draft-attention matmul \
+    --sizes 1,64 --profile --no-batch --no-stream --out "$OUT/bench_gpu_attention.json"
 # the same with one torch.topk a draft depth (an A/B against the step above: its chunked top-k, the default),
 # profiled: the JSON keeps the draft's 30 costliest kernels
 step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk none --sizes 1,64 --profile \

@@ -9,7 +9,7 @@ from transformers import AutoConfig, DynamicCache
 
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
-from spechead.heads.fused import fused_logits, fused_medusa_logits, fused_step
+from spechead.heads.fused import fused_logits, fused_medusa_logits, fused_step, grouped_attention
 from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
 from spechead.inference.batch import BatchSlotCache
 from spechead.inference.kv_cache import SlotCache
@@ -73,11 +73,16 @@ def run(step, cache, kind, feats, ids, mask=None, positions=None):
 @pytest.mark.parametrize("model_type", list(CONFIGS))
 @pytest.mark.parametrize("family", ["eagle3", "eagle", "eagle-2-layers"])
 @pytest.mark.parametrize("kind", ["slot", "dynamic", "batch"])
-def test_fused_step_equals_the_module_step(model_type, family, kind) -> None:
+@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+def test_fused_step_equals_the_module_step(model_type, family, kind, attention) -> None:
     kw = {"num_layers": 2, "first_layer_input_norm": False} if family == "eagle-2-layers" else {}
     head = make_head(model_type, family.split("-")[0], **kw)
     fused = fused_step(head)
     assert fused is not None
+    fused.attention = attention  # (both blocks below are few queries: matmul serves them all)
+    tol = (
+        {"atol": 1e-6, "rtol": 1e-6} if attention == "sdpa" else {"atol": 1e-5, "rtol": 1e-4}
+    )  # (sums' order)
     layers = kw.get("num_layers", 1)
     batch = 2 if kind == "batch" else 1
     gen = torch.Generator().manual_seed(1)
@@ -88,7 +93,7 @@ def test_fused_step_equals_the_module_step(model_type, family, kind) -> None:
         # a causal block (commit), then a tree block: 3 nodes at explicit positions under a mask
         ref = run(head.step, ref_cache, kind, feats, ids)
         new = run(fused, new_cache, kind, feats, ids)
-        torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(new, ref, **tol)
         if kind == "slot":
             ref_cache.set_length(12)
             new_cache.set_length(12)
@@ -97,10 +102,49 @@ def test_fused_step_equals_the_module_step(model_type, family, kind) -> None:
         positions = torch.tensor([[12, 13, 13]]).expand(batch, 3)
         ref = run(head.step, ref_cache, kind, feats[:, :3] * 2, ids[:, 3:6], mask, positions)
         new = run(fused, new_cache, kind, feats[:, :3] * 2, ids[:, 3:6], mask, positions)
-    torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(new, ref, **tol)
     for a, b in zip(ref_cache.layers, new_cache.layers):  # the same keys/values were written
-        torch.testing.assert_close(b.keys[..., :15, :], a.keys[..., :15, :], atol=1e-6, rtol=1e-6)
-        torch.testing.assert_close(b.values[..., :15, :], a.values[..., :15, :], atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(b.keys[..., :15, :], a.keys[..., :15, :], **tol)
+        torch.testing.assert_close(b.values[..., :15, :], a.values[..., :15, :], **tol)
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("mask", ["additive", "bool", "none"])
+def test_grouped_attention_is_sdpa(groups, mask) -> None:
+    """Each key head's group of query heads (query head h reads key head h // groups, as sdpa's
+    enable_gqa and transformers' repeat_kv) under an additive, boolean or no mask."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2 * groups, 5, 8, generator=gen)  # (B, nh, T, D)
+    k, v = torch.randn(2, 2, 2, 30, 8, generator=gen)  # (B, kv, S, D) each
+    allowed = torch.rand(2, 1, 5, 30, generator=gen) > 0.4  # (B, 1, T, S)
+    allowed[..., 0] = True
+    m = {"additive": torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min),
+         "bool": allowed, "none": None}[mask]  # fmt: skip
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(grouped_attention(q, k, v, m, 0.3), ref, atol=1e-6, rtol=1e-5)
+
+
+def test_matmul_attention_serves_only_few_queries(monkeypatch) -> None:
+    """attention="matmul" runs `grouped_attention` for up to FEW_QUERIES queries; longer blocks (a
+    prompt's pairs) keep sdpa, and "sdpa" never runs it."""
+    from spechead.heads import fused as fused_module
+
+    calls = []
+    monkeypatch.setattr(fused_module, "FEW_QUERIES", 5)
+    monkeypatch.setattr(
+        fused_module, "grouped_attention", lambda *a: calls.append(1) or grouped_attention(*a)
+    )
+    head = make_head("llama", "eagle3")
+    fused = fused_step(head)
+    feats, ids = torch.randn(1, 12, H), torch.randint(0, V, (1, 12))
+    with torch.no_grad():
+        fused(feats[:, :3], ids[:, :3], None, None, SlotCache(1, 32))
+        assert calls == []  # sdpa: the default
+        fused.attention = "matmul"
+        fused(feats, ids, None, None, SlotCache(1, 32))
+        assert calls == []  # 12 > 5 queries
+        fused(feats[:, :5], ids[:, :5], None, None, SlotCache(1, 32))
+    assert calls == [1]
 
 
 def test_angles_follow_a_grown_cache() -> None:

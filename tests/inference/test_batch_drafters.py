@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spechead.heads.fused import grouped_attention as fused_attention
 from spechead.inference import batch_decode
 from spechead.inference.drafters import eagle as eagle_module
 from spechead.inference.drafters import eagle_batch as eagle_batch_module
@@ -155,6 +156,29 @@ def test_a_chunked_topk_proposes_the_same_trees(model, kind, compile, batch, mon
     monkeypatch.setattr(eagle_batch_module, "topk_rows", counted)
     propose_alike(model, drafter.batched() if batch else RowLoopDrafter(drafter), reference)
     assert 20 in chunks
+
+
+@pytest.mark.parametrize(
+    ("kind", "compile", "batch"),
+    [("eagle3_dynamic", False, False), ("eagle3_dynamic", "eager", True), ("eagle_dynamic", "graphs", True)],
+)
+def test_few_query_attention_as_matmuls_proposes_the_same_trees(model, kind, compile, batch, monkeypatch):
+    """The fused step's attention="matmul" (heads/fused.py `grouped_attention`), at batch 1 and batched,
+    eager and compiled: the trees of sdpa; a change of form drops the captured graphs."""
+    from spechead.heads import fused
+
+    drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
+    before = drafter._shared_state()
+    drafter.head_step.attention = "matmul"
+    assert drafter._shared_state() != before  # captured graphs baked the old form in: dropped
+    calls = []
+    monkeypatch.setattr(fused, "grouped_attention", lambda *a: calls.append(1) or fused_attention(*a))
+    if compile:
+        drafter.use_compile(compile)
+        drafter.batch_graphs = True
+        monkeypatch.setattr(eagle_batch_graphs, "PROMPT_BLOCK", 4)
+    propose_alike(model, drafter.batched() if batch else RowLoopDrafter(drafter), reference)
+    assert calls
 
 
 def propose_alike(model, batched, reference) -> None:
