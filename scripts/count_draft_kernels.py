@@ -1,7 +1,7 @@
 """Count the kernels of one compiled EAGLE-3 draft on this machine's inductor: a GPU-free proxy for what
 a draft depth launches (each kernel on a GPU is a launch and a gap in the CUDA graph).
 
-    python scripts/count_draft_kernels.py                 # bf16, FP8 stacked and FP8 unstacked heads
+    python scripts/count_draft_kernels.py                 # bf16, FP8 stacked / unstacked / attention as matmuls
     python scripts/count_draft_kernels.py --depth 7 --top-k 8 --draft-vocab 32000
 
 The head is bench_gpu.py's tiny stand-in (64 wide) with a draft vocabulary as long as the 8B head's, so the
@@ -32,6 +32,8 @@ from spechead.inference.runner import TargetRunner  # noqa: E402
 from spechead.inference.sampling import SamplingParams  # noqa: E402
 
 GEMMS = ("mm", "addmm", "bmm", "_scaled_mm")
+# bf16; FP8 stacked; FP8 unstacked (--fp8-unstacked); FP8 stacked, attention as matmuls (--draft-attention)
+VARIANTS = ("bf16", "fp8", "fp8-unstacked", "fp8-matmul")
 OPS: collections.Counter = collections.Counter()
 
 
@@ -47,14 +49,14 @@ def aten_ops(gm, inputs):  # noqa: ANN001, ANN201 - a torch.compile backend's si
 
 
 def draft_once(variant: str, args: argparse.Namespace, backend: str | bool) -> None:
-    """Compile and run one whole draft of a fresh head in `variant` (bf16, fp8, fp8-unstacked)."""
+    """Compile and run one whole draft of a fresh head in `variant` (VARIANTS)."""
     cfg = target_config(True, 64)
     cfg.vocab_size = args.draft_vocab
     torch.manual_seed(0)
     model, head = build(cfg, args.draft_vocab, torch.device("cpu"))
     model, head = model.float(), head.float()  # (bf16 GEMMs on a CPU take another code path; counts alike)
     if variant != "bf16":
-        to_fp8(head, stack=variant == "fp8")
+        to_fp8(head, stack=variant != "fp8-unstacked")
     runner = TargetRunner(model, head.config.target_layers, cache="static", max_length=256)
     ids = torch.randint(0, args.draft_vocab, (1, 32))
     with torch.inference_mode():
@@ -62,6 +64,8 @@ def draft_once(variant: str, args: argparse.Namespace, backend: str | bool) -> N
         hidden = {k: h[0].clone() for k, h in hidden.items()}
         root = int(logits.argmax(-1)[0])
         drafter = EagleDrafter(head, tree="dynamic", top_k=args.top_k, depth=args.depth, total_tokens=64)
+        if variant == "fp8-matmul":  # the few-query attention as matmuls (bench_gpu.py --draft-attention)
+            drafter.head_step.attention = "matmul"
         drafter.use_compile(backend)
         drafter.start(ids[0], hidden, root)
         drafter.propose(root, SamplingParams(), None)
@@ -72,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depth", type=int, default=7)
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--draft-vocab", type=int, default=32000)
-    p.add_argument("--variants", nargs="+", default=["bf16", "fp8", "fp8-unstacked"])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     args = p.parse_args(argv)
     for variant in args.variants:
-        if variant not in ("bf16", "fp8", "fp8-unstacked"):
-            p.error(f"unknown variant {variant!r}: use bf16, fp8 or fp8-unstacked")
+        if variant not in VARIANTS:
+            p.error(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
         OPS.clear()
         draft_once(variant, args, "aten_ops")
         gemms = sum(OPS[name] for name in GEMMS)

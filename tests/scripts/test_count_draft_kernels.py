@@ -12,9 +12,10 @@ def test_a_stacked_fp8_draft_runs_fewer_gemms(script):
     count = script("count_draft_kernels")
     args = argparse.Namespace(depth=2, top_k=2, draft_vocab=512)
     gemms = {}
-    for variant in ("bf16", "fp8", "fp8-unstacked"):
+    for variant in ("bf16", "fp8", "fp8-unstacked", "fp8-matmul"):
         count.OPS.clear()
         count.draft_once(variant, args, "aten_ops")
         gemms[variant] = {name: n for name, n in count.OPS.items() if name in count.GEMMS}
     assert sum(gemms["bf16"].values()) == sum(gemms["fp8-unstacked"].values()) == 7 + 2
     assert gemms["fp8"] == {"_scaled_mm": 4 + 2} and gemms["fp8-unstacked"] == {"_scaled_mm": 9}
+    assert gemms["fp8-matmul"] == {"_scaled_mm": 4 + 2, "bmm": 2}  # scores and values: the step's attention
