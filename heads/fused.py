@@ -203,8 +203,10 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
 
     Why: on an H200 a compiled depth-7 FP8 draft spent 0.148 ms in six cuDNN sdpa calls, 25 us each for
     eight queries (bench_gpu_topk, 2026-11-28): the kernel tiles queries, so eight of them over a long
-    cache leave most of the GPU idle. Two matrix products and a softmax are three small kernels whose
-    cost on a GPU is not measured yet (`bench_gpu.py --draft-attention matmul`)."""
+    cache leave most of the GPU idle. Here two matrix products and a softmax run instead: on this CPU's
+    inductor 2 GEMMs and about 5 generated kernels a step in place of the sdpa call
+    (scripts/count_draft_kernels.py); their cost on a GPU is not measured yet (`bench_gpu.py
+    --draft-attention matmul`)."""
     batch, heads, length, dim = q.shape
     kv = k.shape[1]
     rows = (q * scale).reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g
