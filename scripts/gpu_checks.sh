@@ -19,7 +19,8 @@
 #      its pass beside the parts' sum, with the host's waits for the GPU counted);
 #   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8, profiled (the draft's per-depth layers in FP8
 #      e4m3, inductor, q/k/v and gate/up stacked, the norms fused into the quantization, the chunked
-#      top-k: does a depth-7 draft reach <= 25% of a step? H200 2026-11-28: 26.3%, 1.419 ms);
+#      top-k: does a depth-7 draft reach <= 25% of a step? H200 2026-11-28: 26.3%, 1.419 ms; since then
+#      the chunks' top-k is unsorted, one kernel fewer a depth, not yet timed);
 #   4. bench_gpu_attention: the same with the draft's few-query attention as two matrix products and a
 #      softmax (--draft-attention matmul, heads/fused.py grouped_attention), profiled: the A/B of step 3
 #      (cuDNN's sdpa took 25 us a call there, six calls a draft; not yet timed on a GPU).
