@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import Cache, DynamicCache
 
+from spechead.heads.attention import FEW_QUERIES, grouped_attention
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
@@ -40,9 +41,6 @@ _NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 _GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 StepFn = Callable[..., Tensor]
-# the most queries `grouped_attention` serves under attention="matmul" (a draft depth's frontier, an
-# accept step); longer inputs (a prompt's pairs at start) keep sdpa
-FEW_QUERIES = 64
 
 
 class _RMSNorm(Protocol):
@@ -194,30 +192,6 @@ def _embed(head: EagleHead | Eagle3Head, ids: Tensor, dtype: torch.dtype) -> Ten
     else:
         out = module(ids)
     return out if out.dtype == dtype else out.to(dtype)
-
-
-def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """softmax(q k^T scale + mask) v as two batched matrix products, each key head with its group of
-    query heads stacked as rows: q (B, nh, T, D), k / v (B, kv, S, D), mask additive (B, 1, T, S) or
-    boolean (True: attend) or None -> (B, nh, T, D). Scores and softmax in fp32.
-
-    Why: on an H200 a compiled depth-7 FP8 draft spent 0.148 ms in six cuDNN sdpa calls, 25 us each for
-    eight queries (bench_gpu_topk, 2026-11-28): the kernel tiles queries, so eight of them over a long
-    cache leave most of the GPU idle. Here two matrix products and a softmax run instead: on this CPU's
-    inductor 2 GEMMs and about 5 generated kernels a step in place of the sdpa call
-    (scripts/count_draft_kernels.py); their cost on a GPU is not measured yet (`bench_gpu.py
-    --draft-attention matmul`)."""
-    batch, heads, length, dim = q.shape
-    kv = k.shape[1]
-    rows = (q * scale).reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g
-    scores = torch.matmul(rows, k.transpose(-1, -2)).float()  # (B, kv, g*T, S)
-    scores = scores.view(batch, kv, heads // kv, length, -1)  # (B, kv, g, T, S)
-    if mask is not None and mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
-    elif mask is not None:
-        scores = scores + mask[:, :, None]  # (B, 1, 1, T, S)
-    probs = scores.softmax(-1).to(v.dtype).view(batch, kv, heads // kv * length, -1)
-    return torch.matmul(probs, v).view(batch, heads, length, dim)
 
 
 def _norm(module: _RMSNorm | nn.Module, x: Tensor) -> Tensor:

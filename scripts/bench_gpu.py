@@ -34,6 +34,7 @@ from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_pa
 from gpu_stream_rows import project_stream, render_stream, stream_or_error
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from spechead.heads.attention import MATMUL_NAME
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.drafters.eagle import EagleDrafter
@@ -123,6 +124,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--draft-attention", choices=("sdpa", "matmul"), default="sdpa",
         help="how a draft depth's few queries attend: sdpa (default) or matmul (heads/fused.py "
              "grouped_attention: two batched matrix products and a softmax; an A/B)",
+    )  # fmt: skip
+    p.add_argument(
+        "--verify-attention", choices=("sdpa", "matmul"), default="sdpa",
+        help="the target's attention in tree passes: sdpa (default) or matmul (heads/attention.py "
+             "\"spechead_matmul\": grouped_attention for 2-64 queries under a mask; an A/B)",
     )  # fmt: skip
     p.add_argument(
         "--compile-batch",
@@ -344,6 +350,8 @@ def render(r: dict) -> str:
         f"tree {r['tree_size']} nodes; drafting {r['draft_status']}"
         + (f"; top-k in chunks of {r['topk_chunk']}" if r.get("topk_chunk") else "")
         + ("; few-query attention as matmuls" if r.get("draft_attention") == "matmul" else ""),
+        *(["target attention: spechead_matmul (tree passes as matmuls)"]
+          if r.get("target_attention") == MATMUL_NAME else []),  # fmt: skip
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
         f"{r['roofline_ms']:.3f} ms",
         f"plain decode step {r['decode_step_ms']:.3f} ms = {r['roofline_fraction']:.1%} of roofline "
@@ -434,6 +442,8 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     args.context = args.context or (64 if args.tiny else 512)
     torch.manual_seed(0)
     model, head = build(target_config(args.tiny, args.context), args.draft_vocab, device)
+    if args.verify_attention == "matmul":  # tree passes' attention as matmuls (heads/attention.py)
+        model.set_attn_implementation(MATMUL_NAME)
     if args.draft_fp8:
         to_fp8(head, stack=not args.fp8_unstacked)
     timer = Timer(device, args.iters, args.warmup)
@@ -443,7 +453,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     parts, status = measure_compiled(model, head, args, timer, device, args.compile, keep=kept)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
-              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "fp8_stacked": args.draft_fp8 and not args.fp8_unstacked,
+              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "fp8_stacked": args.draft_fp8 and not args.fp8_unstacked, "target_attention": model.config._attn_implementation,
               "topk_chunk": resolve_chunk(args.topk_chunk, device.type, head.config.draft_vocab_size),
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
     report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))

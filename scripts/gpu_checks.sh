@@ -21,9 +21,11 @@
 #      e4m3, inductor, q/k/v and gate/up stacked, the norms fused into the quantization, the chunked
 #      top-k: does a depth-7 draft reach <= 25% of a step? H200 2026-11-28: 26.3%, 1.419 ms; since then
 #      the chunks' top-k is unsorted, one kernel fewer a depth, not yet timed);
-#   4. bench_gpu_attention: the same with the draft's few-query attention as two matrix products and a
-#      softmax (--draft-attention matmul, heads/fused.py grouped_attention), profiled: the A/B of step 3
-#      (cuDNN's sdpa took 25 us a call there, six calls a draft; not yet timed on a GPU).
+#   4. bench_gpu_attention: the same with the few-query attention as two matrix products and a softmax
+#      (heads/attention.py grouped_attention), in the draft (--draft-attention matmul) and in the target's
+#      tree passes (--verify-attention matmul: "spechead_matmul"), profiled: the A/B of step 3, the draft
+#      and verify(64) rows each (cuDNN's sdpa took 25 us a draft call, 21 us a verify(64) layer, plus 64
+#      kernels preparing a verify's; not yet timed on a GPU).
 #   On request: bench_gpu_topk (step 3 with one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551
 #      against 1.419 ms chunked) and bench_gpu_unstacked (step 3 with q/k/v and gate/up unstacked,
 #      --fp8-unstacked; 2026-11-28: 1.532 against 1.419 ms stacked): the A/Bs of those defaults, profiled;
@@ -92,9 +94,10 @@ step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare 
 # activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
 step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --profile \
     --no-batch --no-stream --out "$OUT/bench_gpu_fp8.json"
-# the same with the draft's few-query attention as matmuls and a softmax (an A/B against the step above)
+# the same with the few-query attention (the draft's, the target's tree passes) as matmuls and a softmax (an
+# A/B against the step above)
 step bench_gpu_attention "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --draft-attention matmul \
-    --sizes 1,64 --profile --no-batch --no-stream --out "$OUT/bench_gpu_attention.json"
+    --verify-attention matmul --sizes 1,64 --profile --no-batch --no-stream --out "$OUT/bench_gpu_attention.json"
 # the same with one torch.topk a draft depth (an A/B against the step above: its chunked top-k, the default),
 # profiled: the JSON keeps the draft's 30 costliest kernels
 step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk none --sizes 1,64 --profile \

@@ -9,7 +9,8 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from spechead.heads import attention
-from spechead.heads.attention import NAME, runs_sdpa, tree_sdpa
+from spechead.heads.attention import MATMUL_NAME, NAME, matmul_attention, runs_sdpa, tree_sdpa
+from spechead.inference.runner import TargetRunner
 
 
 class Grouped(nn.Module):
@@ -80,3 +81,45 @@ def test_runs_sdpa_reads_the_model_class():
         model_type = "spechead-remote"
 
     assert runs_sdpa(RemoteConfig())
+
+
+@pytest.mark.parametrize(
+    ("queries", "masked", "matmul"), [(5, True, True), (1, True, False), (5, False, False)]
+)
+def test_matmul_attention_equals_sdpa(monkeypatch, queries, masked, matmul):
+    """A tree pass (several queries under a mask) through `grouped_attention`; one query or no mask through
+    `tree_sdpa`. The same output either way."""
+    calls = []
+    grouped = attention.grouped_attention
+    monkeypatch.setattr(attention, "grouped_attention", lambda *a: calls.append(1) or grouped(*a))
+    q, k, v, mask = inputs(queries, masked)
+    ours, weights = matmul_attention(Grouped().eval(), q, k, v, mask, scaling=0.3)
+    theirs, _ = sdpa_attention_forward(Grouped(), q, k, v, mask, scaling=0.3)
+    assert weights is None and ours.shape == (2, queries, 6, 8)  # [B, T, nh, D]
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert len(calls) == int(matmul)
+    matmul_attention(
+        Grouped().train(), q, k, v, mask, scaling=0.3
+    )  # (training keeps sdpa's kernel and gradients)
+    assert len(calls) == int(matmul)
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_a_target_set_to_matmul_attention_verifies_trees_as_sdpa(tiny_llama, monkeypatch, cache):
+    """ "spechead_matmul" is registered: a tree verification on either cache gives sdpa's logits, and its
+    attention ran as matrix products."""
+    calls = []
+    grouped = attention.grouped_attention
+    monkeypatch.setattr(attention, "grouped_attention", lambda *a: calls.append(1) or grouped(*a))
+    model = tiny_llama(64, layers=2, hidden=32, seed=1)
+    ids, tree = torch.randint(0, 64, (1, 9)), torch.randint(0, 64, (1, 6))
+    parents = torch.tensor([[-1, 0, 0, 1, 2, 2]])  # [1, N]: a root, two children, three grandchildren
+    logits = {}
+    for name in ("sdpa", MATMUL_NAME):
+        model.set_attn_implementation(name)
+        runner = TargetRunner(model, cache=cache, max_length=32)
+        with torch.inference_mode():
+            runner.prefill(ids)
+            logits[name] = runner.verify(tree, parents)[0]  # [1, N, V]
+    assert calls == [1, 1]  # the verify's two layers (not the prefill's 9 queries: no mask there)
+    torch.testing.assert_close(logits[MATMUL_NAME], logits["sdpa"], rtol=1e-5, atol=1e-5)
