@@ -152,6 +152,35 @@ def test_greedy_accepted_on_the_device_equals_plain_decoding(setup, compile, cac
             assert result.token_ids == reference[: stop + 1], f"{name} on prompt {i}"
 
 
+@pytest.mark.parametrize("compile", [False, "graphs"])
+def test_greedy_through_matmul_attention_equals_plain_decoding(setup, compile, cache_backend, monkeypatch):
+    """A target set to "spechead_matmul" (heads/attention.py: its tree passes attend as matmuls, its plain
+    steps through sdpa) decodes greedily as plain decoding with sdpa: every drafter, eager and on the
+    fixed-shape passes (a whole fixed-size cache behind the mask)."""
+    from spechead.heads import attention
+
+    if compile and cache_backend == "dynamic":
+        pytest.skip("compiled passes run on the static cache only")
+
+    model, tok = setup
+    calls = []
+    grouped = attention.grouped_attention
+    monkeypatch.setattr(attention, "grouped_attention", lambda *a: calls.append(1) or grouped(*a))
+    references = [plain_greedy(model, prompt, 16) for prompt in prompts(4, model.config.vocab_size)]
+    before = model.config._attn_implementation
+    model.set_attn_implementation(attention.MATMUL_NAME)
+    try:
+        for i, (prompt, reference) in enumerate(zip(prompts(4, model.config.vocab_size), references)):
+            for name, drafter in drafters(model, reference, seed=i):
+                result = SpeculativeGenerator(model, tok, drafter, compile=compile).generate(
+                    input_ids=prompt, max_new_tokens=16
+                )
+                assert result.token_ids == reference, f"{name} on prompt {i}"
+    finally:
+        model.set_attn_implementation(before)
+    assert calls  # the tree passes did run as matmuls
+
+
 def test_greedy_equality_depends_on_tree_positions(positional):
     """Long prompts, deep branching trees (node index != depth): tree position ids past_len + depth are
     the only ones that reproduce greedy decoding (node index or an off-by-one breaks this test)."""
