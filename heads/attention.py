@@ -70,7 +70,7 @@ def tree_sdpa(
 def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """softmax(q k^T scale + mask) v as two batched matrix products, each key head with its group of
     query heads stacked as rows: q (B, nh, T, D), k / v (B, kv, S, D), mask additive (B, 1, T, S) or
-    boolean (True: attend) or None -> (B, nh, T, D). Scores and softmax in fp32.
+    boolean (True: attend) or None -> (B, nh, T, D). Scores, scale and softmax in fp32 (`_scores`).
 
     Why: on an H200 a compiled depth-7 FP8 draft spent 0.148 ms in six cuDNN sdpa calls, 25 us each for
     eight queries (bench_gpu_topk, 2026-11-28): the kernel tiles queries, so eight of them over a long
@@ -80,15 +80,25 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
     --draft-attention matmul`)."""
     batch, heads, length, dim = q.shape
     kv = k.shape[1]
-    rows = (q * scale).reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g
-    scores = torch.matmul(rows, k.transpose(-1, -2)).float()  # (B, kv, g*T, S)
-    scores = scores.view(batch, kv, heads // kv, length, -1)  # (B, kv, g, T, S)
+    rows = q.reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g
+    scores = _scores(rows, k).view(batch, kv, heads // kv, length, -1) * scale  # (B, kv, g, T, S) fp32
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
     elif mask is not None:
         scores = scores + mask[:, :, None]  # (B, 1, 1, T, S)
     probs = scores.softmax(-1).to(v.dtype).view(batch, kv, heads // kv * length, -1)
     return torch.matmul(probs, v).view(batch, heads, length, dim)
+
+
+def _scores(rows: Tensor, k: Tensor) -> Tensor:
+    """rows k^T in fp32: rows (B, kv, R, D), k (B, kv, S, D) -> (B, kv, R, S). sdpa's kernels keep the
+    scores in fp32; a bf16 product would round them (0.4% of a score: 0.1 of a logit at 25). On CUDA
+    half and bf16 inputs go through one GEMM with an fp32 output (`bmm`'s out_dtype); elsewhere the inputs
+    are cast (a no-op in fp32)."""
+    if rows.device.type == "cuda" and rows.dtype in (torch.float16, torch.bfloat16):
+        out = torch.bmm(rows.flatten(0, 1), k.flatten(0, 1).transpose(1, 2), out_dtype=torch.float32)
+        return out.view(*rows.shape[:-1], k.shape[-2])
+    return torch.matmul(rows.float(), k.float().transpose(-1, -2))
 
 
 def matmul_attention(

@@ -214,6 +214,27 @@ def test_graphed_function_captures_once_and_replays_on_cuda():
     assert d.tolist() == [7.0] * 4 and a.tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
+def test_grouped_attention_keeps_fp32_scores_on_cuda():
+    """bf16 inputs: the scores come out of one GEMM with an fp32 output (heads/attention.py `_scores`), so
+    the result is about as close to the fp32 attention as sdpa's own bf16 kernel is (a bf16 product of
+    the scores would round them)."""
+    import torch.nn.functional as F
+
+    from spechead.heads.attention import grouped_attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = 3 * torch.randn(1, 32, 8, 128, device="cuda", generator=g)  # (B, nh, T, D): large scores
+    k, v = (torch.randn(1, 8, 600, 128, device="cuda", generator=g) for _ in range(2))  # (B, kv, S, D)
+    mask = torch.rand(1, 1, 8, 600, device="cuda", generator=g) > 0.2  # (B, 1, T, S)
+    mask[..., 0] = True
+    scale = 128**-0.5
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    low = [x.bfloat16() for x in (q, k, v)]
+    ours = grouped_attention(*low, mask, scale).float()
+    theirs = F.scaled_dot_product_attention(*low, attn_mask=mask, scale=scale, enable_gqa=True).float()
+    assert (ours - ref).abs().max() <= 2 * (theirs - ref).abs().max() + 1e-3
+
+
 def test_a_dead_generators_graphs_do_not_break_a_capture():
     """A collection during a capture that frees dead graphs invalidated it (an H200 run, 2026-11-28:
     calibration after other tests' generators; CUBLAS_STATUS_EXECUTION_FAILED). With the collector's
