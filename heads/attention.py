@@ -102,14 +102,7 @@ def _scores(rows: Tensor, k: Tensor) -> Tensor:
 
 
 def matmul_attention(
-    module: nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs
 ) -> tuple[Tensor, None]:
     """`tree_sdpa`, except that a pass of 2 to FEW_QUERIES queries under a (B, 1, T, S) mask (a tree
     verification) runs `grouped_attention`: no key/value heads repeated, no sdpa kernel that tiles
@@ -121,14 +114,12 @@ def matmul_attention(
         or attention_mask.dim() != 4
         or attention_mask.shape[1] != 1
         or not 1 < query.shape[2] <= FEW_QUERIES
-        or dropout
         or module.training
-        or kwargs.get("position_bias") is not None
-        or kwargs.get("softcap") is not None
+        or kwargs.get("dropout")
+        or any(kwargs.get(name) is not None for name in ("position_bias", "softcap"))
     ):
-        return tree_sdpa(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return tree_sdpa(module, query, key, value, attention_mask, **kwargs)
+    scaling = kwargs.get("scaling")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = grouped_attention(query, key, value, attention_mask, scale)  # [B, nh, T, D]
     return out.transpose(1, 2).contiguous(), None

@@ -144,12 +144,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def use_attention(drafter: EagleDrafter, how: str) -> None:
-    """The drafter's fused step attends its few queries by `how` ("sdpa" or "matmul"; heads/fused.py)."""
-    if hasattr(drafter.head_step, "attention"):
-        drafter.head_step.attention = how
-
-
 def topk_chunk(text: str) -> Chunk:
     """ "64" -> 64, "auto" -> "auto", "none" -> None (one topk)."""
     if text in ("auto", "none"):
@@ -239,8 +233,7 @@ def measure_runner(
     # one drafter (one set of compiled graphs) drafting to depth 1..D: only the depth loop's bound changes
     drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
                            depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
-    drafter.topk_chunk = args.topk_chunk
-    use_attention(drafter, args.draft_attention)
+    drafter.topk_chunk, drafter.head_step.attention = args.topk_chunk, args.draft_attention  # (a fused step)
     draft_status = "eager"
     if compile:
         try:  # a drafter that fails to compile still gives eager draft numbers beside the compiled target
@@ -283,8 +276,7 @@ def measure_runner(
         if compile:  # beside it, the same draft eager (no graph): what the graph saves
             eager = EagleDrafter(head, tree="dynamic", top_k=drafter.top_k, depth=args.depth,
                                  total_tokens=args.tree_size)  # fmt: skip
-            eager.topk_chunk = args.topk_chunk
-            use_attention(eager, args.draft_attention)
+            eager.topk_chunk, eager.head_step.attention = args.topk_chunk, args.draft_attention
             eager.start(prompt[0], hidden, root)
             parts["draft eager"] = lambda: eager.propose(root, sampling, None)
         out["profile"] = {name: p.as_dict() for name, p in profile_parts(parts, device).items()}

@@ -168,12 +168,10 @@ class EagleDrafter(Drafter):
 
     def _shared_state(self) -> tuple:
         """What every graph of this drafter reads, the batch drafter's too (eagle_batch_graphs.py): the id
-        map, the static plan, the tree's settings (top-k chunks too), the fused step's attention form and
-        rotary table, remade larger when a longer cache asks (a batch's head cache may be longer than
-        batch 1's)."""
-        table = getattr(self.head_step, "table", None)
+        map, the static plan, the tree's settings (top-k chunks, the fused step's attention) and that step's
+        rotary table, remade larger when a longer cache asks (a batch's head cache may be longer)."""
+        table, attention = getattr(self.head_step, "table", None), getattr(self.head_step, "attention", None)
         angles = None if table is None else (table[0].data_ptr(), table[0].shape[0])
-        attention = getattr(self.head_step, "attention", None)
         settings = (self.top_k, self.depth, self.total_tokens, self.topk_chunk, attention)
         return id(self._d2t), id(self._plan), *settings, angles
 
