@@ -122,7 +122,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument(
         "--draft-attention", choices=("sdpa", "matmul"), default="sdpa",
-        help="how a draft depth's few queries attend: sdpa (default) or matmul (heads/fused.py "
+        help="how a draft depth's few queries attend: sdpa (default) or matmul (heads/attention.py "
              "grouped_attention: two batched matrix products and a softmax; an A/B)",
     )  # fmt: skip
     p.add_argument(
