@@ -237,8 +237,11 @@ def test_grouped_attention_keeps_fp32_scores_on_cuda():
 
 def test_a_dead_generators_graphs_do_not_break_a_capture():
     """A collection during a capture that frees dead graphs invalidated it (an H200 run, 2026-11-28:
-    calibration after other tests' generators; CUBLAS_STATUS_EXECUTION_FAILED). With the collector's
-    threshold at 1 a collection would run inside the capture: GraphedFunction pauses it."""
+    calibration after other tests' generators; CUBLAS_STATUS_EXECUTION_FAILED). GraphedFunction pauses
+    automatic collection for the capture: the captured call sees the collector off (the warm-up call sees
+    it on). A captured graph in a dead cycle, dropped inside the capture with the first generation's
+    threshold at 1, tries to reproduce the failure (whether a collection reaches it there depends on the
+    generation it was promoted to)."""
     import gc
 
     from spechead.inference.cuda_graphs import GraphedFunction
@@ -250,16 +253,25 @@ def test_a_dead_generators_graphs_do_not_break_a_capture():
         def step(self, x):
             return x * 2
 
-    Owner().graphed(torch.ones(4, device="cuda"))  # captured, then dead in a cycle
+    held = [Owner()]
+    held[0].graphed(torch.ones(4, device="cuda"))  # captured; dead once `held` drops it
+    collecting = []
+
+    def fn(x):
+        collecting.append(gc.isenabled())
+        if len(collecting) == 2:  # the capture: the graph's owner dies here
+            held.clear()
+        return sum([x + i for i in range(8)])  # lists: collections, where allowed
+
     threshold = gc.get_threshold()
     gc.set_threshold(1)
     try:
-        f = GraphedFunction(lambda x: sum([x + i for i in range(8)]))  # lists: collections if allowed
+        f = GraphedFunction(fn)
         f(torch.ones(4, device="cuda"))
         out = f(torch.zeros(4, device="cuda"))  # a replay of the graph captured above
     finally:
         gc.set_threshold(*threshold)
-    assert f.captures == 1 and out.tolist() == [28.0] * 4
+    assert collecting == [True, False] and f.captures == 1 and out.tolist() == [28.0] * 4
 
 
 @pytest.mark.parametrize("compile", [True, "reduce-overhead", "graphs"])
