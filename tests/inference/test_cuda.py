@@ -232,7 +232,8 @@ def test_grouped_attention_keeps_fp32_scores_on_cuda():
     low = [x.bfloat16() for x in (q, k, v)]
     ours = grouped_attention(*low, mask, scale).float()
     theirs = F.scaled_dot_product_attention(*low, attn_mask=mask, scale=scale, enable_gqa=True).float()
-    assert (ours - ref).abs().max() <= 2 * (theirs - ref).abs().max() + 1e-3
+    # (rounded to bf16, scores of this size move by ~0.1 of a logit: errors of ~1e-1, far past this bound)
+    assert (ours - ref).abs().max() <= 4 * (theirs - ref).abs().max() + 2e-3
 
 
 def test_a_dead_generators_graphs_do_not_break_a_capture():
