@@ -370,10 +370,18 @@ def test_batch_tree_is_the_one_decoded_fastest_at_that_size(model, chatml_tokeni
     assert gen._batch_drafters[len(PROMPTS)].static.size == sizes[-1]
 
 
-def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer):
-    """A head that is never right: no tree beats plain batched decoding, so the batch decodes plain."""
+def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer, monkeypatch):
+    """A head that is never right: no tree beats plain batched decoding, so the batch decodes plain. The
+    decoded passes' timings are fixed (a tree's pass 10% dearer than a plain one): measured on a busy
+    2-core VM, a tree's pass once timed below a plain pass and, at 1.001 tokens a pass, was picked."""
+    import spechead.inference.pass_timing as pass_timing
+
     from .test_generator import plain_greedy
 
+    def timed(target, drafters, prompt, new_tokens=32, batch=1, timed_as=None):
+        return [1.0] + [1.1] * (len(drafters) - 1)  # plain first, then each tree
+
+    monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
     drafter = medusa_drafter(model)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
     gen.tree_accuracy = torch.full((3, 3), 0.001)
