@@ -68,6 +68,19 @@ def collection_paused() -> Iterator[None]:
             gc.enable()
 
 
+class GraphCaptureError(RuntimeError):
+    """A call that runs eagerly but cannot be captured as a CUDA graph (a host read such as `.item()`, a
+    shape that depends on values, a collective inside the model's forward), in one line that names the fix."""
+
+    def __init__(self, fn: Callable[..., Any], cause: BaseException) -> None:
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        super().__init__(
+            f"{name} runs but cannot be captured as a CUDA graph ({type(cause).__name__}: {first}); "
+            "decode this model with compile=False (eager; `--compile off` on the command line)"
+        )
+
+
 class Captured:
     """One captured call: its static input tensors, the graph and the graph's outputs."""
 
@@ -124,7 +137,10 @@ class GraphedFunction:
 
         out = copy_outputs(call())
         tensors = [v for v in static if isinstance(v, Tensor)]
-        graph, outputs = self._record(call, next((t.device for t in tensors if t.is_cuda), None))
+        try:
+            graph, outputs = self._record(call, next((t.device for t in tensors if t.is_cuda), None))
+        except Exception as error:  # (the call ran eagerly above: only capturing it failed)
+            raise GraphCaptureError(self.fn, error) from error
         return out, Captured(tensors, graph, outputs)
 
     def _record(self, call: Callable[[], Any], device: torch.device | None) -> tuple[Any, Any]:

@@ -20,6 +20,7 @@ from spechead.inference.acceptance import Acceptance, greedy_accept_batch, greed
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.calibrate import TimedAs
+from spechead.inference.compiling import resolve_compile
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.ahead import Ahead, ahead_of
@@ -53,7 +54,9 @@ class SpeculativeGenerator:
     inductor; "graphs": no compiler, the eager passes captured as our CUDA graphs (ready in seconds);
     "reduce-overhead": torch.compile's CUDA graphs; or a
     torch.compile backend name), one graph per tree-size bucket (see runner.py),
-    and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole draft as one graph).
+    and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole draft as one graph). "auto"
+    (`from_pretrained`'s default): "graphs" on CUDA with the static cache, else False
+    (compiling.resolve_compile); `self.compile` holds what it resolved to.
     draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU
     the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
     cache), while the draft's many small ops per depth gain from one compiled graph.
@@ -85,6 +88,8 @@ class SpeculativeGenerator:
         self.drafter = drafter
         cfg = target.config.get_text_config()
         self.context = getattr(cfg, "max_position_embeddings", None)
+        device = next(target.parameters()).device
+        compile = resolve_compile(compile, device, cache or self.default_cache)
         if drafter is not None:
             vocab = target.get_output_embeddings().weight.shape[0]
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
@@ -102,7 +107,6 @@ class SpeculativeGenerator:
         self._batch_runners: dict[tuple, CompiledBatchRunner] = {}  # compiled: kept with their graphs
         self.last_stats: GenerationStats | None = None  # the last stream()'s, when it ran to the end
         self.last_batch_stats: list[GenerationStats] = []  # the last stream_batch()'s rows'
-        device = next(target.parameters()).device
         if buckets is None and device.type == "cuda":
             buckets = CUDA_BUCKETS
         # greedy acceptance on the target's device, its result and the path's tokens in ONE transfer, the

@@ -28,8 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
+from spechead.inference.compiling import AUTO, compile_option, resolve_compile
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
 
@@ -46,8 +49,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
-        "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
-        help="our engines with compile=BACKEND (plain flag: inductor; graphs: the eager passes as CUDA graphs)",
+        "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
+        help="our engines with compile=BACKEND (auto, the default: graphs on CUDA, off elsewhere; off: eager; plain "
+        "flag: inductor; graphs: the eager passes as CUDA graphs)",
     )  # fmt: skip
     p.add_argument(
         "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
@@ -58,6 +62,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed SEED + i")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
     args = p.parse_args(argv)
+    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA)
+    args.compile = resolve_compile(args.compile, torch.device(args.device))
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature >= 0 and 0 < --top-p <= 1, please")
     return args

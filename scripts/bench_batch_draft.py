@@ -78,7 +78,9 @@ def pass_ms(
 def main(argv=None) -> None:
     args = parse(argv)
     target = args.target or str(demo_asset("target"))
-    gen = SpeculativeGenerator.from_pretrained(target, args.drafter, device=args.device, dtype=args.dtype)
+    gen = SpeculativeGenerator.from_pretrained(  # eager: each mode below compiles its own drafter
+        target, args.drafter, device=args.device, dtype=args.dtype, compile=False
+    )
     if not hasattr(gen.drafter, "with_tree") or not hasattr(gen.drafter, "head_step"):
         raise SystemExit(
             f"error: {args.drafter} is not an EAGLE / EAGLE-3 head: this measures EAGLE batch drafting"

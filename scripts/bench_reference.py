@@ -150,8 +150,9 @@ def bench(args: argparse.Namespace) -> int:
     export_head(load_head(args.head), "eagle", work / "head", embedding=target_embedding(args.target))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # eager unless asked (compile=...), as the reference engine runs
     load = lambda head=None, **kw: SpeculativeGenerator.from_pretrained(  # noqa: E731
-        args.target, head, device=args.device, **kw
+        args.target, head, device=args.device, **{"compile": False, **kw}
     )
     plain = load()
     prompts = first_turns(plain.tokenizer, args.prompt_set, args.prompts)

@@ -143,8 +143,9 @@ def bench(args: argparse.Namespace) -> int:
     heads = {d: with_heads(exported, d, target, work / f"head{d}") for d in depths}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # eager unless asked (compile=...), as the reference engine runs
     load = lambda head=None, **kw: SpeculativeGenerator.from_pretrained(  # noqa: E731
-        target, head, device=args.device, **kw
+        target, head, device=args.device, **{"compile": False, **kw}
     )
     plain = load()
     prompts = first_turns(plain.tokenizer, args.prompt_set, args.prompts)

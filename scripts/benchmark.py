@@ -32,6 +32,7 @@ from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.calibrate import verify_cost_ms
+from spechead.inference.compiling import AUTO, compile_option, resolve_compile
 from spechead.inference.devices import check_device
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation import (
@@ -122,9 +123,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
-        "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
-        help="torch.compile our verify pass and draft steps (plain decoding too): inductor (plain --compile; "
-        "CUDA: CUDA graphs of our own), max-autotune (the same, GEMMs autotuned), graphs (no compiler: the "
+        "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
+        help="torch.compile our verify pass and draft steps (plain decoding too): auto (the default: graphs on "
+        "CUDA, off elsewhere), off (eager), inductor (plain --compile; CUDA: CUDA graphs of our own), max-autotune (the same, GEMMs autotuned), graphs (no compiler: the "
         "eager passes as our CUDA graphs, ready in seconds), reduce-overhead (torch.compile's CUDA graphs) or "
         "a backend name, e.g. cudagraphs. HF baselines stay eager",
     )  # fmt: skip
@@ -135,6 +136,8 @@ def parse(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
     args = p.parse_args(argv)
+    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA)
+    args.compile = resolve_compile(args.compile, torch.device(args.device))
     if args.prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.warmup < 0:
         p.error("--prompts, --repeats and --max-new-tokens must be >= 1, --warmup >= 0")
     if args.hf_early_exit not in ("auto", "none") and not (

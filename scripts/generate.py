@@ -17,6 +17,7 @@ import sys
 
 import transformers
 
+from spechead.inference.compiling import AUTO, compile_option
 from spechead.inference.devices import check_device
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
@@ -41,10 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument(
-        "--compile", nargs="?", const=True, default=False, metavar="BACKEND",
-        help="torch.compile the target's verify pass and the drafter: inductor (plain --compile; CUDA: CUDA "
-        "graphs of our own), graphs (no compiler: the eager passes as our CUDA graphs, ready in seconds), "
-        "reduce-overhead (torch.compile's CUDA graphs) or a backend name",
+        "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
+        help="auto (the default: graphs on CUDA, off elsewhere), off (eager), inductor (plain --compile; CUDA: "
+        "CUDA graphs of our own), graphs (no compiler: the eager passes as our CUDA graphs, ready in seconds), "
+        "reduce-overhead (torch.compile's CUDA graphs) or a backend name: the target's verify pass and the drafter",
     )  # fmt: skip
     p.add_argument(
         "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",

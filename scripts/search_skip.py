@@ -148,7 +148,9 @@ def main(argv=None) -> int:
     try:
         check_device(args.device)
         prompts = load_prompt_set(args.prompt_set, args.prompts)
-        plain = SpeculativeGenerator.from_pretrained(args.target, None, device=args.device, dtype=args.dtype)
+        plain = SpeculativeGenerator.from_pretrained(  # eager, as the skip sets are timed and decoded
+            args.target, None, device=args.device, dtype=args.dtype, compile=False
+        )
     except (DataError, ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2

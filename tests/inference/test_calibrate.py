@@ -56,6 +56,10 @@ def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
     )  # (heads/attention.py; plain below: sdpa)
     info = gen.calibration
     assert info is not None and set(info["verify_ms_by_size"]) >= {1, 2, 4, 8}
+    assert gen.compile is False and info["timed_as"] == {
+        "target": False,
+        "draft": False,
+    }  # auto: a CPU's eager
     assert info["draft_ms_per_depth"] > 0 and info["expected_speedup"] > 0
     # every pass also pays the target's commit and the head's accept step: in the expected speedup
     assert info["pass_ms"] > 0

@@ -7,6 +7,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from spechead.inference import generator as generator_module
+from spechead.inference import loading as loading_module
+from spechead.inference.compiling import compile_option, resolve_compile
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
@@ -22,6 +25,7 @@ from spechead.inference.tree import (
 
 from . import test_eagle_drafter as eagle_tests  # make_head, Stream, the static tree
 from . import test_generator as generator_tests  # the drafters, prompts and reference of the lossless tests
+from .test_calibrate import ACCURACY, saved_head
 
 setup = generator_tests.setup  # the 2-layer target of the lossless tests (a module-scoped fixture)
 
@@ -213,3 +217,75 @@ def test_draft_compile_compiles_the_drafter_only(tiny_llama, chatml_tokenizer) -
         draft_compile=False,
     )
     assert off.drafter._compiled is None and off.runner._compiled is not None
+
+
+def test_auto_compile_is_graphs_on_cuda_with_the_static_cache_and_off_elsewhere():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_compile("auto", cpu) is False and resolve_compile("auto", cpu, "static") is False
+    assert resolve_compile("auto", cuda) == "graphs" and resolve_compile("auto", cuda, "static") == "graphs"
+    assert resolve_compile("auto", cuda, "dynamic") is False  # (compiled passes need fixed shapes)
+    for given in (False, True, "graphs", "max-autotune", "eager"):  # a value given is kept as it is
+        assert resolve_compile(given, cuda) is given and resolve_compile(given, cpu) is given
+    words = ("off", "False", "none", "on", "true", "auto", "graphs", "reduce-overhead")
+    assert [compile_option(w) for w in words] == [
+        False,
+        False,
+        False,
+        True,
+        True,
+        "auto",
+        "graphs",
+        "reduce-overhead",
+    ]
+
+
+def _as_on_cuda(compile, device, cache=None):
+    """resolve_compile as it decides for a target on CUDA (the passes then still run here, on a CPU)."""
+    return resolve_compile(compile, torch.device("cuda"), cache)
+
+
+def test_a_generator_resolves_auto_for_its_targets_device_and_cache(
+    tiny_llama, chatml_tokenizer, monkeypatch
+):
+    """compile="auto": eager on this CPU; where resolve_compile says "graphs" (CUDA), the target's fixed-shape
+    passes and the drafter's graph are made and decode like plain decoding; the dynamic cache stays eager."""
+    target = tiny_llama(eagle_tests.V, layers=eagle_tests.L, hidden=eagle_tests.H).requires_grad_(False)
+    target.generation_config.eos_token_id = None
+    head = eagle_tests.make_head(target, "eagle3")
+    prompt = generator_tests.prompts(1, eagle_tests.V)[0]
+    reference = generator_tests.plain_greedy(target, prompt, 14)
+    here = SpeculativeGenerator(target, chatml_tokenizer, EagleDrafter(head), compile="auto")
+    assert here.compile is False and here.runner._compiled is None and here.drafter._compiled is None
+    monkeypatch.setattr(generator_module, "resolve_compile", _as_on_cuda)
+    gen = SpeculativeGenerator(
+        target, chatml_tokenizer, EagleDrafter(head, tree=eagle_tests.STATIC), compile="auto"
+    )
+    assert gen.compile == "graphs" and gen.draft_compile == "graphs"
+    assert gen.runner._compiled is not None and gen.drafter._compiled is not None
+    gen.eos = set()
+    assert gen.generate(input_ids=prompt, max_new_tokens=14).token_ids == reference
+    dynamic = SpeculativeGenerator(target, chatml_tokenizer, None, compile="auto", cache="dynamic")
+    assert dynamic.compile is False and dynamic.runner._compiled is None
+    assert SpeculativeGenerator(target, chatml_tokenizer, None).compile is False  # the constructor's default
+
+
+def test_from_pretrained_compiles_by_default_where_auto_says_so(tiny_target_dir, tmp_path, monkeypatch):
+    """from_pretrained's default compile is "auto", resolved before calibration times the passes: eager on a
+    CPU, "graphs" on CUDA (here as resolve_compile decides for CUDA); compile=False stays eager anywhere."""
+    assert SpeculativeGenerator.from_pretrained(str(tiny_target_dir)).compile is False  # this CPU
+    monkeypatch.setattr(loading_module, "resolve_compile", _as_on_cuda)
+    monkeypatch.setattr(generator_module, "resolve_compile", _as_on_cuda)
+    saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
+    headed = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
+    assert headed.compile == "graphs" and headed.calibration["timed_as"]["target"] == "graphs"
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup")
+    assert gen.compile == "graphs" and gen.runner._compiled is not None
+    plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), compile=False)
+    assert plain.compile is False and plain.runner._compiled is None
+    gen.eos = plain.eos = set()
+    prompt = list(range(5, 25)) * 2
+    assert (
+        gen.generate(input_ids=prompt, max_new_tokens=16).token_ids
+        == plain.generate(input_ids=prompt, max_new_tokens=16).token_ids
+    )
+    assert SpeculativeGenerator.from_pretrained(str(tiny_target_dir), cache="dynamic").compile is False

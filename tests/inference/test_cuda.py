@@ -32,12 +32,17 @@ def _drafters(model):
             "self": DraftModelDrafter(model, num_draft=4)}  # fmt: skip
 
 
+@pytest.mark.parametrize("compile", [False, "auto"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_greedy_on_cuda_equals_plain_decoding_through_the_engine(tiny_llama, chatml_tokenizer, dtype):
+def test_greedy_on_cuda_equals_plain_decoding_through_the_engine(
+    tiny_llama, chatml_tokenizer, dtype, compile
+):
+    """Eager, and as from_pretrained decodes by default ("auto": "graphs" on CUDA, every drafter)."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda", dtype)
     plain = SpeculativeGenerator(model, chatml_tokenizer, None)
     for name, drafter in _drafters(model).items():
-        gen = SpeculativeGenerator(model, chatml_tokenizer, drafter)
+        gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile=compile)
+        assert gen.compile == ("graphs" if compile else False)
         for i in range(5):
             prompt = list(range(5 + i, 15 + i))
             ref = plain.generate(input_ids=prompt, max_new_tokens=24).token_ids
@@ -212,6 +217,36 @@ def test_graphed_function_captures_once_and_replays_on_cuda():
     assert f.captures == 2 and c.tolist() == [3.0] * 4
     d, _ = f(torch.full((4,), 2.0, device="cuda"), torch.ones(4, device="cuda"))
     assert d.tolist() == [7.0] * 4 and a.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_failed_capture_is_one_line_and_cuda_works_after_it():
+    """A host read inside a captured call (`.item()`): the first call runs, the capture fails in one line
+    naming compile=False, and the device still runs, captures and replays afterwards."""
+    from spechead.inference.cuda_graphs import GraphCaptureError, GraphedFunction
+
+    def reads_the_host(x):
+        return x * x.sum().item()
+
+    f = GraphedFunction(reads_the_host)
+    with pytest.raises(
+        GraphCaptureError, match=r"reads_the_host runs but cannot be captured .*compile=False"
+    ):
+        f(torch.ones(4, device="cuda"))
+    g = GraphedFunction(lambda x: x * 3)
+    g(torch.ones(4, device="cuda"))
+    assert g(torch.full((4,), 2.0, device="cuda")).tolist() == [6.0] * 4 and g.captures == 1
+    assert (torch.ones(4, device="cuda") * 2).sum().item() == 8.0
+
+
+def test_from_pretrained_on_cuda_decodes_as_graphs_by_default(tiny_target_dir):
+    """compile's default ("auto") on CUDA: "graphs", calibrated as such; the same tokens as eager."""
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup", device="cuda")
+    eager = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), device="cuda", compile=False)
+    assert gen.compile == "graphs" and eager.compile is False and gen.runner._compiled is not None
+    gen.eos = eager.eos = set()
+    for prompt in (list(range(5, 25)) * 2, list(range(7, 19))):
+        ref = eager.generate(input_ids=prompt, max_new_tokens=24).token_ids
+        assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref
 
 
 def test_grouped_attention_keeps_fp32_scores_on_cuda():

@@ -8,7 +8,7 @@ import gc
 import pytest
 import torch
 
-from spechead.inference.cuda_graphs import GraphedFunction, collection_paused
+from spechead.inference.cuda_graphs import GraphCaptureError, GraphedFunction, collection_paused
 from spechead.inference.kv_cache import SlotCache
 
 
@@ -129,6 +129,30 @@ def test_the_capture_and_only_it_runs_without_collections(monkeypatch):
     f(torch.ones(2))
     f(torch.ones(2))
     assert seen == [True, False, ("replay", True)] and gc.isenabled()
+
+
+def test_a_call_that_cannot_be_captured_fails_in_one_line_naming_compile_false(monkeypatch):
+    """The first call runs for real; if only its capture fails (a host read inside, as `.item()` is on a
+    GPU), the error is one line that names the function, the cause and the fix, with the cause chained.
+    torch.cuda.graph's stand-in runs the call, as capturing does on a GPU; the call fails when captured."""
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    calls = []
+
+    def reads_the_host(x):
+        calls.append(x.clone())
+        if len(calls) == 2:  # the capture
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore")
+        return x * 2
+
+    f = GraphedFunction(reads_the_host)
+    with pytest.raises(GraphCaptureError) as caught:
+        f(torch.ones(2))
+    message = str(caught.value)
+    assert "\n" not in message and "reads_the_host" in message and "compile=False" in message
+    assert "operation not permitted when stream is capturing" in message
+    assert isinstance(caught.value.__cause__, RuntimeError) and f.captures == 0 and len(calls) == 2
+    assert gc.isenabled()  # (the collector is back on after the failed capture)
 
 
 def test_slot_cache_generation_changes_with_every_allocation():

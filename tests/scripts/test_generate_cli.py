@@ -90,6 +90,11 @@ def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_pat
     assert made[-1].drafter._compiled is not None and made[-1].runner._compiled is None
     assert generate.main(common) == 0  # plain decoding
     assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
+    assert made[-1].compile is False  # --compile auto, the default: eager on a CPU
+    assert generate.main([*common, "--compile", "graphs"]) == 0 and made[-1].compile == "graphs"
+    assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
+    assert generate.main([*common, "--compile", "off"]) == 0 and made[-1].compile is False
+    capsys.readouterr()
     # --draft-fp8: the head's per-depth layers in e4m3 (heads/fp8.py), the answer still plain decoding's
     assert generate.main([*common, "--drafter", str(head_dir), "--draft-fp8"]) == 0
     assert type(made[-1].drafter.head.midlayer.mlp.down_proj).__name__ == "Fp8Linear"
