@@ -25,9 +25,24 @@ def resolve_compile(compile: bool | str, device: torch.device, cache: str | None
     captures the eager passes in seconds where inductor compiles for minutes, so it is the default there.
     A CPU has no launches to save and its eager passes are the fastest verifiers (compile=False).
     A model whose pass cannot be captured fails in one line naming compile=False (cuda_graphs.py)."""
+    check_compile(compile)
     if compile != AUTO:
         return compile
     return "graphs" if device.type == "cuda" and (cache or "static") == "static" else False
+
+
+MODES = ("auto", "graphs", "inductor", "max-autotune", "reduce-overhead")  # ours, beside torch's backends
+
+
+def check_compile(compile: bool | str | None, name: str = "compile") -> None:
+    """ValueError in one line unless `compile` is a bool, None, one of MODES or a torch.compile backend."""
+    if compile is None or isinstance(compile, bool) or compile in MODES:
+        return
+    if not isinstance(compile, str) or compile not in torch._dynamo.list_backends(exclude_tags=()):
+        raise ValueError(
+            f"{name}={compile!r} is not a compile mode: use False (eager), True, {', '.join(MODES)} or a "
+            "torch.compile backend (cudagraphs, eager, aot_eager, ...)"
+        )
 
 
 def compile_option(text: str) -> bool | str:

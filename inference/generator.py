@@ -90,6 +90,8 @@ class SpeculativeGenerator:
         self.context = getattr(cfg, "max_position_embeddings", None)
         device = next(target.parameters()).device
         compile = resolve_compile(compile, device, cache or self.default_cache)
+        if draft_compile is not None:  # ("auto" here: "graphs" on CUDA, else eager)
+            draft_compile = resolve_compile(draft_compile, device)
         if drafter is not None:
             vocab = target.get_output_embeddings().weight.shape[0]
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)

@@ -20,7 +20,7 @@ from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.calibrate import EAGER, TimedAs
-from spechead.inference.compiling import AUTO, resolve_compile
+from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
@@ -196,7 +196,9 @@ def load_generator(
     key/value heads inside the kernel for tree passes on a CPU), or "eager" for a model class that
     cannot run sdpa (Gemma-2).
     """
-    if draft_fp8:  # (before anything loads: one line in a second)
+    check_compile(compile)  # (before anything loads: one line in a second)
+    check_compile(draft_compile, "draft_compile")
+    if draft_fp8:
         check_fp8_device(torch.device(device))
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     config = AutoConfig.from_pretrained(target, revision=revision)
@@ -211,7 +213,9 @@ def load_generator(
     if isinstance(drafter, str) and not own:  # a head directory may carry an adapter (Medusa-2)
         model = merge_head_adapter(model, drafter)
     model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps on .to: typed unbound
-    compile = resolve_compile(compile, next(model.parameters()).device, cache or cls.default_cache)
+    on = next(model.parameters()).device
+    compile = resolve_compile(compile, on, cache or cls.default_cache)
+    draft_compile = None if draft_compile is None else resolve_compile(draft_compile, on)
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
     if draft_fp8:

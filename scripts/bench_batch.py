@@ -32,7 +32,7 @@ import torch
 
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
-from spechead.inference.compiling import AUTO, compile_option, resolve_compile
+from spechead.inference.compiling import AUTO, check_compile, compile_option, resolve_compile
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
 
@@ -54,7 +54,7 @@ def parse(argv=None) -> argparse.Namespace:
         "flag: inductor; graphs: the eager passes as CUDA graphs)",
     )  # fmt: skip
     p.add_argument(
-        "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
+        "--compile-draft", nargs="?", const=True, default=False, type=compile_option, metavar="BACKEND",
         help="the drafter only compiled (draft_compile=BACKEND; plain flag: inductor)",
     )  # fmt: skip
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: decode by sampling (every engine)")
@@ -63,7 +63,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
     args = p.parse_args(argv)
     # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA)
-    args.compile = resolve_compile(args.compile, torch.device(args.device))
+    try:
+        args.compile = resolve_compile(args.compile, torch.device(args.device))
+        check_compile(args.compile_draft, "--compile-draft")
+    except ValueError as err:
+        p.error(str(err))
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature >= 0 and 0 < --top-p <= 1, please")
     return args

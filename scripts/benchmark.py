@@ -32,7 +32,7 @@ from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.calibrate import verify_cost_ms
-from spechead.inference.compiling import AUTO, compile_option, resolve_compile
+from spechead.inference.compiling import AUTO, check_compile, compile_option, resolve_compile
 from spechead.inference.devices import check_device
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation import (
@@ -130,14 +130,18 @@ def parse(argv=None) -> argparse.Namespace:
         "a backend name, e.g. cudagraphs. HF baselines stay eager",
     )  # fmt: skip
     p.add_argument(
-        "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
+        "--compile-draft", nargs="?", const=True, default=False, type=compile_option, metavar="BACKEND",
         help="torch.compile the drafters only (EAGLE: the whole draft as one graph); the target and plain "
         "decoding stay eager (on a CPU the fastest setting)",
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
     args = p.parse_args(argv)
     # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA)
-    args.compile = resolve_compile(args.compile, torch.device(args.device))
+    try:
+        args.compile = resolve_compile(args.compile, torch.device(args.device))
+        check_compile(args.compile_draft, "--compile-draft")
+    except ValueError as err:
+        p.error(str(err))
     if args.prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.warmup < 0:
         p.error("--prompts, --repeats and --max-new-tokens must be >= 1, --warmup >= 0")
     if args.hf_early_exit not in ("auto", "none") and not (

@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "reduce-overhead (torch.compile's CUDA graphs) or a backend name: the target's verify pass and the drafter",
     )  # fmt: skip
     p.add_argument(
-        "--compile-draft", nargs="?", const=True, default=False, metavar="BACKEND",
+        "--compile-draft", nargs="?", const=True, default=False, type=compile_option, metavar="BACKEND",
         help="torch.compile the drafter only (EAGLE: the whole draft as one graph; CUDA: one CUDA graph), the "
         "target eager: the first answers compile (tens of seconds), later ones draft far cheaper",
     )  # fmt: skip

@@ -226,6 +226,13 @@ def test_auto_compile_is_graphs_on_cuda_with_the_static_cache_and_off_elsewhere(
     assert resolve_compile("auto", cuda, "dynamic") is False  # (compiled passes need fixed shapes)
     for given in (False, True, "graphs", "max-autotune", "eager"):  # a value given is kept as it is
         assert resolve_compile(given, cuda) is given and resolve_compile(given, cpu) is given
+    for bad in ("foo", "Graphs", 3):  # one line, before anything is loaded (the target path is not read)
+        with pytest.raises(
+            ValueError, match=r"^compile=.* is not a compile mode: use False \(eager\), True, auto"
+        ):
+            SpeculativeGenerator.from_pretrained("/no/such/target", compile=bad)
+    with pytest.raises(ValueError, match=r"^draft_compile='x' is not a compile mode"):
+        SpeculativeGenerator.from_pretrained("/no/such/target", draft_compile="x")
     words = ("off", "False", "none", "on", "true", "auto", "graphs", "reduce-overhead")
     assert [compile_option(w) for w in words] == [
         False,
@@ -267,6 +274,10 @@ def test_a_generator_resolves_auto_for_its_targets_device_and_cache(
     dynamic = SpeculativeGenerator(target, chatml_tokenizer, None, compile="auto", cache="dynamic")
     assert dynamic.compile is False and dynamic.runner._compiled is None
     assert SpeculativeGenerator(target, chatml_tokenizer, None).compile is False  # the constructor's default
+    alone = SpeculativeGenerator(
+        target, chatml_tokenizer, EagleDrafter(head), compile=False, draft_compile="auto"
+    )
+    assert alone.draft_compile == "graphs" and alone.drafter._compiled is not None  # ("graphs": CUDA's)
 
 
 def test_from_pretrained_compiles_by_default_where_auto_says_so(tiny_target_dir, tmp_path, monkeypatch):

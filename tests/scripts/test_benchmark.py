@@ -158,9 +158,12 @@ def test_assistant_defaults_to_the_demo_draft_for_the_demo_target(script, tiny_t
 
 
 @pytest.mark.parametrize("name", ["benchmark", "bench_batch"])
-def test_compile_defaults_to_auto_resolved_for_the_device(script, name):
+def test_compile_defaults_to_auto_resolved_for_the_device(script, name, capsys):
     """--compile: auto by default, resolved as from_pretrained resolves it (a CPU: eager, and so is the
     plain decoding beside it); off is eager, a bare flag inductor, a backend name as written."""
     parse = script(name).parse
     assert parse([]).compile is False and parse(["--compile", "off"]).compile is False
     assert parse(["--compile"]).compile is True and parse(["--compile", "graphs"]).compile == "graphs"
+    with pytest.raises(SystemExit):  # argparse's one line: "--compile-draft='x' is not a compile mode ..."
+        parse(["--compile-draft", "x"])
+    assert "--compile-draft='x' is not a compile mode" in capsys.readouterr().err

@@ -95,6 +95,11 @@ def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_pat
     assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
     assert generate.main([*common, "--compile", "off"]) == 0 and made[-1].compile is False
     capsys.readouterr()
+    assert generate.main([*common, "--compile", "foo"]) == 2  # before loading: one line
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: compile='foo' is not a compile mode: use False (eager), True, auto, graphs, inductor, "
+        "max-autotune, reduce-overhead or a torch.compile backend (cudagraphs, eager, aot_eager, ...)"
+    ]
     # --draft-fp8: the head's per-depth layers in e4m3 (heads/fp8.py), the answer still plain decoding's
     assert generate.main([*common, "--drafter", str(head_dir), "--draft-fp8"]) == 0
     assert type(made[-1].drafter.head.midlayer.mlp.down_proj).__name__ == "Fp8Linear"
