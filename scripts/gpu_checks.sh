@@ -135,8 +135,9 @@ for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; d
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")
 done
 if [ ${#heads[@]} -gt 0 ]; then
-    step bench_demo "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 "${heads[@]}" \
-        --out "$OUT/bench_demo"
+    # eager (--compile off; benchmark.py's default on CUDA, auto, is graphs: the next step)
+    step bench_demo "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --compile off \
+        "${heads[@]}" --out "$OUT/bench_demo"
     # target and drafters as our CUDA graphs of the eager passes (no compiler: captured in the warm-up)
     step bench_demo_graphs "${DEMO_S:-100}" "$PY" scripts/benchmark.py --device cuda --prompts 12 --compile graphs \
         --warmup 12 "${heads[@]}" --out "$OUT/bench_demo_graphs"
