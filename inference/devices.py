@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from spechead.heads.dtypes import DTYPES
+
 
 def check_device(name: str, flag: str = "--device") -> torch.device:
     """`torch.device(name)` when this machine has it; ValueError saying what to use otherwise.
@@ -28,6 +30,23 @@ def check_device(name: str, flag: str = "--device") -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"{flag} {name}: MPS is not available on this machine; use {flag} cpu")
     return device
+
+
+def load_dtype(dtype: str | torch.dtype, device: str | torch.device, saved: object = None) -> torch.dtype:
+    """The dtype to load a target in: `dtype` itself (a name in DTYPES or a torch.dtype) or, for "auto",
+    float32 on a CPU (its bf16 / fp16 matmuls are slow, and the demo's target is float32) and elsewhere
+    the checkpoint's own dtype (`saved`: its config's `dtype`, a name or a torch.dtype) when it is one of
+    DTYPES, else bfloat16. An 8B target in float32 on a GPU reads twice the bytes a token of bf16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+        return DTYPES[dtype]
+    if torch.device(device).type == "cpu":
+        return torch.float32
+    name = str(saved).removeprefix("torch.") if saved is not None else None
+    return DTYPES.get(name, torch.bfloat16) if name else torch.bfloat16
 
 
 def host_to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:

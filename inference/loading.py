@@ -15,12 +15,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.attention import runs_sdpa
-from spechead.heads.dtypes import DTYPES
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
+from spechead.inference.devices import load_dtype
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
@@ -168,7 +168,7 @@ def load_generator(
     drafter: str | Drafter | None = None,
     *,
     device: str | torch.device = "cpu",
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = "auto",
     attn_implementation: str = TREE_SDPA,
     revision: str | None = None,
     cache: str | None = None,
@@ -191,7 +191,8 @@ def load_generator(
     on an H200) and False elsewhere (compiling.resolve_compile); compile=False decodes eagerly anywhere.
     draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
     draft depth reads; still lossless), before any calibration, so the tree is measured as it will
-    draft. attn_implementation:
+    draft. dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
+    checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
     key/value heads inside the kernel for tree passes on a CPU), or "eager" for a model class that
     cannot run sdpa (Gemma-2).
@@ -200,8 +201,10 @@ def load_generator(
     check_compile(draft_compile, "draft_compile")
     if draft_fp8:
         check_fp8_device(torch.device(device))
-    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
+    if torch_dtype is None:  # auto: float32 on a CPU, else the checkpoint's own
+        torch_dtype = load_dtype(dtype, device, getattr(config.get_text_config(), "dtype", None))
     if attn_implementation == TREE_SDPA and not runs_sdpa(config):  # our default, not a user's choice:
         attn_implementation = "eager"  # (Gemma-2) eager attention takes tree masks as well
     model = AutoModelForCausalLM.from_pretrained(

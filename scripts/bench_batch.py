@@ -47,7 +47,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="the target's and the head's weights; auto: float32 on a CPU, else the checkpoint's own dtype",
+    )  # fmt: skip
     p.add_argument(
         "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
         help="our engines with compile=BACKEND (auto, the default: graphs on CUDA, off elsewhere; off: eager; plain "

@@ -121,7 +121,10 @@ def parse(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="the target's and the head's weights; auto: float32 on a CPU, else the checkpoint's own dtype",
+    )  # fmt: skip
     p.add_argument(
         "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
         help="torch.compile our verify pass and draft steps (plain decoding too): auto (the default: graphs on "
@@ -230,7 +233,7 @@ def measure_baselines(args, plain: SpeculativeGenerator, prompts, settings, base
     if assistant_path := _assistant(args):
         from transformers import AutoModelForCausalLM
 
-        dtype = getattr(torch, args.dtype)
+        dtype = plain.target.dtype  # (the target's: --dtype auto resolved)
         assistant = AutoModelForCausalLM.from_pretrained(assistant_path, dtype=dtype).to(args.device)
         baselines["hf_assisted"] = {"assistant_model": assistant}
     if exit_layer := _hf_early_exit(args, plain.target):
@@ -349,6 +352,7 @@ def main(argv=None) -> int:
         plain = SpeculativeGenerator.from_pretrained(
             args.target, None, device=args.device, dtype=args.dtype, compile=args.compile
         )
+        args.dtype = str(plain.target.dtype).removeprefix("torch.")  # (auto: what it resolved to)
         decode_prompts(plain, prompts[: args.warmup], warmup_settings(args))
         base = decode_prompts(plain, prompts, settings, desc="plain")
     except (DataError, ValueError, OSError) as err:

@@ -40,7 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="the target's and the head's weights; auto: float32 on a CPU, else the checkpoint's own dtype",
+    )  # fmt: skip
     p.add_argument(
         "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
         help="auto (the default: graphs on CUDA, off elsewhere), off (eager), inductor (plain --compile; CUDA: "

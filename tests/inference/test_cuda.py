@@ -249,6 +249,16 @@ def test_from_pretrained_on_cuda_decodes_as_graphs_by_default(tiny_target_dir):
         assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref
 
 
+def test_from_pretrained_on_cuda_loads_the_checkpoints_dtype_by_default(
+    tiny_llama, chatml_tokenizer, tmp_path
+):
+    """dtype="auto" on CUDA: a bf16 checkpoint stays bf16 (on a CPU it would load as float32)."""
+    tiny_llama(len(chatml_tokenizer), layers=1, hidden=32).to(torch.bfloat16).save_pretrained(tmp_path / "t")
+    chatml_tokenizer.save_pretrained(tmp_path / "t")
+    gen = SpeculativeGenerator.from_pretrained(str(tmp_path / "t"), device="cuda")
+    assert gen.target.dtype == torch.bfloat16 and gen.target.device.type == "cuda"
+
+
 def test_grouped_attention_keeps_fp32_scores_on_cuda():
     """bf16 inputs: the scores come out of one GEMM with an fp32 output (heads/attention.py `_scores`), so
     the result is about as close to the fp32 attention as sdpa's own bf16 kernel is (a bf16 product of

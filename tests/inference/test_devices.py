@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.devices import check_device, host_ids, host_to_device
+from spechead.inference.devices import check_device, host_ids, host_to_device, load_dtype
 
 
 def test_host_to_device_on_the_same_device_is_the_tensor_itself():
@@ -28,3 +28,46 @@ def test_bad_device_names_are_one_clear_error():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"CUDA is not available on this machine .*use --device cpu"):
             check_device("cuda")
+
+
+def test_auto_dtype_is_float32_on_a_cpu_and_the_checkpoints_elsewhere():
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    assert (
+        load_dtype("auto", "cpu", "bfloat16") == fp32
+        and load_dtype("auto", torch.device("cpu"), None) == fp32
+    )
+    assert (
+        load_dtype("auto", "cuda", "bfloat16") == bf16 and load_dtype("auto", "cuda:1", torch.float16) == fp16
+    )
+    assert (
+        load_dtype("auto", "cuda", "float32") == fp32 and load_dtype("auto", "cuda", "torch.float16") == fp16
+    )
+    assert (
+        load_dtype("auto", "cuda", None) == bf16 and load_dtype("auto", "cuda", "int8") == bf16
+    )  # none named
+    assert load_dtype("float16", "cpu") == fp16 and load_dtype(bf16, "cpu") == bf16  # given: as given
+    with pytest.raises(ValueError, match=r"^dtype 'fp8' is not one of auto, float32, bfloat16, float16$"):
+        load_dtype("fp8", "cuda")
+
+
+def test_from_pretrained_loads_a_bf16_checkpoint_in_float32_on_a_cpu(
+    tiny_llama, chatml_tokenizer, tmp_path, monkeypatch
+):
+    """dtype="auto" (the default) on this CPU: float32 whatever the checkpoint's dtype, which load_dtype
+    is shown; a bad name fails in one line before anything loads (the target path is not read)."""
+    from spechead.inference import loading
+    from spechead.inference.generator import SpeculativeGenerator
+
+    seen = []
+    monkeypatch.setattr(loading, "load_dtype", lambda *a: (seen.append(a), load_dtype(*a))[1])
+
+    tiny_llama(len(chatml_tokenizer), layers=1, hidden=32).to(torch.bfloat16).save_pretrained(tmp_path / "t")
+    chatml_tokenizer.save_pretrained(tmp_path / "t")
+    assert SpeculativeGenerator.from_pretrained(str(tmp_path / "t")).target.dtype == torch.float32
+    assert seen == [("auto", "cpu", torch.bfloat16)]  # (the checkpoint's dtype, read from its config)
+    assert (
+        SpeculativeGenerator.from_pretrained(str(tmp_path / "t"), dtype="bfloat16").target.dtype
+        == torch.bfloat16
+    )
+    with pytest.raises(ValueError, match=r"^dtype 'half' is not one of auto"):
+        SpeculativeGenerator.from_pretrained("/no/such/target", dtype="half")
