@@ -134,9 +134,11 @@ def _usage(cfg: dict, repo_id: str, base_model: str | None, revision: str | None
     return (
         "## Use it with spechead\n\n```python\n"
         f"from spechead.inference import SpeculativeGenerator\n{fetch}\n"
-        f'gen = SpeculativeGenerator.from_pretrained("{target}", {head})\n'
+        f'gen = SpeculativeGenerator.from_pretrained("{target}", {head}, device="cuda")  # or "cpu"\n'
         'out = gen.generate(messages=[{"role": "user", "content": "Hello!"}], max_new_tokens=128)\n'
         "print(out.text, out.stats.tau)  # tau: tokens emitted per target forward pass\n```\n\n"
+        "On a GPU it loads the target in its checkpoint's dtype and decodes with CUDA graphs by default "
+        '(`dtype="auto"`, `compile="auto"`). '
         f"`spechead.heads.load_head({head})` loads the head module alone (config.json + safetensors, "
         "no pickle)."
     )

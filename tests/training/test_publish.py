@@ -83,7 +83,7 @@ def test_card_metadata_and_body(run, tmp_path):
     assert f"Simulated tau = **{run[0].metrics['tau']:.3f}**" in text
     assert "| m2 | default | 2.25 | 1.31x | 99.0 |" in text  # this head's benchmark row, not the other one
     assert "| lookup |" not in text.split("<details><summary>Full benchmark")[0]
-    assert 'SpeculativeGenerator.from_pretrained("me/tiny-target", "me/tiny-medusa2")' in text
+    assert 'SpeculativeGenerator.from_pretrained("me/tiny-target", "me/tiny-medusa2", device="cuda")' in text
     assert "![speedup by category](speedup_by_category.png)" in text
     assert "max_steps: 2" in text  # the run's resolved config.yaml
 
