@@ -12,7 +12,7 @@ import torch
 
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.profiling import count_syncs
+from spechead.inference.profiling import count_syncs, profile_part
 from spechead.inference.runner import TargetRunner
 
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
@@ -64,7 +64,38 @@ def decoded_stream(
         out[f"stream_{name}_passes"] = stats.target_passes
         out[f"stream_{name}_syncs"] = syncs  # the whole generate's, prefill included
         out[f"stream_{name}_tau"] = stats.tau
+        if name in ("plain", "spec"):  # as the engine runs them: what the device does in a pass
+            out[f"stream_{name}_device"] = device_per_pass(gen, prompt, device)
     return out
+
+
+def device_per_pass(gen: SpeculativeGenerator, prompt: torch.Tensor, device: torch.device) -> dict:
+    """A decoded pass's device work (torch.profiler): kernel ms and kernels a pass (None on a CPU) and host
+    ops a pass, from two generates of 8 and NEW_TOKENS tokens (the difference drops the prefill and the
+    end), and the kernels (host ops on a CPU) that cost most a pass. The pass's wall time minus its kernel
+    time is the device idle: waiting for the host's launches and reads."""
+    runs = []
+    for n in (8, NEW_TOKENS):
+        kept: list = []
+
+        def run(n: int = n, kept: list = kept) -> None:
+            kept.append(gen.generate(input_ids=prompt, max_new_tokens=n).stats)
+
+        runs.append((profile_part(run, device, iters=1, top=40), kept[-1].target_passes))
+    (short, a), (long, b) = runs
+    passes = max(b - a, 1)
+
+    def per_pass(x: float | None, y: float | None) -> float | None:
+        return None if x is None or y is None else (x - y) / passes
+
+    before = {name: ms for name, ms, _ in short.top}
+    costs = [(name, (ms - before.get(name, 0.0)) / passes) for name, ms, _ in long.top]
+    return {
+        "kernel_ms": per_pass(long.device_ms, short.device_ms),
+        "kernels": per_pass(long.kernels, short.kernels),
+        "host_ops": per_pass(long.host_ops, short.host_ops),
+        "top": sorted(costs, key=lambda c: -c[1])[:8],
+    }
 
 
 def stream_or_error(
@@ -103,6 +134,10 @@ def render_stream(r: dict) -> list[str]:
         f"{row['stream_speedup']:.2f}x the decoded plain passes",
         f"host waits for the GPU (whole generate, prefill included): plain {row['stream_plain_syncs']} in "
         f"{row['stream_plain_passes']} passes, EAGLE-3 {row['stream_spec_syncs']} in {row['stream_spec_passes']}",
+        "a decoded pass on the device (torch.profiler; wall - kernels = the device idle, waiting for the host): "
+        + "; ".join(_device_line(label, row[f"stream_{name}_pass_ms"], row[f"stream_{name}_device"])
+                    for name, label in (("plain", "plain"), ("spec", "EAGLE-3"))
+                    if f"stream_{name}_device" in row),
         "a decoded pass by phase, ms (draft / verify, accept and commit / the loop's other work): "
         + "; ".join(f"{label} " + " / ".join(f"{row[f'stream_{name}_phase_ms'][k]:.3f}" for k in
                                              ("draft", "verify", "other"))
@@ -110,3 +145,12 @@ def render_stream(r: dict) -> list[str]:
                                         ("spec", "EAGLE-3"), ("spec_stepwise", "EAGLE-3 reading first"))
                     if f"stream_{name}_phase_ms" in row),
     ]  # fmt: skip
+
+
+def _device_line(label: str, pass_ms: float, dev: dict) -> str:
+    """One engine's decoded pass: wall, kernel and idle ms, kernels a pass, the costliest kernels."""
+    top = ", ".join(f"{k[:40]} {ms:.3f}" for k, ms in dev["top"][:5])
+    if dev["kernel_ms"] is None:  # a CPU: no device kernels, the host ops instead
+        return f"{label} {pass_ms:.3f} ms wall, {dev['host_ops']:.0f} host ops (costliest: {top})"
+    return (f"{label} {pass_ms:.3f} ms wall, {dev['kernel_ms']:.3f} ms in {dev['kernels']:.0f} kernels, idle "
+            f"{pass_ms - dev['kernel_ms']:.3f} (costliest ms: {top})")  # fmt: skip

@@ -159,6 +159,13 @@ def test_batch1_decoded_row(tiny_run):
     assert math.isclose(row["stream_speedup"], 5.4 * row["stream_plain_pass_ms"] / row["stream_spec_pass_ms"])
     assert math.isclose(row["stream_gap_ms"], row["stream_spec_pass_ms"] - r["pass_ms"])
     assert "batch 1, decoded (SpeculativeGenerator, 48 tokens" in out and "host waits for the GPU" in out
+    for name in ("plain", "spec"):  # a pass's device work (torch.profiler; a CPU: host ops, no kernels)
+        dev = row[f"stream_{name}_device"]
+        assert dev["kernel_ms"] is None and dev["kernels"] is None and dev["host_ops"] > 10
+        assert dev["top"] and all(k.startswith("aten::") for k, _ in dev["top"])
+    # (a pass's host ops: the prefill's dropped; EAGLE-3 drafts and verifies, plain only steps)
+    assert row["stream_spec_device"]["host_ops"] > 2 * row["stream_plain_device"]["host_ops"]
+    assert "a decoded pass on the device (torch.profiler; wall - kernels = the device idle" in out
     assert (
         "a decoded pass by phase, ms (draft / verify, accept and commit / the loop's other work): plain "
         in out
