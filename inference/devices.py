@@ -32,6 +32,10 @@ def check_device(name: str, flag: str = "--device") -> torch.device:
     return device
 
 
+DTYPE_CHOICES = ("auto", *DTYPES)  # a command line's --dtype
+DTYPE_HELP = "the target's and the head's weights; auto: float32 on a CPU, else the checkpoint's own dtype"
+
+
 def load_dtype(dtype: str | torch.dtype, device: str | torch.device, saved: object = None) -> torch.dtype:
     """The dtype to load a target in: `dtype` itself (a name in DTYPES or a torch.dtype) or, for "auto",
     float32 on a CPU (its bf16 / fp16 matmuls are slow, and the demo's target is float32) and elsewhere

@@ -33,6 +33,7 @@ import torch
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
 from spechead.inference.compiling import AUTO, check_compile, compile_option, resolve_compile
+from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
 
@@ -47,10 +48,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="the target's and the head's weights; auto: float32 on a CPU, else the checkpoint's own dtype",
-    )  # fmt: skip
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument(
         "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
         help="our engines with compile=BACKEND (auto, the default: graphs on CUDA, off elsewhere; off: eager; plain "

@@ -33,7 +33,7 @@ from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.calibrate import verify_cost_ms
 from spechead.inference.compiling import AUTO, check_compile, compile_option, resolve_compile
-from spechead.inference.devices import check_device
+from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation import (
     DEFINITIONS,
@@ -121,16 +121,14 @@ def parse(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="the target's and the head's weights; auto: float32 on a CPU, else the checkpoint's own dtype",
-    )  # fmt: skip
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument(
         "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
         help="torch.compile our verify pass and draft steps (plain decoding too): auto (the default: graphs on "
-        "CUDA, off elsewhere), off (eager), inductor (plain --compile; CUDA: CUDA graphs of our own), max-autotune (the same, GEMMs autotuned), graphs (no compiler: the "
-        "eager passes as our CUDA graphs, ready in seconds), reduce-overhead (torch.compile's CUDA graphs) or "
-        "a backend name, e.g. cudagraphs. HF baselines stay eager",
+        "CUDA, off elsewhere), off (eager), inductor (plain --compile; CUDA: CUDA graphs of our own), "
+        "max-autotune (the same, GEMMs autotuned), graphs (no compiler: the eager passes as our CUDA graphs, "
+        "ready in seconds), reduce-overhead (torch.compile's CUDA graphs) or a backend name, e.g. cudagraphs. "
+        "HF baselines stay eager",
     )  # fmt: skip
     p.add_argument(
         "--compile-draft", nargs="?", const=True, default=False, type=compile_option, metavar="BACKEND",

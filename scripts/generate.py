@@ -18,7 +18,7 @@ import sys
 import transformers
 
 from spechead.inference.compiling import AUTO, compile_option
-from spechead.inference.devices import check_device
+from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -40,10 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="the target's and the head's weights; auto: float32 on a CPU, else the checkpoint's own dtype",
-    )  # fmt: skip
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument(
         "--compile", nargs="?", const=True, default=AUTO, type=compile_option, metavar="BACKEND",
         help="auto (the default: graphs on CUDA, off elsewhere), off (eager), inductor (plain --compile; CUDA: "
