@@ -24,7 +24,8 @@ def resolve_compile(compile: bool | str, device: torch.device, cache: str | None
     eager, 7.53 ms as "graphs" and 5.40 ms with inductor on an H200 (2026-11-28, bench_gpu.py). "graphs"
     captures the eager passes in seconds where inductor compiles for minutes, so it is the default there.
     A CPU has no launches to save and its eager passes are the fastest verifiers (compile=False).
-    A model whose pass cannot be captured fails in one line naming compile=False (cuda_graphs.py)."""
+    A pass that cannot be captured fails in one line naming compile=False (cuda_graphs.GraphCaptureError);
+    from_pretrained, when "auto" chose the graphs, proves them at load and falls back to eager instead."""
     check_compile(compile)
     if compile != AUTO:
         return compile

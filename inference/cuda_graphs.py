@@ -75,9 +75,9 @@ class GraphCaptureError(RuntimeError):
     def __init__(self, fn: Callable[..., Any], cause: BaseException) -> None:
         name = getattr(fn, "__qualname__", type(fn).__name__)
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        self.what = f"{name} runs but cannot be captured as a CUDA graph ({type(cause).__name__}: {first})"
         super().__init__(
-            f"{name} runs but cannot be captured as a CUDA graph ({type(cause).__name__}: {first}); "
-            "decode this model with compile=False (eager; `--compile off` on the command line)"
+            f"{self.what}; decode this model with compile=False (eager; `--compile off` on the command line)"
         )
 
 

@@ -20,6 +20,7 @@ from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
+from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import load_dtype
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
@@ -189,6 +190,8 @@ def load_generator(
     torch.compile; draft_compile alone: the drafter only, the fastest on a CPU). The default "auto" is
     "graphs" on CUDA (the eager passes captured as CUDA graphs: an 8B step 7.5 ms, against 52 ms eager
     on an H200) and False elsewhere (compiling.resolve_compile); compile=False decodes eagerly anywhere.
+    Graphs that "auto" chose are proven here on a two-token answer: a model whose passes cannot be
+    captured (a host read inside its forward) then decodes eagerly, with a RuntimeWarning saying why.
     draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
     draft depth reads; still lossless), before any calibration, so the tree is measured as it will
     draft. dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
@@ -217,6 +220,7 @@ def load_generator(
         model = merge_head_adapter(model, drafter)
     model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps on .to: typed unbound
     on = next(model.parameters()).device
+    auto = compile == AUTO
     compile = resolve_compile(compile, on, cache or cls.default_cache)
     draft_compile = None if draft_compile is None else resolve_compile(draft_compile, on)
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
@@ -226,18 +230,36 @@ def load_generator(
             raise ValueError(
                 f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
             )
-    calibration = accuracy = None
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
-    if calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree:
+    calibrating = calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree
+    saved = None
+    if calibrating and isinstance(drafter, str):  # (a head directory: its tree.json, if any)
         saved = directory.read_tree(directory.resolve(drafter, revision))
-        timed_as = TimedAs.of(next(model.parameters()).device, compile, draft_compile)
-        built, calibration, accuracy = calibrated_drafter(model, built, saved, timed_as)
-    gen = cls(
-        model, tokenizer, built, cache=cache, max_cache_len=max_cache_len, compile=compile,
-        draft_compile=draft_compile,
-    )  # fmt: skip
-    gen.calibration, gen.tree_accuracy = calibration, accuracy
-    return gen
+
+    def build(compile: bool | str, draft_compile: bool | str | None):
+        """The generator over `built`, its tree calibrated here (when asked) as it will run."""
+        chosen, calibration, accuracy = built, None, None
+        if calibrating:
+            timed_as = TimedAs.of(on, compile, draft_compile)
+            chosen, calibration, accuracy = calibrated_drafter(model, built, saved, timed_as)
+        gen = cls(
+            model, tokenizer, chosen, cache=cache, max_cache_len=max_cache_len, compile=compile,
+            draft_compile=draft_compile,
+        )  # fmt: skip
+        gen.calibration, gen.tree_accuracy = calibration, accuracy
+        return gen
+
+    if not (auto and compile):
+        return build(compile, draft_compile)
+    try:  # graphs that "auto" chose, not the caller: proven on a short answer now, else eager decoding
+        gen = build(compile, draft_compile)
+        gen.generate(input_ids=[0, 1, 2, 3], max_new_tokens=2)
+        return gen
+    except GraphCaptureError as err:
+        warnings.warn(f"compile='auto' decodes eagerly: {err.what}", RuntimeWarning, stacklevel=3)
+        if built is not None:
+            built.use_compile(False)
+        return build(False, draft_compile)  # (None: as compile, eager; a draft_compile given stays)
 
 
 def check_fp8_device(device: torch.device) -> None:

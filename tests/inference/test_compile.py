@@ -9,7 +9,9 @@ from torch._dynamo.utils import counters
 
 from spechead.inference import generator as generator_module
 from spechead.inference import loading as loading_module
+from spechead.inference import runner as runner_module
 from spechead.inference.compiling import compile_option, resolve_compile
+from spechead.inference.cuda_graphs import GraphCaptureError, GraphedFunction
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
@@ -300,3 +302,47 @@ def test_from_pretrained_compiles_by_default_where_auto_says_so(tiny_target_dir,
         == plain.generate(input_ids=prompt, max_new_tokens=16).token_ids
     )
     assert SpeculativeGenerator.from_pretrained(str(tiny_target_dir), cache="dynamic").compile is False
+
+
+class _Uncapturable(GraphedFunction):
+    """A graph whose capture fails as a CUDA capture of a host read does (the call itself runs)."""
+
+    def _record(self, call, device):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+
+def test_auto_falls_back_to_eager_when_its_graphs_cannot_be_captured(tiny_target_dir, tmp_path, monkeypatch):
+    """from_pretrained proves the graphs "auto" chose on a short answer (and calibration times them): when
+    a capture fails it warns once and decodes eagerly, calibrated eagerly; asked for explicitly, the same
+    capture fails in one line (here every graph's capture fails, as on a GPU for a model that reads the host)."""
+    monkeypatch.setattr(loading_module, "resolve_compile", _as_on_cuda)
+    monkeypatch.setattr(generator_module, "resolve_compile", _as_on_cuda)
+    monkeypatch.setattr(
+        runner_module,
+        "compile_function",
+        lambda fn, compile, cuda=False, fullgraph=False, state=None: _Uncapturable(fn, state),
+    )
+    why = r"^compile='auto' decodes eagerly: .* runs but cannot be captured as a CUDA graph \(RuntimeError: CUDA error"
+    with pytest.warns(RuntimeWarning, match=why):
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup")
+    assert gen.compile is False and gen.runner._compiled is None
+    saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
+    with pytest.warns(RuntimeWarning, match=why):
+        headed = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
+    assert headed.compile is False and headed.drafter._compiled is None
+    assert headed.calibration["timed_as"] == {"target": False, "draft": False}
+    with pytest.warns(RuntimeWarning, match=why):  # not calibrated: the head's own drafter was compiled first
+        uncalibrated = SpeculativeGenerator.from_pretrained(
+            str(tiny_target_dir), str(tmp_path / "head"), calibrate=False
+        )
+    assert uncalibrated.drafter._compiled is None
+    plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), compile=False)
+    prompt = list(range(5, 25)) * 2
+    for g in (gen, headed, plain):
+        g.eos = set()
+    ref = plain.generate(input_ids=prompt, max_new_tokens=12).token_ids
+    assert gen.generate(input_ids=prompt, max_new_tokens=12).token_ids == ref
+    assert headed.generate(input_ids=prompt, max_new_tokens=12).token_ids == ref
+    asked = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), compile="graphs")
+    with pytest.raises(GraphCaptureError, match=r"compile=False"):
+        asked.generate(input_ids=prompt, max_new_tokens=4)

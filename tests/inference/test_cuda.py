@@ -249,6 +249,31 @@ def test_from_pretrained_on_cuda_decodes_as_graphs_by_default(tiny_target_dir):
         assert gen.generate(input_ids=prompt, max_new_tokens=24).token_ids == ref
 
 
+def test_auto_falls_back_to_eager_on_cuda(tiny_target_dir, monkeypatch):
+    """A target whose forward reads the host (a hook's `.item()`, as some MoE routers do) cannot be captured:
+    with compile's default, from_pretrained warns and decodes it eagerly, as a plain eager load does."""
+    from transformers import AutoModelForCausalLM
+
+    from spechead.inference import loading
+
+    class Reading:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            model = AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+            model.model.layers[0].register_forward_hook(lambda _m, _a, out: (out[0].sum().item(), None)[1])
+            return model
+
+    monkeypatch.setattr(loading, "AutoModelForCausalLM", Reading)
+    with pytest.warns(RuntimeWarning, match=r"^compile='auto' decodes eagerly: .* cannot be captured"):
+        gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup", device="cuda")
+    eager = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), device="cuda", compile=False)
+    assert gen.compile is False
+    gen.eos = eager.eos = set()
+    prompt = list(range(5, 25)) * 2
+    ref = eager.generate(input_ids=prompt, max_new_tokens=16).token_ids
+    assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == ref
+
+
 def test_from_pretrained_on_cuda_loads_the_checkpoints_dtype_by_default(
     tiny_llama, chatml_tokenizer, tmp_path
 ):
