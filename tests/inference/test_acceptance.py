@@ -8,7 +8,14 @@ import itertools
 import pytest
 import torch
 
-from spechead.inference.acceptance import Acceptance, greedy_accept, sample_accept, typical_accept, walk
+from spechead.inference.acceptance import (
+    Acceptance,
+    greedy_accept,
+    greedy_accept_batch,
+    sample_accept,
+    typical_accept,
+    walk,
+)
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
 from spechead.inference.tree import TokenTree, ancestors_on_device
@@ -65,6 +72,24 @@ def test_greedy_tie_prefers_lowest_index_at_equal_depth():
     assert greedy_accept(tree, one_hot_logits([2, 0, 3, 0])).path == [0, 2, 3]  # deeper wins
 
 
+def test_greedy_accept_batch_takes_each_rows_own_tree():
+    """Rows of one size but different shapes (a chain, a star, a branching tree): each row's path is
+    its own tree's, as greedy_accept finds it alone (not row 0's ancestors of the same node)."""
+    shapes = [[-1, 0, 1, 2, 3], [-1, 0, 0, 0, 0], [-1, 0, 0, 2, 1]]
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        parents = torch.tensor(shapes[trial % 3 :] + shapes[: trial % 3])  # [B, N], row 0 varies
+        logits = torch.randn(3, 5, V, generator=g)  # [B, N, V]
+        best = logits.argmax(-1)  # [B, N]
+        tokens = best.gather(1, parents.clamp(min=0))  # every node its parent's argmax: deep paths
+        tokens[:, 0] = 7
+        tokens[torch.rand(3, 5, generator=g) < 0.25] = V - 1  # some misses (unless it is the argmax)
+        got = greedy_accept_batch(tokens, parents, ancestors_on_device(parents), logits)
+        for b in range(3):
+            want = greedy_accept(TokenTree(tokens[b], parents[b]), logits[b])
+            assert got[b] == want and got[b].path_tokens == want.path_tokens, f"trial {trial}, row {b}"
+
+
 def test_sampling_with_one_hot_target_is_greedy():
     logits = torch.randn(7, V, generator=torch.Generator().manual_seed(1))
     p = target_probs(logits, SamplingParams(temperature=0.0))
@@ -115,6 +140,37 @@ def test_typical_accept_is_lossy_opt_in_and_greedy_at_t0():
     flat[:, 0] = 0.5
     acc = typical_accept(tree, flat, 1.0, generator=make_generator(0))
     assert acc.path[:2] == [0, 1]
+
+
+# Rows of probabilities for typical acceptance (T = 1, logits = log p), V = 8. H = entropy.
+FLAT = [0.16, 0.16, 0.16, 0.16, 0.16, 0.06, 0.07, 0.07]  # 0.3 * exp(-H) = 0.040 < 0.09: threshold 0.040
+PEAKED = [0.85, 0.12] + [0.005] * 6  # 0.3 * exp(-H) = 0.173 > 0.09: threshold clamped to 0.09
+
+
+def test_typical_accept_thresholds_a_child_at_its_parent_clamped_at_posterior_threshold():
+    """A child is judged by its PARENT's row and threshold min(posterior_threshold, alpha * exp(-H))."""
+    chain = TokenTree(torch.tensor([0, 5]), torch.tensor([-1, 0]))
+    # token 5 has p = 0.06 at the flat root (threshold 0.040): accepted, although 0.06 is below the
+    # threshold of the child's own (peaked) row, 0.09
+    logits = torch.tensor([FLAT, PEAKED]).log()
+    assert typical_accept(chain, logits, 1.0, generator=make_generator(0)).path == [0, 1]
+    # token 1 has p = 0.12 at a peaked root: above the clamped 0.09, below the unclamped 0.173
+    chain = TokenTree(torch.tensor([0, 1]), torch.tensor([-1, 0]))
+    logits = torch.tensor([PEAKED, FLAT]).log()
+    assert typical_accept(chain, logits, 1.0, generator=make_generator(0)).path == [0, 1]
+    # and a child below its parent's threshold is rejected (token 2: p = 0.005 < 0.09)
+    chain = TokenTree(torch.tensor([0, 2]), torch.tensor([-1, 0]))
+    assert typical_accept(chain, logits, 1.0, generator=make_generator(0)).path == [0]
+
+
+def test_typical_accept_breaks_depth_ties_by_the_paths_log_probability():
+    """Two accepted paths of equal depth: the one of higher sum of log pi wins, not the lower index."""
+    tree = TokenTree(torch.tensor([0, 1, 0]), torch.tensor([-1, 0, 0]))  # node 1: p 0.12, node 2: p 0.85
+    logits = torch.tensor([PEAKED, FLAT, FLAT]).log()
+    assert typical_accept(tree, logits, 1.0, generator=make_generator(0)).path == [0, 2]
+    # equal scores too: the lowest index
+    tree = TokenTree(torch.tensor([0, 0, 0]), torch.tensor([-1, 0, 0]))
+    assert typical_accept(tree, logits, 1.0, generator=make_generator(0)).path == [0, 1]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from spechead.inference import batch_decode
-from spechead.inference.acceptance import greedy_accept_batch
+from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
 from spechead.inference.batch_graphs import CompiledBatchRunner
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
-from spechead.inference.tree import ancestors_on_device, tree_from_choices
+from spechead.inference.tree import TokenTree, ancestors_on_device, tree_from_choices
 
 from .test_batch import MAX_NEW, PROMPTS
 from .test_batch_drafters import build, fitted_medusa
@@ -62,6 +62,25 @@ def test_the_queued_rows_acceptance_is_the_host_rules():
         sampled = QueuedAcceptance.sampled(tokens, parents, anc, probs, gens, 16, sizes).result()
         gens = [torch.Generator().manual_seed(seed + b) for b in range(3)]
         assert sampled == sample_accept_batch(tokens, parents, anc, probs, gens, sizes)
+
+
+def test_the_queued_greedy_rule_takes_each_rows_own_tree():
+    """Rows of one size but different shapes (a chain, a star, a branching tree: dynamic trees differ
+    row by row): each row's queued path, length and next token are its own tree's greedy_accept's."""
+    shapes = [[-1, 0, 1, 2, 3], [-1, 0, 0, 0, 0], [-1, 0, 0, 2, 1]]
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        parents = torch.tensor(shapes[trial % 3 :] + shapes[: trial % 3])  # [B, N], row 0 varies
+        logits = torch.randn(3, 5, 6, generator=gen)  # [B, N, V]
+        tokens = logits.argmax(-1).gather(1, parents.clamp(min=0))  # each node its parent's argmax
+        tokens[:, 0] = 1
+        tokens[torch.rand(3, 5, generator=gen) < 0.25] = 5  # some misses (unless it is the argmax)
+        queued = QueuedAcceptance.greedy(tokens, parents, ancestors_on_device(parents), logits, size=8)
+        got = queued.result()
+        for b in range(3):
+            want = greedy_accept(TokenTree(tokens[b], parents[b]), logits[b])
+            assert got[b] == want and got[b].path_tokens == want.path_tokens, f"trial {trial}, row {b}"
+            assert queued.path[b].tolist() == want.path + [want.path[-1]] * (8 - len(want.path))
 
 
 def queued_and_host(model, kind: str):

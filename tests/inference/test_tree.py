@@ -141,3 +141,11 @@ def test_select_best_closes_ancestors_within_budget() -> None:
     assert select_best(parents, scores, 2) == [0, 3, 4]
     assert select_best(parents, scores, 3) == [0, 1, 3, 4]  # node 2 needs 1 too: does not fit
     assert select_best(parents, scores, 4) == [0, 1, 2, 3, 4]
+
+
+def test_select_best_breaks_score_ties_by_the_lower_id() -> None:
+    parents = [-1, 0, 0, 0, 2]
+    scores = [0.0, -1.0, -1.0, -1.0, -1.0]  # every node tied
+    assert select_best(parents, scores, 1) == [0, 1]
+    assert select_best(parents, scores, 2) == [0, 1, 2]
+    assert select_best(parents, scores, 3) == [0, 1, 2, 3]

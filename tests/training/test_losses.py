@@ -76,6 +76,15 @@ def test_shifted_targets_and_bad_arguments() -> None:
         medusa_loss([torch.zeros(2, 7, V)], INPUT_IDS, LOSS_MASK, [1.0])
 
 
+def test_shifted_targets_of_logits_shorter_than_the_inputs() -> None:
+    """Logits over the first 3 of 6 positions: all 3 targets exist (t + 2 <= 4 < 6), the last included."""
+    targets, valid = shifted_targets(INPUT_IDS, LOSS_MASK, offset=2, seq_len=3)
+    assert targets.tolist() == [[3, 0, 1], [0, 2, 0]]
+    assert valid.tolist() == [[True, True, True], [True, True, False]]
+    targets, valid = shifted_targets(INPUT_IDS, LOSS_MASK, offset=4, seq_len=2)  # exactly the last two
+    assert targets.tolist() == [[1, 2], [0, 0]] and valid.tolist() == [[True, False], [False, False]]
+
+
 def test_medusa_weights_decay() -> None:
     assert medusa_weights(3) == pytest.approx([1.0, 0.8, 0.64])
     assert medusa_weights(2, decay=0.5) == [1.0, 0.5]
