@@ -66,6 +66,22 @@ def test_keep_positions_errors():
         keep_positions(DynamicCache(config=cfg), 0, [0])
 
 
+def test_a_past_len_beyond_a_layer_and_a_full_slot_cache_are_refused_at_the_boundary():
+    """One position past what a layer holds is refused (not silently cropped to nothing), and a slot cache
+    refuses the first write past max_length in one line (not a copy error), the last one that fits passes."""
+    with pytest.raises(ValueError, match=r"holds 9 positions < past_len=10"):
+        keep_positions(filled_cache(), PAST + N + 1, [])
+    keep_positions(filled_cache(), PAST + N, [])  # (exactly what it holds: a no-op crop)
+    cache = SlotCache(1, 4)
+    layer = cache.layers[0]
+    layer.update(torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))
+    cache.set_length(3)
+    with pytest.raises(ValueError, match=r"^preallocated KV cache full: 3 \+ 2 positions > max_length 4$"):
+        layer.update(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
+    keys, _ = layer.update(torch.full((1, 1, 1, 2), 5.0), torch.ones(1, 1, 1, 2))  # 3 + 1 = 4: fits
+    assert keys.shape[-2] == 4 and keys[0, 0, 3, 0] == 5.0
+
+
 def test_empty_cache_length():
     assert cache_length(DynamicCache()) == 0
 

@@ -27,6 +27,18 @@ def test_eagle_loss_known_values_and_masking() -> None:
     assert torch.isfinite(pred_f.grad).all() and pred_f.grad[0, 2].abs().sum() == 0
 
 
+def test_eagle_loss_sends_no_gradient_to_the_targets_side() -> None:
+    """The target's features and logits are labels: a target tensor that requires grad gets none (the
+    frozen target must not be trained through the head's loss), the prediction's side does."""
+    g = torch.Generator().manual_seed(0)
+    pred_f, target_f = (torch.randn(1, 3, 4, generator=g, requires_grad=True) for _ in range(2))
+    pred_logits, target_logits = (torch.randn(1, 3, 6, generator=g, requires_grad=True) for _ in range(2))
+    loss, _ = eagle_loss(pred_f, target_f, pred_logits, target_logits, torch.ones(1, 3, dtype=torch.bool))
+    loss.backward()
+    assert target_f.grad is None and target_logits.grad is None
+    assert pred_f.grad.abs().sum() > 0 and pred_logits.grad.abs().sum() > 0
+
+
 def test_eagle_loss_soft_ce_prefers_the_target_distribution() -> None:
     target_logits = torch.tensor([[[2.0, 1.0, 0.0]]])
     features = torch.zeros(1, 1, 2)
