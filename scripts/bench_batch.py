@@ -63,9 +63,13 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed SEED + i")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
     args = p.parse_args(argv)
-    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA)
+    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA), for the settings
+    # that depend on it; compile_given goes to from_pretrained (auto: proven there, eager if not capturable)
     try:
-        args.compile = resolve_compile(args.compile, torch.device(args.device))
+        args.compile_given, args.compile = (
+            args.compile,
+            resolve_compile(args.compile, torch.device(args.device)),
+        )
         check_compile(args.compile_draft, "--compile-draft")
     except ValueError as err:
         p.error(str(err))
@@ -147,23 +151,23 @@ def main(argv=None) -> int:
                 drafter_options(spec) if spec else (None, {})
             )  # HEAD@key=value,... as benchmark.py
             gen = SpeculativeGenerator.from_pretrained(
-                target, path, device=args.device, dtype=args.dtype, compile=args.compile,
+                target, path, device=args.device, dtype=args.dtype, compile=args.compile_given,
                 draft_compile=args.compile_draft or None, **options,
             )  # fmt: skip
         except ValueError as err:  # a bad drafter spec or option: one line, exit 2
             print(f"bench_batch.py: error: --drafter {name}={spec}: {err}", file=sys.stderr)
             return 2
         # the same target (e.g. with a Medusa-2 adapter merged)
-        plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)
+        plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=gen.compile)
         gen.generate_batch(messages=chats[:2], max_new_tokens=8)  # warm-up
         plain.generate_batch(messages=chats[:2], max_new_tokens=8)
         for batch in args.batch_size:
-            compiled = args.compile or args.compile_draft
+            compiled = gen.compile or args.compile_draft
             warm = args.max_new_tokens if compiled else 8  # compiled: every shape captured untimed
             gen.generate_batch(
                 messages=chats[:batch], max_new_tokens=warm
             )  # picks this size's tree (untimed)
-            if args.compile:
+            if gen.compile:
                 plain.generate_batch(messages=chats[:batch], max_new_tokens=warm)
             engines = [plain] if path is None else [plain, gen]
             runs = run_engines(engines, chats, batch, args.max_new_tokens, args)

@@ -33,6 +33,7 @@ from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.calibrate import verify_cost_ms
 from spechead.inference.compiling import AUTO, check_compile, compile_option, resolve_compile
+from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation import (
@@ -137,9 +138,13 @@ def parse(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
     args = p.parse_args(argv)
-    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA)
+    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA), for the settings
+    # that depend on it; compile_given goes to from_pretrained (auto: proven there, eager if not capturable)
     try:
-        args.compile = resolve_compile(args.compile, torch.device(args.device))
+        args.compile_given, args.compile = (
+            args.compile,
+            resolve_compile(args.compile, torch.device(args.device)),
+        )
         check_compile(args.compile_draft, "--compile-draft")
     except ValueError as err:
         p.error(str(err))
@@ -156,10 +161,10 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
     """One drafter: `args.repeats` runs, each against a plain decoding run of the same loaded target."""
     path, options = drafter_options(spec)
     gen = SpeculativeGenerator.from_pretrained(
-        args.target, path, device=args.device, dtype=args.dtype, compile=args.compile,
+        args.target, path, device=args.device, dtype=args.dtype, compile=args.compile_given,
         draft_compile=args.compile_draft or None, **options,
     )  # fmt: skip
-    plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=args.compile)  # Medusa-2: merged
+    plain = SpeculativeGenerator(gen.target, gen.tokenizer, None, compile=gen.compile)  # Medusa-2: merged
     for warm in (gen, plain):  # both: with --compile each has its own graphs to compile before timing
         decode_prompts(warm, prompts[: args.warmup], warmup_settings(args))
     runs, plains = [], []
@@ -348,8 +353,9 @@ def main(argv=None) -> int:
         settings = DecodeSettings(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)
         prompts = load_prompt_set(args.prompt_set, args.prompts)
         plain = SpeculativeGenerator.from_pretrained(
-            args.target, None, device=args.device, dtype=args.dtype, compile=args.compile
+            args.target, None, device=args.device, dtype=args.dtype, compile=args.compile_given
         )
+        args.compile = plain.compile  # (auto: as resolved, eager where the graphs could not be captured)
         args.dtype = str(plain.target.dtype).removeprefix("torch.")  # (auto: what it resolved to)
         decode_prompts(plain, prompts[: args.warmup], warmup_settings(args))
         base = decode_prompts(plain, prompts, settings, desc="plain")
@@ -361,7 +367,7 @@ def main(argv=None) -> int:
         for name, spec in specs.items():
             try:
                 rows.append(measure(name, spec, args, prompts, settings))
-            except (ValueError, OSError) as err:
+            except (ValueError, OSError, GraphCaptureError) as err:  # (the last: compile= asked for graphs)
                 print(f"error: drafter {name}={spec}: {str(err).splitlines()[0]}", file=sys.stderr)
                 return 2
             write(args, prompts, base, rows, hf_rows, costs)  # partial results survive an interrupt

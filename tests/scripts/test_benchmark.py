@@ -163,6 +163,7 @@ def test_compile_defaults_to_auto_resolved_for_the_device(script, name, capsys):
     plain decoding beside it); off is eager, a bare flag inductor, a backend name as written."""
     parse = script(name).parse
     assert parse([]).compile is False and parse(["--compile", "off"]).compile is False
+    assert parse([]).compile_given == "auto"  # (what from_pretrained gets: it proves graphs it chose)
     assert parse(["--compile"]).compile is True and parse(["--compile", "graphs"]).compile == "graphs"
     with pytest.raises(SystemExit):  # argparse's one line: "--compile-draft='x' is not a compile mode ..."
         parse(["--compile-draft", "x"])
