@@ -46,6 +46,15 @@ def check_compile(compile: bool | str | None, name: str = "compile") -> None:
         )
 
 
+def resolve_compile_args(args) -> None:
+    """A command line's parsed --compile / --compile-draft (on an argparse Namespace with --device): both
+    checked (ValueError), `args.compile_given` the value as given (for from_pretrained, which proves the
+    graphs "auto" chose), `args.compile` resolved for the device (for what depends on it: warm-ups, notes)."""
+    args.compile_given = args.compile
+    args.compile = resolve_compile(args.compile, torch.device(args.device))
+    check_compile(args.compile_draft, "--compile-draft")
+
+
 def compile_option(text: str) -> bool | str:
     """A command line's --compile value: "off" (or "false", "none") is False, "on" / "true" True (inductor),
     anything else as written ("auto", "graphs", a backend name)."""

@@ -28,11 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
-from spechead.inference.compiling import AUTO, check_compile, compile_option, resolve_compile
+from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
@@ -63,14 +61,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed SEED + i")
     p.add_argument("--out", type=Path, default=Path("outputs/bench_batch"))
     args = p.parse_args(argv)
-    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA), for the settings
-    # that depend on it; compile_given goes to from_pretrained (auto: proven there, eager if not capturable)
-    try:
-        args.compile_given, args.compile = (
-            args.compile,
-            resolve_compile(args.compile, torch.device(args.device)),
-        )
-        check_compile(args.compile_draft, "--compile-draft")
+    try:  # (compile_given goes to from_pretrained; compile, resolved for --device, to what depends on it)
+        resolve_compile_args(args)
     except ValueError as err:
         p.error(str(err))
     if args.temperature < 0 or not 0 < args.top_p <= 1:

@@ -32,7 +32,7 @@ from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.inference.calibrate import verify_cost_ms
-from spechead.inference.compiling import AUTO, check_compile, compile_option, resolve_compile
+from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
@@ -138,14 +138,8 @@ def parse(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("outputs/benchmark"))
     args = p.parse_args(argv)
-    # auto: what from_pretrained does on this device (False on a CPU, "graphs" on CUDA), for the settings
-    # that depend on it; compile_given goes to from_pretrained (auto: proven there, eager if not capturable)
-    try:
-        args.compile_given, args.compile = (
-            args.compile,
-            resolve_compile(args.compile, torch.device(args.device)),
-        )
-        check_compile(args.compile_draft, "--compile-draft")
+    try:  # (compile_given goes to from_pretrained; compile, resolved for --device, to what depends on it)
+        resolve_compile_args(args)
     except ValueError as err:
         p.error(str(err))
     if args.prompts < 1 or args.repeats < 1 or args.max_new_tokens < 1 or args.warmup < 0:
