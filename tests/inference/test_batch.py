@@ -117,8 +117,11 @@ def test_sampling_rows_accepted_on_the_device_equal_their_batch1_draws(setup, ki
     seeds, kw = [11, 12, 13, 14], {"temperature": 0.9, "top_k": 20}
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, seed=seeds, **kw)
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
-        single = gen.generate(input_ids=prompt, max_new_tokens=n, seed=seeds[b], **kw).token_ids
-        assert batch[b].token_ids == single, (kind, b)
+        single = gen.generate(input_ids=prompt, max_new_tokens=n, seed=seeds[b], **kw)
+        assert batch[b].token_ids == single.token_ids, (kind, b)
+        # each row's own passes: its accept lengths, and the drafts of ITS tree (sizes differ by row)
+        assert batch[b].stats.accept_lengths == single.stats.accept_lengths, (kind, b)
+        assert batch[b].stats.drafted_tokens == single.stats.drafted_tokens, (kind, b)
     if kind == "prompt_lookup":
         assert any(len(set(s)) > 1 for s in sizes)  # some pass padded a row's tree
 
