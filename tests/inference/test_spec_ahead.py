@@ -191,6 +191,28 @@ def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(
     assert len(queued) == passes > 0  # every pass committed from the device
 
 
+@pytest.mark.parametrize("kind", [*TREES, "medusa"])
+def test_trees_cut_at_a_fixed_caches_end_count_and_commit_as_the_loop_that_reads_first(
+    model, chatml_tokenizer, kind
+):
+    """A fixed cache of exactly prompt + max_new_tokens: the last passes' trees are cut to the room left
+    (the first nodes, lossless); ahead, the cut tree is what is counted as drafted and committed."""
+    prompt, n = list(range(7, 19)), 20
+    gens = [
+        SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile="graphs",
+                             max_cache_len=len(prompt) + n)
+        for _ in range(2)
+    ]  # fmt: skip
+    ahead, first = gens
+    for g in gens:
+        g.device_accept = True
+    ahead.spec_ahead = True
+    out, ref = (g.generate(input_ids=prompt, max_new_tokens=n) for g in gens)
+    assert out.token_ids == ref.token_ids == plain_greedy(model, prompt, n), kind
+    assert out.stats.accept_lengths == ref.stats.accept_lengths
+    assert out.stats.drafted_tokens == ref.stats.drafted_tokens
+
+
 @pytest.mark.parametrize("kind", ["eagle_static", "eagle_dynamic", "medusa"])
 def test_sampling_ahead_draws_what_the_loop_that_reads_first_draws(model, chatml_tokenizer, kind):
     ahead, first = (
