@@ -1,0 +1,113 @@
+"""batch_decode.py: each row of a batch decodes from its own data (its tree's size, its sampling
+transform, its accepted tokens when other rows leave), as that row alone would."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.medusa import MedusaBatchDrafter
+from spechead.inference.drafters.row_loop import RowLoopDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams
+
+from .test_batch import PROMPTS
+from .test_batch_drafters import fitted_medusa
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama, chatml_tokenizer):
+    """test_batch_drafters.py's target (its fitted Medusa heads are fitted to it)."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
+    """Rows that sample, accepted row by row on the host, with trees of different sizes (row 0's the
+    smallest): each row's acceptance reads its own N_b nodes' logits and draws from its own generator,
+    exactly batch-1 `sample_accept` of that row's tree (a row read with another row's size fails)."""
+    from spechead.inference.acceptance import sample_accept
+    from spechead.inference.batch_decode import _Row, accept_rows
+    from spechead.inference.tree import TokenTree, ancestors_on_device
+
+    g = torch.Generator().manual_seed(1)
+    batch, n, vocab = 3, 6, 8
+    sizes = [2, 6, 4]
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2]]).repeat(batch, 1)
+    tokens = torch.randint(0, vocab, (batch, n), generator=g)
+    for b, size in enumerate(sizes):  # padding: copies of the root hanging from it
+        tokens[b, size:], parents[b, size:] = tokens[b, 0], 0
+    logits = torch.randn(batch, n, vocab, generator=g)
+    logits.scatter_add_(2, tokens[..., None].roll(-1, 1), torch.full((batch, n, 1), 3.0))  # drafts likely
+    draft = BatchDraft(tokens, parents, sizes)
+    params = [SamplingParams(temperature=0.9, seed=s) for s in (3, 4, 5)]
+    for seed in range(5):
+        rows = [_Row(b, torch.tensor([1]), 9, p, torch.Generator().manual_seed(seed * 10 + b), None)
+                for b, p in enumerate(params)]  # fmt: skip
+        accs = accept_rows(draft, logits, ancestors_on_device(parents), rows, on_device=False)
+        for b, size in enumerate(sizes):
+            tree = TokenTree(tokens[b, :size], parents[b, :size])
+            probs = torch.softmax(logits[b, :size] / 0.9, dim=-1)
+            single = sample_accept(
+                tree, probs, "deterministic", None, torch.Generator().manual_seed(seed * 10 + b)
+            )
+            assert accs[b].path == single.path and accs[b].next_token == single.next_token, (seed, b)
+
+
+def test_rows_of_different_temperatures_each_get_their_own_probs():
+    """The batched target probs of rows that sample with different transforms (temperature, top-k):
+    each row's are its own `torch_probs`, not the first row's transform applied to every row."""
+    from spechead.inference.batch_decode import _probs
+    from spechead.inference.sampling import torch_probs
+
+    logits = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(2))
+    params = [SamplingParams(temperature=0.5), SamplingParams(temperature=1.5, top_k=4), SamplingParams()]
+    every = _probs(logits, params)
+    for b, p in enumerate(params):
+        torch.testing.assert_close(every[b], torch_probs(logits[b], p))
+    shared = _probs(logits, [SamplingParams(temperature=0.7, seed=s) for s in range(3)])  # seeds aside
+    torch.testing.assert_close(shared, torch_probs(logits, SamplingParams(temperature=0.7)))
+
+
+@pytest.mark.parametrize("kind", ["medusa_fitted", "prompt_lookup"])
+def test_rows_leaving_the_batch_hand_the_drafter_their_own_accepted_tokens(
+    model, chatml_tokenizer, monkeypatch, kind
+):
+    """Rows stop at different passes, a middle one first, while the others go on (accepting paths of
+    different lengths): every accept the batch drafter hears gives row b ITS accepted tokens and length (root
+    first), so that each row's accepted blocks, joined, are its output; a reindexing that keeps the
+    first B' rows' tokens or lengths instead fails."""
+    from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+
+    if kind == "prompt_lookup":  # per-row clones (the default batch drafter); K varies by row
+        drafter, cls = PromptLookupDrafter(num_draft=3, max_ngram=1), RowLoopDrafter
+    else:
+        drafter, cls = fitted_medusa(model, PROMPTS), MedusaBatchDrafter
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
+    gen.eos = set()
+    heard: dict[int, list[int]] = {b: [] for b in range(len(PROMPTS))}
+    order = list(range(len(PROMPTS)))  # the batch's rows as indices into PROMPTS
+    accept, keep = cls.accept, cls.keep
+
+    def spy_keep(self, rows):
+        order[:] = [order[i] for i in rows]
+        keep(self, rows)
+
+    def spy_accept(self, tokens, lengths, hidden, next_roots):
+        assert len(lengths) == len(order) == tokens.shape[0]
+        for b, (row, k) in enumerate(zip(tokens.tolist(), lengths)):
+            heard[order[b]].extend(row[:k])
+        accept(self, tokens, lengths, hidden, next_roots)
+
+    monkeypatch.setattr(cls, "accept", spy_accept)
+    monkeypatch.setattr(cls, "keep", spy_keep)
+    max_new = [9, 20, 6, 16]  # rows leave at different passes, a middle one first
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=max_new)
+    assert len(order) < len(PROMPTS)  # rows left
+    for b in range(len(PROMPTS)):
+        out = batch[b].token_ids
+        assert heard[b] == out[: len(heard[b])], (kind, b)
+        assert heard[b], (kind, b)
+    assert any(len(heard[b]) > len(batch[b].stats.accept_lengths) for b in range(1, 4))  # paths of K > 1
