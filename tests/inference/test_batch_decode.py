@@ -13,15 +13,7 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
 from .test_batch import PROMPTS
-from .test_batch_drafters import fitted_medusa
-
-
-@pytest.fixture(scope="module")
-def model(tiny_llama, chatml_tokenizer):
-    """test_batch_drafters.py's target (its fitted Medusa heads are fitted to it)."""
-    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
-    model.generation_config.eos_token_id = None
-    return model
+from .test_batch_drafters import fitted_medusa, model  # noqa: F401  (model: the fixture fitted_medusa fits)
 
 
 def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
@@ -73,7 +65,10 @@ def test_rows_of_different_temperatures_each_get_their_own_probs():
 
 @pytest.mark.parametrize("kind", ["medusa_fitted", "prompt_lookup"])
 def test_rows_leaving_the_batch_hand_the_drafter_their_own_accepted_tokens(
-    model, chatml_tokenizer, monkeypatch, kind
+    model,  # noqa: F811  (the fixture)
+    chatml_tokenizer,
+    monkeypatch,
+    kind,
 ):
     """Rows stop at different passes, a middle one first, while the others go on (accepting paths of
     different lengths): every accept the batch drafter hears gives row b ITS accepted tokens and length (root
