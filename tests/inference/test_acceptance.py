@@ -173,6 +173,17 @@ def test_typical_accept_breaks_depth_ties_by_the_paths_log_probability():
     assert typical_accept(tree, logits, 1.0, generator=make_generator(0)).path == [0, 1]
 
 
+def test_typical_accept_always_keeps_the_argmax_even_above_every_probability():
+    """At posterior_alpha >= 1 the threshold can exceed every probability of the last node's row (a flat
+    row: alpha * exp(-H) = alpha / V): the next token is then the argmax, never a draw from nothing."""
+    root = TokenTree(torch.tensor([0]), torch.tensor([-1]))
+    row = torch.full((1, V), 0.12)
+    row[0, 3] = 0.16  # p 0.16 at token 3, 0.12 elsewhere: threshold min(0.9, 4 * exp(-H)) ~ 0.50
+    for seed in range(8):
+        acc = typical_accept(root, row.log(), 1.0, 0.9, 4.0, generator=make_generator(seed))
+        assert acc.path == [0] and acc.next_token == 3
+
+
 # ---------------------------------------------------------------------------------------------------
 # Statistical losslessness. A toy "target" is a fixed table of next-token distributions P[context]
 # (V_S = 4, contexts of length 0..2) and a toy "drafter" a different table Q[context]. Every trial
