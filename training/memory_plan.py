@@ -102,7 +102,8 @@ def plan(
     sh: Shapes, *, processes: int, stage: int, deepspeed_mixed: bool, batch_size: int, seq_len: int
 ) -> MemoryPlan:
     """Per-process bytes for `sh` on `processes` processes at ZeRO `stage` (0 = DDP or one process)."""
-    shard = processes if stage >= 2 else 1
+    # ZeRO-1 partitions the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the weights as well
+    states_shard, grads_shard = (processes if stage >= 1 else 1), (processes if stage >= 2 else 1)
     target = sh.target_bytes / processes + sh.target_replica_bytes if stage == 3 else sh.target_bytes
     optimizer_per_param = 8 + (4 if deepspeed_mixed else 0)
     tokens = batch_size * seq_len
@@ -119,8 +120,8 @@ def plan(
         stage=stage,
         target_weights=target,
         head_weights=sh.head_bytes,
-        gradients=sh.head_bytes / shard,
-        optimizer=sh.head_params * optimizer_per_param / shard,
+        gradients=sh.head_bytes / grads_shard,
+        optimizer=sh.head_params * optimizer_per_param / states_shard,
         target_activations=target_act * sh.target_element,
         head_activations=head_act,
         shapes=sh,

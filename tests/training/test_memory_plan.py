@@ -75,6 +75,15 @@ def test_zero_stages_shard_per_process(tiny_run):
     assert "ZeRO-3" in zero3.summary()
 
 
+def test_zero1_shards_the_optimizer_states_not_the_gradients(tiny_run):
+    """ZeRO-1 partitions the optimizer states (fp32 masters + m + v) over the processes; only ZeRO-2 and
+    -3 partition gradients: under ZeRO-1 each process holds all of them."""
+    target, objective = tiny_run
+    p = from_run(target, objective, processes=4, stage=1, mixed_precision="bf16", batch_size=1, seq_len=8)
+    assert p.gradients == 2 * medusa_params(2)  # DeepSpeed bf16: 16-bit gradients, not / 4
+    assert p.optimizer == 12 * medusa_params(2) / 4
+
+
 def test_trained_target_keeps_every_layer_and_logits():
     sh = Shapes(
         target_params=0, target_bytes=0, target_replica_bytes=0, head_params=0, head_bytes=0,
