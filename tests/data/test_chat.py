@@ -173,3 +173,92 @@ def test_empty_dataset_error_unless_allowed(chatml_tokenizer):
 def test_stats_add():
     a = TokenizeStats(total=3, kept=2, truncated=1, dropped=1, empty=0)
     assert a + a == TokenizeStats(total=6, kept=4, truncated=2, dropped=2, empty=0)
+
+
+def test_answer_starting_with_a_one_character_token_is_masked_from_its_first_character(tok, tok_name):
+    """The span starts at the answer's first character: a first token one character long is trained."""
+    messages = conv(("user", "hello"), ("assistant", "A fox."))
+    out = tokenize_conversation(messages, tok, max_length=1000)
+    assert masked_runs(tok, out["input_ids"], out["loss_mask"]) == ["A fox." + END_OF_TURN[tok_name]]
+
+
+def test_token_straddling_the_generation_prompt_and_the_answer_is_masked(chatml_tokenizer):
+    """A template whose generation prompt ends in a space (Llama-2's "[/INST] "): the byte-level token
+    " The" starts in the prompt but is the answer's first token, so it is trained; the ids stay those of
+    the template's own tokenization."""
+    tok = copy.deepcopy(chatml_tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    out = tokenize_conversation(CONVERSATION[1:3], tok, max_length=1000)
+    ids, mask = out["input_ids"], out["loss_mask"]
+    assert ids == tok.apply_chat_template(CONVERSATION[1:3], tokenize=True, return_dict=False)
+    assert masked_runs(tok, ids, mask) == [" The capital of France is Paris.\n"]
+
+
+def test_zero_width_offsets_inside_an_answer_are_masked(chatml_tokenizer):
+    """GPT-2-style trimmed offsets give whitespace-only tokens zero-width offsets: inside an answer they
+    are still trained (the mask equals the one with untrimmed offsets)."""
+    from tokenizers import processors
+
+    tok = copy.deepcopy(chatml_tokenizer)
+    tok.backend_tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)
+    messages = conv(("user", "hello"), ("assistant", "Paris  is   big."))
+    enc = tok(tok.apply_chat_template(messages, tokenize=False), return_offsets_mapping=True)
+    assert any(a == b for a, b in enc["offset_mapping"])  # the case under test occurs
+    out = tokenize_conversation(messages, tok, max_length=1000)
+    assert out == tokenize_conversation(messages, chatml_tokenizer, max_length=1000)
+    assert masked_runs(tok, out["input_ids"], out["loss_mask"]) == ["Paris  is   big.<|im_end|>\n"]
+
+
+def test_tokenizer_that_adds_bos_does_not_add_a_second_one(chatml_tokenizer):
+    """The template already writes BOS: a tokenizer whose post-processor adds BOS (Llama-3's) must not
+    add another one, so the ids are exactly the template's own tokenization."""
+    from tokenizers import processors
+
+    tok = copy.deepcopy(chatml_tokenizer)
+    bos = tok.bos_token_id
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", bos)]
+    )
+    assert tok("hello")["input_ids"][0] == bos  # the tokenizer does add BOS by default
+    ids = tokenize_conversation(CONVERSATION, tok, max_length=1000)["input_ids"]
+    assert ids.count(bos) == 1
+    assert ids == tok.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False)
+
+
+def test_tokenizer_without_offsets_masks_the_assistant_turns():
+    """A Python (non-fast) tokenizer has no offset mapping: each span is encoded on its own and the
+    mask is still exactly the assistant turns (ByT5: one token per byte, no files needed)."""
+    from transformers import ByT5Tokenizer
+
+    tok = ByT5Tokenizer()
+    assert not tok.is_fast
+    tok.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    out = tokenize_conversation(CONVERSATION, tok, max_length=1000)
+    ids, mask = out["input_ids"], out["loss_mask"]
+    assert masked_runs(tok, ids, mask) == ["The capital of France is Paris.</s>", "12 plus 30 is 42.</s>"]
+    assert ids == tok.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False)
+
+
+def test_conversation_exactly_max_length_long_is_not_truncated(chatml_tokenizer):
+    """`truncated` counts conversations longer than max_length; one exactly that long is kept whole."""
+    messages = conv(("user", "hello"), ("assistant", "Paris."))
+    n = tokenize_conversation(messages, chatml_tokenizer, 1000)["num_tokens_before_truncation"]
+    ds = datasets.Dataset.from_dict({"messages": [messages]})
+    out, stats = tokenize_dataset(ds, chatml_tokenizer, max_length=n)
+    assert stats == TokenizeStats(total=1, kept=1, truncated=0, dropped=0, empty=0)
+    assert len(out[0]["input_ids"]) == n
+    _, stats = tokenize_dataset(ds, chatml_tokenizer, max_length=n - 1)
+    assert stats.truncated == 1
+
+
+def test_max_length_below_one_is_refused(chatml_tokenizer):
+    """max_length=0 is a setting error, not "every example lost its assistant tokens"."""
+    ds = datasets.Dataset.from_dict({"messages": [CONVERSATION]})
+    with pytest.raises(DataError, match="max_length=0 must be positive"):
+        tokenize_dataset(ds, chatml_tokenizer, max_length=0)

@@ -28,6 +28,8 @@ def test_pad_to_multiple_of_and_pad_id():
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
     assert batch["loss_mask"].tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
     assert Collator(pad_token_id=9, pad_to_multiple_of=4)([FEATURES[1]] * 2)["input_ids"].shape == (2, 4)
+    # already a multiple: no extra padding
+    assert Collator(pad_token_id=9, pad_to_multiple_of=3)(FEATURES)["input_ids"].shape == (2, 3)
 
 
 def test_accepts_tensors_and_ignores_extra_keys():

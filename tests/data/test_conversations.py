@@ -97,6 +97,27 @@ def test_conversations_column_with_role_content_keys_is_detected(tmp_path):
     assert ds[0]["messages"] == MESSAGES
 
 
+def test_role_map_overrides_a_built_in_alias(tmp_path):
+    """data.role_map wins over the built-in aliases (e.g. a template without a system role)."""
+    ds = load(write_jsonl(tmp_path / "s.jsonl", [{"messages": MESSAGES}]), role_map={"System": "user"})
+    assert [m["role"] for m in ds[0]["messages"]] == ["user", "user", "assistant"]
+
+
+def test_messages_column_is_preferred_over_conversations(tmp_path):
+    """With both columns present, the turns come from `messages`."""
+    other = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    ds = load(write_jsonl(tmp_path / "b.jsonl", [{"conversations": other, "messages": MESSAGES}]))
+    assert ds[0]["messages"] == MESSAGES
+
+
+def test_undetected_format_falls_back_on_the_column_name(tmp_path):
+    """Turns matching neither format fully: a `conversations` column reads as ShareGPT, so only the
+    setting that differs needs to be given (here content_field; roles stay under `from`)."""
+    turns = [{"from": "human", "text": "hi"}, {"from": "gpt", "text": "hello"}]
+    ds = load(write_jsonl(tmp_path / "f.jsonl", [{"conversations": turns}]), content_field="text")
+    assert ds[0]["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+
+
 def test_max_examples_keeps_the_first_rows(tmp_path):
     rows = [{"messages": [{"role": "user", "content": str(i)}]} for i in range(10)]
     ds = load(write_jsonl(tmp_path / "m.jsonl", rows), max_examples=4, num_proc=2)

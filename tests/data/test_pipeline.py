@@ -77,6 +77,8 @@ def test_small_datasets_and_max_examples(tmp_path, chatml_tokenizer):
 def test_val_count():
     assert [val_count(n, 0.05) for n in (0, 1, 2, 20, 100)] == [0, 0, 1, 1, 5]
     assert [val_count(n, 50) for n in (1, 2, 20, 100)] == [0, 1, 19, 50]
+    assert val_count(100, 1) == 1  # 1 is a count (one conversation), not the fraction 100%
+    assert val_count(10, 0.36) == 4  # a fraction rounds to the nearest count
     with pytest.raises(DataError, match="val_size"):
         val_count(10, -1)
 

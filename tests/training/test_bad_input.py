@@ -93,6 +93,13 @@ def test_resume_with_another_head_config(run):
         run(out=out, **{"head.num_heads": 3})
 
 
+def test_resume_with_another_model_config(run):
+    """A checkpoint of one target is never resumed with another model config (here its attention)."""
+    out = run()
+    with pytest.raises(TrainError, match="different model config"):
+        run(out=out, **{"model.attn_implementation": "eager"})
+
+
 @pytest.mark.slow
 def test_cli_prints_one_line_and_exits_2(tmp_path, tiny_target_dir, training_kit):
     proc = training_kit.cli(

@@ -198,6 +198,30 @@ def test_bad_keys_and_values_name_the_key(override, needle):
         settings(override)
 
 
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        ({"max_length": 7}, "max_length"),
+        ({"keep_checkpoints": 0}, "keep_checkpoints"),  # 0 would keep every checkpoint
+        ({"save_every": 0}, "save_every"),
+        ({"eval_every": 0}, "eval_every"),
+        ({"epochs": 0}, "epochs"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"grad_accum": 0}, "grad_accum"),
+        ({"lr": 0.0}, "lr"),
+        ({"mixed_precision": "fp8"}, "mixed_precision"),
+        ({"decode_eval_every": -1}, "decode_eval_every"),
+        ({"tree_tune_prompts": -1}, "tree_tune_prompts"),
+        ({"decode_eval_prompts": 0}, "decode_eval_prompts"),
+    ],
+)
+def test_trainer_values_out_of_range_are_refused(values, needle):
+    """Each trainer setting outside its range fails at once with a message naming it."""
+    with pytest.raises(TrainError, match=rf"trainer\.{needle}"):
+        TrainerConfig(**values)
+    assert TrainerConfig(epochs=0, max_steps=5).max_steps == 5  # max_steps > 0 stands in for epochs
+
+
 def test_missing_data_path_for_jsonl():
     with pytest.raises(TrainError, match="data.path"):
         settings("data=jsonl")

@@ -23,6 +23,7 @@ def test_head_weight_sine_warmup():
     assert head_weight(50, 0.2, 100) == pytest.approx(0.2 * math.sin(math.pi / 4))
     assert head_weight(100, 0.2, 100) == head_weight(500, 0.2, 100) == pytest.approx(0.2)
     assert head_weight(3, 0.2, 0) == 0.2
+    assert head_weight(200, 0.2, 100) == pytest.approx(0.2)  # stays at the peak after warmup
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +159,73 @@ def test_checkpoints_hold_only_trained_weights_and_resume(tmp_path, tiny_target_
     b = load_head(ref.head_dir).state_dict()
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+
+
+def _medusa2(tiny_target_dir, chat_file, tmp_path, training_kit, lm_loss: str):
+    """A fresh Medusa-2 objective on the tiny target (adapter dropout off), a batch with a prompt,
+    answer tokens and padding, and the frozen base target for reference."""
+    extra = {"head": "medusa2", "head.loss.lm_loss": lm_loss, "head.lora.dropout": 0.0}
+    s = training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **extra))
+    target = load_target(s.model)
+    objective = build_objective(s.head, target)
+    torch.manual_seed(0)
+    ids = torch.randint(1, 300, (2, 10))
+    attention = torch.ones_like(ids)
+    attention[1, 7:] = 0
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 0, 0, 1], [0, 0, 1, 1, 1, 1, 0, 0, 0, 0]])
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    base = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    return objective, target, batch, base
+
+
+def test_ce_lm_loss_predicts_the_next_answer_token(tiny_target_dir, chat_file, tmp_path, training_kit):
+    """lm_loss=ce: cross-entropy of the adapted target's logits at t against input_ids[t+1], over the
+    positions t whose next token is loss-masked; at step 0 (lambda = 0) it is the whole loss."""
+    objective, target, batch, base = _medusa2(tiny_target_dir, chat_file, tmp_path, training_kit, "ce")
+    model = objective.module().eval()
+    with torch.no_grad():
+        total, logs = objective.loss(model, target, batch, 0)
+        logits = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    keep = batch["loss_mask"][:, 1:].bool()
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1][keep], batch["input_ids"][:, 1:][keep])
+    assert logs["loss/lm"] == pytest.approx(float(expected), rel=1e-5)  # a fresh adapter is a no-op
+    assert float(total) == pytest.approx(logs["loss/lm"], rel=1e-6) and logs["head_weight"] == 0.0
+    with torch.no_grad():  # warmed up: lm + lambda * heads
+        total, logs = objective.loss(model, target, batch, 10**6)
+    assert float(total) == pytest.approx(logs["loss/lm"] + 0.2 * logs["loss/heads"], rel=1e-5)
+
+
+def test_distill_lm_loss_is_kl_to_the_target_without_adapter(
+    tiny_target_dir, chat_file, tmp_path, training_kit
+):
+    """lm_loss=distill: KL(base target || adapted target) of the next-token distributions at the
+    positions t whose next token is loss-masked, averaged over them; the teacher is the same target with
+    the adapter disabled."""
+    objective, target, batch, base = _medusa2(tiny_target_dir, chat_file, tmp_path, training_kit, "distill")
+    model = objective.module().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # an adapter that changes the outputs
+        _, logs = objective.loss(model, target, batch, 0)
+        student = model(batch["input_ids"], batch["attention_mask"])[0]
+        teacher = base(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    keep = batch["loss_mask"][:, 1:].bool()
+    log_p = teacher[:, :-1][keep].log_softmax(-1)  # (N, V)
+    log_q = student[:, :-1][keep].log_softmax(-1)
+    expected = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    assert float(expected) > 1e-3  # the adapter moved the outputs
+    assert logs["loss/lm"] == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_heads_learn_faster_than_the_adapter(tiny_target_dir, chat_file, tmp_path, training_kit):
+    """Optimizer groups: the adapter at lr, the heads at lr * head.loss.head_lr_scale (4)."""
+    objective, *_ = _medusa2(tiny_target_dir, chat_file, tmp_path, training_kit, "ce")
+    adapter, heads = objective.param_groups(0.01)
+    assert adapter["lr"] == 0.01 and heads["lr"] == pytest.approx(0.04)
+    assert {id(p) for p in heads["params"]} == {id(p) for p in objective.head.parameters()}
+    assert adapter["params"] and all(
+        "lora_" in n
+        for n, p in objective.module().named_parameters()
+        if any(p is q for q in adapter["params"])
+    )

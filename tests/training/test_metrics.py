@@ -11,6 +11,7 @@ from spechead.training.metrics import (
     medusa_topk_counts,
     simulated_chain_tau,
 )
+from spechead.training.objectives.medusa import medusa_counts
 
 V = 6
 INPUT_IDS = torch.tensor([[0, 1, 2, 3, 4, 5]])
@@ -80,3 +81,18 @@ def test_top1_correct_counts_positions_whose_next_token_is_a_target() -> None:
     ]
     # tau per position: 4, 1, 2, 1
     assert simulated_chain_tau(correct) == pytest.approx(2.0)
+
+
+def test_medusa_counts_score_chains_against_the_targets_next_greedy_token() -> None:
+    """With target logits, the token accepted at t+1 is the target's argmax at t: a target whose
+    greedy tokens are the data's gives the data's tau; one that never agrees gives tau 1."""
+    logits = ranked_logits(3, {(0, 1): 1})  # right on the data except head 0 at t=1 (tau 2.0 above)
+    batch = {"input_ids": INPUT_IDS, "loss_mask": LOSS_MASK}
+    agrees = torch.zeros(1, 6, V)
+    agrees[0, torch.arange(5), INPUT_IDS[0, 1:]] = 1.0  # argmax at t = input_ids[t+1]
+    counts = medusa_counts(logits, batch, [1], agrees)
+    assert float(counts["tau_sum"] / counts["positions"]) == pytest.approx(2.0)
+    disagrees = torch.zeros(1, 6, V)
+    disagrees[0, :, 1] = 1.0  # always token 1, which no head ever predicts
+    counts = medusa_counts(logits, batch, [1], disagrees)
+    assert float(counts["tau_sum"] / counts["positions"]) == pytest.approx(1.0)

@@ -104,6 +104,7 @@ def test_tied_lm_head_is_read_from_the_embedding(tmp_path, tiny_llama):
         ("medusa", {"head": "eagle3"}, r"stores hidden states \[4\] but head eagle3 needs \[1, 2, 4\]"),
         ("eagle3", {"trainer.max_length": 48}, r"another trainer.max_length \(64, this run: 48\)"),
         ("eagle3", {"trainer.seed": 1}, "another trainer.seed"),
+        ("eagle3", {"data.val_size": 0.2}, "another data.val_size"),  # another train/val split
         ("eagle3", {"data.max_examples": 40}, "another data.max_examples"),
         ("eagle3", {"head": "medusa2"}, "head medusa2 cannot train from a hidden-state cache"),
     ],
@@ -139,3 +140,20 @@ def test_cli_refuses_a_mismatched_cache_in_one_line(
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: the cache in")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_target_whose_logits_are_not_lm_head_of_the_final_state_is_refused(
+    tmp_path, gemma2_target_dir, chat_file, training_kit
+):
+    """A cache stores the final normed state instead of logits: a target that soft-caps its logits
+    (Gemma-2, here with a cap small enough to matter on a tiny model) cannot be cached."""
+    import shutil
+
+    target = tmp_path / "capped"
+    shutil.copytree(gemma2_target_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": 0.01}))
+    extra = {"model.attn_implementation": "eager", "data.cache_dir": str(tmp_path / "cache")}
+    s = training_kit.settings(training_kit.overrides(target, chat_file, tmp_path / "unused", **extra))
+    with pytest.raises(TrainError, match="logits are not lm_head"):
+        build_cache(s, CacheConfig(dtype="float32", shard_mb=0.1), log=lambda line: None)

@@ -91,3 +91,14 @@ def test_a_model_without_sdpa_names_the_override(gemma2_target_dir):
         load_target(TargetConfig(path=str(gemma2_target_dir)))
     target = load_target(TargetConfig(path=str(gemma2_target_dir), attn_implementation="eager"))
     assert target.model.config._attn_implementation == "eager"
+
+
+def test_tokenizer_without_pad_token_pads_with_eos(chatml_tokenizer, tmp_path):
+    """A tokenizer that defines no pad token (Llama's) gets eos as its pad token."""
+    import copy
+
+    tok = copy.deepcopy(chatml_tokenizer)
+    tok.pad_token = None
+    tok.save_pretrained(tmp_path)
+    loaded = load_tokenizer(TargetConfig(path=str(tmp_path)))
+    assert loaded.pad_token == "<|im_end|>" and loaded.pad_token_id == loaded.eos_token_id
