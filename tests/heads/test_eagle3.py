@@ -55,6 +55,18 @@ def test_parameter_names_match_published_eagle3_heads(target) -> None:
     assert head.lm_head.out_features == VD and head.d2t.dtype == torch.long and head.t2d.dtype == torch.bool
 
 
+def test_fc_reads_the_states_low_mid_high(target) -> None:
+    """fuse: fc's input columns are [low | mid | high] in target_layers order, the layout of published
+    heads and of what serving engines feed them: columns 0..H-1 multiply the lowest layer's state."""
+    head = make_head(target)
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :H] = torch.eye(H)  # the low block alone, as the identity
+        head.fc.weight[:, 2 * H :] = 2 * torch.eye(H)  # twice the high block
+    low, mid, high = (torch.randn(1, 3, H) for _ in range(3))
+    torch.testing.assert_close(head.fuse([low, mid, high]), low + 2 * high)
+
+
 def test_shapes_and_bf16_cast(target) -> None:
     head = make_head(target)
     hs = [torch.randn(2, 5, H) for _ in range(3)]

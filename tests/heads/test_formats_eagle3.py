@@ -139,6 +139,17 @@ def test_sglang_layout_with_d2t_only_and_explicit_layers(target, tmp_path) -> No
     assert_same_head(head, attach(load_head(out), target))
 
 
+def test_a_layout_with_t2d_only_gets_its_offsets(target, tmp_path) -> None:
+    """A head that stores t2d without d2t: d2t is rebuilt as offsets (target id - draft id), so every
+    draft id maps to the target id t2d marks in its place."""
+    head = make_head(target)
+    out = export_head(head, "sglang", tmp_path / "sgl")
+    state = load_file(out / "model.safetensors")
+    del state["d2t"]
+    save_file(state, out / "model.safetensors")
+    assert_same_head(head, attach(load_head(out), target))
+
+
 def test_speculators_layout_with_embeddings_and_bf16(target, tmp_path) -> None:
     head = make_head(target)
     out = export_head(head, "speculators", tmp_path / "spec")

@@ -268,3 +268,66 @@ def test_compiled_parts_are_timed_compiled(tiny_target_dir, tmp_path, monkeypatc
     # verify, commit, the in-situ passes, the generator's own; eager: the timing prompt the target writes
     assert runners.count("graphs") == 4 and runners.count(False) == 1
     assert drafts == ["graphs"]  # the generator's drafter, compiled as asked; calibration's stayed eager
+
+
+def test_size_costs_are_the_minimum_made_non_decreasing():
+    """size_costs_ms: the minimum over repeats per size, never below a smaller size's (a bigger tree never
+    costs less: a cheap outlier of size 2 is lifted to size 1's cost)."""
+    import time
+
+    from spechead.inference.calibrate import size_costs_ms
+
+    calls = {1: lambda: time.sleep(0.03), 2: lambda: None, 4: lambda: time.sleep(0.005)}
+    costs = size_costs_ms(calls, 2, torch.device("cpu"))
+    assert list(costs) == [1, 2, 4] and costs[1] >= 30.0
+    assert costs[2] == costs[1] and costs[4] == costs[1]
+
+
+def test_covers_needs_an_entry_for_every_node():
+    """A tree as deep and as wide as the table is covered; one level deeper or one rank wider is not."""
+    from spechead.inference.calibrate import covers
+
+    table = torch.zeros(2, 3)
+    assert covers(table, [[0], [2], [0, 2]])
+    assert not covers(table, [[0], [0, 0], [0, 0, 0]]) and not covers(table, [[3]]) and not covers(table, [])
+
+
+def test_a_compiled_depth_costs_the_difference_per_added_depth(tiny_target_dir, tmp_path, monkeypatch):
+    """compiled_depth_cost_ms: (draft to `depth` - draft to depth 1) / (depth - 1); the draft times are
+    planted (1 ms + 2 ms a depth), the drafters are real and compiled as asked."""
+    from spechead.inference import calibrate
+
+    saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)
+    depths = []
+
+    def planted(drafter, fn, repeats):
+        depths.append(max(map(len, drafter.choices)))
+        return 1.0 + 2.0 * depths[-1]
+
+    monkeypatch.setattr(calibrate, "_drafter_ms", planted)
+    assert calibrate.compiled_depth_cost_ms(gen.drafter, "graphs", depth=4) == pytest.approx(2.0)
+    assert depths == [1, 4]
+
+
+def test_the_verify_costs_reach_the_largest_tree_with_its_root(tiny_target_dir, tmp_path):
+    """A tree of max_nodes drafted nodes is verified with its root: max_nodes + 1 = 8 is timed, not
+    extrapolated from the sizes below it."""
+    saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)
+    _, info = calibrated_choices(gen.target, gen.drafter, torch.tensor(ACCURACY), max_nodes=7)
+    assert list(info["verify_ms_by_size"]) == [1, 2, 4, 8]
+
+
+def test_an_eagle_pass_pays_the_commit_and_the_accept(tiny_target_dir, tmp_path, monkeypatch):
+    """pass_ms = the target's commit + the head's accept step (both paid by every pass, whatever the
+    tree); the part times are planted, the calibration around them real."""
+    from spechead.inference import calibrate
+
+    saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)
+    monkeypatch.setattr(calibrate, "commit_cost_ms", lambda model, compile=False: 3.0)
+    monkeypatch.setattr(calibrate, "eagle_accept_cost_ms", lambda drafter: 2.0)
+    monkeypatch.setattr(calibrate, "eagle_depth_cost_ms", lambda drafter, width: 0.5)
+    _, info = calibrated_choices(gen.target, gen.drafter, torch.tensor(ACCURACY), max_nodes=4)
+    assert info["pass_ms"] == 5.0 and info["draft_ms_per_depth"] == 0.5

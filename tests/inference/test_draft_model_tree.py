@@ -13,7 +13,7 @@ from spechead.inference.drafters.draft_model import DraftModelDrafter, parse_wid
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
-from spechead.inference.tree import children, path_to_node
+from spechead.inference.tree import children, depths, path_to_node
 
 from .distributions import sampling_tv
 
@@ -110,6 +110,29 @@ def _check_against_sequential(draft, drafter, context: list[int], sampling: Samp
                 else:
                     assert tree.tokens[kids[node]].tolist() == want, f"node {node}"
     return out
+
+
+def test_a_dynamic_tree_expands_the_best_scored_nodes(setup):
+    """EAGLE-2's beam: at every depth exactly the top_k nodes of highest cumulative draft log-prob get
+    children (total_tokens keeps every drafted node; scores from sequential draft runs)."""
+    model, _ = setup
+    draft = perturbed(model)
+    drafter = DraftModelDrafter(draft, tree="dynamic", top_k=3, depth=3, total_tokens=40)
+    prompt = prompts(1, model.config.vocab_size)[0] + list(range(20, 30))
+    drafter.start(torch.tensor(prompt[:-1]), {}, prompt[-1])
+    tree = drafter.propose(prompt[-1], SamplingParams(), None).tree
+    assert tree.size == 1 + 3 + 9 + 9
+    kids, depth, score = children(tree.parents), depths(tree.parents).tolist(), [0.0]
+    with torch.no_grad():
+        for node in range(1, tree.size):  # parents first
+            parent = int(tree.parents[node])
+            path = tree.tokens[path_to_node(tree.parents, parent)[1:]].tolist()
+            logp = torch.log_softmax(draft(torch.tensor([prompt + path])).logits[0, -1], -1)
+            score.append(score[parent] + float(logp[tree.tokens[node]]))
+    for d in (1, 2):
+        level = [n for n in range(tree.size) if depth[n] == d]
+        best = sorted(level, key=lambda n: -score[n])[:3]
+        assert {n for n in level if kids[n]} == set(best), f"depth {d}"
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """evaluation.py's decoding of a prompt set on a sliding-window target: a training run's decode eval and
-tree tuning end each answer at the window (plain and drafted alike), where a plain call refuses."""
+tree tuning end each answer at the window (plain and drafted alike), where a plain call refuses; the
+sampling seeds per turn, and the tallies and summary numbers worked by hand."""
 
 from __future__ import annotations
 
@@ -9,8 +10,17 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from spechead.data.prompt_sets import EvalPrompt
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
-from spechead.inference.evaluation import DecodeSettings, answer_room, decode_prompts
+from spechead.inference.evaluation import (
+    DecodeSettings,
+    PromptSetRun,
+    Tally,
+    acceptance_by_depth,
+    answer_room,
+    decode_prompts,
+    summarize,
+)
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.stats import GenerationStats
 from spechead.inference.tree_tuning import continue_prompts
 
 WINDOW = 70
@@ -73,3 +83,48 @@ def test_the_trainers_decode_eval_fits_the_window(chatml_tokenizer, medusa_for):
     long = [EvalPrompt("c", "summarization", ["x" * 200])]  # 208 prompt tokens: 12 fit
     metrics, _ = decode_eval_hook(model, chatml_tokenizer, head, long, 16, None)
     assert metrics["greedy_mismatches"] == 0 and metrics["tokens_per_s"] > 0
+
+
+def test_sampled_turns_are_seeded_seed_plus_turn_index(tiny_llama, chatml_tokenizer):
+    """Sampling seeds are `seed + turn index` over the whole prompt set: the same turn asked twice is
+    sampled with two seeds, each answer the one a single generate() call with that seed gives."""
+    model = tiny_llama(len(chatml_tokenizer), layers=2)
+    model.config.eos_token_id = None
+    gen = SpeculativeGenerator(model, chatml_tokenizer, None)
+    prompts = [EvalPrompt("a", "qa", ["Hello there"]), EvalPrompt("b", "qa", ["Hello there"])]
+    settings = DecodeSettings(max_new_tokens=8, temperature=1.0, seed=5)
+    run = decode_prompts(gen, prompts, settings)
+    ids = chatml_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello there"}], add_generation_prompt=True, return_dict=False
+    )
+    alone = [
+        gen.generate(input_ids=ids, max_new_tokens=8, temperature=1.0, seed=seed).token_ids for seed in (5, 6)
+    ]
+    assert run.outputs == alone and alone[0] != alone[1]
+
+
+def test_tallies_acceptance_and_summary_by_hand():
+    """A tally's wall time leaves out the prefill; acceptance_by_depth[d - 1] = share of passes that
+    accepted at least d drafts (accept length - 1 >= d), reported up to the longest accepted run; the
+    step time is PLAIN decoding's verify time per pass, the ideal speedup tau * step / (verify + draft)."""
+    stats = GenerationStats(new_tokens=9, accept_lengths=[1, 2, 4, 1])
+    stats.take_times({"prefill": 1.0, "draft": 0.5, "verify": 2.0})
+    assert stats.wall_time == 3.5 and stats.prefill_time == 1.0
+    drafted = Tally()
+    drafted.add(stats)
+    assert drafted.wall == 2.5 and drafted.tau == 2.0 and drafted.tokens_per_s == 9 / 2.5
+    assert acceptance_by_depth([1, 2, 4, 1], 3) == [0.5, 0.25, 0.25]
+    plain_stats = GenerationStats(new_tokens=9, accept_lengths=[1] * 8)
+    plain_stats.take_times({"prefill": 1.0, "draft": 0.0, "verify": 6.0})
+    plain = Tally()
+    plain.add(plain_stats)
+    row = summarize(
+        [PromptSetRun(drafted, {"qa": drafted}, [[1, 2]])],
+        [PromptSetRun(plain, {"qa": plain}, [[1, 2]])],
+        DecodeSettings(),
+    )
+    assert row["acceptance_by_depth"] == [0.5, 0.25, 0.25]  # the longest pass accepted 3 drafts
+    assert row["t_step_ms"] == pytest.approx(750.0)  # plain: 6 s over 8 passes
+    assert row["t_verify_ms"] == pytest.approx(500.0) and row["t_draft_ms"] == pytest.approx(125.0)
+    assert row["ideal_speedup"] == pytest.approx(2.0 * 750.0 / 625.0)
+    assert row["speedup"] == pytest.approx((9 / 2.5) / (9 / 6.0)) and row["greedy_mismatches"] == 0

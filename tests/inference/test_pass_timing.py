@@ -173,3 +173,43 @@ def test_a_short_context_target_is_timed_within_its_context(tiny_llama):
         target, lambda c: EagleDrafter(head.eval(), tree=c), accuracy, [[[0]], [[0], [0, 0]]]
     )
     assert chosen in info["candidates"] and min(info["pass_ms"]) > 0
+
+
+def test_a_pass_leaves_out_the_prefill(tiny_llama, monkeypatch):
+    """ms per pass = (wall - prefill) / passes: a prefill made 10 s dearer changes no pass's time."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    target = tiny_llama(64, layers=2, hidden=32).eval()
+    generate = SpeculativeGenerator.generate
+
+    def dear_prefill(self, *args, **kwargs):
+        result = generate(self, *args, **kwargs)
+        result.stats.prefill_time += 10.0
+        result.stats.wall_time += 10.0
+        return result
+
+    monkeypatch.setattr(SpeculativeGenerator, "generate", dear_prefill)
+    (plain,) = pass_ms_by_drafter(target, [None], torch.arange(1, 20), new_tokens=8, rounds=1)
+    assert 0 < plain < 1000
+
+
+def test_every_drafter_decodes_the_same_tokens_past_an_eos(tiny_llama, monkeypatch):
+    """Timed decodes ignore the target's EOS: each runs `new_tokens`, even when the first token emitted
+    is the EOS (a drafter that stopped sooner would be timed on other passes)."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    target = tiny_llama(64, layers=2, hidden=32).eval()
+    prompt = torch.arange(1, 20)
+    with torch.no_grad():
+        first = int(target(prompt[None]).logits[0, -1].argmax())
+    target.generation_config.eos_token_id = first
+    generate, emitted = SpeculativeGenerator.generate, []
+
+    def counted(self, *args, **kwargs):
+        result = generate(self, *args, **kwargs)
+        emitted.append(result.stats.new_tokens)
+        return result
+
+    monkeypatch.setattr(SpeculativeGenerator, "generate", counted)
+    pass_ms_by_drafter(target, [None], prompt, new_tokens=8, rounds=2)
+    assert emitted == [8, 8]

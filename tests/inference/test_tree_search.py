@@ -186,3 +186,64 @@ def test_per_pass_cost_counts_in_every_tree():
     choices, speedup = best_choices_for_cost(accuracy, costs, step_ms=4.0, pass_ms=2.0)
     cost = interpolate_cost(costs, len(choices) + 1) + 2.0
     assert speedup == pytest.approx(expected_accept_length(accuracy, choices) * 4.0 / cost)
+
+
+def test_measure_counts_the_last_prompt_position(model_and_head):
+    """Position start - 1 (the prompt's last token) guesses a generated token: it counts."""
+    model, head = model_and_head
+    start, length = 6, 16
+    # head 0 (reference t+2): rank 0 at position start - 1 only, rank 1 at the later positions
+    seq = planted(model, [11, 4], length, lag=2, rank_at=lambda t: 0 if t < start else 1)
+    acc = measure_topk_accuracy(model, head, [seq], topk=2, starts=[start])
+    assert acc[0].tolist() == pytest.approx([1 / 9, 8 / 9])  # positions 5..13
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_measure_eagle_accuracy_by_hand(tiny_llama, kind):
+    """accuracy[d, r] of an EAGLE or EAGLE-3 head: depth 1 at position t is the committed step on (f_t, x_{t+1});
+    depth 2 at t is the step on (depth-1 output at t - 1, x_{t+1}) after the committed pairs 0..t - 1,
+    at position t. Both guess x_{t+2}, and t counts when t - (d - 1) >= start - 1 and t + 2 < T."""
+    from transformers import DynamicCache
+
+    from spechead.heads.eagle import EagleConfig, EagleHead
+    from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+    from spechead.inference.tree_search import measure_eagle_accuracy
+    from spechead.inference.verify import prefill
+
+    model = tiny_llama(64, layers=4, hidden=32, seed=5)
+    torch.manual_seed(1)
+    if kind == "eagle":
+        head = EagleHead(EagleConfig.from_target(model.config))
+    else:  # (its input features: the three layers fused)
+        head = Eagle3Head(Eagle3Config.from_target(model.config, target_layers=[1, 2, 3]))
+    for p in head.parameters():  # sharp logits: no near-ties
+        p.data.mul_(3.0)
+    head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
+    head = head.eval().requires_grad_(False)
+
+    def step_logits(ids: torch.Tensor, t: int, depth: int) -> torch.Tensor:
+        """Head logits [V] at position t, depth 1 or 2, run as decoding runs them."""
+        hidden = prefill(model, ids[None], head.config.target_layers)[2]
+        feats = head.features([hidden[layer][None] for layer in head.config.target_layers])  # [1, T, H]
+        with torch.no_grad():
+            if depth == 1:
+                out = head.step(feats[:, : t + 1], ids[None, 1 : t + 2])[:, -1:]
+            else:
+                cache = DynamicCache()
+                parent = head.step(feats[:, :t], ids[None, 1 : t + 1], past_key_values=cache)[:, -1:]
+                out = head.step(parent, ids[None, t + 1 : t + 2], past_key_values=cache)
+            return head.logits(out)[0, -1]
+
+    # token t + 2 is the depth-1 step's rank-2 candidate at every t (the depth-2 row is left to chance)
+    ids = torch.tensor([7, 1, 30])
+    while len(ids) < 14:
+        ids = torch.cat([ids, step_logits(ids, len(ids) - 2, 1).topk(4).indices[2:3]])
+    start, topk = 5, 4
+    acc = measure_eagle_accuracy(model, head, [ids], depth=2, topk=topk, starts=[start])
+    assert acc[0].tolist() == [0.0, 0.0, 1.0, 0.0]
+    for depth in (1, 2):
+        positions = range(start - 1 + depth - 1, len(ids) - 2)
+        hits = torch.zeros(topk)
+        for t in positions:
+            hits += (step_logits(ids, t, depth).topk(topk).indices == ids[t + 2]).float()
+        torch.testing.assert_close(acc[depth - 1], hits / len(positions))

@@ -102,3 +102,42 @@ def test_tuning_takes_the_tree_whose_decoded_passes_pay_best(target, medusa_for,
     assert len(offered) == 2 and len(offered[0]) >= 2  # before and after fitting the table to the tau
     assert offered[1][0] == offered[0][-1]  # the first pick is decoded for its tau, then offered to keep
     assert fields["choices"] == offered[-1][-1] and fields["expected_speedup"] > 1
+
+
+def test_the_second_choice_ranks_trees_by_the_fitted_table(target, medusa_for, monkeypatch):
+    """After the first tree's decode, the table is scaled to its tau and the candidates decoded again are
+    the best trees FOR THAT TABLE at the costs timed once (each decoded_choice gets the table it ranks;
+    the table and the in-situ pass times are planted, the rest is real)."""
+    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tree_tuning as tree_tuning
+    from spechead.inference.calibrate import best_for_costs
+
+    model, tok = target
+    head = _head("medusa", model, medusa_for)
+    timed, offers = [], []
+    calibrated, decoded = tree_tuning.calibrated_choices, tree_tuning.decoded_choice
+
+    def calibrated_kept(*args, **kwargs):
+        choices, info = calibrated(*args, **kwargs)
+        timed.append({k: v for k, v in info.items() if k != "ranked"})
+        return choices, info
+
+    def decoded_kept(target, head, accuracy, ranked, keep=None):
+        offers.append((accuracy.clone(), ranked))
+        return decoded(target, head, accuracy, ranked, keep=keep)
+
+    monkeypatch.setattr(tree_tuning, "calibrated_choices", calibrated_kept)
+    monkeypatch.setattr(tree_tuning, "decoded_choice", decoded_kept)
+    monkeypatch.setattr(
+        pass_timing, "pass_ms_by_drafter", lambda target, drafters, *a, **kw: [1.0] * len(drafters)
+    )
+    # a table far more hopeful than this head decodes: the fitted one favours other trees
+    hopeful = torch.tensor([[0.9, 0.6, 0.3, 0.2], [0.9, 0.6, 0.3, 0.2], [0.9, 0.6, 0.3, 0.2]])
+    monkeypatch.setattr(tree_tuning, "measure_accuracy", lambda *a, **kw: hopeful)
+    tune_tree(model, tok, head, PROMPTS, max_new_tokens=8, depth=3, topk=4, max_nodes=16)
+    assert len(timed) == 1 and len(offers) == 2
+    assert not torch.equal(offers[0][0], offers[1][0])  # the fitted table
+    for accuracy, ranked in offers:
+        info = dict(timed[0])
+        best_for_costs(accuracy, info, 16)
+        assert info["ranked"] == ranked
