@@ -242,3 +242,34 @@ def test_demo_target_rewrites_demo_answers():
     for src, new in zip(convs, out):
         assert [m for m in new if m["role"] == "user"] == [m for m in src if m["role"] == "user"]
         assert all(len(m["content"].split()) >= 2 for m in new if m["role"] == "assistant")
+
+
+def test_a_prompt_exactly_filling_the_context_is_cut_and_keeps_no_source_answer(tiny):
+    """A prompt that fills the target's context to the last position leaves no room for an answer: the
+    conversation ends before that answer (one position more: a one-token answer), and none of the
+    source's later turns, its own answers included, is copied after the cut."""
+    model, tokenizer = tiny
+    conv = CONVS[1] + [{"role": "user", "content": "And goodbye?"}, {"role": "assistant", "content": "adios"}]
+    fill = len(tokenizer.apply_chat_template(conv[:1], add_generation_prompt=True, return_dict=False))
+    settings = RegenerateSettings(max_new_tokens=4)
+    for context, roles, cut in ((fill, ["user"], 1), (fill + 1, ["user", "assistant", "user"], 1)):
+        short = copy.deepcopy(model)
+        short.config.max_position_embeddings = context
+        out, stats = regenerate_conversations(short, tokenizer, [conv], 0, settings)
+        assert [m["role"] for m in out[0]] == roles and stats.cut == cut
+        assert all(m["content"] not in ("hola", "adios") for m in out[0])
+    assert stats.new_tokens <= 1  # (the one position left)
+
+
+def test_the_run_key_changes_with_what_the_target_computes_only(tiny):
+    """An output's key holds the target config's digest: another architecture (a resume with another
+    model under the same path) changes it, how the same model was loaded or saved (dtype, path) does not."""
+    model, tokenizer = tiny
+    settings, data = RegenerateSettings(), {"source": "chats.jsonl"}
+    key = run_key("t", model.config, tokenizer, "float32", data, settings)
+    other = copy.deepcopy(model.config)
+    other.num_hidden_layers += 1
+    assert run_key("t", other, tokenizer, "float32", data, settings) != key
+    loaded = copy.deepcopy(model.config)
+    loaded._name_or_path, loaded.dtype = "elsewhere", torch.bfloat16
+    assert run_key("t", loaded, tokenizer, "float32", data, settings) == key

@@ -216,3 +216,23 @@ def test_directory_without_head_config_is_a_head_error(tmp_path) -> None:
     (tmp_path / CONFIG_NAME).write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(HeadError, match="has no 'family'"):
         load_head(tmp_path)
+
+
+def test_bool_layer_indices_and_negative_depths_are_refused() -> None:
+    """True is an int to Python but never a layer index (it would read hidden state 1); a negative
+    target depth is not "unknown" (0 is)."""
+    with pytest.raises(HeadError, match="layer indices must be ints, got True"):
+        resolve_layers([True], 4)
+    with pytest.raises(HeadError, match="target_num_layers must be >= 0"):
+        MedusaConfig(hidden_size=H, vocab_size=V, target_num_layers=-1)
+
+
+def test_format_version_newer_or_missing_is_refused(tmp_path) -> None:
+    """A head saved by a newer spechead (format_version 2) or a config.json without a format version is
+    refused with the fix, never loaded as if it were format 1."""
+    medusa().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / CONFIG_NAME).read_text())
+    for bad in ({**config, "format_version": 2}, {k: v for k, v in config.items() if k != "format_version"}):
+        (tmp_path / CONFIG_NAME).write_text(json.dumps(bad))
+        with pytest.raises(HeadError, match="this spechead reads <= 1: upgrade spechead"):
+            load_head(tmp_path)

@@ -105,3 +105,10 @@ def test_loading_files_are_what_loading_reads(head_dir):
     (head_dir / "model.safetensors").unlink()
     with pytest.raises(HeadError, match="has no model.safetensors"):
         loading_files(head_dir)
+
+
+def test_read_tree_returns_the_paths_sorted_parents_first(head_dir):
+    """A tree.json written by hand (or by an older build_tree) in any order reads back sorted by (depth,
+    ranks), the order drafters build trees in (a child never before its parent)."""
+    (head_dir / TREE_NAME).write_text(json.dumps({"choices": [[0, 0], [1], [0]], "accuracy": [[0.5]]}))
+    assert read_tree(head_dir)["choices"] == [[0], [1], [0, 0]]

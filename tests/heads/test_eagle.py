@@ -110,3 +110,29 @@ def test_bf16_cast_keeps_rotary_frequencies_fp32(target) -> None:
     assert head.rotary.module.inv_freq.dtype == torch.float32
     features, ids = inputs()
     assert head(features, ids).dtype == torch.bfloat16
+
+
+def test_two_layers_keep_their_own_cache_entries(target) -> None:
+    """Each decoder layer appends its K/V under its own layer index: a two-layer head decoding token by
+    token through the cache computes what one full pass does."""
+    head = make_head(target, num_layers=2)
+    features, ids = inputs()
+    with torch.no_grad():
+        full = head(features, ids)
+        cache = DynamicCache()
+        parts = [head(features[:, :3], ids[:, :3], past_key_values=cache)]
+        for t in range(3, 7):
+            parts.append(head(features[:, t : t + 1], ids[:, t : t + 1], past_key_values=cache))
+    assert len(cache.layers) == 2 and cache.get_seq_length() == 7
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_logits_are_fp32_through_a_bf16_target_lm_head(target) -> None:
+    """A bf16 target keeps a bf16 lm_head; the head's logits (loss, sampling) are fp32 all the same."""
+    head = make_head(target)
+    lm_head = torch.nn.Linear(H, V, bias=False).to(torch.bfloat16)
+    head.attach_target_modules(lm_head=lm_head)
+    features = torch.randn(1, 3, H)
+    logits = head.logits(features)
+    assert logits.dtype == torch.float32
+    assert torch.equal(logits, lm_head(features.to(torch.bfloat16)).float())

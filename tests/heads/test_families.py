@@ -62,3 +62,12 @@ def test_model_card_and_export_ask_the_registry(reregistered, tmp_path):
     assert card.card_metadata(saved, base_model=None, license=None).tags[-1] == "test-tag"
     with pytest.raises(HeadError, match="cannot be exported as 'medusa'"):
         export_head(head, "medusa", tmp_path / "out")
+
+
+def test_memory_plan_work_counts_each_eagle_decoder_layer(tiny_llama):
+    """The memory plan's work of an EAGLE head: one logit set over the target vocabulary and one
+    decoder-layer pass per draft layer (a two-layer head keeps twice the activations)."""
+    from spechead.heads.eagle import EagleConfig
+
+    config = EagleConfig.from_target(tiny_llama(48, layers=2, hidden=32).config, num_layers=2)
+    assert family_of(config).work(config) == (1, 48, 2)

@@ -182,3 +182,73 @@ def test_target_embedding_reads_one_tensor_of_a_saved_target(tiny_target_dir, tm
     assert torch.equal(target_embedding(str(tiny_target_dir)), want)
     with pytest.raises(HeadError, match="no safetensors checkpoint with exactly one embed_tokens.weight"):
         target_embedding(str(tmp_path))
+
+
+def test_import_ignores_bias_flags_the_reference_layer_never_reads(target, tmp_path) -> None:
+    """The reference Llama layer builds q/k/v biases from `qkv_bias` only and never an MLP bias: a config
+    that also says attention_bias / mlp_bias true still imports as the bias-free layer it ran."""
+    head = random_head(target)
+    write_reference(
+        tmp_path / "eagle", eagle_config(attention_bias=True, mlp_bias=True), head.state_dict(), target
+    )
+    back = attach(load_head(tmp_path / "eagle"), target)
+    assert not any(k.endswith("proj.bias") for k in back.state_dict())
+    features, ids = inputs()
+    with torch.no_grad():
+        assert torch.equal(back(features, ids), head(features, ids))
+
+
+def test_import_keeps_a_layer_zero_input_norm_when_the_checkpoint_has_one(target, tmp_path) -> None:
+    """A published head whose layer 0 keeps its input_layernorm imports with first_layer_input_norm=True
+    (the norm is applied, not dropped as unexpected)."""
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig.from_target(target.config))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.2)
+    head = attach(head.eval(), target)
+    assert "layers.0.input_layernorm.weight" in head.state_dict()
+    write_reference(tmp_path / "eagle", eagle_config(), head.state_dict(), target)
+    back = attach(load_head(tmp_path / "eagle"), target)
+    assert back.config.first_layer_input_norm is True
+    features, ids = inputs()
+    with torch.no_grad():
+        assert torch.equal(back(features, ids), head(features, ids))
+
+
+def test_export_writes_the_dtype_it_names(target, tmp_path) -> None:
+    """`dtype=bfloat16`: every tensor of pytorch_model.bin (the embedding too) is bf16, as torch_dtype says."""
+    out = export_head(random_head(target), "eagle", tmp_path / "out", dtype=torch.bfloat16)
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    state = torch.load(out / "pytorch_model.bin", weights_only=True)
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+
+
+def test_tensor_names_of_other_layouts_are_not_an_eagle_head() -> None:
+    """fc + layers.0.* alone mark an EAGLE-1/2 head; with model.* or midlayer.* tensors beside them the
+    file is another layout (a whole model, an EAGLE-3 head) and must not be imported as EAGLE-1/2."""
+    from spechead.heads.formats.eagle import is_eagle_tensors
+
+    names = {"fc.weight", "layers.0.mlp.up_proj.weight"}
+    assert is_eagle_tensors(names)
+    assert not is_eagle_tensors(names | {"model.norm.weight"})
+    assert not is_eagle_tensors(names | {"midlayer.hidden_norm.weight"})
+
+
+def test_a_pickle_holding_more_than_tensors_is_refused(target, tmp_path) -> None:
+    """pytorch_model.bin must be a plain state dict of tensors (a training checkpoint with a step count or
+    optimizer state beside them is not a head)."""
+    state = {**random_head(target).state_dict(), "step": 3}
+    write_reference(tmp_path / "eagle", eagle_config(), state, target)
+    with pytest.raises(HeadError, match="is not a state dict of tensors"):
+        load_head(tmp_path / "eagle")
+
+
+def test_a_misshapen_tensor_is_a_head_error_naming_it(target, tmp_path) -> None:
+    """A tensor whose shape is not what the config implies (an MLP of another width) is a HeadError naming
+    the tensor and both shapes, not a bare load_state_dict RuntimeError."""
+    state = random_head(target).state_dict()
+    state["layers.0.mlp.up_proj.weight"] = state["layers.0.mlp.up_proj.weight"][:8].clone()
+    write_reference(tmp_path / "eagle", eagle_config(), state, target)
+    with pytest.raises(HeadError, match=r"tensor layers.0.mlp.up_proj.weight has shape \(8, 32\)"):
+        load_head(tmp_path / "eagle")

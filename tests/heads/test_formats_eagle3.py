@@ -186,3 +186,114 @@ def test_exports_refuse_what_engines_cannot_feed(target, tmp_path) -> None:
         export_head(make_head(target, target_layers=[4, 1, 6]), "sglang", tmp_path / "a")
     with pytest.raises(HeadError, match="formats for eagle3 heads: sglang, speculators"):
         export_head(make_head(target), "medusa", tmp_path / "b")
+
+
+def test_layout_of_config_reads_each_marker_alone() -> None:
+    """Each marker identifies its layout by itself: an Eagle3 architecture without draft_vocab_size (the
+    draft vocab is then the lm_head's rows), draft_vocab_size under a plain Llama architecture (SpecForge
+    heads), speculators_model_type, and Medusa by model_type alone (vLLM); a target's or a spechead
+    head's config is none of them."""
+    from spechead.heads.formats.detect import layout_of_config
+
+    assert layout_of_config({"architectures": ["LlamaForCausalLMEagle3"]}) == "eagle3"
+    assert layout_of_config({"architectures": ["LlamaForCausalLM"], "draft_vocab_size": VD}) == "eagle3"
+    assert layout_of_config({"speculators_model_type": "eagle3", "draft_vocab_size": VD}) == "speculators"
+    assert layout_of_config({"model_type": "medusa", "num_heads": 2}) == "medusa"
+    assert layout_of_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}) is None
+    assert layout_of_config({"family": "eagle3", "draft_vocab_size": VD}) is None
+
+
+def test_exports_refuse_the_embeddings_layer_and_sglang_refuses_biases(target, tmp_path) -> None:
+    """Engines feed EAGLE-3 the inputs of decoder layers 1..L-1: a head fusing hidden state 0 (the
+    embeddings) cannot be served. SGLang's EAGLE-3 layer has no biases: a biased head is refused there,
+    not written with tensors SGLang would drop (vLLM's speculators layer takes them)."""
+    with pytest.raises(HeadError, match=r"include the embeddings \(0\)"):
+        export_head(make_head(target, target_layers=[0, 4, 6]), "speculators", tmp_path / "a")
+    biased = make_head(target, layer_config={**layer_config_from(target.config), "attention_bias": True})
+    with pytest.raises(HeadError, match="attention or MLP biases"):
+        export_head(biased, "sglang", tmp_path / "b")
+    export_head(biased, "speculators", tmp_path / "c")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state=false"),
+        ({"num_hidden_layers": 2}, "several decoder layers"),
+    ],
+)
+def test_official_variants_spechead_cannot_run_are_refused(target, tmp_path, change, message) -> None:
+    """An official-layout head that reads no fused target layers, or whose config says it runs several
+    decoder layers, is refused (not imported as a one-layer head reading three layers)."""
+    out = export_head(make_head(target), "sglang", tmp_path / "sgl")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(HeadError, match=message):
+        load_head(out)
+
+
+def test_draft_vocab_that_does_not_add_up_is_refused(target, tmp_path) -> None:
+    """The draft vocab comes from the lm_head rows and d2t / t2d: a config naming another draft_vocab_size,
+    no mapping for a draft vocab smaller than the target's (it would map draft id i to target id i), or
+    d2t offsets past vocab_size are errors, never a silently wrong token mapping."""
+    out = export_head(make_head(target), "sglang", tmp_path / "sgl")
+    config = json.loads((out / "config.json").read_text())
+    state = load_file(out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({**config, "draft_vocab_size": VD + 1}))
+    with pytest.raises(HeadError, match=f"draft_vocab_size {VD + 1} != lm_head rows {VD}"):
+        load_head(out)
+    (out / "config.json").write_text(json.dumps(config))
+    save_file({k: v for k, v in state.items() if k not in ("d2t", "t2d")}, out / "model.safetensors")
+    with pytest.raises(HeadError, match=f"no d2t/t2d but its draft vocab \\({VD}\\) != vocab_size"):
+        load_head(out)
+    d2t = state["d2t"].clone()
+    d2t[-1] = V  # draft id VD-1 -> target id V + VD - 1: past the vocabulary
+    save_file({**{k: v for k, v in state.items() if k != "t2d"}, "d2t": d2t}, out / "model.safetensors")
+    with pytest.raises(HeadError, match="no vocab_size covering its target ids"):
+        load_head(out)
+
+
+def test_speculators_import_keeps_the_verifier_it_names(target, tmp_path) -> None:
+    """speculators_config.verifier names the target: its path and architecture land in the head config."""
+    out = export_head(
+        make_head(target, target_name_or_path="org/tiny-llama"), "speculators", tmp_path / "spec"
+    )
+    back = load_head(out)
+    assert back.config.target_name_or_path == "org/tiny-llama"
+    assert back.config.target_architecture == "LlamaForCausalLM"
+
+
+def test_an_explicit_head_dim_survives_export(target, tmp_path) -> None:
+    """A layer whose head_dim is not hidden_size / num_attention_heads (16, not 8: as Qwen3 or Gemma
+    targets have) is exported with that head_dim and computes the same after the round trip."""
+    layer_config = {**layer_config_from(target.config), "head_dim": 16}
+    head = make_head(target, layer_config=layer_config)
+    assert head.midlayer.self_attn.q_proj.out_features == 4 * 16
+    for fmt in ("sglang", "speculators"):
+        out = export_head(head, fmt, tmp_path / fmt)
+        config = json.loads((out / "config.json").read_text())
+        assert config.get("head_dim", config.get("transformer_layer_config", {}).get("head_dim")) == 16
+        assert_same_head(head, attach(load_head(out), target))
+
+
+def test_a_16_bit_export_keeps_the_vocab_maps_integer(target, tmp_path) -> None:
+    """`dtype=bfloat16` casts the weights only: d2t stays int64 and t2d bool (a bf16 d2t would round
+    target ids above 256), and the head loads back with the same maps."""
+    head = make_head(target)
+    out = export_head(head, "speculators", tmp_path / "spec", dtype=torch.bfloat16)
+    state = load_file(out / "model.safetensors")
+    assert state["d2t"].dtype == torch.int64 and state["t2d"].dtype == torch.bool
+    assert state["fc.weight"].dtype == torch.bfloat16
+    back = load_head(out)
+    assert torch.equal(back.d2t, head.d2t) and torch.equal(back.t2d, head.t2d)
+
+
+def test_exported_layer_config_keeps_the_targets_norm_eps_and_positions(tiny_llama, tmp_path) -> None:
+    """rms_norm_eps and max_position_embeddings are the target's (1e-5 and 512 here, not library
+    defaults): engines build the draft layer's norms and rotary tables from them."""
+    other = tiny_llama(V, layers=L, hidden=H, rms_norm_eps=1e-5)
+    head = make_head(other)
+    out = export_head(head, "sglang", tmp_path / "sgl")
+    config = json.loads((out / "config.json").read_text())
+    assert config["rms_norm_eps"] == 1e-5 and config["max_position_embeddings"] == 512
+    assert_same_head(head, attach(load_head(out), other))

@@ -132,3 +132,53 @@ def test_what_fasterdecoding_cannot_run_is_refused(tmp_path) -> None:
         )
     with pytest.raises(HeadError, match="names the target"):
         export_head(random_head(), "fasterdecoding", tmp_path / "b")
+
+
+def test_prefixed_and_default_variants_of_both_layouts_import(tmp_path) -> None:
+    """Names and defaults the two layouts also come with: vLLM tensors under `medusa_heads.`, a vLLM config
+    without num_hidden_layers (one ResBlock), its shared projection stored as `lm_head.weight`, and a
+    FasterDecoding state dict under `medusa_head.`; each imports as the same heads."""
+    head = random_head(num_heads=2, num_layers=1)
+    out = export_head(head, "medusa", tmp_path / "vllm")
+    config = json.loads((out / "config.json").read_text())
+    state = load_file(out / "model.safetensors")
+    save_file({f"medusa_heads.{k}": v for k, v in state.items()}, out / "model.safetensors")
+    (out / "config.json").write_text(
+        json.dumps({k: v for k, v in config.items() if k != "num_hidden_layers"})
+    )
+    assert same_logits(head, load_head(out))
+    with torch.no_grad():
+        head.heads[1][1].weight.copy_(head.heads[0][1].weight)
+    shared = {k: v for k, v in state.items() if not k.startswith("lm_heads.")}
+    save_file({**shared, "lm_head.weight": head.heads[0][1].weight}, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({**config, "original_lm_head": True}))
+    assert same_logits(head, load_head(out))
+    directory = tmp_path / "fd"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1}))
+    torch.save({"medusa_head." + k.removeprefix("heads."): v for k, v in head.state_dict().items()},
+               directory / "medusa_lm_head.pt")  # fmt: skip
+    assert same_logits(head, load_head(directory))
+
+
+def test_heads_that_need_their_lora_adapter_are_not_exported(tmp_path) -> None:
+    """A Medusa-2 head was trained with a LoRA adapter inside the target: neither engine can run it."""
+    for fmt in ("medusa", "fasterdecoding"):
+        with pytest.raises(HeadError, match="LoRA adapter merged into the target"):
+            export_head(random_head(lora_adapter="adapter", target_name_or_path="t"), fmt, tmp_path / fmt)
+
+
+def test_exports_write_their_dtype_and_every_resblock(tmp_path) -> None:
+    """`dtype=bfloat16` writes bf16 tensors (as torch_dtype says) in both layouts; FasterDecoding's config
+    counts the head's ResBlocks (2 here), so their MedusaModel builds the blocks the file holds."""
+    head = random_head(num_heads=2, num_layers=2, target_name_or_path="org/tiny")
+    vllm = export_head(head, "medusa", tmp_path / "vllm", dtype=torch.bfloat16)
+    assert json.loads((vllm / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert {t.dtype for t in load_file(vllm / "model.safetensors").values()} == {torch.bfloat16}
+    fd = export_head(head, "fasterdecoding", tmp_path / "fd", dtype=torch.bfloat16)
+    config = json.loads((fd / "config.json").read_text())
+    assert config["medusa_num_layers"] == 2 and config["torch_dtype"] == "bfloat16"
+    state = torch.load(fd / "medusa_lm_head.pt", weights_only=True)
+    assert {t.dtype for t in state.values()} == {torch.bfloat16} and "0.2.weight" in state
+    back = load_head(fd, dtype=torch.float32)
+    assert back.config.num_layers == 2 and same_logits(head.to(torch.bfloat16).float(), back)

@@ -111,3 +111,52 @@ def test_init_from_lm_head_and_config_validation(target) -> None:
 def test_a_head_with_nothing_to_train_is_refused() -> None:
     with pytest.raises(HeadError, match="nothing to train"):
         MedusaConfig(hidden_size=8, vocab_size=16, num_layers=0, share_lm_head=True)
+
+
+def test_each_head_computes_its_own_resblocks_then_projection(target) -> None:
+    """Head k = x + SiLU(W_k x + b_k) per ResBlock, then its own projection (the reference Medusa math, so
+    imported checkpoints compute what they did); forward's entry k is head k, not another head."""
+    head = make_head(target, num_layers=2)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    hidden = torch.randn(2, 4, H)
+    with torch.no_grad():
+        outputs = head(hidden)
+        for k, seq in enumerate(head.heads):
+            x = hidden
+            for block in seq[:2]:
+                x = x + torch.nn.functional.silu(x @ block.linear.weight.T + block.linear.bias)
+            expected = x @ seq[2].weight.T
+            torch.testing.assert_close(outputs[k], expected)
+            torch.testing.assert_close(head.head_logits(k, hidden), expected)
+    assert not torch.allclose(outputs[0], outputs[1])
+
+
+def test_shared_lm_head_runs_each_heads_blocks_and_returns_fp32(target) -> None:
+    """share_lm_head: head k's own ResBlocks, then the frozen target lm_head (bf16 here, as a bf16 target
+    keeps it), with fp32 logits for the loss and the drafter whatever the lm_head's dtype."""
+    head = make_head(target, share_lm_head=True)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    lm_head = nn.Linear(H, V, bias=False).to(torch.bfloat16)
+    head.attach_target_modules(lm_head=lm_head)
+    hidden = torch.randn(1, 3, H)
+    with torch.no_grad():
+        outputs = head(hidden)
+        for k in range(K):
+            assert outputs[k].dtype == torch.float32
+            expected = lm_head(head.heads[k](hidden).to(torch.bfloat16)).float()
+            assert torch.equal(outputs[k], expected)
+    assert not torch.equal(outputs[0], outputs[1])
+
+
+def test_negative_head_indices_and_layer_counts_are_refused(target) -> None:
+    """head_logits(-1) must not silently return the last head (k is a depth: token t+2+k); a negative
+    ResBlock count is a config error."""
+    head = make_head(target)
+    with pytest.raises(IndexError):
+        head.head_logits(-1, torch.randn(1, 1, H))
+    with pytest.raises(HeadError, match="num_layers"):
+        MedusaConfig(hidden_size=H, vocab_size=V, num_layers=-1)

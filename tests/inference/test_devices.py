@@ -71,3 +71,12 @@ def test_from_pretrained_loads_a_bf16_checkpoint_in_float32_on_a_cpu(
     )
     with pytest.raises(ValueError, match=r"^dtype 'half' is not one of auto"):
         SpeculativeGenerator.from_pretrained("/no/such/target", dtype="half")
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
+def test_mps_without_mps_is_one_clear_error():
+    """--device mps where there is no MPS (any machine but a Mac's) fails in one line naming cpu."""
+    with pytest.raises(
+        ValueError, match="^--device mps: MPS is not available on this machine; use --device cpu$"
+    ):
+        check_device("mps")

@@ -128,3 +128,40 @@ def test_tallies_acceptance_and_summary_by_hand():
     assert row["t_verify_ms"] == pytest.approx(500.0) and row["t_draft_ms"] == pytest.approx(125.0)
     assert row["ideal_speedup"] == pytest.approx(2.0 * 750.0 / 625.0)
     assert row["speedup"] == pytest.approx((9 / 2.5) / (9 / 6.0)) and row["greedy_mismatches"] == 0
+
+
+def test_repeats_and_categories_are_each_divided_by_their_own_plain_run():
+    """Speedup i is run i's tokens/s over plain run i's (not the first plain run's), reported as the
+    median [min, max] of the repeats; tau, acceptance and the time split come from the LAST run and
+    the last plain run; passes per token = passes / tokens; t_other = wall per pass less verify and
+    draft; a category's speedup divides by THAT category's plain tokens/s, not the whole set's."""
+    plain_speeds, run_speeds = [10.0, 5.0, 20.0], [20.0, 15.0, 26.0]  # speedups 2, 3 and 1.3
+    plains = [
+        PromptSetRun(Tally(new_tokens=int(s), wall=1.0, verify=0.5, lengths=[1] * 10), {}, [])
+        for s in plain_speeds
+    ]
+    runs = [PromptSetRun(Tally(new_tokens=int(s), wall=1.0, lengths=[1, 1]), {}, []) for s in run_speeds]
+    # the last repeats: two categories whose plain speeds differ (qa 12.5, math 50 tokens/s)
+    plains[-1] = PromptSetRun(
+        Tally(new_tokens=20, wall=1.0, verify=0.8, lengths=[1] * 20),
+        {"qa": Tally(new_tokens=10, wall=0.8), "math": Tally(new_tokens=10, wall=0.2)},
+        [],
+    )
+    runs[-1] = PromptSetRun(
+        Tally(new_tokens=26, wall=1.0, draft=0.2, verify=0.6, lengths=[2, 4]),
+        {
+            "qa": Tally(new_tokens=10, wall=0.5, lengths=[2]),
+            "math": Tally(new_tokens=16, wall=0.5, lengths=[4]),
+        },
+        [],
+    )
+    row = summarize(runs, plains, DecodeSettings(temperature=1.0))
+    assert row["speedups"] == pytest.approx([2.0, 3.0, 1.3])
+    assert row["speedup"] == pytest.approx(2.0)  # the median (the mean would be 2.1)
+    assert (row["speedup_min"], row["speedup_max"]) == pytest.approx((1.3, 3.0))
+    assert row["tau"] == 3.0 and row["passes_per_token"] == pytest.approx(2 / 26)
+    assert row["t_step_ms"] == pytest.approx(40.0)  # the last plain run: 0.8 s over 20 passes
+    assert (row["t_verify_ms"], row["t_draft_ms"]) == pytest.approx((300.0, 100.0))
+    assert row["t_other_ms"] == pytest.approx(100.0)  # 500 ms per pass - 300 - 100
+    assert row["speedup_by_category"] == pytest.approx({"qa": 20 / 12.5, "math": 32 / 50})
+    assert row["tau_by_category"] == {"qa": 2.0, "math": 4.0} and row["greedy_mismatches"] is None

@@ -63,3 +63,52 @@ def test_a_target_without_sdpa_loads_eager_and_decodes_exactly(gemma2_target_dir
     assert llama.target.config._attn_implementation == NAME
     eager = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), attn_implementation="eager")
     assert eager.target.config._attn_implementation == "eager"
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # (peft, saving the adapter)
+def test_from_pretrained_merges_a_medusa2_heads_adapter(tiny_target_dir, tmp_path):
+    """A Medusa-2 head (config `lora_adapter`) was trained with the target's LoRA: from_pretrained decodes
+    with that adapter merged into the target, not the base target (whose logits differ)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from spechead.inference.generator import SpeculativeGenerator
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)  # init_lora_weights=False: a random (non-zero) adapter, as if trained
+    lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32), lora)
+    head_dir = tmp_path / "medusa2"
+    cfg = base.config
+    head = MedusaHead(MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=2,
+                                   lora_adapter="adapter"))  # fmt: skip
+    head.save_pretrained(head_dir)
+    adapted.save_pretrained(head_dir / "adapter")
+    merged = adapted.merge_and_unload().eval()
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), calibrate=False)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(gen.target(ids).logits, merged(ids).logits, rtol=1e-4, atol=1e-5)
+        assert (gen.target(ids).logits - base(ids).logits).abs().max() > 1e-3
+
+
+def test_drafter_options_parse_every_kind_of_value(tmp_path):
+    """`PATH@key=value,...`: integers (negative ones too), the words dynamic / iid / without_replacement /
+    deterministic, widths like 4x2x2x1, layers like 2+3+6 or 4-7, and a tree file (tree.json's choices or a
+    bare list); an empty item is skipped, a bad value or an item without `=` is a one-line ValueError."""
+    from spechead.inference.loading import drafter_options
+
+    (tmp_path / "tree.json").write_text('{"choices": [[0], [0, 0]]}')
+    (tmp_path / "paths.json").write_text("[[0], [1]]")
+    spec = (f"h@top_k=8,layer=-2,tree=dynamic,rule=iid,width=4x2x2x1,skip=2+3+6,span=4-7,"
+            f"choices={tmp_path / 'tree.json'},paths={tmp_path / 'paths.json'},")  # fmt: skip
+    assert drafter_options(spec) == ("h", {
+        "top_k": 8, "layer": -2, "tree": "dynamic", "rule": "iid", "width": "4x2x2x1", "skip": "2+3+6",
+        "span": "4-7", "choices": [[0], [0, 0]], "paths": [[0], [1]],
+    })  # fmt: skip
+    assert drafter_options("outputs/head") == ("outputs/head", {})
+    with pytest.raises(ValueError, match="^drafter option 'top_k': use key=value"):
+        drafter_options("h@top_k")
+    with pytest.raises(ValueError, match="^drafter option 'rule=greedy': the value must be an integer"):
+        drafter_options("h@rule=greedy")

@@ -60,3 +60,48 @@ def test_bench_batch_sampling(script, tiny_target_dir, medusa_dir, tmp_path, cap
         module.parse(["--top-p", "0"])
     assert exc.value.code == 2
     assert "0 < --top-p <= 1" in capsys.readouterr().err
+
+
+def _one_second_per_reading(module, monkeypatch):
+    """The script's clock ticks one second per reading: each timed call then takes exactly 1 s."""
+    import itertools
+    from types import SimpleNamespace
+
+    ticks = itertools.count()
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+
+
+def test_tokens_per_s_sums_every_batch_and_tau_leaves_out_each_rows_prefill_token(
+    script, tiny_target_dir, monkeypatch
+):
+    """tokens/s = all new tokens / the wall time of ALL batches (not the last one's), and tau = tokens per
+    target pass after each row's first token (the prefill's): plain decoding's tau is exactly 1."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    module = script("bench_batch")
+    _one_second_per_reading(module, monkeypatch)
+    plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), None)
+    chats = [[{"role": "user", "content": text}] for text in ("Hello there", "Add 2 and 3.", "Hi")]
+    ((tps, outputs, tau),) = module.run_engines([plain], chats, 2, 6, module.parse([]))
+    assert len(outputs) == 3 and tau == pytest.approx(1.0)
+    assert tps == pytest.approx(sum(map(len, outputs)) / 2)  # two batches (of 2 and 1 rows), 1 s each
+
+
+def test_hf_tokens_count_each_row_up_to_its_eos(script, tiny_target_dir, monkeypatch):
+    """HF generate's rows are counted up to and including their EOS, not the padding after it: a row
+    that stops early beside a row that runs on counts as many tokens as our engine emits for each."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    module = script("bench_batch")
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), None)
+    chats = [[{"role": "user", "content": "Hello there"}], [{"role": "user", "content": "Add 2 and 3."}]]
+    before = [gen.generate(messages=c, max_new_tokens=12).token_ids for c in chats]
+    stop = next(t for t in before[0] if t not in before[1])  # a token row 0 writes, row 1 not: its EOS now
+    gen.target.generation_config.eos_token_id = [stop, gen.tokenizer.eos_token_id]
+    gen = SpeculativeGenerator(gen.target, gen.tokenizer, None)
+    ours = [gen.generate(messages=c, max_new_tokens=12).token_ids for c in chats]
+    assert ours[0][-1] == stop and len(ours[0]) < len(ours[1])
+    _one_second_per_reading(module, monkeypatch)
+    assert module.run_hf(gen, chats, 2, 12, module.parse([])) == pytest.approx(len(ours[0]) + len(ours[1]))
+    # one row a batch: two batches of 1 s each, their wall times summed
+    assert module.run_hf(gen, chats, 1, 12, module.parse([])) == pytest.approx((len(ours[0]) + len(ours[1])) / 2)

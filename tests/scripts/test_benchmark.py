@@ -168,3 +168,132 @@ def test_compile_defaults_to_auto_resolved_for_the_device(script, name, capsys):
     with pytest.raises(SystemExit):  # argparse's one line: "--compile-draft='x' is not a compile mode ..."
         parse(["--compile-draft", "x"])
     assert "--compile-draft='x' is not a compile mode" in capsys.readouterr().err
+
+
+class Recording:
+    """Our plain generator, keeping each generate() result (to recount what the baselines report)."""
+
+    def __init__(self, gen):
+        self.gen, self.results = gen, []
+        self.target, self.tokenizer = gen.target, gen.tokenizer
+
+    def generate(self, **kwargs):
+        self.results.append(self.gen.generate(**kwargs))
+        return self.results[-1]
+
+
+def _baseline_args(script, tiny_target_dir, *extra):
+    return script("benchmark").parse(["--target", str(tiny_target_dir), "--assistant", "none", *extra])
+
+
+def test_baselines_are_divided_by_hf_generate_and_ours_timed_whole_calls(script, tiny_target_dir):
+    """Each HF baseline's speedup is its tokens/s over HF generate's (not 1.0 over itself), and our plain
+    decoding beside it counts whole calls, prefill included, as HF's are timed: its tokens/s is all new
+    tokens over all generate() wall time."""
+    from spechead.data.prompt_sets import EvalPrompt
+    from spechead.inference.generator import SpeculativeGenerator
+
+    bench = script("benchmark")
+    args = _baseline_args(script, tiny_target_dir, "--max-new-tokens", "6")
+    plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), None)
+    prompts = [EvalPrompt("a", "qa", ["What is the capital of France?", "And of Spain?"])]
+    settings = DecodeSettings(max_new_tokens=6)
+    base = bench.decode_prompts(plain, prompts, settings)
+    ours = Recording(plain)
+    rows = bench.measure_baselines(args, ours, prompts, settings, base)
+    assert [r["method"] for r in rows] == ["hf_generate", "spechead_plain (ours)", "hf_prompt_lookup"]
+    hf = rows[0]["tokens_per_s"]
+    for row in rows:
+        assert row["speedup_vs_hf_generate"] == pytest.approx(row["tokens_per_s"] / hf)
+        assert row["greedy_mismatches"] == 0
+    assert rows[2]["speedup_vs_hf_generate"] != pytest.approx(1.0)  # (two timings are never equal)
+    new = sum(r.stats.new_tokens for r in ours.results)
+    assert rows[1]["tokens_per_s"] == pytest.approx(new / sum(r.stats.wall_time for r in ours.results))
+
+
+def test_hf_turns_are_sampled_with_seed_plus_turn_index(script, tiny_target_dir):
+    """Sampled HF baselines seed turn i (over the whole prompt set) with --seed + i, as our decoding does:
+    the same prompt asked twice is drawn with two seeds, each the draw HF generate gives with that seed."""
+    from spechead.data.prompt_sets import EvalPrompt
+    from spechead.inference.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), None)
+    gen.target.generation_config.eos_token_id = None  # (random weights: answers run to their budget)
+    prompts = [EvalPrompt("a", "qa", ["Hello there"]), EvalPrompt("b", "qa", ["Hello there"])]
+    settings = DecodeSettings(max_new_tokens=8, temperature=1.0, seed=5)
+    _, outputs, _ = script("benchmark").hf_generate(gen, prompts, settings)
+    ids = gen.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hello there"}], add_generation_prompt=True, return_dict=False
+    )
+    alone = []
+    for seed in (5, 6):
+        torch.manual_seed(seed)
+        out = gen.target.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=True, temperature=1.0,
+                                  top_p=1.0, top_k=0, pad_token_id=gen.tokenizer.pad_token_id)  # fmt: skip
+        alone.append(out[0, len(ids) :].tolist())
+    assert outputs == alone and alone[0] != alone[1]
+
+
+def test_the_report_header_times_a_plain_step_by_its_verify_pass(script, tmp_path):
+    """decoding.md / decoding.json's plain step time is plain decoding's verification time per pass
+    (the t_step every row's ideal speedup uses), not its wall time per pass."""
+    args = script("benchmark").parse(["--out", str(tmp_path)])
+    plain = Tally(new_tokens=10, wall=2.0, verify=1.0, lengths=[1] * 10)
+    base = PromptSetRun(plain, {"qa": plain}, [])
+    text = script("benchmark").write(args, [], base, [], [], {})
+    payload = json.loads((tmp_path / "decoding.json").read_text())
+    assert payload["t_step_ms"] == pytest.approx(100.0) and payload["plain_tokens_per_s"] == pytest.approx(
+        5.0
+    )
+    assert text.startswith("plain decoding: 5.0 tokens/s, 100.00 ms per step")
+
+
+@pytest.mark.parametrize("flag", ["--repeats", "--prompts", "--max-new-tokens"])
+def test_counts_below_one_are_refused_in_one_line(script, flag, capsys):
+    with pytest.raises(SystemExit):
+        script("benchmark").parse([flag, "0"])
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_hf_tokens_per_s_counts_the_generated_tokens_over_the_generate_calls(
+    script, tiny_target_dir, monkeypatch
+):
+    """HF generate's tokens/s = the tokens each call generated (the prompt and nothing else left out) over
+    the time inside its generate() calls: with a clock that ticks one second per reading, 5 tokens a turn."""
+    import itertools
+    from types import SimpleNamespace
+
+    from spechead.data.prompt_sets import EvalPrompt
+    from spechead.inference.generator import SpeculativeGenerator
+
+    bench = script("benchmark")
+    ticks = itertools.count()
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), None)
+    gen.target.generation_config.eos_token_id = None  # (random weights: answers run to their budget)
+    prompts = [EvalPrompt("a", "qa", ["Hello there", "Again?"]), EvalPrompt("b", "qa", ["Hi"])]
+    tokens_per_s, outputs, _ = bench.hf_generate(gen, prompts, DecodeSettings(max_new_tokens=5))
+    assert [len(o) for o in outputs] == [5, 5, 5] and tokens_per_s == pytest.approx(5.0)
+
+
+def test_the_table_shows_each_number_in_its_column():
+    """decoding.md's cells: speedup as median [min, max], the ideal speedup, each category's own tau and
+    speedup, each HF baseline's speedup over HF generate, and greedy equality (n/a when sampled)."""
+    row = {"drafter": "d", "tau": 2.5, "passes_per_token": 0.4, "tokens_per_s": 50.0, "speedup": 2.0,
+           "speedup_min": 1.3, "speedup_max": 3.0, "t_verify_ms": 3.0, "t_draft_ms": 1.0, "t_other_ms": 0.5,
+           "ideal_speedup": 2.75, "greedy_mismatches": None, "acceptance_by_depth": [0.9, 0.6],
+           "tau_by_category": {"qa": 2.25, "math": 3.5}, "speedup_by_category": {"qa": 1.75, "math": 2.5}}  # fmt: skip
+    hf = [{"method": "hf_generate", "tokens_per_s": 20.0, "speedup_vs_hf_generate": 1.0, "greedy_mismatches": 0},
+          {"method": "hf_prompt_lookup", "tokens_per_s": 30.0, "speedup_vs_hf_generate": 1.5,
+           "greedy_mismatches": 2}]  # fmt: skip
+    table = render("h", [row], hf, {1: 0.002})
+    assert (
+        "| d | 2.50 | 0.400 | 50.0 | 2.00x [1.30, 3.00] | 3.00 | 1.00 | 0.50 | 2.75x | n/a (sampling) |"
+        in table
+    )
+    assert "| math | 3.50 (2.50x) |" in table and "| qa | 2.25 (1.75x) |" in table
+    assert (
+        "| hf_generate | 20.0 | 1.00x | yes |" in table
+        and "| hf_prompt_lookup | 30.0 | 1.50x | NO (2) |" in table
+    )
+    assert "- d: 0.90, 0.60" in table and "verification pass by tree size: 1: 2.00 ms" in table
