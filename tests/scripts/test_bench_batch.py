@@ -104,4 +104,6 @@ def test_hf_tokens_count_each_row_up_to_its_eos(script, tiny_target_dir, monkeyp
     _one_second_per_reading(module, monkeypatch)
     assert module.run_hf(gen, chats, 2, 12, module.parse([])) == pytest.approx(len(ours[0]) + len(ours[1]))
     # one row a batch: two batches of 1 s each, their wall times summed
-    assert module.run_hf(gen, chats, 1, 12, module.parse([])) == pytest.approx((len(ours[0]) + len(ours[1])) / 2)
+    assert module.run_hf(gen, chats, 1, 12, module.parse([])) == pytest.approx(
+        (len(ours[0]) + len(ours[1])) / 2
+    )
