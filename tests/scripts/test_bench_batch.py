@@ -107,3 +107,38 @@ def test_hf_tokens_count_each_row_up_to_its_eos(script, tiny_target_dir, monkeyp
     assert module.run_hf(gen, chats, 1, 12, module.parse([])) == pytest.approx(
         (len(ours[0]) + len(ours[1])) / 2
     )
+
+
+def test_a_row_that_differs_from_plain_decoding_is_counted_and_shouted(
+    script,
+    tiny_target_dir,
+    medusa_dir,  # noqa: F811
+    tmp_path,
+    capsys,
+    monkeypatch,
+):
+    """The lossless check of the report: a speculative row whose tokens differ from plain greedy
+    decoding's (an engine broken on purpose: its first row's last token changed) is counted in the line
+    and the JSON and named on stderr."""
+    module = script("bench_batch")
+    real = module.run_engines
+
+    def broken(engines, *args):
+        runs = real(engines, *args)
+        if len(engines) == 1:
+            return runs
+        tps, outputs, tau = runs[-1]
+        outputs = [list(o) for o in outputs]
+        outputs[0][-1] += 1
+        return [*runs[:-1], (tps, outputs, tau)]
+
+    monkeypatch.setattr(module, "run_engines", broken)
+    out = tmp_path / "bad"
+    argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}", "--batch-size", "3",
+            "--prompt-set", str(prompt_file(tmp_path / "p.jsonl")), "--max-new-tokens", "6", "--no-hf",
+            "--out", str(out)]  # fmt: skip
+    assert module.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "mismatches 1" in captured.out
+    assert "!!! medusa B=3: 1 outputs differ from plain greedy decoding" in captured.err
+    assert json.loads((out / "bench_batch.json").read_text())["rows"][0]["greedy_mismatches"] == 1
