@@ -297,3 +297,29 @@ def test_the_table_shows_each_number_in_its_column():
         and "| hf_prompt_lookup | 30.0 | 1.50x | NO (2) |" in table
     )
     assert "- d: 0.90, 0.60" in table and "verification pass by tree size: 1: 2.00 ms" in table
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # (peft, saving the adapter)
+def test_a_medusa2_heads_plain_baseline_is_its_adapted_target(script, tiny_target_dir, tmp_path):
+    """A Medusa-2 head decodes with its LoRA adapter merged into the target, so its plain baseline is that
+    merged target (the one loaded), not the base target: greedy outputs equal, speedups over the same
+    model. A baseline reloaded from --target would differ from the head's outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    from spechead.heads import MedusaConfig, MedusaHead
+
+    torch.manual_seed(0)  # init_lora_weights=False: a random (non-zero) adapter, as if trained
+    lora = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32), lora)
+    head_dir = tmp_path / "medusa2"
+    adapted.save_pretrained(head_dir / "adapter")
+    cfg = adapted.config
+    head = MedusaHead(MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=2,
+                                   target_num_layers=cfg.num_hidden_layers, lora_adapter="adapter"))  # fmt: skip
+    head.init_from_lm_head_(adapted.merge_and_unload().lm_head.weight).save_pretrained(head_dir)
+    out = tmp_path / "bench"
+    argv = ["--target", str(tiny_target_dir), "--drafter", f"m2={head_dir}", "--no-hf",
+            "--prompt-set", str(prompt_file(tmp_path / "p.jsonl")), "--max-new-tokens", "10", "--repeats", "1",
+            "--warmup", "1", "--out", str(out)]  # fmt: skip
+    assert script("benchmark").main(argv) == 0
+    assert json.loads((out / "decoding.json").read_text())["rows"][0]["greedy_mismatches"] == 0
