@@ -142,3 +142,36 @@ def test_a_row_that_differs_from_plain_decoding_is_counted_and_shouted(
     assert "mismatches 1" in captured.out
     assert "!!! medusa B=3: 1 outputs differ from plain greedy decoding" in captured.err
     assert json.loads((out / "bench_batch.json").read_text())["rows"][0]["greedy_mismatches"] == 1
+
+
+def test_the_speedup_is_over_plain_batched_decoding_of_the_same_target(
+    script,
+    tiny_target_dir,
+    medusa_dir,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+):
+    """speedup_vs_plain = speculative tokens/s / OUR plain batched tokens/s (HF generate's is its own
+    column): with the engines' and HF's rates planted, the row divides the right two."""
+    module = script("bench_batch")
+    real = module.run_engines
+
+    def planted(engines, *args):
+        rates = [100.0, 250.0]  # plain, then speculative
+        return [(rate, outputs, tau) for rate, (_, outputs, tau) in zip(rates, real(engines, *args))]
+
+    monkeypatch.setattr(module, "run_engines", planted)
+    monkeypatch.setattr(module, "run_hf", lambda *args: 50.0)
+    out = tmp_path / "rates"
+    argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}", "--batch-size", "2",
+            "--prompt-set", str(prompt_file(tmp_path / "p.jsonl")), "--max-new-tokens", "4", "--out", str(out)]  # fmt: skip
+    assert module.main(argv) == 0
+    (row,) = json.loads((out / "bench_batch.json").read_text())["rows"]
+    assert (row["plain_tokens_per_s"], row["hf_tokens_per_s"], row["spec_tokens_per_s"]) == (
+        100.0,
+        50.0,
+        250.0,
+    )
+    assert row["speedup_vs_plain"] == pytest.approx(2.5)
+    assert "speedup 2.50x" in capsys.readouterr().out
