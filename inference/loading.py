@@ -21,12 +21,13 @@ from spechead.heads.fp8 import to_fp8
 from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
-from spechead.inference.devices import load_dtype
+from spechead.inference.devices import check_device, load_dtype
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+from spechead.inference.memory_fit import check_target_fits
 
 # DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
@@ -210,6 +211,8 @@ def load_generator(
         torch_dtype = load_dtype(dtype, device, getattr(config.get_text_config(), "dtype", None))
     if attn_implementation == TREE_SDPA and not runs_sdpa(config):  # our default, not a user's choice:
         attn_implementation = "eager"  # (Gemma-2) eager attention takes tree masks as well
+    # (one line now, not minutes of loading then an out-of-memory traceback: a 70B target on one GPU)
+    check_target_fits(target, config, torch_dtype, check_device(str(device), "device"))
     model = AutoModelForCausalLM.from_pretrained(
         target, revision=revision, config=config, dtype=torch_dtype, attn_implementation=attn_implementation
     )

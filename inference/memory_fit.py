@@ -1,0 +1,64 @@
+"""Does a target fit its device? Checked from its config before any weight is read, so a target too
+large for one device (Llama-3-70B in bfloat16 is 141 GB: no single 80 GB GPU holds it) is one line in
+a second instead of minutes of loading and an out-of-memory traceback.
+
+spechead decodes with the whole target on one device (the verify pass, the KV cache, the captured
+hidden states and the CUDA graphs all live there); a target split over several GPUs is not supported.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+GB = 1e9
+
+
+def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int | None:
+    """Bytes of the target's weights in `dtype`, counted on the meta device (no memory, ~0.6 s for
+    70B); None when it cannot be counted: a quantized checkpoint (its weights are not `dtype`-sized)
+    or a model class transformers cannot build from the config alone."""
+    if getattr(config, "quantization_config", None) is not None:
+        return None
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # (remote code, an unknown architecture: the load itself will say what is wrong)
+        return None
+    # parameters() yields a tied embedding / lm_head once; buffers (rotary tables) are small and skipped.
+    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+
+
+def device_memory(device: torch.device) -> tuple[int, str] | None:
+    """(bytes a target's weights may take on `device`, how that was measured), or None when unknown.
+
+    CUDA: the GPU's free memory now. CPU: the machine's physical memory (a target larger than all
+    of it cannot decode, even from a memory-mapped checkpoint)."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return free, f"{device} has {free / GB:.1f} GB free of {total / GB:.1f} GB"
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return None
+        return total, f"this machine has {total / GB:.1f} GB of memory"
+    return None
+
+
+def check_target_fits(name: str, config: PretrainedConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """ValueError (one line saying what to do) when target `name`'s weights in `dtype` exceed what
+    `device` has; nothing when they fit or either side cannot be measured."""
+    need = weight_bytes(config, dtype)
+    room = device_memory(device) if need is not None else None
+    if room is None or need <= room[0]:
+        return
+    dtype_name = str(dtype).removeprefix("torch.")
+    fix = "pass dtype='bfloat16' (half the bytes), or " if dtype.itemsize > 2 else ""
+    raise ValueError(
+        f"target {name}: its weights need {need / GB:.1f} GB in {dtype_name} but {room[1]}; spechead decodes "
+        f"with the whole target on one device (not split over several GPUs): {fix}use a device with more "
+        "memory or a smaller target"
+    )
