@@ -52,7 +52,9 @@ def check_target_fits(name: str, config: PretrainedConfig, dtype: torch.dtype, d
     """ValueError (one line saying what to do) when target `name`'s weights in `dtype` exceed what
     `device` has; nothing when they fit or either side cannot be measured."""
     need = weight_bytes(config, dtype)
-    room = device_memory(device) if need is not None else None
+    if need is None:
+        return
+    room = device_memory(device)
     if room is None or need <= room[0]:
         return
     dtype_name = str(dtype).removeprefix("torch.")
