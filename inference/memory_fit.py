@@ -62,5 +62,5 @@ def check_target_fits(name: str, config: PretrainedConfig, dtype: torch.dtype, d
     raise ValueError(
         f"target {name}: its weights need {need / GB:.1f} GB in {dtype_name} but {room[1]}; spechead decodes "
         f"with the whole target on one device (not split over several GPUs): {fix}use a device with more "
-        "memory or a smaller target"
+        "memory, or export the head for vLLM / SGLang (scripts/export.py), which split a target over GPUs"
     )
