@@ -58,7 +58,10 @@ def check_target_fits(name: str, config: PretrainedConfig, dtype: torch.dtype, d
     if room is None or need <= room[0]:
         return
     dtype_name = str(dtype).removeprefix("torch.")
-    fix = "pass dtype='bfloat16' (half the bytes), or " if dtype.itemsize > 2 else ""
+    in_bf16 = need // dtype.itemsize * 2
+    fix = (
+        f"load it in bfloat16 ({in_bf16 / GB:.1f} GB: dtype / --dtype), " if in_bf16 <= room[0] < need else ""
+    )
     raise ValueError(
         f"target {name}: its weights need {need / GB:.1f} GB in {dtype_name} but {room[1]}; spechead decodes "
         f"with the whole target on one device (not split over several GPUs): {fix}use a device with more "

@@ -61,10 +61,23 @@ def test_a_target_larger_than_the_machine_is_one_line_before_loading(huge_target
     assert (
         "this machine has" in line and "not split over several GPUs" in line and "scripts/export.py" in line
     )
-    assert "pass dtype='bfloat16'" in line  # float32: halving the bytes is the first thing to try
-    with pytest.raises(ValueError, match="GB in bfloat16 but") as err:
+    assert "bfloat16" not in line  # (it would not fit in bfloat16 either)
+    with pytest.raises(ValueError, match="GB in bfloat16 but"):
         SpeculativeGenerator.from_pretrained(str(huge_target_dir), None, device="cpu", dtype="bfloat16")
-    assert "pass dtype" not in str(err.value)
+
+
+def test_a_target_that_fits_in_bfloat16_is_told_so(tmp_path):
+    """float32 weights of 1.5x this machine's memory: in bfloat16 they would fit (0.75x)."""
+    memory, _ = device_memory(torch.device("cpu"))
+    LlamaConfig(
+        vocab_size=int(1.5 * memory / 4 / 1024), hidden_size=1024, intermediate_size=8, num_hidden_layers=1,
+        num_attention_heads=8, num_key_value_heads=8, tie_word_embeddings=True,
+    ).save_pretrained(tmp_path)  # fmt: skip
+    need = weight_bytes(LlamaConfig.from_pretrained(tmp_path), torch.float32)
+    with pytest.raises(
+        ValueError, match=f"load it in bfloat16 \\({need / 2e9:.1f} GB: dtype / --dtype\\), use a"
+    ):
+        SpeculativeGenerator.from_pretrained(str(tmp_path), None, device="cpu")
 
 
 def test_a_quantized_target_is_left_to_its_loader(huge_target_dir):
