@@ -132,3 +132,19 @@ def test_probs_without_mass_are_one_line():
     anc = ancestors_on_device(tree.parents[None])
     with pytest.raises(ValueError, match="no positive finite mass"):
         sample_accept_batch(tree.tokens[None], tree.parents[None], anc, torch.zeros(1, 2, V), [None])
+
+
+def test_drawn_coins_are_the_generators_uniforms_for_nodes_1_on_then_the_next_token():
+    """Without `coins`, node j (j >= 1) reads the row generator's j-th uniform (the root none) and the
+    next token is drawn after them: the same acceptance as those uniforms passed as coins."""
+    g = torch.Generator().manual_seed(3)
+    for trial in range(60):
+        n = int(torch.randint(2, 9, (1,), generator=g))
+        p = torch.softmax(torch.randn(n, V, generator=g) * 2, -1)  # [N, V]
+        tree = random_tree(g, n, p)
+        t, par = tree.tokens[None], tree.parents[None]
+        drawn = sample_accept_batch(t, par, ancestors_on_device(par), p[None], [make_generator(trial)])[0]
+        gen = make_generator(trial)
+        coins = torch.cat([torch.ones(1), torch.rand(n - 1, generator=gen)])  # [N]: root's never read
+        given = sample_accept_batch(t, par, ancestors_on_device(par), p[None], [gen], coins=coins[None])[0]
+        assert (drawn.path, drawn.next_token) == (given.path, given.next_token), f"trial {trial}"

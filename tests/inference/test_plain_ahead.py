@@ -91,3 +91,17 @@ def test_host_reads_come_back_in_order_with_two_in_flight():
     assert reads.pop() == 3
     reads.push(torch.tensor([[5]]))  # into the slot just read
     assert [reads.pop(), reads.pop()] == [4, 5]
+
+
+def test_logits_without_a_finite_mass_after_the_prefill_raise_one_clear_error(tiny_llama):
+    """A NaN pass (here: every embedding but the prompt's token is NaN, so the second step's logits are)
+    draws id V on the device: queued ahead, the next step's input is clamped into the vocabulary (no
+    index error), and the host's read of V raises the same ValueError as token-by-token decoding."""
+    target = tiny_llama(96, layers=1, hidden=32, seed=4)
+    target.generation_config.eos_token_id = None
+    with torch.no_grad():
+        target.get_input_embeddings().weight[torch.arange(96) != 5] = float("nan")
+    ahead, stepwise = both(target)
+    for gen in (ahead, stepwise):
+        with pytest.raises(ValueError, match="cannot sample from probs without a positive finite mass"):
+            gen.generate(input_ids=[5], max_new_tokens=6, seed=0, temperature=1.0)

@@ -351,3 +351,52 @@ def test_sliding_window_targets_decode_exactly_within_their_window(kind, cache, 
         assert rows[0].token_ids == reference
         with pytest.raises(ValueError, match="row 1: the target uses sliding-window attention"):
             gen.generate_batch(input_ids=[prompt, prompt[:2]], max_new_tokens=[20, 23])
+
+
+@pytest.mark.parametrize("impl", ["flash_attention_2", "flash_attention_3", "kernels-community/flash-attn"])
+def test_flash_attention_targets_are_refused_for_tree_masks(tiny_llama, impl):
+    """Every flash kernel (any name holding "flash") takes no arbitrary 4D mask: refused at once."""
+    model = tiny_llama(VOCAB, layers=1, hidden=32, seed=0)
+    model.config._attn_implementation = impl  # (set directly: the kernels need a GPU to load)
+    with pytest.raises(ValueError, match=r"needs arbitrary 4D masks; attn_implementation '.*flash"):
+        TargetRunner(model, cache="dynamic")
+
+
+@torch.no_grad()
+def test_a_static_prefill_without_reserve_sizes_its_own_cache_and_an_empty_prompt_is_refused(model):
+    runner = TargetRunner(model, cache="static")  # no reserve(): the prefill makes a cache for the prompt
+    seq = [3, 9, 27, 17, 51, 25]
+    logits, _ = runner.prefill(torch.tensor([seq]))
+    torch.testing.assert_close(logits[0], plain(model, seq)[0][-1], atol=1e-5, rtol=0)
+    tree = random_tree(5, 0)
+    tree_logits, _ = runner.verify(tree.tokens[None], tree.parents[None])
+    for node in range(5):
+        ref, _ = plain(model, seq + tree.tokens[path_to_node(tree.parents, node)].tolist())
+        torch.testing.assert_close(tree_logits[0, node], ref[-1], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"T >= 1, got \(1, 0\)"):
+        runner.prefill(torch.zeros(1, 0, dtype=torch.long))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("compile", [False, "graphs"], ids=["eager", "graphs"])
+def test_near_a_fixed_caches_end_buckets_and_compiled_commits_stay_within_it(model, compile):
+    """A bucket larger than the room left is not taken (the tree runs unpadded), and a compiled commit
+    whose power-of-2 padding would copy past the buffer's end falls back to the eager copy."""
+    runner = TargetRunner(model, cache="static", max_length=16, buckets=(4, 16, 64), compile=compile)
+    runner.reserve(10, 6)
+    seq = [3, 9, 27, 17, 51, 25, 7, 11, 13, 2]
+    runner.prefill(torch.tensor([seq]))
+    tokens, parents = torch.tensor([5, 6, 7, 8, 9, 10]), torch.tensor([-1, 0, 1, 2, 2, 3])  # room: 6
+    logits, _ = runner.verify(tokens[None], parents[None])
+    assert logits.shape == (1, 6, VOCAB) and runner.last_ancestors.shape == (1, 6, 6)
+    for node in range(6):
+        ref, _ = plain(model, seq + tokens[path_to_node(parents, node)].tolist())
+        torch.testing.assert_close(logits[0, node], ref[-1], atol=1e-4, rtol=0)
+    keep = [0, 1, 2, 3, 5]  # K = 5, not in place: padded to 8 it would run past slot 16
+    runner.commit(keep)
+    seq += tokens[keep].tolist()
+    fresh = TargetRunner(model, cache="dynamic")
+    fresh.prefill(torch.tensor([seq]))
+    for mine, ref in zip(runner.cache.layers, fresh.cache.layers):
+        torch.testing.assert_close(mine.keys[:, :, : len(seq)], ref.keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(mine.values[:, :, : len(seq)], ref.values, atol=1e-5, rtol=0)

@@ -283,3 +283,71 @@ def test_replayed_graphs_decode_ahead_like_plain_decoding(model, chatml_tokenize
         prompt = list(range(5 + i, 15 + 2 * i))
         assert gen.generate(input_ids=prompt, max_new_tokens=20).token_ids == plain_greedy(model, prompt, 20)
     assert all(g.replays > g.captures >= 1 for g in replayed_graphs)
+
+
+def test_a_budget_ending_inside_an_accepted_path_cuts_it_as_the_loop_that_reads_first(
+    model, chatml_tokenizer
+):
+    """max_new_tokens reached in the middle of a pass's accepted tokens: only the budget's share is
+    emitted, counted and recorded as that pass's length (Medusa here accepts 2-token paths now and then)."""
+    gens = [
+        SpeculativeGenerator(model, chatml_tokenizer, drafter(model, "medusa"), compile="graphs")
+        for _ in "ab"
+    ]
+    ahead, first = gens
+    for g in gens:
+        g.device_accept = True
+    ahead.spec_ahead = True
+    prompt = list(range(6, 19))
+    lengths = ahead.generate(input_ids=prompt, max_new_tokens=40).stats.accept_lengths
+    long = next(i for i, k in enumerate(lengths) if k >= 2)  # the first pass accepting a drafted token
+    n = 1 + sum(lengths[:long]) + 1  # the root, the passes before it, then one of its tokens
+    out, ref = (g.generate(input_ids=prompt, max_new_tokens=n) for g in gens)
+    assert out.token_ids == ref.token_ids == plain_greedy(model, prompt, n)
+    assert out.stats.new_tokens == ref.stats.new_tokens == n
+    assert out.stats.accept_lengths == ref.stats.accept_lengths == [*lengths[:long], 1]  # that pass: 1
+
+
+def test_only_a_compiled_eagle_drafter_itself_with_paths_up_to_graph_commit_runs_ahead(model):
+    """P = the power of two above the tree's depth: up to GRAPH_COMMIT (16: depth 15) the head's commit
+    is a graph and the drafter runs ahead; deeper trees, eager drafters and subclasses (which may hear
+    paths their own way) keep the loop that reads first."""
+    from spechead.inference.drafters.eagle import GRAPH_COMMIT, EagleDrafter
+
+    head = eagle_drafter(model, "eagle").head
+
+    class HearsMore(EagleDrafter):
+        pass
+
+    for depth, ahead in ((15, True), (16, False)):
+        d = EagleDrafter(head, top_k=2, depth=depth, total_tokens=8)
+        d.use_compile("graphs")
+        assert (commit_size(d) <= GRAPH_COMMIT) == runs_ahead(d) == ahead, depth
+        assert isinstance(ahead_of(d, greedy=True), EagleAhead) == ahead
+    sub = HearsMore(head, tree=CHOICES)
+    sub.use_compile("graphs")
+    assert not runs_ahead(sub) and ahead_of(sub, greedy=True) is None
+    assert not runs_ahead(EagleDrafter(head, tree=CHOICES))  # eager: no fixed-shape commit
+
+
+def test_after_settle_the_drafter_goes_on_from_the_host_as_one_that_heard_the_path_there(model):
+    """`settle` leaves the host's bookkeeping as accept_path would (the count, the announced root), so
+    the drafter can be driven from the host again (the loop that reads first, a later decode)."""
+    host, queued = (eagle_drafter(model, "eagle", tree=CHOICES) for _ in range(2))
+    for d in (host, queued):
+        d.use_compile("graphs")
+    ahead, gen, h = EagleAhead(queued), torch.Generator().manual_seed(2), model.config.hidden_size
+    states = {layer: torch.randn(12, h, generator=gen) for layer in host.hidden_layers}
+    for d in (host, queued):
+        d.start(torch.arange(5, 17), states, root=7)
+        d.propose(7, SamplingParams(), None)
+    n, path, nxt = len(CHOICES) + 1, [0, 1, 4], 11
+    hidden = {layer: torch.randn(1, n, h, generator=gen) for layer in host.hidden_layers}
+    tokens = torch.randint(0, model.config.vocab_size, (n,), generator=gen)
+    host.accept_path([int(t) for t in tokens[path]], hidden, path, nxt)
+    ahead.accept(hidden, tokens, torch.tensor(path + [path[-1]] * 8), torch.tensor(3), torch.tensor(nxt))
+    ahead.propose(torch.tensor(nxt))
+    ahead.settle(3, nxt)
+    drafts = [d.propose(nxt, SamplingParams(), None) for d in (host, queued)]  # from the host now
+    assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
+    assert queued._committed == host._committed == 12 + 3

@@ -31,3 +31,9 @@ def test_until_stop_keeps_the_first_eos_and_at_most_room_tokens():
     assert until_stop([5, 6, 2, 7], {2}, room=2) == [5, 6]
     assert until_stop([5, 6, 2, 7], {2}, room=3) == [5, 6, 2]
     assert until_stop([5, 6], set(), room=0) == []
+
+
+def test_until_stop_keeps_nothing_when_the_budget_is_spent_or_overspent():
+    assert until_stop([5, 6, 7], {2}, room=-1) == []  # not "all but the last"
+    assert until_stop([5, 6, 7], {2}, room=-2) == []
+    assert until_stop([5, 6, 7], set(), room=None) == [5, 6, 7]

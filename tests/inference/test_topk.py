@@ -133,3 +133,16 @@ def test_an_eagle_draft_past_the_threshold_is_one_topks(tiny_llama, draft_compil
         draft = drafter.propose(drafter._root, SamplingParams(), None)  # after the last accept
         trees[chunk] = (draft.tree.tokens.tolist(), draft.tree.parents.tolist())
     assert trees["auto"] == trees[None]
+
+
+def test_a_row_finite_only_in_its_partial_last_chunk_names_no_padding_column():
+    """Fewer finite entries than k, the one finite entry in the padded last chunk: the -inf picks may land
+    on the padding (which of the tied -inf is named is arbitrary); no id may point past the row."""
+    for width in range(5, 40):
+        for chunk, k in ((2, 3), (8, 3), (4, 2)):
+            if width <= k * chunk or width % chunk == 0:
+                continue
+            x = torch.full((1, width), float("-inf"))
+            x[0, -1] = 1.0
+            values, ids = topk_rows(x, k, chunk)
+            assert ids[0, 0] == width - 1 and int(ids.max()) < width, (width, chunk, k)
