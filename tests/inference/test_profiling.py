@@ -6,12 +6,21 @@ import time
 
 import torch
 
-from spechead.inference.profiling import Timer, count_syncs, profile_part, profile_parts, render_profiles
+from spechead.inference.profiling import (
+    PartProfile,
+    Timer,
+    copy_bandwidth,
+    count_syncs,
+    profile_part,
+    profile_parts,
+    render_profiles,
+    wall_ms,
+)
 
 
 def test_timer_takes_the_median_of_its_timed_calls_and_runs_setup_untimed():
     calls = {"setup": 0, "fn": 0}
-    durations = iter([0.0, 0.0, 0.03, 0.001, 0.002])  # two warm-ups, then three timed calls
+    durations = iter([0.0, 0.0, 0.06, 0.001, 0.002])  # two warm-ups, then three timed calls
 
     def fn():
         calls["fn"] += 1
@@ -23,7 +32,9 @@ def test_timer_takes_the_median_of_its_timed_calls_and_runs_setup_untimed():
 
     ms = Timer(torch.device("cpu"), iters=3, warmup=2).ms(fn, setup)
     assert calls == {"setup": 5, "fn": 5}
-    assert 2.0 <= ms < 15.0  # the median call slept 2 ms; the 30 ms one and the setups do not count
+    assert (
+        2.0 <= ms < 15.0
+    )  # the median call slept 2 ms; the 60 ms one (mean: 21 ms) and the setups do not count
 
 
 def test_profile_counts_host_ops_per_call_and_ranks_them():
@@ -57,3 +68,76 @@ def test_count_syncs_runs_fn_and_counts_nothing_off_cuda():
     calls = []
     out, syncs = count_syncs(torch.device("cpu"), lambda: calls.append(1) or "done")
     assert (out, syncs, calls) == ("done", 0, [1])
+
+
+def test_wall_ms_is_the_median_call_in_milliseconds():
+    durations = iter([0.05, 0.004, 0.006])
+    ms = wall_ms(lambda: time.sleep(next(durations)), torch.device("cpu"), iters=3)
+    assert 5.0 <= ms < 30.0  # the median call slept 6 ms: not the 50 ms one, not seconds nor microseconds
+
+
+def test_profile_part_times_after_an_untimed_first_call():
+    """The first call (compilation, caches) is run untimed: the single timed call here is a fast one."""
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.06 if len(calls) == 1 else 0.0)
+
+    p = profile_part(fn, torch.device("cpu"), iters=1)
+    assert p.wall_ms < 30.0 and len(calls) == 3  # untimed, timed, profiled
+
+
+def test_profile_part_reports_per_call_op_time_ranked_and_aten_ops_only():
+    """host_ops and the top ops' ms are per call (not summed over the iterations), ranked most expensive
+    first; a record_function region is not an op."""
+    y = torch.randn(384, 384)
+
+    def fn():
+        with torch.profiler.record_function("my_region"):
+            return (y @ y).relu()
+
+    one, many = (profile_part(fn, torch.device("cpu"), iters=n) for n in (1, 16))
+    assert one.host_ops == many.host_ops > 0
+    names = [name for name, _, _ in many.top]
+    assert names[0] == "aten::mm" and all(name.startswith("aten::") for name in names)
+    costs = [ms for _, ms, _ in many.top]
+    assert costs == sorted(costs, reverse=True)
+    # one matmul's time per call over 16 calls is about one call's (summed over the 16 it is 16 times it;
+    # a loose bound, as the two are timed apart on a shared machine)
+    assert 0 < costs[0] < 4 * one.top[0][1]
+
+
+def test_profile_parts_profiles_each_part_with_its_iterations():
+    calls = {"a": 0, "b": 0}
+    parts = {name: (lambda name=name: calls.__setitem__(name, calls[name] + 1)) for name in calls}
+    profiles = profile_parts(parts, torch.device("cpu"), iters=2)
+    assert list(profiles) == ["a", "b"] and calls == {"a": 5, "b": 5}  # 1 untimed + 2 timed + 2 profiled
+
+
+def test_render_a_device_part_shows_kernel_idle_ms_and_kernel_count():
+    """A GPU part's row (built by hand: no GPU here): idle is wall - kernel ms, kernels and host ops per call."""
+    part = PartProfile(wall_ms=2.5, device_ms=0.75, kernels=12.0, host_ops=30.0, top=[("gemm", 0.5, 2.0)])
+    lines = render_profiles({"verify": part})
+    assert lines[1].split(" | ") == [
+        "verify            ",
+        "  2.500",
+        "0.750    ",
+        f"{'1.750':31s}",
+        "12     ",
+        "30",
+    ]
+    assert lines[2] == "  verify top: gemm 0.500 ms x2"
+
+
+def test_copy_bandwidth_counts_the_read_and_the_write():
+    class FixedTimer(Timer):  # the copy runs; its time is fixed, so the bandwidth is exact
+        def ms(self, fn, setup=None):
+            fn()
+            return 4.0
+
+    nbytes = 1 << 20
+    assert (
+        copy_bandwidth(torch.device("cpu"), FixedTimer(torch.device("cpu"), 1, 0), nbytes)
+        == 2 * nbytes / 4e-3
+    )

@@ -90,3 +90,107 @@ def test_a_device_this_machine_lacks_is_one_error_line(tmp_path, capsys) -> None
     assert script("bench_reference").main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --device cuda: CUDA is not available") and err.count("\n") == 1
+
+
+def row(tok_s: float, lo: float, hi: float, tau: float, mismatches: int = 0, tokens: int = 40) -> dict:
+    return {"tok_s": tok_s, "tok_s_range": [lo, hi], "tau": tau, "mismatches": mismatches, "tokens": tokens}
+
+
+def test_render_divides_by_each_engines_plain_decoding() -> None:
+    import torch
+
+    result = {
+        "settings": {"prompts": 2, "prompt_set": "demo", "max_new_tokens": 8, "repeats": 3, "device": "cpu"},
+        "reference_versions": {"transformers": "4.36.2", "torch": "2", "threads": 1},
+        "trees": {"reference tree": [[0], [1], [0, 0]], "our calibrated tree": [[0]]},
+        "reference": {
+            "reference tree": row(25.0, 24.0, 26.0, 2.5, 1, tokens=41),
+            "plain": row(10.0, 9.0, 11.0, 1.0),
+        },
+        "ours": {"plain": row(20.0, 19.0, 21.0, 1.0), "defaults": row(30.0, 28.0, 33.0, 3.0)},
+    }
+    lines = script("bench_reference").render(result).splitlines()
+    assert lines[0] == (
+        "the EAGLE authors' engine (eagle-llm, transformers 4.36.2) beside spechead: 2 prompts of demo, up to 8 "
+        f"new tokens, greedy, CPU ({torch.get_num_threads()} threads), median of 3 alternating repeats"
+    )
+    assert lines[4:8] == [
+        "| reference tree | reference | 2.50 | 25.0 [24.0, 26.0] | 1.25x | 2.50x | 1 |",
+        "| plain | reference | 1.00 | 10.0 [9.0, 11.0] | 0.50x | 1.00x | 0 |",
+        "| plain | spechead | 1.00 | 20.0 [19.0, 21.0] | 1.00x | 2.00x | 0 |",
+        "| defaults | spechead | 3.00 | 30.0 [28.0, 33.0] | 1.50x | 3.00x | 0 |",
+    ]
+    assert (
+        lines[9]
+        == "trees: reference tree: 3 drafted nodes, our calibrated tree: 1 drafted nodes; 40 tokens a run"
+    )
+
+
+def test_run_ours_decodes_each_prompt_after_an_untimed_warm_up(tiny_llama, chatml_tokenizer) -> None:
+    from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+    from spechead.inference.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator(tiny_llama(len(chatml_tokenizer)), chatml_tokenizer, PromptLookupDrafter())
+    gen.eos = set()
+    prompts = [[5, 6, 7, 5, 6], [9, 10, 11]]
+    runs = script("bench_reference").run_ours(gen, prompts, 6)
+    wanted = [gen.generate(input_ids=p, max_new_tokens=6) for p in prompts]
+    assert [r["ids"] for r in runs] == [w.token_ids for w in wanted]  # the warm-up's is not kept
+    assert [r["passes"] for r in runs] == [len(w.stats.accept_lengths) for w in wanted]
+    assert all(r["s"] > 0 for r in runs)
+
+
+@pytest.mark.parametrize("error", [RuntimeError, OSError, ValueError])
+def test_what_the_user_can_fix_is_one_error_line(capsys, error) -> None:
+    """guarded: the reference engine failing (RuntimeError), a file (OSError), a bad value: exit status 2."""
+
+    def bench(args):
+        raise error("the reference engine failed: boom")
+
+    assert script("bench_reference").guarded(bench, None) == 2
+    assert capsys.readouterr().err == "error: the reference engine failed: boom\n"
+
+
+def test_ref_path_comes_before_an_existing_pythonpath(tmp_path, monkeypatch) -> None:
+    for name in ("refsite", "other"):
+        (tmp_path / name / "eagle").mkdir(parents=True)
+        (tmp_path / name / "eagle" / "__init__.py").write_text(f"raise RuntimeError('the eagle of {name}')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "other"))
+    job = {"target": "t", "head": "h", "eos": 0, "max_new_tokens": 1, "prompts": [[1]], "trees": {}}
+    with pytest.raises(RuntimeError, match="RuntimeError: the eagle of refsite"):
+        script("bench_reference").run_reference(sys.executable, job, tmp_path, str(tmp_path / "refsite"))
+
+
+def test_count_passes_counts_each_tree_verification_and_keeps_its_result() -> None:
+    import types
+
+    module = types.SimpleNamespace(tree_decoding=lambda x, *, scale: x * scale)
+    counter = script("reference_eagle").count_passes(module)
+    assert module.tree_decoding(3, scale=2) == 6 and module.tree_decoding(1, scale=5) == 5
+    assert counter == [2]
+
+
+class NaiveEngine:
+    """A stand-in for eagle-llm's EaModel (not installable here): naive_generate yields the whole sequence
+    after each new token, as the engine's does, from a fixed continuation."""
+
+    def __init__(self, continuation: list[int]) -> None:
+        self.continuation = continuation
+
+    def naive_generate(self, x, temperature, max_steps):
+        import torch
+
+        for token in self.continuation[:max_steps]:
+            x = torch.cat([x, torch.tensor([[token]])], dim=1)
+            yield x
+
+
+@pytest.mark.parametrize(
+    ("continuation", "ids", "passes"),
+    [([7, 8, 9, 10, 11], [7, 8, 9], 2), ([7, 4, 9, 10], [7, 4], 1), ([4, 9, 9], [4], 1)],
+)
+def test_run_plain_cuts_at_the_budget_and_eos_and_counts_passes(continuation, ids, passes) -> None:
+    """Each prompt's new ids (after an untimed warm-up), cut after EOS (4) and at 3 tokens; its target
+    passes: one per token after the prefill's."""
+    runs = script("reference_eagle").run_plain(NaiveEngine(continuation), [[1, 2], [3]], eos=4, max_new=3)
+    assert [r["ids"] for r in runs] == [ids, ids] and [r["passes"] for r in runs] == [passes, passes]

@@ -108,3 +108,108 @@ def test_a_failing_reference_engine_is_one_error_line(tmp_path) -> None:
 def test_pass_gaps_count_prompts_by_the_difference_in_passes() -> None:
     gaps = script("bench_reference_medusa").pass_gaps
     assert gaps([5, 6, 4, 9], [5, 5, 3, 10]) == "-1: 1, +0: 1, +1: 2"
+
+
+def row(tok_s: float, lo: float, hi: float, tau: float, passes: list[int], mismatches: int = 0) -> dict:
+    return {"tok_s": tok_s, "tok_s_range": [lo, hi], "tau": tau, "mismatches": mismatches, "tokens": 40,
+            "passes": passes}  # fmt: skip
+
+
+def test_render_compares_each_tree_in_both_engines() -> None:
+    import torch
+
+    result = {
+        "settings": {"prompts": 2, "prompt_set": "demo", "max_new_tokens": 8, "repeats": 3, "device": "cpu"},
+        "reference_versions": {"transformers": "4.36.2", "torch": "2", "threads": 1},
+        "trees": {"2x1": 4, "1x1": 2},
+        "default_tree": 7,
+        "reference": {"2x1": row(15.0, 14.0, 16.0, 1.5, [5, 6]), "1x1": row(12.0, 11.0, 13.0, 1.25, [6, 7])},
+        "ours": {"plain": row(10.0, 9.0, 11.0, 1.0, [8, 8]), "defaults": row(30.0, 28.0, 33.0, 3.0, [3, 3]),
+                 "2x1": row(25.0, 24.0, 26.0, 1.5, [5, 5], 1), "1x1": row(18.0, 17.0, 19.0, 1.25, [6, 6])},
+    }  # fmt: skip
+    lines = script("bench_reference_medusa").render(result).splitlines()
+    assert lines[0].endswith(
+        f"up to 8 new tokens, greedy, CPU ({torch.get_num_threads()} threads), median of 3 alternating repeats"
+    )
+    assert lines[4:] == [
+        "| 2x1 (4) | reference | 1.50 | 15.0 [14.0, 16.0] | 1.50x |  | 0 |",
+        "| 2x1 (4) | spechead | 1.50 | 25.0 [24.0, 26.0] | 2.50x | 1.67x | 1 |",
+        "| 1x1 (2) | reference | 1.25 | 12.0 [11.0, 13.0] | 1.20x |  | 0 |",
+        "| 1x1 (2) | spechead | 1.25 | 18.0 [17.0, 19.0] | 1.80x | 1.50x | 0 |",
+        "| our defaults (7) | spechead | 3.00 | 30.0 [28.0, 33.0] | 3.00x | 2.00x the reference's best tree | 0 |",
+        "| our plain | spechead | 1.00 | 10.0 [9.0, 11.0] | 1.00x | 0.67x the reference's best tree | 0 |",
+        "",
+        "40 tokens a run",
+        "",
+        "passes per prompt, the reference's minus ours (difference: prompts): 2x1 +0: 1, +1: 1; 1x1 +0: 1, +1: 1",
+    ]
+
+
+def test_trees_as_deep_as_the_head_are_run_deeper_ones_refused(tiny_target_dir, tmp_path, capsys) -> None:
+    """A tree of the head's depth passes the check (and reaches the reference engine, absent here); one
+    deeper is refused before anything is loaded."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_target_dir)
+    head = MedusaHead(MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size, num_heads=2,
+                                   target_num_layers=config.num_hidden_layers,
+                                   target_name_or_path=str(tiny_target_dir)))  # fmt: skip
+    head_dir = head.save_pretrained(tmp_path / "head")
+    argv = ["--ref-python", sys.executable, "--target", str(tiny_target_dir), "--head", str(head_dir),
+            "--out", str(tmp_path / "o"), "--prompts", "1", "--max-new-tokens", "2", "--repeats", "1"]  # fmt: skip
+    main = script("bench_reference_medusa").main
+    capsys.readouterr()
+    assert main([*argv, "--trees", "1x1", "2x1x1"]) == 2
+    assert capsys.readouterr().err == "error: a tree deeper than the head's 2 heads: shorten --trees\n"
+    assert main([*argv, "--trees", "2x1"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # (after the loading bars, which end in \r)
+    assert last.startswith("error: the reference engine failed: ModuleNotFoundError") and "medusa" in last
+
+
+class MedusaEngine:
+    """A stand-in for medusa-llm 0.1's MedusaModel (not installable here): each step runs the module's
+    tree_decoding once, accepts `per_pass` tokens of a fixed continuation, hands the new ids so far to the
+    tokenizer's decode and yields; it stops at EOS (4) itself, as the engine does."""
+
+    def __init__(self, module, tokenizer, continuation: list[int], per_pass: int) -> None:
+        self.module, self.tokenizer, self.continuation, self.per_pass = (
+            module,
+            tokenizer,
+            continuation,
+            per_pass,
+        )
+
+    def medusa_generate(self, x, temperature, max_steps, medusa_choices):
+        new: list[int] = []
+        for start in range(0, len(self.continuation), self.per_pass):
+            self.module.tree_decoding()
+            new += self.continuation[start : start + self.per_pass]
+            self.tokenizer.decode(torch.tensor(new), skip_special_tokens=True)
+            yield {"text": ""}
+            if 4 in new:
+                return
+
+
+@pytest.mark.parametrize(
+    ("continuation", "per_pass", "ids", "passes"),
+    [
+        ([7, 8, 9, 10, 11, 12], 2, [7, 8, 9], 2),
+        ([7, 8, 9, 10, 11, 12], 1, [7, 8, 9], 3),  # stops once it has the budget, not a pass later
+        ([7, 4, 9, 10], 2, [7, 4], 1),
+        ([7, 8, 9, 4], 2, [7, 8, 9], 2),
+    ],
+)
+def test_the_references_tree_runs_stop_at_the_budget_and_count_their_own_passes(
+    continuation, per_pass, ids, passes
+):
+    """Each prompt (after an untimed warm-up): the new ids the engine decoded, cut after EOS and at 3
+    tokens, and the tree verifications of that prompt alone."""
+    import types
+
+    ref = script("reference_medusa")
+    module = types.SimpleNamespace(tree_decoding=lambda: None)
+    counter = ref.count_passes(module)
+    tokenizer = ref.IdsTokenizer(eos=4)
+    engine = MedusaEngine(module, tokenizer, continuation, per_pass)
+    runs = ref.run_tree(engine, counter, tokenizer, [[1, 2], [3]], [1, 2], eos=4, max_new=3, device="cpu")
+    assert [r["ids"] for r in runs] == [ids, ids] and [r["passes"] for r in runs] == [passes, passes]

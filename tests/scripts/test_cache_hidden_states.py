@@ -117,6 +117,7 @@ def test_other_settings_in_the_same_directory_are_refused(
     ("extra", "message"),
     [
         (["cache.nope=1"], "unknown key cache.nope"),
+        (["cache.dtype"], "cache.dtype: write cache.KEY=VALUE (keys: "),
         (["cache.dtype=int8"], "cache.dtype='int8'"),
         (["cache.shard_mb=0"], "cache.shard_mb must be > 0"),
         (["--fast"], "unknown option --fast"),
@@ -157,3 +158,41 @@ def test_two_processes_write_their_own_shards_with_the_same_content(
             assert a["file"].endswith(f"rank{a['number'] % 2}.safetensors")
             ta, tb = load_file(str(cache / a["file"])), load_file(str(full_cache / b["file"]))
             assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_a_complete_cache_prints_where_it_is_and_how_to_train_from_it(
+    script, full_cache, tiny_target_dir, chat_file, capsys
+):
+    assert script.main(args(tiny_target_dir, chat_file, full_cache)) == 0
+    out = capsys.readouterr().out
+    assert f"cache complete in {full_cache}: " in out
+    assert out.endswith(f"data.hidden_states=offline data.cache_dir={full_cache}\n")
+
+
+def test_summary_reports_sizes_per_token_and_throughput(script):
+    """The printed numbers: bytes per token of the whole cache, the estimate's, measured / estimate, and
+    the tokens per second this process built."""
+    from spechead.training.hidden_cache.build import CacheReport
+
+    report = CacheReport(Path("/c"), complete=True, tokens=1000, built_tokens=400, estimate_bytes=400_000,
+                         disk_bytes=410_000, seconds=2.0)  # fmt: skip
+    assert script.summary(report).splitlines() == [
+        "built 400 tokens in 2.0 s (200 tokens/s in this process)",
+        "cache complete in /c: 410,000 bytes on disk for 1,000 tokens = 410.0 bytes/token "
+        "(estimate 400.0; measured/estimate 1.0250)",
+        "train from it: python train.py ... data.hidden_states=offline data.cache_dir=/c",
+    ]
+    unfinished = CacheReport(Path("/c"), complete=False, tokens=1000, built_tokens=400, estimate_bytes=400_000,
+                             disk_bytes=0, seconds=2.0)  # fmt: skip
+    assert script.summary(unfinished).splitlines()[1:] == [
+        "cache in /c is unfinished: rerun the same command to continue it"
+    ]
+    empty = CacheReport(Path("/c"), complete=True, tokens=0, built_tokens=0, estimate_bytes=0, disk_bytes=0,
+                        seconds=0.0)  # fmt: skip
+    assert "0 tokens = 0.0 bytes/token (estimate 0.0; measured/estimate 0.0000)" in script.summary(empty)
+
+
+def test_help_prints_the_usage(script, capsys):
+    for flag in ("-h", "--help"):
+        assert script.main([flag]) == 0
+        assert "cache.shard_mb=1024" in capsys.readouterr().out

@@ -19,11 +19,15 @@ from spechead.heads.medusa import MedusaConfig, MedusaHead
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(argv: list[str]) -> int:
+def script():
     spec = importlib.util.spec_from_file_location("export_script", ROOT / "scripts" / "export.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.main([str(a) for a in argv])
+    return module
+
+
+def run(argv: list[str]) -> int:
+    return script().main([str(a) for a in argv])
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +121,59 @@ def test_exports_an_eagle_head_with_its_targets_embedding(tiny_target_dir, tmp_p
     assert run([head_dir, "--format", "eagle", "--out", tmp_path / "b", "--target", tmp_path]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "exactly one embed_tokens.weight" in err and err.count("\n") == 1
+
+
+def test_the_round_trip_check_refuses_an_export_of_another_head(medusa_dir, tmp_path) -> None:
+    """check_round_trip compares the reloaded export with the head: other tensor names, or other values
+    under the same names, are a HeadError (not a pass, not a KeyError)."""
+    from spechead.heads import HeadError
+
+    check_round_trip = script().check_round_trip
+    out = tmp_path / "m"
+    assert run([medusa_dir, "--format", "medusa", "--out", out]) == 0
+    assert check_round_trip(load_head(medusa_dir), out, None) == 6
+    torch.manual_seed(1)
+    other = MedusaHead(MedusaConfig(hidden_size=16, vocab_size=40, num_heads=2, target_num_layers=6))
+    with pytest.raises(HeadError, match="reloads heads.0.1.weight with other values"):
+        check_round_trip(other, out, None)
+    more = MedusaHead(MedusaConfig(hidden_size=16, vocab_size=40, num_heads=3, target_num_layers=6))
+    with pytest.raises(HeadError, match="reloads with other tensors than the head's"):
+        check_round_trip(more, out, None)
+
+
+def test_prints_how_many_tensors_the_round_trip_checked(medusa_dir, tmp_path, capsys) -> None:
+    assert run([medusa_dir, "--format", "medusa", "--out", tmp_path / "m"]) == 0
+    count = len(load_head(medusa_dir).state_dict())
+    assert f"reloaded with spechead, {count} tensors identical" in capsys.readouterr().out
+
+
+def test_speculators_draft_length_defaults_to_3(eagle3_dir, tmp_path) -> None:
+    assert run([eagle3_dir, "--format", "speculators", "--out", tmp_path / "s"]) == 0
+    spec = json.loads((tmp_path / "s" / "config.json").read_text())["speculators_config"]
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 3
+
+
+def test_out_expands_the_home_directory(medusa_dir, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # a literal "~" directory would land here
+    assert run([medusa_dir, "--format", "medusa", "--out", "~/m"]) == 0
+    assert (tmp_path / "home" / "m" / "config.json").is_file() and not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_an_unusable_out_is_one_error_line(medusa_dir, tmp_path, capsys, where) -> None:
+    """--out naming a file is refused up front; --out under a file fails writing (OSError): both one line."""
+    (tmp_path / "f").write_text("x")
+    out = tmp_path / "f" if where == "a file" else tmp_path / "f" / "m"
+    assert run([medusa_dir, "--format", "medusa", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert ("is not an empty directory" in err) == (where == "a file")
+
+
+def test_an_eagle_head_without_a_recorded_target_needs_target(tiny_llama, tmp_path, capsys) -> None:
+    config = EagleConfig.from_target(tiny_llama(40, hidden=16).config, target_name_or_path="")
+    head_dir = EagleHead(config).save_pretrained(tmp_path / "head")
+    assert run([head_dir, "--format", "eagle", "--out", tmp_path / "a"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: the head does not record its target: pass --target TARGET\n"

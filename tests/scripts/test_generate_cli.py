@@ -166,3 +166,72 @@ def test_benchmark_writes_table_and_json(tiny_target_dir, tmp_path):
     assert data["versions"]["torch"] and data["settings"]["max_new_tokens"] == 8
     for png in ("speedup_by_category.png", "acceptance_by_depth.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+PROMPT = "Add 2 and 3. Add 2 and"  # no --chat: the raw prompt
+
+
+def test_generate_a_raw_prompt_with_the_sampling_flags(script, tiny_target_dir, capsys):
+    """Without --chat the prompt is not wrapped; --temperature, --top-k, --top-p and --seed reach the
+    sampler (the defaults are the API's); the stats line shows the row's own numbers."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup")
+    common = ["--target", str(tiny_target_dir), "--drafter", "prompt_lookup", "--prompt", PROMPT]
+    generate = script("generate")
+    cases = [
+        ([], {}),
+        (["--temperature", "1", "--seed", "3"], dict(temperature=1.0, seed=3)),
+        (["--temperature", "1", "--seed", "3", "--top-k", "3", "--top-p", "0.5"],
+         dict(temperature=1.0, seed=3, top_k=3, top_p=0.5)),
+    ]  # fmt: skip
+    texts = []
+    for flags, options in cases:
+        result = gen.generate(prompt=PROMPT, max_new_tokens=10, **options)
+        assert generate.main([*common, "--max-new-tokens", "10", *flags]) == 0
+        out, err = capsys.readouterr()
+        assert out == result.text + "\n", flags
+        texts.append(result.text)
+    assert len(set(texts)) == 3  # greedy, sampled, sampled from the top 3 / top half: all tell apart
+    s = result.stats
+    assert s.accepted_tokens != s.drafted_tokens  # so the line's order of the two is checked
+    assert (
+        f"[tau {s.tau:.2f} tokens per target pass | {s.new_tokens} tokens in {s.target_passes} target passes | "
+        f"{s.accepted_tokens}/{s.drafted_tokens} drafts accepted | "
+    ) in err
+
+
+def test_generate_streams_one_prompt_as_plain_text(script, tiny_target_dir, capsys, monkeypatch):
+    """--stream with one --prompt prints the text itself (no JSON lines, no newline per piece), then the
+    stats; --dtype reaches the loader."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    made = []
+    load = SpeculativeGenerator.from_pretrained
+    monkeypatch.setattr(
+        SpeculativeGenerator, "from_pretrained", lambda *a, **k: made.append(load(*a, **k)) or made[-1]
+    )
+    common = ["--target", str(tiny_target_dir), "--prompt", PROMPT, "--max-new-tokens", "10"]
+    generate = script("generate")
+    assert generate.main(common) == 0
+    text, stats = capsys.readouterr()
+    assert generate.main([*common, "--stream"]) == 0
+    out, err = capsys.readouterr()
+    assert out == text and "[tau " in err
+    assert err.rsplit(" | ", 1)[0] == stats.rsplit(" | ", 1)[0]  # the streamed answer's stats (not tokens/s)
+    assert made[-1].target.dtype == torch.float32
+    assert generate.main([*common, "--dtype", "bfloat16"]) == 0 and made[-1].target.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("target", ["missing", "unknown architecture"])
+def test_generate_a_target_that_cannot_be_loaded_is_one_line(script, tmp_path, capsys, target):
+    """A missing --target is an OSError from the loader, an unknown model_type a ValueError of several
+    lines from transformers: either is one `error:` line (its first), exit status 2."""
+    path = tmp_path / "t"
+    if target == "unknown architecture":
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    assert script("generate").main(["--target", str(path), "--prompt", "hi"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert ("no_such_architecture" if target == "unknown architecture" else str(path)) in lines[0]

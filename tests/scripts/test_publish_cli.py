@@ -70,3 +70,58 @@ def test_bad_input_is_one_error_line(head_dir, tmp_path, monkeypatch, capsys, ar
     assert main([a.format(head=head_dir, missing=tmp_path / "nope") for a in args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def main_in_process():
+    return runpy.run_path(str(ROOT / "scripts" / "publish.py"))["main"]
+
+
+def test_dry_run_prints_notes_and_the_files_and_passes_base_model_and_revision(tmp_path, capsys):
+    """A target that is no Hub id is a printed note (no base_model); --base-model and --revision reach the
+    card; the dry run names the count and the files it wrote."""
+    config = MedusaConfig(hidden_size=32, vocab_size=64, target_num_layers=4, num_heads=2,
+                          target_name_or_path="/models/local", target_architecture="LlamaForCausalLM")  # fmt: skip
+    head = MedusaHead(config).save_pretrained(tmp_path / "run" / "head")
+    main = main_in_process()
+    assert main([str(head), "--repo-id", "me/m", "--dry-run", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert "note: the target '/models/local' is not a Hub id: the card has no base_model" in printed
+    assert ModelCard.load(tmp_path / "a" / "README.md").data.base_model is None
+    out = tmp_path / "b"
+    argv = [
+        str(head),
+        "--repo-id",
+        "me/m",
+        "--dry-run",
+        str(out),
+        "--base-model",
+        "org/real",
+        "--revision",
+        "dev",
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "note:" not in printed
+    assert (
+        f"dry run: wrote 3 files to {out}, uploaded nothing: README.md, config.json, model.safetensors"
+        in printed
+    )
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == "org/real" and 'snapshot_download("me/m", revision="dev")' in card.text
+
+
+def test_uploads_to_the_revision_branch(head_dir, fake_hub, tmp_path):
+    proc = publish(str(head_dir), "--repo-id", "me/medusa-dev", "--revision", "dev",
+                   HF_ENDPOINT=fake_hub.url, HF_TOKEN="hf_cli_token", HF_HOME=str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (commit,) = fake_hub.commits
+    assert commit["repo"] == "me/medusa-dev" and commit["revision"] == "dev"
+
+
+def test_a_dry_run_folder_that_cannot_be_written_is_one_error_line(head_dir, tmp_path, capsys):
+    (tmp_path / "f").write_text("x")  # the folder would be under a file: OSError, not a traceback
+    assert (
+        main_in_process()([str(head_dir), "--repo-id", "me/x", "--dry-run", str(tmp_path / "f" / "out")]) == 2
+    )
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines

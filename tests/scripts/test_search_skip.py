@@ -80,6 +80,13 @@ def test_script_end_to_end(script, tiny_target_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| drafter spec |" in printed and "early_exit@layer=1" in printed and "equal to plain" in printed
     saved = json.loads(out.read_text())
+    # the table is ranked by expected speedup, best first; the saved drafter is the best skip set
+    ranking = printed.split("\n\nearly exits:")[0].split("|---|---|---|---|---|\n")[1].splitlines()
+    speedups = [float(row.split(" | ")[-1].rstrip("x |")) for row in ranking]
+    best = next(row for row in ranking if "(nothing skipped)" not in row)
+    assert speedups == sorted(speedups, reverse=True) and f"{saved['expected_speedup']:.2f}x" in best
+    decoded = next(line for line in printed.splitlines() if line.startswith("best skip set "))
+    assert f" k={saved['num_draft']}: decoded tau " in decoded  # the saved drafter is the one decoded
     assert saved["drafter"] == "layer_skip" and saved["num_layers"] == 4 and saved["skip_layers"]
     assert saved["num_draft"] in (1, 2) and saved["decoded_tau"] == pytest.approx(saved["tau"])
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(out))
@@ -98,3 +105,83 @@ def test_script_bad_input(script, tiny_target_dir, tmp_path, capsys):
     assert err.value.code == 2 and "must end in .json" in capsys.readouterr().err
     assert script.main(["--target", str(tmp_path / "missing"), "--out", str(tmp_path / "s.json")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_script_labels_and_table_rows(script):
+    """A skip set as its --drafter spec (an early exit when it skips every layer from one on) and the
+    table's kept layers, chain length, tau and speedup."""
+    search_skip = script("search_skip")
+    assert search_skip.label((2, 3), 4) == "early_exit@layer=2"
+    assert search_skip.label((3,), 4) == "early_exit@layer=3"
+    assert search_skip.label((1, 2), 4) == "layer_skip@skip=1+2"
+    assert search_skip.label((), 4) == "(nothing skipped)"
+    rows = [Candidate((1, 3), 2, 1.5, 1.25), Candidate((3,), 1, 1.75, 1.125)]
+    assert search_skip.table(rows, 4).splitlines()[2:] == [
+        "| layer_skip@skip=1+3 | 2 | 2 | 1.50 | 1.25x |",
+        "| early_exit@layer=3 | 3 | 1 | 1.75 | 1.12x |",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--top", "0"], "must be >= 1"),
+        (["--beam", "0"], "must be >= 1"),
+        (["--max-skip", "0"], "--max-skip must be >= 1"),
+    ],
+)
+def test_script_refuses_bad_numbers(script, tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as err:
+        script("search_skip").parse(["--out", str(tmp_path / "s.json"), *flags])
+    assert err.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_script_refuses_a_target_of_one_layer(script, tiny_llama, chatml_tokenizer, tmp_path, capsys):
+    target = tmp_path / "one-layer"
+    tiny_llama(len(chatml_tokenizer), layers=1).save_pretrained(target)
+    chatml_tokenizer.save_pretrained(target)
+    argv = ["--target", str(target), "--prompts", "1", "--out", str(tmp_path / "s.json")]
+    assert script("search_skip").main(argv) == 2
+    assert capsys.readouterr().err == (
+        "error: the target has 1 decoder layer(s); skipping layers needs at least 2\n"
+    )
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_script_reference_outputs_are_the_prompt_then_its_greedy_continuation(
+    script, tiny_llama, chatml_tokenizer
+):
+    """Each sequence: the first user turn in the chat template (its length is the prompt length), then
+    the target's greedy answer to it."""
+    from spechead.data.prompt_sets import load_prompt_set
+
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, None)
+    prompts = load_prompt_set("demo", 2)
+    sequences, lengths = script("search_skip").reference_outputs(gen, prompts, 5)
+    for prompt, sequence, length in zip(prompts, sequences, lengths, strict=True):
+        ids = chatml_tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt.turns[0]}], add_generation_prompt=True, return_dict=False
+        )
+        assert length == len(ids) and sequence[:length] == ids
+        assert sequence[length:] == gen.generate(input_ids=ids, max_new_tokens=5).token_ids
+
+
+def test_script_max_skip_no_check_and_every_early_exit(script, tiny_target_dir, tmp_path, capsys):
+    """--max-skip 1: the beam's sets skip one layer, yet every early exit is tried (they skip more);
+    --no-check decodes nothing; the file records the prompts decoded (the JSONL holds fewer than asked)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"turns": ["What is the capital of France?"]}) + "\n")
+    out = tmp_path / "skip.json"
+    argv = ["--target", str(tiny_target_dir), "--prompt-set", str(prompts), "--prompts", "3",
+            "--max-new-tokens", "8", "--max-draft", "2", "--max-skip", "1", "--no-check", "--out", str(out)]  # fmt: skip
+    assert script("search_skip").main(argv) == 0
+    printed = capsys.readouterr().out
+    ranking, exits = printed.split("\n\nearly exits:\n")
+    rows = [row.split(" | ")[0] for row in ranking.splitlines() if row.startswith("| ") and "---" not in row]
+    assert all("+" not in spec for spec in rows[1:])  # layer_skip@skip=a+b: two layers, over --max-skip
+    exit_rows = [row.split(" | ")[0] for row in exits.splitlines()[2:] if row.startswith("| ")]
+    assert sorted(exit_rows) == [f"| early_exit@layer={k}" for k in (1, 2, 3)]
+    assert "equal to plain" not in printed and "decoded tau" not in printed
+    saved = json.loads(out.read_text())
+    assert saved["prompts"] == 1 and "decoded_tau" not in saved and saved["skip_layers"]
