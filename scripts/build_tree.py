@@ -75,6 +75,20 @@ def format_table(accuracy: torch.Tensor) -> str:
     return "\n".join([head, *rows])
 
 
+def read_cost_profile(path: str) -> dict:
+    """A decoding.json of scripts/benchmark.py (verify_ms_by_size, t_step_ms); ValueError in one line
+    when it cannot be read or lacks either (checked before any measuring, not after minutes of it)."""
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--cost-profile {path}: cannot read it ({type(err).__name__})") from None
+    if not isinstance(profile, dict) or not profile.get("verify_ms_by_size") or "t_step_ms" not in profile:
+        raise ValueError(
+            f"--cost-profile {path} holds no verify_ms_by_size and t_step_ms: pass scripts/benchmark.py's decoding.json"
+        )
+    return profile
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -82,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--nodes, --prompts, --topk and --depth must be >= 1")
         if not Path(args.head).is_dir():
             raise ValueError(f"--head {args.head} is not a local directory (tree.json is saved there)")
+        profile = read_cost_profile(args.cost_profile) if args.cost_profile else None
         prompts, source = load_prompts(args.prompts, args.prompts_file)
         # The default tree decodes the prompts (greedy = lossless, so the continuations are the
         # target's own) and gives the baseline tau. An existing tree.json is ignored for this.
@@ -101,8 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     extra = {}
-    if args.cost_profile:
-        profile = json.loads(Path(args.cost_profile).read_text())
+    if profile is not None:
         # Draft cost measured here while decoding with the default tree: Medusa's is one pass for all
         # depths; an EAGLE head runs once per depth of the dynamic tree.
         per_pass = (

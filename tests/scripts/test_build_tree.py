@@ -137,6 +137,31 @@ def test_build_tree_bad_input_before_loading(script, tmp_path, capsys, extra, co
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
 
 
+NO_KEYS = " holds no verify_ms_by_size and t_step_ms: pass scripts/benchmark.py's decoding.json"
+
+
+@pytest.mark.parametrize(
+    ("profile", "says"),
+    [
+        (None, ": cannot read it (FileNotFoundError)"),
+        ("{not json", ": cannot read it (JSONDecodeError)"),
+        ('{"verify_ms_by_size": {}, "t_step_ms": 5.0}', NO_KEYS),
+        ('{"verify_ms_by_size": {"1": 5.0}}', NO_KEYS),
+    ],
+)
+def test_a_bad_cost_profile_is_one_line_before_loading(script, tmp_path, capsys, profile, says):
+    """Read before the target loads (it does not exist here), not after minutes of measuring."""
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    file = tmp_path / "decoding.json"
+    if profile is not None:
+        file.write_text(profile)
+    argv = ["--target", str(tmp_path / "no-target"), "--head", str(head), "--cost-profile", str(file)]
+    assert script("build_tree").main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: --cost-profile {file}{says}"]
+
+
 def test_build_tree_compares_with_the_default_tree_and_measures_the_chosen_one(
     script, tiny_target_dir, head_dir, tmp_path, capsys
 ):
