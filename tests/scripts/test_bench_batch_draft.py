@@ -49,3 +49,86 @@ def test_a_medusa_head_is_refused(script, tiny_target_dir, heads, tmp_path):
         script("bench_batch_draft").main(
             ["--target", str(tiny_target_dir), "--drafter", str(heads["medusa"])]
         )
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """A clock that moves only inside the eager batched drafter's propose (P) and accept (A), once
+    seen["plant"]() is called (loading calibrates trees on the real one), with a record of what each
+    call was given."""
+    import time
+
+    from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+
+    now, seen = [0.0], {"propose": [], "accept": [], "start": []}
+    seen["plant"] = lambda: monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    propose, accept, start = EagleBatchDrafter.propose, EagleBatchDrafter.accept, EagleBatchDrafter.start
+
+    def timed_propose(self, *args):
+        now[0] += 2.0**-7
+        draft = propose(self, *args)
+        seen["propose"].append(tuple(draft.tokens.shape))
+        return draft
+
+    def timed_accept(self, ids, lengths, *args):
+        now[0] += 2.0**-9
+        seen["accept"].append((tuple(ids.shape), list(lengths)))
+        return accept(self, ids, lengths, *args)
+
+    def seen_start(self, prompts, *args):
+        seen["start"].append([len(p) for p in prompts])
+        return start(self, prompts, *args)
+
+    monkeypatch.setattr(EagleBatchDrafter, "propose", timed_propose)
+    monkeypatch.setattr(EagleBatchDrafter, "accept", timed_accept)
+    monkeypatch.setattr(EagleBatchDrafter, "start", seen_start)
+    return seen
+
+
+def test_pass_ms_times_only_the_passes_after_the_warm_up(script, tiny_target_dir, heads, planted):
+    """Planted times: each pass is one propose (2^-7 s) and one accept of 2 tokens a row (2^-9 s); the
+    warm-up passes run first, untimed."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(heads["eagle3"]), compile=False)
+    drafter = gen.drafter.with_tree([[0], [0, 0], [1]])
+    planted["plant"]()
+    text = gen.target.config.get_text_config()
+    ms = script("bench_batch_draft").pass_ms(drafter, 2, 9, 3, 2, text.hidden_size, text.vocab_size)
+    assert ms == pytest.approx(1e3 * (2.0**-7 + 2.0**-9))
+    assert planted["start"] == [[9, 9]] and planted["propose"] == [(2, 4)] * 5
+    assert planted["accept"] == [((2, 2), [2, 2])] * 5
+
+
+def test_the_tree_and_context_given_are_the_ones_drafted(
+    script, tiny_target_dir, heads, tmp_path, planted, monkeypatch
+):
+    from spechead.inference.generator import SpeculativeGenerator
+
+    load = SpeculativeGenerator.from_pretrained
+    monkeypatch.setattr(
+        SpeculativeGenerator, "from_pretrained", lambda *a, **k: (load(*a, **k), planted["plant"]())[0]
+    )
+    argv = ["--target", str(tiny_target_dir), "--drafter", str(heads["eagle3"]), "--modes", "eager",
+            "--batch-size", "2", "--iters", "2", "--warmup", "1", "--context", "7", "--choices", "[[0], [1]]",
+            "--out", str(tmp_path)]  # fmt: skip
+    script("bench_batch_draft").main(argv)
+    assert planted["start"] == [[7, 7]] and planted["propose"] == [(2, 3)] * 3
+    written = json.loads((tmp_path / "bench_batch_draft.json").read_text())
+    assert written["settings"]["choices"] == "[[0], [1]]" and written["settings"]["context"] == 7
+    assert written["rows"][0]["pass_ms"] == pytest.approx(1e3 * (2.0**-7 + 2.0**-9))
+
+
+def test_compile_values(script):
+    module = script("bench_batch_draft")
+    assert module.compile_value("inductor") is True
+    assert module.compile_value("graphs") == "graphs" and module.compile_value("eager") == "eager"
+
+
+def test_any_compile_backend_is_a_compiled_mode(script, tiny_target_dir, heads, tmp_path):
+    """A mode other than eager and graphs (here the backend aot_eager) compiles the drafter too."""
+    argv = ["--target", str(tiny_target_dir), "--drafter", str(heads["eagle3"]), "--modes", "aot_eager",
+            "--batch-size", "1", "--iters", "1", "--warmup", "1", "--context", "6", "--out", str(tmp_path)]  # fmt: skip
+    script("bench_batch_draft").main(argv)
+    rows = json.loads((tmp_path / "bench_batch_draft.json").read_text())["rows"]
+    assert [(r["mode"], r["drafter"]) for r in rows] == [("aot_eager", "CompiledEagleBatchDrafter")]

@@ -23,3 +23,63 @@ def test_bad_numbers_are_one_error_line(script, tiny_target_dir, capsys):
         script("bench_cold_ops").main(["--target", str(tiny_target_dir), "--repeats", "0"])
     assert exc.value.code == 2
     assert "--tokens and --repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_planted_times_land_in_their_columns_as_medians(script, tiny_target_dir, capsys, monkeypatch):
+    """Planted microseconds by what ran just before the op: a forward (cold), the op itself (warm), or
+    neither, the copy (after a copy); each column the median of its repeats, on the script's clock."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaForCausalLM
+
+    module = script("bench_cold_ops")
+    now, state = [0.0], {"forward": False, "prev": None}
+    planted = {
+        "cold": [8.0, 30.0, 10.0],
+        "after a copy": [4.0, 50.0, 5.0],
+        "warm": [1.0, 2.0, 2.0, 2.0, 9.0, 9.0],
+    }
+    left = {}
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    forward = LlamaForCausalLM.forward
+
+    def seen_forward(self, input_ids, *args, **kwargs):
+        state["forward"], state["shape"] = True, state.get("shape", set()) | {tuple(input_ids.shape)}
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", seen_forward)
+    real_ops = module.ops
+
+    def planted_ops(logits, ids, table):
+        def timed(name, fn):
+            def run():
+                if state["forward"]:
+                    kind = "cold"
+                else:
+                    kind = "warm" if state["prev"] in ("cold", "after a copy") else "after a copy"
+                state["forward"], state["prev"] = False, kind
+                now[0] += 1e-6 * left.setdefault((name, kind), list(planted[kind])).pop(0)
+                return fn()
+
+            return run
+
+        return {name: timed(name, fn) for name, fn in real_ops(logits, ids, table).items()}
+
+    monkeypatch.setattr(module, "ops", planted_ops)
+    import torch
+
+    sizes, randn = [], torch.randn  # the copy's source: half the weights read, half written
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: sizes.append(a) or randn(*a, **k))
+    assert module.main(["--target", str(tiny_target_dir), "--tokens", "2", "--repeats", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    weights = sum(p.numel() for p in LlamaForCausalLM.from_pretrained(tiny_target_dir).parameters())
+    assert f"{weights / 1e6:.1f} M weights" in lines[0] and (weights // 2,) in sizes
+    assert len(lines) == 8 and all(line.split()[-3:] == ["10.0", "5.0", "2.0"] for line in lines[2:])
+    assert all(times == [] for times in left.values()) and len(left) == 18  # every planted time taken
+    assert state["shape"] == {(1, 2)}  # forwards of --tokens tokens
+
+
+def test_no_tokens_is_refused(script, tiny_target_dir, capsys):
+    with pytest.raises(SystemExit) as exc:
+        script("bench_cold_ops").main(["--target", str(tiny_target_dir), "--tokens", "0"])
+    assert exc.value.code == 2 and "--tokens and --repeats must be >= 1" in capsys.readouterr().err
