@@ -12,6 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def both_heads(out, overrides: list[str]) -> list[str]:
+    """bench_heads.py's arguments for a Medusa and an EAGLE-3 run into `out`, with training overrides."""
+    return ["--heads", "medusa", "eagle3", "--out", str(out), "--", *overrides]
+
+
 @pytest.mark.slow
 def test_bench_heads_table(tmp_path, tiny_target_dir, chat_file):
     out = tmp_path / "bench"
@@ -26,17 +31,7 @@ def test_bench_heads_table(tmp_path, tiny_target_dir, chat_file):
         "head.init_from=null",
     ]
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "bench_heads.py"),
-            "--heads",
-            "medusa",
-            "eagle3",
-            "--out",
-            str(out),
-            "--",
-            *overrides,
-        ],
+        [sys.executable, str(ROOT / "scripts" / "bench_heads.py"), *both_heads(out, overrides)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -118,16 +113,7 @@ def test_a_family_that_fails_leaves_the_rows_before_it(
 
     monkeypatch.setattr(module, "run_family", second_fails)
     out = tmp_path / "bench"
-    argv = [
-        "bench_heads.py",
-        "--heads",
-        "medusa",
-        "eagle3",
-        "--out",
-        str(out),
-        "--",
-        *overrides_for(tiny_target_dir, chat_file)[1:],
-    ]
+    argv = ["bench_heads.py", *both_heads(out, overrides_for(tiny_target_dir, chat_file)[1:])]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(RuntimeError, match="out of memory"):
         module.main()
