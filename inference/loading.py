@@ -212,16 +212,24 @@ def load_generator(
     if attn_implementation == TREE_SDPA and not runs_sdpa(config):  # our default, not a user's choice:
         attn_implementation = "eager"  # (Gemma-2) eager attention takes tree masks as well
     # (one line now, not minutes of loading then an out-of-memory traceback: a 70B target on one GPU)
-    check_target_fits(target, config, torch_dtype, check_device(str(device), "device"))
+    where = check_device(str(device), "device")
+    check_target_fits(target, config, torch_dtype, where)
+    # straight onto the device (one device: no dispatch hooks), shard by shard: a GPU machine whose host
+    # memory is smaller than the target could not stage it in host memory first
     model = AutoModelForCausalLM.from_pretrained(
-        target, revision=revision, config=config, dtype=torch_dtype, attn_implementation=attn_implementation
+        target,
+        revision=revision,
+        config=config,
+        dtype=torch_dtype,
+        attn_implementation=attn_implementation,
+        device_map=where,
     )
     own = isinstance(drafter, str) and (
         drafter in BUILTIN_DRAFTERS or _is_cascade(drafter) or is_self_spec(drafter)
     )
     if isinstance(drafter, str) and not own:  # a head directory may carry an adapter (Medusa-2)
         model = merge_head_adapter(model, drafter)
-    model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps on .to: typed unbound
+    model = model.eval()
     on = next(model.parameters()).device
     auto = compile == AUTO
     compile = resolve_compile(compile, on, cache or cls.default_cache)

@@ -82,8 +82,11 @@ def load_tokenizer(target: str, chat_template: str | None):
 
 def load_model(target: str, dtype: str, device: str):
     try:
-        model = AutoModelForCausalLM.from_pretrained(target, dtype=DTYPES[dtype])
-        return model.to(device).eval()
+        # straight onto the device, shard by shard (not staged whole in host memory)
+        model = AutoModelForCausalLM.from_pretrained(
+            target, dtype=DTYPES[dtype], device_map=torch.device(device)
+        )
+        return model.eval()
     except (OSError, ValueError, RuntimeError) as err:
         raise DataError(
             f"--target {target} could not be loaded as a causal LM ({_first_line(err)})"

@@ -205,6 +205,22 @@ def script():
 
 
 @pytest.fixture
+def placements(monkeypatch) -> list:
+    """The `device_map` of every AutoModelForCausalLM.from_pretrained call in the test (None when not
+    given); the real loader runs."""
+    from transformers import AutoModelForCausalLM
+
+    real, seen = AutoModelForCausalLM.from_pretrained.__func__, []
+
+    def recorded(cls, *args, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(recorded))
+    return seen
+
+
+@pytest.fixture
 def reregistered(monkeypatch):
     """Replace a registered family's fields for one test."""
 

@@ -19,6 +19,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from spechead.heads.attention import NAME as TREE_SDPA  # (registers it with transformers)
 from spechead.heads.attention import runs_sdpa
@@ -161,6 +162,10 @@ class FrozenTarget:
 
 def load_target(cfg: TargetConfig, device: torch.device | str = "cpu") -> FrozenTarget:
     """Load `cfg.path` (local dir or Hub id) as a frozen causal LM on `device`."""
+    # Each process loads straight onto its device, shard by shard (not a whole copy per process staged in
+    # host memory: 8 ranks x an 8B target is 128 GB of host memory); under ZeRO-3's zero.Init the
+    # partitioning places the weights, and transformers refuses a device_map there.
+    placed = {} if is_deepspeed_zero3_enabled() else {"device_map": torch.device(device)}
     try:
         model = AutoModelForCausalLM.from_pretrained(
             cfg.path,
@@ -168,6 +173,7 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu") -> Frozen
             dtype=DTYPES[cfg.dtype],
             attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code,
+            **placed,
         )
     except (OSError, ValueError) as err:
         if _refuses_sdpa(cfg):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.loading import drafter_for_head
+
+CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +115,18 @@ def test_drafter_options_parse_every_kind_of_value(tmp_path):
         drafter_options("h@top_k")
     with pytest.raises(ValueError, match="^drafter option 'rule=greedy': the value must be an integer"):
         drafter_options("h@rule=greedy")
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs CUDA")])],
+)
+def test_the_target_loads_straight_onto_its_device(tiny_target_dir, placements, device):
+    """from_pretrained places the target's weights on the decoding device as it reads them (device_map),
+    not in host memory first: a GPU machine with less host memory than the target still loads it."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup", device=device)
+    assert placements == [torch.device(device)]
+    assert gen.target.device.type == device
+    assert gen.generate(input_ids=[5, 9, 14, 5, 9], max_new_tokens=4).token_ids  # (decodes there)

@@ -132,3 +132,9 @@ def test_bad_input_is_one_line_exit_2(script, case, message, tiny_target_dir, ch
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: ") and message in err[-1], err
+
+
+def test_the_target_loads_straight_onto_its_device(script, tiny_target_dir, placements):
+    """--device places the target's weights as they are read (device_map), not staged in host memory."""
+    model = script("regenerate").load_model(str(tiny_target_dir), "float32", "cpu")
+    assert placements == [torch.device("cpu")] and not model.training

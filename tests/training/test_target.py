@@ -102,3 +102,10 @@ def test_tokenizer_without_pad_token_pads_with_eos(chatml_tokenizer, tmp_path):
     tok.save_pretrained(tmp_path)
     loaded = load_tokenizer(TargetConfig(path=str(tmp_path)))
     assert loaded.pad_token == "<|im_end|>" and loaded.pad_token_id == loaded.eos_token_id
+
+
+def test_each_process_loads_the_target_straight_onto_its_device(tiny_target_dir, placements):
+    """Outside ZeRO-3 the target's weights go to the process's device as they are read (device_map), not
+    a whole copy per process staged in host memory (ZeRO-3 partitions instead: test_deepspeed.py)."""
+    load_target(TargetConfig(path=str(tiny_target_dir)), torch.device("cpu"))
+    assert placements == [torch.device("cpu")]
