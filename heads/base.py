@@ -210,6 +210,10 @@ class DraftHead(nn.Module):
             raise ValueError(
                 "this head has FP8 drafting layers (to_fp8 / draft_fp8): save the head as trained"
             )
+        if any(type(m).__name__ == "Int8Linear" for m in self.modules()):  # (heads/int8.py: decoding only)
+            raise ValueError(
+                "this head has int8 drafting layers (to_int8 / draft_int8): save the head as trained"
+            )
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         drop_tree(path)

@@ -33,6 +33,7 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fp8 import Fp8Linear, Fp8Rows, linears, linears_from, norm_quantized, reads_fp8
 from spechead.heads.grad import no_grad
+from spechead.heads.int8 import Int8Linear
 from spechead.heads.medusa import MedusaHead, ResBlock
 
 _LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
@@ -118,7 +119,7 @@ def _supported(layer: nn.Module) -> bool:
     if type(layer).__name__ not in _LAYERS or attn is None or mlp is None:
         return False
     projections = ("q_proj", "k_proj", "v_proj", "o_proj")
-    linear = (nn.Linear, Fp8Linear, Fp8Rows)  # (`_linear` runs any other module's own forward)
+    linear = (nn.Linear, Fp8Linear, Fp8Rows, Int8Linear)  # (`_linear` runs any other module's own forward)
     return (
         all(isinstance(getattr(attn, p, None), linear) for p in projections)
         and not any(hasattr(attn, n) for n in ("q_norm", "k_norm"))

@@ -101,6 +101,7 @@ class SpeculativeGenerator:
         self.draft_compile = draft_compile or False  # (the trees picked per batch size compile likewise)
         self.eos = eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
+        self.draft_weights: str | None = None  # "int8" / "fp8": from_pretrained quantized the head's layers
         # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size
         self.tree_accuracy: torch.Tensor | None = None
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen

@@ -12,12 +12,13 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from spechead.heads import DraftHead, directory, load_head
+from spechead.heads import DraftHead, MedusaHead, directory, load_head
 from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.attention import runs_sdpa
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
+from spechead.heads.int8 import to_int8
 from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
@@ -179,6 +180,7 @@ def load_generator(
     compile: bool | str = AUTO,
     draft_compile: bool | str | None = None,
     draft_fp8: bool = False,
+    draft_int8: bool | str = AUTO,
     **drafter_options,
 ):
     """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter.
@@ -195,7 +197,10 @@ def load_generator(
     captured (a host read inside its forward) then decodes eagerly, with a RuntimeWarning saying why.
     draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
     draft depth reads; still lossless), before any calibration, so the tree is measured as it will
-    draft. dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
+    draft. draft_int8: on a CPU, the head's big per-pass layers in int8 (heads/int8.py: a quarter of the
+    bytes float32 reads; EAGLE / EAGLE-3 per-depth layers, Medusa projections; still lossless); the
+    default "auto" is on for a Medusa head on a CPU (the demo's Medusa-2: 1.51x -> 1.91x, same tau), off
+    otherwise (an EAGLE-3 draft there is bound by its op count, not its bytes: no gain measured). dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
     checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
     key/value heads inside the kernel for tree passes on a CPU), or "eager" for a model class that
@@ -205,6 +210,10 @@ def load_generator(
     check_compile(draft_compile, "draft_compile")
     if draft_fp8:
         check_fp8_device(torch.device(device))
+    if draft_int8 not in (AUTO, True, False, 0, 1):
+        raise ValueError(f"draft_int8 takes auto, True or False, got {draft_int8!r}")
+    if draft_int8 is True or draft_int8 == 1:
+        check_int8_device(torch.device(device), draft_fp8)
     torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
     if torch_dtype is None:  # auto: float32 on a CPU, else the checkpoint's own
@@ -241,6 +250,15 @@ def load_generator(
             raise ValueError(
                 f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
             )
+    head = getattr(built, "head", None)
+    if draft_int8 == AUTO:  # (a Medusa head sharing the target's lm_head has nothing to swap)
+        quantized = on.type == "cpu" and isinstance(head, MedusaHead) and to_int8(head) > 0
+    elif draft_int8 and not to_int8(head or torch.nn.Module()):
+        raise ValueError(
+            f"draft_int8 needs an EAGLE / EAGLE-3 head or a Medusa head with its own projections, got drafter {drafter!r}"
+        )
+    else:
+        quantized = bool(draft_int8)
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     calibrating = calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree
     saved = None
@@ -258,6 +276,7 @@ def load_generator(
             draft_compile=draft_compile,
         )  # fmt: skip
         gen.calibration, gen.tree_accuracy = calibration, accuracy
+        gen.draft_weights = "fp8" if draft_fp8 else "int8" if quantized else None
         return gen
 
     if not (auto and compile):
@@ -281,6 +300,17 @@ def check_fp8_device(device: torch.device) -> None:
         raise ValueError(
             f"draft_fp8 needs FP8 tensor cores (compute capability >= 8.9); {name} has none: drop draft_fp8"
         )
+
+
+def check_int8_device(device: torch.device, fp8: bool) -> None:
+    """ValueError unless int8 drafting can run: on a CPU (its weight-only int8 GEMM is a CPU kernel),
+    and not with draft_fp8 (one quantization per layer)."""
+    if fp8:
+        raise ValueError(
+            "draft_int8 and draft_fp8 both quantize the draft: pick one (int8 on a CPU, FP8 on a GPU)"
+        )
+    if device.type != "cpu":
+        raise ValueError(f"draft_int8 runs on a CPU, not {device}: on a GPU use draft_fp8")
 
 
 def calibrated_drafter(

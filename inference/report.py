@@ -41,6 +41,12 @@ def render(header: str, rows: list[dict], hf_rows: list[dict], costs: dict[int, 
         lines += ["", "Trees calibrated at load (this load's pick):", ""]
         lines += [f"- {r['drafter']}: {t['nodes']} drafted nodes, depth {t['depth']}, expected "
                   f"{t['expected_speedup']:.2f}x" for r in calibrated for t in [r["calibrated_tree"]]]  # fmt: skip
+    quantized = [f"{r['drafter']} {r['draft_weights']}" for r in rows if r.get("draft_weights")]
+    if quantized:  # (from_pretrained's draft_int8 / draft_fp8)
+        lines += [
+            "",
+            f"Draft layers quantized (lossless: the target verifies every token): {', '.join(quantized)}",
+        ]
     if rows:
         lines += ["", TAU_NOTE]
         lines += ["", "P(at least d drafts accepted per pass), d = 1, 2, ...:", ""]

@@ -13,9 +13,11 @@ are cartesian, `medusa_choices` [1, k1, k2, ...] = the target's top-1, then ever
 with `--format fasterdecoding` (scripts/export.py) and runs in its own environment
 (scripts/reference_medusa.py: its Llama copy needs transformers 4.x). Per repeat the reference process
 runs first, then ours. Configurations:
-- each --trees tree ("7x6": medusa_choices [1, 7, 6]), in both engines (ours: the same rank paths);
+- each --trees tree ("7x6": medusa_choices [1, 7, 6]), in both engines (ours: the same rank paths, the
+  head's float weights: `draft_int8=False`);
 - ours with its defaults (`SpeculativeGenerator.from_pretrained(target, head)`: the tree calibrated here
-  when the head has a tree.json, else the family's default), and our plain decoding (medusa-llm 0.1 has
+  when the head has a tree.json, else the family's default; on a CPU the projections in int8), and our
+  plain decoding (medusa-llm 0.1 has
   no plain decoding of its own; speedups are against ours).
 Every output is compared with our plain greedy decoding. Writes OUT/reference_medusa.json and .md.
 """
@@ -150,7 +152,10 @@ def bench(args: argparse.Namespace) -> int:
     plain = load()
     prompts = first_turns(plain.tokenizer, args.prompt_set, args.prompts)
     gens = {"plain": plain, "defaults": load(args.head)}
-    gens.update({spec: load(args.head, choices=paths) for spec, (_, paths) in trees.items()})
+    # the same trees with the same float weights (draft_int8=False): the engines compared, not precisions
+    gens.update(
+        {spec: load(args.head, choices=paths, draft_int8=False) for spec, (_, paths) in trees.items()}
+    )
     jobs = [
         {
             "head": str(heads[d]),

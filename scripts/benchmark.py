@@ -165,7 +165,12 @@ def measure(name: str, spec: str, args, prompts: list[EvalPrompt], settings: Dec
     for i in range(args.repeats):
         plains.append(decode_prompts(plain, prompts, settings, desc=f"plain ({i + 1}/{args.repeats})"))
         runs.append(decode_prompts(gen, prompts, settings, desc=f"{name} ({i + 1}/{args.repeats})"))
-    row = {"drafter": name, "spec": spec, **summarize(runs, plains, settings)}
+    row = {
+        "drafter": name,
+        "spec": spec,
+        **summarize(runs, plains, settings),
+        "draft_weights": gen.draft_weights,
+    }
     if gen.calibration is not None:  # the tree this load picked (it can differ between loads)
         choices = gen.calibration["choices"]
         row["calibrated_tree"] = {"nodes": len(choices), "depth": max(map(len, choices)),

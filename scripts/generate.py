@@ -58,6 +58,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "of compute capability >= 8.9; lossless)",
     )  # fmt: skip
     p.add_argument(
+        "--draft-int8", default="auto", choices=("auto", "on", "off"),
+        help="the head's big per-pass layers in int8 (a quarter of float32's bytes; CPUs; lossless); auto (the "
+        "default): on for a Medusa head on a CPU",
+    )  # fmt: skip
+    p.add_argument(
         "--stream", action="store_true",
         help="print text as it is accepted (several --prompt: one JSON line per piece, {\"row\": b, \"text\": ...})",
     )  # fmt: skip
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             compile=args.compile,
             draft_compile=args.compile_draft or None,
             draft_fp8=args.draft_fp8,
+            draft_int8={"on": True, "off": False}.get(args.draft_int8, args.draft_int8),
         )
         chats = [[{"role": "user", "content": p}] for p in args.prompt]
         source = {"messages": chats[0]} if args.chat else {"prompt": args.prompt[0]}

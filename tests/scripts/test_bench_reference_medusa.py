@@ -145,10 +145,20 @@ def test_render_compares_each_tree_in_both_engines() -> None:
     ]
 
 
-def test_trees_as_deep_as_the_head_are_run_deeper_ones_refused(tiny_target_dir, tmp_path, capsys) -> None:
+def test_trees_as_deep_as_the_head_are_run_deeper_ones_refused(
+    tiny_target_dir, tmp_path, capsys, monkeypatch
+) -> None:
     """A tree of the head's depth passes the check (and reaches the reference engine, absent here); one
-    deeper is refused before anything is loaded."""
+    deeper is refused before anything is loaded. Our engine runs the trees on the head's float weights
+    (the reference's), our defaults as they are (on a CPU: int8 projections)."""
     from transformers import AutoConfig
+
+    from spechead.inference.generator import SpeculativeGenerator
+
+    made, load = [], SpeculativeGenerator.from_pretrained
+    monkeypatch.setattr(
+        SpeculativeGenerator, "from_pretrained", lambda *a, **k: made.append(load(*a, **k)) or made[-1]
+    )
 
     config = AutoConfig.from_pretrained(tiny_target_dir)
     head = MedusaHead(MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size, num_heads=2,
@@ -164,6 +174,7 @@ def test_trees_as_deep_as_the_head_are_run_deeper_ones_refused(tiny_target_dir, 
     assert main([*argv, "--trees", "2x1"]) == 2
     last = capsys.readouterr().err.splitlines()[-1]  # (after the loading bars, which end in \r)
     assert last.startswith("error: the reference engine failed: ModuleNotFoundError") and "medusa" in last
+    assert [g.draft_weights for g in made] == [None, "int8", None]  # plain, defaults, the 2x1 tree
 
 
 class MedusaEngine:

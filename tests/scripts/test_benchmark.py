@@ -46,6 +46,9 @@ def test_benchmark_writes_table_json_and_plots(script, tiny_target_dir, medusa_d
     report = json.loads((out / "decoding.json").read_text())
     assert report["categories"] == ["math", "qa"]
     assert [r["drafter"] for r in report["rows"]] == ["medusa", "lookup"]
+    # a Medusa head on a CPU drafts through int8 projections by default: the table says so
+    assert [r["draft_weights"] for r in report["rows"]] == ["int8", None]
+    assert "quantized (lossless: the target verifies every token): medusa int8\n" in table
     for row in report["rows"]:
         assert row["greedy_mismatches"] == 0  # lossless: identical to plain greedy decoding
         assert row["tau"] >= 1.0 and len(row["speedups"]) == 2
