@@ -50,7 +50,7 @@ def test_planted_times_land_in_their_columns_as_medians(script, tiny_target_dir,
     monkeypatch.setattr(LlamaForCausalLM, "forward", seen_forward)
     real_ops = module.ops
 
-    def planted_ops(logits, ids, table):
+    def planted_ops(logits, ids, table, drafts=None):
         def timed(name, fn):
             def run():
                 if state["forward"]:
@@ -63,7 +63,7 @@ def test_planted_times_land_in_their_columns_as_medians(script, tiny_target_dir,
 
             return run
 
-        return {name: timed(name, fn) for name, fn in real_ops(logits, ids, table).items()}
+        return {name: timed(name, fn) for name, fn in real_ops(logits, ids, table, drafts).items()}
 
     monkeypatch.setattr(module, "ops", planted_ops)
     import torch
@@ -83,3 +83,25 @@ def test_no_tokens_is_refused(script, tiny_target_dir, capsys):
     with pytest.raises(SystemExit) as exc:
         script("bench_cold_ops").main(["--target", str(tiny_target_dir), "--tokens", "0"])
     assert exc.value.code == 2 and "--tokens and --repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_a_medusa_head_adds_its_draft_in_float_and_int8(
+    script, tiny_target_dir, medusa_for, tmp_path, capsys
+):
+    """--medusa HEAD: the head's whole draft, as trained and with int8 projections, timed like the ops."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    head_dir = medusa_for(model, num_heads=2).save_pretrained(tmp_path / "medusa")
+    module = script("bench_cold_ops")
+    argv = ["--target", str(tiny_target_dir), "--repeats", "2", "--medusa", str(head_dir)]
+    assert module.main(argv) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[2:]
+    assert [r.split(",")[0] for r in rows[:2]] == ["Medusa draft"] * 2 and len(rows) == 8
+    assert rows[0].split()[2] == "float32" and rows[1].split()[2] == "int8"
+    drafts = module.medusa_drafts(str(head_dir), model.config.hidden_size)
+    float_draft, int8_draft = drafts.values()
+    assert float_draft().tree.parents.tolist() == int8_draft().tree.parents.tolist()  # the same tree, drafted
+    int8_head = int8_draft.__defaults__[0].head
+    assert {type(block[-1]).__name__ for block in int8_head.heads} == {"Int8Linear"}
+    assert {type(block[-1]).__name__ for block in float_draft.__defaults__[0].head.heads} == {"Linear"}
