@@ -65,7 +65,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., K) -> (..., N) in the layer's dtype."""
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # [M, K]
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, K] (the kernel's rule)
         y = torch._weight_int8pack_mm(rows, self.weight_int8, self.weight_scale)  # [M, N] bfloat16
         y = y.view(*x.shape[:-1], self.out_features).to(self.dtype)
         return y if self.bias is None else y + self.bias

@@ -42,6 +42,16 @@ def test_int8_linear_is_the_linear_to_int8_precision(dtype, bias):
     assert relative_error(scaled[..., 1:], ref[..., 1:]) < 0.02
 
 
+def test_an_input_of_any_layout_is_taken():
+    """A transposed or strided input (the kernel refuses one not contiguous on its last dimension)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16)
+    int8 = Int8Linear(linear)
+    x = torch.randn(4, 32)
+    for other in (x.t().contiguous().t(), torch.stack([x, x], -1)[..., 0], x.bfloat16().t().contiguous().t()):
+        assert not other.is_contiguous() and torch.equal(int8(other), int8(x.to(other.dtype)))
+
+
 def test_in_features_must_be_a_multiple_of_16():
     """(the CPU kernel crashes the process on other widths: refused before it runs)"""
     with pytest.raises(ValueError, match="multiple of 16, got 24 -> 48"):
