@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from spechead.heads import DraftHead
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import calibrated_drafter, drafter_for_head
+from spechead.inference.loading import as_drafted, calibrated_drafter, drafter_for_head
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category
 from spechead.inference.stats import GenerationStats, pooled_tau
 
@@ -218,7 +218,8 @@ def evaluate_head(
     was_training = head.training
     head.eval()
     try:
-        drafter, calibration, _ = calibrated_drafter(target, drafter_for_head(head), tree)
+        drafting = as_drafted(head, next(target.parameters()).device)  # (on a CPU: a Medusa head in int8)
+        drafter, calibration, _ = calibrated_drafter(target, drafter_for_head(drafting), tree)
         gen = SpeculativeGenerator(target, tokenizer, drafter)
         plain = SpeculativeGenerator(target, tokenizer, None)
         row = summarize(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import re
 import warnings
 from importlib.resources import files
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -18,7 +20,7 @@ from spechead.heads.attention import runs_sdpa
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.fp8 import to_fp8
-from spechead.heads.int8 import to_int8
+from spechead.heads.int8 import K_MULTIPLE, int8_linears, to_int8
 from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
@@ -252,7 +254,7 @@ def load_generator(
             )
     head = getattr(built, "head", None)
     if draft_int8 == AUTO:  # (a Medusa head sharing the target's lm_head has nothing to swap)
-        quantized = on.type == "cpu" and isinstance(head, MedusaHead) and to_int8(head) > 0
+        quantized = int8_by_default(head, on) and to_int8(head) > 0
     elif draft_int8 and not to_int8(head or torch.nn.Module()):
         raise ValueError(
             f"draft_int8 needs an EAGLE / EAGLE-3 head or a Medusa head with its own projections, got drafter {drafter!r}"
@@ -300,6 +302,27 @@ def check_fp8_device(device: torch.device) -> None:
         raise ValueError(
             f"draft_fp8 needs FP8 tensor cores (compute capability >= 8.9); {name} has none: drop draft_fp8"
         )
+
+
+def int8_by_default(head: object, device: torch.device) -> TypeGuard[MedusaHead]:
+    """Whether draft_int8="auto" puts `head` in int8 on `device`: a Medusa head with projections of its
+    own on a CPU (there its draft is bound by the bytes it reads: heads/int8.py)."""
+    return (
+        device.type == "cpu"
+        and isinstance(head, MedusaHead)
+        and any(getattr(parent, name).in_features % K_MULTIPLE == 0 for parent, name in int8_linears(head))
+    )
+
+
+def as_drafted(head: DraftHead, device: torch.device) -> DraftHead:
+    """`head` as from_pretrained's defaults draft with it on `device`: where `int8_by_default`, a copy with
+    its projections in int8 (the target modules it shares stay shared, the head itself keeps training),
+    else the head itself. Decode evals and tree tuning time the draft that loading will run."""
+    if not int8_by_default(head, device):
+        return head
+    drafted = copy.deepcopy(head, {id(m): m for m in head._target_modules.values()})
+    to_int8(drafted)
+    return drafted
 
 
 def check_int8_device(device: torch.device, fp8: bool) -> None:

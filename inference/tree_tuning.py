@@ -29,7 +29,7 @@ from spechead.heads.families import family_of
 from spechead.inference.calibrate import best_for_costs, calibrated_choices, fit_accuracy
 from spechead.inference.evaluation import Prompt, answer_room
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import decoded_choice, drafter_for_head
+from spechead.inference.loading import as_drafted, decoded_choice, drafter_for_head
 from spechead.inference.stats import pooled_tau
 from spechead.inference.tree_search import expected_accept_length
 
@@ -108,9 +108,11 @@ def tune_tree(
     with that accuracy table [depth, topk], the costs timed here and the tau the tree measured."""
     was_training = head.training
     head.eval()
+    # costs and decoding with the head as loading will draft with it (on a CPU a Medusa head in int8)
+    trained, head = head, as_drafted(head, next(target.parameters()).device)
     try:
         answers = continue_prompts(SpeculativeGenerator(target, tokenizer, None), prompts, max_new_tokens)
-        accuracy = measure_accuracy(target, head, answers, depth, topk)  # [depth, topk]
+        accuracy = measure_accuracy(target, trained, answers, depth, topk)  # [depth, topk] (as trained)
         _, costs = calibrated_choices(target, drafter_for_head(head), accuracy.double(), max_nodes)
         choices, measured = decoded_choice(target, head, accuracy.double(), costs.pop("ranked"))
         tuned = _decode_with(target, tokenizer, head, choices, prompts, max_new_tokens)
@@ -121,7 +123,7 @@ def tune_tree(
         if refined != choices:
             choices, tuned = refined, _decode_with(target, tokenizer, head, refined, prompts, max_new_tokens)
     finally:
-        head.train(was_training)
+        trained.train(was_training)
     return {
         "choices": choices,
         "expected_accept_length": float(expected_accept_length(accuracy, choices)),

@@ -165,3 +165,23 @@ def test_repeats_and_categories_are_each_divided_by_their_own_plain_run():
     assert row["t_other_ms"] == pytest.approx(100.0)  # 500 ms per pass - 300 - 100
     assert row["speedup_by_category"] == pytest.approx({"qa": 20 / 12.5, "math": 32 / 50})
     assert row["tau_by_category"] == {"qa": 2.0, "math": 4.0} and row["greedy_mismatches"] is None
+
+
+def test_the_decode_eval_drafts_as_loading_will(chatml_tokenizer, medusa_for, tiny_llama, monkeypatch):
+    """On a CPU a Medusa head decodes its eval with int8 projections, as from_pretrained's default does
+    (the speedup a run prints is the one its head decodes at), from a copy: the trained head stays."""
+    import spechead.inference.evaluation as evaluation
+
+    model = tiny_llama(len(chatml_tokenizer)).eval()
+    head = medusa_for(model, num_heads=2)
+    head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
+    used, real = [], evaluation.calibrated_drafter
+    monkeypatch.setattr(
+        evaluation,
+        "calibrated_drafter",
+        lambda t, drafter, *a: used.append(drafter.head) or real(t, drafter, *a),
+    )
+    metrics, _ = evaluation.decode_eval_hook(model, chatml_tokenizer, head, PROMPTS[:1], 8, None)
+    assert metrics["greedy_mismatches"] == 0
+    assert len(used) == 1 and {type(block[-1]).__name__ for block in used[0].heads} == {"Int8Linear"}
+    assert {type(block[-1]).__name__ for block in head.heads} == {"Linear"}

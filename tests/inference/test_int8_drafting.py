@@ -114,3 +114,21 @@ def test_int8_drafting_is_for_cpus():
     check_int8_device(torch.device("cpu"), fp8=False)
     with pytest.raises(ValueError, match="draft_int8 runs on a CPU, not cuda: on a GPU use draft_fp8"):
         check_int8_device(torch.device("cuda"), fp8=False)
+
+
+def test_as_drafted_is_an_int8_copy_on_a_cpu_only(tiny_llama, medusa_for):
+    """What decode evals and tree tuning draft with: on a CPU a Medusa head's copy with int8 projections,
+    sharing the target's modules, the trained head untouched; elsewhere, or another family, the head."""
+    from spechead.inference.loading import as_drafted
+
+    model = tiny_llama(64, layers=4, hidden=32)
+    head = medusa_for(model, num_heads=2)
+    head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
+    drafted = as_drafted(head, torch.device("cpu"))
+    assert drafted is not head and all(type(block[-1]) is Int8Linear for block in drafted.heads)
+    assert all(type(block[-1]) is nn.Linear for block in head.heads)  # (the one being trained)
+    assert drafted._target_modules["lm_head"] is model.lm_head  # shared, not copied
+    assert drafted.heads[0][0].linear.weight is not head.heads[0][0].linear.weight  # its own weights
+    assert as_drafted(head, torch.device("cuda")) is head and as_drafted(head, torch.device("meta")) is head
+    eagle3 = Eagle3Head(Eagle3Config.from_target(model.config))
+    assert as_drafted(eagle3, torch.device("cpu")) is eagle3

@@ -141,3 +141,26 @@ def test_the_second_choice_ranks_trees_by_the_fitted_table(target, medusa_for, m
         info = dict(timed[0])
         best_for_costs(accuracy, info, 16)
         assert info["ranked"] == ranked
+
+
+def test_tuning_times_and_decodes_the_draft_loading_will_run(target, medusa_for, monkeypatch):
+    """On a CPU loading drafts a Medusa head with int8 projections (draft_int8="auto"): tuning times and
+    decodes that draft (a copy), measures the accuracy of the head as trained and leaves it as it was."""
+    import spechead.inference.tree_tuning as tree_tuning
+
+    model, tok = target
+    head = _head("medusa", model, medusa_for)
+    timed, real = [], tree_tuning.calibrated_choices
+    monkeypatch.setattr(
+        tree_tuning,
+        "calibrated_choices",
+        lambda t, drafter, *a, **k: timed.append(drafter.head) or real(t, drafter, *a, **k),
+    )
+    measured, measure = [], tree_tuning.measure_accuracy
+    monkeypatch.setattr(
+        tree_tuning, "measure_accuracy", lambda t, h, *a, **k: measured.append(h) or measure(t, h, *a, **k)
+    )
+    tune_tree(model, tok, head, PROMPTS, max_new_tokens=8, depth=3, topk=4)
+    assert len(timed) == 1 and timed[0] is not head
+    assert {type(block[-1]).__name__ for block in timed[0].heads} == {"Int8Linear"}
+    assert measured == [head] and {type(block[-1]).__name__ for block in head.heads} == {"Linear"}
