@@ -3,8 +3,9 @@
 On a CPU the draft is bound by the bytes it reads, not by its arithmetic: between two drafts the
 target's forward evicts the head's weights from the caches, so each draft reads them again from memory
 (the demo's Medusa-2 heads, four 2048 x 192 projections: a draft 1.13 ms after a target forward, 0.47 ms
-in int8; scripts/bench_cold_ops.py --medusa HEAD). `Int8Linear` keeps W as int8 [N, K] with one bfloat16 scale per output row and multiplies
-with `torch._weight_int8pack_mm` (x in bfloat16, one kernel: the CPU's weight-only int8 GEMM).
+in int8; scripts/bench_cold_ops.py --medusa HEAD). `Int8Linear` keeps W as int8 [N, K] with one bfloat16
+scale per output row and multiplies with `torch._weight_int8pack_mm` (x in bfloat16, one kernel: the
+CPU's weight-only int8 GEMM).
 Verification stays exact (the target checks every drafted token), so a coarser draft can only change
 WHICH tokens are proposed, never the output: decoding stays lossless. The GPU's counterpart is FP8
 (heads/fp8.py); `_weight_int8pack_mm` is a CPU kernel.

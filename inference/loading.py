@@ -202,7 +202,8 @@ def load_generator(
     draft. draft_int8: on a CPU, the head's big per-pass layers in int8 (heads/int8.py: a quarter of the
     bytes float32 reads; EAGLE / EAGLE-3 per-depth layers, Medusa projections; still lossless); the
     default "auto" is on for a Medusa head on a CPU (the demo's Medusa-2: 1.51x -> 1.91x, same tau), off
-    otherwise (an EAGLE-3 draft there is bound by its op count, not its bytes: no gain measured). dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
+    otherwise (an EAGLE-3 draft there is bound by its op count, not its bytes: no gain measured).
+    dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
     checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
     key/value heads inside the kernel for tree passes on a CPU), or "eager" for a model class that
@@ -214,7 +215,7 @@ def load_generator(
         check_fp8_device(torch.device(device))
     if draft_int8 not in (AUTO, True, False, 0, 1):
         raise ValueError(f"draft_int8 takes auto, True or False, got {draft_int8!r}")
-    if draft_int8 is True or draft_int8 == 1:
+    if draft_int8 != AUTO and draft_int8:  # (asked for)
         check_int8_device(torch.device(device), draft_fp8)
     torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
