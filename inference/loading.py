@@ -29,6 +29,7 @@ from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.memory_fit import check_target_fits
 
@@ -262,6 +263,8 @@ def load_generator(
         )
     else:
         quantized = bool(draft_int8)
+    if quantized and isinstance(built, MedusaDrafter):  # (built before: its device/dtype anchor may have
+        built = built.with_tree(built.choices)  # been a swapped-out projection, kept alive and stale)
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     calibrating = calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree
     saved = None

@@ -7,6 +7,7 @@ depth share that head's candidates, as in the reference design.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -42,7 +43,7 @@ class MedusaDrafter(Drafter):
         choices = [c for c in (choices or DEFAULT_MEDUSA_CHOICES) if len(c) <= depth_limit]
         # parents [N], depth [N], rank [N]; depth-first: the greedy main path is nodes 0..d (contiguous)
         self.static = depth_first(tree_from_choices(choices))
-        self.choices = choices
+        self.choices: list[list[int]] = choices
         # Precomputed once: which heads run, how many candidates each gives, where they go.
         depth, rank = self.static.depth, self.static.rank  # [N], [N]
         self._width = int(rank.max()) + 1 if len(rank) > 1 else 1
@@ -52,8 +53,10 @@ class MedusaDrafter(Drafter):
         self._used_heads = int(depth.max())  # heads deeper than the tree never run
         self.hidden_layers = (head.config.target_layers[0],)
         # the heads' device and dtype: a kept Parameter follows head.to() and load_state_dict, and
-        # `next(head.parameters())` walks every submodule (each pass)
-        self._weight = next(head.parameters())
+        # `next(head.parameters())` walks every submodule (each pass); heads without ResBlocks whose
+        # projections are int8 (heads/int8.py) have no parameter left: their first floating buffer
+        floating = (b for b in head.buffers() if b.is_floating_point())
+        self._weight = next(itertools.chain(head.parameters(), floating))
         self.last_hidden: torch.Tensor | None = None  # [H] target state of the last cached token
         # one row's kept buffers (`_one_row`): ids [1 + K * width] (the root's slot, then the heads' top
         # ids), top values [1, K, width], the ids' views [1] (root) and [1, K, width] (top ids), and pick

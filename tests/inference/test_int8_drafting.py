@@ -14,6 +14,7 @@ from spechead.heads.fused import fused_step
 from spechead.heads.int8 import Int8Linear
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import check_int8_device
+from spechead.inference.sampling import SamplingParams
 
 PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
 
@@ -132,3 +133,30 @@ def test_as_drafted_is_an_int8_copy_on_a_cpu_only(tiny_llama, medusa_for):
     assert as_drafted(head, torch.device("cuda")) is head and as_drafted(head, torch.device("meta")) is head
     eagle3 = Eagle3Head(Eagle3Config.from_target(model.config))
     assert as_drafted(eagle3, torch.device("cpu")) is eagle3
+
+
+def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_path):
+    """num_layers=0: with its projections in int8 the head has no parameter left. Its drafter anchors
+    its device and dtype on a buffer still in the head (not the swapped-out float projection, which would
+    stay alive), from from_pretrained and from a copy (decode evals), and decodes losslessly."""
+    from spechead.inference.loading import as_drafted, drafter_for_head
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    config = model.config
+    head = MedusaHead(MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size, num_heads=2,
+                                   num_layers=0, target_num_layers=config.num_hidden_layers))  # fmt: skip
+    head.init_from_lm_head_(model.lm_head.weight)
+    gen = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), str(head.save_pretrained(tmp_path / "m"))
+    )
+    kept = [*gen.drafter.head.parameters(), *gen.drafter.head.buffers()]
+    assert gen.draft_weights == "int8" and not list(gen.drafter.head.parameters())
+    assert any(gen.drafter._weight is t for t in kept)
+    gen.eos = set()
+    assert gen.generate(input_ids=PROMPTS[0], max_new_tokens=12).token_ids == hf_greedy(
+        tiny_target_dir, PROMPTS[0], 12
+    )
+    head.attach_target_modules(lm_head=model.lm_head)
+    drafter = drafter_for_head(as_drafted(head, torch.device("cpu")))
+    drafter.start(torch.tensor(PROMPTS[0]), {config.num_hidden_layers: torch.randn(4, config.hidden_size)}, 3)
+    assert drafter.propose(3, SamplingParams(), None).tree.tokens.shape == drafter.static.parents.shape
