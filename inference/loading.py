@@ -202,8 +202,9 @@ def load_generator(
     draft depth reads; still lossless), before any calibration, so the tree is measured as it will
     draft. draft_int8: on a CPU, the head's big per-pass layers in int8 (heads/int8.py: a quarter of the
     bytes float32 reads; EAGLE / EAGLE-3 per-depth layers, Medusa projections; still lossless); the
-    default "auto" is on for a Medusa head on a CPU (the demo's Medusa-2: 1.51x -> 1.91x, same tau), off
-    otherwise (an EAGLE-3 draft there is bound by its op count, not its bytes: no gain measured).
+    default "auto" is on for a Medusa head on an AVX512 CPU (`int8_by_default`; the demo's Medusa-2:
+    1.51x -> 1.91x, same tau), off otherwise (an EAGLE-3 draft there is bound by its op count, not its
+    bytes: no gain measured).
     dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
     checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
@@ -308,11 +309,17 @@ def check_fp8_device(device: torch.device) -> None:
         )
 
 
+# CPUs whose torch kernels the int8 default was measured on (AVX512, an AMD EPYC: docs/PERFORMANCE.md);
+# elsewhere (AVX2, ARM) `_weight_int8pack_mm` runs other code, unmeasured: draft_int8=True asks for it
+INT8_AUTO_CPUS = ("AVX512",)
+
+
 def int8_by_default(head: object, device: torch.device) -> TypeGuard[MedusaHead]:
     """Whether draft_int8="auto" puts `head` in int8 on `device`: a Medusa head with projections of its
-    own on a CPU (there its draft is bound by the bytes it reads: heads/int8.py)."""
+    own on a CPU of `INT8_AUTO_CPUS` (there its draft is bound by the bytes it reads: heads/int8.py)."""
     return (
         device.type == "cpu"
+        and torch.backends.cpu.get_cpu_capability() in INT8_AUTO_CPUS
         and isinstance(head, MedusaHead)
         and any(getattr(parent, name).in_features % K_MULTIPLE == 0 for parent, name in int8_linears(head))
     )

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--draft-int8", default="auto", choices=("auto", "on", "off"),
         help="the head's big per-pass layers in int8 (a quarter of float32's bytes; CPUs; lossless); auto (the "
-        "default): on for a Medusa head on a CPU",
+        "default): on for a Medusa head on an AVX512 CPU",
     )  # fmt: skip
     p.add_argument(
         "--stream", action="store_true",

@@ -221,6 +221,13 @@ def placements(monkeypatch) -> list:
 
 
 @pytest.fixture
+def int8_cpu(monkeypatch):
+    """This CPU reports the kernels the int8 draft default is on for (AVX512: loading.INT8_AUTO_CPUS),
+    whatever the machine running the tests has (the kernel itself runs on any)."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+
+
+@pytest.fixture
 def reregistered(monkeypatch):
     """Replace a registered family's fields for one test."""
 

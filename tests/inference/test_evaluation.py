@@ -167,7 +167,9 @@ def test_repeats_and_categories_are_each_divided_by_their_own_plain_run():
     assert row["tau_by_category"] == {"qa": 2.0, "math": 4.0} and row["greedy_mismatches"] is None
 
 
-def test_the_decode_eval_drafts_as_loading_will(chatml_tokenizer, medusa_for, tiny_llama, monkeypatch):
+def test_the_decode_eval_drafts_as_loading_will(
+    chatml_tokenizer, medusa_for, tiny_llama, monkeypatch, int8_cpu
+):
     """On a CPU a Medusa head decodes its eval with int8 projections, as from_pretrained's default does
     (the speedup a run prints is the one its head decodes at), from a copy: the trained head stays."""
     import spechead.inference.evaluation as evaluation

@@ -17,6 +17,7 @@ from spechead.inference.loading import check_int8_device
 from spechead.inference.sampling import SamplingParams
 
 PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
+pytestmark = pytest.mark.usefixtures("int8_cpu")  # (the default's CPUs, on any machine)
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +161,16 @@ def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_pat
     drafter = drafter_for_head(as_drafted(head, torch.device("cpu")))
     drafter.start(torch.tensor(PROMPTS[0]), {config.num_hidden_layers: torch.randn(4, config.hidden_size)}, 3)
     assert drafter.propose(3, SamplingParams(), None).tree.tokens.shape == drafter.static.parents.shape
+
+
+def test_auto_is_off_on_cpus_it_was_not_measured_on(tiny_llama, medusa_for, monkeypatch):
+    """The int8 default holds where it was measured (x86 AVX512 kernels); on an AVX2 or ARM build of
+    torch's kernels a Medusa head stays as trained unless asked."""
+    from spechead.inference.loading import int8_by_default
+
+    head = medusa_for(tiny_llama(64, layers=4, hidden=32), num_heads=2)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert int8_by_default(head, torch.device("cpu"))
+    for other in ("AVX2", "DEFAULT", "SVE256"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda other=other: other)
+        assert not int8_by_default(head, torch.device("cpu"))

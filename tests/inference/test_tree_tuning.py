@@ -143,7 +143,7 @@ def test_the_second_choice_ranks_trees_by_the_fitted_table(target, medusa_for, m
         assert info["ranked"] == ranked
 
 
-def test_tuning_times_and_decodes_the_draft_loading_will_run(target, medusa_for, monkeypatch):
+def test_tuning_times_and_decodes_the_draft_loading_will_run(target, medusa_for, monkeypatch, int8_cpu):
     """On a CPU loading drafts a Medusa head with int8 projections (draft_int8="auto"): tuning times and
     decodes that draft (a copy), measures the accuracy of the head as trained and leaves it as it was."""
     import spechead.inference.tree_tuning as tree_tuning

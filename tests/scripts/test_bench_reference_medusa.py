@@ -146,7 +146,7 @@ def test_render_compares_each_tree_in_both_engines() -> None:
 
 
 def test_trees_as_deep_as_the_head_are_run_deeper_ones_refused(
-    tiny_target_dir, tmp_path, capsys, monkeypatch
+    tiny_target_dir, tmp_path, capsys, monkeypatch, int8_cpu
 ) -> None:
     """A tree of the head's depth passes the check (and reaches the reference engine, absent here); one
     deeper is refused before anything is loaded. Our engine runs the trees on the head's float weights

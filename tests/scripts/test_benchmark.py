@@ -32,7 +32,9 @@ def prompt_file(path: Path) -> Path:
     return path
 
 
-def test_benchmark_writes_table_json_and_plots(script, tiny_target_dir, medusa_dir, tmp_path, capsys):
+def test_benchmark_writes_table_json_and_plots(
+    script, tiny_target_dir, medusa_dir, tmp_path, capsys, int8_cpu
+):
     out = tmp_path / "bench"
     argv = ["--target", str(tiny_target_dir), "--drafter", f"medusa={medusa_dir}",
             "--drafter", "lookup=prompt_lookup@num_draft=4", "--prompt-set", str(prompt_file(tmp_path / "p.jsonl")),
