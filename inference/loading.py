@@ -87,7 +87,10 @@ def make_drafter(
         raise ValueError(
             f"draft model {spec}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(DRAFT_MODEL_OPTIONS)}"
         )
-    model = AutoModelForCausalLM.from_pretrained(spec, revision=revision, dtype=dtype).to(device)
+    # (straight onto the device, as the target: `load_generator`)
+    model = AutoModelForCausalLM.from_pretrained(
+        spec, revision=revision, dtype=dtype, device_map=torch.device(device)
+    )
     return DraftModelDrafter(model, **options)
 
 
@@ -126,7 +129,9 @@ def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> Draft
             f"cascade drafter: unknown option(s) {', '.join(unknown)}; valid: {', '.join(CASCADE_OPTIONS)}"
         )
     tiny, medium = (
-        AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=dtype).to(device)
+        AutoModelForCausalLM.from_pretrained(
+            path, revision=revision, dtype=dtype, device_map=torch.device(device)
+        )
         for path in cascade_models(spec)
     )
     return CascadeDrafter(tiny, medium, **options)

@@ -130,3 +130,10 @@ def test_the_target_loads_straight_onto_its_device(tiny_target_dir, placements, 
     assert placements == [torch.device(device)]
     assert gen.target.device.type == device
     assert gen.generate(input_ids=[5, 9, 14, 5, 9], max_new_tokens=4).token_ids  # (decodes there)
+    # a draft model and a cascade's two models too
+    target = str(tiny_target_dir)
+    drafted = SpeculativeGenerator.from_pretrained(target, target, device=device)
+    cascade = SpeculativeGenerator.from_pretrained(target, f"cascade:{target}+{target}", device=device)
+    assert placements[1:] == [torch.device(device)] * 5  # target + draft, target + tiny + medium
+    assert drafted.generate(input_ids=[5, 9, 14], max_new_tokens=4).token_ids
+    assert cascade.generate(input_ids=[5, 9, 14], max_new_tokens=4).token_ids
