@@ -255,12 +255,11 @@ def load_generator(
     draft_compile = None if draft_compile is None else resolve_compile(draft_compile, on)
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
-    if draft_fp8:
-        if not to_fp8(getattr(built, "head", None) or torch.nn.Module()):
-            raise ValueError(
-                f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
-            )
     head = getattr(built, "head", None)
+    if draft_fp8 and not to_fp8(head or torch.nn.Module()):
+        raise ValueError(
+            f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
+        )
     if draft_int8 == AUTO:  # (a Medusa head sharing the target's lm_head has nothing to swap)
         quantized = int8_by_default(head, on) and to_int8(head) > 0
     elif draft_int8 and not to_int8(head or torch.nn.Module()):
