@@ -1,20 +1,25 @@
-"""`tree_sdpa`: transformers' sdpa attention, with grouped-query attention inside the kernel for tree
-passes on a CPU. Registered with transformers' `AttentionInterface` (and its mask interface) as
-"spechead_sdpa": the attention `SpeculativeGenerator.from_pretrained` loads a target with by default,
-and the demo's training target (`configs/model/demo.yaml`; its decode evals verify trees too).
+"""`tree_sdpa`: transformers' sdpa attention, tuned for the passes speculative decoding runs. Registered
+with transformers' `AttentionInterface` (and its mask interface) as "spechead_sdpa": the attention
+`SpeculativeGenerator.from_pretrained` loads a target with by default, and the demo's training target
+(`configs/model/demo.yaml`; its decode evals verify trees too). Where it departs from transformers' sdpa:
 
-A tree verification runs N > 1 queries under a 4D mask. For exactly that case transformers' sdpa
-integration repeats every layer's key/value heads (`repeat_kv`: a copy of the layer's whole cache view,
-every pass), because on CUDA sdpa with `enable_gqa` and a mask falls back to its math kernel. On a CPU the
-flash kernel takes the mask and the grouped heads together, so there the copy is pure cost. This function
-is transformers' `sdpa_attention_forward` everywhere else (a GPU, no mask, one query: the plain step, the
-prefill), so a target loaded with it decodes and generates as with "sdpa".
+- one query under a mask (a decode step on a preallocated cache), grouped-query attention: the query
+  heads are packed as rows of their key head (`_one_query`). transformers packs them too, but not while
+  torch.compile traces: compiled, it repeats the layer's whole key/value cache view (`repeat_kv`) every
+  step. On an H200 (2026-11-28, bench_gpu.py, the 8B shape compiled) those copies were 64 kernels and
+  0.317 ms of a 5.49 ms step;
+- a tree pass (2 to FEW_QUERIES queries under a (B, 1, T, S) mask) on a GPU (`GROUPED_DEVICES`):
+  `grouped_attention`, two batched matrix products and a softmax, each key head with its group of query
+  heads as rows. sdpa's kernels tile the queries, so a few of them leave most of the GPU idle, and
+  transformers repeats the key/value heads first (sdpa with `enable_gqa` and a mask falls back to its
+  math kernel on CUDA). H200, 2026-11-28: verify(64) of the 8B shape 6.31 -> 5.78 ms (a plain step 5.49);
+- a tree pass on a CPU: sdpa with `enable_gqa` (its flash kernel takes the mask and the grouped heads
+  together, so transformers' copy of the heads is pure cost there).
 
-`grouped_attention` is the same attention as two batched matrix products and a softmax, each key head with
-its group of query heads as rows. The EAGLE drafting step can use it for its few queries (heads/fused.py,
-attention="matmul"), and "spechead_matmul" (`matmul_attention`) uses it for a target's tree passes. Both
-are A/Bs for CUDA, where sdpa's kernel tiles the queries and a few of them leave most of the GPU idle. Neither
-is a default: neither has been timed on a GPU yet (`bench_gpu.py --draft-attention / --verify-attention`).
+Everything else (no mask, a prefill, training, dropout) is transformers' `sdpa_attention_forward`, so a
+target loaded with it trains and generates as with "sdpa". The EAGLE drafting step uses `grouped_attention`
+for its few queries on a GPU too (heads/fused.py, attention="auto"). "spechead_matmul"
+(`matmul_attention`) runs `grouped_attention` for tree passes on any device: an A/B on a CPU.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "spechead_sdpa"
-MATMUL_NAME = "spechead_matmul"  # `matmul_attention`: an A/B on CUDA (bench_gpu.py --verify-attention)
+MATMUL_NAME = "spechead_matmul"  # `matmul_attention`: tree passes as matmuls on any device (an A/B)
+# devices where few-query passes (tree passes, draft depths) run `grouped_attention` by default: measured
+# faster than sdpa on an H200 (module doc); on a CPU sdpa's flash kernel with enable_gqa is kept (the
+# matmuls have not been timed against it there)
+GROUPED_DEVICES = ("cuda",)
+# devices where sdpa's fast kernels take grouped key/value heads (`enable_gqa`) under a mask; CUDA's fall
+# back to the math kernel, so there transformers repeats the heads instead
+SDPA_GQA_DEVICES = ("cpu",)
 # the most queries `grouped_attention` serves (a tree's nodes, a draft depth's frontier, an accept step);
 # longer inputs (a prefill, a prompt's pairs) keep sdpa
 FEW_QUERIES = 64
@@ -46,18 +58,26 @@ def tree_sdpa(
     **kwargs,
 ) -> tuple[Tensor, None]:
     """query [B, nh, T, D], key / value [B, kv, S, D], an additive or bool mask [B, 1, T, S] -> the
-    attention output [B, T, nh, D] and no weights, as transformers' sdpa attention."""
+    attention output [B, T, nh, D] and no weights, as transformers' sdpa attention (module doc: which
+    passes run which kernel)."""
     groups = getattr(module, "num_key_value_groups", 1)
+    length = query.shape[2]
     if (
-        not _GQA
-        or query.device.type != "cpu"
-        or attention_mask is None
-        or groups <= 1
-        or query.shape[2] == 1  # (transformers packs one query's heads: no copy either)
+        attention_mask is None
         or dropout
         or kwargs.get("position_bias") is not None
         or kwargs.get("softcap") is not None
     ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if length == 1 and groups > 1:
+        return _one_query(query, key, value, attention_mask, scaling, groups), None
+    if query.device.type in GROUPED_DEVICES and _few_queries_under_tree_mask(module, query, attention_mask):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = grouped_attention(query, key, value, attention_mask, scale)  # [B, nh, T, D]
+        return out.transpose(1, 2).contiguous(), None
+    if not _GQA or query.device.type not in SDPA_GQA_DEVICES or groups <= 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -67,6 +87,32 @@ def tree_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _one_query(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float | None, groups: int
+) -> Tensor:
+    """One query's heads packed as rows of their key head: query [B, nh, 1, D], key / value [B, kv, S, D],
+    mask [B, 1 or nh, 1, S] -> [B, 1, nh, D]. Query head h = kv_head * groups + j, as `repeat_kv` pairs
+    them; no key or value is copied (module doc: transformers copies them while compiling)."""
+    batch, heads, _, dim = query.shape
+    rows = query.reshape(batch, heads // groups, groups, dim)  # (B, kv, g, D): g "queries" per key head
+    if mask.shape[1] != 1:  # a mask per query head: its rows follow the heads
+        mask = mask.reshape(mask.shape[0], heads // groups, groups, mask.shape[-1])
+    out = F.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scaling)  # (B, kv, g, D)
+    return out.reshape(out.shape[0], 1, heads, dim)
+
+
+def _few_queries_under_tree_mask(module: nn.Module, query: Tensor, mask: Tensor) -> bool:
+    """A tree pass `grouped_attention` serves: 2 to FEW_QUERIES queries under one [B, 1, T, S] mask, in
+    inference (training and gradients keep sdpa's kernel and its backward)."""
+    return (
+        mask.dim() == 4
+        and mask.shape[1] == 1
+        and 1 < query.shape[2] <= FEW_QUERIES
+        and not module.training
+        and not torch.is_grad_enabled()
+    )
+
+
 def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """softmax(q k^T scale + mask) v as two batched matrix products, each key head with its group of
     query heads stacked as rows: q (B, nh, T, D), k / v (B, kv, S, D), mask additive (B, 1, T, S) or
@@ -74,10 +120,9 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
 
     Why: on an H200 a compiled depth-7 FP8 draft spent 0.148 ms in six cuDNN sdpa calls, 25 us each for
     eight queries (bench_gpu_topk, 2026-11-28): the kernel tiles queries, so eight of them over a long
-    cache leave most of the GPU idle. Here two matrix products and a softmax run instead: on this CPU's
-    inductor 2 GEMMs and about 5 generated kernels a step in place of the sdpa call
-    (scripts/count_draft_kernels.py); their cost on a GPU is not measured yet (`bench_gpu.py
-    --draft-attention matmul`)."""
+    cache leave most of the GPU idle. Here two matrix products and a softmax run instead (inductor: 2 GEMMs
+    and about 5 generated kernels a step in place of the sdpa call, scripts/count_draft_kernels.py). H200,
+    2026-11-28: that draft 1.382 -> 1.286 ms, verify(64) of the 8B shape 6.31 -> 5.78 ms (bench_gpu.py)."""
     batch, heads, length, dim = q.shape
     kv = k.shape[1]
     rows = q.reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g
@@ -104,19 +149,14 @@ def _scores(rows: Tensor, k: Tensor) -> Tensor:
 def matmul_attention(
     module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs
 ) -> tuple[Tensor, None]:
-    """`tree_sdpa`, except that a pass of 2 to FEW_QUERIES queries under a (B, 1, T, S) mask (a tree
-    verification) runs `grouped_attention`: no key/value heads repeated, no sdpa kernel that tiles
-    queries. On an H200 (2026-11-28, bench_gpu.py) verify(64) of the 8B shape spent 0.68 ms in 32 cuDNN
-    sdpa calls and 0.21 ms in 64 kernels that prepared them. Registered as "spechead_matmul"; an A/B,
-    not a default: not yet timed on a GPU."""
+    """`tree_sdpa`, except that a tree pass (2 to FEW_QUERIES queries under a (B, 1, T, S) mask, in
+    inference) runs `grouped_attention` on any device, not only on `GROUPED_DEVICES`: an A/B on a CPU.
+    Registered as "spechead_matmul"."""
     if (
         attention_mask is None
-        or attention_mask.dim() != 4
-        or attention_mask.shape[1] != 1
-        or not 1 < query.shape[2] <= FEW_QUERIES
-        or module.training
         or kwargs.get("dropout")
         or any(kwargs.get(name) is not None for name in ("position_bias", "softcap"))
+        or not _few_queries_under_tree_mask(module, query, attention_mask)
     ):
         return tree_sdpa(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling")

@@ -34,7 +34,7 @@ from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_pa
 from gpu_stream_rows import project_stream, render_stream, stream_or_error
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spechead.heads.attention import MATMUL_NAME
+from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.drafters.eagle import EagleDrafter
@@ -121,14 +121,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
              "none: one topk; default auto (the drafters' default: chunks of 64 for a draft vocab >= 20000)",
     )  # fmt: skip
     p.add_argument(
-        "--draft-attention", choices=("sdpa", "matmul"), default="sdpa",
-        help="how a draft depth's few queries attend: sdpa (default) or matmul (heads/attention.py "
-             "grouped_attention: two batched matrix products and a softmax; an A/B)",
+        "--draft-attention", choices=("auto", "sdpa", "matmul"), default="auto",
+        help="how a draft depth's few queries attend (heads/fused.py): auto (default, the drafters' own: "
+             "matmul on a GPU, sdpa elsewhere), sdpa, or matmul (heads/attention.py grouped_attention)",
     )  # fmt: skip
     p.add_argument(
-        "--verify-attention", choices=("sdpa", "matmul"), default="sdpa",
-        help="the target's attention in tree passes: sdpa (default) or matmul (heads/attention.py "
-             "\"spechead_matmul\": grouped_attention for 2-64 queries under a mask; an A/B)",
+        "--target-attention", choices=(TREE_SDPA, "sdpa", "spechead_matmul"), default=TREE_SDPA,
+        help=f"the target's attention: {TREE_SDPA} (default, what from_pretrained loads: one query packed, "
+             "tree passes as matmuls on a GPU; heads/attention.py), transformers' sdpa (an A/B), or "
+             "spechead_matmul (tree passes as matmuls on any device)",
     )  # fmt: skip
     p.add_argument(
         "--compile-batch",
@@ -176,14 +177,25 @@ def target_config(tiny: bool, context: int) -> LlamaConfig:
     )
 
 
-def build(cfg: LlamaConfig, draft_vocab: int, device: torch.device) -> tuple[LlamaForCausalLM, Eagle3Head]:
-    """Target (bf16, created on the device: no host copy) and an EAGLE-3 head of its width, random weights."""
+def build(
+    cfg: LlamaConfig, draft_vocab: int, device: torch.device, attention: str = TREE_SDPA
+) -> tuple[LlamaForCausalLM, Eagle3Head]:
+    """Target (bf16, created on the device: no host copy, attention `attention`) and an EAGLE-3 head of its
+    width, random weights."""
     with torch.device(device):
-        model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+        model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16, attn_implementation=attention).eval()
         head_cfg = Eagle3Config.from_target(model.config, draft_vocab_size=min(draft_vocab, cfg.vocab_size))
         head = Eagle3Head(head_cfg).to(torch.bfloat16).eval()
     head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
     return model, head
+
+
+def draft_attention(drafter: EagleDrafter, device: torch.device) -> str | None:
+    """How the drafter's fused step attends on `device`: "matmul" or "sdpa" (None: no fused step)."""
+    step = drafter.head_step
+    if step is None or not hasattr(step, "attends_as_matmuls"):
+        return None
+    return "matmul" if step.attends_as_matmuls(device) else "sdpa"
 
 
 def deepest_path(parents: torch.Tensor) -> torch.Tensor:
@@ -263,7 +275,7 @@ def measure_runner(
         keep.update(runner=runner, drafter=drafter)
     out = {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
            "commit_path_len": int(path.numel()), "draft_status": draft_status,
-           "draft_attention": getattr(drafter.head_step, "attention", None)}  # fmt: skip
+           "draft_attention": draft_attention(drafter, device)}  # fmt: skip
     if args.profile:
         step_parents = random_parents(1).to(device)
         parts = {
@@ -342,8 +354,7 @@ def render(r: dict) -> str:
         f"tree {r['tree_size']} nodes; drafting {r['draft_status']}"
         + (f"; top-k in chunks of {r['topk_chunk']}" if r.get("topk_chunk") else "")
         + ("; few-query attention as matmuls" if r.get("draft_attention") == "matmul" else ""),
-        *(["target attention: spechead_matmul (tree passes as matmuls)"]
-          if r.get("target_attention") == MATMUL_NAME else []),  # fmt: skip
+        f"target attention: {r.get('target_attention')}",
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
         f"{r['roofline_ms']:.3f} ms",
         f"plain decode step {r['decode_step_ms']:.3f} ms = {r['roofline_fraction']:.1%} of roofline "
@@ -433,9 +444,9 @@ def measure_compiled(
 def run(args: argparse.Namespace, device: torch.device) -> dict:
     args.context = args.context or (64 if args.tiny else 512)
     torch.manual_seed(0)
-    model, head = build(target_config(args.tiny, args.context), args.draft_vocab, device)
-    if args.verify_attention == "matmul":  # tree passes' attention as matmuls (heads/attention.py)
-        model.set_attn_implementation(MATMUL_NAME)
+    model, head = build(
+        target_config(args.tiny, args.context), args.draft_vocab, device, args.target_attention
+    )
     if args.draft_fp8:
         to_fp8(head, stack=not args.fp8_unstacked)
     timer = Timer(device, args.iters, args.warmup)

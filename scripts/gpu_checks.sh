@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# Every check that needs a GPU, in two calls of one short lease (last measured on one H200, 2026-11-28, a
-# cold machine: `pytest_gpu bench_gpu` 412 s in one call (pytest_gpu 192 s, bench_gpu 201 s), then
-# `bench_gpu_fp8 bench_gpu_topk bench_gpu_unstacked` 240 s on the warm machine (77, 68 and 64 s); a fresh
-# machine's first inductor compile takes longer: give bench_gpu's steps >= 150 s). By default:
+# Every check that needs a GPU, in two calls of one short lease (last run on one H200, 2026-11-28, second
+# session, a cold machine: `pytest_gpu bench_gpu` 405 s in one call (pytest_gpu 171 s, bench_gpu 202 s),
+# then `bench_gpu_fp8 bench_gpu_attention` 196 s on the warm machine (71 and 113 s); a fresh machine's
+# first inductor compile takes longer: give bench_gpu's steps >= 150 s). By default:
 #   1. pytest_gpu: the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled
 #      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
 #      captured as our graphs), batch > 1 with the batch passes compiled, seeded sampling, calibration,
 #      FP8 drafting eager and as graphs, plain decoding one step ahead, stacked FP8 rows) and
 #      tests/inference/test_cuda_syncs.py (a pass waits for the GPU once, batch 1 and batch 2, sampled
-#      too). 2026-11-28: 38 passed, 2 failed: two calibration tests, which pass alone, failed after the
-#      earlier tests' generators: a garbage collection inside a capture freed their graphs and
-#      invalidated it (fixed since: cuda_graphs.collection_paused); new, not run yet:
-#      test_a_dead_generators_graphs_do_not_break_a_capture;
+#      too). 2026-11-28 (second run): 48 passed. Since then the target's default attention packs one query
+#      and runs tree passes as matmuls on a GPU, and the draft attends as matmuls there: not yet run;
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, batch 1, 4, 16 decoded with the target's batch
@@ -19,13 +17,13 @@
 #      its pass beside the parts' sum, with the host's waits for the GPU counted);
 #   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8, profiled (the draft's per-depth layers in FP8
 #      e4m3, inductor, q/k/v and gate/up stacked, the norms fused into the quantization, the chunked
-#      top-k: does a depth-7 draft reach <= 25% of a step? H200 2026-11-28: 26.3%, 1.419 ms; since then
-#      the chunks' top-k is unsorted, one kernel fewer a depth, not yet timed);
-#   4. bench_gpu_attention: the same with the few-query attention as two matrix products and a softmax
-#      (heads/attention.py grouped_attention), in the draft (--draft-attention matmul) and in the target's
-#      tree passes (--verify-attention matmul: "spechead_matmul"), profiled: the A/B of step 3, the draft
-#      and verify(64) rows each (cuDNN's sdpa took 25 us a draft call, 21 us a verify(64) layer, plus 64
-#      kernels preparing a verify's; not yet timed on a GPU).
+#      top-k: does a depth-7 draft reach <= 25% of a step? H200 2026-11-28 with sdpa attention: 25.1%,
+#      1.382 ms; with matmul attention in the draft and the tree passes 23.4%, 1.286 ms, now the default);
+#   4. bench_gpu_attention: step 3 with the former attention: transformers' sdpa in the target
+#      (--target-attention sdpa: a compiled single query repeats the key/value cache, tree passes run
+#      cuDNN's sdpa) and sdpa in the draft (--draft-attention sdpa), profiled: the A/B of the defaults
+#      (H200 2026-11-28, that A/B the other way round: verify(64) 6.31 -> 5.78 ms, draft 1.382 -> 1.286 ms;
+#      the packed single query is not yet timed: the plain step was 5.49 ms with 64 copy kernels, 0.317 ms).
 #   On request: bench_gpu_topk (step 3 with one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551
 #      against 1.419 ms chunked) and bench_gpu_unstacked (step 3 with q/k/v and gate/up unstacked,
 #      --fp8-unstacked; 2026-11-28: 1.532 against 1.419 ms stacked): the A/Bs of those defaults, profiled;
@@ -94,10 +92,10 @@ step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare 
 # activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
 step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --profile \
     --no-batch --no-stream --out "$OUT/bench_gpu_fp8.json"
-# the same with the few-query attention (the draft's, the target's tree passes) as matmuls and a softmax (an
-# A/B against the step above)
-step bench_gpu_attention "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --draft-attention matmul \
-    --verify-attention matmul --sizes 1,64 --profile --no-batch --no-stream --out "$OUT/bench_gpu_attention.json"
+# the same with the former attention: transformers' sdpa in the target and in the draft (an A/B against the
+# step above: the defaults)
+step bench_gpu_attention "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --draft-attention sdpa \
+    --target-attention sdpa --sizes 1,64 --profile --no-batch --no-stream --out "$OUT/bench_gpu_attention.json"
 # the same with one torch.topk a draft depth (an A/B against the step above: its chunked top-k, the default),
 # profiled: the JSON keeps the draft's 30 costliest kernels
 step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk none --sizes 1,64 --profile \

@@ -126,7 +126,9 @@ def test_grouped_attention_is_sdpa(groups, mask) -> None:
 
 def test_matmul_attention_serves_only_few_queries(monkeypatch) -> None:
     """attention="matmul" runs `grouped_attention` for up to FEW_QUERIES queries; longer blocks (a
-    prompt's pairs) keep sdpa, and "sdpa" never runs it."""
+    prompt's pairs) keep sdpa, and "sdpa" never runs it. "auto" (the default) runs it on a device in
+    GROUPED_DEVICES (a GPU; here the CPU put in its place), sdpa elsewhere."""
+    from spechead.heads import attention
     from spechead.heads import fused as fused_module
 
     calls = []
@@ -139,12 +141,18 @@ def test_matmul_attention_serves_only_few_queries(monkeypatch) -> None:
     feats, ids = torch.randn(1, 12, H), torch.randint(0, V, (1, 12))
     with torch.no_grad():
         fused(feats[:, :3], ids[:, :3], None, None, SlotCache(1, 32))
-        assert calls == []  # sdpa: the default
+        assert fused.attention == "auto" and calls == []  # the default: sdpa on a CPU
+        monkeypatch.setattr(attention, "GROUPED_DEVICES", ("cpu",))
+        fused(feats[:, :3], ids[:, :3], None, None, SlotCache(1, 32))
+        assert calls == [1]  # matmuls on a grouped device
+        fused.attention = "sdpa"
+        fused(feats[:, :3], ids[:, :3], None, None, SlotCache(1, 32))
+        assert calls == [1]
         fused.attention = "matmul"
         fused(feats, ids, None, None, SlotCache(1, 32))
-        assert calls == []  # 12 > 5 queries
+        assert calls == [1]  # 12 > 5 queries
         fused(feats[:, :5], ids[:, :5], None, None, SlotCache(1, 32))
-    assert calls == [1]
+    assert calls == [1, 1]
 
 
 def test_angles_follow_a_grown_cache() -> None:
