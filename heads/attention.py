@@ -127,8 +127,10 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
     kv = k.shape[1]
     rows = q.reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g
     scores = _scores(rows, k).view(batch, kv, heads // kv, length, -1) * scale  # (B, kv, g, T, S) fp32
-    if mask is not None and mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    if mask is not None and mask.dtype == torch.bool:  # the fp32 minimum, not -inf: a row that sees no key
+        # (a left-padded query) stays finite, as under an additive mask; -inf gives NaN, and a NaN in a
+        # padded position's values poisons every row of the next layer (0 * NaN)
+        scores = scores.masked_fill(~mask[:, :, None], torch.finfo(scores.dtype).min)
     elif mask is not None:
         scores = scores + mask[:, :, None]  # (B, 1, 1, T, S)
     probs = scores.softmax(-1).to(v.dtype).view(batch, kv, heads // kv * length, -1)

@@ -124,6 +124,26 @@ def test_grouped_attention_is_sdpa(groups, mask) -> None:
     torch.testing.assert_close(grouped_attention(q, k, v, m, 0.3), ref, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mask", ["additive", "bool"])
+def test_grouped_attention_keeps_a_row_that_sees_no_key_finite(mask) -> None:
+    """A query that may see no key (a left-padded row of a batch): its output is finite, as sdpa's (whose
+    kernels give 0 there), and the other rows are sdpa's; a NaN would reach every row of the next layer
+    through the padded position's values."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, 3, 8, generator=gen), *torch.randn(2, 1, 2, 5, 8, generator=gen)
+    allowed = torch.ones(1, 1, 3, 5, dtype=torch.bool)
+    allowed[0, 0, 0] = False  # query 0 sees nothing
+    m = (
+        allowed
+        if mask == "bool"
+        else torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    )
+    out = grouped_attention(q, k, v, m, 0.3)  # (B, nh, T, D)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3, enable_gqa=True)
+    assert out.isfinite().all()
+    torch.testing.assert_close(out[:, :, 1:], ref[:, :, 1:], atol=1e-6, rtol=1e-5)
+
+
 def test_matmul_attention_serves_only_few_queries(monkeypatch) -> None:
     """attention="matmul" runs `grouped_attention` for up to FEW_QUERIES queries; longer blocks (a
     prompt's pairs) keep sdpa, and "sdpa" never runs it. "auto" (the default) runs it on a device in
