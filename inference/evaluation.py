@@ -20,8 +20,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from spechead.heads import DraftHead
+from spechead.inference.draft_weights import as_drafted
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import as_drafted, calibrated_drafter, drafter_for_head
+from spechead.inference.loading import calibrated_drafter, drafter_for_head
 from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category
 from spechead.inference.stats import GenerationStats, pooled_tau
 
@@ -218,7 +219,8 @@ def evaluate_head(
     was_training = head.training
     head.eval()
     try:
-        drafting = as_drafted(head, next(target.parameters()).device)  # (on a CPU: a Medusa head in int8)
+        # (a Medusa head in int8 on a CPU, an EAGLE head in FP8 on a GPU with FP8 tensor cores)
+        drafting = as_drafted(head, next(target.parameters()).device)
         drafter, calibration, _ = calibrated_drafter(target, drafter_for_head(drafting), tree)
         gen = SpeculativeGenerator(target, tokenizer, drafter)
         plain = SpeculativeGenerator(target, tokenizer, None)

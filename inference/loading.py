@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
-import copy
 import inspect
 import json
 import re
 import warnings
 from importlib.resources import files
 from pathlib import Path
-from typing import TypeGuard
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from spechead.heads import DraftHead, MedusaHead, directory, load_head
+from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.attention import runs_sdpa
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
-from spechead.heads.fp8 import to_fp8
-from spechead.heads.int8 import K_MULTIPLE, int8_linears, to_int8
 from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import check_device, load_dtype
+from spechead.inference.draft_weights import (
+    asked,
+    check_fp8_device,
+    check_int8_device,
+    check_setting,
+    quantize_draft,
+)
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
@@ -187,7 +190,7 @@ def load_generator(
     calibrate: bool = True,
     compile: bool | str = AUTO,
     draft_compile: bool | str | None = None,
-    draft_fp8: bool = False,
+    draft_fp8: bool | str = AUTO,
     draft_int8: bool | str = AUTO,
     **drafter_options,
 ):
@@ -205,11 +208,12 @@ def load_generator(
     captured (a host read inside its forward) then decodes eagerly, with a RuntimeWarning saying why.
     draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
     draft depth reads; still lossless), before any calibration, so the tree is measured as it will
-    draft. draft_int8: on a CPU, the head's big per-pass layers in int8 (heads/int8.py: a quarter of the
-    bytes float32 reads; EAGLE / EAGLE-3 per-depth layers, Medusa projections; still lossless); the
-    default "auto" is on for a Medusa head on an AVX512 CPU (`int8_by_default`; the demo's Medusa-2:
-    1.51x -> 1.91x, same tau), off otherwise (an EAGLE-3 draft there is bound by its op count, not its
-    bytes: no gain measured).
+    draft; the default "auto" is on for such a head on a GPU with FP8 tensor cores (draft_weights.py:
+    H200, a depth-7 8B-wide draft 1.96 -> 1.38 ms). draft_int8: on a CPU, the head's big per-pass layers
+    in int8 (heads/int8.py: a quarter of the bytes float32 reads; EAGLE / EAGLE-3 per-depth layers,
+    Medusa projections; still lossless); the default "auto" is on for a Medusa head on an AVX512 CPU
+    (`int8_by_default`; the demo's Medusa-2: 1.51x -> 1.91x, same tau), off otherwise (an EAGLE-3 draft
+    there is bound by its op count, not its bytes: no gain measured).
     dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
     checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
@@ -218,12 +222,12 @@ def load_generator(
     """
     check_compile(compile)  # (before anything loads: one line in a second)
     check_compile(draft_compile, "draft_compile")
-    if draft_fp8:
+    check_setting("draft_fp8", draft_fp8)
+    check_setting("draft_int8", draft_int8)
+    if asked(draft_fp8):
         check_fp8_device(torch.device(device))
-    if draft_int8 not in (AUTO, True, False, 0, 1):
-        raise ValueError(f"draft_int8 takes auto, True or False, got {draft_int8!r}")
-    if draft_int8 != AUTO and draft_int8:  # (asked for)
-        check_int8_device(torch.device(device), draft_fp8)
+    if asked(draft_int8):
+        check_int8_device(torch.device(device), asked(draft_fp8))
     torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
     if torch_dtype is None:  # auto: float32 on a CPU, else the checkpoint's own
@@ -255,20 +259,10 @@ def load_generator(
     draft_compile = None if draft_compile is None else resolve_compile(draft_compile, on)
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
-    head = getattr(built, "head", None)
-    if draft_fp8 and not to_fp8(head or torch.nn.Module()):
-        raise ValueError(
-            f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
-        )
-    if draft_int8 == AUTO:  # (a Medusa head sharing the target's lm_head has nothing to swap)
-        quantized = int8_by_default(head, on) and to_int8(head) > 0
-    elif draft_int8 and not to_int8(head or torch.nn.Module()):
-        raise ValueError(
-            f"draft_int8 needs an EAGLE / EAGLE-3 head or a Medusa head with its own projections, got drafter {drafter!r}"
-        )
-    else:
-        quantized = bool(draft_int8)
-    if quantized and isinstance(built, MedusaDrafter):  # (built before: its device/dtype anchor may have
+    weights = quantize_draft(getattr(built, "head", None), on, draft_fp8, draft_int8, drafter)
+    if weights == "int8" and isinstance(
+        built, MedusaDrafter
+    ):  # (built before: its device/dtype anchor may have
         built = built.with_tree(built.choices)  # been a swapped-out projection, kept alive and stale)
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     calibrating = calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree
@@ -287,7 +281,7 @@ def load_generator(
             draft_compile=draft_compile,
         )  # fmt: skip
         gen.calibration, gen.tree_accuracy = calibration, accuracy
-        gen.draft_weights = "fp8" if draft_fp8 else "int8" if quantized else None
+        gen.draft_weights = weights
         return gen
 
     if not (auto and compile):
@@ -301,54 +295,6 @@ def load_generator(
         if built is not None:
             built.use_compile(False)
         return build(False, draft_compile)  # (None: as compile, eager; a draft_compile given stays)
-
-
-def check_fp8_device(device: torch.device) -> None:
-    """ValueError unless FP8 GEMMs run on `device`: a CPU (emulated: slow) or a GPU of compute capability
-    8.9 or later (Ada, Hopper and later have FP8 tensor cores)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        name = torch.cuda.get_device_name(device)
-        raise ValueError(
-            f"draft_fp8 needs FP8 tensor cores (compute capability >= 8.9); {name} has none: drop draft_fp8"
-        )
-
-
-# CPUs whose torch kernels the int8 default was measured on (AVX512, an AMD EPYC: docs/PERFORMANCE.md);
-# elsewhere (AVX2, ARM) `_weight_int8pack_mm` runs other code, unmeasured: draft_int8=True asks for it
-INT8_AUTO_CPUS = ("AVX512",)
-
-
-def int8_by_default(head: object, device: torch.device) -> TypeGuard[MedusaHead]:
-    """Whether draft_int8="auto" puts `head` in int8 on `device`: a Medusa head with projections of its
-    own on a CPU of `INT8_AUTO_CPUS` (there its draft is bound by the bytes it reads: heads/int8.py)."""
-    return (
-        device.type == "cpu"
-        and torch.backends.cpu.get_cpu_capability() in INT8_AUTO_CPUS
-        and isinstance(head, MedusaHead)
-        and any(getattr(parent, name).in_features % K_MULTIPLE == 0 for parent, name in int8_linears(head))
-    )
-
-
-def as_drafted(head: DraftHead, device: torch.device) -> DraftHead:
-    """`head` as from_pretrained's defaults draft with it on `device`: where `int8_by_default`, a copy with
-    its projections in int8 (the target modules it shares stay shared, the head itself keeps training),
-    else the head itself. Decode evals and tree tuning time the draft that loading will run."""
-    if not int8_by_default(head, device):
-        return head
-    drafted = copy.deepcopy(head, {id(m): m for m in head._target_modules.values()})
-    to_int8(drafted)
-    return drafted
-
-
-def check_int8_device(device: torch.device, fp8: bool) -> None:
-    """ValueError unless int8 drafting can run: on a CPU (its weight-only int8 GEMM is a CPU kernel),
-    and not with draft_fp8 (one quantization per layer)."""
-    if fp8:
-        raise ValueError(
-            "draft_int8 and draft_fp8 both quantize the draft: pick one (int8 on a CPU, FP8 on a GPU)"
-        )
-    if device.type != "cpu":
-        raise ValueError(f"draft_int8 runs on a CPU, not {device}: on a GPU use draft_fp8")
 
 
 def calibrated_drafter(

@@ -37,9 +37,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
+from spechead.inference.draft_weights import check_fp8_device
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.topk import Chunk, resolve_chunk
-from spechead.inference.loading import check_fp8_device
 from spechead.inference.profiling import (
     PartProfile,
     Timer,

@@ -53,9 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "target eager: the first answers compile (tens of seconds), later ones draft far cheaper",
     )  # fmt: skip
     p.add_argument(
-        "--draft-fp8", action="store_true",
+        "--draft-fp8", nargs="?", const="on", default="auto", choices=("auto", "on", "off"),
         help="an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (half the bytes a draft depth reads; GPUs "
-        "of compute capability >= 8.9; lossless)",
+        "of compute capability >= 8.9; lossless); auto (the default): on for such a head on such a GPU; "
+        "bare --draft-fp8: on",
     )  # fmt: skip
     p.add_argument(
         "--draft-int8", default="auto", choices=("auto", "on", "off"),
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             compile=args.compile,
             draft_compile=args.compile_draft or None,
-            draft_fp8=args.draft_fp8,
+            draft_fp8={"on": True, "off": False}.get(args.draft_fp8, args.draft_fp8),
             draft_int8={"on": True, "off": False}.get(args.draft_int8, args.draft_int8),
         )
         chats = [[{"role": "user", "content": p}] for p in args.prompt]

@@ -222,7 +222,7 @@ def placements(monkeypatch) -> list:
 
 @pytest.fixture
 def int8_cpu(monkeypatch):
-    """This CPU reports the kernels the int8 draft default is on for (AVX512: loading.INT8_AUTO_CPUS),
+    """This CPU reports the kernels the int8 draft default is on for (AVX512: draft_weights.INT8_AUTO_CPUS),
     whatever the machine running the tests has (the kernel itself runs on any)."""
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
 

@@ -107,12 +107,83 @@ def test_draft_fp8_needs_an_eagle_head(tiny_target_dir, tmp_path):
 
 
 def test_a_gpu_without_fp8_tensor_cores_is_one_clear_error(monkeypatch):
-    from spechead.inference.loading import check_fp8_device
+    from spechead.inference.draft_weights import check_fp8_device
 
     check_fp8_device(torch.device("cpu"))  # emulated on a CPU: allowed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(ValueError, match=r"FP8 tensor cores \(compute capability >= 8.9\); NVIDIA A100"):
         check_fp8_device(torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     check_fp8_device(torch.device("cuda"))  # an H100
+
+
+@pytest.fixture
+def fp8_gpu(monkeypatch):
+    """torch reports a GPU with FP8 tensor cores (an H100: compute capability 9.0)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+
+def test_fp8_is_the_default_for_eagle_heads_on_gpus_with_fp8_tensor_cores(
+    tiny_llama, medusa_for, fp8_gpu, monkeypatch
+):
+    """draft_fp8="auto": an EAGLE / EAGLE-3 head on a GPU of compute capability >= 8.9; not a Medusa head
+    (no per-depth layers), not a CPU (emulated FP8), not an A100 (8.0), not a head too narrow for FP8."""
+    from spechead.heads import EagleConfig, EagleHead
+    from spechead.inference.draft_weights import fp8_by_default
+
+    model = tiny_llama(64, layers=4, hidden=32)
+    cuda, eagle3 = torch.device("cuda"), Eagle3Head(Eagle3Config.from_target(model.config))
+    eagle = EagleHead(EagleConfig.from_target(model.config))
+    assert fp8_by_default(eagle3, cuda) and fp8_by_default(eagle, cuda)
+    assert not fp8_by_default(medusa_for(model, num_heads=2), cuda)
+    assert not fp8_by_default(eagle3, torch.device("cpu"))
+    narrow = Eagle3Head(Eagle3Config.from_target(tiny_llama(64, layers=4, hidden=24).config))
+    assert not fp8_by_default(narrow, cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert fp8_by_default(eagle3, cuda)  # Ada
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not fp8_by_default(eagle3, cuda)
+
+
+def test_from_pretrained_drafts_in_fp8_by_default_on_such_a_gpu(tiny_target_dir, head_dir, monkeypatch):
+    """The default on a GPU with FP8 tensor cores (the CPU put in its place): the head drafts in FP8 and
+    decoding stays lossless; draft_fp8=False keeps it as trained, and int8 asked for takes precedence over
+    the FP8 default. On a CPU the default leaves it as trained."""
+    from spechead.inference import draft_weights
+
+    load = SpeculativeGenerator.from_pretrained
+    assert load(str(tiny_target_dir), str(head_dir), calibrate=False).draft_weights is None
+    monkeypatch.setattr(draft_weights, "has_fp8_tensor_cores", lambda device: True)
+    gen = load(str(tiny_target_dir), str(head_dir), calibrate=False)
+    assert gen.draft_weights == "fp8" and isinstance(gen.drafter.head.midlayer.mlp.down_proj, Fp8Linear)
+    gen.eos = set()
+    assert gen.generate(input_ids=PROMPTS[1], max_new_tokens=16).token_ids == hf_greedy(
+        tiny_target_dir, PROMPTS[1], 16
+    )
+    off = load(str(tiny_target_dir), str(head_dir), calibrate=False, draft_fp8=False)
+    assert off.draft_weights is None and type(off.drafter.head.midlayer.mlp.down_proj) is torch.nn.Linear
+    int8 = load(str(tiny_target_dir), str(head_dir), calibrate=False, draft_int8=True)
+    assert int8.draft_weights == "int8"
+
+
+def test_as_drafted_is_an_fp8_copy_on_such_a_gpu(tiny_llama, fp8_gpu):
+    """What decode evals and tree tuning draft with on a GPU with FP8 tensor cores: a copy of an EAGLE-3
+    head with FP8 per-depth layers, sharing the target's modules; the trained head untouched."""
+    from spechead.inference.draft_weights import as_drafted
+
+    model = tiny_llama(64, layers=4, hidden=32)
+    head = Eagle3Head(Eagle3Config.from_target(model.config))
+    head.attach_target_modules(embed_tokens=model.get_input_embeddings())
+    drafted = as_drafted(head, torch.device("cuda"))
+    assert drafted is not head and isinstance(drafted.midlayer.mlp.down_proj, Fp8Linear)
+    assert type(head.midlayer.mlp.down_proj) is torch.nn.Linear  # (the one being trained)
+    assert drafted._target_modules["embed_tokens"] is model.get_input_embeddings()  # shared, not copied
+    assert as_drafted(head, torch.device("cpu")) is head
+
+
+def test_a_bad_fp8_setting_is_one_line(tiny_target_dir, head_dir):
+    with pytest.raises(ValueError, match="^draft_fp8 takes auto, True or False, got 'yes'$"):
+        SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), draft_fp8="yes")

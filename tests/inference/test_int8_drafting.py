@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
 from spechead.heads.fused import fused_step
 from spechead.heads.int8 import Int8Linear
+from spechead.inference.draft_weights import check_int8_device
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import check_int8_device
 from spechead.inference.sampling import SamplingParams
 
 PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
@@ -121,7 +121,7 @@ def test_int8_drafting_is_for_cpus():
 def test_as_drafted_is_an_int8_copy_on_a_cpu_only(tiny_llama, medusa_for):
     """What decode evals and tree tuning draft with: on a CPU a Medusa head's copy with int8 projections,
     sharing the target's modules, the trained head untouched; elsewhere, or another family, the head."""
-    from spechead.inference.loading import as_drafted
+    from spechead.inference.draft_weights import as_drafted
 
     model = tiny_llama(64, layers=4, hidden=32)
     head = medusa_for(model, num_heads=2)
@@ -140,7 +140,8 @@ def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_pat
     """num_layers=0: with its projections in int8 the head has no parameter left. Its drafter anchors
     its device and dtype on a buffer still in the head (not the swapped-out float projection, which would
     stay alive), from from_pretrained and from a copy (decode evals), and decodes losslessly."""
-    from spechead.inference.loading import as_drafted, drafter_for_head
+    from spechead.inference.draft_weights import as_drafted
+    from spechead.inference.loading import drafter_for_head
 
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
     config = model.config
@@ -166,7 +167,7 @@ def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_pat
 def test_auto_is_off_on_cpus_it_was_not_measured_on(tiny_llama, medusa_for, monkeypatch):
     """The int8 default holds where it was measured (x86 AVX512 kernels); on an AVX2 or ARM build of
     torch's kernels a Medusa head stays as trained unless asked."""
-    from spechead.inference.loading import int8_by_default
+    from spechead.inference.draft_weights import int8_by_default
 
     head = medusa_for(tiny_llama(64, layers=4, hidden=32), num_heads=2)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")

@@ -106,6 +106,15 @@ def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_pat
     assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
     assert generate.main([*common, "--draft-fp8"]) == 2  # no head: one line
     assert capsys.readouterr().err.strip().startswith("error: draft_fp8 needs an EAGLE / EAGLE-3 head")
+    # --draft-fp8 on / off / auto (on a CPU: off), and int8 asked beside FP8 asked is one line
+    for flag, weights in (("on", "fp8"), ("off", None), ("auto", None)):
+        assert generate.main([*common, "--drafter", str(head_dir), "--draft-fp8", flag]) == 0
+        assert made[-1].draft_weights == weights
+    capsys.readouterr()
+    assert generate.main([*common, "--drafter", str(head_dir), "--draft-fp8", "--draft-int8", "on"]) == 2
+    assert (
+        capsys.readouterr().err.strip().startswith("error: draft_int8 and draft_fp8 both quantize the draft")
+    )
     # --draft-int8 on / off / auto (an EAGLE-3 head on a CPU: off), the answer still plain decoding's
     for flag, weights in (("on", "int8"), ("off", None), ("auto", None)):
         assert generate.main([*common, "--drafter", str(head_dir), "--draft-int8", flag]) == 0

@@ -1,0 +1,134 @@
+"""How a head's draft weights are quantized when `from_pretrained` loads it: the defaults ("auto") and the
+checks behind `draft_fp8` and `draft_int8`. Either only changes which tokens are proposed: the target
+verifies every one, so decoding stays lossless.
+
+- FP8 e4m3 (heads/fp8.py) on a GPU with FP8 tensor cores (compute capability >= 8.9: Ada, Hopper and
+  later): an EAGLE / EAGLE-3 head's per-depth layers, half the bytes a draft depth reads. On by default
+  there (`fp8_by_default`): H200, 2026-11-28, a depth-7 draft of an 8B-wide EAGLE-3 head 1.96 -> 1.38 ms
+  (bench_gpu.py), and on the demo head the same acceptance (tau 3.38 both, the saved 10-node tree).
+- int8 (heads/int8.py) on a CPU: a Medusa head's projections by default (`int8_by_default`), a quarter of
+  float32's bytes (the demo's Medusa-2 1.51x -> 1.91x plain decoding, same tau); EAGLE heads when asked.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TypeGuard
+
+import torch
+from torch import nn
+
+from spechead.heads import DraftHead, MedusaHead
+from spechead.heads.fp8 import per_depth_linears, to_fp8
+from spechead.heads.int8 import K_MULTIPLE, int8_linears, to_int8
+
+AUTO = "auto"
+# the compute capability FP8 tensor cores start at (Ada 8.9, Hopper 9.0)
+FP8_CAPABILITY = (8, 9)
+# CPUs whose torch kernels the int8 default was measured on (AVX512, an AMD EPYC: docs/PERFORMANCE.md);
+# elsewhere (AVX2, ARM) `_weight_int8pack_mm` runs other code, unmeasured: draft_int8=True asks for it
+INT8_AUTO_CPUS = ("AVX512",)
+
+
+def check_setting(name: str, value: object) -> None:
+    """ValueError unless `value` is a setting draft_fp8 / draft_int8 take: "auto", True or False."""
+    if value not in (AUTO, True, False, 0, 1):
+        raise ValueError(f"{name} takes auto, True or False, got {value!r}")
+
+
+def asked(value: bool | str) -> bool:
+    """Whether a draft_fp8 / draft_int8 setting asks for the quantization outright (not "auto")."""
+    return value != AUTO and bool(value)
+
+
+def has_fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether `device` is a GPU of compute capability FP8_CAPABILITY or later."""
+    return (
+        device.type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability(device) >= FP8_CAPABILITY
+    )
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """ValueError unless FP8 GEMMs run on `device`: a CPU (emulated: slow) or a GPU with FP8 tensor cores."""
+    if device.type == "cuda" and not has_fp8_tensor_cores(device):
+        name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else str(device)
+        raise ValueError(
+            f"draft_fp8 needs FP8 tensor cores (compute capability >= 8.9); {name} has none: drop draft_fp8"
+        )
+
+
+def fp8_by_default(head: object, device: torch.device) -> bool:
+    """Whether draft_fp8="auto" puts `head` in FP8 on `device`: a head with a per-depth layer FP8 can take
+    (`per_depth_linears`: an EAGLE / EAGLE-3 head's; features multiples of 16) on a GPU with FP8 tensor
+    cores."""
+    linears = per_depth_linears(head) if isinstance(head, nn.Module) else []
+    return any(_fp8_sized(getattr(parent, name)) for parent, name in linears) and has_fp8_tensor_cores(device)
+
+
+def _fp8_sized(linear: nn.Linear) -> bool:
+    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0  # (`to_fp8`'s rule)
+
+
+def int8_by_default(head: object, device: torch.device) -> TypeGuard[MedusaHead]:
+    """Whether draft_int8="auto" puts `head` in int8 on `device`: a Medusa head with projections of its
+    own on a CPU of `INT8_AUTO_CPUS` (there its draft is bound by the bytes it reads: heads/int8.py)."""
+    return (
+        device.type == "cpu"
+        and torch.backends.cpu.get_cpu_capability() in INT8_AUTO_CPUS
+        and isinstance(head, MedusaHead)
+        and any(getattr(parent, name).in_features % K_MULTIPLE == 0 for parent, name in int8_linears(head))
+    )
+
+
+def check_int8_device(device: torch.device, fp8: bool) -> None:
+    """ValueError unless int8 drafting can run: on a CPU (its weight-only int8 GEMM is a CPU kernel),
+    and not with draft_fp8 (one quantization per layer)."""
+    if fp8:
+        raise ValueError(
+            "draft_int8 and draft_fp8 both quantize the draft: pick one (int8 on a CPU, FP8 on a GPU)"
+        )
+    if device.type != "cpu":
+        raise ValueError(f"draft_int8 runs on a CPU, not {device}: on a GPU use draft_fp8")
+
+
+def quantize_draft(
+    head: object, device: torch.device, draft_fp8: bool | str, draft_int8: bool | str, drafter: object
+) -> str | None:
+    """Quantize `head`'s draft layers in place as the settings say (module doc), on `device`; returns
+    "fp8", "int8" or None. ValueError (one line) when a setting asks for what `head` does not have."""
+    module = head if isinstance(head, nn.Module) else nn.Module()  # (a drafter without a head: nothing)
+    if draft_fp8 == AUTO:
+        fp8 = not asked(draft_int8) and fp8_by_default(module, device) and to_fp8(module) > 0
+    elif draft_fp8 and not to_fp8(module):
+        raise ValueError(
+            f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"
+        )
+    else:
+        fp8 = bool(draft_fp8)
+    if fp8:
+        return "fp8"
+    if draft_int8 == AUTO:  # (a Medusa head sharing the target's lm_head has nothing to swap)
+        return "int8" if int8_by_default(module, device) and to_int8(module) > 0 else None
+    if draft_int8 and not to_int8(module):
+        raise ValueError(
+            f"draft_int8 needs an EAGLE / EAGLE-3 head or a Medusa head with its own projections, got drafter {drafter!r}"
+        )
+    return "int8" if draft_int8 else None
+
+
+def as_drafted(head: DraftHead, device: torch.device) -> DraftHead:
+    """`head` as from_pretrained's defaults draft with it on `device`: where `fp8_by_default` or
+    `int8_by_default`, a copy with those layers quantized (the target modules it shares stay shared, the
+    head itself keeps training), else the head itself. Decode evals and tree tuning time the draft that
+    loading will run."""
+    fp8 = fp8_by_default(head, device)
+    if not (fp8 or int8_by_default(head, device)):
+        return head
+    drafted = copy.deepcopy(head, {id(m): m for m in head._target_modules.values()})
+    if fp8:
+        to_fp8(drafted)
+    else:
+        to_int8(drafted)
+    return drafted
