@@ -27,19 +27,19 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_parents, render_batch
+from gpu_bench_args import TREE_SIZES, parse_args
 from gpu_stream_rows import project_stream, render_stream, stream_or_error
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
-from spechead.inference.draft_weights import check_fp8_device
+from spechead.inference.draft_weights import check_fp8_device, fp8_by_default
 from spechead.inference.drafters.eagle import EagleDrafter
-from spechead.inference.drafters.topk import Chunk, resolve_chunk
+from spechead.inference.drafters.topk import resolve_chunk
 from spechead.inference.profiling import (
     PartProfile,
     Timer,
@@ -50,11 +50,9 @@ from spechead.inference.profiling import (
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams
 
-TREE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
 BATCHES = (1, 4, 16)
 ACCEPTED = 5  # tokens committed per pass when timing commit/accept (about tau)
-BACKENDS = ("inductor", "max-autotune", "graphs", "reduce-overhead", "cudagraphs", "aot_eager", "eager")
 COMPARED = ("decode_step_ms", "roofline_fraction", "verify_64_x_step", "draft_ms", "draft_x_step",
             "draft_depth_ms", "pass_ms", "speedup_tau_5.4")  # fmt: skip
 GOALS = {  # name: (JSON value it reads, bound, "min" = value >= bound / "max" = value <= bound)
@@ -66,100 +64,7 @@ GOALS = {  # name: (JSON value it reads, bound, "min" = value >= bound / "max" =
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu (cpu needs --tiny)")
-    p.add_argument("--tiny", action="store_true", help="a tiny Llama config (runs on a CPU in seconds)")
-    # --compile / --compile-batch [BACKEND]: a plain flag means inductor
-    backend = {"nargs": "?", "const": "inductor", "default": None, "choices": BACKENDS, "metavar": "BACKEND"}
-    p.add_argument(
-        "--compile",
-        **backend,
-        help="torch.compile the target and the draft step: inductor (plain --compile; CUDA: each shape "
-        "captured as a CUDA graph of our own, replayed with no guards), max-autotune (the same with GEMMs "
-        "autotuned by inductor: a longer compile), graphs (no compiler: the eager passes captured as our "
-        "CUDA graphs, ready in seconds), reduce-overhead (inductor with torch.compile's CUDA graphs) or "
-        "cudagraphs (torch.compile's CUDA graphs without inductor)",
-    )
-    p.add_argument(
-        "--compare",
-        default=None,
-        choices=BACKENDS,
-        metavar="BACKEND",
-        help="with --compile: measure the batch-1 parts again compiled with this backend, in the same "
-        "process on the same weights (an A/B of the two fast paths)",
-    )
-    p.add_argument(
-        "--sizes",
-        type=_sizes,
-        default=TREE_SIZES,
-        help="tree sizes to verify, e.g. 1,16,64 (fewer graphs to compile; must hold 1, 64 and --tree-size)",
-    )
-    p.add_argument("--warmup", type=int, default=3, help="untimed runs before each measurement")
-    p.add_argument("--iters", type=int, default=20, help="timed runs per measurement (median)")
-    p.add_argument("--context", type=int, default=None, help="tokens before the step (default 512; tiny 64)")
-    p.add_argument("--draft-vocab", type=int, default=32000, help="EAGLE-3 draft vocab (capped at the vocab)")
-    p.add_argument("--top-k", type=int, default=8, help="EAGLE-2 expansion width")
-    p.add_argument("--depth", type=int, default=7, help="EAGLE-2 draft depth")
-    p.add_argument("--tree-size", type=int, default=64, choices=TREE_SIZES, help="nodes verified per pass")
-    p.add_argument("--out", type=Path, default=None, help="also write every number to this JSON file")
-    p.add_argument("--no-batch", action="store_true", help="skip the batch 1, 4, 16 rows (eager: about 20 s)")
-    p.add_argument(
-        "--no-stream", action="store_true",
-        help="skip the batch-1 decoded row (whole passes through SpeculativeGenerator, compiled like --compile)",
-    )  # fmt: skip
-    p.add_argument(
-        "--draft-fp8", action="store_true",
-        help="the head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a draft depth reads)",
-    )  # fmt: skip
-    p.add_argument(
-        "--fp8-unstacked", action="store_true",
-        help="with --draft-fp8: q/k/v and gate/up as GEMMs of their own, not stacked into one each (an A/B)",
-    )  # fmt: skip
-    p.add_argument(
-        "--topk-chunk", type=topk_chunk, default="auto", metavar="N",
-        help="each draft depth's top-k over the k chunks of N ids with the largest maxima (drafters/topk.py); "
-             "none: one topk; default auto (the drafters' default: chunks of 64 for a draft vocab >= 20000)",
-    )  # fmt: skip
-    p.add_argument(
-        "--draft-attention", choices=("auto", "sdpa", "matmul"), default="auto",
-        help="how a draft depth's few queries attend (heads/fused.py): auto (default, the drafters' own: "
-             "matmul on a GPU, sdpa elsewhere), sdpa, or matmul (heads/attention.py grouped_attention)",
-    )  # fmt: skip
-    p.add_argument(
-        "--target-attention", choices=(TREE_SDPA, "sdpa", "spechead_matmul"), default=TREE_SDPA,
-        help=f"the target's attention: {TREE_SDPA} (default, what from_pretrained loads: one query packed, "
-             "tree passes as matmuls on a GPU; heads/attention.py), transformers' sdpa (an A/B), or "
-             "spechead_matmul (tree passes as matmuls on any device)",
-    )  # fmt: skip
-    p.add_argument(
-        "--compile-batch",
-        **backend,
-        help="the batch rows' decoded passes with the target's batch passes compiled (batch_graphs.py: "
-        "CUDA graphs of our own with inductor; a graph per batch size and tree bucket, compiled first)",
-    )
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="also profile each part (torch.profiler): wall vs kernel time, kernel counts, top kernels",
-    )
-    return p.parse_args(argv)
-
-
-def topk_chunk(text: str) -> Chunk:
-    """ "64" -> 64, "auto" -> "auto", "none" -> None (one topk)."""
-    if text in ("auto", "none"):
-        return None if text == "none" else "auto"
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"a chunk is a positive number of ids, auto or none, got {text!r}")
-    return int(text)
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    """ "1,16,64" -> (1, 16, 64), each one of TREE_SIZES."""
-    sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    if not sizes or any(n not in TREE_SIZES for n in sizes):
-        raise argparse.ArgumentTypeError(f"tree sizes must come from {TREE_SIZES}, got {text!r}")
-    return sizes
+    return parse_args(argv, __doc__)
 
 
 def target_config(tiny: bool, context: int) -> LlamaConfig:
@@ -188,6 +93,12 @@ def build(
         head = Eagle3Head(head_cfg).to(torch.bfloat16).eval()
     head.attach_target_modules(lm_head=model.lm_head, embed_tokens=model.get_input_embeddings())
     return model, head
+
+
+def drafts_in_fp8(setting: str, head: Eagle3Head, device: torch.device) -> bool:
+    """--draft-fp8 on / off, or auto: where from_pretrained's default drafts in FP8 (`fp8_by_default`: a
+    GPU with FP8 tensor cores)."""
+    return setting == "on" or (setting == "auto" and fp8_by_default(head, device))
 
 
 def draft_attention(drafter: EagleDrafter, device: torch.device) -> str | None:
@@ -447,6 +358,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     model, head = build(
         target_config(args.tiny, args.context), args.draft_vocab, device, args.target_attention
     )
+    args.draft_fp8 = drafts_in_fp8(args.draft_fp8, head, device)
     if args.draft_fp8:
         to_fp8(head, stack=not args.fp8_unstacked)
     timer = Timer(device, args.iters, args.warmup)
@@ -491,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         device = resolve_device(args)
-        if args.draft_fp8:
+        if args.draft_fp8 == "on":
             check_fp8_device(device)  # (an A100 has no FP8 tensor cores)
     except (ValueError, RuntimeError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in two calls of one short lease (last run on one H200, 2026-11-28, second
 # session, a cold machine: `pytest_gpu bench_gpu` 405 s in one call (pytest_gpu 171 s, bench_gpu 202 s),
-# then `bench_gpu_fp8 bench_gpu_attention` 196 s on the warm machine (71 and 113 s); a fresh machine's
+# then `bench_gpu_fp8 bench_gpu_attention` 196 s on the warm machine (71 and 113 s; step 3 is bf16 now); a fresh machine's
 # first inductor compile takes longer: give bench_gpu's steps >= 150 s). By default:
 #   1. pytest_gpu: the CUDA tests (pytest -m gpu: greedy equality in fp32 and bf16, eager and compiled
 #      (inductor + our CUDA graphs, torch.compile's reduce-overhead, compile="graphs": the eager passes
@@ -14,16 +14,19 @@
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, batch 1, 4, 16 decoded with the target's batch
 #      passes and every row's EAGLE draft as graphs, and batch 1 decoded whole through SpeculativeGenerator,
-#      its pass beside the parts' sum, with the host's waits for the GPU counted);
-#   3. bench_gpu_fp8: bench_gpu.py --compile --draft-fp8, profiled (the draft's per-depth layers in FP8
-#      e4m3, inductor, q/k/v and gate/up stacked, the norms fused into the quantization, the chunked
-#      top-k: does a depth-7 draft reach <= 25% of a step? H200 2026-11-28 with sdpa attention: 25.1%,
-#      1.382 ms; with matmul attention in the draft and the tree passes 23.4%, 1.286 ms, now the default);
-#   4. bench_gpu_attention: step 3 with the former attention: transformers' sdpa in the target
+#      its pass beside the parts' sum, with the host's waits for the GPU counted). With the defaults
+#      from_pretrained decodes with: on a GPU with FP8 tensor cores the draft's per-depth layers in FP8
+#      e4m3 (--draft-fp8 auto), the target's attention "spechead_sdpa" (one query packed, tree passes as
+#      matmuls) and the draft's as matmuls (--draft-attention auto). H200 2026-11-28, FP8 with the
+#      attention as matmuls: depth-7 draft 1.286 ms = 23.4% of a step, verify(64) 1.05x, 4.01x at tau
+#      5.4; the plain step 68.7% of the roofline before the single query was packed (not yet timed);
+#   3. bench_gpu_bf16: the parts with the draft in bf16 (--draft-fp8 off), profiled: the A/B of the FP8
+#      default (H200 2026-11-28, with sdpa attention: 1.959 ms bf16, 1.382 FP8);
+#   4. bench_gpu_attention: the parts with the former attention: transformers' sdpa in the target
 #      (--target-attention sdpa: a compiled single query repeats the key/value cache, tree passes run
-#      cuDNN's sdpa) and sdpa in the draft (--draft-attention sdpa), profiled: the A/B of the defaults
-#      (H200 2026-11-28, that A/B the other way round: verify(64) 6.31 -> 5.78 ms, draft 1.382 -> 1.286 ms;
-#      the packed single query is not yet timed: the plain step was 5.49 ms with 64 copy kernels, 0.317 ms).
+#      cuDNN's sdpa) and sdpa in the draft (--draft-attention sdpa), profiled: the A/B of the attention
+#      defaults (H200 2026-11-28, that A/B the other way round: verify(64) 6.31 -> 5.78 ms, draft 1.382 ->
+#      1.286 ms; the plain step was 5.49 ms with 64 copy-like kernels feeding the attention, 0.317 ms).
 #   On request: bench_gpu_topk (step 3 with one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551
 #      against 1.419 ms chunked) and bench_gpu_unstacked (step 3 with q/k/v and gate/up unstacked,
 #      --fp8-unstacked; 2026-11-28: 1.532 against 1.419 ms stacked): the A/Bs of those defaults, profiled;
@@ -53,7 +56,7 @@
 # wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
 #
 #   bash scripts/gpu_checks.sh                       # the default four; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
-#   (the four do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_fp8
+#   (the four do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_bf16
 #   bench_gpu_attention` in the next, at once, while the machine is warm)
 #   bash scripts/gpu_checks.sh pytest_gpu bench_demo # only the named steps
 set -uo pipefail
@@ -71,7 +74,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
 
 status=0
-steps=" ${*:-pytest_gpu bench_gpu bench_gpu_fp8 bench_gpu_attention} "
+steps=" ${*:-pytest_gpu bench_gpu bench_gpu_bf16 bench_gpu_attention} "
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, remember a failure
     local name=$1 limit=$2
     shift 2
@@ -85,23 +88,24 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
 }
 step pytest_gpu "${PYTEST_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py \
     tests/inference/test_cuda_syncs.py
-# inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs
+# inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs;
+# the loading defaults (an FP8 GPU: the draft in FP8, compiled by inductor, which fuses each layer's
+# activation quantization and output scaling around the FP8 GEMM)
 step bench_gpu "${BENCH_S:-330}" "$PY" scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs \
     --sizes 1,64 --profile --out "$OUT/bench_gpu.json"
-# the draft's per-depth layers in FP8 e4m3 (heads/fp8.py), compiled by inductor (it fuses each layer's
-# activation quantization and output scaling around the FP8 GEMM: eager, those are several small kernels)
-step bench_gpu_fp8 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --sizes 1,64 --profile \
-    --no-batch --no-stream --out "$OUT/bench_gpu_fp8.json"
-# the same with the former attention: transformers' sdpa in the target and in the draft (an A/B against the
-# step above: the defaults)
+# the draft in bf16, as trained (an A/B against the FP8 default)
+step bench_gpu_bf16 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 off --sizes 1,64 --profile \
+    --no-batch --no-stream --out "$OUT/bench_gpu_bf16.json"
+# the FP8 draft with the former attention: transformers' sdpa in the target and in the draft (an A/B against
+# the attention defaults)
 step bench_gpu_attention "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --draft-attention sdpa \
     --target-attention sdpa --sizes 1,64 --profile --no-batch --no-stream --out "$OUT/bench_gpu_attention.json"
 # the same with one torch.topk a draft depth (an A/B against the step above: its chunked top-k, the default),
 # profiled: the JSON keeps the draft's 30 costliest kernels
 step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk none --sizes 1,64 --profile \
     --no-batch --no-stream --out "$OUT/bench_gpu_topk.json"
-# the FP8 draft with q/k/v and gate/up as GEMMs of their own (an A/B against bench_gpu_fp8's stacked GEMMs,
-# the default since 2026-11-28, not yet timed), profiled
+# the FP8 draft with q/k/v and gate/up as GEMMs of their own (an A/B against the stacked GEMMs, the
+# default: H200 2026-11-28 1.532 against 1.419 ms), profiled
 step bench_gpu_unstacked "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --fp8-unstacked --sizes 1,64 \
     --profile --no-batch --no-stream --out "$OUT/bench_gpu_unstacked.json"
 # on request: one draft depth's top-k alone, one topk against chunks of 32 to 256 ids, eager and compiled

@@ -139,7 +139,7 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
 @pytest.mark.parametrize("draft_compile", [None, "graphs"])
 def test_fp8_drafting_on_cuda_equals_plain_decoding(tiny_llama, chatml_tokenizer, draft_compile):
     """The head's per-depth layers in FP8 (heads/fp8.py: torch._scaled_mm on the GPU), eager and as our
-    CUDA graphs, bf16 target: greedy output equals plain decoding (inductor: gpu_checks' bench_gpu_fp8)."""
+    CUDA graphs, bf16 target: greedy output equals plain decoding (inductor: gpu_checks' bench_gpu, on an FP8 GPU)."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda", torch.bfloat16)
     plain = SpeculativeGenerator(model, chatml_tokenizer, None)
     drafter = _drafters(model)["eagle"]

@@ -202,6 +202,32 @@ def test_topk_chunk_takes_a_number_auto_or_none(tmp_path, monkeypatch):
     )
 
 
+def test_draft_fp8_follows_the_loading_default(monkeypatch):
+    """--draft-fp8 auto (the default) drafts in FP8 where from_pretrained does (a GPU with FP8 tensor
+    cores; here the CPU put in its place), on / bare --draft-fp8 anywhere, off nowhere."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from transformers import LlamaConfig
+
+    from spechead.heads import Eagle3Config, Eagle3Head
+    from spechead.inference import draft_weights
+
+    assert [module.parse(a).draft_fp8 for a in ([], ["--draft-fp8"], ["--draft-fp8", "off"])] == [
+        "auto",
+        "on",
+        "off",
+    ]
+    cfg = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=64
+    )
+    head, cpu = Eagle3Head(Eagle3Config.from_target(cfg)), torch.device("cpu")
+    assert [module.drafts_in_fp8(x, head, cpu) for x in ("auto", "on", "off")] == [False, True, False]
+    monkeypatch.setattr(draft_weights, "has_fp8_tensor_cores", lambda device: True)
+    assert [module.drafts_in_fp8(x, head, cpu) for x in ("auto", "on", "off")] == [True, True, False]
+
+
 def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(
         str(SCRIPT.parent)
