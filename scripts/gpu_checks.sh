@@ -9,7 +9,9 @@
 #      FP8 drafting eager and as graphs, plain decoding one step ahead, stacked FP8 rows) and
 #      tests/inference/test_cuda_syncs.py (a pass waits for the GPU once, batch 1 and batch 2, sampled
 #      too). 2026-11-28 (second run): 48 passed. Since then the target's default attention packs one query
-#      and runs tree passes as matmuls on a GPU, and the draft attends as matmuls there: not yet run;
+#      and runs tree passes as matmuls on a GPU, the draft attends as matmuls there, and an EAGLE head
+#      drafts in FP8 by default on an FP8 GPU: tests/inference/test_cuda_defaults.py (new, not yet run) and
+#      the CUDA case of test_loading.py (passed alone in that run);
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, batch 1, 4, 16 decoded with the target's batch
@@ -87,7 +89,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
     [ "$rc" -eq 0 ] || status=1
 }
 step pytest_gpu "${PYTEST_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py \
-    tests/inference/test_cuda_syncs.py
+    tests/inference/test_cuda_syncs.py tests/inference/test_cuda_defaults.py tests/inference/test_loading.py
 # inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs;
 # the loading defaults (an FP8 GPU: the draft in FP8, compiled by inductor, which fuses each layer's
 # activation quantization and output scaling around the FP8 GEMM)
