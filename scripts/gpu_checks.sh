@@ -88,7 +88,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.lo
     echo "=== $name: exit $rc after $((SECONDS - start)) s"
     [ "$rc" -eq 0 ] || status=1
 }
-step pytest_gpu "${PYTEST_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py \
+step pytest_gpu "${PYTEST_S:-300}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/inference/test_cuda.py \
     tests/inference/test_cuda_syncs.py tests/inference/test_cuda_defaults.py tests/inference/test_loading.py
 # inductor with our CUDA graphs (GraphedFunction) and, in the same process, the eager passes as our graphs;
 # the loading defaults (an FP8 GPU: the draft in FP8, compiled by inductor, which fuses each layer's
