@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
 from spechead.heads.fp8 import Fp8Linear
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
+
+from .hf_reference import hf_greedy
 
 PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
 
@@ -22,14 +24,6 @@ def head_dir(tiny_target_dir, tmp_path_factory):
     torch.manual_seed(0)
     head = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
     return head.save_pretrained(tmp_path_factory.mktemp("fp8") / "eagle3")
-
-
-def hf_greedy(target_dir, prompt: list[int], n: int) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(target_dir)
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("compile", [None, "eager"])

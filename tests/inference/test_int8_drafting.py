@@ -16,38 +16,15 @@ from spechead.inference.draft_weights import check_int8_device
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
+from .hf_reference import hf_greedy
+
 PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
 pytestmark = pytest.mark.usefixtures("int8_cpu")  # (the default's CPUs, on any machine)
 
 
-@pytest.fixture(scope="module")
-def heads(tiny_target_dir, tmp_path_factory) -> dict[str, str]:
-    """{"medusa": dir, "eagle3": dir}: heads whose drafts start as the target's lm_head (some accepted)."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
-    config, root = model.config, tmp_path_factory.mktemp("int8")
-    torch.manual_seed(0)
-    medusa = MedusaHead(MedusaConfig(hidden_size=config.hidden_size, vocab_size=config.vocab_size, num_heads=3,
-                                     target_num_layers=config.num_hidden_layers))  # fmt: skip
-    medusa.init_from_lm_head_(model.lm_head.weight)
-    eagle3 = Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, config.num_hidden_layers]))
-    eagle3.init_lm_head_from_target_(model.lm_head.weight)
-    return {
-        "medusa": str(medusa.save_pretrained(root / "medusa")),
-        "eagle3": str(eagle3.save_pretrained(root / "e3")),
-    }
-
-
-def hf_greedy(target_dir, prompt: list[int], n: int) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(target_dir)
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
-    )
-    return out[0, len(prompt) :].tolist()
-
-
 @pytest.mark.parametrize("family, option", [("medusa", {}), ("eagle3", {"draft_int8": True})])
-def test_int8_drafting_is_lossless(tiny_target_dir, heads, family, option):
-    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), heads[family], **option)
+def test_int8_drafting_is_lossless(tiny_target_dir, lm_head_heads, family, option):
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), lm_head_heads[family], **option)
     assert gen.draft_weights == "int8"
     assert any(type(m) is Int8Linear for m in gen.drafter.head.modules())
     gen.eos = set()
@@ -62,31 +39,43 @@ def test_int8_drafting_is_lossless(tiny_target_dir, heads, family, option):
     assert [r.token_ids for r in batch] == refs
 
 
-def test_auto_quantizes_a_medusa_head_on_a_cpu_only(tiny_target_dir, heads):
+def test_auto_quantizes_a_medusa_head_on_a_cpu_only(tiny_target_dir, lm_head_heads):
     """The default: a Medusa head's projections in int8 on a CPU (there its draft is bound by the bytes
     it reads); an EAGLE-3 head as it was trained; draft_int8=False keeps a Medusa head's too."""
-    medusa = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), heads["medusa"], calibrate=False)
+    medusa = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), lm_head_heads["medusa"], calibrate=False
+    )
     assert medusa.draft_weights == "int8"
     assert all(type(block[-1]) is Int8Linear for block in medusa.drafter.head.heads)
-    off = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), heads["medusa"], draft_int8=False)
+    off = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), lm_head_heads["medusa"], draft_int8=False
+    )
     assert off.draft_weights is None and all(type(block[-1]) is nn.Linear for block in off.drafter.head.heads)
-    eagle3 = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), heads["eagle3"], calibrate=False)
+    eagle3 = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), lm_head_heads["eagle3"], calibrate=False
+    )
     assert eagle3.draft_weights is None and type(eagle3.drafter.head.lm_head) is nn.Linear
     plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir))  # no head: nothing to quantize
     assert plain.draft_weights is None
 
 
-def test_the_draft_runs_the_int8_weights(tiny_target_dir, heads):
+def test_the_draft_runs_the_int8_weights(tiny_target_dir, lm_head_heads):
     """The drafters' (fused) forwards on the same inputs: int8 moves them by rounding, not more; the
     fused EAGLE step takes int8 layers (not the module-by-module fallback)."""
     load = SpeculativeGenerator.from_pretrained
-    gens = [load(str(tiny_target_dir), heads["medusa"], calibrate=False, draft_int8=q) for q in (False, True)]
+    gens = [
+        load(str(tiny_target_dir), lm_head_heads["medusa"], calibrate=False, draft_int8=q)
+        for q in (False, True)
+    ]
     state = torch.randn(1, 1, gens[0].target.config.hidden_size)
     with torch.no_grad():
         exact, coarse = (g.drafter.head_logits(1, state) for g in gens)
     error = float((coarse - exact).norm() / exact.norm())
     assert 1e-5 < error < 0.02, error
-    gens = [load(str(tiny_target_dir), heads["eagle3"], calibrate=False, draft_int8=q) for q in (False, True)]
+    gens = [
+        load(str(tiny_target_dir), lm_head_heads["eagle3"], calibrate=False, draft_int8=q)
+        for q in (False, True)
+    ]
     assert fused_step(gens[1].drafter.head) is not None
     hidden = gens[0].target.config.hidden_size
     features, ids = torch.randn(1, 3, hidden), torch.tensor([[5, 6, 7]])
@@ -107,9 +96,11 @@ def test_the_draft_runs_the_int8_weights(tiny_target_dir, heads):
         ("eagle3", {"draft_int8": "yes"}, "draft_int8 takes auto, True or False, got 'yes'"),
     ],
 )
-def test_bad_int8_settings_are_one_line(tiny_target_dir, heads, drafter, options, message):
+def test_bad_int8_settings_are_one_line(tiny_target_dir, lm_head_heads, drafter, options, message):
     with pytest.raises(ValueError, match=message):
-        SpeculativeGenerator.from_pretrained(str(tiny_target_dir), heads.get(drafter, drafter), **options)
+        SpeculativeGenerator.from_pretrained(
+            str(tiny_target_dir), lm_head_heads.get(drafter, drafter), **options
+        )
 
 
 def test_int8_drafting_is_for_cpus():

@@ -1,0 +1,15 @@
+"""The target's own answers from transformers, the references lossless decoding is held to."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+
+def hf_greedy(target_dir, prompt: list[int], n: int) -> list[int]:
+    """The target's own greedy answer (transformers' generate, no EOS): n tokens after `prompt`."""
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
