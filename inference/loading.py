@@ -260,10 +260,10 @@ def load_generator(
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
     weights = quantize_draft(getattr(built, "head", None), on, draft_fp8, draft_int8, drafter)
-    if weights == "int8" and isinstance(
-        built, MedusaDrafter
-    ):  # (built before: its device/dtype anchor may have
-        built = built.with_tree(built.choices)  # been a swapped-out projection, kept alive and stale)
+    # a quantized Medusa drafter is built again: the one built before anchored its device and dtype on
+    # what may have been a swapped-out projection, kept alive and stale
+    if weights == "int8" and isinstance(built, MedusaDrafter):
+        built = built.with_tree(built.choices)
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     calibrating = calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree
     saved = None
