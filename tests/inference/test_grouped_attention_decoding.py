@@ -10,7 +10,7 @@ import pytest
 from spechead.heads import attention
 from spechead.inference.generator import SpeculativeGenerator
 
-from .hf_reference import hf_greedy
+from .hf_reference import decodes_as_references, hf_greedy
 
 PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
 
@@ -32,11 +32,7 @@ def test_decoding_through_grouped_attention_is_lossless(tiny_target_dir, lm_head
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), lm_head_heads[family], calibrate=False)
     gen.eos = set()
     assert gen.target.config._attn_implementation == attention.NAME
-    drafted = accepted = 0
-    for prompt, ref in zip(PROMPTS, refs):
-        result = gen.generate(input_ids=prompt, max_new_tokens=16)
-        assert result.token_ids == ref
-        drafted, accepted = drafted + result.stats.drafted_tokens, accepted + result.stats.accepted_tokens
+    drafted, accepted = decodes_as_references(gen, PROMPTS, refs, 16)
     assert drafted > 0 and (accepted > 0 or family == "eagle3")  # (an untrained EAGLE-3 layer: none taken)
     assert any(n > 1 for n in queries)  # the target's tree passes
     assert (family == "eagle3") == any(n < 0 for n in queries)  # the EAGLE draft's steps

@@ -16,7 +16,7 @@ from spechead.inference.draft_weights import check_int8_device
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
-from .hf_reference import hf_greedy
+from .hf_reference import decodes_as_references, hf_greedy
 
 PROMPTS = [[5, 9, 11, 7], [3, 4, 5, 6, 7, 8, 9], [12, 13]]
 pytestmark = pytest.mark.usefixtures("int8_cpu")  # (the default's CPUs, on any machine)
@@ -29,11 +29,7 @@ def test_int8_drafting_is_lossless(tiny_target_dir, lm_head_heads, family, optio
     assert any(type(m) is Int8Linear for m in gen.drafter.head.modules())
     gen.eos = set()
     refs = [hf_greedy(tiny_target_dir, p, 16) for p in PROMPTS]
-    drafted = accepted = 0
-    for prompt, ref in zip(PROMPTS, refs):
-        result = gen.generate(input_ids=prompt, max_new_tokens=16)
-        assert result.token_ids == ref
-        drafted, accepted = drafted + result.stats.drafted_tokens, accepted + result.stats.accepted_tokens
+    drafted, accepted = decodes_as_references(gen, PROMPTS, refs, 16)
     assert drafted > 0 and (accepted > 0 or family == "eagle3")  # (an untrained EAGLE-3 layer: none taken)
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=16, tree_for_batch=False)
     assert [r.token_ids for r in batch] == refs
