@@ -28,6 +28,26 @@ torch.set_num_threads(1)
 # A private Hugging Face home: tests never read or write the user's caches (datasets, hub).
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="spechead-tests-hf-")
 
+
+def load_workers():
+    """tests/workers.py (no package here: loaded by path, as fake_hub.py is)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "spechead_test_workers", Path(__file__).with_name("workers.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`pytest -n auto`: one worker per usable CPU. xdist's own count is psutil's physical cores of the
+    host (psutil comes with accelerate), which is 1 on a 2-thread SMT VM and the host's cores in a
+    container limited to a few."""
+    return load_workers().usable_cpus()
+
+
 CHATML_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
