@@ -16,6 +16,9 @@ from spechead.inference.profiling import count_syncs, profile_part
 from spechead.inference.runner import TargetRunner
 
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
+# tokens of the two profiled generates: 16 passes apart are enough for per-pass kernel counts and costs,
+# and torch.profiler's parse of each event in Python (most of a --tiny run's time at 48) stays short
+PROFILED_TOKENS = (8, 24)
 
 
 @torch.inference_mode()
@@ -71,11 +74,11 @@ def decoded_stream(
 
 def device_per_pass(gen: SpeculativeGenerator, prompt: torch.Tensor, device: torch.device) -> dict:
     """A decoded pass's device work (torch.profiler): kernel ms and kernels a pass (None on a CPU) and host
-    ops a pass, from two generates of 8 and NEW_TOKENS tokens (the difference drops the prefill and the
+    ops a pass, from two generates of PROFILED_TOKENS tokens (the difference drops the prefill and the
     end), and the kernels (host ops on a CPU) that cost most a pass. The pass's wall time minus its kernel
     time is the device idle: waiting for the host's launches and reads."""
     runs = []
-    for n in (8, NEW_TOKENS):
+    for n in PROFILED_TOKENS:
         kept: list = []
 
         def run(n: int = n, kept: list = kept) -> None:
