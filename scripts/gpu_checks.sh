@@ -54,8 +54,10 @@
 #      bench_demo_sampled (the demo heads sampling at temperature 1, top-p 0.9, EAGLE-3's top-k children
 #      beside children drawn from the head, rule=without_replacement: +12-20% tau on a CPU, not yet timed
 #      where draft ops are cheap next to a step).
-# Logs and JSON go to $OUT (default outputs/gpu). A machine without this project's packages installed takes
-# wheels from .whl/ (`pip wheel --no-deps -w .whl .`, plus transformers if the machine's is older).
+# Logs and JSON go to $OUT (default outputs/gpu). spechead runs from this tree, linked into /tmp/site (set
+# SPECHEAD_INSTALLED=1 to use an installed one instead); other packages the machine lacks or has too old come
+# as wheels in .whl/ (carry it): on the H200 image (transformers 5.17), transformers 5.24: `pip download
+# --no-deps --only-binary=:all: --python-version 3.12 -d .whl transformers==5.24.0`.
 #
 #   bash scripts/gpu_checks.sh                       # the default four; env PYTEST_S, BENCH_S, FP8_S, DEMO_S: limits (s)
 #   (the four do not fit one 600 s call: run `pytest_gpu bench_gpu` in one call and `bench_gpu_bf16
@@ -69,8 +71,17 @@ PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "error: installing .whl/ failed"; exit 1; }
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# spechead is this tree: its folders linked as the import packages (as pyproject's package-dir maps them),
+# so what runs is the code beside this script, never a wheel built before a later commit
+if [ -z "${SPECHEAD_INSTALLED:-}" ]; then
+    mkdir -p /tmp/site/spechead
+    for pkg in configs data heads inference training; do
+        rm -rf "/tmp/site/spechead/$pkg" && ln -s "$PWD/$pkg" "/tmp/site/spechead/$pkg"
+    done
+    rm -rf /tmp/site/spechead-*.dist-info
+fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
 "$PY" -c "import torch, transformers, spechead.inference; print('torch', torch.__version__, 'transformers',
 transformers.__version__, torch.cuda.get_device_name())" || exit 1
