@@ -49,6 +49,7 @@ from spechead.inference.profiling import (
 )
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.stacked import stack_projections
 
 TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
 BATCHES = (1, 4, 16)
@@ -265,7 +266,8 @@ def render(r: dict) -> str:
         f"tree {r['tree_size']} nodes; drafting {r['draft_status']}"
         + (f"; top-k in chunks of {r['topk_chunk']}" if r.get("topk_chunk") else "")
         + ("; few-query attention as matmuls" if r.get("draft_attention") == "matmul" else ""),
-        f"target attention: {r.get('target_attention')}",
+        f"target attention: {r.get('target_attention')}"
+        + (f"; q/k/v and gate/up stacked, one GEMM each ({r['target_stacked']} groups)" if r.get("target_stacked") else ""),
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s; weights {r['weight_bytes'] / gb:.3g} GB -> roofline "
         f"{r['roofline_ms']:.3f} ms",
         f"plain decode step {r['decode_step_ms']:.3f} ms = {r['roofline_fraction']:.1%} of roofline "
@@ -358,6 +360,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     model, head = build(
         target_config(args.tiny, args.context), args.draft_vocab, device, args.target_attention
     )
+    stacked = stack_projections(model) if args.target_stacked else 0  # (an A/B: inference/stacked.py)
     args.draft_fp8 = drafts_in_fp8(args.draft_fp8, head, device)
     if args.draft_fp8:
         to_fp8(head, stack=not args.fp8_unstacked)
@@ -368,7 +371,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     parts, status = measure_compiled(model, head, args, timer, device, args.compile, keep=kept)
     report = {"device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "target": "tiny Llama" if args.tiny else "Llama-3.1-8B shape (random weights)",
-              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "fp8_stacked": args.draft_fp8 and not args.fp8_unstacked, "target_attention": model.config._attn_implementation,
+              "compile": status, "compile_batch": args.compile_batch, "context": args.context, "draft_vocab": head.config.draft_vocab_size, "draft_fp8": args.draft_fp8, "fp8_stacked": args.draft_fp8 and not args.fp8_unstacked, "target_attention": model.config._attn_implementation, "target_stacked": stacked,
               "topk_chunk": resolve_chunk(args.topk_chunk, device.type, head.config.draft_vocab_size),
               "top_k": args.top_k, "depth": args.depth, "tree_size": args.tree_size, **parts}  # fmt: skip
     report.update(summarize(args, parts, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth)))

@@ -83,6 +83,11 @@ def parse_args(argv: list[str] | None, doc: str | None) -> argparse.Namespace:
              "spechead_matmul (tree passes as matmuls on any device)",
     )  # fmt: skip
     p.add_argument(
+        "--target-stacked", action="store_true",
+        help="the target's q/k/v and gate/up as one GEMM each (inference/stacked.py; an A/B: one wide GEMM in "
+             "place of the narrow k/v ones)",
+    )  # fmt: skip
+    p.add_argument(
         "--compile-batch",
         **backend,
         help="the batch rows' decoded passes with the target's batch passes compiled (batch_graphs.py: "

@@ -29,7 +29,9 @@
 #      cuDNN's sdpa) and sdpa in the draft (--draft-attention sdpa), profiled: the A/B of the attention
 #      defaults (H200 2026-11-28, that A/B the other way round: verify(64) 6.31 -> 5.78 ms, draft 1.382 ->
 #      1.286 ms; the plain step was 5.49 ms with 64 copy-like kernels feeding the attention, 0.317 ms).
-#   On request: bench_gpu_topk (step 3 with one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551
+#   On request: bench_gpu_stacked (the defaults with the target's q/k/v and gate/up stacked into one GEMM
+#      each, --target-stacked, inference/stacked.py: the A/B for the plain step's roofline; not yet run;
+#      next after bench_gpu, with bench_gpu_attention, in the second call); bench_gpu_topk (step 3 with one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551
 #      against 1.419 ms chunked) and bench_gpu_unstacked (step 3 with q/k/v and gate/up unstacked,
 #      --fp8-unstacked; 2026-11-28: 1.532 against 1.419 ms stacked): the A/Bs of those defaults, profiled;
 #      bench_topk: scripts/bench_topk.py, a depth's top-k alone by chunk (H200: [8, 32000] 44 us by 64,
@@ -113,6 +115,10 @@ step bench_gpu_bf16 "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft
 # the attention defaults)
 step bench_gpu_attention "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --draft-attention sdpa \
     --target-attention sdpa --sizes 1,64 --profile --no-batch --no-stream --out "$OUT/bench_gpu_attention.json"
+# the defaults with the target's q/k/v and gate/up stacked, one GEMM each (inference/stacked.py; an A/B
+# against bench_gpu's plain step: the narrow k/v GEMMs of the 8B shape joined to the query's), profiled
+step bench_gpu_stacked "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --target-stacked --sizes 1,64 --profile \
+    --no-batch --no-stream --out "$OUT/bench_gpu_stacked.json"
 # the same with one torch.topk a draft depth (an A/B against the step above: its chunked top-k, the default),
 # profiled: the JSON keeps the draft's 30 costliest kernels
 step bench_gpu_topk "${FP8_S:-300}" "$PY" scripts/bench_gpu.py --compile --draft-fp8 --topk-chunk none --sizes 1,64 --profile \

@@ -314,12 +314,13 @@ def test_compiled_batch_rows(tmp_path):
 def test_fp8_draft_reads_about_half_the_bytes(tiny_run, tmp_path):
     """--draft-fp8: the head's per-depth layers in e4m3 (heads/fp8.py); its weight bytes (buffers now)
     count in the draft's roofline: about half of bf16's (the norms and row scales stay bf16). With
-    --topk-chunk, --draft-attention and --target-attention (the same run): the depths' top-k over chunks,
-    the draft's and the target's few-query attention as matmuls, said in the report."""
+    --topk-chunk, --draft-attention, --target-attention and --target-stacked (the same run): the depths'
+    top-k over chunks, the draft's and the target's few-query attention as matmuls, the target's
+    projections stacked, said in the report."""
     # (no decoded row: emulated FP8 decoding on a CPU took two minutes of CI, and the row is the tiny run's)
     proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "1", "--no-batch", "--no-stream",
                "--draft-fp8", "--topk-chunk", "16", "--draft-attention", "matmul", "--target-attention",
-               "spechead_matmul", "--out", "fp8.json", cwd=tmp_path)  # fmt: skip
+               "spechead_matmul", "--target-stacked", "--out", "fp8.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r, bf16 = json.loads((tmp_path / "fp8.json").read_text()), tiny_run[0]
     assert r["draft_fp8"] is True and bf16["draft_fp8"] is False
@@ -334,3 +335,8 @@ def test_fp8_draft_reads_about_half_the_bytes(tiny_run, tmp_path):
     # "spechead_sdpa", what from_pretrained loads (and on a CPU the draft's default "auto" is sdpa)
     assert r["target_attention"] == "spechead_matmul" and bf16["target_attention"] == "spechead_sdpa"
     assert "target attention: spechead_matmul" in proc.stdout
+    # --target-stacked (the same run): the target's q/k/v and gate/up one GEMM each in its 4 layers, the
+    # same weight bytes (each weight once, in its stack)
+    assert r["target_stacked"] == 8 and bf16["target_stacked"] == 0
+    assert "; q/k/v and gate/up stacked, one GEMM each (8 groups)" in proc.stdout
+    assert r["weight_bytes"] == bf16["weight_bytes"]

@@ -1,0 +1,118 @@
+"""Stacked projections for a transformers target: in each decoder layer, the linear layers that read one
+input (attention's q/k/v, the MLP's gate/up) run as ONE GEMM each, through the model's own forward.
+
+Why: at batch 1 a decode step reads every weight once, and a GEMM is fast only if it is wide enough to
+keep the memory busy. A grouped-query model's key and value projections are narrow (Llama-3-8B: 1024 rows
+of 4096 beside the query's 4096); each is a kernel of its own that runs well below the bandwidth a wide
+one reaches. vLLM and gpt-fast keep q/k/v and gate/up stacked for this reason.
+
+How, with no model file of our own: the first layer of a group (q_proj, gate_proj) becomes a
+`StackedLinear` that runs the whole stack's GEMM and keeps the other rows' outputs beside the input tensor
+it was called on; the others (k_proj, v_proj, up_proj) become `StackedRows` that return their kept output
+when called on that same tensor (released as it is taken), and run their own rows' GEMM otherwise.
+transformers' attention and MLP call them in that order on one tensor, so a step runs one GEMM per group;
+any other order stays exact, a GEMM each. The weights live once, in the stack (the state dict changes:
+stack a model loaded for decoding, not one to save or train).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+# (module attribute of a decoder layer, the linear layers in it that read one input), in call order
+GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+
+class StackedLinear(nn.Module):
+    """Linear layers that read one input, as one: weight (sum of out_features, in_features). Called, it
+    returns the first layer's output and keeps the others' for `take`."""
+
+    def __init__(self, layers: list[nn.Linear]) -> None:
+        super().__init__()
+        first = layers[0]
+        weight = torch.cat([layer.weight.detach() for layer in layers])  # (sum out, in)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None
+        if first.bias is not None:
+            self.bias = nn.Parameter(
+                torch.cat([layer.bias.detach() for layer in layers]), requires_grad=False
+            )
+        self.sizes = [layer.out_features for layer in layers]
+        self.in_features, self.out_features = first.in_features, first.out_features
+        self._input: Tensor | None = None  # the tensor the kept outputs were computed from
+        self._kept: list[Tensor | None] = [None] * len(layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., in) -> the first layer's output (..., sizes[0]); the other rows' outputs kept for x."""
+        parts = F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        self._input, self._kept = x, [None, *parts[1:]]
+        return parts[0]
+
+    def take(self, index: int, x: Tensor) -> Tensor:
+        """Layer `index`'s output for x: the kept one if the stack last ran on this very tensor (then
+        released), else its own rows' GEMM."""
+        kept = self._kept[index]
+        if kept is not None and self._input is x:
+            self._kept[index] = None
+            if all(k is None for k in self._kept):
+                self._input = None  # everything taken: hold no activation between steps
+            return kept
+        start = sum(self.sizes[:index])
+        rows = slice(start, start + self.sizes[index])
+        return F.linear(x, self.weight[rows], None if self.bias is None else self.bias[rows])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, stacked out_features={self.sizes}"
+
+
+class StackedRows(nn.Module):
+    """Layer `index` of a `StackedLinear` (k_proj, v_proj, up_proj): its weights live in the stack."""
+
+    def __init__(self, stack: StackedLinear, index: int) -> None:
+        super().__init__()
+        self._stack = (
+            stack,
+        )  # a tuple: not a submodule (the stack is registered once, in its group's first)
+        self.index = index
+        self.in_features, self.out_features = stack.in_features, stack.sizes[index]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._stack[0].take(self.index, x)
+
+    def extra_repr(self) -> str:
+        return f"rows of a stack, index={self.index}, out_features={self.out_features}"
+
+
+def stackable(layers: list[nn.Linear]) -> bool:
+    """One input width, device and dtype, and biases on all or none."""
+    first = layers[0]
+    return all(
+        layer.in_features == first.in_features
+        and layer.weight.dtype == first.weight.dtype
+        and layer.weight.device == first.weight.device
+        and (layer.bias is None) == (first.bias is None)
+        for layer in layers
+    )
+
+
+def stack_projections(model: PreTrainedModel) -> int:
+    """Stack q/k/v and gate/up of every decoder layer of a transformers causal LM in place (module doc);
+    groups that are missing, not plain `nn.Linear`s or not `stackable` stay as they are.
+    -> the number of groups stacked."""
+    stacked = 0
+    for layer in model.get_decoder().layers:
+        for block_name, names in GROUPS:
+            block = getattr(layer, block_name, None)
+            # plain layers only: a quantized or adapter-wrapped one (a subclass, a PEFT wrapper) stays
+            layers = [m for m in (getattr(block, name, None) for name in names) if type(m) is nn.Linear]
+            if len(layers) < len(names) or not stackable(layers):
+                continue
+            stack = StackedLinear(layers)
+            setattr(block, names[0], stack)
+            for index, name in enumerate(names[1:], start=1):
+                setattr(block, name, StackedRows(stack, index))
+            stacked += 1
+    return stacked
