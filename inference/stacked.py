@@ -73,9 +73,8 @@ class StackedRows(nn.Module):
 
     def __init__(self, stack: StackedLinear, index: int) -> None:
         super().__init__()
-        self._stack = (
-            stack,
-        )  # a tuple: not a submodule (the stack is registered once, in its group's first)
+        # a tuple: not a submodule (the stack is registered once, in its group's first layer)
+        self._stack = (stack,)
         self.index = index
         self.in_features, self.out_features = stack.in_features, stack.sizes[index]
 

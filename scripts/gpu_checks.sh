@@ -31,8 +31,8 @@
 #      1.286 ms; the plain step was 5.49 ms with 64 copy-like kernels feeding the attention, 0.317 ms).
 #   On request: bench_gpu_stacked (the defaults with the target's q/k/v and gate/up stacked into one GEMM
 #      each, --target-stacked, inference/stacked.py: the A/B for the plain step's roofline; not yet run;
-#      next after bench_gpu, with bench_gpu_attention, in the second call); bench_gpu_topk (step 3 with one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551
-#      against 1.419 ms chunked) and bench_gpu_unstacked (step 3 with q/k/v and gate/up unstacked,
+#      next after bench_gpu, with bench_gpu_attention, in the second call); bench_gpu_topk (step 3 with
+#      one torch.topk a depth, --topk-chunk none; 2026-11-28: 1.551 against 1.419 ms chunked) and bench_gpu_unstacked (step 3 with q/k/v and gate/up unstacked,
 #      --fp8-unstacked; 2026-11-28: 1.532 against 1.419 ms stacked): the A/Bs of those defaults, profiled;
 #      bench_topk: scripts/bench_topk.py, a depth's top-k alone by chunk (H200: [8, 32000] 44 us by 64,
 #      59 in one topk).

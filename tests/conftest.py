@@ -29,23 +29,22 @@ torch.set_num_threads(1)
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="spechead-tests-hf-")
 
 
-def load_workers():
-    """tests/workers.py (no package here: loaded by path, as fake_hub.py is)."""
+def load_path(name: str, path: Path):
+    """The module in file `path`, loaded afresh as `name` (tests and scripts are not packages); in
+    sys.modules under that name before it runs, as an import would put it (dataclasses look it up)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "spechead_test_workers", Path(__file__).with_name("workers.py")
-    )
-    module = importlib.util.module_from_spec(spec)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`pytest -n auto`: one worker per usable CPU. xdist's own count is psutil's physical cores of the
-    host (psutil comes with accelerate), which is 1 on a 2-thread SMT VM and the host's cores in a
-    container limited to a few."""
-    return load_workers().usable_cpus()
+    """`pytest -n auto`: one worker per usable CPU (tests/workers.py). xdist's own count is psutil's
+    physical cores of the host (psutil comes with accelerate), which is 1 on a 2-thread SMT VM and the
+    host's cores in a container limited to a few."""
+    return load_path("spechead_test_workers", Path(__file__).with_name("workers.py")).usable_cpus()
 
 
 CHATML_TEMPLATE = (
@@ -198,30 +197,26 @@ def chat_file(tmp_path_factory) -> Path:
 @pytest.fixture
 def fake_hub():
     """A local in-memory Hugging Face Hub (tests/fake_hub.py) serving on `fake_hub.url` for the test."""
-    import importlib.util
-    import sys
-
-    name = "spechead_tests_fake_hub"  # tests are not a package: load the helper module by path, once
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("fake_hub.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    with sys.modules[name].FakeHub() as hub:
+    name = "spechead_tests_fake_hub"  # loaded once
+    module = sys.modules.get(name) or load_path(name, Path(__file__).with_name("fake_hub.py"))
+    with module.FakeHub() as hub:
         yield hub
 
 
 @pytest.fixture(scope="session")
 def script():
     """`script("benchmark")`: scripts/benchmark.py loaded as a fresh module (scripts are not a package)."""
-    import importlib.util
 
     def load(name: str):
-        spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        return load_path(f"{name}_script", ROOT / "scripts" / f"{name}.py")
 
     return load
+
+
+@pytest.fixture(scope="session")
+def workers():
+    """tests/workers.py, as `pytest -n auto` loads it."""
+    return load_path("spechead_test_workers", Path(__file__).with_name("workers.py"))
 
 
 @pytest.fixture

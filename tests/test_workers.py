@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
-
-spec = importlib.util.spec_from_file_location("spechead_test_workers", Path(__file__).with_name("workers.py"))
-workers = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(workers)
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -33,14 +28,14 @@ def cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
         ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # v1: one CPU
     ],
 )
-def test_the_quota_caps_the_affinity(tmp_path, files, expected):
+def test_the_quota_caps_the_affinity(workers, tmp_path, files, expected):
     assert workers.usable_cpus(cgroup(tmp_path, files)) == expected
 
 
-def test_a_quota_above_the_affinity_leaves_it(tmp_path):
+def test_a_quota_above_the_affinity_leaves_it(workers, tmp_path):
     many = f"{100000 * (AFFINITY + 8)} 100000"
     assert workers.usable_cpus(cgroup(tmp_path, {"cpu.max": many})) == AFFINITY
 
 
-def test_auto_uses_it(pytestconfig):
+def test_auto_uses_it(workers, pytestconfig):
     assert pytestconfig.hook.pytest_xdist_auto_num_workers(config=pytestconfig) == workers.usable_cpus()
