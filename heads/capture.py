@@ -13,11 +13,30 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from spechead.heads.base import resolve_layers
+from spechead.heads.errors import HeadError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+# Names transformers gives a decoder's final norm (Llama/Qwen/Gemma: norm; Falcon-H1: final_layernorm;
+# NemotronH, Mamba: norm_f; GPT-2 style: ln_f).
+FINAL_NORMS = ("norm", "final_layernorm", "norm_f", "ln_f", "final_norm")
+
+
+def final_norm(decoder: nn.Module) -> nn.Module:
+    """The decoder's final norm module, whatever its name (HeadError if it has none we know)."""
+    for name in FINAL_NORMS:
+        module = getattr(decoder, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    raise HeadError(
+        f"{type(decoder).__name__} has no final norm named any of {list(FINAL_NORMS)}: "
+        "pick target layers before the last (head.layers)"
+    )
 
 
 @contextmanager
@@ -53,7 +72,7 @@ def capture_hidden(model: PreTrainedModel, hidden_layers: Sequence[int]) -> Iter
         for c in canon_set - {0, len(layers)}:
             handles.append(layers[c - 1].register_forward_hook(save(c)))
         if len(layers) in canon_set:
-            handles.append(decoder.norm.register_forward_hook(save(len(layers))))
+            handles.append(final_norm(decoder).register_forward_hook(save(len(layers))))
         yield store
     finally:
         for h in handles:

@@ -1,8 +1,12 @@
-"""The target architecture's own decoder layer, rotary embedding and attention masks, for draft heads.
+"""Draft heads' decoder layers (Llama-style, or the target architecture's own), rotary and masks.
 
-EAGLE heads run decoder layers of their target's architecture. They are built from transformers'
-PUBLIC classes (found through `MODEL_MAPPING` and the model's `_no_split_modules`), from a small
-JSON-safe `layer_config` saved inside the head config, so a head rebuilds without its target.
+EAGLE heads run decoder layers built from transformers' PUBLIC classes (found through `MODEL_MAPPING`
+and the model's `_no_split_modules`), from a small JSON-safe `layer_config` saved inside the head
+config, so a head rebuilds without its target. By default (`draft_layer="llama"`) the layer is a Llama
+decoder layer sized from the target whatever the target's own layers are (MLA, MoE, sliding windows,
+soft-capping, hybrid Mamba/linear attention): the head reads only the target's hidden states,
+embedding and lm_head, and vLLM and SGLang load EAGLE-3 drafts as Llama layers for every target.
+`draft_layer="target"` keeps the target's own layer where its shape allows it.
 
 transformers v5 decoder layers return a plain tensor, take `position_embeddings=(cos, sin)` from the
 rotary module, an ADDITIVE float mask `[B, 1, q_len, kv_len]` (0 = attend, finfo.min = blocked: a bool
@@ -44,8 +48,21 @@ _EXTRA_PATTERNS = ("rope", "rotary", "_bias", "norm", "head_dim", "_act")
 _DROPPED = {"num_hidden_layers", "layer_types", "sliding_window", "use_sliding_window", "max_window_layers"}
 
 
-def layer_config_from(pretrained_config: PretrainedConfig) -> dict[str, Any]:
-    """The JSON-safe subset of a target's (text) config that rebuilds one decoder layer of it."""
+DRAFT_LAYERS = ("llama", "target")
+# Rotary types a Llama layer computes (the default type is spelled "default" and not registered).
+_LLAMA_ROPE = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
+
+
+def layer_config_from(pretrained_config: PretrainedConfig, draft_layer: str = "target") -> dict[str, Any]:
+    """The JSON-safe config of a draft head's decoder layer for this target.
+
+    draft_layer="llama": a Llama layer sized from the target (`llama_layer_config`); "target": the
+    subset of the target's (text) config that rebuilds one decoder layer of the target's own class.
+    """
+    if draft_layer == "llama":
+        return llama_layer_config(pretrained_config)
+    if draft_layer != "target":
+        raise HeadError(f"head.draft_layer must be one of {list(DRAFT_LAYERS)}, got {draft_layer!r}")
     text = pretrained_config.get_text_config(decoder=True)
     full = text.to_dict()
     full["model_type"] = text.model_type
@@ -67,6 +84,66 @@ def layer_config_from(pretrained_config: PretrainedConfig) -> dict[str, Any]:
     return keep
 
 
+def _first(config: PretrainedConfig, names: tuple[str, ...], default: Any) -> Any:
+    """The first of `names` the config sets (not None), else `default`."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _llama_rope(text: PretrainedConfig) -> dict[str, Any]:
+    """Rotary parameters a Llama layer computes: the target's full-attention rotary when a Llama layer can
+    (partial rotary dropped: the draft layer's attention is its own), else the default type at its theta."""
+    rope = getattr(text, "rope_parameters", None) or {}
+    if rope and all(isinstance(v, dict) for v in rope.values()):  # one table per layer type (Gemma-3)
+        rope = rope.get("full_attention") or next(iter(rope.values()))
+    rope = {k: v for k, v in dict(rope).items() if k != "partial_rotary_factor"}
+    theta = float(rope.get("rope_theta", _first(text, ("rope_theta",), 10000.0)))
+    partial = float(_first(text, ("partial_rotary_factor",), 1.0)) != 1.0
+    if rope.get("rope_type", "default") not in _LLAMA_ROPE or (
+        partial and rope.get("rope_type") == "longrope"
+    ):
+        return {"rope_type": "default", "rope_theta": theta}
+    return {**rope, "rope_type": rope.get("rope_type", "default"), "rope_theta": theta}
+
+
+def llama_layer_config(pretrained_config: PretrainedConfig) -> dict[str, Any]:
+    """A Llama decoder layer's config (JSON-safe) sized from the target: its width, MLP width, heads, KV
+    heads, head size, activation, norm epsilon and rotary. Fields the target lacks take Llama's defaults."""
+    text = pretrained_config.get_text_config(decoder=True)
+    hidden = getattr(text, "hidden_size", None)
+    heads = getattr(text, "num_attention_heads", None)
+    if not hidden or not heads:
+        raise HeadError(
+            f"target config {type(text).__name__} has no hidden_size / num_attention_heads: "
+            "cannot size a Llama draft layer for it"
+        )
+    # MLA targets (DeepSeek-V3: kv_lora_rank) name their rotary part head_dim: use the plain split.
+    head_dim = (
+        hidden // heads
+        if getattr(text, "kv_lora_rank", None)
+        else _first(text, ("head_dim",), hidden // heads)
+    )
+    return {
+        "model_type": "llama",
+        "hidden_size": int(hidden),
+        "intermediate_size": int(_first(text, ("intermediate_size",), 4 * hidden)),
+        "num_attention_heads": int(heads),
+        "num_key_value_heads": int(_first(text, ("num_key_value_heads",), heads)),
+        "head_dim": int(head_dim),
+        "hidden_act": str(_first(text, ("hidden_act", "hidden_activation", "mlp_hidden_act"), "silu")),
+        "rms_norm_eps": float(
+            _first(text, ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"), 1e-6)
+        ),
+        "rope_parameters": _llama_rope(text),
+        "max_position_embeddings": int(_first(text, ("max_position_embeddings",), 4096)),
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+
+
 def build_config(
     layer_config: dict[str, Any], attn_implementation: str = "sdpa", num_layers: int = 1
 ) -> PretrainedConfig:
@@ -79,12 +156,14 @@ def build_config(
         )
     try:
         config = AutoConfig.for_model(model_type, **fields, num_hidden_layers=num_layers)
-    except ValueError as err:
-        raise HeadError(f"cannot build a {model_type!r} layer config: {err}") from err
-    if getattr(config, "sliding_window", None) is not None:
-        config.sliding_window = None
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = ["full_attention"] * num_layers
+        if getattr(config, "sliding_window", None) is not None:
+            config.sliding_window = None
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = ["full_attention"] * num_layers
+    except (ValueError, TypeError, AttributeError, KeyError) as err:  # e.g. hybrids' read-only layer types
+        raise HeadError(
+            f"cannot build a {model_type!r} draft layer config ({err}): train with head.draft_layer=llama"
+        ) from None
     config._attn_implementation = attn_implementation
     return config
 
@@ -108,7 +187,7 @@ def decoder_layer_class(config: PretrainedConfig) -> type[nn.Module]:
     if not isinstance(layer, type) or not issubclass(layer, nn.Module):
         raise HeadError(
             f"architecture {config.model_type!r} ({model_class.__name__}) names no *DecoderLayer in "
-            "_no_split_modules: it is not supported by EAGLE heads"
+            "_no_split_modules: its own layer cannot be a draft layer; train with head.draft_layer=llama"
         )
     return layer
 
@@ -142,8 +221,8 @@ class Rotary:
         if not isinstance(getattr(self.module, "inv_freq", None), Tensor):  # one table per layer type
             raise HeadError(
                 f"architecture {config.model_type!r} keeps a rotary table per attention type (sliding and "
-                "full layers, as Gemma-3 does): EAGLE heads do not support it; train head=medusa or "
-                "head=medusa2 for this target"
+                "full layers, as Gemma-3 does): its own layer cannot be a draft layer; train with "
+                "head.draft_layer=llama"
             )
 
     def __call__(self, x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:

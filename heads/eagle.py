@@ -1,8 +1,8 @@
 """EAGLE-1 draft head (EAGLE-2 is the same head, drafting a dynamic tree at inference).
 
 At position t the head reads the target's final normed feature f_t and the embedding of the next
-token x_{t+1}, and predicts f_{t+1}: fc(concat(embed(x_{t+1}), f_t)) -> decoder layer(s) of the
-target's architecture. Its logits go through the target's frozen lm_head (they predict x_{t+2}).
+token x_{t+1}, and predicts f_{t+1}: fc(concat(embed(x_{t+1}), f_t)) -> decoder layer(s), Llama-style
+by default (see heads/decoder_layer.py). Its logits go through the target's frozen lm_head (they predict x_{t+2}).
 Saved weights are fc and the layers only: the embedding and lm_head are the attached target modules.
 """
 
@@ -28,8 +28,9 @@ from spechead.heads.errors import HeadError
 from spechead.heads.families import Family, register_family
 
 
-def target_fields(target_config: PretrainedConfig) -> dict[str, Any]:
-    """Head-config fields describing a target: sizes, depth, architecture and its layer_config."""
+def target_fields(target_config: PretrainedConfig, draft_layer: str = "llama") -> dict[str, Any]:
+    """Head-config fields describing a target: sizes, depth, architecture and the draft layer_config
+    (`draft_layer`: "llama" for every target, or "target" for the target's own layer class)."""
     text = target_config.get_text_config(decoder=True)
     architectures = getattr(target_config, "architectures", None) or [_causal_lm_name(target_config)]
     return {
@@ -38,7 +39,7 @@ def target_fields(target_config: PretrainedConfig) -> dict[str, Any]:
         "target_num_layers": text.num_hidden_layers,
         "target_architecture": architectures[0],
         "target_name_or_path": getattr(target_config, "_name_or_path", "") or "",
-        "layer_config": layer_config_from(target_config),
+        "layer_config": layer_config_from(target_config, draft_layer),
     }
 
 
@@ -89,14 +90,16 @@ class EagleConfig(HeadConfig):
         check_layer_config(self.layer_config, self.hidden_size)
 
     @classmethod
-    def from_target(cls, target_config: PretrainedConfig, **overrides: Any) -> EagleConfig:
+    def from_target(
+        cls, target_config: PretrainedConfig, draft_layer: str = "llama", **overrides: Any
+    ) -> EagleConfig:
         """A config for the target described by `target_config` (fields in `overrides` win)."""
-        return cls(**{**target_fields(target_config), **overrides})
+        return cls(**{**target_fields(target_config, draft_layer), **overrides})
 
 
 @register_head
 class EagleHead(DraftHead):
-    """fc (Linear(2H, H, bias)) then `num_layers` decoder layers of the target's own architecture."""
+    """fc (Linear(2H, H, bias)) then `num_layers` decoder layers (Llama-style, or the target's own)."""
 
     config_class = EagleConfig
     family = "eagle"

@@ -1,8 +1,8 @@
 """EAGLE-3 draft head and its training-time test (TTT).
 
 The head fuses three target hidden states (low, mid, high; pre-norm) with `fc`, then runs ONE decoder
-layer of the target's architecture whose attention reads concat(input_layernorm(embed(x_{t+1})),
-hidden_norm(hidden)) (2H wide); its own `norm` + `lm_head` predict over a draft vocabulary of Vd
+layer (Llama-style for every target by default, as vLLM and SGLang load it) whose attention reads
+concat(input_layernorm(embed(x_{t+1})), hidden_norm(hidden)) (2H wide); its own `norm` + `lm_head` predict over a draft vocabulary of Vd
 target tokens (target_id = draft_id + d2t[draft_id]). Parameter names match published EAGLE-3 heads
 (midlayer.*, fc, norm, lm_head, d2t, t2d); the embedding is the attached frozen target embed_tokens.
 
@@ -100,9 +100,11 @@ class Eagle3Config(HeadConfig):
         check_layer_config(self.layer_config, self.hidden_size)
 
     @classmethod
-    def from_target(cls, target_config: PretrainedConfig, **overrides: Any) -> Eagle3Config:
+    def from_target(
+        cls, target_config: PretrainedConfig, draft_layer: str = "llama", **overrides: Any
+    ) -> Eagle3Config:
         """A config for the target described by `target_config` (fields in `overrides` win)."""
-        fields = {**target_fields(target_config), **overrides}
+        fields = {**target_fields(target_config, draft_layer), **overrides}
         fields.setdefault("draft_vocab_size", fields["vocab_size"])
         return cls(**fields)
 
@@ -222,13 +224,13 @@ def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
     if children != _LAYER_PARTS:
         raise HeadError(
             f"{type(layer).__name__} has submodules {sorted(children)}; EAGLE-3 supports layers made of "
-            f"exactly {sorted(_LAYER_PARTS)} (Llama-like): train head=medusa or head=medusa2 for this target"
+            f"exactly {sorted(_LAYER_PARTS)} (Llama-like): train with head.draft_layer=llama"
         )
     attn, hidden = layer.self_attn, layer_cfg.hidden_size
     for name in ("q_proj", "k_proj", "v_proj"):
         old = getattr(attn, name, None)
         if not isinstance(old, nn.Linear):
-            raise HeadError(f"{type(attn).__name__} has no Linear {name}: not supported by EAGLE-3")
+            raise HeadError(f"{type(attn).__name__} has no Linear {name}: train with head.draft_layer=llama")
         setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=old.bias is not None))
     layer.hidden_norm = type(cast(nn.Module, layer.input_layernorm))(hidden, eps=layer_cfg.rms_norm_eps)
     return layer

@@ -31,6 +31,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from spechead.heads.base import resolve_layers
+from spechead.heads.capture import final_norm
 from spechead.heads.grad import inference_mode, version
 from spechead.inference.compiling import compile_function
 from spechead.inference.devices import host_ids, host_to_device
@@ -62,7 +63,7 @@ class _Capture:
             if c == 0:
                 layers[0].register_forward_pre_hook(self._save_input, with_kwargs=True)
             elif c == self.num_layers:
-                self.decoder.norm.register_forward_hook(self._saver(c))
+                final_norm(self.decoder).register_forward_hook(self._saver(c))
             else:
                 layers[c - 1].register_forward_hook(self._saver(c))
             self.wanted.add(c)

@@ -116,9 +116,10 @@ def test_causal_allowed_with_padding_and_a_cached_prefix() -> None:
         causal_mask4d(torch.zeros(1, 2, 8), torch.ones(1, 4), past_len=3)
 
 
-def test_gemma3_targets_name_the_heads_that_train_on_them() -> None:
-    """Gemma-3 keeps one rotary table per attention type and sandwich-normed layers: EAGLE and EAGLE-3
-    heads refuse it at construction, in one line that names the Medusa heads (any target)."""
+def test_gemma3_own_layer_is_refused_in_one_line_naming_the_llama_draft_layer() -> None:
+    """Gemma-3 keeps one rotary table per attention type and sandwich-normed layers: with
+    draft_layer="target" EAGLE and EAGLE-3 heads refuse it at construction, in one line that names the
+    Llama-style draft layer (the default, which builds)."""
     from transformers import Gemma3TextConfig
 
     from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead
@@ -128,9 +129,12 @@ def test_gemma3_targets_name_the_heads_that_train_on_them() -> None:
         num_key_value_heads=2, head_dim=8,
     )  # fmt: skip
     for make in (
-        lambda: EagleHead(EagleConfig.from_target(target)),
-        lambda: Eagle3Head(Eagle3Config.from_target(target, target_layers=[0, 1, 1])),
+        lambda: EagleHead(EagleConfig.from_target(target, draft_layer="target")),
+        lambda: Eagle3Head(Eagle3Config.from_target(target, draft_layer="target", target_layers=[0, 1, 1])),
     ):
-        with pytest.raises(HeadError, match=r"train head=medusa or head=medusa2 for this target$") as err:
+        with pytest.raises(HeadError, match=r"train with head.draft_layer=llama$") as err:
             make()
         assert "\n" not in str(err.value)
+    assert EagleHead(EagleConfig.from_target(target)).config.layer_config["model_type"] == "llama"
+    head3 = Eagle3Head(Eagle3Config.from_target(target, target_layers=[0, 1, 1]))
+    assert head3.config.layer_config["model_type"] == "llama"

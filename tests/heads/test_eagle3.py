@@ -84,14 +84,20 @@ def test_other_llama_like_architectures_build_and_others_are_refused() -> None:
         vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4
     )
     qwen2 = AutoConfig.for_model("qwen2", num_key_value_heads=2, **common)
-    head = Eagle3Head(Eagle3Config.from_target(qwen2, draft_vocab_size=10))
+    head = Eagle3Head(Eagle3Config.from_target(qwen2, draft_layer="target", draft_vocab_size=10))
     assert (
         head.midlayer.self_attn.q_proj.in_features == 64 and head.midlayer.self_attn.q_proj.bias is not None
     )
     gemma2 = AutoConfig.for_model("gemma2", num_key_value_heads=2, head_dim=8, **common)
     with pytest.raises(HeadError, match="Llama-like"):
-        Eagle3Head(Eagle3Config.from_target(gemma2, draft_vocab_size=10))
+        Eagle3Head(Eagle3Config.from_target(gemma2, draft_layer="target", draft_vocab_size=10))
     assert layer_config_from(gemma2)["model_type"] == "gemma2"
+    # The default draft layer is a Llama layer sized from the target (Gemma-2: gelu, head_dim 8, 2 KV heads).
+    llama = Eagle3Head(Eagle3Config.from_target(gemma2, draft_vocab_size=10))
+    assert type(llama.midlayer).__name__ == "LlamaDecoderLayer"
+    attn = llama.midlayer.self_attn
+    assert (attn.q_proj.in_features, attn.q_proj.out_features, attn.k_proj.out_features) == (64, 32, 16)
+    assert llama.config.layer_config["hidden_act"] == "gelu_pytorch_tanh"
 
 
 def test_ttt_allowed_pattern() -> None:

@@ -192,7 +192,7 @@ def test_angles_follow_a_grown_cache() -> None:
 
 def test_other_layer_kinds_are_left_to_the_module_step() -> None:
     cfg = AutoConfig.for_model("qwen3", num_key_value_heads=2, head_dim=8, **COMMON)  # q/k norms
-    assert fused_step(EagleHead(EagleConfig.from_target(cfg))) is None
+    assert fused_step(EagleHead(EagleConfig.from_target(cfg, draft_layer="target"))) is None
     cfg = AutoConfig.for_model("llama", num_key_value_heads=2, hidden_act="gelu", **COMMON)
     assert fused_step(EagleHead(EagleConfig.from_target(cfg))) is None
     assert fused_step(torch.nn.Linear(2, 2)) is None

@@ -47,8 +47,16 @@ def head_config(
         "target_architecture": target.architecture,
     }
     names = {f.name for f in fields(recipe.config_cls)}
-    if "layer_config" in names:  # heads built from the target's own decoder-layer class
-        values["layer_config"] = layer_config_from(target.config)
+    draft_layer = values.pop("draft_layer", "llama")
+    if "layer_config" in names:  # heads with a decoder layer: Llama-style, or the target's own class
+        try:
+            values["layer_config"] = layer_config_from(target.config, draft_layer)
+        except HeadError as err:
+            raise TrainError(str(err)) from None
+    elif draft_layer != "llama":
+        raise TrainError(
+            f"head.draft_layer is for heads with a decoder layer (eagle, eagle3), not {fam.name}"
+        )
     if "draft_vocab_size" in names and values.get("draft_vocab_size") is None:
         values["draft_vocab_size"] = min(DEFAULT_DRAFT_VOCAB, target.vocab_size)
     return build(recipe.config_cls, values, "head")
