@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 
 from spechead.training.errors import TrainError
@@ -66,6 +67,17 @@ def start(accelerator: Accelerator, cfg: LoggerConfig, config: dict[str, Any], r
             f"W&B could not start ({str(err).splitlines()[0]}); use logger=none or logger.mode=offline"
         ) from None
     return mode
+
+
+def device_memory(device: torch.device) -> dict[str, float]:
+    """This process's peak GPU memory so far in GiB: held by tensors (`peak_memory_gib`) and reserved by
+    PyTorch's caching allocator (`peak_reserved_gib`, what the GPU sees taken); empty on a CPU."""
+    if device.type != "cuda":
+        return {}
+    return {
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 1024**3,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 1024**3,
+    }
 
 
 class MetricsFile:

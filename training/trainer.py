@@ -127,6 +127,7 @@ def log(run: Run, meter: Meter, loss: torch.Tensor, logs: dict[str, float]) -> d
     meter.window_start, meter.window_tokens = time.perf_counter(), 0
     row = {"train/loss": mean_loss, "train/lr": run.scheduler.get_last_lr()[0], "train/tokens_per_s": tok_s}
     row.update({f"train/{k}": v for k, v in logs.items()})
+    row.update({f"train/{k}": v for k, v in peak_memory(acc).items()})
     acc.log(row, step=run.state.step)
     run.metrics_file.write(run.state.step, row)
     return {"loss": f"{mean_loss:.3f}", "tok_s": f"{tok_s:,.0f}"}
@@ -164,12 +165,13 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
             last_decode = run.decoder.run(target, run.tokenizer, head, run.out, state.step, tree)
             run.metrics_file.write(state.step, last_decode)
     head_dir = run.out / "head"
+    peaks = peak_memory(acc)  # (every process takes part)
     if run.main:
         zero.save_head(run.objective, head_dir)
         if tree is not None:  # after saving: saving new weights drops an older tree.json
             directory.write_tree(head_dir, **tree)
-        summary = {"step": state.step, "seconds": seconds, "train_tokens_per_s": tokens_per_s, **last_eval,
-                   **last_decode}  # fmt: skip
+        summary = {"step": state.step, "seconds": seconds, "train_tokens_per_s": tokens_per_s, **peaks,
+                   **last_eval, **last_decode}  # fmt: skip
         (run.out / "metrics.json").write_text(json.dumps(summary, indent=1))
     acc.wait_for_everyone()
     _drop_wrappers(run)
@@ -178,10 +180,22 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
     if run.main and run.s.trainer.push_to_hub:
         _push(head_dir, run.s.trainer.push_to_hub, run.s.trainer.push_private)
     acc.print("final: " + _fmt(last_eval))
+    memory = f"; peak GPU memory {peaks['peak_memory_gib']:.2f} GiB" if peaks else ""
     acc.print(
         f"time: {seconds:.0f} s for {state.step} steps; training throughput {tokens_per_s:,.0f} tokens/s"
+        + memory
     )
     return TrainResult(head_dir, last_eval, state.step, seconds, tokens_per_s)
+
+
+def peak_memory(acc: Accelerator) -> dict[str, float]:
+    """Peak GPU memory so far (tracking.device_memory), the largest over the processes; empty on a CPU.
+    A collective: every process calls it."""
+    mine = tracking.device_memory(acc.device)
+    if not mine:
+        return {}
+    peaks = acc.gather(torch.tensor([list(mine.values())], device=acc.device)).amax(0)
+    return dict(zip(mine, peaks.tolist()))
 
 
 def _drop_wrappers(run: Run) -> None:
