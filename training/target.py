@@ -28,7 +28,8 @@ from spechead.heads.capture import capture_hidden
 from spechead.heads.dtypes import DTYPES
 from spechead.training.errors import TrainError
 
-ATTENTION = ("eager", "sdpa", TREE_SDPA, "flash_attention_2", "flash_attention_3", "flex_attention")
+# "auto": sdpa where the target's class runs it, else eager (Gemma-2's soft-capping, GPT-OSS's sinks).
+ATTENTION = ("auto", "eager", "sdpa", TREE_SDPA, "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 @dataclass
@@ -38,7 +39,7 @@ class TargetConfig:
     name: str = "demo"
     path: str = ""  # local directory or Hub id
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "auto"
     revision: str | None = None
     trust_remote_code: bool = False
     chat_template: str | None = None  # a Jinja template or a path to a .jinja file; None = the tokenizer's
@@ -78,18 +79,33 @@ def _load_error(path: str, err: Exception) -> TrainError:
     )
 
 
-def _refuses_sdpa(cfg: TargetConfig) -> bool:
-    """Whether `cfg` asks for sdpa attention (or ours) and `cfg.path`'s config names a model class
-    without it (Gemma-2: transformers refuses sdpa at load)."""
-    if cfg.attn_implementation not in ("sdpa", TREE_SDPA):
-        return False
+def _target_config(cfg: TargetConfig):
+    """The target's transformers config, or None when it cannot be read here (loading then says why)."""
     try:
-        config = AutoConfig.from_pretrained(
+        return AutoConfig.from_pretrained(
             cfg.path, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
         )
     except (OSError, ValueError):
-        return False
-    return not runs_sdpa(config)
+        return None
+
+
+def attention_for(cfg: TargetConfig) -> str:
+    """The attention implementation to load `cfg.path` with: `cfg.attn_implementation`, where "auto" is
+    sdpa when the target's class runs it and eager otherwise. TrainError, in one line, when sdpa is asked
+    for a class that cannot run it."""
+    wanted = cfg.attn_implementation
+    if wanted not in ("auto", "sdpa", TREE_SDPA):
+        return wanted
+    config = _target_config(cfg)
+    if config is None or runs_sdpa(config):
+        return "sdpa" if wanted == "auto" else wanted
+    if wanted == "auto":
+        return "eager"
+    raise TrainError(
+        f"model.attn_implementation={wanted}: transformers cannot run {type(config).__name__} "
+        f"({config.model_type}) with sdpa attention (soft-capped or sink attention); set "
+        "model.attn_implementation=auto (eager for it) or eager"
+    )
 
 
 def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
@@ -166,20 +182,16 @@ def load_target(cfg: TargetConfig, device: torch.device | str = "cpu") -> Frozen
     # host memory: 8 ranks x an 8B target is 128 GB of host memory); under ZeRO-3's zero.Init the
     # partitioning places the weights, and transformers refuses a device_map there.
     placed = {} if is_deepspeed_zero3_enabled() else {"device_map": torch.device(device)}
+    attention = attention_for(cfg)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             cfg.path,
             revision=cfg.revision,
             dtype=DTYPES[cfg.dtype],
-            attn_implementation=cfg.attn_implementation,
+            attn_implementation=attention,
             trust_remote_code=cfg.trust_remote_code,
             **placed,
         )
     except (OSError, ValueError) as err:
-        if _refuses_sdpa(cfg):
-            raise TrainError(
-                f"model.attn_implementation={cfg.attn_implementation}: {cfg.path} cannot run sdpa attention "
-                "(Gemma-2's soft-capped attention); set model.attn_implementation=eager"
-            ) from None
         raise _load_error(cfg.path, err) from None
     return FrozenTarget(model, cfg.path).to(device)

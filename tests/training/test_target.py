@@ -82,15 +82,19 @@ def test_chat_template_override(tiny_target_dir, tmp_path):
     assert text == "[user] hi\n"
 
 
-def test_a_model_without_sdpa_names_the_override(gemma2_target_dir):
-    """Gemma-2 cannot run sdpa attention (the presets' and `model=local`'s default): one line that says
-    which setting to change, and the target loads with it."""
-    with pytest.raises(
-        TrainError, match=r"^model\.attn_implementation=sdpa: .* set model\.attn_implementation=eager$"
-    ):
-        load_target(TargetConfig(path=str(gemma2_target_dir)))
-    target = load_target(TargetConfig(path=str(gemma2_target_dir), attn_implementation="eager"))
+def test_auto_attention_runs_what_the_target_can_and_sdpa_on_one_that_cannot_names_the_fix(
+    gemma2_target_dir, tiny_target_dir
+):
+    """The default ("auto") loads Gemma-2 (no sdpa in transformers) eager and a Llama sdpa; sdpa asked
+    for a class that cannot run it fails in one line naming the class and the setting to change."""
+    target = load_target(TargetConfig(path=str(gemma2_target_dir)))
     assert target.model.config._attn_implementation == "eager"
+    assert load_target(TargetConfig(path=str(tiny_target_dir))).model.config._attn_implementation == "sdpa"
+    with pytest.raises(
+        TrainError,
+        match=r"^model\.attn_implementation=sdpa: .*Gemma2Config.* set model\.attn_implementation=auto .*or eager$",
+    ):
+        load_target(TargetConfig(path=str(gemma2_target_dir), attn_implementation="sdpa"))
 
 
 def test_tokenizer_without_pad_token_pads_with_eos(chatml_tokenizer, tmp_path):
