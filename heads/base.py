@@ -25,6 +25,7 @@ from torch import nn
 
 from spechead.heads.directory import CONFIG_NAME, WEIGHTS_NAME, drop_tree, read_config, resolve, write_config
 from spechead.heads.errors import HeadError
+from spechead.heads.files import umask_mode
 
 FORMAT_VERSION = 1
 
@@ -220,6 +221,7 @@ class DraftHead(nn.Module):
         # save_model stores tied tensors once (load_model re-ties them); attached target modules are
         # not submodules, so they are never in the file.
         save_model(self, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+        umask_mode(path / WEIGHTS_NAME)  # safetensors writes 0600 (heads/files.py)
         config = {
             "family": self.family,
             "spechead_version": _spechead_version(),

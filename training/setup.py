@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub
 import torch
 import yaml
 from accelerate import Accelerator
@@ -24,7 +25,7 @@ from spechead.training.errors import TrainError
 from spechead.training.inputs import training_data, training_target
 from spechead.training.objectives import Objective, build_objective
 from spechead.training.settings import TrainSettings
-from spechead.training.target import load_tokenizer
+from spechead.training.target import TargetConfig, load_tokenizer
 
 SCHEDULE_NAMES = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
@@ -58,8 +59,9 @@ def setup(s: TrainSettings, decode_eval: DecodeEval | None = None, tune_tree: Tr
     """Build the run `s` describes (resumed from its last checkpoint when there is one)."""
     accelerator = make_accelerator(s)
     stage = zero.configure(accelerator, s)  # DeepSpeed "auto" entries from s.trainer; 0 = no DeepSpeed
-    resume_from = resume_point(s)
+    resume_from = resume_points(s)
     tracking.check(s.logger)
+    check_reachable(s.model)
     if s.trainer.push_to_hub:  # fail now, not after hours of training
         try:
             hub.preflight(s.trainer.push_to_hub)
@@ -79,6 +81,7 @@ def setup(s: TrainSettings, decode_eval: DecodeEval | None = None, tune_tree: Tr
         target = training_target(s, data, accelerator.device)  # offline: only embedding + lm_head
     objective = build_objective(s.head, target, data.train)
     _describe(accelerator, s, target, objective, stage)
+    _check_disk(s, objective, stage)
 
     # Loaders draw their seeds from their own generators, never from the global RNG: a resumed run
     # re-creates its data iterator after restoring the RNG, which must not shift dropout or feature noise.
@@ -105,9 +108,9 @@ def setup(s: TrainSettings, decode_eval: DecodeEval | None = None, tune_tree: Tr
     model, optimizer, scheduler = accelerator.prepare(objective.module(), optimizer, scheduler)
 
     state = TrainState()
-    if resume_from is not None:
-        state = checkpoint.load(accelerator, resume_from)
-        accelerator.print(f"resumed from {resume_from} (step {state.step}/{max_steps})")
+    if resume_from:
+        path, state = checkpoint.load_latest(accelerator, resume_from)
+        accelerator.print(f"resumed from {path} (step {state.step}/{max_steps})")
     out = Path(s.trainer.output_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -151,8 +154,9 @@ def make_accelerator(s: TrainSettings) -> Accelerator:
     )
 
 
-def resume_point(s: TrainSettings) -> Path | None:
-    """The checkpoint to continue from, per `trainer.resume`; refuses to silently overwrite a run."""
+def resume_points(s: TrainSettings) -> list[Path]:
+    """The checkpoints to continue from (the newest that reads back whole, checkpoint.load_latest), per
+    `trainer.resume`, oldest first; refuses to silently overwrite a run."""
     out = Path(s.trainer.output_dir)
     found = checkpoint.list_checkpoints(out)
     if s.trainer.resume == "true" and not found:
@@ -166,7 +170,34 @@ def resume_point(s: TrainSettings) -> Path | None:
         )
     if found:
         _check_same_run(out, s.resolved)
-    return found[-1] if found else None
+    return found
+
+
+def check_reachable(model: TargetConfig) -> None:
+    """TrainError when the target is a Hub id that offline mode (HF_HUB_OFFLINE=1) cannot load: it is not in
+    the local Hugging Face cache. Said before anything loads, and without the Hub's several-line reasons."""
+    path = model.path
+    if Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or path.count("/") > 1:
+        return  # a local path (a missing one is target.py's error)
+    if not huggingface_hub.constants.HF_HUB_OFFLINE:
+        return
+    if isinstance(huggingface_hub.try_to_load_from_cache(path, "config.json", revision=model.revision), str):
+        return
+    raise TrainError(
+        f"model.path={path} cannot be loaded offline (HF_HUB_OFFLINE=1 and it is not in the Hugging Face "
+        "cache): set model.path to a local model directory (model=local model.path=DIR) or go online "
+        "(unset HF_HUB_OFFLINE) to download it"
+    )
+
+
+def _check_disk(s: TrainSettings, objective: Objective, stage: int) -> None:
+    """Refuse, before training, a run whose checkpoints and head would not fit in trainer.output_dir."""
+    module = objective.module()
+    trainable = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    # a checkpoint holds the module's whole state dict; under DeepSpeed only its trainable parameters
+    saved = trainable if stage else sum(t.numel() * t.element_size() for t in module.state_dict().values())
+    out = Path(s.trainer.output_dir)
+    checkpoint.check_disk(out, checkpoint.disk_needed(out, saved, trainable, s.trainer.keep_checkpoints))
 
 
 def _check_same_run(out: Path, resolved: dict) -> None:

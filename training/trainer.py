@@ -17,9 +17,9 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from spechead.heads import directory, hub
+from spechead.heads import hub
 from spechead.heads.errors import HeadError
-from spechead.training import checkpoint, tracking, zero
+from spechead.training import checkpoint, tracking
 from spechead.training.decode_eval import DecodeEval, TreeTune
 from spechead.training.errors import TrainError
 from spechead.training.objectives import Objective
@@ -142,7 +142,7 @@ def evaluate_and_keep_best(run: Run) -> dict[str, float]:
     if metrics.get("tau", 0.0) > run.state.best_tau:
         run.state.best_tau = metrics["tau"]
         if run.main:
-            zero.save_head(run.objective, run.out / "best")
+            checkpoint.save_head(run.objective, run.out / "best")
     return metrics
 
 
@@ -167,9 +167,7 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
     head_dir = run.out / "head"
     peaks = peak_memory(acc)  # (every process takes part)
     if run.main:
-        zero.save_head(run.objective, head_dir)
-        if tree is not None:  # after saving: saving new weights drops an older tree.json
-            directory.write_tree(head_dir, **tree)
+        checkpoint.save_head(run.objective, head_dir, tree)  # whole or not at all (TrainError: disk full)
         summary = {"step": state.step, "seconds": seconds, "train_tokens_per_s": tokens_per_s, **peaks,
                    **last_eval, **last_decode}  # fmt: skip
         (run.out / "metrics.json").write_text(json.dumps(summary, indent=1))

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from spechead.data.errors import DataError
+from spechead.heads.files import umask_mode
 
 FORMAT = "spechead-hidden-cache"
 VERSION = 1
@@ -123,7 +124,7 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-        os.chmod(tmp, 0o644)  # safetensors creates files readable by their owner only
+        umask_mode(tmp)  # safetensors creates files readable by their owner only
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
     except BaseException:
