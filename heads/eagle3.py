@@ -6,6 +6,11 @@ concat(input_layernorm(embed(x_{t+1})), hidden_norm(hidden)) (2H wide); its own 
 target tokens (target_id = draft_id + d2t[draft_id]). Parameter names match published EAGLE-3 heads
 (midlayer.*, fc, norm, lm_head, d2t, t2d); the embedding is the attached frozen target embed_tokens.
 
+EAGLE-3.1 options (off by default; speculators' trainer turns the first and last on): norm_before_fc
+(an RMSNorm over the concatenated 3H states before fc, `input_norm`), norm_before_residual (the
+residual is hidden_norm(hidden), not hidden), norm_output (a step returns norm(output), which the next
+step reads and lm_head takes without another norm).
+
 TTT (see `spechead.heads.unroll.ttt_forward`): the head is unrolled `steps` times on its own outputs, with attention arranged
 so that every position of step j sees exactly what a depth-j tree node sees at inference.
 """
@@ -80,6 +85,9 @@ class Eagle3Config(HeadConfig):
     draft_vocab_size: int
     attn_implementation: str = "sdpa"
     ttt_steps: int = 7  # recorded for reference: the training objective decides how many to unroll
+    norm_before_fc: bool = False  # EAGLE-3.1: RMSNorm over cat(low, mid, high) (3H) before fc
+    norm_before_residual: bool = False  # the residual around attention is hidden_norm(hidden)
+    norm_output: bool = False  # EAGLE-3.1: a step's output is norm(.); logits = lm_head(output)
 
     def __post_init__(self) -> None:
         if not self.target_layers:
@@ -125,7 +133,10 @@ class Eagle3Head(DraftHead):
         layer_cfg = build_config(config.layer_config, config.attn_implementation)
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = _build_midlayer(layer_cfg)
-        self.norm = type(cast(_MidLayer, self.midlayer).input_layernorm)(hidden, eps=layer_cfg.rms_norm_eps)
+        norm_class = type(cast(_MidLayer, self.midlayer).input_layernorm)
+        self.norm = norm_class(hidden, eps=layer_cfg.rms_norm_eps)
+        if config.norm_before_fc:  # only then: heads without it keep their published tensor names
+            self.input_norm = norm_class(3 * hidden, eps=layer_cfg.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         self.rotary = Rotary(layer_cfg)
         # Default draft vocab: the first Vd target ids (the identity when Vd == V).
@@ -173,7 +184,10 @@ class Eagle3Head(DraftHead):
         if len(hidden_states) != 3:
             raise HeadError(f"fuse takes 3 hidden states (target_layers order), got {len(hidden_states)}")
         dtype = self.fc.weight.dtype
-        return self.fc(torch.cat([h.to(dtype) for h in hidden_states], dim=-1))
+        stacked = torch.cat([h.to(dtype) for h in hidden_states], dim=-1)  # (B, T, 3H)
+        if self.config.norm_before_fc:
+            stacked = self.input_norm(stacked)
+        return self.fc(stacked)
 
     features = fuse  # the input-features name shared with EagleHead
 
@@ -198,8 +212,10 @@ class Eagle3Head(DraftHead):
             attention_mask4d = causal_mask4d(hidden, None, past_len)
         if position_ids is None:
             position_ids = default_positions(hidden, past_len)
-        # Attention reads both streams; the residual is the un-normed hidden (as published EAGLE-3).
-        attn_in = torch.cat([layer.input_layernorm(self.embed(next_ids)), layer.hidden_norm(hidden)], dim=-1)
+        # Attention reads both streams; the residual is the un-normed hidden (as published EAGLE-3)
+        # unless norm_before_residual.
+        normed = layer.hidden_norm(hidden)  # (B, T, H)
+        attn_in = torch.cat([layer.input_layernorm(self.embed(next_ids)), normed], dim=-1)  # (B, T, 2H)
         attn_out, _ = layer.self_attn(
             hidden_states=attn_in,  # (B, T, 2H)
             position_embeddings=self.rotary(hidden, position_ids),
@@ -207,14 +223,15 @@ class Eagle3Head(DraftHead):
             position_ids=position_ids,
             cache=past_key_values,
         )
-        hidden = hidden + attn_out
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = (normed if self.config.norm_before_residual else hidden) + attn_out
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.norm(hidden) if self.config.norm_output else hidden
 
     forward = step
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """(B, T, H) -> draft-vocab logits (B, T, Vd)."""
-        return self.lm_head(self.norm(hidden))
+        """(B, T, H) -> draft-vocab logits (B, T, Vd) (a norm_output head's steps are normed already)."""
+        return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
 
 def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:

@@ -54,6 +54,8 @@ def fused_step(head: nn.Module) -> StepFn | None:
     """A drop-in for `head.step(hidden, next_ids, mask4d=None, position_ids=None, cache=None)` (no
     autograd: drafting only), or None when the head's layers are not of a supported kind."""
     if isinstance(head, Eagle3Head):
+        if _eagle31(head):
+            return None
         layers = [head.midlayer]
     elif isinstance(head, EagleHead):
         layers = list(head.layers)
@@ -68,7 +70,7 @@ def fused_logits(head: nn.Module) -> Callable[[Tensor], Tensor] | None:
     """A drop-in for an EAGLE-3 head's `logits(hidden)` (B, T, H) -> (B, T, Vd) with its final norm as
     one op (the module's RMSNorm is 7), or None when the norm is not of a supported kind or the head is
     not EAGLE-3 (EAGLE-1/2 read the target's lm_head, no norm)."""
-    if not isinstance(head, Eagle3Head) or not _is_norm(head.norm):
+    if not isinstance(head, Eagle3Head) or not _is_norm(head.norm) or _eagle31(head):
         return None
     norm = head.norm
     return lambda hidden: _normed_linears([_sub(head, "lm_head")], [(norm, hidden)])[0]
@@ -104,6 +106,12 @@ def fused_medusa_logits(head: MedusaHead) -> Callable[[int, Tensor], Tensor] | N
         return _linear(lm_head, x.to(_param(lm_head, "weight").dtype)).float()
 
     return logits
+
+
+def _eagle31(head: Eagle3Head) -> bool:
+    """Whether the head uses an EAGLE-3.1 norm option (its own `step` / `logits` run those)."""
+    cfg = head.config
+    return cfg.norm_before_fc or cfg.norm_before_residual or cfg.norm_output
 
 
 def _plain_block(module: nn.Module) -> bool:
