@@ -31,6 +31,7 @@ from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
 from spechead.inference.kv_cache import LayerBuffer, croppable_cache, new_generation
 from spechead.inference.runner import _Capture, check_tree_attention
+from spechead.inference.sliding import layer_masks, sliding_layout, slot_positions
 from spechead.inference.tree import tree_inputs_after
 
 if TYPE_CHECKING:
@@ -217,6 +218,7 @@ class BatchRunner:
     def __init__(self, model: PreTrainedModel, hidden_layers: Sequence[int] = (), *, max_length: int) -> None:
         check_tree_attention(model)
         self.model = model
+        self.sliding = sliding_layout(model)  # sliding-window layers: windowed masks (sliding.py)
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype if param.dtype.is_floating_point else torch.float32
@@ -328,8 +330,12 @@ class BatchRunner:
         mask, positions, self.last_ancestors = tree_inputs_after(parents, lengths, view, self.dtype)
         slots = lengths[:, None] + torch.arange(n, device=dev)  # [B, N] where the nodes' entries go
         self.cache.write_slots, self.cache.view_length = slots, view
+        keys = slot_positions(lengths, positions, view) if self.sliding else positions  # [B, S]
         logits, hidden = self._forward(
-            self.cache, input_ids=tokens, attention_mask=mask, position_ids=positions
+            self.cache,
+            input_ids=tokens,
+            attention_mask=layer_masks(self.sliding, mask, positions, keys),
+            position_ids=positions,
         )
         return logits.float(), hidden  # [B, N, V]
 
@@ -343,8 +349,10 @@ class BatchRunner:
         cache = self.cache
         assert cache is not None  # verify checked it
         cache.write_slots, cache.view_length = lengths[:, None], view
+        # row b's query at position length_b; slot j holds position j (its own new slot: length_b)
+        masks = layer_masks(self.sliding, mask[:, None, None, :], lengths[:, None], cols)
         logits, hidden = self._forward(
-            cache, input_ids=tokens, attention_mask=mask[:, None, None, :], position_ids=lengths[:, None]
+            cache, input_ids=tokens, attention_mask=masks, position_ids=lengths[:, None]
         )
         return logits.float(), hidden  # [B, 1, V]
 

@@ -28,6 +28,7 @@ from spechead.heads.grad import inference_mode
 from spechead.inference.batch import BatchRunner, BatchSlotCache
 from spechead.inference.devices import host_to_device
 from spechead.inference.runner import CUDA_BUCKETS
+from spechead.inference.sliding import layer_masks, slot_positions
 from spechead.inference.tree import tree_inputs_after
 
 if TYPE_CHECKING:
@@ -142,9 +143,10 @@ class CompiledBatchRunner(BatchRunner):
         lengths = cache.lengths_t
         assert lengths is not None  # the prefill's copies allocated it
         mask, positions, anc = tree_inputs_after(parents, lengths, cache.max_length, self.dtype)
+        keys = slot_positions(lengths, positions, cache.max_length) if self.sliding else positions  # [P, S]
         out = self.model(
             input_ids=tokens,
-            attention_mask=mask,
+            attention_mask=layer_masks(self.sliding, mask, positions, keys),
             position_ids=positions,
             cache=cache,
             use_cache=True,

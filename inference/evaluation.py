@@ -43,7 +43,7 @@ class DecodeSettings:
     top_p: float = 1.0
     top_k: int = 0
     seed: int = 0
-    fit_window: bool = False  # answers end at a sliding-window target's window (see answer_room)
+    fit_context: bool = False  # answers end at the target's context length (see answer_room)
 
     @property
     def greedy(self) -> bool:
@@ -108,8 +108,8 @@ def decode_prompts(
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
             ids = gen.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-            room = answer_room(gen, len(ids), settings.max_new_tokens) if settings.fit_window else None
-            if room == 0:  # the conversation fills the window: its later turns are not decoded
+            room = answer_room(gen, len(ids), settings.max_new_tokens) if settings.fit_context else None
+            if room == 0:  # the conversation fills the context: its later turns are not decoded
                 break
             r = gen.generate(
                 input_ids=ids,
@@ -128,11 +128,11 @@ def decode_prompts(
 
 
 def answer_room(gen: SpeculativeGenerator, prompt_len: int, max_new_tokens: int) -> int:
-    """New tokens a turn may take: max_new_tokens, or fewer where the target's sliding window ends
-    sooner (tree decoding is exact only within it; 0: the prompt fills it). Plain and drafted decoding
-    get the same room, so an evaluation stays a fair comparison."""
-    window = gen.runner.window
-    return max_new_tokens if window is None else max(min(max_new_tokens, window - prompt_len), 0)
+    """New tokens a turn may take: max_new_tokens, or fewer where the target's context
+    (max_position_embeddings) ends sooner (0: the prompt fills it). Plain and drafted decoding get the
+    same room, so an evaluation stays a fair comparison."""
+    context = gen.context
+    return max_new_tokens if not context else max(min(max_new_tokens, context - prompt_len), 0)
 
 
 def acceptance_by_depth(lengths: Sequence[int], depth: int) -> list[float]:
@@ -248,7 +248,7 @@ def decode_eval_hook(
     target: PreTrainedModel, tokenizer, head: DraftHead, prompts: Sequence[Prompt], max_new_tokens: int,
     plot_dir: Path | None, tree: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
-    """The trainer's DecodeEval (spechead.training.decode_eval): greedy evaluate_head, answers ending at a
-    sliding-window target's window (a run's decode eval never stops its training)."""
-    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_window=True)
+    """The trainer's DecodeEval (spechead.training.decode_eval): greedy evaluate_head, answers ending at the
+    target's context length (a run's decode eval never stops its training)."""
+    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
     return evaluate_head(target, tokenizer, head, prompts, settings, plot_dir, tree)

@@ -27,7 +27,7 @@ from spechead.inference.drafters.ahead import Ahead, ahead_of
 from spechead.inference.drafters.base import Drafter, chain, hears_verified
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.plain_ahead import plain_ahead
-from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_window
+from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_tree_attention
 from spechead.inference.sampling import (
     SamplingParams,
     TargetRows,
@@ -83,6 +83,7 @@ class SpeculativeGenerator:
         compile: bool | str = False,
         draft_compile: bool | str | None = None,
     ):
+        check_tree_attention(target)  # (first: a hybrid target is refused before any drafter work)
         self.target = target.eval()
         self.tokenizer = tokenizer
         self.drafter = drafter
@@ -331,7 +332,6 @@ class SpeculativeGenerator:
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
                 f"context of {self.context} tokens: shorten the prompt or lower max_new_tokens"
             )
-        check_window(self.runner.window, prompt_len, max_new_tokens)
 
     def _decode(
         self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats

@@ -8,8 +8,8 @@ Supported: caches whose layers are full-attention `DynamicLayer`s (`cache.layers
 [B, kv_heads, S, D]), i.e. `DynamicCache` for dense decoders. NOT supported yet (NotImplementedError):
 `StaticCache` (fixed slots: would need copying accepted K/V into place and setting the length),
 sliding-window layers (positions are relative to a rolling window), quantized and indexed layers.
-Sliding-window MODELS still decode: `croppable_cache` gives them plain layers, and the runner refuses
-a sequence longer than the window (`attention_window`), within which sliding attention is full attention.
+Sliding-window MODELS still decode: `croppable_cache` gives them plain layers that keep every position,
+and every target pass applies the window in its sliding layers' masks (sliding.py).
 """
 
 from __future__ import annotations
@@ -29,25 +29,14 @@ from transformers.cache_utils import (
 )
 
 from spechead.inference.devices import host_to_device
+from spechead.inference.sliding import sliding_layout
 
 
 def croppable_cache(model) -> DynamicCache:
     """A fresh DynamicCache for `model` whose layers `keep_positions` can crop: for a sliding-window model
-    plain full layers (they keep every position; masks the model builds itself still apply its window,
-    and the runner refuses tree passes past it), else `DynamicCache(config=model.config)`."""
-    return DynamicCache() if attention_window(model) else DynamicCache(config=model.config)
-
-
-def attention_window(model) -> int | None:
-    """The target's sliding attention window when any of its layers uses one (else None): layers listed
-    in `layer_types` as "sliding_attention" (Gemma-2, Qwen2 with use_sliding_window), or a
-    `sliding_window` without per-layer types (Mistral v0.1)."""
-    cfg = model.config.get_text_config()
-    window = getattr(cfg, "sliding_window", None)
-    types = getattr(cfg, "layer_types", None)
-    if isinstance(types, list) and "sliding_attention" not in types:
-        return None
-    return int(window) if window else None
+    plain full layers (they keep every position; the window is applied in the masks, sliding.py), else
+    `DynamicCache(config=model.config)`."""
+    return DynamicCache() if sliding_layout(model) else DynamicCache(config=model.config)
 
 
 def cache_length(cache: Cache) -> int:

@@ -17,6 +17,7 @@ from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.attention import runs_sdpa
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
+from spechead.heads.hybrid import check_attention_only
 from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
@@ -230,6 +231,7 @@ def load_generator(
         check_int8_device(torch.device(device), asked(draft_fp8))
     torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
+    check_attention_only(config, "speculative decoding")  # (a hybrid target: one line before any load)
     if torch_dtype is None:  # auto: float32 on a CPU, else the checkpoint's own
         torch_dtype = load_dtype(dtype, device, getattr(config.get_text_config(), "dtype", None))
     if attn_implementation == TREE_SDPA and not runs_sdpa(config):  # our default, not a user's choice:

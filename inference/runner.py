@@ -33,10 +33,12 @@ from transformers import DynamicCache
 from spechead.heads.base import resolve_layers
 from spechead.heads.capture import final_norm
 from spechead.heads.grad import inference_mode, version
+from spechead.heads.hybrid import check_attention_only
 from spechead.inference.compiling import compile_function
 from spechead.inference.devices import host_ids, host_to_device
-from spechead.inference.kv_cache import SlotCache, attention_window, commit_path, croppable_cache
+from spechead.inference.kv_cache import SlotCache, commit_path, croppable_cache
 from spechead.inference.positions import PositionIds
+from spechead.inference.sliding import layer_masks, sliding_layout, slot_positions
 from spechead.inference.tree import ancestors_on_device, causal_inputs_static, tree_inputs_after, tree_mask
 
 if TYPE_CHECKING:
@@ -90,24 +92,15 @@ class _Capture:
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:
-    """ValueError when the target's attention cannot take arbitrary 4D (tree) masks."""
+    """ValueError when the target cannot take tree passes: attention that takes no arbitrary 4D (tree)
+    masks, or layers with recurrent state (Mamba, linear attention: heads/hybrid.py)."""
     impl = getattr(model.config, "_attn_implementation", None) or ""
     if "flash" in impl:
         raise ValueError(
             f"tree verification needs arbitrary 4D masks; attn_implementation {impl!r} cannot take them "
             "(load the target with attn_implementation='spechead_sdpa', 'sdpa' or 'eager')"
         )
-
-
-def check_window(window: int | None, prompt_len: int, max_new_tokens: int) -> None:
-    """ValueError when prompt + max_new_tokens outgrows a sliding window: the tree masks are full causal
-    attention, which equals sliding-window attention only while the whole sequence fits in the window."""
-    if window is not None and prompt_len + max_new_tokens > window:
-        raise ValueError(
-            f"the target uses sliding-window attention (window {window}) and prompt ({prompt_len} tokens) + "
-            f"max_new_tokens ({max_new_tokens}) exceeds it: tree decoding is exact only within the window, "
-            "shorten the prompt or lower max_new_tokens"
-        )
+    check_attention_only(model.config, "speculative decoding")
 
 
 class TargetRunner:
@@ -129,7 +122,7 @@ class TargetRunner:
             raise ValueError(f"compile=True needs cache='static' (fixed shapes), got cache={cache!r}")
         check_tree_attention(model)
         self.model = model
-        self.window = attention_window(model)
+        self.sliding = sliding_layout(model)  # sliding-window layers: windowed masks (sliding.py)
         self.kind = cache
         self.fixed_length = max_length  # None: sized by `reserve` for each sequence
         self.static_shapes = bool(compile)
@@ -188,7 +181,6 @@ class TargetRunner:
     def reserve(self, prompt_len: int, max_new_tokens: int, tree_room: int = 64) -> None:
         """Make room for prompt + max_new_tokens (+ tree scratch); ValueError when a fixed cache is too small."""
         need = prompt_len + max_new_tokens
-        check_window(self.window, prompt_len, max_new_tokens)
         if self.fixed_length is not None and need > self.fixed_length:
             raise ValueError(
                 f"KV cache of {self.fixed_length} positions is too small for the prompt ({prompt_len} tokens) + "
@@ -215,9 +207,10 @@ class TargetRunner:
         slots = self.slots
         lengths = slots.device_length().view(1)  # [1]
         mask, positions, anc = tree_inputs_after(parents, lengths, slots.max_length, self.dtype)
+        keys = slot_positions(lengths, positions, slots.max_length) if self.sliding else positions  # [1, S]
         out = self.model(
             input_ids=input_ids,
-            attention_mask=mask,
+            attention_mask=layer_masks(self.sliding, mask, positions, keys),
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
@@ -262,15 +255,14 @@ class TargetRunner:
                 )
             self.slots.set_length(0)
         else:
-            check_window(self.window, input_ids.shape[1], 1)
             self.cache = croppable_cache(self.model)
         if self.static_shapes:  # eager, but over the whole buffer like the compiled passes
-            mask, positions = causal_inputs_static(
-                input_ids.shape[1], 0, self.slots.max_length, self.dtype, self.device
-            )
+            size = self.slots.max_length
+            mask, positions = causal_inputs_static(input_ids.shape[1], 0, size, self.dtype, self.device)
+            keys = torch.arange(size, device=self.device)  # [S] slot = position
             logits, hidden = self._forward(
                 input_ids=input_ids.to(self.device),
-                attention_mask=mask,
+                attention_mask=layer_masks(self.sliding, mask, positions, keys),
                 position_ids=positions,
                 logits_to_keep=1,
             )
@@ -312,6 +304,9 @@ class TargetRunner:
             # an explicit all-visible mask: transformers then skips building its own causal mask,
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
             mask = self._visible(self.length + 1)
+            if self.sliding:  # keys at positions 0..length, the query at `length`
+                keys = torch.arange(self.length + 1, device=self.device)
+                mask = layer_masks(self.sliding, mask, positions, keys)
             logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
             return _fp32(logits), hidden
         size = self._bucket(n, room)
@@ -331,6 +326,9 @@ class TargetRunner:
         else:
             anc, depth, block, key = self._structure(parents, host_parents)
             mask, positions = self._tree_mask(block, key), depth + self.length  # [1, 1, N, past + N], [1, N]
+            if self.sliding:  # keys: the prefix at positions 0..past-1, then the nodes at their own
+                prefix = torch.arange(self.length, device=self.device)
+                mask = layer_masks(self.sliding, mask, positions, torch.cat([prefix, positions[0]]))
             logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
         self.last_ancestors = anc if size == n else anc[:, :n, :n]  # unpadded: no slicing (ops cost on a CPU)
         self.last_parents = parents if size == n else parents[:, :n]  # [1, N] on the device

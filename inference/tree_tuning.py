@@ -73,7 +73,7 @@ def continue_prompts(
                 tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
                 if chat else tok(turn, add_special_tokens=True)["input_ids"]
             )  # fmt: skip
-            room = answer_room(gen, len(ids), max_new_tokens)  # (a sliding window may end it sooner)
+            room = answer_room(gen, len(ids), max_new_tokens)  # (the target's context may end it sooner)
             if room == 0:
                 break
             r = gen.generate(input_ids=ids, max_new_tokens=room)

@@ -1,6 +1,7 @@
-"""evaluation.py's decoding of a prompt set on a sliding-window target: a training run's decode eval and
-tree tuning end each answer at the window (plain and drafted alike), where a plain call refuses; the
-sampling seeds per turn, and the tallies and summary numbers worked by hand."""
+"""evaluation.py's decoding of a prompt set on a short-context sliding-window target: a training run's
+decode eval and tree tuning end each answer at the context (plain and drafted alike, both past the
+window), where a plain call refuses; the sampling seeds per turn, and the tallies and summary numbers
+worked by hand."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.stats import GenerationStats
 from spechead.inference.tree_tuning import continue_prompts
 
-WINDOW = 70
+CONTEXT = 70
 PROMPTS = [
     EvalPrompt("a", "qa", ["Hello there"]),
-    EvalPrompt("b", "mt_bench", ["Add 2 and 3.", "And 4 and 5?", "And 6 and 7?"]),  # outgrows the window
+    EvalPrompt("b", "mt_bench", ["Add 2 and 3.", "And 4 and 5?", "And 6 and 7?"]),  # outgrows the context
 ]
 
 
@@ -35,47 +36,47 @@ def windowed(chatml_tokenizer):
     torch.manual_seed(0)
     config = MistralConfig(
         vocab_size=len(chatml_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, sliding_window=WINDOW,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, max_position_embeddings=CONTEXT,
     )  # fmt: skip
     model = MistralForCausalLM(config).eval()
     model.config.eos_token_id = None  # (random weights: answers run to their budget)
     return model, chatml_tokenizer
 
 
-def test_answer_room_ends_at_the_window(windowed):
+def test_answer_room_ends_at_the_context(windowed):
     model, tok = windowed
     gen = SpeculativeGenerator(model, tok, None)
-    assert gen.runner.window == WINDOW
-    assert answer_room(gen, 10, 12) == 12 and answer_room(gen, WINDOW - 10, 12) == 10
-    assert answer_room(gen, WINDOW, 12) == 0 and answer_room(gen, WINDOW + 5, 12) == 0
-    assert answer_room(SpeculativeGenerator(model, tok, None, cache="static"), 10, 80) == WINDOW - 10
+    assert gen.context == CONTEXT
+    assert answer_room(gen, 10, 12) == 12 and answer_room(gen, CONTEXT - 10, 12) == 10
+    assert answer_room(gen, CONTEXT, 12) == 0 and answer_room(gen, CONTEXT + 5, 12) == 0
+    assert answer_room(SpeculativeGenerator(model, tok, None, cache="static"), 10, 80) == CONTEXT - 10
 
 
-def test_decode_eval_fits_the_window_and_plain_calls_still_refuse(windowed):
+def test_decode_eval_fits_the_context_and_plain_calls_still_refuse(windowed):
     model, tok = windowed
     settings = DecodeSettings(max_new_tokens=12)
-    with pytest.raises(ValueError, match="sliding-window attention"):
+    with pytest.raises(ValueError, match="exceeds the target's context of 70 tokens"):
         decode_prompts(SpeculativeGenerator(model, tok, None), PROMPTS, settings)
-    fit = DecodeSettings(max_new_tokens=12, fit_window=True)
+    fit = DecodeSettings(max_new_tokens=12, fit_context=True)
     plain = decode_prompts(SpeculativeGenerator(model, tok, None), PROMPTS, fit)
     drafted = decode_prompts(SpeculativeGenerator(model, tok, PromptLookupDrafter()), PROMPTS, fit)
-    assert drafted.outputs == plain.outputs  # greedy, the same room per turn
-    # prompt b's second turn (68 tokens with the first answer) ends at the window; its third is not decoded
-    assert [len(ids) for ids in plain.outputs] == [12, 12, 2]
+    assert drafted.outputs == plain.outputs  # greedy, the same room per turn (far past the window of 8)
+    # prompt b's second turn (62 tokens with the first answer) ends at the context; its third is not decoded
+    assert [len(ids) for ids in plain.outputs] == [12, 12, 8]
     answers = continue_prompts(SpeculativeGenerator(model, tok, None), PROMPTS, max_new_tokens=12)
-    assert answers.starts == [18, 20, 68]
-    assert [len(s) - st for s, st in zip(answers.sequences, answers.starts)] == [12, 12, 2]
+    assert answers.starts == [18, 20, 62]
+    assert [len(s) - st for s, st in zip(answers.sequences, answers.starts)] == [12, 12, 8]
 
 
-def test_the_trainers_decode_eval_fits_the_window(chatml_tokenizer, medusa_for):
-    """decode_eval_hook (what train.py wires in) on a target whose window a prompt nearly fills: it
-    decodes what fits instead of stopping the run."""
+def test_the_trainers_decode_eval_fits_the_context(chatml_tokenizer, medusa_for):
+    """decode_eval_hook (what train.py wires in) on a target whose context a prompt nearly fills: it
+    decodes what fits instead of stopping the run (past its sliding window, losslessly)."""
     from spechead.inference.evaluation import decode_eval_hook
 
     torch.manual_seed(0)
     config = MistralConfig(
         vocab_size=len(chatml_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, sliding_window=220,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=16, max_position_embeddings=220,
     )  # fmt: skip
     model = MistralForCausalLM(config).eval()
     head = medusa_for(model, num_heads=2)

@@ -1,0 +1,91 @@
+"""Sliding-window attention in tree passes: the window lives in the MASKS, not in the cache.
+
+Every cache back-end keeps every position in every layer (plain full layers: a tree's entries and the
+accepted path's copies need fixed slots). A sliding layer must still see only the last `window`
+positions, so each target pass hands the model the mask of its full layers AND, for its sliding layers,
+the same mask with keys too far behind each query blocked (`window_mask`). transformers 5 models with
+per-layer attention types (Gemma-2/3, GPT-OSS, Qwen2, ...) take `attention_mask` as a dict keyed by
+layer type ({"full_attention": m, "sliding_attention": m'}); models whose every layer slides
+(`sliding_window` without `layer_types`: Mistral, Mixtral, Phi-3, ...) take the windowed mask itself
+(`layer_masks`).
+
+transformers' convention (masking_utils.sliding_window_overlay): a key at POSITION p is visible to a
+query at position q iff it is causally visible and p > q - window, i.e. q - p < window. Tree nodes sit at
+position past_len + depth while their entries sit at slot past_len + node index, so the window is
+measured in positions (`slot_positions` gives a slot layout's key positions), never in slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+SLIDING = "sliding_attention"
+
+
+@dataclass(frozen=True)
+class SlidingLayout:
+    """A target with sliding-window layers: its `window` and, when it reads one mask per layer type, the
+    layer types its mask dict needs (None: every layer slides and takes one windowed mask)."""
+
+    window: int
+    layer_types: tuple[str, ...] | None
+
+
+def sliding_layout(model) -> SlidingLayout | None:
+    """The target's sliding-window layout (None when no layer slides): layers listed in `layer_types` as
+    "sliding_attention" (Gemma-2/3, GPT-OSS, Qwen2 with use_sliding_window), or a `sliding_window`
+    without per-layer types (every layer slides: Mistral v0.1, Mixtral, Phi-3). ValueError for chunked
+    attention (Llama-4), whose masks tree passes do not build."""
+    cfg = model.config.get_text_config()
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, (list, tuple)) and "chunked_attention" in types:
+        raise ValueError(
+            f"{type(model).__name__} has chunked-attention layers, which tree verification does not mask "
+            "yet: decode it with transformers' generate"
+        )
+    if not window:
+        return None
+    if not isinstance(types, (list, tuple)):
+        return SlidingLayout(int(window), None)
+    if SLIDING not in types:
+        return None  # a window set but no layer uses it
+    return SlidingLayout(int(window), tuple(sorted(set(types))))
+
+
+def window_mask(mask: Tensor, query_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:
+    """The additive mask [B, 1, Q, K] of a sliding layer from the full one `mask` [B, 1, Q, K] (0 =
+    attend, finfo.min = blocked): key k is blocked for query i when query_pos[i] - key_pos[k] >= window.
+
+    query_pos [B, Q] or [Q], key_pos [B, K] or [K]: POSITIONS (rotary positions), not cache slots. Keys
+    already blocked stay blocked; a new mask is returned (`mask` is not modified)."""
+    far = query_pos[..., :, None] - key_pos[..., None, :] >= window  # [B, Q, K] or [Q, K]
+    far = far.expand(mask.shape[0], *far.shape[-2:]) if far.dim() == 2 else far
+    return mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)
+
+
+def layer_masks(
+    layout: SlidingLayout | None, mask: Tensor, query_pos: Tensor, key_pos: Tensor
+) -> Tensor | dict[str, Tensor]:
+    """What a target pass hands the model as `attention_mask` for the full mask `mask` [B, 1, Q, K] with
+    queries at query_pos [B, Q] / [Q] and keys at key_pos [B, K] / [K]: `mask` itself without a sliding
+    layer; the windowed mask when every layer slides; else {layer type: its mask} (see the module doc)."""
+    if layout is None:
+        return mask
+    windowed = window_mask(mask, query_pos, key_pos, layout.window)
+    if layout.layer_types is None:
+        return windowed
+    return {kind: windowed if kind == SLIDING else mask for kind in layout.layer_types}
+
+
+def slot_positions(lengths: Tensor, positions: Tensor, size: int) -> Tensor:
+    """Key positions [B, S] of a slot layout of `size` slots: slot j < lengths[b] holds committed position
+    j; slot lengths[b] + i holds tree node i at positions[b, i] (positions [B, N]); later slots are
+    scratch (position = slot: the mask blocks them anyway). On the lengths' device, fixed shapes."""
+    batch, n = positions.shape
+    pos = torch.arange(size, device=lengths.device).expand(batch, size).clone()  # [B, S]
+    slots = (lengths[:, None] + torch.arange(n, device=lengths.device)).clamp(max=size - 1)  # [B, N]
+    return pos.scatter_(1, slots, positions)
