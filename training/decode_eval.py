@@ -59,7 +59,10 @@ class DecodeEvaluator:
         accelerator: Accelerator,
         offline: bool = False,
         tune: TreeTune | None = None,
+        hybrid: str = "",
     ) -> None:
+        """hybrid: why the target cannot be decoded speculatively ("" = it can): decode evals and tree
+        tuning are then skipped with that one line, and the head still trains."""
         self.hook, self.tune_hook, self.cfg, self.accelerator = hook, tune, cfg, accelerator
         self.enabled = hook is not None and cfg.decode_eval_every > 0
         self.tuning = tune is not None and cfg.tree_tune_prompts > 0
@@ -69,7 +72,8 @@ class DecodeEvaluator:
             accelerator.print("tree tuning: no tuning hook given (train.py wires one in); skipped")
         skip = (
             "ZeRO-3 shards the target across processes" if _zero3(accelerator)
-            else "data.hidden_states=offline loads no full target" if offline else ""
+            else "data.hidden_states=offline loads no full target" if offline
+            else hybrid
         )  # fmt: skip
         if skip and (self.enabled or self.tuning):
             accelerator.print(f"decode eval and tree tuning: skipped ({skip})")

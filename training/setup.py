@@ -18,6 +18,7 @@ from transformers import get_scheduler
 
 from spechead.heads import hub
 from spechead.heads.errors import HeadError
+from spechead.heads.hybrid import check_attention_only
 from spechead.training import checkpoint, memory_plan, tracking, zero
 from spechead.training.checkpoint import TrainState
 from spechead.training.decode_eval import DecodeEval, DecodeEvaluator, TreeTune
@@ -120,9 +121,22 @@ def setup(s: TrainSettings, decode_eval: DecodeEval | None = None, tune_tree: Tr
         s, accelerator, out, tokenizer, target, objective, model, optimizer, scheduler, train_loader,
         val_loader, max_steps, state, tracking.MetricsFile(out / "metrics.jsonl", accelerator.is_main_process),
         DecodeEvaluator(
-            decode_eval, s.trainer, accelerator, offline=s.data.hidden_states == "offline", tune=tune_tree
+            decode_eval, s.trainer, accelerator, offline=s.data.hidden_states == "offline", tune=tune_tree,
+            hybrid=_hybrid(target),
         ),
     )  # fmt: skip
+
+
+def _hybrid(target) -> str:
+    """Why speculative decoding refuses `target` (a hybrid with recurrent-state layers), else ""."""
+    config = getattr(target, "config", None)  # (an offline run's target has no config: skipped anyway)
+    if config is None:
+        return ""
+    try:
+        check_attention_only(config, "speculative decoding")
+    except ValueError as err:
+        return str(err)
+    return ""
 
 
 def _describe(accelerator: Accelerator, s: TrainSettings, target, objective: Objective, stage: int) -> None:
