@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,11 @@ def test_exports_an_eagle3_head(eagle3_dir, tmp_path, capsys, fmt) -> None:
     }
     back, head = load_head(out, dtype=torch.bfloat16), load_head(eagle3_dir)
     assert torch.equal(back.lm_head.weight, head.lm_head.weight.to(torch.bfloat16))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {
+        p.name: oct(0o666 & ~umask) for p in out.iterdir()
+    }  # readable by others as the umask says (safetensors alone writes 0600)
 
 
 def test_speculators_options(eagle3_dir, tmp_path) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from spechead.heads.files import current_umask
 from spechead.training import checkpoint
 from spechead.training.errors import TrainError
 from spechead.training.trainer import train
@@ -132,3 +134,14 @@ def test_a_failed_checkpoint_write_leaves_no_partial_one(rerun, monkeypatch):
     ):
         rerun(**{"trainer.max_steps": 6})
     assert sorted(p.name for p in (rerun.out / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]
+
+
+def test_every_file_of_a_run_has_the_umask_mode(finished):
+    """Checkpoints, head and best are readable by others as the umask says (safetensors writes 0600)."""
+    expected = 0o666 & ~current_umask()
+    written = [
+        p for part in ("checkpoints", "head", "best") for p in (finished / part).rglob("*") if p.is_file()
+    ]
+    assert {p.name for p in written} >= {"model.safetensors", "optimizer.bin", "trainer_state.json"}
+    assert {p.relative_to(finished): oct(stat.S_IMODE(p.stat().st_mode)) for p in written if
+            stat.S_IMODE(p.stat().st_mode) != expected} == {}  # fmt: skip
