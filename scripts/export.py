@@ -7,6 +7,10 @@
 
 HEAD_DIR is a head saved by spechead (a local directory or a Hub id). The export is re-imported
 through spechead's loader and its tensors compared with the head's (printed as a check).
+The speculators and eagle layouts hold the target's input embedding, read from the target checkpoint
+(--target, default: the head's target); --no-embedding leaves it out of a speculators export (vLLM then
+shares the target's; speculators' own model cannot). A verifier that is a local path is written as
+its directory's name, with a note.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from spechead.heads import HeadError, load_head
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.files import umask_mode
 from spechead.heads.formats import FORMATS, export_formats, export_head
+from spechead.heads.formats.eagle3_export import portable_verifier
 from spechead.heads.formats.weights import target_embedding
+
+EMBEDDED = ("eagle", "speculators")  # layouts that hold a copy of the target's input embedding
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,13 +40,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--verifier",
         default=None,
-        help="speculators: target name or path to record (default: the head's target)",
+        help="speculators: the target's Hub id to record (default: the head's target)",
     )
     p.add_argument("--speculative-tokens", type=int, default=3, help="speculators: default draft length")
     p.add_argument(
         "--target",
         default=None,
-        help="eagle: the target checkpoint whose embedding the layout holds (default: the head's target)",
+        help="eagle, speculators: the target checkpoint whose embedding the layout holds (default: the head's target)",
+    )
+    p.add_argument(
+        "--no-embedding",
+        action="store_true",
+        help="speculators: leave the target's embedding out (vLLM shares the target's)",
     )
     return p.parse_args(argv)
 
@@ -71,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             valid = ", ".join(export_formats(head)) or "none"
             raise HeadError(f"{args.head} is a {head.family} head; formats for {head.family} heads: {valid}")
         options = {"verifier": args.verifier, "speculative_tokens": args.speculative_tokens}
-        if args.fmt == "eagle":  # the layout holds a copy of the target's embedding
+        if args.no_embedding and args.fmt != "speculators":
+            raise HeadError(f"--no-embedding is for --format speculators, not {args.fmt}")
+        options["with_embedding"] = not args.no_embedding
+        if args.fmt in EMBEDDED and not args.no_embedding:  # the layout holds the target's embedding
             target = args.target or head.config.target_name_or_path
             if not target:
                 raise HeadError("the head does not record its target: pass --target TARGET")
@@ -83,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"exported {args.head} ({head.family}) as {args.fmt} to {out}")
+    note = portable_verifier(args.verifier or head.config.target_name_or_path)[1]
+    if args.fmt == "speculators" and note:
+        print(f"note: {note}")
     print(f"round-trip check: reloaded with spechead, {checked} tensors identical")
     return 0
 

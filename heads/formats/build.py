@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -62,3 +62,23 @@ def export_dtype(head: DraftHead, dtype: torch.dtype | None) -> str:
     """The dtype name ("float32", "bfloat16", ...) an export of `head` is written in."""
     chosen = dtype or next(head.parameters()).dtype
     return str(chosen).removeprefix("torch.")
+
+
+def target_embedding_of(head: DraftHead, embedding: Tensor | None = None) -> Tensor:
+    """The target input embedding [V, H] an export ships: `embedding` if given, else the one attached to
+    the head; HeadError if neither or its shape is not the head's (vocab_size, hidden_size)."""
+    if embedding is None:
+        try:
+            embedding = cast(Tensor, head.target_embed_tokens.weight)
+        except HeadError:
+            raise HeadError(
+                "the export ships the target's embedding and none is given or attached: pass the target "
+                "(scripts/export.py --target TARGET), or leave it out (--no-embedding)"
+            ) from None
+    cfg = head.config
+    if tuple(embedding.shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise HeadError(
+            f"the target embedding has shape {tuple(embedding.shape)}, the head needs "
+            f"{(cfg.vocab_size, cfg.hidden_size)}: pass the target the head was trained for"
+        )
+    return embedding

@@ -1,16 +1,21 @@
 """Export an Eagle3Head for serving: vLLM's `speculators` layout and the SGLang / official layout.
 
 Both engines run ONE Llama decoder layer whose q/k/v read concat(input_layernorm(embed),
-hidden_norm(hidden)) with the un-normed hidden as residual (speculators: norm_before_residual false),
-then norm + lm_head over the draft vocab (d2t offsets). The embedding is the target's (not written).
-The fused target layers are written in each engine's convention:
+hidden_norm(hidden)), then norm + lm_head over the draft vocab (d2t offsets). The fused target layers
+are written in each engine's convention (both capture a layer's state BEFORE the final norm):
 - speculators / vLLM: eagle_aux_hidden_state_layer_ids = layer INPUT ids (= spechead's HF indices);
 - SGLang: eagle_config.eagle_aux_hidden_state_layer_ids = layer OUTPUT ids (= HF index - 1).
+speculators: every EAGLE-3.1 flag is written (vLLM reads a missing norm_before_residual as true), the
+target's embedding ships as embed_tokens.weight (speculators' own model has no other source that works
+under transformers 5; vLLM shares the target's when it is absent), the verifier as a portable id,
+`dtype` (transformers 5). SGLang always replaces an EAGLE-3 draft's embedding with the target's, so
+that layout ships none; it has no EAGLE-3.1 norms, so heads using them are refused there.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +23,15 @@ import torch
 
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.errors import HeadError
-from spechead.heads.formats.build import export_dtype, renamed
+from spechead.heads.formats.build import export_dtype, renamed, target_embedding_of
 from spechead.heads.formats.llama import llama_layer_fields
 from spechead.heads.formats.weights import write_tensors
 
 _PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 _MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _NORMS = ("input_layernorm", "hidden_norm", "post_attention_layernorm")
+EAGLE31 = ("norm_before_fc", "norm_before_residual", "norm_output")  # the head's EAGLE-3.1 options
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # "name" or "org/name"
 
 
 def export_speculators(
@@ -34,34 +41,56 @@ def export_speculators(
     dtype: torch.dtype | None = None,
     speculative_tokens: int = 3,
     verifier: str | None = None,
+    embedding: torch.Tensor | None = None,
+    with_embedding: bool = True,
+    **_: Any,
 ) -> Path:
-    """Write `out`/config.json + model.safetensors for vLLM (`vllm serve T --speculative-config` model=out)."""
+    """Write `out`/config.json + model.safetensors for vLLM (`vllm serve T --speculative-config` model=out).
+
+    verifier: the target's Hub id (default: the head's target); a local path is written as its
+    directory's name plus a `verifier_note`. embedding: the target's input embedding [V, H]
+    (`weights.target_embedding`; default: the one attached to the head); with_embedding=False leaves
+    embed_tokens.weight out (vLLM then shares the target's; speculators' own model cannot)."""
     layer = _llama_layer(head, allow_bias=True)
     cfg = head.config
+    name, note = portable_verifier(verifier or cfg.target_name_or_path)
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
         "transformer_layer_config": {**layer, "vocab_size": cfg.vocab_size},
         "draft_vocab_size": cfg.draft_vocab_size,
-        "norm_before_residual": False,
+        **{flag: bool(getattr(cfg, flag)) for flag in EAGLE31},
         "eagle_aux_hidden_state_layer_ids": _layer_inputs(head),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
             "default_proposal_method": "greedy",
             "verifier": {
-                "name_or_path": verifier or cfg.target_name_or_path or None,
+                "name_or_path": name,
                 "architectures": [cfg.target_architecture] if cfg.target_architecture else [],
             },
         },
-        "torch_dtype": export_dtype(head, dtype),
+        "dtype": export_dtype(head, dtype),
     }
+    if note:
+        config["verifier_note"] = note
     tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")
+    if with_embedding:
+        tensors["embed_tokens.weight"] = target_embedding_of(head, embedding)
     return _write(out, config, tensors, dtype)
 
 
 def export_sglang(head: Eagle3Head, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
-    """Write `out` in the official EAGLE-3 layout SGLang loads (`--speculative-draft-model-path out`)."""
+    """Write `out` in the official EAGLE-3 layout SGLang loads (`--speculative-draft-model-path out`).
+
+    speculators cannot read this layout itself; its converter (`speculators convert`) keeps the layer
+    ids only when given them: pass eagle_aux_hidden_state_layer_ids = these ids + 1."""
+    used = [flag for flag in EAGLE31 if getattr(head.config, flag)]
+    if used:
+        raise HeadError(
+            f"the head uses the EAGLE-3.1 options {used}, which SGLang's EAGLE-3 layer does not run: "
+            "export it with --format speculators (vLLM)"
+        )
     layer = _llama_layer(head, allow_bias=False)  # SGLang's EAGLE-3 layer has no q/k/v or MLP biases
     cfg = head.config
     config = {
@@ -73,9 +102,27 @@ def export_sglang(head: Eagle3Head, out: Path, *, dtype: torch.dtype | None = No
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in _layer_inputs(head)],
             "use_aux_hidden_state": True,
         },
+        # transformers 5 reads dtype; v4 engines and speculators' converter read torch_dtype
+        "dtype": export_dtype(head, dtype),
         "torch_dtype": export_dtype(head, dtype),
     }
     return _write(out, config, head.state_dict(), dtype)
+
+
+def portable_verifier(name: str | None) -> tuple[str | None, str | None]:
+    """(the verifier id to write, a note or None): a Hub id as is; a local path as its directory's name
+    with a note saying so (a path would break on another machine)."""
+    if not name:
+        return None, None
+    path = Path(name).expanduser()
+    if _HUB_ID.fullmatch(name) and not path.exists():
+        return name, None
+    base = (path.resolve() if path.exists() else path).name
+    note = (
+        f"the head was trained on a local target whose directory is named {base!r}: set "
+        "speculators_config.verifier.name_or_path to its Hub id or to its path on this machine"
+    )
+    return base, note
 
 
 def _layer_inputs(head: Eagle3Head) -> list[int]:

@@ -5,9 +5,13 @@ draft_vocab_size, optional target_hidden_size and optional
 eagle_config.eagle_aux_hidden_state_layer_ids (0-based layer OUTPUT ids: HF hidden-state index
 id + 1); tensors midlayer.*, fc, norm, lm_head, d2t, t2d, sometimes embed_tokens.
 speculators: config.json with speculators_model_type "eagle3", transformer_layer_config,
-draft_vocab_size, norm_before_residual, optional eagle_aux_hidden_state_layer_ids (layer INPUT ids,
+draft_vocab_size, EAGLE-3.1 flags, optional eagle_aux_hidden_state_layer_ids (layer INPUT ids,
 = HF hidden-state indices) and speculators_config.verifier; tensors layers.0.* instead of midlayer.*.
 Without layer ids the heads read the EAGLE-3 default [2, L//2, L-3], which needs the target's depth.
+Conventions as the engines read them: a missing norm_before_residual is true in a speculators config
+(vLLM), false in the official layout; the last layer's id means its output before the final norm,
+which spechead's index L (after it) is not, so it is refused when the target's depth is known; a
+windowed draft layer (sliding_attention) is refused (spechead's layer attends to the whole context).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from spechead.heads.formats.llama import layer_config_of, target_fields
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "*.safetensors")
 # Frozen target copies or training-only tensors some exporters keep; spechead uses the target's own.
 _DROPPED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight")
-# speculators options that change the computation (norms before the residual, on fc's input or output).
-_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# EAGLE-3.1 options spechead's head runs (Eagle3Config fields of the same names).
+_NORM_OPTIONS = ("norm_before_fc", "norm_before_residual", "norm_output")
 
 
 def import_eagle3(
@@ -45,7 +49,8 @@ def import_eagle3(
         raise HeadError(f"{where} has use_aux_hidden_state=false (no fused target layers): not supported")
     ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
     layers = [int(i) + 1 for i in ids] if ids else None  # layer output i = HF hidden-state index i + 1
-    return _eagle3_head(where, config, config, tensors, layers, target_config, {}, load)
+    options = _norm_options(where, config, residual_default=False)
+    return _eagle3_head(where, config, config, tensors, layers, target_config, options, load)
 
 
 def import_speculators(
@@ -62,12 +67,7 @@ def import_speculators(
         raise HeadError(
             f"{where} is a speculators {kind!r} model; spechead imports speculators 'eagle3' only"
         )
-    # The speculators library (0.9) writes these flags, all false by default (the published EAGLE-3 design).
-    for flag in _VARIANTS:
-        if config.get(flag):
-            raise HeadError(
-                f"{where} has {flag}=true, a variant of the EAGLE-3 layer spechead does not implement"
-            )
+    options = _norm_options(where, config, residual_default=True)  # vLLM: absent = true
     if config.get("embed_requires_grad"):
         raise HeadError(
             f"{where} trained its own embedding (embed_requires_grad=true); spechead uses the target's"
@@ -80,6 +80,7 @@ def import_speculators(
     known = {
         "target_name_or_path": verifier.get("name_or_path") or "",
         "target_architecture": (verifier.get("architectures") or [""])[0],
+        **options,
     }
     head_fields = {**layer, "draft_vocab_size": config.get("draft_vocab_size")}
     head_fields["target_hidden_size"] = config.get("target_hidden_size")
@@ -115,6 +116,13 @@ def _eagle3_head(
             f"{where}: draft_vocab_size {config['draft_vocab_size']} != lm_head rows {draft_vocab}"
         )
     fields = {**known, **target_fields(target_config, hidden, vocab, where)}
+    depth = fields.get("target_num_layers", 0)
+    if layers and depth and depth in layers:
+        raise HeadError(
+            f"{where} fuses target layer {depth} (of {depth}): in vLLM and SGLang that is the last decoder "
+            f"layer's output BEFORE the final norm, while spechead's hidden-state index {depth} is after it; "
+            "the head would read another state: not supported"
+        )
     head = Eagle3Head(
         Eagle3Config(
             hidden_size=hidden,
@@ -128,6 +136,18 @@ def _eagle3_head(
     fill_head(head, {**tensors, "d2t": d2t, "t2d": t2d}, where, **load)
     head.set_draft_vocab(head.d2t.clone(), head.t2d.clone())  # HeadError unless d2t and t2d agree
     return head
+
+
+def _norm_options(where: str, config: dict[str, Any], residual_default: bool) -> dict[str, bool]:
+    """The EAGLE-3.1 Eagle3Config options a layout's config sets (HeadError for those spechead lacks)."""
+    if config.get("fc_norm"):
+        raise HeadError(
+            f"{where} has fc_norm=true (a norm on each fused target state), an EAGLE-3 variant spechead "
+            "does not implement"
+        )
+    options = {flag: bool(config.get(flag, False)) for flag in _NORM_OPTIONS}
+    options["norm_before_residual"] = bool(config.get("norm_before_residual", residual_default))
+    return options
 
 
 def _default_layers(where: str, num_layers: int) -> list[int]:

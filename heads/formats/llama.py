@@ -27,7 +27,26 @@ def layer_config_of(config: dict[str, Any], where: str) -> dict[str, Any]:
         parsed = AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError, KeyError) as err:
         raise HeadError(f"{where}: cannot read its {model_type!r} layer config: {err}") from None
+    window = sliding_window(parsed)
+    if window:
+        raise HeadError(
+            f"{where}: its draft layer attends through a sliding window of {window} tokens, which spechead's "
+            "EAGLE-3 layer does not implement (it would attend to the whole context): not supported"
+        )
     return layer_config_from(parsed)
+
+
+def sliding_window(config: PretrainedConfig) -> int | None:
+    """The window (tokens) the FIRST layer of `config` attends through, None for full attention: where the
+    config lists layer_types (speculators, vLLM and transformers read those), that layer's type decides;
+    without them a sliding_window the config does not switch off (use_sliding_window) applies."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return None
+    if types:
+        return int(window) if types[0] == "sliding_attention" else None
+    return int(window) if getattr(config, "use_sliding_window", True) else None
 
 
 def llama_layer_fields(layer_config: dict[str, Any]) -> dict[str, Any]:

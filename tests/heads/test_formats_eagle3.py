@@ -63,7 +63,9 @@ def test_speculators_export_round_trip(target, tmp_path) -> None:
     head = make_head(target, target_name_or_path="org/tiny-llama")
     out = export_head(head, "speculators", tmp_path / "spec", speculative_tokens=4)
     config = json.loads((out / "config.json").read_text())
-    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    assert config["speculators_model_type"] == "eagle3" and config["dtype"] == "float32"
+    flags = ("norm_before_fc", "norm_before_residual", "norm_output")
+    assert {f: config[f] for f in flags} == dict.fromkeys(flags, False)  # all written: vLLM's default differs
     assert config["eagle_aux_hidden_state_layer_ids"] == LAYERS  # vLLM: layer INPUT ids = HF indices
     assert config["draft_vocab_size"] == VD and config["transformer_layer_config"]["vocab_size"] == V
     assert config["transformer_layer_config"]["num_hidden_layers"] == 1
@@ -73,7 +75,8 @@ def test_speculators_export_round_trip(target, tmp_path) -> None:
     names = set(load_file(out / "model.safetensors"))
     assert "layers.0.hidden_norm.weight" in names and not any(n.startswith("midlayer.") for n in names)
     assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= names
-    assert "embed_tokens.weight" not in names
+    embedding = load_file(out / "model.safetensors")["embed_tokens.weight"]  # the target's, shipped
+    assert torch.equal(embedding, target.get_input_embeddings().weight)
     back = attach(load_head(out), target)
     assert back.config.target_name_or_path == "org/tiny-llama"
     assert_same_head(head, back)
@@ -164,8 +167,7 @@ def test_speculators_layout_with_embeddings_and_bf16(target, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("fmt", "change", "message"),
     [
-        ("speculators", {"norm_before_residual": True}, "norm_before_residual=true"),
-        ("speculators", {"norm_output": True}, "norm_output=true"),
+        ("speculators", {"fc_norm": True}, "fc_norm=true"),
         ("speculators", {"embed_requires_grad": True}, "trained its own embedding"),
         ("speculators", {"speculators_model_type": "eagle"}, "'eagle' model"),
         ("speculators", {"target_hidden_size": 2 * H}, "another width"),
@@ -285,3 +287,57 @@ def test_exported_layer_config_keeps_the_targets_norm_eps_and_positions(tiny_lla
     config = json.loads((out / "config.json").read_text())
     assert config["rms_norm_eps"] == 1e-5 and config["max_position_embeddings"] == 512
     assert_same_head(head, attach(load_head(out), other))
+
+
+@pytest.mark.parametrize(("fmt", "key"), [("speculators", None), ("sglang", "eagle_config")])
+def test_the_last_layer_id_is_refused_when_the_depth_is_known(target, tmp_path, fmt, key) -> None:
+    """vLLM's layer id L and SGLang's output id L-1 are the last layer's state BEFORE the final norm;
+    spechead's index L is after it: a head fusing it is refused once the target's depth is known."""
+    out = export_head(make_head(target), fmt, tmp_path / fmt)
+    config = json.loads((out / "config.json").read_text())
+    if key:
+        config[key]["eagle_aux_hidden_state_layer_ids"] = [0, 3, L - 1]  # output ids: L - 1 is the last
+    else:
+        config["eagle_aux_hidden_state_layer_ids"] = [1, 4, L]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HeadError, match=f"fuses target layer {L} \\(of {L}\\).*BEFORE the final norm"):
+        load_head(out, target_config=target.config)
+    config[key or "eagle_aux_hidden_state_layer_ids"] = (
+        {**config[key], "eagle_aux_hidden_state_layer_ids": [0, 3, L - 2]} if key else [1, 4, L - 1]
+    )
+    (out / "config.json").write_text(json.dumps(config))
+    assert load_head(out, target_config=target.config).config.target_layers == [1, 4, L - 1]
+
+
+def test_eagle31_options_in_each_layout(target, tmp_path) -> None:
+    """speculators: the options round-trip and a missing norm_before_residual reads true (vLLM's
+    default); the official layout reads a missing one as false and takes EAGLE-3.1 flags at its top
+    level (as speculators' converter does); SGLang's layout refuses a head using them."""
+    options = {"norm_before_fc": True, "norm_before_residual": False, "norm_output": True}
+    head = make_head(target, **options)
+    out = export_head(head, "speculators", tmp_path / "spec")
+    back = attach(load_head(out), target)
+    assert {k: getattr(back.config, k) for k in options} == options
+    assert_same_head(head, back)
+    config = json.loads((out / "config.json").read_text())
+    del config["norm_before_residual"]
+    (out / "config.json").write_text(json.dumps(config))
+    assert load_head(out).config.norm_before_residual is True
+    with pytest.raises(HeadError, match="EAGLE-3.1 options.*--format speculators"):
+        export_head(head, "sglang", tmp_path / "sgl")
+    plain = export_head(make_head(target), "sglang", tmp_path / "plain")
+    assert load_head(plain).config.norm_before_residual is False
+    config = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps({**config, "norm_output": True}))
+    assert load_head(plain).config.norm_output is True
+
+
+def test_a_windowed_layer_is_refused_in_the_official_layout(target, tmp_path) -> None:
+    out = export_head(make_head(target), "sglang", tmp_path / "sgl")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "sliding_window": 8}))  # no layer_types: applies
+    with pytest.raises(HeadError, match="sliding window of 8 tokens"):
+        load_head(out)
+    windowless = {**config, "sliding_window": 8, "layer_types": ["full_attention"]}  # switched off
+    (out / "config.json").write_text(json.dumps(windowless))
+    assert load_head(out).config.target_layers == LAYERS

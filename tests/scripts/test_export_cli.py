@@ -47,14 +47,28 @@ def medusa_dir(tmp_path_factory) -> Path:
     return head.save_pretrained(tmp_path_factory.mktemp("medusa") / "head")
 
 
+@pytest.fixture(scope="module")
+def eagle3_local(tmp_path_factory, tiny_llama) -> tuple[Path, Path]:
+    """(head dir, target dir): an EAGLE-3 head recording a local target checkpoint as its target."""
+    target_dir = tmp_path_factory.mktemp("local") / "tiny-target"
+    target = tiny_llama(40, layers=8, hidden=16, seed=3)
+    target.save_pretrained(target_dir)
+    config = Eagle3Config.from_target(target.config, draft_vocab_size=24, target_name_or_path=str(target_dir))
+    return Eagle3Head(config).save_pretrained(tmp_path_factory.mktemp("eagle3l") / "head"), target_dir
+
+
 @pytest.mark.parametrize("fmt", ["speculators", "sglang"])
 def test_exports_an_eagle3_head(eagle3_dir, tmp_path, capsys, fmt) -> None:
     out = tmp_path / fmt
-    assert run([eagle3_dir, "--format", fmt, "--out", out, "--dtype", "bfloat16"]) == 0
+    extra = ["--no-embedding"] if fmt == "speculators" else []  # (its target org/t cannot be read here)
+    assert run([eagle3_dir, "--format", fmt, "--out", out, "--dtype", "bfloat16", *extra]) == 0
     printed = capsys.readouterr().out
     assert f"as {fmt} to {out}" in printed and "tensors identical" in printed
     config = json.loads((out / "config.json").read_text())
-    assert config["torch_dtype"] == "bfloat16"
+    assert config["dtype"] == "bfloat16"  # transformers 5's name; SGLang's layout also has torch_dtype
+    assert config.get("torch_dtype", "bfloat16") == "bfloat16" and ("torch_dtype" in config) == (
+        fmt == "sglang"
+    )
     assert {t.dtype for n, t in load_file(out / "model.safetensors").items() if n not in ("d2t", "t2d")} == {
         torch.bfloat16
     }
@@ -69,23 +83,53 @@ def test_exports_an_eagle3_head(eagle3_dir, tmp_path, capsys, fmt) -> None:
 
 def test_speculators_options(eagle3_dir, tmp_path) -> None:
     out = tmp_path / "spec"
-    argv = [
-        eagle3_dir,
-        "--format",
-        "speculators",
-        "--out",
-        out,
-        "--verifier",
-        "/models/t",
-        "--speculative-tokens",
-        "5",
-    ]
-    assert run(argv) == 0
-    spec = json.loads((out / "config.json").read_text())["speculators_config"]
+    argv = [eagle3_dir, "--format", "speculators", "--out", out, "--no-embedding"]
+    assert run([*argv, "--verifier", "org/model", "--speculative-tokens", "5"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    spec = config["speculators_config"]
+    assert spec["verifier"]["name_or_path"] == "org/model" and "verifier_note" not in config
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 5
+    assert run([*argv[:3], "--out", tmp_path / "abs", "--no-embedding", "--verifier", "/models/t"]) == 0
+    config = json.loads((tmp_path / "abs" / "config.json").read_text())  # never a local path
     assert (
-        spec["verifier"]["name_or_path"] == "/models/t"
-        and spec["proposal_methods"][0]["speculative_tokens"] == 5
+        config["speculators_config"]["verifier"]["name_or_path"] == "t" and "'t'" in config["verifier_note"]
     )
+
+
+def test_speculators_ships_the_targets_embedding(eagle3_local, tmp_path, capsys) -> None:
+    """The speculators layout holds the target's embedding (read from the head's recorded target or
+    --target); --no-embedding leaves it out; a local target is recorded by its directory's name + a note."""
+    head_dir, target_dir = eagle3_local
+    out = tmp_path / "spec"
+    assert run([head_dir, "--format", "speculators", "--out", out]) == 0
+    assert "note: the head was trained on a local target whose directory is named 'tiny-target'" in (
+        capsys.readouterr().out
+    )
+    want = load_file(target_dir / "model.safetensors")["model.embed_tokens.weight"]
+    assert torch.equal(load_file(out / "model.safetensors")["embed_tokens.weight"], want)
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "tiny-target"
+    assert run([head_dir, "--format", "speculators", "--out", tmp_path / "n", "--no-embedding"]) == 0
+    assert "embed_tokens.weight" not in load_file(tmp_path / "n" / "model.safetensors")
+    assert run([head_dir, "--format", "sglang", "--out", tmp_path / "g"]) == 0
+    assert "embed_tokens.weight" not in load_file(
+        tmp_path / "g" / "model.safetensors"
+    )  # SGLang uses the target's
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "org/t"),  # the recorded target cannot be read: one line naming it
+        (["--format", "sglang", "--no-embedding"], "--no-embedding is for --format speculators, not sglang"),
+    ],
+)
+def test_embedding_errors_are_one_line(eagle3_dir, tmp_path, capsys, argv, message) -> None:
+    fmt = [] if "--format" in argv else ["--format", "speculators"]
+    assert run([eagle3_dir, *fmt, *argv, "--out", tmp_path / "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
 
 
 def test_exports_a_medusa_head(medusa_dir, tmp_path) -> None:
@@ -154,7 +198,7 @@ def test_prints_how_many_tensors_the_round_trip_checked(medusa_dir, tmp_path, ca
 
 
 def test_speculators_draft_length_defaults_to_3(eagle3_dir, tmp_path) -> None:
-    assert run([eagle3_dir, "--format", "speculators", "--out", tmp_path / "s"]) == 0
+    assert run([eagle3_dir, "--format", "speculators", "--out", tmp_path / "s", "--no-embedding"]) == 0
     spec = json.loads((tmp_path / "s" / "config.json").read_text())["speculators_config"]
     assert spec["proposal_methods"][0]["speculative_tokens"] == 3
 
