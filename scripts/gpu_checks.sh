@@ -1,4 +1,19 @@
 #!/usr/bin/env bash
+# Training at scale, in ONE call (the GPU session's whole command; the wheels below in .whl/ first):
+#   run(command="bash scripts/gpu_checks.sh bench_train", carry=[".whl"], timeout_s=600)
+# bench_train: scripts/bench_train_gpu.py trains EAGLE-3 50 steps x 1 x 2048 tokens on a random Llama-3.1-8B-shaped
+#   bf16 target (written once, 16 GB, to outputs/bench_train_work) through train.py under `accelerate launch`:
+#   online with configs/accelerate/ddp.yaml, offline from a bf16 cache (scripts/cache_hidden_states.py) with
+#   ddp.yaml, online with zero3.yaml, one process each; tokens/s, peak GPU memory (the trainer's metrics.json)
+#   and the memory plan's total to $OUT/bench_train/bench_train.json and .md (budget TRAIN_BUDGET_S=480 s: runs
+#   left when it is spent are skipped; not yet run on a GPU). The H200 image lacks hydra, DeepSpeed, datasets,
+#   pydantic; carry them as wheels (here, in the repo root):
+#     pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 transformers==5.24.0 hydra-core==1.3.8 \
+#       omegaconf==2.3.1 hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+#       typing-inspection==0.4.5 typing-extensions==4.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+#       fsspec==2026.9.0
+#     pip wheel -w .whl --no-deps antlr4-python3-runtime==4.9.3 deepspeed==0.19.8   # sdists: pure-Python wheels
 # Every check that needs a GPU, in two calls of one short lease (last run on one H200, 2026-11-28, second
 # session, a cold machine: `pytest_gpu bench_gpu` 405 s in one call (pytest_gpu 171 s, bench_gpu 202 s),
 # then `bench_gpu_fp8 bench_gpu_attention` 196 s on the warm machine (71 and 113 s; step 3 is bf16 now); a fresh machine's
@@ -151,6 +166,9 @@ step bench_reference_medusa "${REF_S:-400}" "$PY" scripts/bench_reference_medusa
 # on request: sampling's costs by vocabulary size on the GPU (top-p, one draw, the acceptance walk)
 step bench_sampling "${DEMO_S:-100}" "$PY" scripts/bench_sampling.py --device cuda --vocab 32000 128256 --rows 6
 step bench_sampling_60 "${DEMO_S:-100}" "$PY" scripts/bench_sampling.py --device cuda --vocab 128256 --rows 60
+# on request: EAGLE-3 trained on the 8B-shaped target (online DDP, offline DDP, online ZeRO-3; see the top)
+step bench_train "${TRAIN_S:-560}" "$PY" scripts/bench_train_gpu.py --out "$OUT/bench_train" \
+    --work outputs/bench_train_work --budget-s "${TRAIN_BUDGET_S:-480}"
 heads=()
 for spec in eagle3=outputs/eagle3-demo/head medusa2=outputs/medusa2-demo/head; do
     [ -f "${spec#*=}/config.json" ] && heads+=(--drafter "$spec")
