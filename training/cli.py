@@ -8,9 +8,9 @@ in several lines with exit status 1 and creates the output directory itself.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
-import tempfile
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from spechead.configs import register_resolvers
 from spechead.data.errors import DataError
 from spechead.heads.errors import HeadError
+from spechead.heads.files import unwritable_reason
 from spechead.training.errors import TrainError
 from spechead.training.settings import TrainSettings, from_dict
 
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
 
 USER_ERRORS = (TrainError, DataError, HeadError)
 GROUPS = ("head", "model", "data", "trainer", "logger")  # config groups a command line may pick
+WRITE_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EROFS,
+    errno.EFBIG,
+    errno.EACCES,
+}  # a failed write, not a bug
 
 
 def settings_from_config(cfg: DictConfig) -> TrainSettings:
@@ -119,16 +127,10 @@ def _check_key(cfg: dict, key: str, line: str) -> None:
 
 
 def check_output_dir(path: str) -> None:
-    """Create `path` and write a probe file in it; anything that fails raises TrainError."""
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise TrainError(
-            f"trainer.output_dir={path} is not a writable directory ({reason}): pick another"
-        ) from None
+    """TrainError unless `path` is (or can become) a writable directory; creates nothing."""
+    reason = unwritable_reason(path)
+    if reason:
+        raise TrainError(f"trainer.output_dir={path} is not a writable directory ({reason}): pick another")
 
 
 def check_command_line(overrides: list[str]) -> TrainSettings | None:
@@ -160,25 +162,70 @@ def _one_line(err: BaseException) -> str:
 register_resolvers()
 
 
+def new_dirs(path: str) -> list[Path]:
+    """`path` and those of its ancestors that do not exist yet, deepest first."""
+    new, current = [], Path(path).expanduser().absolute()
+    while not current.exists() and current != current.parent:
+        new.append(current)
+        current = current.parent
+    return new
+
+
+def remove_if_empty(dirs: list[Path]) -> None:
+    """Remove the directories of `new_dirs` that a failed run left empty (Hydra creates its run dir at start)."""
+    for d in dirs:
+        try:
+            d.rmdir()  # only ever an empty one
+        except OSError:
+            return
+
+
 def main(decode_eval: DecodeEval | None = None, tune_tree: TreeTune | None = None) -> None:
-    """Parse the command line with Hydra and train; the decoding hooks are handed to the trainer as they are."""
+    """Parse the command line with Hydra and train; the decoding hooks are handed to the trainer as they are.
+
+    A failed run leaves no output directory it created and found nothing to write into; Ctrl-C ends with
+    one line naming the last checkpoint (exit 130)."""
     try:
-        check_command_line(sys.argv[1:])
+        settings = check_command_line(sys.argv[1:])
     except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    created = new_dirs(settings.trainer.output_dir) if settings else []
 
     @hydra.main(version_base=None, config_path="pkg://spechead.configs", config_name="train")
     def run(cfg: DictConfig) -> None:
-        from spechead.training.trainer import train  # heavy imports only once the config is valid
+        from spechead.training import checkpoint  # heavy imports only once the config is valid
+        from spechead.training.trainer import train
 
+        main_process = os.environ.get("RANK", "0") == "0"
+        settings = None
         try:
             settings = settings_from_config(cfg)
-            if os.environ.get("RANK", "0") == "0":
+            if main_process:
                 print(startup_line(settings), flush=True)
             train(settings, decode_eval, tune_tree)
         except USER_ERRORS as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
+            _fail(f"error: {err}", 2, created)
+        except OSError as err:  # a write that failed mid-run (disk full, read-only): the work so far is kept
+            if err.errno not in WRITE_ERRNOS or settings is None:
+                raise
+            where = checkpoint.resume_hint(Path(settings.trainer.output_dir))
+            _fail(f"error: could not write {err.filename or 'a file'} ({err.strerror}): {where}", 2, created)
+        except KeyboardInterrupt:
+            out = Path(settings.trainer.output_dir if settings else cfg.trainer.output_dir)
+            _fail(f"interrupted: {checkpoint.resume_hint(out)}" if main_process else "", 130, created)
 
     run()
+
+
+def _fail(line: str, status: int, created: list[Path]) -> None:
+    """Print `line` (if any) on a line of its own, remove the output directories this run created and left
+    empty, exit `status`."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):  # a progress bar cut short (the training loop's)
+        bar.close()
+    if line:
+        print(line, file=sys.stderr)
+    remove_if_empty(created)
+    sys.exit(status)
