@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import glob
+import gzip
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 
 from spechead.data.errors import DataError
 
@@ -184,7 +186,7 @@ def _load_local(builder: str, files: list[str], split: str) -> datasets.Dataset:
     # Local files form one split; naming it after data.split lets "train_sft[:1000]"-style slices work.
     name = split.split("[", 1)[0] or "train"
     try:
-        return datasets.load_dataset(builder, data_files={name: files}, split=split)
+        loaded = datasets.load_dataset(builder, data_files={name: files}, split=split)
     except Exception as e:  # malformed json, corrupt parquet, bad slice
         if "corresponds to no data" in str(e):  # datasets' way of saying the split has 0 rows
             raise DataError(f"dataset {files[0]} is empty (or data.split={split} selects no rows)") from e
@@ -193,6 +195,32 @@ def _load_local(builder: str, files: list[str], split: str) -> datasets.Dataset:
             f"could not read {files[0] if len(files) == 1 else f'{len(files)} files'} as {builder} "
             f"({type(cause).__name__}: {_first_line(cause)}): fix the file or data.split"
         ) from e
+    if builder == "json":
+        _check_utf8(loaded, files)
+    return loaded
+
+
+def _check_utf8(ds: datasets.Dataset, files: list[str]) -> None:
+    """DataError naming the file and line of a byte that is not UTF-8: pyarrow's JSON reader keeps such
+    strings and reading the row later raises UnicodeDecodeError. Arrow's full validation finds one in
+    one pass over the table; only then are the files read again for its place."""
+    try:
+        ds.data.table.validate(full=True)
+    except pa.ArrowInvalid as err:
+        if "utf8" not in str(err).lower():
+            raise
+        for file in files:
+            opener = gzip.open if file.endswith(".gz") else open
+            with opener(file, "rb") as f:
+                for number, line in enumerate(f, 1):
+                    try:
+                        line.decode("utf-8")
+                    except UnicodeDecodeError as bad:
+                        raise DataError(
+                            f"{file} line {number} is not UTF-8 text (byte 0x{line[bad.start]:02x} at column "
+                            f"{bad.start + 1}): re-save the file as UTF-8"
+                        ) from None
+        raise DataError(f"{files[0]} is not UTF-8 text: re-save it as UTF-8") from None
 
 
 def _first_line(e: BaseException) -> str:

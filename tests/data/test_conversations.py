@@ -181,3 +181,21 @@ def test_data_error_survives_worker_processes(tmp_path):
     rows = [{"messages": [*MESSAGES, {"role": "tool", "content": "{}"}]}] * 4
     with pytest.raises(DataError, match="unknown role 'tool'"):
         load(write_jsonl(tmp_path / "t.jsonl", rows), num_proc=2)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_byte_that_is_not_utf8_names_the_file_and_line(tmp_path, suffix):
+    """pyarrow's JSON reader keeps the byte and reading that row raised UnicodeDecodeError (a traceback)."""
+    good = "".join(json.dumps({"messages": MESSAGES}) + "\n" for _ in range(3)).encode()
+    bad = (
+        json.dumps({"messages": [{"role": "user", "content": "cafe"}]}).encode().replace(b"cafe", b"caf\xe9")
+    )
+    data = good + bad + b"\n" + good
+    path = tmp_path / f"chats{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    with pytest.raises(DataError) as err:
+        load(path)
+    column = bad.index(b"\xe9") + 1
+    assert str(err.value) == (
+        f"{path} line 4 is not UTF-8 text (byte 0xe9 at column {column}): re-save the file as UTF-8"
+    )
