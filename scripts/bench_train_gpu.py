@@ -1,7 +1,11 @@
 """Train EAGLE-3 at the scale users train: a Llama-3.1-8B-shaped target, bf16, through `accelerate launch`.
 
-    python scripts/bench_train_gpu.py --out outputs/bench_train           # one GPU, ~6-8 minutes on an H200
-    python scripts/bench_train_gpu.py --tiny --out /tmp/bt                 # a tiny Llama on the CPU, ~1 minute
+    python scripts/bench_train_gpu.py --out outputs/bench_train     # one GPU: at most --budget-s (480 s)
+    python scripts/bench_train_gpu.py --tiny --out /tmp/bt           # a tiny Llama on the CPU, 3 steps a mode
+
+On the H200 it runs as gpu_checks' step bench_train, in one call (the wheels the image lacks in .whl/, listed
+at the top of scripts/gpu_checks.sh): run(command="bash scripts/gpu_checks.sh bench_train", carry=[".whl"],
+timeout_s=600); results come back in $OUT/bench_train/ and $OUT/bench_train.log.
 
 Writes a random-weight target once (LlamaConfig: hidden 4096, 32 layers, 32 heads, 8 kv heads, intermediate
 14336, vocab 128256, llama3 rope; weights initialised on the GPU in bf16, no download) with the demo
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -128,7 +133,7 @@ def make_data(path: Path, tokenizer_dir: Path, rows: int, seq_len: int) -> dict:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    demo = (json.loads(line)["messages"] for line in (DEMO / "chat.jsonl").open())
+    demo = itertools.cycle([json.loads(line)["messages"] for line in (DEMO / "chat.jsonl").open()])
     out, lengths = [], []
     for _ in range(rows):
         messages, tokens = [], 0

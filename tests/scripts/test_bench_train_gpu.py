@@ -13,8 +13,9 @@ import pytest
 def test_tiny_offline_run_reports_the_trainers_numbers(script, tmp_path):
     module = script("bench_train_gpu")
     out = tmp_path / "bench"
-    assert module.main(["--tiny", "--out", str(out), "--modes", "offline-ddp"]) == 0
+    status = module.main(["--tiny", "--out", str(out), "--modes", "offline-ddp"])
     report = json.loads((out / "bench_train.json").read_text())
+    assert status == 0, (report.get("cache"), report["runs"][0].get("error"))
     s = report["settings"]
     assert (s["shape"], s["hidden_size"], s["num_hidden_layers"], s["steps"], s["seq_len"]) == (
         "tiny",
