@@ -103,9 +103,26 @@ def read_tree(directory: str | Path) -> dict[str, Any] | None:
     try:
         tree = json.loads(path.read_text())
         tree["choices"] = [list(p) for p in tree_paths(tree["choices"])]
+        if tree.get("accuracy"):  # (none or [] = no measured table)
+            check_accuracy(tree["accuracy"])
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} is not a valid tree file ({type(err).__name__}: {err})") from err
     return tree
+
+
+def check_accuracy(table: Any) -> None:
+    """ValueError unless `table` is an accuracy table: one row per depth, each the same number of
+    probabilities (0..1) by rank."""
+    if not isinstance(table, list) or not all(isinstance(row, list) and row for row in table):
+        raise ValueError(
+            f"accuracy must be a table (a list of [depth][rank] rows), got {json.dumps(table)[:60]}"
+        )
+    if len({len(row) for row in table}) != 1:
+        raise ValueError("accuracy: every depth's row must have the same number of ranks")
+    for row in table:
+        for x in row:
+            if isinstance(x, bool) or not isinstance(x, int | float) or not 0 <= x <= 1:
+                raise ValueError(f"accuracy: {x!r} is not a probability between 0 and 1")
 
 
 def write_tree(directory: str | Path, choices: list[list[int]], **info: object) -> Path:

@@ -54,6 +54,21 @@ def test_tree_file_round_trip_and_broken_files(head_dir):
         path.write_text(json.dumps(broken))
         with pytest.raises(ValueError, match=f"{TREE_NAME} is not a valid tree file"):
             read_tree(head_dir)
+    for accuracy, why in [
+        ("high", "accuracy must be a table"),
+        ({"0": [0.5]}, "accuracy must be a table"),
+        ([0.5, 0.2], "accuracy must be a table"),
+        ([[0.5, 0.1], [0.4]], "the same number of ranks"),
+        ([[0.5, "x"]], "'x' is not a probability"),
+        ([[1.5]], "1.5 is not a probability"),
+        ([[True]], "True is not a probability"),
+    ]:
+        path.write_text(json.dumps({"choices": [[0]], "accuracy": accuracy}))
+        with pytest.raises(ValueError, match=f"{TREE_NAME} is not a valid tree file .*{why}"):
+            read_tree(head_dir)
+    for none in (None, []):  # no measured table
+        path.write_text(json.dumps({"choices": [[0]], "accuracy": none}))
+        assert read_tree(head_dir)["choices"] == [[0]]
 
 
 def test_saving_new_weights_drops_the_old_tree(head_dir):

@@ -249,3 +249,22 @@ def test_generate_a_target_that_cannot_be_loaded_is_one_line(script, tmp_path, c
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     assert ("no_such_architecture" if target == "unknown architecture" else str(path)) in lines[0]
+
+
+def test_generate_with_a_tree_file_whose_accuracy_is_no_table_is_one_line(
+    script, tiny_target_dir, medusa_for, tmp_path, capsys
+):
+    """tree.json's "accuracy" calibrates the tree at load: a string there was a torch traceback."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    head = medusa_for(model, num_heads=2).save_pretrained(tmp_path / "head")
+    (head / "tree.json").write_text(json.dumps({"choices": [[0], [1]], "accuracy": "high"}))
+    argv = ["--target", str(tiny_target_dir), "--drafter", str(head), "--prompt", "hi"]
+    assert script("generate").main([*argv, "--max-new-tokens", "4"]) == 2
+    err = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    lines = [
+        line for line in err if line.strip() and not line.startswith("Loading weights")
+    ]  # (the target's)
+    assert len(lines) == 1 and "accuracy must be a table" in lines[0], lines
+    assert lines[0].startswith(f"error: {head / 'tree.json'} is not a valid tree file")
