@@ -30,6 +30,7 @@ from pathlib import Path
 
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
+from spechead.heads.files import unwritable_reason
 from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP
 from spechead.inference.generator import SpeculativeGenerator
@@ -67,6 +68,13 @@ def parse(argv=None) -> argparse.Namespace:
         p.error(str(err))
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature >= 0 and 0 < --top-p <= 1, please")
+    for flag, values in (("--batch-size", args.batch_size), ("--prompts", [args.prompts]),
+                         ("--max-new-tokens", [args.max_new_tokens])):  # fmt: skip
+        if min(values) < 1:
+            p.exit(2, f"error: {flag} must be at least 1, got {min(values)}\n")
+    unwritable = unwritable_reason(args.out)  # before the long run, not when its results are written
+    if unwritable:
+        p.exit(2, f"error: --out {args.out} is not a writable directory ({unwritable}): choose another\n")
     return args
 
 

@@ -31,6 +31,7 @@ import torch
 from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
+from spechead.heads.files import unwritable_reason
 from spechead.inference.calibrate import verify_cost_ms
 from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.cuda_graphs import GraphCaptureError
@@ -347,6 +348,13 @@ def main(argv=None) -> int:
         "prompt_lookup": "prompt_lookup",
         **{name: path for name, path in DEMO_HEADS.items() if Path(path).is_dir()},
     }
+    unwritable = unwritable_reason(args.out)  # before the long run, not when its results are written
+    if unwritable:
+        print(
+            f"error: --out {args.out} is not a writable directory ({unwritable}): choose another",
+            file=sys.stderr,
+        )
+        return 2
     try:
         check_device(args.device)
         settings = DecodeSettings(args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed)

@@ -175,3 +175,23 @@ def test_the_speedup_is_over_plain_batched_decoding_of_the_same_target(
     )
     assert row["speedup_vs_plain"] == pytest.approx(2.5)
     assert "speedup 2.50x" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--batch-size", "0"], "error: --batch-size must be at least 1, got 0"),
+        (["--batch-size", "4", "-1"], "error: --batch-size must be at least 1, got -1"),
+        (["--prompts", "0"], "error: --prompts must be at least 1, got 0"),
+        (["--max-new-tokens", "0"], "error: --max-new-tokens must be at least 1, got 0"),
+        (["--out", "{file}/out"], "error: --out {file}/out is not a writable directory ({file} is a file, "
+                                  "not a directory): choose another"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_one_line_before_anything_loads(script, tmp_path, capsys, argv, line):
+    blocker = tmp_path / "file.txt"  # a regular file: no directory can be made under it, even as root
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as exited:
+        script("bench_batch").parse([a.format(file=blocker) for a in argv])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [line.format(file=blocker)]

@@ -328,3 +328,14 @@ def test_a_medusa2_heads_plain_baseline_is_its_adapted_target(script, tiny_targe
             "--warmup", "1", "--out", str(out)]  # fmt: skip
     assert script("benchmark").main(argv) == 0
     assert json.loads((out / "decoding.json").read_text())["rows"][0]["greedy_mismatches"] == 0
+
+
+def test_an_unwritable_out_is_refused_before_the_run(script, tmp_path, capsys):
+    """--out is checked first: here the target does not even exist, and the error is still --out's."""
+    blocker = tmp_path / "file.txt"  # a regular file: no directory can be made under it, even as root
+    blocker.write_text("x")
+    argv = ["--target", str(tmp_path / "no-target"), "--out", str(blocker / "out")]
+    assert script("benchmark").main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"error: --out {blocker / 'out'} is not a writable directory ({blocker} is a file, "
+                     "not a directory): choose another"]  # fmt: skip
