@@ -271,24 +271,28 @@ def build_cache(args: argparse.Namespace, base: list[str], cache: Path, timeout:
 def table(report: dict) -> str:
     """The markdown table: one row per mode."""
 
-    def num(v, fmt):  # noqa: E306
+    def num(v, fmt: str) -> str:
         return "n/a" if v is None else format(v, fmt)
 
     rows = ["| mode | accelerate config | tokens/s | tokens/s (last window) | peak memory measured (GiB) | "
-            "peak reserved (GiB) | memory plan predicted (GiB) | status |", "|---|---|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+            "peak reserved (GiB) | memory plan predicted (GiB) | wall s | status |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in report["runs"]:
         status = "ok" if r.get("exit") == 0 else (r.get("skipped") or f"exit {r.get('exit')}")
+        config = f"{r['accelerate_config']} x{r['processes']}" if "accelerate_config" in r else "-"
         rows.append(
-            f"| {r['mode']} | {r.get('accelerate_config', '-')} x{r.get('processes', '-')} | "
-            f"{num(r.get('tokens_per_s'), ',.0f')} | {num(r.get('last_window_tokens_per_s'), ',.0f')} | "
-            f"{num(r.get('peak_memory_gib'), '.2f')} | {num(r.get('peak_reserved_gib'), '.2f')} | "
-            f"{num(r.get('plan_total_gib'), '.2f')} | {status} |"
+            f"| {r['mode']} | {config} | {num(r.get('tokens_per_s'), ',.0f')} | "
+            f"{num(r.get('last_window_tokens_per_s'), ',.0f')} | {num(r.get('peak_memory_gib'), '.2f')} | "
+            f"{num(r.get('peak_reserved_gib'), '.2f')} | {num(r.get('plan_total_gib'), '.2f')} | "
+            f"{num(r.get('wall_seconds'), '.0f')} | {status} |"
         )
     s = report["settings"]
     return "\n".join(rows) + (
         f"\n\n{s['shape']} target, bf16, {s['steps']} steps x {s['batch_size']} x {s['seq_len']} tokens per "
-        f"process, {s['device']}. Peak memory: torch.cuda max allocated/reserved over the whole process "
-        "(target loading included); plan: training/memory_plan.py's per-process total.\n"
+        f"process, {s['device']}. tokens/s: the trainer's (evaluation and checkpoints excluded; last window: "
+        "its last log_every steps). Peak memory: torch.cuda max allocated/reserved over the whole process, "
+        "target loading included. Plan: training/memory_plan.py's per-process total. wall s: the launch, "
+        "start to exit.\n"
     )
 
 
