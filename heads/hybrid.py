@@ -42,15 +42,16 @@ def recurrent_layers(config) -> list[str]:
     return sorted(kinds)
 
 
-def check_attention_only(config, what: str) -> None:
-    """ValueError (one line, naming the architecture) when `config`'s model has recurrent-state layers,
-    which `what` (e.g. "speculative decoding") cannot handle."""
+def check_attention_only(
+    config, what: str, fix: str = "decode it with transformers' generate, or use an attention-only target"
+) -> None:
+    """ValueError (one line, naming the architecture and `fix`) when `config`'s model has recurrent-state
+    layers, which `what` (e.g. "speculative decoding") cannot handle."""
     kinds = recurrent_layers(config)
     if kinds:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         arch = (getattr(config, "architectures", None) or [getattr(text, "model_type", "this model")])[0]
         raise ValueError(
             f"{arch} is a hybrid model ({', '.join(kinds)} layers keep a recurrent state that token-tree "
-            f"verification cannot roll back): {what} is not supported for it; decode it with "
-            "transformers' generate, or use an attention-only target"
+            f"verification cannot roll back): {what} is not supported for it; {fix}"
         )

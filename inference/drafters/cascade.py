@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from spechead.heads.hybrid import check_attention_only
 from spechead.inference.acceptance import greedy_accept, sample_accept
 from spechead.inference.drafters.base import Draft, Drafter, chain
 from spechead.inference.drafters.draft_model import DraftModelDrafter
@@ -40,6 +41,7 @@ class CascadeDrafter(Drafter):
         for name, value in (("num_draft", num_draft), ("tiny_draft", tiny_draft)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_attention_only(medium.config, "drafting with it", "use an attention-only medium model")
         tiny_vocab = tiny.get_output_embeddings().weight.shape[0]
         medium_vocab = medium.get_output_embeddings().weight.shape[0]
         if tiny_vocab != medium_vocab:

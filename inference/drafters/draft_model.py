@@ -32,6 +32,7 @@ from typing import cast
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from spechead.heads.hybrid import check_attention_only
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
 from spechead.inference.sampling import SamplingParams, sample, target_probs
@@ -102,6 +103,8 @@ class DraftModelDrafter(Drafter):
             raise ValueError(f"depth must be an int >= 1, got {depth!r}")
         if rule is not None and rule not in SAMPLING_RULES:
             raise ValueError(f"rule must be one of {SAMPLING_RULES}, got {rule!r}")
+        # (its tree drafts and crops would corrupt a recurrent state: one line, not a wrong draft cache)
+        check_attention_only(model.config, "drafting with it", "use an attention-only draft model")
         self.model = model.eval()
         self.dynamic = tree == "dynamic"
         self.shape: StaticTree | None = None

@@ -35,6 +35,7 @@ from typing import TypeVar
 from torch import nn
 from transformers import PreTrainedModel
 
+from spechead.heads.hybrid import check_attention_only
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 
 KINDS = ("layer_skip", "early_exit")
@@ -147,6 +148,9 @@ class LayerSkipDrafter(DraftModelDrafter):
         num_draft: int = 3,
         **shape,
     ):
+        check_attention_only(
+            target.config, "self-drafting"
+        )  # (before its view: its layers are not all attention)
         total = num_layers_of(target)
         if exit_layer is not None:
             if skip_layers is not None:
