@@ -64,16 +64,26 @@ class ResumableJsonl:
             self._cut_to_state()
 
     def append(self, rows: list[Any], info: dict[str, Any]) -> None:
-        """Append rows (one JSON line each), make them durable, then record them and `info` in the state."""
+        """Append rows (one JSON line each), make them durable, then record them and `info` in the state.
+
+        A failed write (disk full) is a DataError: the rows written before stay, the chunk is cut off, and
+        rerunning the same command continues from them."""
         data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
-        with self.path.open("ab") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with self.path.open("ab") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            self._write_state(self.rows + len(rows), self.bytes + len(data), info)
+        except OSError as err:
+            self._cut_to_state()  # (cutting never needs space)
+            raise DataError(
+                f"could not write {self.path} ({err.strerror or type(err).__name__}): its first {self.rows} "
+                "rows are kept; free space (or choose another --out) and rerun the same command to continue"
+            ) from None
         self.rows += len(rows)
         self.bytes += len(data)
         self.info = info
-        self._write_state()
 
     def _read_state(self) -> dict[str, Any] | None:
         if not self.state_path.exists():
@@ -109,13 +119,21 @@ class ResumableJsonl:
                 f.truncate(self.bytes)
                 os.fsync(f.fileno())
 
-    def _write_state(self) -> None:
-        state = {"key": self.key, "rows": self.rows, "bytes": self.bytes, "info": self.info}
+    def _write_state(
+        self, rows: int | None = None, size: int | None = None, info: dict | None = None
+    ) -> None:
+        """Replace the state file atomically with these counts (default: the current ones)."""
+        state = {"key": self.key, "rows": self.rows if rows is None else rows,
+                 "bytes": self.bytes if size is None else size, "info": self.info if info is None else info}  # fmt: skip
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        with tmp.open("w") as f:
-            json.dump(state, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with tmp.open("w") as f:
+                json.dump(state, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.state_path)
 
 

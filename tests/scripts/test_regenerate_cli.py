@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -138,3 +139,35 @@ def test_the_target_loads_straight_onto_its_device(script, tiny_target_dir, plac
     """--device places the target's weights as they are read (device_map), not staged in host memory."""
     model = script("regenerate").load_model(str(tiny_target_dir), "float32", "cpu")
     assert placements == [torch.device("cpu")] and not model.training
+
+
+def test_a_full_disk_keeps_the_rows_written_and_resumes(script, tiny_target_dir, chat_file, tmp_path, capsys):
+    """ENOSPC while a chunk is made durable: one error line, the chunks before kept whole, and the same
+    command continues to the file an uninterrupted run writes."""
+    main = script("regenerate").main
+    base = ["--target", str(tiny_target_dir), "--data", str(chat_file), "--max-new-tokens", "6",
+            "--batch-size", "4", "--temperature", "0.8", "--seed", "1", "--max-examples", "9"]  # fmt: skip
+    out, whole = tmp_path / "regen.jsonl", tmp_path / "whole.jsonl"
+    real_fsync, calls = os.fsync, []
+
+    def fsync(fd: int) -> None:  # the disk fills up on the output's second chunk
+        if os.readlink(f"/proc/self/fd/{fd}") == str(out):
+            calls.append(fd)
+            if len(calls) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "fsync", fsync)
+        assert main([*base, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"error: could not write {out} (No space left on device): its first 4 rows are kept; free space "
+        "(or choose another --out) and rerun the same command to continue"
+    ), err
+    assert (
+        len(rows(out)) == 4 and json.loads(out.with_name(out.name + ".state.json").read_text())["rows"] == 4
+    )
+    assert main([*base, "--out", str(out)]) == 0
+    assert main([*base, "--out", str(whole)]) == 0
+    assert out.read_bytes() == whole.read_bytes() and len(rows(out)) == 9
