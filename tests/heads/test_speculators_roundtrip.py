@@ -4,10 +4,9 @@ Eagle3DraftModel drafts the same logits and tokens; (b) a head built and saved b
 (its trainer's defaults: EAGLE-3.1 norms on, Llama or Qwen3 layer) imports into spechead with the same
 logits; (c) the SGLang layout goes through speculators' converter (given the layer ids it drops).
 
-speculators 0.9 pins transformers <= 5.19 while spechead needs >= 5.24, so it is not a dependency:
-install it with `pip install --no-deps speculators==0.9.0` and then
-`pip install loguru==0.7.3 pydantic-settings openai hs-connectors==0.9.0` (what its import needs).
-Without it this module is skipped. vLLM and SGLang themselves need a GPU build and do not run here.
+speculators 0.9 pins transformers <= 5.19 while spechead needs >= 5.24, so it is not a package dependency:
+the README's set-up command installs it with --no-deps from requirements-speculators.txt (with what its
+import needs). Without it this module is skipped, and CI fails (tests/test_packaging.py). vLLM and SGLang themselves need a GPU build and do not run here.
 """
 
 from __future__ import annotations
