@@ -331,11 +331,9 @@ class BatchRunner:
         slots = lengths[:, None] + torch.arange(n, device=dev)  # [B, N] where the nodes' entries go
         self.cache.write_slots, self.cache.view_length = slots, view
         keys = slot_positions(lengths, positions, view) if self.sliding else positions  # [B, S]
+        masks = layer_masks(self.sliding, mask, positions, keys)
         logits, hidden = self._forward(
-            self.cache,
-            input_ids=tokens,
-            attention_mask=layer_masks(self.sliding, mask, positions, keys),
-            position_ids=positions,
+            self.cache, input_ids=tokens, attention_mask=masks, position_ids=positions
         )
         return logits.float(), hidden  # [B, N, V]
 

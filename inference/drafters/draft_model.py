@@ -36,6 +36,7 @@ from spechead.heads.hybrid import check_attention_only
 from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
 from spechead.inference.sampling import SamplingParams, sample, target_probs
+from spechead.inference.sliding import layer_masks, sliding_layout
 from spechead.inference.tree import (
     StaticTree,
     TokenTree,
@@ -106,6 +107,7 @@ class DraftModelDrafter(Drafter):
         # (its tree drafts and crops would corrupt a recurrent state: one line, not a wrong draft cache)
         check_attention_only(model.config, "drafting with it", "use an attention-only draft model")
         self.model = model.eval()
+        self.sliding = sliding_layout(model)  # its sliding layers' tree masks are windowed (sliding.py)
         self.dynamic = tree == "dynamic"
         self.shape: StaticTree | None = None
         if self.dynamic:
@@ -250,7 +252,7 @@ class _Grower:
     for the nodes run so far; `fed` lists the nodes in the cache after the C committed entries."""
 
     def __init__(self, drafter: DraftModelDrafter, root: int, root_logits: torch.Tensor):
-        self.model, self.cache = drafter.model, drafter.cache
+        self.model, self.cache, self.sliding = drafter.model, drafter.cache, drafter.sliding
         assert self.cache is not None  # propose checked it
         self.committed = cache_length(self.cache)  # C
         self.tok, self.par, self.dep, self.score = [root], [-1], [0], [0.0]
@@ -297,10 +299,12 @@ class _Grower:
         if len(nodes) > 1 or not torch.equal(parents, torch.arange(-1, len(parents) - 1)):
             past = self.committed - 1  # the root is fed node 0, at column C - 1
             dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
-            kwargs = {
-                "attention_mask": tree_attention_mask(parents, past, dtype, device)[:, :, -len(nodes) :],
-                "position_ids": tree_position_ids(parents, past)[:, -len(nodes) :].to(device),
-            }  # mask [1, 1, n, C - 1 + M], positions [1, n]; a chain runs as a plain causal step
+            positions = tree_position_ids(parents, past).to(device)  # [1, M]
+            keys = torch.cat([torch.arange(past, device=device), positions[0]])  # [C - 1 + M] positions
+            mask = tree_attention_mask(parents, past, dtype, device)[:, :, -len(nodes) :]
+            rows = positions[:, -len(nodes) :]  # [1, n]
+            kwargs = {"attention_mask": layer_masks(self.sliding, mask, rows, keys), "position_ids": rows}
+            # mask [1, 1, n, C - 1 + M], positions [1, n]; a chain runs as a plain causal step
         out = self.model(
             input_ids=torch.tensor([[self.tok[n] for n in nodes]], device=device),
             cache=self.cache,

@@ -158,6 +158,23 @@ def test_every_runners_tree_passes_equal_plain_forwards_past_the_window(kind, na
         rows = [row + tokens[b, keep].tolist() for b, row in enumerate(rows)]
 
 
+@torch.no_grad()
+def test_verify_tree_is_windowed(targets):
+    """verify.py's standalone prefill + verify_tree: the deep tree after 13 tokens on Gemma-2."""
+    from spechead.inference.tree import TokenTree
+    from spechead.inference.verify import prefill, verify_tree
+
+    model = targets["gemma2"][0]
+    row = PROMPTS[1] + [2, 4]
+    cache, _, _ = prefill(model, torch.tensor(row))
+    tree = TokenTree(torch.randint(0, VOCAB, (len(DEEP),), generator=torch.Generator().manual_seed(2)),
+                     torch.tensor(DEEP))  # fmt: skip
+    logits, _ = verify_tree(model, cache, tree, len(row))
+    for node in range(len(DEEP)):
+        want = model(torch.tensor([row + tree.tokens[path_to_node(tree.parents, node)].tolist()])).logits
+        torch.testing.assert_close(logits[node], want[0, -1], atol=1e-4, rtol=0)
+
+
 # ---- decoding past the window ----------------------------------------------------------------------
 
 
@@ -238,6 +255,22 @@ def test_plain_decoding_past_the_window_equals_generate(targets):
     model, refs = targets["gemma2"]
     for cache in ("dynamic", "static"):
         assert_generates_references(SpeculativeGenerator(model, None, None, cache=cache), refs)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_a_sliding_draft_models_tree_drafts_are_windowed_too(kind, targets):
+    """The target drafting trees for itself (DraftModelDrafter over the same model): its rank-0 chain is
+    the target's own greedy answer only when its tree passes are windowed as the target's, so every pass
+    past the window accepts the whole chain."""
+    from spechead.inference.drafters.draft_model import DraftModelDrafter
+
+    model, refs = targets[kind]
+    gen = SpeculativeGenerator(model, None, DraftModelDrafter(model, num_draft=4, width=2), cache="static")
+    gen.eos = set()
+    result = gen.generate(input_ids=PROMPTS[2], max_new_tokens=NEW)
+    assert result.token_ids == refs[2]
+    assert result.stats.accept_lengths[:-1] == [5] * (len(result.stats.accept_lengths) - 1)
 
 
 def test_an_eagle_head_loads_and_decodes_on_a_window_of_16(tmp_path, chatml_tokenizer):
