@@ -23,7 +23,6 @@ import torch
 
 from spechead.heads import HeadError, load_head
 from spechead.heads.dtypes import DTYPES
-from spechead.heads.files import umask_mode
 from spechead.heads.formats import FORMATS, export_formats, export_head
 from spechead.heads.formats.eagle3_export import portable_verifier
 from spechead.heads.formats.weights import target_embedding
@@ -92,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
                 raise HeadError("the head does not record its target: pass --target TARGET")
             options["embedding"] = target_embedding(target)
         export_head(head, args.fmt, out, dtype=dtype, **options)
-        umask_mode(out)  # safetensors writes 0600: readable by others as the umask says
         checked = check_round_trip(head, out, dtype)
     except (HeadError, OSError) as err:  # OSError: the output directory cannot be written
         print(f"error: {err}", file=sys.stderr)

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from spechead.heads.errors import HeadError
+from spechead.heads.files import umask_mode
 
 
 def read_json(file: Path) -> dict[str, Any]:
@@ -112,8 +113,10 @@ def _cpu_copies(tensors: dict[str, Tensor], dtype: torch.dtype | None) -> dict[s
 
 
 def write_tensors(tensors: dict[str, Tensor], file: Path, dtype: torch.dtype | None = None) -> Path:
-    """Save contiguous CPU copies (floating tensors cast to `dtype` if given) as safetensors."""
+    """Save contiguous CPU copies (floating tensors cast to `dtype` if given) as safetensors, with the mode
+    the umask gives a new file (safetensors alone writes 0600)."""
     save_file(_cpu_copies(tensors, dtype), str(file), metadata={"format": "pt"})
+    umask_mode(file)
     return file
 
 

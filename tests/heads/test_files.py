@@ -43,6 +43,16 @@ def test_a_saved_head_has_the_umask_mode(tmp_path, umask, mask, expected):
     }
 
 
+def test_an_export_from_the_library_has_the_umask_mode(tmp_path, umask):
+    """`export_head` itself (not only scripts/export.py) writes its files readable as the umask says."""
+    from spechead.heads.formats import export_head
+
+    umask(0o022)
+    head = MedusaHead(MedusaConfig(hidden_size=8, vocab_size=16, num_heads=1))
+    out = export_head(head, "medusa", tmp_path / "m")
+    assert {mode(p) for p in Path(out).iterdir() if p.is_file()} == {0o644}
+
+
 def test_unwritable_reason_creates_nothing(tmp_path):
     blocker = tmp_path / "file.txt"  # a regular file: nothing can be made under it, even as root
     blocker.write_text("x")
