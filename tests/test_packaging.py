@@ -125,3 +125,17 @@ def test_ci_installs_speculators_so_the_export_round_trip_runs():
     """The README's set-up installs `speculators` (--no-deps, requirements-speculators.txt): in CI its
     round-trip tests must run, not skip."""
     import speculators.models.eagle3  # noqa: F401
+
+
+def test_ci_runs_exactly_the_readme_set_up_and_test_commands():
+    """`.ci/run` runs the README's set-up and test commands, word for word (a fresh clone's CI tests
+    what a new user types)."""
+    readme = (ROOT / "README.md").read_text()
+    commands = [
+        line
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line and not line.startswith(("#", "set ", "cd "))
+    ]
+    assert len(commands) == 2, commands  # set-up, tests
+    for command in commands:
+        assert f"\n{command}\n" in readme, command
