@@ -303,10 +303,11 @@ class TargetRunner:
             positions = self._positions(self.length, 1, self.device)  # [1, 1]
             # an explicit all-visible mask: transformers then skips building its own causal mask,
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
-            mask = self._visible(self.length + 1)
+            visible = self._visible(self.length + 1)
+            mask: Tensor | dict[str, Tensor] = visible
             if self.sliding:  # keys at positions 0..length, the query at `length`
                 keys = torch.arange(self.length + 1, device=self.device)
-                mask = layer_masks(self.sliding, mask, positions, keys)
+                mask = layer_masks(self.sliding, visible, positions, keys)
             logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
             return _fp32(logits), hidden
         size = self._bucket(n, room)
@@ -325,11 +326,13 @@ class TargetRunner:
             assert anc is not None  # the graph's output
         else:
             anc, depth, block, key = self._structure(parents, host_parents)
-            mask, positions = self._tree_mask(block, key), depth + self.length  # [1, 1, N, past + N], [1, N]
+            full = self._tree_mask(block, key)  # [1, 1, N, past + N]
+            positions = depth + self.length  # [1, N]
+            masks: Tensor | dict[str, Tensor] = full
             if self.sliding:  # keys: the prefix at positions 0..past-1, then the nodes at their own
                 prefix = torch.arange(self.length, device=self.device)
-                mask = layer_masks(self.sliding, mask, positions, torch.cat([prefix, positions[0]]))
-            logits, hidden = self._forward(input_ids=tokens, attention_mask=mask, position_ids=positions)
+                masks = layer_masks(self.sliding, full, positions, torch.cat([prefix, positions[0]]))
+            logits, hidden = self._forward(input_ids=tokens, attention_mask=masks, position_ids=positions)
         self.last_ancestors = anc if size == n else anc[:, :n, :n]  # unpadded: no slicing (ops cost on a CPU)
         self.last_parents = parents if size == n else parents[:, :n]  # [1, N] on the device
         if size > n:  # padded: cut the padding off again

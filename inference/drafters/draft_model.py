@@ -300,11 +300,12 @@ class _Grower:
             past = self.committed - 1  # the root is fed node 0, at column C - 1
             dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
             positions = tree_position_ids(parents, past).to(device)  # [1, M]
-            mask = tree_attention_mask(parents, past, dtype, device)[:, :, -len(nodes) :]
+            full = tree_attention_mask(parents, past, dtype, device)[:, :, -len(nodes) :]
             rows = positions[:, -len(nodes) :]  # [1, n]
+            mask: torch.Tensor | dict[str, torch.Tensor] = full
             if self.sliding:  # keys at positions 0..past-1, then the fed nodes' [C - 1 + M]
                 mask = layer_masks(
-                    self.sliding, mask, rows, torch.cat([torch.arange(past, device=device), positions[0]])
+                    self.sliding, full, rows, torch.cat([torch.arange(past, device=device), positions[0]])
                 )
             kwargs = {"attention_mask": mask, "position_ids": rows}
             # mask [1, 1, n, C - 1 + M], positions [1, n]; a chain runs as a plain causal step
