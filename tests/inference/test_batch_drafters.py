@@ -351,7 +351,7 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
 def test_batch_tree_is_the_one_decoded_fastest_at_that_size(model, chatml_tokenizer, monkeypatch):
     """The part-by-part costs rank the batch trees; the one whose batched passes pay best is used (the
     timings are fixed here: the last candidate's pass 10x cheaper), timed at the batch's own size."""
-    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tuning.pass_timing as pass_timing
 
     seen = []
 
@@ -374,7 +374,7 @@ def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer, monkeypa
     """A head that is never right: no tree beats plain batched decoding, so the batch decodes plain. The
     decoded passes' timings are fixed (a tree's pass 10% dearer than a plain one): measured on a busy
     2-core VM, a tree's pass once timed below a plain pass and, at 1.001 tokens a pass, was picked."""
-    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tuning.pass_timing as pass_timing
 
     from .test_generator import plain_greedy
 
@@ -458,8 +458,8 @@ def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tok
     (batch_graphs.py), the verify by size and the in-situ passes; a compiled drafter (CUDA: the whole
     batch draft one graph) is timed per depth as its chains of 1 and 4 drafted compiled."""
     from spechead.inference import batch_graphs
-    from spechead.inference.batch_tree import choices_for_batch, drafter_for_batch
-    from spechead.inference.calibrate import TimedAs
+    from spechead.inference.tuning.batch_tree import choices_for_batch, drafter_for_batch
+    from spechead.inference.tuning.calibrate import TimedAs
 
     from .test_generator import plain_greedy
 
