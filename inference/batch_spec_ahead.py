@@ -24,6 +24,7 @@ from spechead.inference.batch_plain_ahead import emit_roots
 from spechead.inference.batch_rows import Row, row_probs
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT
 from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.stops import until_stop
 
@@ -36,8 +37,6 @@ def queues_ahead(runner: object, drafter: object, rows: Sequence[Row], rule: str
     and drafts from device tensors, and rows all greedy or all sampled over deterministic children."""
     if not (getattr(runner, "queues_commits", False) and hasattr(drafter, "accept_queued")):
         return False
-    from spechead.inference.drafters.eagle import GRAPH_COMMIT
-
     greedy = [r.params.is_greedy for r in rows]
     same_rule = all(greedy) or (not any(greedy) and rule == "deterministic")
     return same_rule and drafter.commit_width <= GRAPH_COMMIT  # type: ignore[attr-defined]
