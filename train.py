@@ -8,8 +8,8 @@ The entry point wires inference's decoding into the trainer's decode evaluation
 never imports inference.
 """
 
-from spechead.inference.evaluation import decode_eval_hook
-from spechead.inference.tree_tuning import tune_tree
+from spechead.inference.evaluation.measure import decode_eval_hook
+from spechead.inference.tuning.tree_tuning import tune_tree
 from spechead.training.cli import main
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
 """spechead.heads: draft-head families (pure nn.Modules) and their save/load.
 
 Every head family module must be imported here: importing it runs @register_head, which is what
-lets `load_head` rebuild a saved head of that family.
+lets `load_head` rebuild a saved head of that family; and the formats package, which registers the
+import of heads in other projects' layouts (base.register_foreign_loader).
 """
 
-from spechead.heads import attention  # noqa: F401  (registers the "spechead_sdpa" attention)
+from spechead.heads import (
+    attention,  # noqa: F401  (registers the "spechead_sdpa" attention)
+    formats,  # noqa: F401  (plugs the reference layouts' import into load_head)
+)
 from spechead.heads.base import (
     DraftHead,
     HeadConfig,

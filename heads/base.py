@@ -13,7 +13,7 @@ saved "-1" would silently mean a different state on a target with another depth.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -285,13 +285,25 @@ def load_head(path_or_hub_id: str | Path, **kwargs: Any) -> DraftHead:
     return _registered(family, directory).from_pretrained(directory, **kwargs)
 
 
+# The converter of heads in other projects' layouts (spechead.heads.formats.load_foreign): the formats
+# package builds on this module, so it plugs itself in here when imported (spechead.heads imports it,
+# hence before any head loads) instead of this module importing it (tests/test_import_cycles.py).
+_FOREIGN: list[Callable[..., DraftHead | None]] = []
+
+
+def register_foreign_loader(load: Callable[..., DraftHead | None]) -> None:
+    """Make `load` (directory, *, source, revision, **from_pretrained's kwargs) -> head or None the
+    converter `load_head` and `from_pretrained` try first (spechead.heads.formats registers its own)."""
+    _FOREIGN[:] = [load]
+
+
 def _import_foreign(
     directory: Path, source: str | Path, revision: str | None, **kwargs: Any
 ) -> DraftHead | None:
     """The head converted from another project's layout (EAGLE, EAGLE-3, speculators, Medusa), else None."""
-    from spechead.heads.formats import load_foreign  # lazy: the formats package builds on this module
-
-    return load_foreign(directory, source=source, revision=revision, **kwargs)
+    if not _FOREIGN:  # (spechead.heads imports spechead.heads.formats, which registers it)
+        raise RuntimeError("loading a head needs spechead.heads.formats imported")
+    return _FOREIGN[0](directory, source=source, revision=revision, **kwargs)
 
 
 def _registered(family: str, directory: Path) -> type[DraftHead]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,6 +27,7 @@ from spechead.inference.acceptance import (
 )
 from spechead.inference.batch import BatchRunner
 from spechead.inference.batch_plain_ahead import rows_ahead
+from spechead.inference.batch_rows import Row, row_probs
 from spechead.inference.batch_spec_ahead import batch_spec_ahead, queues_ahead
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
@@ -38,7 +38,6 @@ from spechead.inference.sampling import (
     argmax_ids,
     make_generator,
     pick,
-    torch_probs,
 )
 from spechead.inference.stops import until_stop
 
@@ -48,26 +47,11 @@ if TYPE_CHECKING:
     from spechead.inference.stats import GenerationStats
 
 
-@dataclass
-class _Row:
-    """One sequence of the batch while it decodes."""
-
-    index: int  # its place in the batch as given
-    prompt: torch.Tensor  # [T]
-    max_new: int
-    params: SamplingParams
-    generator: torch.Generator | None
-    stats: GenerationStats
-    root: int = 0
-    pending: list[int] = field(default_factory=list)
-    verified: bool = False  # whether `pending` came from a verify pass (the prefill emits the first root)
-
-
 def accept_rows(
     draft: BatchDraft,
     logits: torch.Tensor,
     ancestors: torch.Tensor,
-    rows: Sequence[_Row],
+    rows: Sequence[Row],
     on_device: bool | None = None,
 ) -> list:
     """Acceptance of every row's tree from verify logits [B, N, V] and ancestors [B, N, N].
@@ -92,7 +76,7 @@ def accept_rows(
         tokens = host_to_device(torch.where(real, draft.tokens, -1), logits.device)
         return greedy_accept_batch(tokens, host_to_device(draft.parents, logits.device), ancestors, logits)
     if on_device and draft.rule == "deterministic" and not any(r.params.is_greedy for r in rows):
-        every = _probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A batched)
+        every = row_probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A batched)
         tokens, parents = (host_to_device(x, logits.device) for x in (draft.tokens, draft.parents))
         return sample_accept_batch(
             tokens, parents, ancestors, every, [r.generator for r in rows], draft.sizes
@@ -109,15 +93,6 @@ def accept_rows(
             probs = TargetRows(row_logits, row.params)  # [N_b, V], the rows the walk reads
             out.append(sample_accept(tree, probs, draft.rule, q, row.generator))
     return out
-
-
-def _probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Every row's target probs [B, N, V] from logits [B, N, V]: one call when the rows share their
-    transform (their seeds aside), else row by row."""
-    transform = {(p.temperature, p.top_k, p.top_p) for p in params}
-    if len(transform) == 1:
-        return torch_probs(logits, params[0])
-    return torch.stack([torch_probs(row, p) for row, p in zip(logits, params)])
 
 
 def _padded(rows: Sequence[list[int]], k: int) -> torch.Tensor:
@@ -198,7 +173,7 @@ def batch_passes(
         runner = BatchRunner(target, tuple(drafter.hidden_layers) if drafter else (), max_length=size)
     batched: BatchDrafter | None = drafter.batched() if drafter else None
     rows = [
-        _Row(b, prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
+        Row(b, prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
         for b in range(len(prompts))
     ]
     start = time.perf_counter()
@@ -286,7 +261,7 @@ def batch_passes(
     _set_times(rows, time.perf_counter() - start, times)
 
 
-def _set_times(rows: Sequence[_Row], wall: float, times: dict[str, float]) -> None:
+def _set_times(rows: Sequence[Row], wall: float, times: dict[str, float]) -> None:
     """The batch's wall and phase times into every row's stats."""
     for row in rows:
         row.stats.wall_time, row.stats.prefill_time = wall, times["prefill"]

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from spechead.inference.batch_rows import Row
 from spechead.inference.devices import host_to_device
 from spechead.inference.sampling import inverse_cdf, torch_probs
 from spechead.inference.stops import until_stop
 
 if TYPE_CHECKING:
     from spechead.inference.batch import BatchRunner
-    from spechead.inference.batch_decode import _Row
 
 
 class RowReads:
@@ -56,7 +56,7 @@ class RowReads:
         return rows, self.slots[slot, : len(rows)].tolist()
 
 
-def next_row_ids(logits: Tensor, rows: Sequence[_Row]) -> Tensor:
+def next_row_ids(logits: Tensor, rows: Sequence[Row]) -> Tensor:
     """Every row's next token of logits [B, V] as ids [B] on their device: the batch's argmax when all
     rows are greedy, else row by row (the argmax, or one draw of `torch_probs` with the row's
     generator; V for probs without a positive finite mass)."""
@@ -71,7 +71,7 @@ def next_row_ids(logits: Tensor, rows: Sequence[_Row]) -> Tensor:
     return torch.cat(picked)  # [B]
 
 
-def emit_roots(rows: Sequence[_Row], eos: set[int]) -> tuple[list[tuple[int, list[int]]], list[_Row]]:
+def emit_roots(rows: Sequence[Row], eos: set[int]) -> tuple[list[tuple[int, list[int]]], list[Row]]:
     """Each row's prefill token (row.root) as (row index, ids), and the rows that go on after it."""
     emitted, going = [], []
     for row in rows:
@@ -84,7 +84,7 @@ def emit_roots(rows: Sequence[_Row], eos: set[int]) -> tuple[list[tuple[int, lis
 
 
 def rows_ahead(
-    runner: BatchRunner, rows: Sequence[_Row], eos: set[int]
+    runner: BatchRunner, rows: Sequence[Row], eos: set[int]
 ) -> Iterator[list[tuple[int, list[int]]]]:
     """After the runner's prefill of `rows` (each row's root picked): yield the roots, then each step's
     new ids as [(row index, [id])] until every row stops, steps queued one ahead (see the module)."""

@@ -21,32 +21,29 @@ from typing import TYPE_CHECKING
 import torch
 
 from spechead.inference.batch_plain_ahead import emit_roots
+from spechead.inference.batch_rows import Row, row_probs
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT
 from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.stops import until_stop
 
 if TYPE_CHECKING:
-    from spechead.inference.batch_decode import _Row
     from spechead.inference.batch_graphs import CompiledBatchRunner
 
 
-def queues_ahead(runner: object, drafter: object, rows: Sequence[_Row], rule: str) -> bool:
+def queues_ahead(runner: object, drafter: object, rows: Sequence[Row], rule: str) -> bool:
     """Whether `batch_spec_ahead` can decode: a runner that queues commits, a batch drafter that accepts
     and drafts from device tensors, and rows all greedy or all sampled over deterministic children."""
     if not (getattr(runner, "queues_commits", False) and hasattr(drafter, "accept_queued")):
         return False
-    from spechead.inference.drafters.eagle import GRAPH_COMMIT
-
     greedy = [r.params.is_greedy for r in rows]
     same_rule = all(greedy) or (not any(greedy) and rule == "deterministic")
     return same_rule and drafter.commit_width <= GRAPH_COMMIT  # type: ignore[attr-defined]
 
 
-def _acceptance(draft: BatchDraft, logits, ancestors, rows: Sequence[_Row], size: int) -> QueuedAcceptance:
+def _acceptance(draft: BatchDraft, logits, ancestors, rows: Sequence[Row], size: int) -> QueuedAcceptance:
     """Every row's acceptance of its tree, on the device (padding nodes never accepted)."""
-    from spechead.inference.batch_decode import _probs
-
     device = logits.device
     tokens, parents = (host_to_device(x, device) for x in (draft.tokens, draft.parents))  # [B, N] each
     n = tokens.shape[1]
@@ -54,14 +51,14 @@ def _acceptance(draft: BatchDraft, logits, ancestors, rows: Sequence[_Row], size
         real = torch.arange(n)[None, :] < torch.tensor(draft.sizes)[:, None]  # [B, N]
         tokens = torch.where(host_to_device(real, device), tokens, -1)
         return QueuedAcceptance.greedy(tokens, parents, ancestors, logits, size)
-    probs = _probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A)
+    probs = row_probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A)
     return QueuedAcceptance.sampled(
         tokens, parents, ancestors, probs, [r.generator for r in rows], size, draft.sizes
     )
 
 
 def batch_spec_ahead(
-    runner: CompiledBatchRunner, drafter, rows: Sequence[_Row], eos: set[int]
+    runner: CompiledBatchRunner, drafter, rows: Sequence[Row], eos: set[int]
 ) -> Iterator[list[tuple[int, list[int]]]]:
     """After the prefill and the drafter's start (each row's root picked): yield the roots, then each
     pass's new ids as [(row index, ids)] until every row stops, each next draft queued before the host

@@ -11,7 +11,9 @@ at once (batch_decode.py: one target forward per pass over every active row, sta
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -19,7 +21,6 @@ from transformers import PreTrainedModel
 from spechead.inference.acceptance import Acceptance, greedy_accept_batch, greedy_walk, sample_accept
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
-from spechead.inference.calibrate import TimedAs
 from spechead.inference.compiling import resolve_compile
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.devices import host_to_device
@@ -41,6 +42,26 @@ from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids, until_stop
 from spechead.inference.text_stream import TextStream
 from spechead.inference.tree import TokenTree
+
+# (target, drafter, accuracy [depth, k], batch, compile, draft_compile) -> (the drafter with the static tree
+# measured best for `batch` rows on this device, or None when plain batched decoding pays best; what was
+# measured), its parts timed as a generator with these compile settings runs them
+BatchTreePicker = Callable[
+    [PreTrainedModel, Drafter, torch.Tensor, int, "bool | str", "bool | str"], tuple[Drafter | None, dict]
+]
+
+
+@dataclass
+class Plugins:
+    """What the layer above the engine plugs into it. loading.py sets both when it is imported, which
+    spechead.inference does (so before any generator exists): the engine imports neither that layer nor
+    the tuning it wires in (tests/test_import_cycles.py)."""
+
+    load: Callable[..., Any] | None = None  # `from_pretrained`: loading.load_generator
+    batch_tree: BatchTreePicker | None = None  # a new generator's `batch_tree_picker` (tuning/batch_tree.py)
+
+
+PLUGINS = Plugins()
 
 
 class SpeculativeGenerator:
@@ -105,6 +126,8 @@ class SpeculativeGenerator:
         self.draft_weights: str | None = None  # "int8" / "fp8": from_pretrained quantized the head's layers
         # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size
         self.tree_accuracy: torch.Tensor | None = None
+        # what measures that tree (tuning/batch_tree.py, plugged in by loading.py); None: the tree stays
+        self.batch_tree_picker: BatchTreePicker | None = PLUGINS.batch_tree
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
         self._batch_drafters: dict[int, Drafter | None] = {}  # None: plain decoding pays best
         self.compile = compile
@@ -128,7 +151,13 @@ class SpeculativeGenerator:
             compile=compile,
         )  # fmt: skip
 
-    from_pretrained = classmethod(lambda cls, *a, **kw: _load(cls, *a, **kw))
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs) -> SpeculativeGenerator:
+        """A generator from names: a target and a head, draft model or method (loading.load_generator,
+        plugged in by the loading layer: `PLUGINS`)."""
+        if PLUGINS.load is None:  # (spechead.inference imports loading.py, which plugs it in)
+            raise RuntimeError("from_pretrained needs spechead.inference.loading imported")
+        return PLUGINS.load(cls, *args, **kwargs)
 
     # ---- public API ------------------------------------------------------------------------------
 
@@ -180,7 +209,8 @@ class SpeculativeGenerator:
 
         tree_for_batch: when the head's accuracy table is known (`tree_accuracy`, set by
         from_pretrained), the static tree is re-picked for this batch size by measuring this device
-        (`batch_tree.choices_for_batch`, once per size; `batch_calibration` says what was measured).
+        (`batch_tree_picker`: tuning/batch_tree.py's, plugged in by loading.py; once per size;
+        `batch_calibration` says what was measured).
         Greedy rows still equal batch 1 token for token; sampled rows are then exact samples of the
         target but not the batch-1 draws (another tree): pass False to keep the batch-1 tree and draws.
         """
@@ -260,14 +290,17 @@ class SpeculativeGenerator:
 
     def _drafter_for_batch(self, batch: int) -> Drafter | None:
         """The drafter with the tree measured best for `batch` rows here, once per size (see generate_batch)."""
-        drafter = self.drafter
-        if batch == 1 or drafter is None or self.tree_accuracy is None or not hasattr(drafter, "with_tree"):
+        drafter, accuracy, pick = self.drafter, self.tree_accuracy, self.batch_tree_picker
+        if (
+            batch == 1
+            or drafter is None
+            or accuracy is None
+            or pick is None
+            or not hasattr(drafter, "with_tree")
+        ):
             return drafter
-        if batch not in self.batch_calibration:
-            from spechead.inference.batch_tree import drafter_for_batch
-
-            timed_as = TimedAs.of(self.target.device, self.compile, self.draft_compile)  # as decoded
-            found = drafter_for_batch(self.target, drafter, self.tree_accuracy, batch, timed_as)
+        if batch not in self.batch_calibration:  # (timed as decoded: this generator's compile settings)
+            found = pick(self.target, drafter, accuracy, batch, self.compile, self.draft_compile)
             if found[0] is not None and self.draft_compile:
                 found[0].use_compile(self.draft_compile)
             self._batch_drafters[batch], self.batch_calibration[batch] = found
@@ -467,9 +500,3 @@ def _per_row(value, batch: int, name: str) -> list:
             raise ValueError(f"{name} has {len(value)} values for {batch} prompts")
         return list(value)
     return [value] * batch
-
-
-def _load(cls, *args, **kwargs):
-    from spechead.inference.loading import load_generator
-
-    return load_generator(cls, *args, **kwargs)

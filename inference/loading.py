@@ -1,4 +1,9 @@
-"""Build a SpeculativeGenerator from names: a target (path or Hub id) and a head, draft model or method."""
+"""Build a SpeculativeGenerator from names: a target (path or Hub id) and a head, draft model or method.
+
+The wiring layer above the engine: it may import the tuning (tuning/: a head's tree calibrated at load,
+re-picked per batch size) that the engine never imports, and plugs it into the engine (`PLUGINS`, at
+the end: SpeculativeGenerator.from_pretrained and each new generator's batch_tree_picker).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,6 @@ from spechead.heads.attention import runs_sdpa
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
 from spechead.heads.hybrid import check_attention_only
-from spechead.inference.calibrate import EAGER, TimedAs
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import check_device, load_dtype
@@ -35,7 +39,11 @@ from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_
 from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+from spechead.inference.generator import PLUGINS
 from spechead.inference.memory_fit import check_target_fits
+from spechead.inference.tuning.batch_tree import drafter_for_generator
+from spechead.inference.tuning.calibrate import EAGER, TimedAs, calibrated_choices, covers, saved_accuracy
+from spechead.inference.tuning.pass_timing import IN_SITU_KEEP_MARGIN, in_situ_choice
 
 # DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
@@ -314,8 +322,6 @@ def calibrated_drafter(
     passes pay best is used, the tuned one unless another pays pass_timing.IN_SITU_KEEP_MARGIN more.
     timed_as: the parts compiled as the generator will compile them (calibrate.TimedAs; None: eager).
     """
-    from spechead.inference.calibrate import calibrated_choices, saved_accuracy
-
     head, device = drafter.head, next(target.parameters()).device
     fam = family_of(head.config)
     accuracy, source = saved_accuracy(saved), "tree.json"
@@ -360,9 +366,6 @@ def decoded_choice(
     kind of device, decoded first and kept unless another is expected IN_SITU_KEEP_MARGIN faster), the one
     whose passes pay best when the head decodes with it here (pass_timing.py; compiled as `timed_as`
     says, None: eager), and what was measured."""
-    from spechead.inference.calibrate import covers
-    from spechead.inference.pass_timing import IN_SITU_KEEP_MARGIN, in_situ_choice
-
     option = family_of(head.config).tree_option
     candidates = [c for c in ranked if c != keep]
     if keep is not None and covers(accuracy, keep):
@@ -405,3 +408,8 @@ def drafter_options(spec: str) -> tuple[str, dict]:
                 f"rule ({', '.join(WORDS[1:])}), a width per depth like 4x2x2x1 or layers like 2+3+6"
             )
     return path, options
+
+
+# The engine's plug-ins (generator.PLUGINS): spechead.inference imports this module, so they are in place
+# before any generator is built.
+PLUGINS.load, PLUGINS.batch_tree = load_generator, drafter_for_generator

@@ -40,7 +40,7 @@ from spechead.heads.fp8 import to_fp8
 from spechead.inference.draft_weights import check_fp8_device, fp8_by_default
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.topk import resolve_chunk
-from spechead.inference.profiling import (
+from spechead.inference.evaluation.profiling import (
     PartProfile,
     Timer,
     copy_bandwidth,

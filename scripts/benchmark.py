@@ -32,12 +32,11 @@ from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.heads.files import unwritable_reason
-from spechead.inference.calibrate import verify_cost_ms
 from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
-from spechead.inference.evaluation import (
+from spechead.inference.evaluation.measure import (
     DEFINITIONS,
     DecodeSettings,
     PromptSetRun,
@@ -45,9 +44,10 @@ from spechead.inference.evaluation import (
     mismatches,
     summarize,
 )
+from spechead.inference.evaluation.report import plot_acceptance_by_depth, plot_speedup_by_category, render
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
-from spechead.inference.report import plot_acceptance_by_depth, plot_speedup_by_category, render
+from spechead.inference.tuning.calibrate import verify_cost_ms
 
 DEMO_HEADS = {
     "medusa": "outputs/bench-heads/medusa/head",

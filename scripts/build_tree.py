@@ -30,12 +30,12 @@ from spechead.heads.directory import write_tree
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_of
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.tree_search import (
+from spechead.inference.tuning.tree_search import (
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
 )
-from spechead.inference.tree_tuning import continue_prompts, measure_accuracy
+from spechead.inference.tuning.tree_tuning import continue_prompts, measure_accuracy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,14 +9,14 @@ import torch
 
 from spechead.inference.batch_decode import batch_passes, collect
 from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
-from spechead.inference.calibrate import assumed_eagle_accuracy
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.evaluation.profiling import Timer
 from spechead.inference.kv_cache import SlotCache
-from spechead.inference.profiling import Timer
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.stats import GenerationStats
 from spechead.inference.tree import tree_inputs_on_device
-from spechead.inference.tree_search import best_choices
+from spechead.inference.tuning.calibrate import assumed_eagle_accuracy
+from spechead.inference.tuning.tree_search import best_choices
 
 
 def random_parents(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:

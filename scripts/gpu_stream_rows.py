@@ -11,8 +11,8 @@ import statistics
 import torch
 
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.evaluation.profiling import count_syncs, profile_part
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.profiling import count_syncs, profile_part
 from spechead.inference.runner import TargetRunner
 
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)

@@ -10,7 +10,7 @@
    (k = 1..--max-draft) and one draft step for every number of kept layers.
 3. Beam search over skip sets (one layer more per round, --beam best kept), plus every early exit:
    per candidate ONE draft forward over prompt + reference gives the exact greedy acceptance of
-   chains of every length (inference/skip_search.py); expected speedup =
+   chains of every length (inference/tuning/skip_search.py); expected speedup =
    tau * t_step / (t_verify(k + 1) + k * t_draft).
 4. The best layer-skip set and the best early exit are decoded for real through SpeculativeGenerator
    (their tau must equal the predicted one; speedup = plain time per token / their time per token,
@@ -35,7 +35,7 @@ from spechead.inference.devices import check_device
 from spechead.inference.drafters.layer_skip import LayerSkipDrafter, skip_view
 from spechead.inference.drafters.layer_skip_file import save_drafter_file
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.skip_search import (
+from spechead.inference.tuning.skip_search import (
     Candidate,
     Costs,
     beam_search,

@@ -3,7 +3,7 @@ and at the end of the run (`trainer.tree_tune_prompts` > 0) its static tree is t
 
 Training never imports inference (see the architecture map): the decoding functions come in from the
 entry point (train.py passes `spechead.inference.evaluation.decode_eval_hook` and
-`spechead.inference.tree_tuning.tune_tree`), typed by the protocols below. Only the main process
+`spechead.inference.tuning.tree_tuning.tune_tree`), typed by the protocols below. Only the main process
 decodes; the others wait. The final decode eval runs after the tuning, with the tuned tree, so the
 speedup a run prints is the one its saved head (HEAD/tree.json) decodes at.
 """
@@ -41,7 +41,7 @@ class DecodeEval(Protocol):
 
 class TreeTune(Protocol):
     """The static tree of the best expected speedup on the target's device for `head`, measured on
-    `prompts`, as tree.json fields (at least "choices"). See inference/tree_tuning.py."""
+    `prompts`, as tree.json fields (at least "choices"). See inference/tuning/tree_tuning.py."""
 
     def __call__(
         self, target: nn.Module, tokenizer, head: DraftHead, prompts: list[EvalPrompt], *, max_new_tokens: int

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from spechead.heads.base import DraftHead
+from spechead.heads.base import DraftHead, register_foreign_loader
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_named, family_names, family_of
 from spechead.heads.formats.detect import LAYOUTS, detect_layout, layout_of_config
@@ -101,5 +101,7 @@ def _eagle_on_hub(
         return None
     return "eagle" if is_eagle_tensors(tensor_names(files)) else None
 
+
+register_foreign_loader(load_foreign)  # load_head / DraftHead.from_pretrained convert through it
 
 __all__ = ["FORMATS", "export_formats", "export_head", "is_head_dir", "load_foreign"]

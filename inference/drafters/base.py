@@ -15,19 +15,22 @@ Batch > 1 (`SpeculativeGenerator.generate_batch`): the decoding loop talks to a 
 same timeline for B rows at once (start / propose / accept over all active rows, `keep` when rows
 finish). `Drafter.batched()` makes one. A drafter that can draft all rows in one head call per
 depth overrides it (Medusa, EAGLE); the default, `RowLoopDrafter`, runs a per-row clone of the
-drafter (own state, shared weights) in a Python loop. Either way row b's tree must be the tree its
+drafter (own state, shared weights) in a Python loop (below). Either way row b's tree must be the tree its
 batch-1 run would propose (up to float rounding of batched matmuls), and a drafter that samples
 draws only from row b's own generator, so every row keeps its batch-1 output.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
+from spechead.heads.grad import inference_mode
 from spechead.inference.acceptance import RULES
 from spechead.inference.devices import host_ids
 from spechead.inference.sampling import SamplingParams
@@ -99,8 +102,6 @@ class Drafter(ABC):
 
     def batched(self) -> BatchDrafter:
         """A drafter for B rows sharing this one's weights (default: per-row clones in a loop)."""
-        from spechead.inference.drafters.row_loop import RowLoopDrafter
-
         return RowLoopDrafter(self)
 
 
@@ -211,6 +212,76 @@ class BatchDrafter(ABC):
     def verified(self, draft: BatchDraft, logits: torch.Tensor) -> None:  # noqa: B027
         """Optional (default: nothing): the target's logits [B, N, V] at every node of `draft` as
         verified, right after the pass and before the next `accept` (see `Drafter.verified`)."""
+
+
+# ---- the default `BatchDrafter`: one clone of the drafter per row, called in a Python loop ------------
+# Each clone has its own state (caches, token history) and the SAME modules (weights are shared, not
+# copied), and makes exactly the calls of a batch-1 run, so row b proposes its batch-1 trees and draws
+# only from its own generator. Drafters that can batch their forwards override `Drafter.batched`.
+
+
+def clone_drafter(drafter: Drafter) -> Drafter:
+    """A per-row copy of `drafter`: its own state, the SAME modules (weights are shared, not copied)."""
+    memo: dict[int, object] = {}
+
+    def share(obj: object) -> None:
+        if isinstance(obj, nn.Module) and id(obj) not in memo:
+            for module in obj.modules():
+                memo[id(module)] = module
+                for value in vars(module).values():  # modules attached outside _modules (target lm_head)
+                    share(value)
+
+    for value in vars(drafter).values():
+        share(value)
+    return copy.deepcopy(drafter, memo)
+
+
+class RowLoopDrafter(BatchDrafter):
+    """B per-row clones of one drafter behind the `BatchDrafter` interface."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.rows: list[Drafter] = []
+
+    @inference_mode
+    def start(
+        self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
+    ) -> None:
+        self.rows = [clone_drafter(self.drafter) for _ in prompts]
+        for row, prompt, states, root in zip(self.rows, prompts, hidden, roots):
+            row.start(prompt, states, root)
+
+    @inference_mode
+    def propose(
+        self,
+        roots: Sequence[int],
+        sampling: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> BatchDraft:
+        drafts = [
+            row.propose(root, params, generator)
+            for row, root, params, generator in zip(self.rows, roots, sampling, generators)
+        ]
+        return BatchDraft.of(drafts)
+
+    @inference_mode
+    def accept(
+        self,
+        tokens: torch.Tensor,
+        lengths: Sequence[int],
+        hidden: dict[int, torch.Tensor],
+        next_roots: Sequence[int],
+    ) -> None:
+        for b, (row, k) in enumerate(zip(self.rows, lengths)):
+            row.accept(tokens[b, :k], {layer: h[b, :k] for layer, h in hidden.items()}, next_roots[b])
+
+    @inference_mode
+    def keep(self, rows: Sequence[int]) -> None:
+        self.rows = [self.rows[b] for b in rows]
+
+    def verified(self, draft: BatchDraft, logits: torch.Tensor) -> None:
+        for b, row in enumerate(self.rows):
+            row.verified(draft.tree(b), logits[b, : draft.sizes[b]])  # [N_b, V]: its real nodes
 
 
 def chain(tokens: list[int], root: int) -> TokenTree:

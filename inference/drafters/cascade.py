@@ -49,7 +49,7 @@ class CascadeDrafter(Drafter):
                 f"cascade: the tiny model has a vocabulary of {tiny_vocab} tokens, the medium {medium_vocab}: "
                 "both must use the target's tokenizer"
             )
-        # Both models are attributes of this object so per-row clones share them (drafters/row_loop.clone_drafter).
+        # Both models are attributes of this object so per-row clones share them (drafters/base.clone_drafter).
         self.tiny_model, self.medium = tiny.eval(), medium.eval()
         self.tiny = DraftModelDrafter(tiny, tiny_draft)  # a chain, rule "iid" under sampling
         self.num_draft, self.tiny_draft = num_draft, tiny_draft

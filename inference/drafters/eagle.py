@@ -28,6 +28,7 @@ from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_ids
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter, path_index
 from spechead.inference.drafters.dynamic_tree import grow_dynamic
+from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT
 from spechead.inference.drafters.head_masks import HeadMasks
 from spechead.inference.drafters.sampled_children import SampledChildren, check_rule
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
@@ -37,8 +38,6 @@ from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import StaticTree, TokenTree, causal_inputs_static, tree_from_choices
-
-GRAPH_COMMIT = 16  # compiled: accepts of at most this many tokens run as a graph (the prompt runs eager)
 
 
 class EagleDrafter(Drafter):

@@ -18,14 +18,9 @@ from torch import Tensor
 
 from spechead.heads.grad import inference_mode
 from spechead.inference.drafters.base import Draft
-from spechead.inference.drafters.eagle import GRAPH_COMMIT, EagleDrafter
+from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT, commit_size
 from spechead.inference.tree import TokenTree
-
-
-def commit_size(drafter: EagleDrafter) -> int:
-    """P: pairs a queued commit runs (a power of two >= the longest accepted path: the tree's depth + 1)."""
-    depth = int(drafter._static.depth.max()) if drafter._static is not None else drafter.depth
-    return 1 << depth.bit_length()  # >= depth + 1
 
 
 def runs_ahead(drafter: object) -> TypeGuard[EagleDrafter]:

@@ -34,8 +34,8 @@ from spechead.inference.batch import BatchSlotCache
 from spechead.inference.batch_graphs import batch_capacity
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
-from spechead.inference.drafters.eagle import GRAPH_COMMIT
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT, commit_size
 from spechead.inference.drafters.static_plan import StaticPlan
 
 if TYPE_CHECKING:
@@ -181,8 +181,6 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     @property
     def commit_width(self) -> int:
         """P: pairs a queued accept commits per row (a power of two >= the longest path: depth + 1)."""
-        from spechead.inference.drafters.eagle_ahead import commit_size
-
         return commit_size(self.drafter)
 
     @inference_mode

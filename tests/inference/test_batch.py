@@ -177,7 +177,7 @@ def test_fixed_cache_near_its_end_still_lossless(setup):
 
 
 def test_row_drafters_share_the_head_weights(setup):
-    from spechead.inference.drafters.row_loop import clone_drafter
+    from spechead.inference.drafters.base import clone_drafter
 
     model, _ = setup
     drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0]])

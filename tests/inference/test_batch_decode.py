@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.base import BatchDraft, RowLoopDrafter
 from spechead.inference.drafters.medusa import MedusaBatchDrafter
-from spechead.inference.drafters.row_loop import RowLoopDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -21,7 +20,8 @@ def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
     smallest): each row's acceptance reads its own N_b nodes' logits and draws from its own generator,
     exactly batch-1 `sample_accept` of that row's tree (a row read with another row's size fails)."""
     from spechead.inference.acceptance import sample_accept
-    from spechead.inference.batch_decode import _Row, accept_rows
+    from spechead.inference.batch_decode import accept_rows
+    from spechead.inference.batch_rows import Row
     from spechead.inference.tree import TokenTree, ancestors_on_device
 
     g = torch.Generator().manual_seed(1)
@@ -36,7 +36,7 @@ def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
     draft = BatchDraft(tokens, parents, sizes)
     params = [SamplingParams(temperature=0.9, seed=s) for s in (3, 4, 5)]
     for seed in range(5):
-        rows = [_Row(b, torch.tensor([1]), 9, p, torch.Generator().manual_seed(seed * 10 + b), None)
+        rows = [Row(b, torch.tensor([1]), 9, p, torch.Generator().manual_seed(seed * 10 + b), None)
                 for b, p in enumerate(params)]  # fmt: skip
         accs = accept_rows(draft, logits, ancestors_on_device(parents), rows, on_device=False)
         for b, size in enumerate(sizes):
@@ -51,15 +51,15 @@ def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
 def test_rows_of_different_temperatures_each_get_their_own_probs():
     """The batched target probs of rows that sample with different transforms (temperature, top-k):
     each row's are its own `torch_probs`, not the first row's transform applied to every row."""
-    from spechead.inference.batch_decode import _probs
+    from spechead.inference.batch_rows import row_probs
     from spechead.inference.sampling import torch_probs
 
     logits = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(2))
     params = [SamplingParams(temperature=0.5), SamplingParams(temperature=1.5, top_k=4), SamplingParams()]
-    every = _probs(logits, params)
+    every = row_probs(logits, params)
     for b, p in enumerate(params):
         torch.testing.assert_close(every[b], torch_probs(logits[b], p))
-    shared = _probs(logits, [SamplingParams(temperature=0.7, seed=s) for s in range(3)])  # seeds aside
+    shared = row_probs(logits, [SamplingParams(temperature=0.7, seed=s) for s in range(3)])  # seeds aside
     torch.testing.assert_close(shared, torch_probs(logits, SamplingParams(temperature=0.7)))
 
 

@@ -13,11 +13,10 @@ from spechead.inference import batch_decode
 from spechead.inference.drafters import eagle as eagle_module
 from spechead.inference.drafters import eagle_batch as eagle_batch_module
 from spechead.inference.drafters import eagle_batch_graphs
-from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.base import BatchDraft, RowLoopDrafter
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
 from spechead.inference.drafters.medusa import MedusaBatchDrafter
-from spechead.inference.drafters.row_loop import RowLoopDrafter
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
@@ -271,14 +270,15 @@ def test_padding_nodes_are_never_accepted(on_device):
     """A row whose tree is shorter than the batch's: its padding (copies of the root, children of
     the root) must not be accepted even where the target's argmax at the root equals the root; by the
     host walk (a CPU's) and by the device's batched walk."""
-    from spechead.inference.batch_decode import _Row, accept_rows
+    from spechead.inference.batch_decode import accept_rows
+    from spechead.inference.batch_rows import Row
     from spechead.inference.tree import ancestors_on_device
 
     draft = BatchDraft(torch.tensor([[7, 7, 7], [5, 6, 8]]), torch.tensor([[-1, 0, 0], [-1, 0, 1]]), [1, 3])
     logits = torch.zeros(2, 3, 10)
     logits[0, :, 7] = 1.0  # row 0: the target continues with 7 = its root token
     logits[1, 0, 6], logits[1, 1, 8], logits[1, 2, 2] = 1.0, 1.0, 1.0  # row 1: the whole chain, then 2
-    rows = [_Row(b, torch.tensor([1]), 4, SamplingParams(), None, None) for b in range(2)]
+    rows = [Row(b, torch.tensor([1]), 4, SamplingParams(), None, None) for b in range(2)]
     accs = accept_rows(draft, logits, ancestors_on_device(draft.parents), rows, on_device)
     assert [a.path for a in accs] == [[0], [0, 1, 2]]
     assert [a.next_token for a in accs] == [7, 2]
@@ -289,7 +289,8 @@ def test_host_and_device_batch_walks_agree():
     """Greedy acceptance of random trees of mixed sizes, where the target mostly agrees: the CPU's
     host walk per row == the batched device walk == batch-1 `greedy_accept`, tokens included."""
     from spechead.inference.acceptance import greedy_accept
-    from spechead.inference.batch_decode import _Row, accept_rows
+    from spechead.inference.batch_decode import accept_rows
+    from spechead.inference.batch_rows import Row
     from spechead.inference.tree import TokenTree, ancestors_on_device
 
     g = torch.Generator().manual_seed(0)
@@ -305,7 +306,7 @@ def test_host_and_device_batch_walks_agree():
         logits.scatter_add_(2, tokens.gather(1, torch.randint(0, n, (batch, n), generator=g))[..., None],
                             torch.full((batch, n, 1), 2.0))  # the drafts are often the argmax  # fmt: skip
         draft = BatchDraft(tokens, parents, sizes)
-        rows = [_Row(b, torch.tensor([1]), 4, SamplingParams(), None, None) for b in range(batch)]
+        rows = [Row(b, torch.tensor([1]), 4, SamplingParams(), None, None) for b in range(batch)]
         anc = ancestors_on_device(parents)
         host = accept_rows(draft, logits, anc, rows, on_device=False)
         device = accept_rows(draft, logits, anc, rows, on_device=True)
@@ -351,7 +352,7 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
 def test_batch_tree_is_the_one_decoded_fastest_at_that_size(model, chatml_tokenizer, monkeypatch):
     """The part-by-part costs rank the batch trees; the one whose batched passes pay best is used (the
     timings are fixed here: the last candidate's pass 10x cheaper), timed at the batch's own size."""
-    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tuning.pass_timing as pass_timing
 
     seen = []
 
@@ -374,7 +375,7 @@ def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer, monkeypa
     """A head that is never right: no tree beats plain batched decoding, so the batch decodes plain. The
     decoded passes' timings are fixed (a tree's pass 10% dearer than a plain one): measured on a busy
     2-core VM, a tree's pass once timed below a plain pass and, at 1.001 tokens a pass, was picked."""
-    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tuning.pass_timing as pass_timing
 
     from .test_generator import plain_greedy
 
@@ -458,8 +459,8 @@ def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tok
     (batch_graphs.py), the verify by size and the in-situ passes; a compiled drafter (CUDA: the whole
     batch draft one graph) is timed per depth as its chains of 1 and 4 drafted compiled."""
     from spechead.inference import batch_graphs
-    from spechead.inference.batch_tree import choices_for_batch, drafter_for_batch
-    from spechead.inference.calibrate import TimedAs
+    from spechead.inference.tuning.batch_tree import choices_for_batch, drafter_for_batch
+    from spechead.inference.tuning.calibrate import TimedAs
 
     from .test_generator import plain_greedy
 

@@ -197,7 +197,7 @@ def test_batch_decoding_ahead_equals_the_loop_that_reads_first(model, chatml_tok
 def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     """An eager target, children drawn from the head when sampling, rows both greedy and sampled: the
     loop that reads first."""
-    from spechead.inference.batch_decode import _Row
+    from spechead.inference.batch_rows import Row
     from spechead.inference.batch_spec_ahead import queues_ahead
     from spechead.inference.sampling import SamplingParams
     from spechead.inference.stats import GenerationStats
@@ -218,8 +218,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     )
     runner = CompiledBatchRunner(model, (), max_length=64, capacity=2, compile="graphs")
     rows = [
-        _Row(b, torch.arange(3), 4, SamplingParams(t), None, GenerationStats())
-        for b, t in enumerate((0, 0.8))
+        Row(b, torch.arange(3), 4, SamplingParams(t), None, GenerationStats()) for b, t in enumerate((0, 0.8))
     ]
     batched = build(model, "medusa").batched()
     assert not queues_ahead(runner, batched, rows, "deterministic")  # one greedy row, one sampled
@@ -230,7 +229,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
 def test_padding_nodes_are_never_accepted_ahead():
     """A row whose tree has fewer real nodes than the batch's width: its padding never joins its path,
     even where the target's argmax would accept it (greedy), nor is it drawn (sampled)."""
-    from spechead.inference.batch_decode import _Row
+    from spechead.inference.batch_rows import Row
     from spechead.inference.batch_spec_ahead import _acceptance
     from spechead.inference.drafters.base import BatchDraft
     from spechead.inference.sampling import SamplingParams
@@ -244,7 +243,7 @@ def test_padding_nodes_are_never_accepted_ahead():
         logits[:, i, nxt] = 10.0
     anc = ancestors_on_device(parents)
     for temperature in (0.0, 1.0):
-        rows = [_Row(b, tokens[b], 9, SamplingParams(temperature, seed=b), torch.Generator().manual_seed(b),
+        rows = [Row(b, tokens[b], 9, SamplingParams(temperature, seed=b), torch.Generator().manual_seed(b),
                      GenerationStats()) for b in range(2)]  # fmt: skip
         accs = _acceptance(draft, logits, anc, rows, size=4).result()
         assert [a.path for a in accs] == [[0, 1, 2, 3], [0, 1]] and accs[1].next_token == 2, temperature

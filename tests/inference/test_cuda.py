@@ -116,7 +116,7 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
     """The tree calibration times the drafter with states on the target's device (a Medusa head on CUDA
     was once fed a CPU state here), eager or as CUDA graphs (what a compiled generator runs); the tree it
     picks decodes like plain decoding."""
-    from spechead.inference.calibrate import EAGER, TimedAs, calibrated_choices
+    from spechead.inference.tuning.calibrate import EAGER, TimedAs, calibrated_choices
 
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     drafter = _drafters(model)[name]
@@ -125,7 +125,7 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
     choices, info = calibrated_choices(model, drafter, accuracy, max_nodes=16, timed_as=timed_as)
     assert choices and info["step_ms"] > 0 and info["timed_as"]["draft"] == ("graphs" if compiled else False)
     if compiled:  # generate_batch's trees at 4 rows, timed as it compiles them (batch_tree.py)
-        from spechead.inference.batch_tree import drafter_for_batch
+        from spechead.inference.tuning.batch_tree import drafter_for_batch
 
         _, batch_info = drafter_for_batch(model, drafter, accuracy, 4, timed_as=timed_as)
         assert batch_info["timed_as"] == info["timed_as"] and batch_info["in_situ"]["pass_ms"]

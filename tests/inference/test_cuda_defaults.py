@@ -11,8 +11,8 @@ import torch
 
 from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, attention, fused
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.evaluation.profiling import count_syncs
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.profiling import count_syncs
 
 pytestmark = [
     pytest.mark.gpu,

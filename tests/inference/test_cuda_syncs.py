@@ -11,8 +11,8 @@ from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.evaluation.profiling import count_syncs
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.profiling import count_syncs
 from spechead.inference.sampling import SamplingParams
 
 pytestmark = [

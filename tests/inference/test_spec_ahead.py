@@ -13,7 +13,8 @@ from spechead.inference import generator as generator_module
 from spechead.inference.acceptance import greedy_accept_batch
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.drafters.ahead import ahead_of
-from spechead.inference.drafters.eagle_ahead import EagleAhead, commit_size, runs_ahead
+from spechead.inference.drafters.eagle_ahead import EagleAhead, runs_ahead
+from spechead.inference.drafters.eagle_commit import commit_size
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.medusa_ahead import MedusaAhead
 from spechead.inference.generator import SpeculativeGenerator
@@ -312,7 +313,8 @@ def test_only_a_compiled_eagle_drafter_itself_with_paths_up_to_graph_commit_runs
     """P = the power of two above the tree's depth: up to GRAPH_COMMIT (16: depth 15) the head's commit
     is a graph and the drafter runs ahead; deeper trees, eager drafters and subclasses (which may hear
     paths their own way) keep the loop that reads first."""
-    from spechead.inference.drafters.eagle import GRAPH_COMMIT, EagleDrafter
+    from spechead.inference.drafters.eagle import EagleDrafter
+    from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT
 
     head = eagle_drafter(model, "eagle").head
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from spechead.inference.evaluation import DecodeSettings, PromptSetRun, Tally, summarize
-from spechead.inference.report import TAU_NOTE, render
+from spechead.inference.evaluation.measure import DecodeSettings, PromptSetRun, Tally, summarize
+from spechead.inference.evaluation.report import TAU_NOTE, render
 from spechead.inference.stats import GenerationStats
 
 ROOT = Path(__file__).resolve().parents[2]

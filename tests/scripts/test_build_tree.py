@@ -39,7 +39,7 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
     assert f"measured tau, chosen tree: {saved['measured_tau']:.3f}" in out
 
     # By default the saved accuracy table is re-optimised for this device's measured costs
-    # (inference/calibrate.py); calibrate=False uses the saved choices as they are.
+    # (inference/tuning/calibrate.py); calibrate=False uses the saved choices as they are.
     calibrated = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir))
     assert calibrated.calibration["accuracy_source"] == "tree.json"
     assert calibrated.drafter.static.size == len(calibrated.calibration["choices"]) + 1
@@ -67,7 +67,9 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
     assert (
         saved["draft_ms"] > 0 and "draft_ms_per_depth" not in saved
     )  # Medusa: one draft pass for all depths
-    from spechead.inference.tree_search import best_choices_for_cost  # the speedup counts the draft's cost
+    from spechead.inference.tuning.tree_search import (
+        best_choices_for_cost,
+    )  # the speedup counts the draft's cost
 
     accuracy = torch.tensor(saved["accuracy"])
     _, speedup = best_choices_for_cost(accuracy, {"1": 4.0, "2": 400.0}, 4.0, draft_ms=saved["draft_ms"])
@@ -169,8 +171,8 @@ def test_build_tree_compares_with_the_default_tree_and_measures_the_chosen_one(
     saved. The saved and printed taus are the chosen tree's and the default tree's own, on every prompt of
     the file (fewer than --prompts)."""
     from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES
-    from spechead.inference.tree_search import expected_accept_length
-    from spechead.inference.tree_tuning import continue_prompts
+    from spechead.inference.tuning.tree_search import expected_accept_length
+    from spechead.inference.tuning.tree_tuning import continue_prompts
 
     prompts_file = tmp_path / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello", "Add 2 and 3.")))

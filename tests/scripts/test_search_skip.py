@@ -1,4 +1,4 @@
-"""scripts/search_skip.py and inference/skip_search.py: chain replay on hand-made matches, the predicted
+"""scripts/search_skip.py and inference/tuning/skip_search.py: chain replay on hand-made matches, the predicted
 greedy tau equals the tau of real decoding, the beam search, and the script end to end (its drafter
 file loads through from_pretrained and decodes exactly as plain greedy decoding)."""
 
@@ -12,7 +12,7 @@ import torch
 
 from spechead.inference.drafters.layer_skip import LayerSkipDrafter, skip_view
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.skip_search import (
+from spechead.inference.tuning.skip_search import (
     Candidate,
     beam_search,
     chain_accept_lengths,

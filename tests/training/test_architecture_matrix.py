@@ -17,7 +17,7 @@ import transformers
 
 from spechead.heads import load_head
 from spechead.heads.families import family_of
-from spechead.inference.evaluation import decode_eval_hook
+from spechead.inference.evaluation.measure import decode_eval_hook
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import merge_head_adapter
 from spechead.training.trainer import train

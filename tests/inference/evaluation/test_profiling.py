@@ -1,4 +1,4 @@
-"""inference/profiling.py on a CPU: medians, host-op counts and the rendered table."""
+"""inference/evaluation/profiling.py on a CPU: medians, host-op counts and the rendered table."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from spechead.inference.profiling import (
+from spechead.inference.evaluation.profiling import (
     PartProfile,
     Timer,
     copy_bandwidth,

@@ -24,7 +24,7 @@ from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree_search import (
+from spechead.inference.tuning.tree_search import (
     expected_accept_length,
     expected_speedup,
     ranked_choices_for_cost,

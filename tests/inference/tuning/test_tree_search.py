@@ -10,7 +10,7 @@ import torch
 
 from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.tree import tree_from_choices
-from spechead.inference.tree_search import (
+from spechead.inference.tuning.tree_search import (
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
@@ -154,7 +154,7 @@ def test_measure_counts_generated_positions_only(model_and_head):
 
 
 def test_interpolated_cost_and_best_tree_for_cost():
-    from spechead.inference.tree_search import best_choices_for_cost, interpolate_cost
+    from spechead.inference.tuning.tree_search import best_choices_for_cost, interpolate_cost
 
     costs = {1: 4.0, 2: 5.0, 4: 6.0, 8: 8.0}
     assert interpolate_cost(costs, 3) == pytest.approx(5.5)
@@ -207,7 +207,7 @@ def test_measure_eagle_accuracy_by_hand(tiny_llama, kind):
 
     from spechead.heads.eagle import EagleConfig, EagleHead
     from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
-    from spechead.inference.tree_search import measure_eagle_accuracy
+    from spechead.inference.tuning.tree_search import measure_eagle_accuracy
     from spechead.inference.verify import prefill
 
     model = tiny_llama(64, layers=4, hidden=32, seed=5)

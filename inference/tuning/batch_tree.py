@@ -3,8 +3,9 @@ tokens, so a tree that is nearly free at batch 1 can cost several decode steps a
 compute-bound device (a CPU). `choices_for_batch` times the target's batched verify pass by tree size
 and the batched drafter's cost at B on this device, then picks the static tree with the best expected
 speedup for the head's accuracy table (`tree_search.best_choices_for_cost`, as `calibrate.py` does
-at load time for batch 1). `SpeculativeGenerator.generate_batch` calls it once per batch size and
-decodes plain when no tree is expected to beat plain batched decoding.
+at load time for batch 1). `SpeculativeGenerator.generate_batch` calls it once per batch size (through
+`drafter_for_generator`, which loading.py plugs into the engine) and decodes plain when no tree is
+expected to beat plain batched decoding.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from spechead.heads.families import family_of
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.batch import BatchRunner
 from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
-from spechead.inference.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, size_costs_ms
+from spechead.inference.tuning.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, size_costs_ms
+from spechead.inference.tuning.pass_timing import in_situ_choice
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -130,8 +132,6 @@ def drafter_for_batch(
     beat plain batched decoding; what was measured). The part-by-part costs rank the trees
     (`choices_for_batch`), the best few are then decoded at this batch size (pass_timing.py), each part
     compiled as generate_batch will run it (`timed_as`, calibrate.TimedAs)."""
-    from spechead.inference.pass_timing import in_situ_choice
-
     _, info = choices_for_batch(model, drafter, accuracy, batch, timed_as=timed_as)
     ranked, info["model_speedup"] = info.pop("ranked"), info["expected_speedup"]
     choices, info["in_situ"] = in_situ_choice(
@@ -140,3 +140,19 @@ def drafter_for_batch(
     info["expected_speedup"] = info["in_situ"]["expected_speedup"]
     pays = info["expected_speedup"] > 1  # drafting must beat plain batched decoding to be worth it
     return (drafter.with_tree(choices) if pays else None), {"choices": choices if pays else [], **info}
+
+
+def drafter_for_generator(
+    model: PreTrainedModel,
+    drafter,
+    accuracy: torch.Tensor,
+    batch: int,
+    compile: bool | str,
+    draft_compile: bool | str,
+) -> tuple:
+    """`drafter_for_batch` with the parts timed as a generator with these compile settings decodes them
+    (`TimedAs.of`): what SpeculativeGenerator.generate_batch calls per batch size (generator.BatchTreePicker,
+    plugged in by loading.py)."""
+    return drafter_for_batch(
+        model, drafter, accuracy, batch, TimedAs.of(model.device, compile, draft_compile)
+    )

@@ -11,7 +11,7 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from spechead.data.prompt_sets import EvalPrompt
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
-from spechead.inference.evaluation import (
+from spechead.inference.evaluation.measure import (
     DecodeSettings,
     PromptSetRun,
     Tally,
@@ -22,7 +22,7 @@ from spechead.inference.evaluation import (
 )
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.stats import GenerationStats
-from spechead.inference.tree_tuning import continue_prompts
+from spechead.inference.tuning.tree_tuning import continue_prompts
 
 CONTEXT = 70
 PROMPTS = [
@@ -71,7 +71,7 @@ def test_decode_eval_fits_the_context_and_plain_calls_still_refuse(windowed):
 def test_the_trainers_decode_eval_fits_the_context(chatml_tokenizer, medusa_for):
     """decode_eval_hook (what train.py wires in) on a target whose context a prompt nearly fills: it
     decodes what fits instead of stopping the run (past its sliding window, losslessly)."""
-    from spechead.inference.evaluation import decode_eval_hook
+    from spechead.inference.evaluation.measure import decode_eval_hook
 
     torch.manual_seed(0)
     config = MistralConfig(
@@ -173,7 +173,7 @@ def test_the_decode_eval_drafts_as_loading_will(
 ):
     """On a CPU a Medusa head decodes its eval with int8 projections, as from_pretrained's default does
     (the speedup a run prints is the one its head decodes at), from a copy: the trained head stays."""
-    import spechead.inference.evaluation as evaluation
+    import spechead.inference.evaluation.measure as evaluation
 
     model = tiny_llama(len(chatml_tokenizer)).eval()
     head = medusa_for(model, num_heads=2)

@@ -11,7 +11,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from spechead.heads import Eagle3Config, Eagle3Head
-from spechead.inference.calibrate import (
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.tree import tree_from_choices
+from spechead.inference.tuning.calibrate import (
     EAGER,
     TimedAs,
     best_for_costs,
@@ -20,9 +22,7 @@ from spechead.inference.calibrate import (
     saved_accuracy,
     spread,
 )
-from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.tree import tree_from_choices
-from spechead.inference.tree_search import best_choices_for_cost, expected_accept_length
+from spechead.inference.tuning.tree_search import best_choices_for_cost, expected_accept_length
 
 
 def test_expensive_verification_gives_a_small_tree():
@@ -182,8 +182,8 @@ def test_the_trees_decoded_in_situ_span_size_classes():
 def test_a_saved_tree_stays_unless_clearly_beaten():
     """best_for_costs(keep=...): a tree tuned on this kind of device stays within KEEP_MARGIN of the best
     (near-equal trees would trade places with one load's timing noise), not beyond it."""
-    from spechead.inference.calibrate import KEEP_MARGIN
-    from spechead.inference.tree_search import expected_speedup
+    from spechead.inference.tuning.calibrate import KEEP_MARGIN
+    from spechead.inference.tuning.tree_search import expected_speedup
 
     accuracy = torch.tensor([[0.8, 0.1], [0.8, 0.1], [0.8, 0.1]], dtype=torch.float64)
     costs = {"verify_ms_by_size": {1: 4.0, 2: 4.4, 4: 4.8, 8: 6.0}, "step_ms": 4.0, "draft_ms_per_depth": 0.5}
@@ -275,7 +275,7 @@ def test_size_costs_are_the_minimum_made_non_decreasing():
     costs less: a cheap outlier of size 2 is lifted to size 1's cost)."""
     import time
 
-    from spechead.inference.calibrate import size_costs_ms
+    from spechead.inference.tuning.calibrate import size_costs_ms
 
     calls = {1: lambda: time.sleep(0.03), 2: lambda: None, 4: lambda: time.sleep(0.005)}
     costs = size_costs_ms(calls, 2, torch.device("cpu"))
@@ -285,7 +285,7 @@ def test_size_costs_are_the_minimum_made_non_decreasing():
 
 def test_covers_needs_an_entry_for_every_node():
     """A tree as deep and as wide as the table is covered; one level deeper or one rank wider is not."""
-    from spechead.inference.calibrate import covers
+    from spechead.inference.tuning.calibrate import covers
 
     table = torch.zeros(2, 3)
     assert covers(table, [[0], [2], [0, 2]])
@@ -295,7 +295,7 @@ def test_covers_needs_an_entry_for_every_node():
 def test_a_compiled_depth_costs_the_difference_per_added_depth(tiny_target_dir, tmp_path, monkeypatch):
     """compiled_depth_cost_ms: (draft to `depth` - draft to depth 1) / (depth - 1); the draft times are
     planted (1 ms + 2 ms a depth), the drafters are real and compiled as asked."""
-    from spechead.inference import calibrate
+    from spechead.inference.tuning import calibrate
 
     saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)
@@ -322,7 +322,7 @@ def test_the_verify_costs_reach_the_largest_tree_with_its_root(tiny_target_dir, 
 def test_an_eagle_pass_pays_the_commit_and_the_accept(tiny_target_dir, tmp_path, monkeypatch):
     """pass_ms = the target's commit + the head's accept step (both paid by every pass, whatever the
     tree); the part times are planted, the calibration around them real."""
-    from spechead.inference import calibrate
+    from spechead.inference.tuning import calibrate
 
     saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)

@@ -1,4 +1,4 @@
-"""inference/skip_search.py's arithmetic and timing helpers: the expected speedup of a chain (its draft
+"""inference/tuning/skip_search.py's arithmetic and timing helpers: the expected speedup of a chain (its draft
 cost included), the chain length best_chain picks, the warm-up left out of a median, and a timed verify
 of a chain longer than the runner's default tree room."""
 
@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-import spechead.inference.skip_search as skip_search
-from spechead.inference.skip_search import Costs, best_chain, time_verify
+import spechead.inference.tuning.skip_search as skip_search
+from spechead.inference.tuning.skip_search import Costs, best_chain, time_verify
 
 
 def test_speedup_is_tau_steps_over_verify_plus_draft():

@@ -18,10 +18,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spechead.inference.calibrate import EAGER, TimedAs
+from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
+from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.drafters.base import Drafter
+from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree_search import expected_accept_length
+from spechead.inference.stats import GenerationStats
+from spechead.inference.tuning.calibrate import EAGER, TimedAs
+from spechead.inference.tuning.tree_search import expected_accept_length
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -54,11 +58,6 @@ def pass_ms_by_drafter(
     add). The target and the drafters (in place) are compiled as `timed_as` says. batch > 1: a pass of
     `batch` rows of that prompt through batched decoding (batch_decode.py), as generate_batch runs it
     (compiled: its kept fixed-shape runners, batch_graphs.py)."""
-    from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
-    from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
-    from spechead.inference.generator import SpeculativeGenerator
-    from spechead.inference.stats import GenerationStats
-
     gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
     if timed_as.draft:
@@ -92,8 +91,6 @@ def pass_ms_by_drafter(
 def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0) -> torch.Tensor:
     """A prompt [length] the target wrote itself (greedy after a few random tokens): a head drafts on
     text like what it will decode, so the timed passes accept paths of realistic lengths."""
-    from spechead.inference.generator import SpeculativeGenerator
-
     vocab = target.get_output_embeddings().weight.shape[0]
     start = torch.randint(0, vocab, (min(8, length),), generator=torch.Generator().manual_seed(seed))
     if length <= start.numel():

@@ -8,11 +8,11 @@ import torch
 from spechead.data.prompt_sets import EvalPrompt
 from spechead.heads import Eagle3Config, Eagle3Head, directory
 from spechead.heads.families import family_of
-from spechead.inference.calibrate import saved_accuracy
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_for_head
-from spechead.inference.tree_search import expected_accept_length
-from spechead.inference.tree_tuning import continue_prompts, measure_accuracy, tune_tree
+from spechead.inference.tuning.calibrate import saved_accuracy
+from spechead.inference.tuning.tree_search import expected_accept_length
+from spechead.inference.tuning.tree_tuning import continue_prompts, measure_accuracy, tune_tree
 
 PROMPTS = [
     EvalPrompt("a", "qa", ["Hello there"]),
@@ -87,7 +87,7 @@ def test_tune_tree_measures_chooses_and_decodes_its_tree(target, medusa_for, tmp
 def test_tuning_takes_the_tree_whose_decoded_passes_pay_best(target, medusa_for, monkeypatch):
     """The part-by-part costs only rank the trees: the one decoded fastest here is saved (timings fixed:
     the last candidate's pass 10x cheaper than the others', so it wins both choices)."""
-    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tuning.pass_timing as pass_timing
 
     model, tok = target
     head = _head("medusa", model, medusa_for)
@@ -108,9 +108,9 @@ def test_the_second_choice_ranks_trees_by_the_fitted_table(target, medusa_for, m
     """After the first tree's decode, the table is scaled to its tau and the candidates decoded again are
     the best trees FOR THAT TABLE at the costs timed once (each decoded_choice gets the table it ranks;
     the table and the in-situ pass times are planted, the rest is real)."""
-    import spechead.inference.pass_timing as pass_timing
-    import spechead.inference.tree_tuning as tree_tuning
-    from spechead.inference.calibrate import best_for_costs
+    import spechead.inference.tuning.pass_timing as pass_timing
+    import spechead.inference.tuning.tree_tuning as tree_tuning
+    from spechead.inference.tuning.calibrate import best_for_costs
 
     model, tok = target
     head = _head("medusa", model, medusa_for)
@@ -146,7 +146,7 @@ def test_the_second_choice_ranks_trees_by_the_fitted_table(target, medusa_for, m
 def test_tuning_times_and_decodes_the_draft_loading_will_run(target, medusa_for, monkeypatch, int8_cpu):
     """On a CPU loading drafts a Medusa head with int8 projections (draft_int8="auto"): tuning times and
     decodes that draft (a copy), measures the accuracy of the head as trained and leaves it as it was."""
-    import spechead.inference.tree_tuning as tree_tuning
+    import spechead.inference.tuning.tree_tuning as tree_tuning
 
     model, tok = target
     head = _head("medusa", model, medusa_for)

@@ -10,10 +10,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from spechead.heads import Eagle3Config, Eagle3Head
-from spechead.inference.calibrate import TimedAs
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.pass_timing import pass_ms_by_drafter, pick_by_speedup, self_written_prompt
+from spechead.inference.tuning.calibrate import TimedAs
+from spechead.inference.tuning.pass_timing import pass_ms_by_drafter, pick_by_speedup, self_written_prompt
 
 
 def test_the_best_expected_speedup_wins_unless_the_kept_tree_is_close():
@@ -100,17 +100,18 @@ def test_from_pretrained_decodes_the_candidate_trees(tiny_target_dir, tmp_path):
         measured["expected_speedups"][measured["candidates"].index(info["choices"])]
     )
     assert gen.drafter.choices == info["choices"]  # the drafter decodes with the chosen tree
-    from .test_generator import plain_greedy
-
     prompt, reference = [5, 9, 11, 7], AutoModelForCausalLM.from_pretrained(tiny_target_dir)
+    greedy = reference.generate(  # Hugging Face greedy decoding (test_generator.plain_greedy's)
+        torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(prompt) :].tolist()
     gen.eos = set()
-    assert gen.generate(input_ids=prompt, max_new_tokens=10).token_ids == plain_greedy(reference, prompt, 10)
+    assert gen.generate(input_ids=prompt, max_new_tokens=10).token_ids == greedy
 
 
 def test_the_tree_decoded_fastest_here_is_the_one_used(tiny_target_dir, tmp_path, monkeypatch):
     """Whatever the part-by-part model ranked first, the candidate whose decoded passes pay best wins
     (the timings are fixed here: the last candidate's pass is made 10x cheaper than the others')."""
-    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tuning.pass_timing as pass_timing
 
     config = AutoConfig.from_pretrained(tiny_target_dir)
     Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
@@ -136,7 +137,7 @@ def test_the_tuned_tree_gives_way_only_to_a_tree_decoded_clearly_faster(
     """In situ the tree tuned with the head (decoded first) stays unless another is expected more than
     IN_SITU_KEEP_MARGIN (2%) faster: a challenger 1.5% faster leaves it, one 3% faster replaces it. Every
     candidate's accept length is made 1 and its pass fixed, so the expected speedups are plain / pass."""
-    import spechead.inference.pass_timing as pass_timing
+    import spechead.inference.tuning.pass_timing as pass_timing
 
     config = AutoConfig.from_pretrained(tiny_target_dir)
     Eagle3Head(Eagle3Config.from_target(config, target_layers=[1, 2, 3])).save_pretrained(tmp_path / "h")
@@ -162,7 +163,7 @@ def test_the_tuned_tree_gives_way_only_to_a_tree_decoded_clearly_faster(
 
 def test_a_short_context_target_is_timed_within_its_context(tiny_llama):
     """prompt + new tokens fit max_position_embeddings (the generator refuses more)."""
-    from spechead.inference.pass_timing import in_situ_choice
+    from spechead.inference.tuning.pass_timing import in_situ_choice
 
     target = tiny_llama(64, layers=2, hidden=32).eval()
     target.config.max_position_embeddings = 40
