@@ -27,7 +27,7 @@ from spechead.inference.tree import (
 
 from . import test_eagle_drafter as eagle_tests  # make_head, Stream, the static tree
 from . import test_generator as generator_tests  # the drafters, prompts and reference of the lossless tests
-from .test_calibrate import ACCURACY, saved_head
+from .tuning.test_calibrate import ACCURACY, saved_head
 
 setup = generator_tests.setup  # the 2-layer target of the lossless tests (a module-scoped fixture)
 
