@@ -120,18 +120,17 @@ def llama_layer_config(pretrained_config: PretrainedConfig) -> dict[str, Any]:
             f"target config {type(text).__name__} has no hidden_size / num_attention_heads: "
             "cannot size a Llama draft layer for it"
         )
-    # MLA targets (DeepSeek-V3: kv_lora_rank) name their rotary part head_dim: use the plain split.
-    head_dim = (
-        hidden // heads
-        if getattr(text, "kv_lora_rank", None)
-        else _first(text, ("head_dim",), hidden // heads)
-    )
+    # MLA targets (DeepSeek-V3: kv_lora_rank) name their rotary part head_dim and have one key/value
+    # head per query head (no grouping): the plain split, as many KV heads as heads.
+    mla = bool(getattr(text, "kv_lora_rank", None))
+    head_dim = hidden // heads if mla else _first(text, ("head_dim",), hidden // heads)
+    kv_heads = heads if mla else _first(text, ("num_key_value_heads",), heads)
     return {
         "model_type": "llama",
         "hidden_size": int(hidden),
         "intermediate_size": int(_first(text, ("intermediate_size",), 4 * hidden)),
         "num_attention_heads": int(heads),
-        "num_key_value_heads": int(_first(text, ("num_key_value_heads",), heads)),
+        "num_key_value_heads": int(kv_heads),
         "head_dim": int(head_dim),
         "hidden_act": str(_first(text, ("hidden_act", "hidden_activation", "mlp_hidden_act"), "silu")),
         "rms_norm_eps": float(

@@ -138,3 +138,29 @@ def test_gemma3_own_layer_is_refused_in_one_line_naming_the_llama_draft_layer() 
     assert EagleHead(EagleConfig.from_target(target)).config.layer_config["model_type"] == "llama"
     head3 = Eagle3Head(Eagle3Config.from_target(target, target_layers=[0, 1, 1]))
     assert head3.config.layer_config["model_type"] == "llama"
+
+
+def test_the_llama_draft_layer_is_sized_from_any_target() -> None:
+    """llama_layer_config reads each target's own field names: MLA's plain head split, Gemma-3's
+    full-attention rotary, Gemma's activation name, NemotronH's activation and epsilon names, no partial
+    rotary (the draft layer's attention is its own), and OLMo's missing epsilon as Llama's default."""
+    from transformers import AutoConfig
+
+    from spechead.heads.decoder_layer import llama_layer_config
+
+    def layer(model_type: str, **fields):
+        return llama_layer_config(AutoConfig.for_model(model_type, **fields))
+
+    mla = layer("deepseek_v3", hidden_size=64, num_attention_heads=4, qk_rope_head_dim=8, kv_lora_rank=16)
+    assert (mla["head_dim"], mla["num_key_value_heads"]) == (16, 4)
+    gemma3 = layer("gemma3_text", hidden_size=64, num_attention_heads=4, head_dim=8)
+    full = AutoConfig.for_model("gemma3_text").rope_parameters["full_attention"]["rope_theta"]
+    assert gemma3["rope_parameters"]["rope_theta"] == full != 10000.0
+    assert (gemma3["head_dim"], gemma3["hidden_act"]) == (8, "gelu_pytorch_tanh")
+    nemotron = layer("nemotron_h", hidden_size=64, num_attention_heads=4, layer_norm_epsilon=1e-4)
+    assert (nemotron["hidden_act"], nemotron["rms_norm_eps"]) == ("relu2", 1e-4)
+    qwen3_next = layer("qwen3_next", hidden_size=64, num_attention_heads=4, head_dim=16)
+    assert "partial_rotary_factor" not in qwen3_next["rope_parameters"]
+    assert layer("olmo", hidden_size=64, num_attention_heads=4)["rms_norm_eps"] == 1e-6
+    gpt_oss = layer("gpt_oss", hidden_size=64, num_attention_heads=4, head_dim=8)
+    assert gpt_oss["rope_parameters"]["rope_type"] == "yarn" and gpt_oss["head_dim"] == 8
