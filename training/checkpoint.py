@@ -78,9 +78,7 @@ def save(accelerator: Accelerator, output_dir: Path, state: TrainState, keep: in
             f"{_last_words(output_dir)}"
         ) from None
     if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        replace_dir(tmp, final)
         for old in list_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
