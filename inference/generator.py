@@ -2,10 +2,9 @@
 
 Lossless by construction: greedy decoding keeps only drafts equal to the target's argmax; sampling
 uses the rule that matches how the drafter chose its children (see acceptance.py), so the output
-distribution is exactly the target's. The target's cache and hidden-state capture live in a
-`TargetRunner` (runner.py): cache="static" (preallocated slots, the default) or "dynamic"
-(DynamicCache). `generate`/`stream` decode one prompt; `generate_batch`/`stream_batch` decode B prompts
-at once (batch_decode.py: one target forward per pass over every active row, static cache).
+distribution is exactly the target's. `generate`/`stream` decode one prompt, `generate_batch`/
+`stream_batch` B prompts at once, all through the one engine (engine/loop.py: a batch of one is a
+batch), the target's preallocated row cache and hidden-state capture in its runner.
 """
 
 from __future__ import annotations
@@ -18,30 +17,20 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from spechead.inference.acceptance import Acceptance, greedy_accept_batch, greedy_walk, sample_accept
-from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
+from spechead.inference.batch import BatchRunner
 from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.compiling import resolve_compile
-from spechead.inference.device_sampling import sample_accept_batch
-from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.ahead import Ahead, ahead_of
-from spechead.inference.drafters.base import Drafter, chain, hears_verified
+from spechead.inference.drafters.ahead import ahead_of
+from spechead.inference.drafters.base import Drafter
+from spechead.inference.drafters.per_row import RowLoopDrafter, rows_drafter
+from spechead.inference.engine.loop import Emitted, decode, depth_for
+from spechead.inference.engine.rows import Row
 from spechead.inference.phase_clock import PhaseClock
-from spechead.inference.plain_ahead import plain_ahead
-from spechead.inference.runner import CUDA_BUCKETS, TargetRunner, check_tree_attention
-from spechead.inference.sampling import (
-    SamplingParams,
-    TargetRows,
-    argmax_ids,
-    make_generator,
-    pick,
-    torch_probs,
-)
-from spechead.inference.spec_ahead import spec_ahead
+from spechead.inference.runner import CUDA_BUCKETS, check_tree_attention
+from spechead.inference.sampling import SamplingParams, make_generator
 from spechead.inference.stats import GenerationResult, GenerationStats
-from spechead.inference.stops import eos_ids, until_stop
+from spechead.inference.stops import eos_ids
 from spechead.inference.text_stream import TextStream
-from spechead.inference.tree import TokenTree
 
 # (target, drafter, accuracy [depth, k], batch, compile, draft_compile) -> (the drafter with the static tree
 # measured best for `batch` rows on this device, or None when plain batched decoding pays best; what was
@@ -67,27 +56,23 @@ PLUGINS = Plugins()
 class SpeculativeGenerator:
     """A frozen target, its tokenizer and a drafter (None = plain decoding through the same engine).
 
-    cache: "static" (preallocated KV slots) or "dynamic" (DynamicCache); None = `default_cache`.
-    max_cache_len: a fixed KV cache size (static), checked against prompt + max_new_tokens; None =
+    cache: "static" (the default and only back-end: preallocated KV slots, a row per sequence).
+    max_cache_len: a fixed KV cache size, checked against every row's prompt + max_new_tokens; None =
     sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
-    compile: torch.compile the target's verify pass with fixed shapes (static cache; True = inductor, on
-    CUDA with CUDA graphs of our own (cuda_graphs.py); "max-autotune": the same, GEMMs autotuned by
-    inductor; "graphs": no compiler, the eager passes captured as our CUDA graphs (ready in seconds);
-    "reduce-overhead": torch.compile's CUDA graphs; or a
-    torch.compile backend name), one graph per tree-size bucket (see runner.py),
-    and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole draft as one graph). "auto"
-    (`from_pretrained`'s default): "graphs" on CUDA with the static cache, else False
+    compile: the target's verify and commit passes as fixed-shape graphs (True = inductor, on CUDA with
+    CUDA graphs of our own (cuda_graphs.py); "max-autotune": the same, GEMMs autotuned by inductor;
+    "graphs": no compiler, the eager passes captured as our CUDA graphs (ready in seconds);
+    "reduce-overhead": torch.compile's CUDA graphs; or a torch.compile backend name), one graph per
+    tree-size bucket and row capacity, and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole
+    draft as one graph). "auto" (`from_pretrained`'s default): "graphs" on CUDA, else False
     (compiling.resolve_compile); `self.compile` holds what it resolved to.
     draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU
     the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
     cache), while the draft's many small ops per depth gain from one compiled graph.
-    Batch decoding (`generate_batch`) compiles the target's batch passes likewise (batch_graphs.py:
-    fixed rows, tree buckets) and, with the drafter compiled on CUDA, EAGLE's batch draft and accept
-    (drafters/eagle_batch_graphs.py: fixed rows, one graph per pass); other batch drafters run eager.
-    Without a drafter on CUDA, each plain step is queued before the last token is read (`plain_ahead`,
-    plain_ahead.py); set the attribute False to read every token first. With a compiled EAGLE or a Medusa
-    drafter on CUDA, each next draft is queued before the acceptance is read (`spec_ahead`: spec_ahead.py,
-    and batch_spec_ahead.py for generate_batch); False reads it first.
+    ahead: queue work before the host reads the device (engine/loop.py: plain decoding's next step; with
+    a compiled target and a drafter that drafts from device tensors, each next draft); the default on
+    CUDA, where the host's work then overlaps the device's. device_accept: accept on the target's device
+    (an accelerator's default; a CPU walks host lists, cheaper there).
     """
 
     default_cache = "static"
@@ -105,13 +90,17 @@ class SpeculativeGenerator:
         draft_compile: bool | str | None = None,
     ):
         check_tree_attention(target)  # (first: a hybrid target is refused before any drafter work)
+        if cache not in (None, "static"):
+            raise ValueError(
+                f"cache={cache!r}: the engine's one KV cache is preallocated, use cache='static'"
+            )
         self.target = target.eval()
         self.tokenizer = tokenizer
         self.drafter = drafter
         cfg = target.config.get_text_config()
         self.context = getattr(cfg, "max_position_embeddings", None)
         device = next(target.parameters()).device
-        compile = resolve_compile(compile, device, cache or self.default_cache)
+        compile = resolve_compile(compile, device, "static")
         if draft_compile is not None:  # ("auto" here: "graphs" on CUDA, else eager)
             draft_compile = resolve_compile(draft_compile, device)
         if drafter is not None:
@@ -131,25 +120,14 @@ class SpeculativeGenerator:
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
         self._batch_drafters: dict[int, Drafter | None] = {}  # None: plain decoding pays best
         self.compile = compile
-        self._batch_runners: dict[tuple, CompiledBatchRunner] = {}  # compiled: kept with their graphs
+        self.max_cache_len = max_cache_len
+        self.buckets = buckets if buckets is not None or device.type != "cuda" else CUDA_BUCKETS
+        self._runners: dict[tuple, CompiledBatchRunner] = {}  # compiled: kept with their graphs
+        self.runner: BatchRunner | None = None  # the last decode's target runner
         self.last_stats: GenerationStats | None = None  # the last stream()'s, when it ran to the end
         self.last_batch_stats: list[GenerationStats] = []  # the last stream_batch()'s rows'
-        if buckets is None and device.type == "cuda":
-            buckets = CUDA_BUCKETS
-        # greedy acceptance on the target's device, its result and the path's tokens in ONE transfer, the
-        # pass's one wait for the device (an accelerator's default; a CPU walks host lists, cheaper there)
         self.device_accept = device.type != "cpu"
-        # plain decoding queued one step ahead of the host's reads (plain_ahead.py): on CUDA, where the
-        # host's work of a token then overlaps the step; a CPU runs both in turn, nothing to overlap
-        self.plain_ahead = device.type == "cuda"
-        # EAGLE (compiled) and Medusa on a compiled preallocated target: each next draft queued before the
-        # host reads the acceptance (spec_ahead.py); on CUDA, where the host's work then overlaps the draft
-        self.spec_ahead = device.type == "cuda"
-        layers = tuple(drafter.hidden_layers) if drafter else ()
-        self.runner = TargetRunner(
-            target, layers, cache=cache or self.default_cache, max_length=max_cache_len, buckets=buckets,
-            compile=compile,
-        )  # fmt: skip
+        self.ahead = device.type == "cuda"
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs) -> SpeculativeGenerator:
@@ -175,14 +153,15 @@ class SpeculativeGenerator:
     ) -> GenerationResult:
         """Generate from a prompt string, chat messages (chat template) or token ids (a generator without
         a tokenizer takes ids only and returns no text)."""
-        stats = GenerationStats()
-        ids: list[int] = []
-        prompt_ids = self._prompt_ids(prompt, messages, input_ids)
+        ids = self._prompt_ids(prompt, messages, input_ids)
+        self._check_lengths(len(ids), max_new_tokens)
         params = SamplingParams(temperature, top_k, top_p, seed)
-        with torch.inference_mode():  # once for the whole decode (`_decode` enters it again at every yield)
-            for chunk in self._steps(prompt_ids, max_new_tokens, params, stats):
-                ids.extend(chunk)
-        return GenerationResult(self._text(ids), ids, stats)
+        stats = GenerationStats()
+        out: list[int] = []
+        for emitted in self._passes([ids], [max_new_tokens], [params], [stats], self.drafter):
+            for _, chunk in emitted:
+                out.extend(chunk)
+        return GenerationResult(self._text(out), out, stats)
 
     def generate_batch(
         self,
@@ -203,9 +182,8 @@ class SpeculativeGenerator:
         row). max_new_tokens and seed: one value for all rows or one per row. Each row has its own tree,
         stop and (sampling) generator seeded with its seed, so result[b] equals
         `generate(<row b>, max_new_tokens=..., seed=seed[b])`: greedy token for token, sampling draw for
-        draw. Static cache only (`max_cache_len` applies to every row); a row's stats carry its own
-        tokens and passes, with the batch's wall/phase times. One row decodes through the
-        single-sequence engine (`generate`'s, its fastest), not the batch loop.
+        draw. `max_cache_len` applies to every row; a row's stats carry its own tokens and passes, with
+        the batch's wall/phase times.
 
         tree_for_batch: when the head's accuracy table is known (`tree_accuracy`, set by
         from_pretrained), the static tree is re-picked for this batch size by measuring this device
@@ -217,7 +195,10 @@ class SpeculativeGenerator:
         stats, passes = self._batch_passes(
             prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
         )
-        out = collect(passes, len(stats))
+        out: list[list[int]] = [[] for _ in stats]
+        for emitted in passes:
+            for b, ids in emitted:
+                out[b].extend(ids)
         return [GenerationResult(self._text(o), o, s) for o, s in zip(out, stats)]
 
     def stream_batch(self, prompts: Sequence[str] | None = None, **kwargs) -> Iterator[tuple[int, str]]:
@@ -240,19 +221,44 @@ class SpeculativeGenerator:
                 yield b, piece
         self.last_batch_stats = stats
 
+    def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
+        """Yield text as tokens are accepted (same arguments as generate)."""
+        stats = GenerationStats()
+        params = SamplingParams(
+            kwargs.pop("temperature", 0.0),
+            kwargs.pop("top_k", 0),
+            kwargs.pop("top_p", 1.0),
+            kwargs.pop("seed", None),
+        )
+        max_new = kwargs.pop("max_new_tokens", 128)
+        ids = self._prompt_ids(prompt, kwargs.pop("messages", None), kwargs.pop("input_ids", None))
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        self._check_lengths(len(ids), max_new)
+        text = TextStream(self.tokenizer)
+        for emitted in self._passes([ids], [max_new], [params], [stats], self.drafter):
+            for _, chunk in emitted:
+                piece = text.push(chunk)
+                if piece:
+                    yield piece
+        piece = text.flush()  # whatever was held back for a partial character
+        if piece:
+            yield piece
+        self.last_stats = stats
+
+    # ---- internals -------------------------------------------------------------------------------
+
     def _batch_passes(
         self, prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
-    ) -> tuple[list[GenerationStats], Iterator[list[tuple[int, list[int]]]]]:
-        """The rows' stats and the iterator of batch passes (batch_decode.batch_passes) for
-        generate_batch / stream_batch's arguments, every row checked first (errors name the row)."""
+    ) -> tuple[list[GenerationStats], Iterator[Emitted]]:
+        """The rows' stats and the engine's passes for generate_batch / stream_batch's arguments, every
+        row checked first (errors name the row)."""
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
             raise ValueError("pass exactly one of prompts=, messages= or input_ids= (a list, one per row)")
         rows_in = next(x for x in (prompts, messages, input_ids) if x is not None)
         if isinstance(rows_in, str) or len(rows_in) == 0:
             raise ValueError("batch decoding takes a non-empty list of prompts (one per row)")
-        if self.runner.kind != "static":
-            raise ValueError(f"batch decoding needs cache='static', this generator uses {self.runner.kind!r}")
         batch = len(rows_in)
         ids = []
         for b, row in enumerate(rows_in):
@@ -272,21 +278,54 @@ class SpeculativeGenerator:
                 raise ValueError(f"row {b}: {err}") from None
         params = [SamplingParams(temperature, top_k, top_p, s) for s in seeds]
         stats = [GenerationStats() for _ in range(batch)]
-        if batch == 1:  # one row: the single-sequence engine, this row's fastest (the same output)
-            return stats, ([(0, chunk)] for chunk in self._decode(ids[0], max_new[0], params[0], stats[0]))
         drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
-        runner = None
-        need, fixed = max(len(i) + m for i, m in zip(ids, max_new)), self.runner.fixed_length
-        if self.compile and (fixed is None or need <= fixed):  # (too small: batch_passes says so)
-            # fixed shapes: the target's batch passes as compiled graphs (batch_graphs.py)
-            size = fixed if fixed is not None else batch_cache_size(drafter, need, None, 1024)
-            layers = tuple(drafter.hidden_layers) if drafter else ()
-            runner = kept_runner(self._batch_runners, self.target, layers, batch, size, self.compile)
-        passes = batch_passes(
-            self.target, drafter, ids, max_new, params, self.eos, stats, fixed, runner, self.device_accept,
-            self.plain_ahead, self.spec_ahead,
-        )  # fmt: skip
-        return stats, passes
+        return stats, self._passes(ids, max_new, params, stats, drafter)
+
+    def _passes(
+        self,
+        prompts: Sequence[torch.Tensor],
+        max_new: Sequence[int],
+        params: Sequence[SamplingParams],
+        stats: Sequence[GenerationStats],
+        drafter: Drafter | None,
+    ) -> Iterator[Emitted]:
+        """The engine's passes over these rows (checked), gradients off while it runs: the caller's grad
+        mode between its yields (a stream's consumer runs there)."""
+        batch, device = len(prompts), self.target.device
+        runner = self._runner(drafter, prompts, max_new)
+        rows = [
+            Row(b, prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
+            for b in range(batch)
+        ]
+        rows_of = rows_drafter(drafter, batch) if drafter is not None else None
+        if isinstance(rows_of, RowLoopDrafter) and batch == 1 and self.ahead:
+            rows_of.ahead = ahead_of(drafter, rows[0].params.is_greedy)  # its queued form, where it has one
+        depth = depth_for(runner, rows_of, rows, self.ahead, self.device_accept)
+        clock = PhaseClock(device)
+        passes = decode(runner, rows_of, rows, self.eos, clock, depth=depth, on_device=self.device_accept)
+        return torch.inference_mode()(_drain)(passes)
+
+    def _runner(self, drafter: Drafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]):
+        """The target's runner for these rows (a fixed cache checked against each row's needs)."""
+        batch, fixed = len(prompts), self.max_cache_len
+        need = max(len(p) + m for p, m in zip(prompts, max_new))
+        if fixed is not None and need > fixed:
+            worst = max(range(batch), key=lambda b: len(prompts[b]) + max_new[b])
+            which = "the prompt" if batch == 1 else f"row {worst}: prompt"
+            raise ValueError(
+                f"KV cache of {fixed} positions is too small for {which} ({len(prompts[worst])} tokens) + "
+                f"max_new_tokens ({max_new[worst]}): raise max_cache_len or lower max_new_tokens"
+            )
+        layers = tuple(drafter.hidden_layers) if drafter else ()
+        tree_room = drafter.max_nodes if drafter else 1
+        if self.compile:  # fixed shapes: the target's passes as compiled graphs (batch_graphs.py)
+            size = fixed if fixed is not None else -(-(need + tree_room) // 1024) * 1024
+            runner = kept_runner(self._runners, self.target, layers, batch, size, self.compile)
+        else:
+            size = fixed or -(-(need + tree_room) // 256) * 256
+            runner = BatchRunner(self.target, layers, max_length=size)
+        self.runner = runner
+        return runner
 
     def _drafter_for_batch(self, batch: int) -> Drafter | None:
         """The drafter with the tree measured best for `batch` rows here, once per size (see generate_batch)."""
@@ -308,40 +347,6 @@ class SpeculativeGenerator:
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-
-    def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
-        """Yield text as tokens are accepted (same arguments as generate)."""
-        stats = GenerationStats()
-        params = SamplingParams(
-            kwargs.pop("temperature", 0.0),
-            kwargs.pop("top_k", 0),
-            kwargs.pop("top_p", 1.0),
-            kwargs.pop("seed", None),
-        )
-        max_new = kwargs.pop("max_new_tokens", 128)
-        ids = self._prompt_ids(prompt, kwargs.pop("messages", None), kwargs.pop("input_ids", None))
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        text = TextStream(self.tokenizer)
-        for chunk in self._decode(ids, max_new, params, stats):
-            piece = text.push(chunk)
-            if piece:
-                yield piece
-        piece = text.flush()  # whatever was held back for a partial character
-        if piece:
-            yield piece
-        self.last_stats = stats
-
-    # ---- internals -------------------------------------------------------------------------------
-
-    def _ahead(self, params: SamplingParams) -> Ahead | None:
-        """The drafter's form for `spec_ahead` where it decodes: asked for (CUDA's default), accepted on
-        the device, a drafter of top-k children that drafts from device tensors (drafters/ahead.py:
-        compiled EAGLE, Medusa; greedy, or sampled by rule A) and a target that commits as a fixed-shape
-        graph."""
-        if not (self.spec_ahead and self.device_accept and self.runner.queues_commits):
-            return None
-        return ahead_of(self.drafter, params.is_greedy)
 
     def _prompt_ids(self, prompt, messages, input_ids) -> torch.Tensor:
         given = [x is not None for x in (prompt, messages, input_ids)]
@@ -366,131 +371,10 @@ class SpeculativeGenerator:
                 f"context of {self.context} tokens: shorten the prompt or lower max_new_tokens"
             )
 
-    def _decode(
-        self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats
-    ) -> Iterator[list[int]]:
-        """`_steps` without gradients while it runs, the caller's grad mode between its yields (a
-        stream's consumer runs there)."""
-        return torch.inference_mode()(self._steps)(prompt, max_new_tokens, params, stats)
 
-    def _steps(
-        self, prompt: torch.Tensor, max_new_tokens: int, params: SamplingParams, stats: GenerationStats
-    ) -> Iterator[list[int]]:
-        """Yield lists of new token ids as they are accepted; fills `stats`. Runs with gradients off:
-        `generate` turns them off once around it, `_decode` at every resume."""
-        self._check_lengths(len(prompt), max_new_tokens)
-        runner, drafter = self.runner, self.drafter
-        runner.use_layers(tuple(drafter.hidden_layers) if drafter else ())  # (a drafter may be swapped in)
-        runner.reserve(len(prompt), max_new_tokens, getattr(drafter, "max_nodes", 64))
-        clock = PhaseClock(self.target.device)
-        generator = make_generator(params.seed, self.target.device)  # multinomial needs it on the same device
-        logits, hidden = runner.prefill(prompt[None])  # [1, V], {l: [1, T, H]}
-        root = pick(logits[0], params, generator)
-        if drafter:
-            drafter.start(prompt, {k: v[0] for k, v in hidden.items()}, root)
-        clock.mark("prefill")
-        if drafter is None and self.plain_ahead:  # one step ahead, a pass per token after the root
-            for token in plain_ahead(runner, root, params, generator, max_new_tokens, self.eos, clock):
-                if stats.new_tokens:  # every token after the prefill's is one pass's
-                    stats.accept_lengths.append(1)
-                stats.new_tokens += 1
-                yield [token]
-            stats.take_times(clock.totals())
-            return
-        ahead = self._ahead(params)  # (None without a drafter)
-        if drafter is not None and ahead is not None:  # the next draft queued before each read
-            out = until_stop([root], self.eos, max_new_tokens)
-            stats.new_tokens += len(out)
-            yield out
-            clock.mark("other")
-            if out[-1] not in self.eos and stats.new_tokens < max_new_tokens:
-                first = drafter.propose(root, params, generator).tree
-                clock.mark("draft")
-                yield from spec_ahead(
-                    runner, ahead, root, first, params, generator, max_new_tokens, self.eos, clock, stats
-                )
-            stats.take_times(clock.totals())
-            return
-        pending = [root]  # tokens to emit
-        # plain decoding's one-node tree and its [1, 1] views: made at its first step, then refilled
-        plain: tuple[TokenTree, tuple[torch.Tensor, torch.Tensor]] | None = None
-        accepted, checked = None, None  # what the drafter has yet to hear about (accept, verified)
-        # whether the drafter reads the verified tree's logits (lookahead's Jacobi guesses; not EAGLE, Medusa)
-        hears = drafter is not None and hears_verified(drafter)
-        # the last tree's parents [N] (none before the first draft) and their [1, N] view (set with them)
-        parents_of: torch.Tensor | None = None
-        parents_in: torch.Tensor
-        verified = False  # whether `pending` came from a verification pass (the prefill emits the first root)
-        while True:
-            out = until_stop(pending, self.eos, max_new_tokens - stats.new_tokens)
-            stats.new_tokens += len(out)
-            if verified:
-                stats.accept_lengths.append(len(out))
-            yield out
-            if len(out) < len(pending) or out[-1] in self.eos or stats.new_tokens >= max_new_tokens:
-                break
-            clock.mark("other")
-            if drafter and accepted is not None:  # only when decoding goes on (no wasted work at the end)
-                if checked is not None:  # the whole tree's outputs first
-                    drafter.verified(*checked)
-                drafter.accept_path(*accepted)
-            draft = drafter.propose(root, params, generator) if drafter else None
-            if draft is None:  # plain decoding: the one-token inputs [1, 1] are made once and refilled
-                if plain is None:
-                    one = chain([], root)
-                    plain = (one, (one.tokens[None], one.parents[None]))
-                tree, inputs = plain
-                tree.tokens.fill_(root)
-                n = 1
-            else:
-                tree = draft.tree
-                n, room = tree.size, runner.room()
-                if room is not None and n > room:  # near a fixed cache's end: keep the first nodes
-                    # (a tree's first nodes are a tree: lossless, fewer candidates)
-                    tree, n = TokenTree.trusted(tree.tokens[:room], tree.parents[:room]), room
-                if tree.parents is not parents_of:  # a static tree's parents repeat: the same [1, N] view
-                    parents_of, parents_in = tree.parents, tree.parents[None]  # (a cache key for the runner)
-                inputs = (tree.tokens[None], parents_in)  # [1, N] each
-            clock.mark("draft")
-            logits, hidden = runner.verify(*inputs)  # [1, N, V], {l: [1, N, H]}
-            if n == 1:  # plain decoding (or an empty draft): the target's own next token
-                acc = Acceptance([0], pick(logits.reshape(-1), params, generator), [root])  # [V]
-            elif params.is_greedy and not self.device_accept:  # host = device: a list walk is cheapest
-                # (greedy_accept's walk, without its shape checks or a [N, V] view: verify made both)
-                acc = greedy_walk(tree.tokens.tolist(), tree.parents.tolist(), argmax_ids(logits)[0])
-            elif self.device_accept and (
-                params.is_greedy or draft is not None and draft.rule == "deterministic"
-            ):
-                # on an accelerator, on the device: greedy or rule A as batched tensor ops; the pass's ONE wait
-                anc, parents = runner.last_ancestors, runner.last_parents  # [1, N, N], [1, N] there
-                assert anc is not None and parents is not None  # verify just set them
-                tokens = host_to_device(tree.tokens, anc.device)[None]  # (a drafter's GPU tree: itself)
-                if params.is_greedy:
-                    acc = greedy_accept_batch(tokens, parents, anc, logits)[0]
-                else:  # every node's target probs [1, N, V]: on a GPU about the cost of one row
-                    probs = torch_probs(logits, params)
-                    acc = sample_accept_batch(tokens, parents, anc, probs, [generator])[0]
-            else:
-                rule, q = (draft.rule, draft.q) if draft else ("deterministic", None)
-                q = q[:n] if q is not None else None  # [N, V]
-                acc = sample_accept(tree, TargetRows(logits[0], params), rule, q, generator)  # [N, V]
-            runner.commit(acc.path)
-            verified = True
-            clock.mark("verify")
-            stats.drafted_tokens += n - 1
-            root = acc.next_token
-            if drafter is None:  # plain decoding: nothing to hand on
-                pending = [root]
-                continue
-            host_ids = acc.path_tokens  # the path's tokens, read with the acceptance
-            if host_ids is None:  # (a rule that did not read them: from the tree)
-                host_ids = [int(t) for t in tree.tokens[acc.path].tolist()]
-            pending = [*host_ids[1:], root]
-            # the drafter takes the path's rows of the whole tree's states itself (drafters/base.py)
-            accepted = (host_ids, hidden, acc.path, root)  # [K], {l: [1, N, H]}, [K]
-            if hears:
-                checked = (tree, logits[0])  # [N], [N, V]
-        stats.take_times(clock.totals())
+def _drain(passes: Iterator[Emitted]) -> Iterator[Emitted]:
+    """`passes` as a generator of its own (wrapped in inference mode: entered again at every resume)."""
+    yield from passes
 
 
 def _per_row(value, batch: int, name: str) -> list:

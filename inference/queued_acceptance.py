@@ -17,6 +17,7 @@ from torch import Tensor
 
 from spechead.inference.acceptance import Acceptance
 from spechead.inference.device_sampling import rule_a_on_device
+from spechead.inference.sampling import SamplingParams, inverse_cdf, torch_probs
 
 
 class QueuedAcceptance:
@@ -72,6 +73,28 @@ class QueuedAcceptance:
         generator): the target's probs [B, N, V] at every node; sizes: each row's real nodes (None: N)."""
         nxt, on_path, last = rule_a_on_device(tokens, parents, ancestors, probs, generators, sizes)
         return cls(tokens, on_path, last, nxt, size, probs.shape[-1])
+
+    @classmethod
+    def plain(
+        cls,
+        tokens: Tensor,
+        logits: Tensor,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        size: int,
+    ):
+        """Plain steps (one-node trees tokens [B, 1]): each row's own next token of logits [B, V], the
+        argmax or one draw of `torch_probs` with its generator (`pick`'s draw: one uniform a step)."""
+        if all(p.is_greedy for p in params):
+            nxt = logits.argmax(-1)  # [B]
+        else:
+            nxt = torch.cat([
+                row.argmax(-1, keepdim=True) if p.is_greedy else inverse_cdf(torch_probs(row, p), g)
+                for row, p, g in zip(logits, params, generators)
+            ])  # fmt: skip
+        batch = tokens.shape[0]
+        on_path = torch.ones(batch, 1, dtype=torch.bool, device=tokens.device)
+        return cls(tokens, on_path, nxt.new_zeros(batch), nxt, size, logits.shape[-1])
 
     def result(self) -> list[Acceptance]:
         """Each row's acceptance on the host (waits for its transfer only)."""

@@ -22,17 +22,15 @@ draws only from row b's own generator, so every row keeps its batch-1 output.
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-from torch import nn
 
-from spechead.heads.grad import inference_mode
 from spechead.inference.acceptance import RULES
-from spechead.inference.devices import host_ids
+from spechead.inference.devices import host_ids, host_to_device
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
 
@@ -100,9 +98,10 @@ class Drafter(ABC):
         """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
         it; default: nothing to compile)."""
 
-    def batched(self) -> BatchDrafter:
-        """A drafter for B rows sharing this one's weights (default: per-row clones in a loop)."""
-        return RowLoopDrafter(self)
+    def batched(self) -> BatchDrafter | None:
+        """A drafter for B rows sharing this one's weights, when it drafts every row in one call per step
+        (Medusa, EAGLE); None (the default): per-row clones in a loop (drafters/per_row.py)."""
+        return None
 
 
 def hears_verified(drafter: Drafter) -> bool:
@@ -172,6 +171,26 @@ class BatchDraft:
         n = self.sizes[b]
         return TokenTree(self.tokens[b, :n], self.parents[b, :n])
 
+    def masked_tokens(self) -> torch.Tensor:
+        """tokens [B, N] with -1 at the padding nodes (a greedy match never accepts them), where they are."""
+        n = self.tokens.shape[1]
+        if all(size == n for size in self.sizes):
+            return self.tokens
+        real = torch.arange(n)[None, :] < torch.tensor(self.sizes)[:, None]  # [B, N]
+        return torch.where(host_to_device(real, self.tokens.device), self.tokens, -1)
+
+    def rows(self, keep: Sequence[int]) -> BatchDraft:
+        """Only rows `keep` (in this order)."""
+        pick = host_to_device(torch.tensor(list(keep)), self.tokens.device)
+        q = self.q[pick] if self.q is not None else None
+        return BatchDraft(self.tokens[pick], self.parents[pick], [self.sizes[i] for i in keep], self.rule, q)
+
+    @classmethod
+    def plain(cls, roots: torch.Tensor) -> BatchDraft:
+        """Plain decoding's trees: each row's root alone, roots [B, 1] (host or device)."""
+        batch = roots.shape[0]
+        return cls(roots, torch.full((batch, 1), -1, dtype=torch.long, device=roots.device), [1] * batch)
+
 
 class BatchDrafter(ABC):
     """Drafts for B rows at once; `Drafter.batched()` makes one (see the module doc).
@@ -213,75 +232,67 @@ class BatchDrafter(ABC):
         """Optional (default: nothing): the target's logits [B, N, V] at every node of `draft` as
         verified, right after the pass and before the next `accept` (see `Drafter.verified`)."""
 
-
-# ---- the default `BatchDrafter`: one clone of the drafter per row, called in a Python loop ------------
-# Each clone has its own state (caches, token history) and the SAME modules (weights are shared, not
-# copied), and makes exactly the calls of a batch-1 run, so row b proposes its batch-1 trees and draws
-# only from its own generator. Drafters that can batch their forwards override `Drafter.batched`.
-
-
-def clone_drafter(drafter: Drafter) -> Drafter:
-    """A per-row copy of `drafter`: its own state, the SAME modules (weights are shared, not copied)."""
-    memo: dict[int, object] = {}
-
-    def share(obj: object) -> None:
-        if isinstance(obj, nn.Module) and id(obj) not in memo:
-            for module in obj.modules():
-                memo[id(module)] = module
-                for value in vars(module).values():  # modules attached outside _modules (target lm_head)
-                    share(value)
-
-    for value in vars(drafter).values():
-        share(value)
-    return copy.deepcopy(drafter, memo)
-
-
-class RowLoopDrafter(BatchDrafter):
-    """B per-row clones of one drafter behind the `BatchDrafter` interface."""
-
-    def __init__(self, drafter: Drafter) -> None:
-        self.drafter = drafter
-        self.rows: list[Drafter] = []
-
-    @inference_mode
-    def start(
-        self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
-    ) -> None:
-        self.rows = [clone_drafter(self.drafter) for _ in prompts]
-        for row, prompt, states, root in zip(self.rows, prompts, hidden, roots):
-            row.start(prompt, states, root)
-
-    @inference_mode
-    def propose(
+    def accept_paths(
         self,
-        roots: Sequence[int],
-        sampling: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
-    ) -> BatchDraft:
-        drafts = [
-            row.propose(root, params, generator)
-            for row, root, params, generator in zip(self.rows, roots, sampling, generators)
-        ]
-        return BatchDraft.of(drafts)
-
-    @inference_mode
-    def accept(
-        self,
-        tokens: torch.Tensor,
-        lengths: Sequence[int],
+        tokens: Sequence[list[int]],
         hidden: dict[int, torch.Tensor],
+        paths: Sequence[list[int]],
         next_roots: Sequence[int],
     ) -> None:
-        for b, (row, k) in enumerate(zip(self.rows, lengths)):
-            row.accept(tokens[b, :k], {layer: h[b, :k] for layer, h in hidden.items()}, next_roots[b])
+        """`accept` as the decoding loop calls it: row b's path tokens [K_b] (root first) and node indices
+        [K_b] (ascending, 0 first) as host lists, the target's states at EVERY node of the verified trees
+        {layer: [B, N, H]}. By default each row's path rows are gathered and `accept` is called."""
+        k = max(len(p) for p in paths)
+        index = torch.tensor([p + p[-1:] * (k - len(p)) for p in paths])  # [B, K] the last node repeated
+        ids = torch.tensor([t + t[-1:] * (k - len(t)) for t in tokens])  # [B, K]
+        gathered = {}
+        for layer, states in hidden.items():
+            at = host_to_device(index, states.device)[:, :, None].expand(-1, -1, states.shape[-1])
+            gathered[layer] = states.gather(1, at)  # [B, K, H]
+        self.accept(ids, [len(p) for p in paths], gathered, next_roots)
 
-    @inference_mode
-    def keep(self, rows: Sequence[int]) -> None:
-        self.rows = [self.rows[b] for b in rows]
+    # ---- one draft ahead: the accepted paths still on the device (engine/loop.py) ----------------------
 
-    def verified(self, draft: BatchDraft, logits: torch.Tensor) -> None:
-        for b, row in enumerate(self.rows):
-            row.verified(draft.tree(b), logits[b, : draft.sizes[b]])  # [N_b, V]: its real nodes
+    def queues(self) -> bool:
+        """Whether this drafter accepts and drafts from device tensors (`accept_queued`, `propose_queued`,
+        `settle`; greedy rows or rule A). Default: no, the loop reads each acceptance first."""
+        return False
+
+    commit_width = 1  # the accepted path's length at least that `accept_queued` reads
+
+    def accept_queued(
+        self, hidden: dict[int, torch.Tensor], tokens: torch.Tensor, paths: torch.Tensor, ks: torch.Tensor,
+        nexts: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Queue the accept: the verified trees' states {layer: [B, N, H]} and tokens [B, N], paths
+        [B, >= commit_width] (the accepted nodes ascending, the last repeated), K [B], next tokens [B]."""
+        raise NotImplementedError
+
+    def propose_queued(self, nexts: torch.Tensor) -> BatchDraft:
+        """Queue every row's next tree from the next tokens [B] on the device."""
+        raise NotImplementedError
+
+    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:  # noqa: B027
+        """The host has read each row's K and next token: bookkeeping follows (default: nothing)."""
+
+
+class Ahead(Protocol):
+    """A batch-1 drafter's queued form (drafters/ahead.py). size: the accepted path's length at least
+    that `accept` reads."""
+
+    size: int
+
+    def accept(
+        self, hidden: dict[int, torch.Tensor], tokens: torch.Tensor, path: torch.Tensor, k: torch.Tensor,
+        next_token: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Queue the accept: states {layer: [1, N, H]}, tokens [N], path [>= size], K [0-d], next [0-d]."""
+
+    def propose(self, root: torch.Tensor) -> Draft:
+        """Queue the next draft from the root, a one-element device tensor."""
+
+    def settle(self, k: int, next_token: int) -> None:
+        """The host has read K and the next token: its bookkeeping follows."""
 
 
 def chain(tokens: list[int], root: int) -> TokenTree:

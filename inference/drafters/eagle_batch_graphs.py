@@ -176,7 +176,11 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         self.rows = kept
         state.sync()
 
-    # ---- one draft ahead (batch_spec_ahead.py): the accepted paths still on the device ---------------
+    # ---- one draft ahead (engine/loop.py): the accepted paths still on the device ----------------------
+
+    def queues(self) -> bool:
+        """Whether the commit of a path fits one graph (P <= GRAPH_COMMIT)."""
+        return self.commit_width <= GRAPH_COMMIT
 
     @property
     def commit_width(self) -> int:
@@ -222,7 +226,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         return self._active_trees(tokens, parents)
 
     @inference_mode
-    def settle(self, ks: Sequence[int]) -> None:
+    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (active row b: ks[b] pairs)."""
         rows = self._rows
         rows.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))

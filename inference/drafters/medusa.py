@@ -190,8 +190,11 @@ class MedusaBatchDrafter(BatchDrafter):
         assert self.last_hidden is not None  # start made it
         self.last_hidden = self.last_hidden[torch.tensor(rows, device=self.last_hidden.device)]
 
-    # one draft ahead (batch_spec_ahead.py): the accepted paths still on the device
+    # one draft ahead (engine/loop.py): the accepted paths still on the device
     commit_width = 1  # `accept_queued` reads each path's last entry only
+
+    def queues(self) -> bool:
+        return True
 
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
@@ -206,5 +209,5 @@ class MedusaBatchDrafter(BatchDrafter):
         assert self.last_hidden is not None  # accept_queued set it
         return self._draft(self.drafter.fill(self.last_hidden, nexts))
 
-    def settle(self, ks) -> None:
+    def settle(self, ks, nexts) -> None:
         """Nothing: the heads keep no count of their own."""

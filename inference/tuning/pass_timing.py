@@ -18,12 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
-from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.sampling import SamplingParams
-from spechead.inference.stats import GenerationStats
 from spechead.inference.tuning.calibrate import EAGER, TimedAs
 from spechead.inference.tuning.tree_search import expected_accept_length
 
@@ -56,34 +52,19 @@ def pass_ms_by_drafter(
     with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
     drafter alike; the first run's one-time work, a compiled part's capture included, and noise only
     add). The target and the drafters (in place) are compiled as `timed_as` says. batch > 1: a pass of
-    `batch` rows of that prompt through batched decoding (batch_decode.py), as generate_batch runs it
-    (compiled: its kept fixed-shape runners, batch_graphs.py)."""
+    `batch` rows of that prompt through batched decoding, as generate_batch runs it (compiled: the generator's kept fixed-shape runners)."""
     gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
     if timed_as.draft:
         for drafter in drafters:
             if drafter is not None:
                 drafter.use_compile(timed_as.draft)
-    kept: dict[tuple, CompiledBatchRunner] = {}  # compiled batch runners, one per capacity and layers
     times: list[list[float]] = [[] for _ in drafters]
     for _ in range(rounds):
         for i, drafter in enumerate(drafters):
-            if batch == 1:
-                gen.drafter = drafter
-                done = gen.generate(input_ids=prompt, max_new_tokens=new_tokens).stats
-            else:  # (the batch's times; every row decodes the same prompt alike)
-                stats = [GenerationStats() for _ in range(batch)]
-                rows, params = [prompt] * batch, [SamplingParams()] * batch
-                runner = None
-                if timed_as.target:
-                    layers = tuple(drafter.hidden_layers) if drafter else ()
-                    size = batch_cache_size(drafter, len(prompt) + new_tokens, None, 1024)
-                    runner = kept_runner(kept, target, layers, batch, size, timed_as.target)
-                passes = batch_passes(
-                    target, drafter, rows, [new_tokens] * batch, params, set(), stats, runner=runner
-                )
-                collect(passes, batch)
-                done = stats[0]
+            gen.drafter = drafter  # (the same engine at every batch size; compiled runners kept by gen)
+            rows = [prompt] * batch  # (the batch's times: every row decodes the same prompt alike)
+            done = gen.generate_batch(input_ids=rows, max_new_tokens=new_tokens, tree_for_batch=False)[0].stats
             times[i].append(1e3 * (done.wall_time - done.prefill_time) / max(done.target_passes, 1))
     return [min(t) for t in times]
 

@@ -1,0 +1,96 @@
+"""Acceptance of every row's verified tree: read on the host now (`accept_rows`), or left on the device
+for a read later (`accept_queued`: the loop queues the commits and the next draft first). The rules
+themselves are pure functions (acceptance.py, device_sampling.py, queued_acceptance.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from spechead.inference.acceptance import (
+    Acceptance,
+    greedy_accept,
+    greedy_accept_batch,
+    greedy_walk,
+    sample_accept,
+)
+from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.devices import host_to_device
+from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.engine.rows import Row, row_probs
+from spechead.inference.queued_acceptance import QueuedAcceptance
+from spechead.inference.sampling import TargetRows, argmax_ids, pick
+
+
+def accept_rows(
+    draft: BatchDraft, logits: torch.Tensor, ancestors: torch.Tensor, rows: Sequence[Row], on_device: bool
+) -> list[Acceptance]:
+    """Each row's acceptance of its tree from verify logits [B, N, V] and ancestors [B, N, N], on the host.
+
+    One node (plain steps): each row's own next token. All greedy: on an accelerator (`on_device`) one
+    batched walk there (padding nodes get token -1 so they never match); on a CPU one argmax over every
+    row and a walk of each row's real nodes in host lists (a dozen tensor ops cost more there). All
+    sampled over deterministic children on an accelerator: rule A as batched tensor ops, each row
+    drawing from its generator as alone. Otherwise row by row, each with its own generator."""
+    n = draft.tokens.shape[1]
+    greedy = all(r.params.is_greedy for r in rows)
+    if n == 1:  # plain steps: each row's own next token (a draw: the row's generator)
+        if greedy:
+            nexts = argmax_ids(logits[:, 0])  # [B]
+            return [Acceptance([0], t, [r.root]) for t, r in zip(nexts, rows)]
+        return [
+            Acceptance([0], pick(logits[b, 0], r.params, r.generator), [r.root]) for b, r in enumerate(rows)
+        ]
+    if greedy and not on_device:
+        best, trees, links = argmax_ids(logits), draft.tokens.tolist(), draft.parents.tolist()  # [B, N]
+        return [greedy_walk(t[:size], p[:size], b) for t, p, b, size in zip(trees, links, best, draft.sizes)]
+    if greedy:
+        tokens = host_to_device(draft.masked_tokens(), logits.device)  # [B, N], padding -1
+        return greedy_accept_batch(tokens, host_to_device(draft.parents, logits.device), ancestors, logits)
+    if on_device and draft.rule == "deterministic" and not any(r.params.is_greedy for r in rows):
+        every = row_probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A batched)
+        tokens, parents = (host_to_device(x, logits.device) for x in (draft.tokens, draft.parents))
+        return sample_accept_batch(
+            tokens, parents, ancestors, every, [r.generator for r in rows], draft.sizes
+        )
+    out = []
+    for b, row in enumerate(rows):
+        tree, row_logits = draft.tree(b), logits[b, : draft.sizes[b]]  # [N_b, V]
+        if tree.size == 1:
+            out.append(Acceptance([0], pick(row_logits[0], row.params, row.generator), [row.root]))
+        elif row.params.is_greedy:
+            out.append(greedy_accept(tree, row_logits))
+        else:
+            q = draft.q[b, : tree.size] if draft.q is not None else None  # [N_b, V]
+            probs = TargetRows(row_logits, row.params)  # [N_b, V], the rows the walk reads
+            out.append(sample_accept(tree, probs, draft.rule, q, row.generator))
+    return out
+
+
+def queues(rows: Sequence[Row], rule: str) -> bool:
+    """Whether the rows' acceptance can stay on the device: all greedy, or all sampled over
+    deterministic children (rule A)."""
+    greedy = [r.params.is_greedy for r in rows]
+    return all(greedy) or (not any(greedy) and rule == "deterministic")
+
+
+def accept_queued(
+    draft: BatchDraft, logits: torch.Tensor, ancestors: torch.Tensor, rows: Sequence[Row], size: int
+) -> QueuedAcceptance:
+    """Every row's acceptance of its tree left on the device (paths at least `size` long; padding nodes
+    never accepted), read later with `result()`; the rows as `queues` allows, or plain steps."""
+    device = logits.device
+    if draft.tokens.shape[1] == 1:  # plain steps: greedy and sampled rows may mix
+        tokens = host_to_device(draft.tokens, device)  # [B, 1]
+        params, generators = [r.params for r in rows], [r.generator for r in rows]
+        return QueuedAcceptance.plain(tokens, logits[:, 0], params, generators, size)
+    tokens, parents = (host_to_device(x, device) for x in (draft.tokens, draft.parents))  # [B, N] each
+    if rows[0].params.is_greedy:
+        return QueuedAcceptance.greedy(
+            host_to_device(draft.masked_tokens(), device), parents, ancestors, logits, size
+        )
+    probs = row_probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A)
+    return QueuedAcceptance.sampled(
+        tokens, parents, ancestors, probs, [r.generator for r in rows], size, draft.sizes
+    )

@@ -1,0 +1,211 @@
+"""The one decoding loop: a batch of one is a batch.
+
+    prefill -> every row's root -> passes of: draft -> verify (ONE target forward over every row's tree)
+    -> accept -> commit, until every row stops (an EOS, its max_new_tokens).
+
+Each row has its own tree, stop and (sampling) generator, so row b's output equals its output alone
+(greedy: token for token; sampling with its seed: the same draws). Where the loop reads the device is a
+setting, not another loop (`depth`):
+- 0, read first (a CPU's default): the acceptance is read on the host, then the commit, the drafter's
+  accept and the next draft; a CPU's cheap host walks live in `accept_rows`.
+- 1, the next draft queued (CUDA, a compiled target and a drafter that drafts from device tensors): the
+  acceptance stays on the device, the target's commit, the drafter's accept and its next draft are
+  queued from it, then the host waits for the pass's one transfer while the draft runs.
+- 2, the next step queued (plain decoding on CUDA): a step's commit is known (its one node), so the
+  next step is queued before the host reads this one's tokens; a row that stops on an EOS was in that
+  step for nothing (its token dropped), one that runs out of max_new_tokens leaves before it.
+Rows that stop leave the batch (the runner's, the drafter's and a queued draft's rows follow).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spechead.inference.acceptance import Acceptance
+from spechead.inference.devices import host_to_device
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.engine.accept import accept_queued, accept_rows, queues
+from spechead.inference.engine.rows import Row, take
+from spechead.inference.phase_clock import PhaseClock
+from spechead.inference.queued_acceptance import QueuedAcceptance
+from spechead.inference.sampling import pick
+
+Emitted = list[tuple[int, list[int]]]  # (row index as given, its new ids) for the rows a pass emitted
+
+
+@dataclass
+class Flight:
+    """A verified pass: its rows, their trees [B, N], the acceptance (read, or on the device) and the
+    target's states at every node {l: [B, N, H]} (read first: the drafter's next accept reads them)."""
+
+    rows: list[Row]
+    draft: BatchDraft
+    accepted: list[Acceptance] | QueuedAcceptance
+    hidden: dict[int, torch.Tensor]
+    advance: bool = False  # its commit was queued: the runner advances when the host reads K
+
+
+@dataclass
+class Heard:
+    """Read first: what the drafter has yet to hear of the last pass (only heard when decoding goes on)."""
+
+    tokens: list[list[int]]  # [B][K_b] each row's path tokens, root first
+    paths: list[list[int]]  # [B][K_b] the accepted nodes
+    hidden: dict[int, torch.Tensor]  # {l: [B, N, H]} the target's states at every node
+    roots: list[int]
+
+    def rows(self, keep: Sequence[int]) -> Heard:
+        index = torch.tensor(list(keep))
+        hidden = {k: v[host_to_device(index, v.device)] for k, v in self.hidden.items()}
+        pick_ = [self.tokens[i] for i in keep], [self.paths[i] for i in keep], [self.roots[i] for i in keep]
+        return Heard(pick_[0], pick_[1], hidden, pick_[2])
+
+
+def depth_for(runner, drafter: BatchDrafter | None, rows: Sequence[Row], ahead: bool, on_device: bool) -> int:
+    """Where the loop reads the device (see the module): 0 read first; 1 the next draft queued where the
+    target commits as a graph, the acceptance stays on the device and the drafter drafts from it; 2 plain
+    decoding's next step queued."""
+    if not ahead:
+        return 0
+    if drafter is None:
+        return 2
+    rule = getattr(drafter, "rule", "deterministic")
+    ok = on_device and runner.queues_commits and queues(rows, rule) and drafter.queues()
+    return 1 if ok else 0
+
+
+def decode(
+    runner,
+    drafter: BatchDrafter | None,
+    rows: list[Row],
+    eos: set[int],
+    clock: PhaseClock,
+    *,
+    depth: int = 0,
+    on_device: bool = False,
+) -> Iterator[Emitted]:
+    """Decode every row from its prompt: yields, after the prefill and after every pass the host reads,
+    the new ids of the rows that emitted some. Fills each row's stats; the phase times (the batch's,
+    shared by its rows) once the iterator is exhausted. runner: the target's (`TargetRunner`, sized for
+    every row); drafter: None for plain decoding; depth: `depth_for`; on_device: accept on the target's
+    device (an accelerator) rather than in host lists (a CPU)."""
+    prompts = [r.prompt for r in rows]
+    logits, hiddens = runner.prefill(prompts)  # [B, V], [{l: [T_b, H]}]
+    for b, row in enumerate(rows):
+        row.root = pick(logits[b], row.params, row.generator)
+    if drafter is not None:
+        drafter.start(prompts, hiddens, [r.root for r in rows])
+    clock.mark("prefill")
+    yield [(r.index, take(r, [r.root], eos, verified=False)) for r in rows]
+    stepped = list(rows)  # the runner's and the drafter's rows, in their order
+    draft: BatchDraft | None = None  # the next trees, already queued (depths 1 and 2)
+    heard: Heard | None = None  # read first: the last pass, not yet heard by the drafter
+    flights: deque[Flight] = deque()
+    while True:
+        clock.mark("other")
+        wanted = [r for r in stepped if not r.done and r.stats.new_tokens + r.flying < r.max_new]
+        if wanted:
+            if len(wanted) < len(stepped):  # rows leave; the others go on untouched
+                at = {r.index: i for i, r in enumerate(stepped)}
+                kept = [at[r.index] for r in wanted]
+                runner.keep(kept)
+                if drafter is not None:
+                    drafter.keep(kept)
+                draft = draft.rows(kept) if draft is not None else None
+                heard = heard.rows(kept) if heard is not None else None
+                stepped = wanted
+            if draft is None:
+                draft = _propose(drafter, wanted, heard)
+                heard = None
+                clock.mark("draft")
+            flight, draft = _pass(runner, drafter, draft, wanted, depth, on_device, clock)
+            flights.append(flight)
+            if len(flights) < depth:  # plain decoding queued (2): the next step before this read
+                continue
+        if not flights:
+            break
+        emitted, heard = _read(flights.popleft(), runner, drafter, eos)
+        if emitted:
+            yield emitted
+    spent = clock.totals()
+    for row in rows:
+        row.stats.take_times(spent)
+
+
+def _propose(drafter: BatchDrafter | None, rows: list[Row], heard: Heard | None) -> BatchDraft:
+    """Read first: the drafter hears the last pass, then drafts every row's tree from its root (host)."""
+    roots = [r.root for r in rows]
+    if drafter is None:  # plain decoding: every tree is its root
+        return BatchDraft.plain(torch.tensor(roots)[:, None])
+    if heard is not None:
+        drafter.accept_paths(heard.tokens, heard.hidden, heard.paths, heard.roots)
+    return drafter.propose(roots, [r.params for r in rows], [r.generator for r in rows])
+
+
+def _pass(
+    runner, drafter: BatchDrafter | None, draft: BatchDraft, rows: list[Row], depth: int, on_device: bool,
+    clock: PhaseClock,
+) -> tuple[Flight, BatchDraft | None]:  # fmt: skip
+    """Verify every row's tree, accept and commit: read now (depth 0), else left on the device with the
+    drafter's accept and next trees queued from it (returned: the next draft)."""
+    draft = draft.cut(runner.room())  # near a fixed cache's end: the first nodes (a tree: lossless)
+    n = draft.tokens.shape[1]
+    logits, hidden = runner.verify(draft.tokens, draft.parents)  # [B, N, V], {l: [B, N, H]}
+    ancestors = runner.last_ancestors  # [B, N, N]
+    for row in rows:
+        row.flying += 1
+    if depth == 0:
+        if drafter is not None:
+            drafter.verified(draft, logits)  # (lookahead reads its Jacobi guesses there)
+        accs = accept_rows(draft, logits, ancestors, rows, on_device)
+        runner.commit([a.path for a in accs])
+        clock.mark("verify")
+        return Flight(rows, draft, accs, hidden), None
+    queued = accept_queued(draft, logits, ancestors, rows, drafter.commit_width if drafter else 1)
+    if n == 1:  # one node a row: the commit is known, nothing moves
+        runner.commit([[0]] * len(rows))
+    else:
+        runner.commit_queued(queued.path[:, :n])
+    clock.mark("verify")  # (on CUDA the device's timeline: the target's pass, acceptance and commit)
+    if drafter is None:
+        following = BatchDraft.plain(queued.next_token[:, None])
+    else:
+        drafter.accept_queued(hidden, draft.tokens, queued.path, queued.k, queued.next_token)
+        following = drafter.propose_queued(queued.next_token)
+    clock.mark("draft")
+    return Flight(rows, draft, queued, {}, advance=n > 1), following
+
+
+def _read(
+    flight: Flight, runner, drafter: BatchDrafter | None, eos: set[int]
+) -> tuple[Emitted, Heard | None]:
+    """The host reads a pass's acceptance (the pass's one wait): each row takes its tokens, the runner's
+    and the drafter's counts follow a queued commit; read first, what the drafter is to hear next."""
+    queued = isinstance(flight.accepted, QueuedAcceptance)
+    accs = flight.accepted.result() if isinstance(flight.accepted, QueuedAcceptance) else flight.accepted
+    if queued:
+        ks = [len(a.path) for a in accs]
+        if flight.advance:
+            runner.advance(ks)
+        if drafter is not None:
+            drafter.settle(ks, [a.next_token for a in accs])
+    emitted, tokens = [], []
+    draft = flight.draft
+    for b, (row, acc) in enumerate(zip(flight.rows, accs)):
+        row.flying -= 1
+        ids = acc.path_tokens
+        if ids is None:  # (a rule that did not read them: from the tree)
+            ids = [int(t) for t in draft.tokens[b, acc.path].tolist()]
+        tokens.append(ids)
+        if row.done:  # stopped on an EOS while this step was queued: computed for nothing
+            continue
+        row.stats.drafted_tokens += draft.sizes[b] - 1
+        row.root = acc.next_token
+        emitted.append((row.index, take(row, [*ids[1:], row.root], eos)))
+    if queued or drafter is None:
+        return emitted, None
+    return emitted, Heard(tokens, [a.path for a in accs], flight.hidden, [a.next_token for a in accs])

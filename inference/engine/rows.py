@@ -1,0 +1,52 @@
+"""What the engine keeps per row while it decodes, and how a row takes the tokens a pass gave it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from spechead.inference.sampling import SamplingParams, torch_probs
+from spechead.inference.stops import until_stop
+
+if TYPE_CHECKING:
+    from spechead.inference.stats import GenerationStats
+
+
+@dataclass
+class Row:
+    """One sequence of the batch (a batch of one is a batch) while it decodes."""
+
+    index: int  # its place in the batch as given (what the loop yields it under)
+    prompt: torch.Tensor  # [T]
+    max_new: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    stats: GenerationStats
+    root: int = 0  # the last emitted token: the next tree's root, not in the target's cache yet
+    done: bool = False  # stopped: an EOS or max_new tokens emitted
+    flying: int = 0  # passes queued with this row whose tokens the host has not read
+
+
+def take(row: Row, pending: list[int], eos: set[int], verified: bool = True) -> list[int]:
+    """Row `row` emits `pending` (a pass's accepted tokens and the next root) up to its stop: the tokens
+    it emits, its stats counted (`verified`: they came from a verify pass, not the prefill) and `done`
+    set when it stopped."""
+    out = until_stop(pending, eos, row.max_new - row.stats.new_tokens)
+    row.stats.new_tokens += len(out)
+    if verified:
+        row.stats.accept_lengths.append(len(out))
+    if len(out) < len(pending) or not out or out[-1] in eos or row.stats.new_tokens >= row.max_new:
+        row.done = True
+    return out
+
+
+def row_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Every row's target probs [B, N, V] from logits [B, N, V]: one call when the rows share their
+    transform (their seeds aside), else row by row."""
+    transform = {(p.temperature, p.top_k, p.top_p) for p in params}
+    if len(transform) == 1:
+        return torch_probs(logits, params[0])
+    return torch.stack([torch_probs(row, p) for row, p in zip(logits, params)])
