@@ -293,6 +293,8 @@ class BatchRunner:
         """Tree nodes every active row can still take (the padded N must fit after the longest row)."""
         return self.max_length - int(self.lengths.max())
 
+    queues_commits = False  # (eager: no fixed-shape commit to queue)
+
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
         """Prefill prompts ids_b [T_b] (in length groups, `_prefill_rows`): logits [B, V] (fp32, last

@@ -171,7 +171,7 @@ class CompiledBatchRunner(BatchRunner):
         self.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(ks))
         self._sync_lengths()
 
-    queues_commits = True  # `commit_queued` runs here (batch_spec_ahead.py)
+    queues_commits = True  # `commit_queued` runs here (engine/loop.py)
 
     @inference_mode
     def commit_queued(self, paths: Tensor) -> None:

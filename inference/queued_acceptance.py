@@ -1,6 +1,6 @@
 """The acceptance of B verified trees computed on the device, its host form read later (one transfer).
 
-The loops one draft ahead (spec_ahead.py at batch 1, batch_spec_ahead.py) queue the commits and the next
+The engine one draft ahead (engine/loop.py) queues the commits and the next
 draft from the accepted paths before the host knows them, so the acceptance leaves each row's path on
 the device with fixed shapes: its nodes ascending then the last one repeated [B, P], its length K [B]
 and the next token [B]. The host form comes with ONE copy into pinned memory, read after an event

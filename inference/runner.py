@@ -442,7 +442,7 @@ class TargetRunner:
     def commit_queued(self, path: Tensor) -> None:
         """`commit` of a path still on the device, in two halves: the copy of its nodes into place queued
         now (path [N]: the accepted nodes ascending, then the last one repeated; compiled runners only),
-        `advance(K)` once K is read (spec_ahead.py)."""
+        `advance(K)` once K is read (engine/loop.py)."""
         assert self._compiled_commit is not None, "commit_queued needs compile= (a fixed-shape commit)"
         self._compiled_commit(path)
 

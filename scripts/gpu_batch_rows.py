@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from spechead.inference.batch_decode import batch_passes, collect
-from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.evaluation.profiling import Timer
+from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.kv_cache import SlotCache
-from spechead.inference.sampling import SamplingParams
-from spechead.inference.stats import GenerationStats
 from spechead.inference.tree import tree_inputs_on_device
 from spechead.inference.tuning.calibrate import assumed_eagle_accuracy
 from spechead.inference.tuning.tree_search import best_choices
@@ -47,8 +44,8 @@ def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
 
 @torch.inference_mode()
 def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: bool | str = False) -> dict:
-    """Batch b decoded through the engine generate_batch runs (batch_decode.py: BatchRunner, the batched
-    EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
+    """Batch b decoded through the engine generate_batch runs (engine/loop.py: the target runner, the
+    batched EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
     nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
     pass here commits about one token: its cost, not its tau, is what this measures. compile: the
     target's batch passes and (on CUDA) the EAGLE batch draft and accept compiled (batch_graphs.py,
@@ -60,9 +57,9 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
         torch.randint(0, model.config.vocab_size, (b, ctx), generator=torch.Generator().manual_seed(b))
     )
     out = {"decoded_tree_nodes": len(choices) + 1}
-    # as the engine runs them (on CUDA each plain step queued before the last one's tokens are read,
-    # batch_plain_ahead.py; with a compiled drafter each next draft before the acceptance is read,
-    # batch_spec_ahead.py) and reading first (each step, or each next draft, after the host's read)
+    # as the engine runs them (on CUDA each plain step queued before the last one's tokens are read;
+    # with a compiled drafter each next draft before the acceptance is read: engine/loop.py) and
+    # reading first (each step, or each next draft, after the host's read)
     kinds = (
         ("plain", None, None),
         ("plain_stepwise", None, False),
@@ -70,29 +67,19 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
         ("spec_stepwise", EagleDrafter(head, tree=choices), False),
     )
     for name, drafter, ahead in kinds:
-        times, runner = [], None
+        times = []
         if compile and drafter is not None:
             drafter.use_compile(compile)  # its batched() drafts every row as one graph
-        if compile:  # one kept runner: the timed run replays what the warm-up captured
-            layers = tuple(drafter.hidden_layers) if drafter else ()
-            runner = CompiledBatchRunner(
-                model,
-                layers,
-                max_length=ctx + new_tokens + 2 * nodes,
-                capacity=batch_capacity(b),
-                compile=compile,
-            )
+        # one generator a kind: its kept runner, so the timed run replays what the warm-up captured
+        gen = SpeculativeGenerator(model, None, drafter, compile=compile, draft_compile=False)
+        gen.eos = set()  # random weights: never stop early
+        gen.ahead = gen.ahead if ahead is None else ahead
         for _ in range(2):  # the first run warms up (allocations, the plan); the second is timed
-            stats = [GenerationStats() for _ in range(b)]
-            params = [SamplingParams()] * b
-            passes = batch_passes(
-                model, drafter, prompts, [new_tokens] * b, params, set(), stats, runner=runner,
-                ahead=ahead if drafter is None else None, spec_ahead=ahead if drafter is not None else None,
-            )  # fmt: skip
-            collect(passes, b)
+            results = gen.generate_batch(input_ids=prompts, max_new_tokens=new_tokens, tree_for_batch=False)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            times.append(1e3 * (stats[0].wall_time - stats[0].prefill_time) / max(stats[0].target_passes, 1))
+            stats = results[0].stats
+            times.append(1e3 * (stats.wall_time - stats.prefill_time) / max(stats.target_passes, 1))
         out[f"decoded_{name}_pass_ms"] = times[-1]
         if drafter is not None:  # whether every row's draft ran as graphs (eagle_batch_graphs.py: CUDA)
             out["draft_graphs"] = type(drafter.batched()).__name__ == "CompiledEagleBatchDrafter"
@@ -122,7 +109,7 @@ def project_batch(row: dict, extra_ms: float, tau: float) -> dict:
 
 
 def render_batch(r: dict) -> list[str]:
-    """The batch rows' two tables (projected from a batched verify; decoded through batch_decode)."""
+    """The batch rows' two tables (projected from a batched verify; decoded through the engine)."""
     lines = ["batch (eager HF forward, SlotCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain"]  # fmt: skip
     for row in r["batch"]:
         lines.append(
@@ -134,7 +121,7 @@ def render_batch(r: dict) -> list[str]:
     if any(row.get("draft_graphs") for row in r["batch"]):
         target += ", the draft as graphs"
     lines.append(
-        f"batch, decoded (batch_decode: the engine of generate_batch; {target}) | tree nodes | plain pass ms"
+        f"batch, decoded (the engine of generate_batch; {target}) | tree nodes | plain pass ms"
         " (token by token) | spec pass ms (reading first) | projected spec tok/s | vs plain"
     )
     for row in r["batch"]:

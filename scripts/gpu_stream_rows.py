@@ -37,13 +37,12 @@ def decoded_stream(
             "spec"
         ):  # plain decoding as the engine runs it (on CUDA one step ahead), and token by token
             gen = SpeculativeGenerator(model, None, None, compile=compile)
-            gen.plain_ahead = gen.plain_ahead and name == "plain"
-        else:  # (compile=False: the drafter keeps its graphs; the measured runner replaces the new one)
-            gen = SpeculativeGenerator(model, None, drafter)
-            gen.runner = runner
+            gen.ahead = gen.ahead and name == "plain"
+        else:  # (draft_compile=False: the drafter keeps the graphs bench_gpu made)
+            gen = SpeculativeGenerator(model, None, drafter, compile=compile, draft_compile=False)
             # as the engine runs it (on CUDA the next draft queued before the acceptance is read,
-            # spec_ahead.py), and reading each acceptance before the commits and the next draft
-            gen.spec_ahead = gen.spec_ahead and name == "spec"
+            # engine/loop.py), and reading each acceptance before the commits and the next draft
+            gen.ahead = gen.ahead and name == "spec"
         gen.eos = set()  # random weights: never stop early
 
         def run(gen=gen):

@@ -1,12 +1,12 @@
 """A compiled EagleDrafter's accept and next draft queued from an acceptance still on the device.
 
-The speculative loop one pass ahead (spec_ahead.py) queues the head's commit of the accepted path and the
+The engine one draft ahead (engine/loop.py) queues the head's commit of the accepted path and the
 next whole draft before the host has read which path that is: the path comes as device tensors (its nodes
 [N], their count K [0-d], the target's next token [0-d]), so every shape is fixed: the commit runs on
 P >= K pairs (the pairs past K land in scratch slots no earlier pair sees, as `_commit` pads), the head
 cache's device length moves by K on the device, and the next draft reads the last real pair's output and
 the next token from device tensors. Once the host has read K, `settle` makes its bookkeeping follow.
-`EagleAhead` is the drafter's form for spec_ahead.py (drafters/ahead.py says what each method does).
+`EagleAhead` is the drafter's queued form for the engine (drafters/ahead.py says what each method does).
 """
 
 from __future__ import annotations

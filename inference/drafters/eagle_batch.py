@@ -125,7 +125,7 @@ class EagleBatchDrafter(BatchDrafter):
         assert self.feature is not None  # start made it
         tokens, parents = grow(self.feature, roots_t)  # [B, N] each
         # the trees stay on the head's device: on a GPU the verify is queued behind the draft (no wait);
-        # the acceptance reads the accepted tokens with its one transfer (batch_decode.path_tokens)
+        # the acceptance reads the accepted tokens with its one transfer (engine/loop.py)
         return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
 
     @inference_mode

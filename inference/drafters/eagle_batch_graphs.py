@@ -158,7 +158,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     def _active_trees(self, tokens: Tensor, parents: Tensor) -> BatchDraft:
         """The active rows' trees of every physical row's tokens / parents [P_rows, N]. They stay on the
         device (the verify is queued behind the draft, no wait here); the host reads the accepted tokens
-        with the acceptance's one transfer (batch_decode.path_tokens)."""
+        with the acceptance's one transfer (engine/loop.py)."""
         if self.rows == list(range(len(self.rows))):  # the active rows come first: views
             tokens, parents = tokens[: len(self.rows)], parents[: len(self.rows)]
         else:

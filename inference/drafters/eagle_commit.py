@@ -1,6 +1,6 @@
 """How many accepted tokens a compiled EAGLE drafter commits as one fixed-shape graph: shared by the
 drafter (eagle.py), its batch graphs (eagle_batch_graphs.py), its queued accepts (eagle_ahead.py) and
-the batch loop one pass ahead (batch_spec_ahead.py), below all of them."""
+the engine one draft ahead (engine/loop.py), below all of them."""
 
 from __future__ import annotations
 

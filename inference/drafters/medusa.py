@@ -108,7 +108,7 @@ class MedusaDrafter(Drafter):
     @inference_mode
     def fill(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """The static tree's tokens [B, N] for rows with last target states [B, H] and roots [B] (ints, or
-        a device tensor: batch_spec_ahead.py): each head runs ONCE over all rows. The tokens stay on the
+        a device tensor: engine/loop.py): each head runs ONCE over all rows. The tokens stay on the
         heads' device: on a GPU the verify is queued behind the heads, no wait (the acceptance reads the
         accepted tokens with its transfer)."""
         weight = self._weight

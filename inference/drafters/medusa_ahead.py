@@ -1,4 +1,4 @@
-"""A MedusaDrafter driven from an acceptance still on the device (spec_ahead.py, drafters/ahead.py).
+"""A MedusaDrafter driven from an acceptance still on the device (engine/loop.py, drafters/ahead.py).
 
 Medusa's heads read one target state, the last accepted node's, and nothing of theirs is cached: the
 queued accept gathers that state from the verified tree's at the path's last node (a device index), the

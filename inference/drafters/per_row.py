@@ -117,7 +117,7 @@ class RowLoopDrafter(BatchDrafter):
                 row.verified(draft.tree(b), logits[b, : draft.sizes[b]])  # [N_b, V]: its real nodes
 
     def queues(self) -> bool:
-        return self.ahead is not None and len(self.rows) == 1
+        return self.ahead is not None  # (given for a batch of one only)
 
     @property
     def commit_width(self) -> int:  # type: ignore[override]

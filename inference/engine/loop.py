@@ -65,15 +65,18 @@ class Heard:
         return Heard(pick_[0], pick_[1], hidden, pick_[2])
 
 
-def depth_for(runner, drafter: BatchDrafter | None, rows: Sequence[Row], ahead: bool, on_device: bool) -> int:
+def depth_for(
+    runner, drafter: BatchDrafter | None, rows: Sequence[Row], ahead: bool, on_device: bool,
+    rule: str = "deterministic",
+) -> int:  # fmt: skip
     """Where the loop reads the device (see the module): 0 read first; 1 the next draft queued where the
-    target commits as a graph, the acceptance stays on the device and the drafter drafts from it; 2 plain
-    decoding's next step queued."""
+    target commits as a graph, the acceptance stays on the device (rows all greedy, or sampled over
+    children chosen by `rule` = deterministic: rule A) and the drafter drafts from it; 2 plain decoding's
+    next step queued."""
     if not ahead:
         return 0
     if drafter is None:
         return 2
-    rule = getattr(drafter, "rule", "deterministic")
     ok = on_device and runner.queues_commits and queues(rows, rule) and drafter.queues()
     return 1 if ok else 0
 

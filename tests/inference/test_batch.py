@@ -90,22 +90,20 @@ def test_sampling_rows_accepted_on_the_device_equal_their_batch1_draws(setup, ki
     """The accelerator's path (`device_accept`) on the CPU: rows of a padded batch accepted by rule A as
     one set of tensor ops draw what each row draws alone (its coins, then its token), never walked.
     Prompt lookup's trees differ in size from row to row: padded batches."""
-    from spechead.inference import batch_decode
-    from spechead.inference import generator as generator_module
     from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+    from spechead.inference.engine import accept as accept_module
 
     def no_walk(*args, **kwargs):
         raise AssertionError("a sampled tree was walked on the device path")
 
-    for module in (batch_decode, generator_module):
-        monkeypatch.setattr(module, "sample_accept", no_walk)
-    sizes, accept = [], batch_decode.sample_accept_batch
+    monkeypatch.setattr(accept_module, "sample_accept", no_walk)
+    sizes, accept = [], accept_module.sample_accept_batch
 
     def recorded(*args, **kwargs):
         sizes.append(tuple(args[5]))
         return accept(*args, **kwargs)
 
-    monkeypatch.setattr(batch_decode, "sample_accept_batch", recorded)
+    monkeypatch.setattr(accept_module, "sample_accept_batch", recorded)
     model, tok = setup
     drafter = (
         PromptLookupDrafter(num_draft=3, max_ngram=1)
@@ -134,13 +132,7 @@ def test_batch_of_strings_and_single_row(setup, monkeypatch):
         gen.generate("hello there", max_new_tokens=6).token_ids,
         gen.generate("a", max_new_tokens=6).token_ids,
     ]
-    # one row runs the single-sequence engine (its fastest), not the batch loop: its very passes
-    from spechead.inference import generator as generator_module
-
-    def no_batch_loop(*args, **kwargs):
-        raise AssertionError("one row went through the batch loop")
-
-    monkeypatch.setattr(generator_module, "batch_passes", no_batch_loop)
+    # one row: a batch of one through the same engine, its very passes
     one = gen.generate_batch(input_ids=[PROMPTS[2]], max_new_tokens=8)
     assert one[0].token_ids == plain_greedy(model, PROMPTS[2], 8)
     single = gen.generate(input_ids=PROMPTS[2], max_new_tokens=8)
@@ -177,7 +169,7 @@ def test_fixed_cache_near_its_end_still_lossless(setup):
 
 
 def test_row_drafters_share_the_head_weights(setup):
-    from spechead.inference.drafters.base import clone_drafter
+    from spechead.inference.drafters.per_row import clone_drafter
 
     model, _ = setup
     drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0]])

@@ -1,4 +1,4 @@
-"""batch_decode.py: each row of a batch decodes from its own data (its tree's size, its sampling
+"""engine/loop.py and engine/accept.py: each row of a batch decodes from its own data (its tree's size, its sampling
 transform, its accepted tokens when other rows leave), as that row alone would."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.drafters.base import BatchDraft, RowLoopDrafter
+from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.medusa import MedusaBatchDrafter
+from spechead.inference.drafters.per_row import RowLoopDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -20,8 +21,8 @@ def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
     smallest): each row's acceptance reads its own N_b nodes' logits and draws from its own generator,
     exactly batch-1 `sample_accept` of that row's tree (a row read with another row's size fails)."""
     from spechead.inference.acceptance import sample_accept
-    from spechead.inference.batch_decode import accept_rows
-    from spechead.inference.batch_rows import Row
+    from spechead.inference.engine.accept import accept_rows
+    from spechead.inference.engine.rows import Row
     from spechead.inference.tree import TokenTree, ancestors_on_device
 
     g = torch.Generator().manual_seed(1)
@@ -51,7 +52,7 @@ def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
 def test_rows_of_different_temperatures_each_get_their_own_probs():
     """The batched target probs of rows that sample with different transforms (temperature, top-k):
     each row's are its own `torch_probs`, not the first row's transform applied to every row."""
-    from spechead.inference.batch_rows import row_probs
+    from spechead.inference.engine.rows import row_probs
     from spechead.inference.sampling import torch_probs
 
     logits = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(2))
@@ -84,19 +85,21 @@ def test_rows_leaving_the_batch_hand_the_drafter_their_own_accepted_tokens(
     gen.eos = set()
     heard: dict[int, list[int]] = {b: [] for b in range(len(PROMPTS))}
     order = list(range(len(PROMPTS)))  # the batch's rows as indices into PROMPTS
-    accept, keep = cls.accept, cls.keep
+    accept, keep = cls.accept_paths, cls.keep
 
     def spy_keep(self, rows):
         order[:] = [order[i] for i in rows]
         keep(self, rows)
 
-    def spy_accept(self, tokens, lengths, hidden, next_roots):
-        assert len(lengths) == len(order) == tokens.shape[0]
-        for b, (row, k) in enumerate(zip(tokens.tolist(), lengths)):
-            heard[order[b]].extend(row[:k])
-        accept(self, tokens, lengths, hidden, next_roots)
+    def spy_accept(self, tokens, hidden, paths, next_roots):
+        assert len(paths) == len(order) == len(tokens)
+        assert all(v.shape[0] == len(order) for v in hidden.values())
+        for b, (row, path) in enumerate(zip(tokens, paths)):
+            assert len(row) == len(path)
+            heard[order[b]].extend(row)
+        accept(self, tokens, hidden, paths, next_roots)
 
-    monkeypatch.setattr(cls, "accept", spy_accept)
+    monkeypatch.setattr(cls, "accept_paths", spy_accept)
     monkeypatch.setattr(cls, "keep", spy_keep)
     max_new = [9, 20, 6, 16]  # rows leave at different passes, a middle one first
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=max_new)

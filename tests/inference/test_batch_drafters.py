@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from spechead.heads.fused import grouped_attention as fused_attention
-from spechead.inference import batch_decode
 from spechead.inference.drafters import eagle as eagle_module
 from spechead.inference.drafters import eagle_batch as eagle_batch_module
 from spechead.inference.drafters import eagle_batch_graphs
-from spechead.inference.drafters.base import BatchDraft, RowLoopDrafter
+from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
 from spechead.inference.drafters.medusa import MedusaBatchDrafter
+from spechead.inference.drafters.per_row import RowLoopDrafter
 from spechead.inference.drafters.topk import topk_rows
+from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -248,14 +249,14 @@ def test_rows_accepting_off_the_main_path_keep_their_batch1_passes(model, chatml
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
     gen.eos = set()
     paths = []
-    accept_rows = batch_decode.accept_rows
+    accept_rows = loop_module.accept_rows
 
     def spy(*args, **kwargs):
         accs = accept_rows(*args, **kwargs)
         paths.extend(a.path for a in accs)
         return accs
 
-    monkeypatch.setattr(batch_decode, "accept_rows", spy)
+    monkeypatch.setattr(loop_module, "accept_rows", spy)
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     off_main = sum(path[-1] != len(path) - 1 for path in paths)  # not nodes 0..K-1
     assert off_main >= 3, paths
@@ -270,8 +271,8 @@ def test_padding_nodes_are_never_accepted(on_device):
     """A row whose tree is shorter than the batch's: its padding (copies of the root, children of
     the root) must not be accepted even where the target's argmax at the root equals the root; by the
     host walk (a CPU's) and by the device's batched walk."""
-    from spechead.inference.batch_decode import accept_rows
-    from spechead.inference.batch_rows import Row
+    from spechead.inference.engine.accept import accept_rows
+    from spechead.inference.engine.rows import Row
     from spechead.inference.tree import ancestors_on_device
 
     draft = BatchDraft(torch.tensor([[7, 7, 7], [5, 6, 8]]), torch.tensor([[-1, 0, 0], [-1, 0, 1]]), [1, 3])
@@ -289,8 +290,8 @@ def test_host_and_device_batch_walks_agree():
     """Greedy acceptance of random trees of mixed sizes, where the target mostly agrees: the CPU's
     host walk per row == the batched device walk == batch-1 `greedy_accept`, tokens included."""
     from spechead.inference.acceptance import greedy_accept
-    from spechead.inference.batch_decode import accept_rows
-    from spechead.inference.batch_rows import Row
+    from spechead.inference.engine.accept import accept_rows
+    from spechead.inference.engine.rows import Row
     from spechead.inference.tree import TokenTree, ancestors_on_device
 
     g = torch.Generator().manual_seed(0)

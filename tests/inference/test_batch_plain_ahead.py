@@ -1,4 +1,4 @@
-"""Plain batched decoding one step ahead (batch_plain_ahead.py), forced on a CPU (the default on CUDA
+"""Plain batched decoding one step ahead (engine/loop.py, depth 2), forced on a CPU (the default on CUDA
 only): every row's tokens equal the token-by-token batch loop's and Hugging Face's (greedy) or the same
 seeds' draws (sampled), with mixed prompt lengths, per-row max_new_tokens and a row stopping at an EOS
 while the others go on; rows leave the batch at the step they should."""
@@ -6,13 +6,10 @@ while the others go on; rows leave the batch at the step they should."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from spechead.inference.batch import BatchRunner
 from spechead.inference.batch_graphs import CompiledBatchRunner
-from spechead.inference.batch_plain_ahead import RowReads, next_row_ids
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.sampling import SamplingParams, make_generator, pick
 
 from .test_generator import plain_greedy
 
@@ -30,7 +27,7 @@ def setup(tiny_llama, chatml_tokenizer):
 def both(model, tok, **options) -> tuple[SpeculativeGenerator, SpeculativeGenerator]:
     """(one step ahead, token by token) plain batch decoding over the same target."""
     ahead, stepwise = (SpeculativeGenerator(model, tok, None, cache="static", **options) for _ in range(2))
-    ahead.plain_ahead, stepwise.plain_ahead = True, False
+    ahead.ahead, stepwise.ahead = True, False
     return ahead, stepwise
 
 
@@ -50,7 +47,7 @@ def step_batches(monkeypatch, runner_cls) -> list[int]:
 def test_greedy_rows_ahead_equal_token_by_token_and_huggingface(setup, compile, monkeypatch):
     model, tok = setup
     ahead, stepwise = both(model, tok, compile=compile)
-    assert not SpeculativeGenerator(model, tok, None).plain_ahead  # a CPU's default: token by token
+    assert not SpeculativeGenerator(model, tok, None).ahead  # a CPU's default: token by token
     sizes = step_batches(monkeypatch, CompiledBatchRunner if compile else BatchRunner)
     out = ahead.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     steps = list(sizes)
@@ -107,32 +104,3 @@ def test_sampled_rows_ahead_draw_what_token_by_token_draws(setup, compile, param
     for b, prompt in enumerate(PROMPTS):
         alone = ahead.generate(input_ids=prompt, max_new_tokens=MAX_NEW[b], seed=kw["seed"][b], **params)
         assert out[b].token_ids == host[b].token_ids == device[b].token_ids == alone.token_ids, b
-
-
-def test_next_row_ids_is_each_rows_pick():
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))  # [B, V]
-
-    class Row:
-        def __init__(self, params, seed):
-            self.params, self.generator = params, make_generator(seed)
-
-    greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8, top_k=7)
-    for seed in range(10):
-        rows = [Row(greedy, seed), Row(sampled, seed), Row(sampled, seed + 100)]
-        drawn = next_row_ids(logits, rows)
-        expected = [
-            pick(row, r.params, make_generator(s))
-            for row, r, s in zip(logits, rows, [seed, seed, seed + 100])
-        ]
-        assert drawn.shape == (3,) and drawn.tolist() == expected
-    all_greedy = [Row(greedy, 0)] * 3
-    assert next_row_ids(logits, all_greedy).tolist() == logits.argmax(-1).tolist()
-
-
-def test_row_reads_come_back_in_order_with_their_rows():
-    reads = RowReads(torch.device("cpu"), 3)
-    reads.push(torch.tensor([3, 4, 5]), ["a", "b", "c"])
-    reads.push(torch.tensor([6, 7]), ["a", "c"])
-    assert reads.pop() == (["a", "b", "c"], [3, 4, 5])
-    reads.push(torch.tensor([8]), ["c"])  # into the slot just read
-    assert [reads.pop(), reads.pop()] == [(["a", "c"], [6, 7]), (["c"], [8])]

@@ -1,4 +1,4 @@
-"""Batched speculative decoding one draft ahead (batch_spec_ahead.py), forced on a CPU (the default on CUDA
+"""Batched speculative decoding one draft ahead (engine/loop.py, depth 1), forced on a CPU (the default on CUDA
 only): the acceptance of B rows on the device is `greedy_accept_batch`'s / `sample_accept_batch`'s; the
 batch drafters' queued accept and draft equal `accept` and `propose` (paths off the main path, rows of
 different K, rows leaving); decoding equals the loop that reads first row by row (tokens, accepted lengths,
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference import batch_decode
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
 from spechead.inference.batch_graphs import CompiledBatchRunner
 from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.tree import TokenTree, ancestors_on_device, tree_from_choices
@@ -131,7 +131,7 @@ def test_the_queued_batch_accept_and_draft_equal_accept_and_propose(model, kind)
         host.accept(host_tokens, [len(p) for p in paths], gathered, nexts.tolist())
         queued.accept_queued(hidden, tokens, padded, torch.tensor([len(p) for p in paths]), nexts)
         drafts = [queued.propose_queued(nexts), host.propose(nexts.tolist(), sampling, sampling)]
-        queued.settle([len(p) for p in paths])
+        queued.settle([len(p) for p in paths], nexts.tolist())
         if kind != "medusa":
             assert torch.equal(queued._rows.lengths, host._rows.lengths)
         if r == 0:  # the middle row leaves
@@ -146,7 +146,7 @@ def generators(model, tok, drafter_of, **options):
     out = []
     for ahead in (True, False):
         gen = SpeculativeGenerator(model, tok, drafter_of(), compile="graphs", **options)
-        gen.device_accept, gen.spec_ahead = True, ahead
+        gen.device_accept, gen.ahead = True, ahead
         out.append(gen)
     return out
 
@@ -166,11 +166,12 @@ def drafter_maker(model, kind):
 @pytest.mark.parametrize("kind", ["eagle3_static", "eagle_dynamic", "medusa_fitted"])
 def test_batch_decoding_ahead_equals_the_loop_that_reads_first(model, chatml_tokenizer, kind, monkeypatch):
     ahead, first = generators(model, chatml_tokenizer, drafter_maker(model, kind))
-    assert not SpeculativeGenerator(model, chatml_tokenizer, None).spec_ahead  # a CPU's default
+    assert not SpeculativeGenerator(model, chatml_tokenizer, None).ahead  # a CPU's default
     queued = []
-    commit = CompiledBatchRunner.commit_queued
+    runner_class = type(ahead._runner(ahead.drafter, [torch.tensor([1])] * 2, [1, 1]))
+    commit = runner_class.commit_queued
     monkeypatch.setattr(
-        CompiledBatchRunner, "commit_queued", lambda self, p: (queued.append(p.shape[0]), commit(self, p))
+        runner_class, "commit_queued", lambda self, p: (queued.append(p.shape[0]), commit(self, p))
     )
     eos = plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]  # row 0 stops there; the others go on
     for g in (ahead, first):
@@ -197,22 +198,22 @@ def test_batch_decoding_ahead_equals_the_loop_that_reads_first(model, chatml_tok
 def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     """An eager target, children drawn from the head when sampling, rows both greedy and sampled: the
     loop that reads first."""
-    from spechead.inference.batch_rows import Row
-    from spechead.inference.batch_spec_ahead import queues_ahead
+    from spechead.inference.engine.loop import depth_for
+    from spechead.inference.engine.rows import Row
     from spechead.inference.sampling import SamplingParams
     from spechead.inference.stats import GenerationStats
 
     def no_ahead(*args, **kwargs):
-        raise AssertionError("batch_spec_ahead ran")
+        raise AssertionError("the loop queued the next draft")
 
-    monkeypatch.setattr(batch_decode, "batch_spec_ahead", no_ahead)
+    monkeypatch.setattr(loop_module, "accept_queued", no_ahead)
     eager = SpeculativeGenerator(model, chatml_tokenizer, build(model, "eagle3_static"))
-    eager.device_accept = eager.spec_ahead = True
+    eager.device_accept = eager.ahead = True
     eager.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False)
     drawn = build(model, "eagle3_static")
     drawn.rule, drawn.batch_graphs = "without_replacement", True
     gen = SpeculativeGenerator(model, chatml_tokenizer, drawn, compile="graphs")
-    gen.device_accept = gen.spec_ahead = True
+    gen.device_accept = gen.ahead = True
     gen.generate_batch(
         input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False, temperature=0.8, seed=1
     )
@@ -221,17 +222,21 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
         Row(b, torch.arange(3), 4, SamplingParams(t), None, GenerationStats()) for b, t in enumerate((0, 0.8))
     ]
     batched = build(model, "medusa").batched()
-    assert not queues_ahead(runner, batched, rows, "deterministic")  # one greedy row, one sampled
-    assert queues_ahead(runner, batched, rows[:1], "without_replacement")  # greedy: the rule is not read
-    assert queues_ahead(runner, batched, rows[1:], "deterministic")
+    assert depth_for(runner, batched, rows, True, True) == 0  # one greedy row, one sampled
+    assert depth_for(runner, batched, rows[:1], True, True, "without_replacement") == 1  # greedy: not read
+    assert depth_for(runner, batched, rows[1:], True, True, "without_replacement") == 0  # drawn children
+    assert depth_for(runner, batched, rows[1:], True, True) == 1  # sampled over top-k children
+    assert depth_for(runner, batched, rows[1:], True, False) == 0  # accepted on the host: read first
+    assert depth_for(runner, batched, rows[1:], False, True) == 0  # not asked to queue
+    assert depth_for(runner, None, rows, True, False) == 2  # plain decoding: the next step queued
 
 
 def test_padding_nodes_are_never_accepted_ahead():
     """A row whose tree has fewer real nodes than the batch's width: its padding never joins its path,
     even where the target's argmax would accept it (greedy), nor is it drawn (sampled)."""
-    from spechead.inference.batch_rows import Row
-    from spechead.inference.batch_spec_ahead import _acceptance
     from spechead.inference.drafters.base import BatchDraft
+    from spechead.inference.engine.accept import accept_queued
+    from spechead.inference.engine.rows import Row
     from spechead.inference.sampling import SamplingParams
     from spechead.inference.stats import GenerationStats
 
@@ -245,7 +250,7 @@ def test_padding_nodes_are_never_accepted_ahead():
     for temperature in (0.0, 1.0):
         rows = [Row(b, tokens[b], 9, SamplingParams(temperature, seed=b), torch.Generator().manual_seed(b),
                      GenerationStats()) for b in range(2)]  # fmt: skip
-        accs = _acceptance(draft, logits, anc, rows, size=4).result()
+        accs = accept_queued(draft, logits, anc, rows, size=4).result()
         assert [a.path for a in accs] == [[0, 1, 2, 3], [0, 1]] and accs[1].next_token == 2, temperature
 
 
@@ -260,7 +265,7 @@ def test_replayed_graphs_decode_a_batch_ahead_like_plain_decoding(
     capture: every output a buffer the next replay overwrites): a batch decoded ahead still equals plain
     decoding row by row, the graphs replayed."""
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter_maker(model, kind)(), compile=True)
-    gen.device_accept = gen.spec_ahead = True
+    gen.device_accept = gen.ahead = True
     gen.eos = set()
     out = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False)
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):

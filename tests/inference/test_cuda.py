@@ -64,7 +64,7 @@ def test_seeded_sampling_runs_on_cuda(tiny_llama, chatml_tokenizer):
 
 @pytest.mark.parametrize("compile", [False, "graphs"])
 def test_plain_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenizer, compile):
-    """CUDA's default plain decoding queues each step before reading the last token (plain_ahead.py):
+    """CUDA's default plain decoding queues each step before reading the last token (engine/loop.py):
     greedy, Hugging Face's tokens; sampled, the token-by-token loop's draws for the same seed (the same
     ops on the device); an EOS stops both at the same token."""
     from .test_generator import plain_greedy
@@ -73,8 +73,8 @@ def test_plain_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenizer, com
     model.generation_config.eos_token_id = None
     ahead = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
     stepwise = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
-    stepwise.plain_ahead = False
-    assert ahead.plain_ahead
+    stepwise.ahead = False
+    assert ahead.ahead
     prompt = list(range(5, 17))
     full = plain_greedy(model, prompt, 30)
     assert ahead.generate(input_ids=prompt, max_new_tokens=30).token_ids == full
@@ -90,7 +90,7 @@ def test_plain_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenizer, com
 @pytest.mark.parametrize("compile", [False, "graphs"])
 def test_plain_batch_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenizer, compile):
     """CUDA's default plain batch decoding queues each step before reading the last one's tokens
-    (batch_plain_ahead.py): greedy rows equal Hugging Face's tokens with per-row max_new_tokens and a row
+    (engine/loop.py): greedy rows equal Hugging Face's tokens with per-row max_new_tokens and a row
     stopping at an EOS; sampled rows draw what the token-by-token batch loop draws."""
     from .test_generator import plain_greedy
 
@@ -98,7 +98,7 @@ def test_plain_batch_decoding_one_step_ahead_on_cuda(tiny_llama, chatml_tokenize
     model.generation_config.eos_token_id = None
     ahead = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
     stepwise = SpeculativeGenerator(model, chatml_tokenizer, None, compile=compile)
-    stepwise.plain_ahead = False
+    stepwise.ahead = False
     prompts, max_new = [list(range(5, 17)), [40, 41], list(range(60, 90))], [30, 3, 21]
     ahead.eos = stepwise.eos = {plain_greedy(model, prompts[0], 30)[9]}
     out = ahead.generate_batch(input_ids=prompts, max_new_tokens=max_new)

@@ -55,7 +55,7 @@ def test_host_to_device_neither_waits_nor_reads_the_source_late():
 def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampled):
     """The fast path (target and draft as CUDA graphs, compile="graphs": captured in seconds; inductor's
     kernels change nothing on the host; Medusa's heads eager), each next draft queued before the
-    acceptance is read (spec_ahead.py). Eager, transformers' own forward may wait too: not counted.
+    acceptance is read (engine/loop.py). Eager, transformers' own forward may wait too: not counted.
     Sampled (temperature and top-k; top-p reads its two flags back once a guess): rule A as batched
     tensor ops (device_sampling.py), whose packed result is the pass's one wait as greedy's is."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
@@ -99,7 +99,7 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
 
 def test_one_wait_for_the_gpu_per_batch_pass(tiny_llama, chatml_tokenizer):
     """Batch decoding's fast path (the target's batch passes and every row's EAGLE draft as CUDA graphs,
-    each next draft queued before the acceptance is read: batch_spec_ahead.py): the trees stay on the
+    each next draft queued before the acceptance is read: engine/loop.py): the trees stay on the
     GPU, the acceptance's transfer is the pass's one wait."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")

@@ -1,5 +1,5 @@
 """EAGLE and Medusa decoding with the next draft queued before the host reads the acceptance
-(spec_ahead.py, drafters/ahead.py), forced on a CPU (the default on CUDA only): the acceptance computed on
+(engine/loop.py depth 1, drafters/ahead.py), forced on a CPU (the default on CUDA only): the acceptance computed on
 the device is the greedy rule, or rule A's draws; the drafters' queued accept and draft equal
 `accept_path` and `propose`; decoding equals plain decoding with the same accepted lengths as the loop
 that reads first, also as replayed graphs."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference import generator as generator_module
 from spechead.inference.acceptance import greedy_accept_batch
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.drafters.ahead import ahead_of
@@ -17,6 +16,7 @@ from spechead.inference.drafters.eagle_ahead import EagleAhead, runs_ahead
 from spechead.inference.drafters.eagle_commit import commit_size
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.medusa_ahead import MedusaAhead
+from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import SamplingParams
@@ -128,7 +128,7 @@ def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, k
         ahead.accept(hidden, tokens, padded, torch.tensor(len(path)), torch.tensor(nxt))
         torch.testing.assert_close(queued._feature, host._feature)
         drafts = [host.propose(nxt, SamplingParams(), None), ahead.propose(torch.tensor(nxt))]
-        ahead.settle(len(path), nxt)  # (after the draft, as spec_ahead reads the acceptance)
+        ahead.settle(len(path), nxt)  # (after the draft, as the engine reads the acceptance)
         assert queued._committed == host._committed
     assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
 
@@ -172,14 +172,15 @@ def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(
 ):
     ahead = SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile="graphs")
     first = SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile="graphs")
-    assert not ahead.spec_ahead  # a CPU's default: the loop that reads first
+    assert not ahead.ahead  # a CPU's default: the loop that reads first
     for g in (ahead, first):
         g.device_accept = True
-    ahead.spec_ahead = True
+    ahead.ahead = True
     queued, passes = [], 0
-    commit = ahead.runner.commit_queued
+    runner_class = type(ahead._runner(ahead.drafter, [torch.tensor([1])], [1]))
+    commit = runner_class.commit_queued
     monkeypatch.setattr(
-        ahead.runner, "commit_queued", lambda path: (queued.append(path.shape[0]), commit(path))
+        runner_class, "commit_queued", lambda self, path: (queued.append(path.shape[0]), commit(self, path))
     )
     for i, n in enumerate((1, 2, 9, 30)):
         prompt = list(range(5 + i, 15 + 3 * i))
@@ -207,7 +208,7 @@ def test_trees_cut_at_a_fixed_caches_end_count_and_commit_as_the_loop_that_reads
     ahead, first = gens
     for g in gens:
         g.device_accept = True
-    ahead.spec_ahead = True
+    ahead.ahead = True
     out, ref = (g.generate(input_ids=prompt, max_new_tokens=n) for g in gens)
     assert out.token_ids == ref.token_ids == plain_greedy(model, prompt, n), kind
     assert out.stats.accept_lengths == ref.stats.accept_lengths
@@ -222,7 +223,7 @@ def test_sampling_ahead_draws_what_the_loop_that_reads_first_draws(model, chatml
     )
     for g in (ahead, first):
         g.device_accept = True
-    ahead.spec_ahead = True
+    ahead.ahead = True
     for seed in range(3):
         kw = {"input_ids": list(range(5 + seed, 17)), "max_new_tokens": 24, "seed": seed, "temperature": 0.9,
               "top_k": 20}  # fmt: skip
@@ -234,7 +235,7 @@ def test_an_eos_inside_an_accepted_path_stops_ahead_at_it(model, chatml_tokenize
     ahead = SpeculativeGenerator(
         model, chatml_tokenizer, eagle_drafter(model, "eagle", tree=CHOICES), compile="graphs"
     )
-    ahead.device_accept = ahead.spec_ahead = True
+    ahead.device_accept = ahead.ahead = True
     prompt = list(range(9, 21))
     full = plain_greedy(model, prompt, 30)
     for at in (0, 3, 11):
@@ -247,9 +248,9 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     """Drawn children, an eager drafter, an eager target, a Medusa subclass: the loop that reads first."""
 
     def no_ahead(*args, **kwargs):
-        raise AssertionError("spec_ahead ran")
+        raise AssertionError("the loop queued the next draft")
 
-    monkeypatch.setattr(generator_module, "spec_ahead", no_ahead)
+    monkeypatch.setattr(loop_module, "accept_queued", no_ahead)
     prompt = list(range(5, 15))
     for compile, draft_compile, kw, rule in (
         ("graphs", None, {"temperature": 0.8, "seed": 1}, "without_replacement"),
@@ -260,7 +261,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
         gen = SpeculativeGenerator(
             model, chatml_tokenizer, drafter, compile=compile, draft_compile=draft_compile
         )
-        gen.device_accept = gen.spec_ahead = True
+        gen.device_accept = gen.ahead = True
         gen.generate(input_ids=prompt, max_new_tokens=8, **kw)
 
     class HearsMore(MedusaDrafter):  # a subclass may hear paths its own way
@@ -270,7 +271,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     assert ahead_of(HearsMore(medusa.head, MEDUSA_CHOICES), greedy=True) is None
     for compile, d in (("graphs", HearsMore(medusa.head, MEDUSA_CHOICES)), (False, medusa)):
         gen = SpeculativeGenerator(model, chatml_tokenizer, d, compile=compile)
-        gen.device_accept = gen.spec_ahead = True
+        gen.device_accept = gen.ahead = True
         gen.generate(input_ids=prompt, max_new_tokens=8)
 
 
@@ -279,7 +280,7 @@ def test_replayed_graphs_decode_ahead_like_plain_decoding(model, chatml_tokenize
     """The target's verify and commit and the head's commit and draft as replayed graphs (what CUDA would
     capture; Medusa's heads run eager): decoding ahead still equals plain decoding, the graphs replayed."""
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter(model, kind), compile=True)
-    gen.device_accept = gen.spec_ahead = True
+    gen.device_accept = gen.ahead = True
     for i in range(3):
         prompt = list(range(5 + i, 15 + 2 * i))
         assert gen.generate(input_ids=prompt, max_new_tokens=20).token_ids == plain_greedy(model, prompt, 20)
@@ -298,7 +299,7 @@ def test_a_budget_ending_inside_an_accepted_path_cuts_it_as_the_loop_that_reads_
     ahead, first = gens
     for g in gens:
         g.device_accept = True
-    ahead.spec_ahead = True
+    ahead.ahead = True
     prompt = list(range(6, 19))
     lengths = ahead.generate(input_ids=prompt, max_new_tokens=40).stats.accept_lengths
     long = next(i for i, k in enumerate(lengths) if k >= 2)  # the first pass accepting a drafted token

@@ -120,14 +120,14 @@ def test_batch_rows_and_goals(tiny_run):
         assert math.isclose(row["projected_pass_ms"], row["verify_ms"] + extra)
         assert math.isclose(row["projected_tokens_per_s"], row["batch"] * row["projected_row_tokens_per_s"])
         assert math.isclose(row["projected_speedup"], 5.4 * row["plain_step_ms"] / row["projected_pass_ms"])
-        # whole passes decoded through batch_decode, plain and with a tree of max(4, 64 // B) nodes per row
+        # whole passes decoded through the engine, plain and with a tree of max(4, 64 // B) nodes per row
         assert row["decoded_tree_nodes"] == max(4, 64 // row["batch"])
         spec, plain = row["decoded_spec_pass_ms"], row["decoded_plain_pass_ms"]
         assert positive(spec) and positive(plain)
         assert math.isclose(row["decoded_tokens_per_s"], 1e3 * row["batch"] * 5.4 / spec)
         assert math.isclose(row["decoded_speedup"], 5.4 * plain / spec)
     assert "the second decodes (random weights: about one token a pass)" in out
-    assert "batch, decoded (batch_decode: the engine of generate_batch; eager)" in out
+    assert "batch, decoded (the engine of generate_batch; eager)" in out
     assert len(r["goals"]) == 4
     for name, goal in r["goals"].items():
         assert isinstance(goal["met"], bool) and f"goal: {name}:" in out

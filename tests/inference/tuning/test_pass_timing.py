@@ -48,7 +48,7 @@ def test_passes_are_timed_per_drafter(tiny_llama):
     plain, drafted = pass_ms_by_drafter(target, [None, chain], torch.arange(1, 20), new_tokens=8, rounds=2)
     assert plain > 0 and drafted > 0
     rows = pass_ms_by_drafter(target, [None, chain], torch.arange(1, 20), new_tokens=8, rounds=1, batch=3)
-    assert len(rows) == 2 and min(rows) > 0  # batched passes of 3 rows (batch_decode.py)
+    assert len(rows) == 2 and min(rows) > 0  # batched passes of 3 rows (the engine)
 
 
 def test_passes_are_timed_as_the_generator_compiles_them(tiny_llama, monkeypatch):
