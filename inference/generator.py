@@ -321,7 +321,7 @@ class SpeculativeGenerator:
         tree_room = drafter.max_nodes if drafter else 1
         if self.compile:  # fixed shapes: the target's passes as compiled graphs (batch_graphs.py)
             size = fixed if fixed is not None else -(-(need + tree_room) // 1024) * 1024
-            runner = kept_runner(self._runners, self.target, layers, batch, size, self.compile)
+            runner: BatchRunner = kept_runner(self._runners, self.target, layers, batch, size, self.compile)
         else:
             size = fixed or -(-(need + tree_room) // 256) * 256
             runner = BatchRunner(self.target, layers, max_length=size)

@@ -258,7 +258,10 @@ class BatchDrafter(ABC):
         `settle`; greedy rows or rule A). Default: no, the loop reads each acceptance first."""
         return False
 
-    commit_width = 1  # the accepted path's length at least that `accept_queued` reads
+    @property
+    def commit_width(self) -> int:
+        """The accepted path's length at least that `accept_queued` reads."""
+        return 1
 
     def accept_queued(
         self, hidden: dict[int, torch.Tensor], tokens: torch.Tensor, paths: torch.Tensor, ks: torch.Tensor,

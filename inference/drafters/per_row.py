@@ -120,7 +120,7 @@ class RowLoopDrafter(BatchDrafter):
         return self.ahead is not None  # (given for a batch of one only)
 
     @property
-    def commit_width(self) -> int:  # type: ignore[override]
+    def commit_width(self) -> int:
         return self.ahead.size if self.ahead is not None else 1
 
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:

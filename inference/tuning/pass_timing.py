@@ -64,7 +64,9 @@ def pass_ms_by_drafter(
         for i, drafter in enumerate(drafters):
             gen.drafter = drafter  # (the same engine at every batch size; compiled runners kept by gen)
             rows = [prompt] * batch  # (the batch's times: every row decodes the same prompt alike)
-            done = gen.generate_batch(input_ids=rows, max_new_tokens=new_tokens, tree_for_batch=False)[0].stats
+            done = gen.generate_batch(input_ids=rows, max_new_tokens=new_tokens, tree_for_batch=False)[
+                0
+            ].stats
             times[i].append(1e3 * (done.wall_time - done.prefill_time) / max(done.target_passes, 1))
     return [min(t) for t in times]
 

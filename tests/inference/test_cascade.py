@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from spechead.inference.drafters.base import Draft, chain
-from spechead.inference.drafters.per_row import clone_drafter
 from spechead.inference.drafters.cascade import CascadeDrafter
+from spechead.inference.drafters.per_row import clone_drafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import cascade_models, drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
