@@ -13,7 +13,8 @@ import torch
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.evaluation.profiling import count_syncs, profile_part
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.runner import TargetRunner
+from spechead.inference.runner import TargetRunner as LoopRunner
+from spechead.inference.target.runner import TargetRunner
 
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
 # tokens of the two profiled generates: 16 passes apart are enough for per-pass kernel counts and costs,
@@ -40,7 +41,7 @@ def decoded_stream(
             gen.plain_ahead = gen.plain_ahead and name == "plain"
         else:  # (compile=False: the drafter keeps its graphs; the measured runner replaces the new one)
             gen = SpeculativeGenerator(model, None, drafter)
-            gen.runner = runner
+            gen.runner = LoopRunner.around(runner)  # (the generator's loop still calls the old shapes)
             # as the engine runs it (on CUDA the next draft queued before the acceptance is read,
             # spec_ahead.py), and reading each acceptance before the commits and the next draft
             gen.spec_ahead = gen.spec_ahead and name == "spec"

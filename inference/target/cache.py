@@ -127,13 +127,12 @@ class RowLayer(CacheLayerMixin):
         b, h, n, d = key_states.shape
         if b != owner.batch:
             raise ValueError(f"a cache of {owner.batch} rows got states of {b} rows")
-        if owner.static_shapes:  # row b writes after its device-side length; the mask hides the rest
+        slots = owner.write_slots  # [B, n] each row at its own slots
+        if owner.static_shapes:  # row b after its device-side length; the mask hides the rest
             lengths = owner.device_lengths(key_states.device)  # [B]
             offset = owner.write_offset  # (a draft's speculative slots so far)
             slots = lengths[:, None] + torch.arange(offset, offset + n, device=key_states.device)  # [B, n]
-        else:  # [B, n] each row at its own slots
-            slots = owner.write_slots
-            assert slots is not None  # (in a row: above)
+        assert slots is not None  # (in a row: above)
         self.keys.scatter_(2, slots[:, None, :, None].expand(b, h, n, d), key_states)
         self.values.scatter_(2, slots[:, None, :, None].expand(b, h, n, value_states.shape[-1]), value_states)
         if owner.static_shapes:

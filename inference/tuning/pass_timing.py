@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from spechead.inference.batch_decode import batch_cache_size, batch_passes, collect
-from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.stats import GenerationStats
+from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.tuning.calibrate import EAGER, TimedAs
 from spechead.inference.tuning.tree_search import expected_accept_length
 
@@ -57,14 +57,14 @@ def pass_ms_by_drafter(
     drafter alike; the first run's one-time work, a compiled part's capture included, and noise only
     add). The target and the drafters (in place) are compiled as `timed_as` says. batch > 1: a pass of
     `batch` rows of that prompt through batched decoding (batch_decode.py), as generate_batch runs it
-    (compiled: its kept fixed-shape runners, batch_graphs.py)."""
+    (compiled: fixed-shape runners kept across its rounds, one per capacity)."""
     gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
     if timed_as.draft:
         for drafter in drafters:
             if drafter is not None:
                 drafter.use_compile(timed_as.draft)
-    kept: dict[tuple, CompiledBatchRunner] = {}  # compiled batch runners, one per capacity and layers
+    kept: dict[tuple, TargetRunner] = {}  # compiled runners by (layers, cache size): graphs kept
     times: list[list[float]] = [[] for _ in drafters]
     for _ in range(rounds):
         for i, drafter in enumerate(drafters):
@@ -78,7 +78,12 @@ def pass_ms_by_drafter(
                 if timed_as.target:
                     layers = tuple(drafter.hidden_layers) if drafter else ()
                     size = batch_cache_size(drafter, len(prompt) + new_tokens, None, 1024)
-                    runner = kept_runner(kept, target, layers, batch, size, timed_as.target)
+                    if (layers, size) not in kept:  # (its graphs serve every later round)
+                        capacity = batch_capacity(batch)
+                        kept[layers, size] = TargetRunner(
+                            target, layers, max_length=size, capacity=capacity, compile=timed_as.target
+                        )
+                    runner = kept[layers, size]
                 passes = batch_passes(
                     target, drafter, rows, [new_tokens] * batch, params, set(), stats, runner=runner
                 )
