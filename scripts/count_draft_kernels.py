@@ -28,8 +28,8 @@ from bench_gpu import build, target_config  # noqa: E402
 
 from spechead.heads.fp8 import to_fp8  # noqa: E402
 from spechead.inference.drafters.eagle import EagleDrafter  # noqa: E402
-from spechead.inference.target.runner import TargetRunner  # noqa: E402
 from spechead.inference.sampling import SamplingParams  # noqa: E402
+from spechead.inference.target.runner import TargetRunner  # noqa: E402
 
 GEMMS = ("mm", "addmm", "bmm", "_scaled_mm")
 # bf16; FP8 stacked; FP8 unstacked (--fp8-unstacked); FP8 stacked, attention as matmuls (--draft-attention)
