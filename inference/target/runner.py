@@ -124,6 +124,7 @@ class TargetRunner:
         return [] if cache is None else [cache.lengths[r] for r in self.rows]
 
     @lengths.setter
+    @inference_mode
     def lengths(self, lengths: Sequence[int]) -> None:
         assert self.cache is not None and len(lengths) == len(self.rows), "one length per active row"
         every = list(self.cache.lengths)
@@ -361,6 +362,7 @@ class TargetRunner:
         assert self._graphs is not None and self.cache is not None, "commit_queued needs compile="
         self._graphs.commit_queued(self.cache, paths)
 
+    @inference_mode
     def advance(self, ks: Sequence[int]) -> None:
         """The second half of `commit_queued`: active row b committed ks[b] entries (host and device)."""
         assert self.cache is not None  # (after a prefill)

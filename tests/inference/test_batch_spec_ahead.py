@@ -12,10 +12,10 @@ import torch
 
 from spechead.inference import batch_decode
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
-from spechead.inference.batch_graphs import CompiledBatchRunner
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
+from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import TokenTree, ancestors_on_device, tree_from_choices
 
 from .test_batch import MAX_NEW, PROMPTS
@@ -168,9 +168,9 @@ def test_batch_decoding_ahead_equals_the_loop_that_reads_first(model, chatml_tok
     ahead, first = generators(model, chatml_tokenizer, drafter_maker(model, kind))
     assert not SpeculativeGenerator(model, chatml_tokenizer, None).spec_ahead  # a CPU's default
     queued = []
-    commit = CompiledBatchRunner.commit_queued
+    commit = TargetRunner.commit_queued
     monkeypatch.setattr(
-        CompiledBatchRunner, "commit_queued", lambda self, p: (queued.append(p.shape[0]), commit(self, p))
+        TargetRunner, "commit_queued", lambda self, p: (queued.append(p.shape[0]), commit(self, p))
     )
     eos = plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]  # row 0 stops there; the others go on
     for g in (ahead, first):
@@ -216,7 +216,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     gen.generate_batch(
         input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False, temperature=0.8, seed=1
     )
-    runner = CompiledBatchRunner(model, (), max_length=64, capacity=2, compile="graphs")
+    runner = TargetRunner(model, (), max_length=64, capacity=2, compile="graphs")
     rows = [
         Row(b, torch.arange(3), 4, SamplingParams(t), None, GenerationStats()) for b, t in enumerate((0, 0.8))
     ]
