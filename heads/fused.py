@@ -142,7 +142,7 @@ def _supported(layer: nn.Module) -> bool:
 
 def _views_end_at_write(cache: Cache | None) -> bool:
     """Whether `cache.update` returns keys up to the last written position only: none, a DynamicCache or
-    a preallocated cache without fixed shapes (spechead's SlotCache), not a fixed-size buffer whole."""
+    a preallocated cache without fixed shapes (spechead's RowCache written in a row), not a fixed-size buffer whole."""
     return cache is None or isinstance(cache, DynamicCache) or getattr(cache, "static_shapes", None) is False
 
 

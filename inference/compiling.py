@@ -1,8 +1,8 @@
 """torch.compile and CUDA graphs for the engine's fixed-shape functions (the runners' passes, the drafters'
 graphs): one entry point, `compile_function`, that every compiled path goes through.
 
-Callers look it up as `spechead.inference.runner.compile_function` (re-exported there) when they compile,
-so tests can swap in stand-in graphs on a CPU (tests/inference/test_graph_replay.py).
+Callers look it up here (`compiling.compile_function`) when they compile, so tests can swap in stand-in
+graphs on a CPU (tests/inference/test_graph_replay.py).
 """
 
 from __future__ import annotations

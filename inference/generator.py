@@ -17,8 +17,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from spechead.inference.batch import BatchRunner
-from spechead.inference.batch_graphs import CompiledBatchRunner, kept_runner
 from spechead.inference.compiling import resolve_compile
 from spechead.inference.drafters.ahead import ahead_of
 from spechead.inference.drafters.base import Drafter
@@ -26,10 +24,11 @@ from spechead.inference.drafters.per_row import RowLoopDrafter, rows_drafter
 from spechead.inference.engine.loop import Emitted, decode, depth_for
 from spechead.inference.engine.rows import Row
 from spechead.inference.phase_clock import PhaseClock
-from spechead.inference.runner import CUDA_BUCKETS, check_tree_attention
 from spechead.inference.sampling import SamplingParams, make_generator
 from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids
+from spechead.inference.target.capture import check_tree_attention
+from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.text_stream import TextStream
 
 # (target, drafter, accuracy [depth, k], batch, compile, draft_compile) -> (the drafter with the static tree
@@ -121,9 +120,16 @@ class SpeculativeGenerator:
         self._batch_drafters: dict[int, Drafter | None] = {}  # None: plain decoding pays best
         self.compile = compile
         self.max_cache_len = max_cache_len
-        self.buckets = buckets if buckets is not None or device.type != "cuda" else CUDA_BUCKETS
-        self._runners: dict[tuple, CompiledBatchRunner] = {}  # compiled: kept with their graphs
-        self.runner: BatchRunner | None = None  # the last decode's target runner
+        # the target's runner: every batch size when eager; compiled (fixed rows), a batch of one's, and
+        # one more kept per row capacity (`_runners`: their graphs reused by every later call)
+        self.runner = TargetRunner(
+            target,
+            max_length=max_cache_len,
+            buckets=buckets,
+            compile=compile,
+            capacity=1 if compile else None,
+        )
+        self._runners: dict[int, TargetRunner] = {}
         self.last_stats: GenerationStats | None = None  # the last stream()'s, when it ran to the end
         self.last_batch_stats: list[GenerationStats] = []  # the last stream_batch()'s rows'
         self.device_accept = device.type != "cpu"
@@ -306,26 +312,22 @@ class SpeculativeGenerator:
         passes = decode(runner, rows_of, rows, self.eos, clock, depth=depth, on_device=self.device_accept)
         return torch.inference_mode()(_drain)(passes)
 
-    def _runner(self, drafter: Drafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]):
-        """The target's runner for these rows (a fixed cache checked against each row's needs)."""
-        batch, fixed = len(prompts), self.max_cache_len
-        need = max(len(p) + m for p, m in zip(prompts, max_new))
-        if fixed is not None and need > fixed:
-            worst = max(range(batch), key=lambda b: len(prompts[b]) + max_new[b])
-            which = "the prompt" if batch == 1 else f"row {worst}: prompt"
-            raise ValueError(
-                f"KV cache of {fixed} positions is too small for {which} ({len(prompts[worst])} tokens) + "
-                f"max_new_tokens ({max_new[worst]}): raise max_cache_len or lower max_new_tokens"
-            )
-        layers = tuple(drafter.hidden_layers) if drafter else ()
-        tree_room = drafter.max_nodes if drafter else 1
-        if self.compile:  # fixed shapes: the target's passes as compiled graphs (batch_graphs.py)
-            size = fixed if fixed is not None else -(-(need + tree_room) // 1024) * 1024
-            runner: BatchRunner = kept_runner(self._runners, self.target, layers, batch, size, self.compile)
-        else:
-            size = fixed or -(-(need + tree_room) // 256) * 256
-            runner = BatchRunner(self.target, layers, max_length=size)
-        self.runner = runner
+    def _runner(
+        self, drafter: Drafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]
+    ) -> TargetRunner:
+        """The target's runner for these rows, capturing the drafter's layers and sized for every row (a
+        fixed cache too small for a row: ValueError naming it)."""
+        runner, batch = self.runner, len(prompts)
+        if self.compile and batch > 1:
+            capacity = batch_capacity(batch)
+            runner = self._runners.get(capacity)  # type: ignore[assignment]
+            if runner is None:
+                runner = self._runners[capacity] = TargetRunner(
+                    self.target, max_length=self.max_cache_len, buckets=self.runner.buckets or None,
+                    compile=self.compile, capacity=capacity,
+                )  # fmt: skip
+        runner.use_layers(tuple(drafter.hidden_layers) if drafter else ())  # (a drafter may be swapped in)
+        runner.reserve([len(p) for p in prompts], list(max_new), drafter.max_nodes if drafter else 1)
         return runner
 
     def _drafter_for_batch(self, batch: int) -> Drafter | None:

@@ -6,7 +6,7 @@
     python scripts/bench_gpu.py --compile cudagraphs --sizes 1,16,64   # CUDA graphs without inductor (fast)
     python scripts/bench_gpu.py --tiny --device cpu          # a tiny Llama on the CPU, seconds (what the test runs)
 
-Measures, through the engine's own TargetRunner (static SlotCache) and EagleDrafter: the plain decode step
+Measures, through the engine's own TargetRunner (its preallocated row cache) and EagleDrafter: the plain decode step
 (batch 1, one token after --context tokens) against the HBM roofline (weight bytes / a measured device copy
 bandwidth), verification by tree size (random trees), EAGLE-3 drafting (EAGLE-2 dynamic expansion, timed
 for depth 1..D; per depth = the increments), the drafter's accept and the target's commit, and the speedup
@@ -47,9 +47,9 @@ from spechead.inference.evaluation.profiling import (
     profile_parts,
     render_profiles,
 )
-from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.stacked import stack_projections
+from spechead.inference.target.runner import CUDA_BUCKETS, TargetRunner
 
 TAUS = (3.0, 4.0, 5.0, 5.4, 6.0)
 BATCHES = (1, 4, 16)
@@ -133,12 +133,12 @@ def measure_runner(
     runner and the drafter (the decoded row reuses them, graphs and all)."""
     device, ctx, vocab = next(model.parameters()).device, args.context, model.config.vocab_size
     buckets = CUDA_BUCKETS if device.type == "cuda" or compile else None
-    runner = TargetRunner(model, head.config.target_layers, cache="static",
-                          max_length=ctx + 2 * max(TREE_SIZES), buckets=buckets, compile=compile)  # fmt: skip
+    runner = TargetRunner(model, head.config.target_layers, max_length=ctx + 2 * max(TREE_SIZES),
+                          buckets=buckets, compile=compile)  # fmt: skip
     ids = torch.randint(0, vocab, (1, ctx + max(TREE_SIZES)), generator=torch.Generator().manual_seed(0))
     prompt, tree_ids = ids[:, :ctx], ids[:, ctx:].to(device)
-    logits, hidden = runner.prefill(prompt)
-    hidden = {layer: h[0].clone() for layer, h in hidden.items()}  # [T, H] (graph outputs get reused)
+    logits, hiddens = runner.prefill(list(prompt))  # one row
+    hidden = {layer: h.clone() for layer, h in hiddens[0].items()}  # [T, H] (graph outputs get reused)
     root = int(logits.argmax(-1)[0])
     verify_ms = {}
     for n in args.sizes:
@@ -148,11 +148,11 @@ def measure_runner(
     path = deepest_path(parents[0])
 
     def verify_tree() -> None:
-        runner.length = ctx  # drop the previous commit: every pass starts after the same context
+        runner.lengths = [ctx]  # drop the previous commit: every pass starts after the same context
         runner.verify(tree_ids[:, : args.tree_size], parents)
 
-    commit_ms = timer.ms(lambda: runner.commit(path), setup=verify_tree)
-    runner.length = ctx
+    commit_ms = timer.ms(lambda: runner.commit([path]), setup=verify_tree)
+    runner.lengths = [ctx]
     sampling, propose_ms = SamplingParams(), {}
     # one drafter (one set of compiled graphs) drafting to depth 1..D: only the depth loop's bound changes
     drafter = EagleDrafter(head, tree="dynamic", top_k=min(args.top_k, head.config.draft_vocab_size),
@@ -193,7 +193,7 @@ def measure_runner(
         parts = {
             "decode step": lambda: runner.verify(tree_ids[:, :1], step_parents),
             f"verify({args.tree_size})": verify_tree,
-            "verify+commit": lambda: (verify_tree(), runner.commit(path)),
+            "verify+commit": lambda: (verify_tree(), runner.commit([path])),
             f"draft (depth {args.depth})": lambda: drafter.propose(root, sampling, None),
             "accept": lambda: (restart(), drafter.accept_path(*accepted)),
         }

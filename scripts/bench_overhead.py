@@ -57,7 +57,8 @@ class Timers:
 
 def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
     """Time the target forward (verify passes; the prefill's apart) and the drafter's network calls."""
-    timers.wrap(gen.runner, "_forward", "target")
+    # the target runner's one model call (the decode loop's compatibility shim, if any, holds the runner)
+    timers.wrap(getattr(gen.runner, "one", gen.runner), "_forward", "target")
     prefill = gen.runner.prefill
 
     def timed_prefill(*args, **kwargs):  # its target forward is not a pass: kept apart

@@ -28,8 +28,8 @@ from bench_gpu import build, target_config  # noqa: E402
 
 from spechead.heads.fp8 import to_fp8  # noqa: E402
 from spechead.inference.drafters.eagle import EagleDrafter  # noqa: E402
-from spechead.inference.runner import TargetRunner  # noqa: E402
 from spechead.inference.sampling import SamplingParams  # noqa: E402
+from spechead.inference.target.runner import TargetRunner  # noqa: E402
 
 GEMMS = ("mm", "addmm", "bmm", "_scaled_mm")
 # bf16; FP8 stacked; FP8 unstacked (--fp8-unstacked); FP8 stacked, attention as matmuls (--draft-attention)
@@ -57,11 +57,11 @@ def draft_once(variant: str, args: argparse.Namespace, backend: str | bool) -> N
     model, head = model.float(), head.float()  # (bf16 GEMMs on a CPU take another code path; counts alike)
     if variant != "bf16":
         to_fp8(head, stack=variant != "fp8-unstacked")
-    runner = TargetRunner(model, head.config.target_layers, cache="static", max_length=256)
+    runner = TargetRunner(model, head.config.target_layers, max_length=256)
     ids = torch.randint(0, args.draft_vocab, (1, 32))
     with torch.inference_mode():
-        logits, hidden = runner.prefill(ids)
-        hidden = {k: h[0].clone() for k, h in hidden.items()}
+        logits, hiddens = runner.prefill(list(ids))  # one row
+        hidden = {k: h.clone() for k, h in hiddens[0].items()}
         root = int(logits.argmax(-1)[0])
         drafter = EagleDrafter(head, tree="dynamic", top_k=args.top_k, depth=args.depth, total_tokens=64)
         if variant == "fp8-matmul":  # the few-query attention as matmuls (bench_gpu.py --draft-attention)

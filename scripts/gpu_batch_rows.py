@@ -10,7 +10,7 @@ import torch
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.evaluation.profiling import Timer
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.kv_cache import SlotCache
+from spechead.inference.target.cache import RowCache
 from spechead.inference.tree import tree_inputs_on_device
 from spechead.inference.tuning.calibrate import assumed_eagle_accuracy
 from spechead.inference.tuning.tree_search import best_choices
@@ -25,8 +25,9 @@ def random_parents(n: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
 
 @torch.inference_mode()
 def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
-    """Batch b: a plain [b, 1] step and a [b, n] tree verify, HF forward on a SlotCache (eager)."""
-    device, cache = next(model.parameters()).device, SlotCache(model.config.num_hidden_layers, ctx + n)
+    """Batch b: a plain [b, 1] step and a [b, n] tree verify, HF forward on a RowCache (eager, every row
+    written in a row: the rows' prompts are one length)."""
+    device, cache = next(model.parameters()).device, RowCache(model.config.num_hidden_layers, b, ctx + n)
     ids = torch.randint(0, model.config.vocab_size, (b, ctx + n), generator=torch.Generator().manual_seed(b))
     ids = ids.to(device)
     model(input_ids=ids[:, :ctx], cache=cache, use_cache=True, logits_to_keep=1)
@@ -48,7 +49,7 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
     batched EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
     nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
     pass here commits about one token: its cost, not its tau, is what this measures. compile: the
-    target's batch passes and (on CUDA) the EAGLE batch draft and accept compiled (batch_graphs.py,
+    target's batch passes and (on CUDA) the EAGLE batch draft and accept compiled (target/graphs.py,
     eagle_batch_graphs.py, as generate_batch with compile=...); the first, untimed run compiles and
     captures."""
     device, nodes = next(model.parameters()).device, max(4, 64 // b)
@@ -110,7 +111,7 @@ def project_batch(row: dict, extra_ms: float, tau: float) -> dict:
 
 def render_batch(r: dict) -> list[str]:
     """The batch rows' two tables (projected from a batched verify; decoded through the engine)."""
-    lines = ["batch (eager HF forward, SlotCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain"]  # fmt: skip
+    lines = ["batch (eager HF forward, RowCache) | plain step ms | plain tok/s | verify(N) ms | projected spec tok/s (per row) | vs plain"]  # fmt: skip
     for row in r["batch"]:
         lines.append(
             f"{row['batch']:35d} | {row['plain_step_ms']:13.3f} | {row['plain_tokens_per_s']:11.1f} | "

@@ -13,7 +13,7 @@ import torch
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.evaluation.profiling import count_syncs, profile_part
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.runner import TargetRunner
+from spechead.inference.target.runner import TargetRunner
 
 NEW_TOKENS = 48  # tokens per timed generate (random weights accept about nothing: about 48 passes)
 # tokens of the two profiled generates: 16 passes apart are enough for per-pass kernel counts and costs,
@@ -38,8 +38,9 @@ def decoded_stream(
         ):  # plain decoding as the engine runs it (on CUDA one step ahead), and token by token
             gen = SpeculativeGenerator(model, None, None, compile=compile)
             gen.ahead = gen.ahead and name == "plain"
-        else:  # (draft_compile=False: the drafter keeps the graphs bench_gpu made)
-            gen = SpeculativeGenerator(model, None, drafter, compile=compile, draft_compile=False)
+        else:  # (compile=False: the drafter keeps its graphs; the measured runner is the batch of one's)
+            gen = SpeculativeGenerator(model, None, drafter)
+            gen.runner = runner
             # as the engine runs it (on CUDA the next draft queued before the acceptance is read,
             # engine/loop.py), and reading each acceptance before the commits and the next draft
             gen.ahead = gen.ahead and name == "spec"

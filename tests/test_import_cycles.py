@@ -144,7 +144,7 @@ def test_the_scan_sees_the_packages(graph):
     """The graph holds every folder's modules and real edges (a scan that finds nothing proves nothing)."""
     for folder in FOLDERS:
         assert f"spechead.{folder}" in graph
-    assert "spechead.inference.runner" in graph["spechead.inference.generator"]
+    assert "spechead.inference.engine.loop" in graph["spechead.inference.generator"]
     assert f"{TUNING}.calibrate" in graph["spechead.inference.loading"]
 
 

@@ -1,6 +1,6 @@
 """EAGLE-1/2 and EAGLE-3 drafting: static (Medusa-style) or dynamic (EAGLE-2) trees from a feature head.
 
-Cache convention (as in training, spechead.heads.unroll): the head's cache (a preallocated `SlotCache`,
+Cache convention (as in training, spechead.heads.unroll): the head's cache (a preallocated `RowCache` of one row,
 grown by doubling when a sequence outgrows it) holds one COMMITTED entry per position t whose pair (target
 feature f_t, token x_{t+1}) is known, at rotary position t; C = number of committed entries = the target's
 cached length. The output of the last pair (position C - 1, token x_C = the root) predicts its children.
@@ -25,6 +25,7 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
+from spechead.inference import compiling
 from spechead.inference.devices import host_ids
 from spechead.inference.drafters.base import BatchDrafter, Draft, Drafter, path_index
 from spechead.inference.drafters.dynamic_tree import grow_dynamic
@@ -34,9 +35,9 @@ from spechead.inference.drafters.sampled_children import SampledChildren, check_
 from spechead.inference.drafters.static_eager import StaticOutputs, build_static_outputs, grow_static_eager
 from spechead.inference.drafters.static_plan import StaticPlan, build_static_plan, kept_scores, static_scores
 from spechead.inference.drafters.topk import Chunk, resolve_chunk, topk_rows
-from spechead.inference.kv_cache import SlotCache
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.target.cache import RowCache
 from spechead.inference.tree import StaticTree, TokenTree, causal_inputs_static, tree_from_choices
 
 
@@ -93,7 +94,7 @@ class EagleDrafter(Drafter):
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
         # the most nodes a proposed tree can have (the root included)
         self.max_nodes = self._static.size if self._static is not None else total_tokens
-        self._cache: SlotCache | None = None  # the head's preallocated cache
+        self._cache: RowCache | None = None  # the head's preallocated cache
         self._committed = 0  # C: committed cache entries
         self._plan: StaticPlan | None = None  # static tree: per-depth index tensors, built once
         self._outputs: StaticOutputs | None = None  # and the kept buffers eager drafting fills
@@ -131,9 +132,9 @@ class EagleDrafter(Drafter):
             raise ValueError(f"prompt must be a non-empty 1-D tensor [T], got shape {tuple(prompt.shape)}")
         size = max(256, -(-(prompt.numel() + 128 + self._spec_slots) // 256) * 256)
         if self._compiled is None:
-            self._cache = SlotCache(1, size)
+            self._cache = RowCache(1, 1, size)
         elif self._cache is None or self._cache.max_length < size:  # fixed shapes: kept across sequences
-            self._cache = SlotCache(1, -(-size // 1024) * 1024, static_shapes=True)
+            self._cache = RowCache(1, 1, -(-size // 1024) * 1024, static_shapes=True)
         self._cache.set_length(0)
         self._committed, self._feature = 0, None
         self._commit(prompt.tolist(), self._features(hidden, prompt.numel())[None], root)  # [1, T, H]
@@ -149,12 +150,12 @@ class EagleDrafter(Drafter):
         if not compile:
             self._compiled, self._compiled_commit, self._cache = None, None, None
             return
-        from spechead.inference.runner import compile_function
-
         cuda = self._weight.device.type == "cuda"
         state = self._graph_state
-        self._compiled = compile_function(self._grow_graph, compile, cuda, fullgraph=True, state=state)
-        self._compiled_commit = compile_function(
+        self._compiled = compiling.compile_function(
+            self._grow_graph, compile, cuda, fullgraph=True, state=state
+        )
+        self._compiled_commit = compiling.compile_function(
             self._commit_graph, compile, cuda, fullgraph=True, state=state
         )
         self._cache = None  # the next `start` allocates the fixed-shape cache

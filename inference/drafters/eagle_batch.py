@@ -1,8 +1,8 @@
 """EAGLE / EAGLE-3 drafting for B rows at once: one head forward per depth over every row's frontier.
 
 The same tree growth as `EagleDrafter` (see drafters/eagle.py for the cache convention), with a batch
-dimension: the head's preallocated cache is a `BatchSlotCache` [B, kv, S_max, D] with per-row
-committed lengths C_b (like `BatchRunner` for the target). Row b's committed entries sit at slots
+dimension: the head's preallocated cache is a `RowCache` [B, kv, S_max, D] with per-row
+committed lengths C_b (like the target runner's). Row b's committed entries sit at slots
 [0, C_b); a propose writes its speculative entries at C_b + 0, 1, ... and attends through an additive
 mask [B, 1, q, S] that opens slots < C_b plus the node's speculative ancestors and itself; positions
 are C_b + depth - 1. Speculative slots are scratch: the next commit overwrites them. Top-k, scores
@@ -19,12 +19,13 @@ import torch
 from torch import Tensor
 
 from spechead.heads.grad import inference_mode
-from spechead.inference.batch import BatchSlotCache, length_groups
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 from spechead.inference.drafters.static_plan import StaticPlan
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.positions import PositionIds
+from spechead.inference.target.cache import RowCache
+from spechead.inference.target.prefill import length_groups
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.eagle import EagleDrafter
@@ -38,7 +39,7 @@ class EagleBatchDrafter(BatchDrafter):
         self.head = drafter.head
         self.device = self.head.fc.weight.device
         self.dtype = self.head.fc.weight.dtype
-        self.cache: BatchSlotCache | None = None
+        self.cache: RowCache | None = None
         self.committed = torch.zeros(0, dtype=torch.long)  # [B] C_b on the head's device
         self.lengths: list[int] = []  # C_b on the host
         self.longest = 0  # max_b C_b (host int)
@@ -75,7 +76,7 @@ class EagleBatchDrafter(BatchDrafter):
             rows = host_to_device(torch.tensor(group), self.device)  # [G] its rows here
             t = part.longest  # its committed slots [G, kv, T, D]
             self.cache.write_rows(
-                rows, ((x.keys[:, :, :t], x.values[:, :, :t]) for x in part.cache.slot_layers)
+                rows, ((x.keys[:, :, :t], x.values[:, :, :t]) for x in part.cache.row_layers)
             )
             if feature is None:
                 feature = part.feature.new_empty(len(prompts), part.feature.shape[-1])  # [B, H]
@@ -88,7 +89,7 @@ class EagleBatchDrafter(BatchDrafter):
         """An empty head cache for `batch` rows whose prompts are at most `longest` tokens."""
         layers = len(getattr(self.head, "layers", [None]))  # EAGLE-1/2: its decoder layers; EAGLE-3: one
         size = max(256, -(-(longest + 128 + self._spec_room()) // 256) * 256)
-        self.cache = BatchSlotCache(layers, batch, size)
+        self.cache = RowCache(layers, batch, size)
         self.committed = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.lengths, self.longest = [0] * batch, 0
 

@@ -1,17 +1,17 @@
 """EAGLE / EAGLE-3 batch drafting with fixed shapes: every row's whole draft as ONE captured graph.
 
 `CompiledEagleBatchDrafter` is an `EagleBatchDrafter` whose calls take one of a few shapes, the drafter's
-counterpart of `CompiledBatchRunner` (batch_graphs.py): on CUDA a pass drafts every row's tree with one
+counterpart of the compiled target runner (target/runner.py, target/graphs.py): on CUDA a pass drafts every row's tree with one
 graph replay (every depth's head step, top-k and the final selection, as the batch-1 drafter's graph and
 SGLang's) and commits the accepted tokens with another, instead of tens of small host-launched kernels
 per depth. On CUDA, `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` makes
 `EagleDrafter.batched()` return one (kept by the drafter, so its graphs serve every later
-`generate_batch` call; on a CPU the eager `EagleBatchDrafter` is the faster, see `batch_graphs`).
+`generate_batch` call; on a CPU the eager `EagleBatchDrafter` is the faster, see `EagleDrafter.batch_graphs`).
 - rows: `capacity` PHYSICAL rows (the batch's next power of 2), kept per capacity; a call's B rows take
   rows 0..B-1 and `keep` only remaps active -> physical rows (no data moves, no new shape). An idle row
   (finished, or never used) drafts along at committed length 0 from token 0: its tree is dropped and its
   writes land in its own row.
-- the head cache: one `BatchSlotCache(static_shapes=True)` per capacity, S_max a multiple of 1024
+- the head cache: one `RowCache(static_shapes=True)` per capacity, S_max a multiple of 1024
   (grown rarely: then every graph is captured again). Row b's committed entries sit at slots [0, C_b)
   with C_b a device tensor (`lengths_t`); a draft writes its speculative entries at C_b + spec + i
   (`write_offset`) and attends over all S_max slots behind a [P, 1, q, S_max] mask built in the graph.
@@ -30,13 +30,14 @@ import torch
 from torch import Tensor
 
 from spechead.heads.grad import inference_mode
-from spechead.inference.batch import BatchSlotCache
-from spechead.inference.batch_graphs import batch_capacity
+from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT, commit_size
 from spechead.inference.drafters.static_plan import StaticPlan
+from spechead.inference.target.cache import RowCache
+from spechead.inference.target.runner import batch_capacity
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.eagle import EagleDrafter
@@ -50,7 +51,7 @@ class _Rows:
     (its device copy is the cache's `lengths_t`) and each row's last committed output feature [P, H]."""
 
     def __init__(self, layers: int, capacity: int, max_length: int, feature: Tensor) -> None:
-        self.cache = BatchSlotCache(layers, capacity, max_length, static_shapes=True)
+        self.cache = RowCache(layers, capacity, max_length, static_shapes=True)
         self.cache.lengths_t = torch.zeros(capacity, dtype=torch.long, device=feature.device)
         self.lengths = torch.zeros(capacity, dtype=torch.long)  # [P] host copy
         self.feature = feature  # [P, H]
@@ -70,16 +71,18 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     "graphs": the eager functions captured as CUDA graphs; another string: that torch.compile backend)."""
 
     def __init__(self, drafter: EagleDrafter, compile: bool | str) -> None:
-        from spechead.inference.runner import compile_function  # (looked up when used, as the drafter does)
-
         super().__init__(drafter)
         cuda = self.device.type == "cuda"
         self._kept: dict[int, _Rows] = {}  # capacity -> its fixed-shape state
         self._state: _Rows | None = None  # the current call's
         self.rows: list[int] = []  # the physical row of each active row, in the caller's order
         state = self._graph_state
-        self._draft = compile_function(self._graph_draft, compile, cuda, fullgraph=True, state=state)
-        self._accept = compile_function(self._graph_accept, compile, cuda, fullgraph=True, state=state)
+        self._draft = compiling.compile_function(
+            self._graph_draft, compile, cuda, fullgraph=True, state=state
+        )
+        self._accept = compiling.compile_function(
+            self._graph_accept, compile, cuda, fullgraph=True, state=state
+        )
 
     def _graph_state(self) -> tuple:
         """What the graphs read besides their arguments: every kept head cache's allocation (a graph's

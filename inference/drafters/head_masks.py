@@ -29,7 +29,7 @@ class HeadMasks:
 
         key: the block is kept under it, so the mask is one view of its kept whole-cache mask (made
         again when the cache, the dtype or the device changes); on the CPU only, as the target's verify
-        mask (runner.TargetRunner._tree_mask: CUDA's attention needs a 16-element-aligned mask start)."""
+        mask (target/tree_inputs.TreeInputs.mask: CUDA's attention needs a 16-element-aligned mask start)."""
         q = block.shape[0]
         if key is not None and block.is_cpu:
             wide = self.wide.get(key)

@@ -16,8 +16,7 @@ import torch
 
 from spechead.heads.families import family_of
 from spechead.heads.medusa import MedusaHead
-from spechead.inference.batch import BatchRunner
-from spechead.inference.batch_graphs import CompiledBatchRunner, batch_capacity
+from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.tuning.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, size_costs_ms
 from spechead.inference.tuning.pass_timing import in_situ_choice
 
@@ -44,13 +43,10 @@ def batch_verify_cost_ms(
 ):
     """{tree size: ms} of one verify pass of `batch` rows (chains of that size) after `context` tokens
     (round-robin over sizes, minimum kept, made non-decreasing in size: see `calibrate.verify_cost_ms`),
-    compiled by `compile` as generate_batch compiles it (batch_graphs.py: fixed rows, tree buckets)."""
+    compiled by `compile` as generate_batch compiles it (fixed physical rows, tree buckets)."""
     length = context + max(sizes) + 1
-    runner = (
-        CompiledBatchRunner(model, (), max_length=length, capacity=batch_capacity(batch), compile=compile)
-        if compile
-        else BatchRunner(model, (), max_length=length)
-    )
+    capacity = batch_capacity(batch) if compile else None
+    runner = TargetRunner(model, (), max_length=length, capacity=capacity, compile=compile)
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
     runner.prefill(list(ids))

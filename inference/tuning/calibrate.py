@@ -22,8 +22,8 @@ import torch
 
 from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
-from spechead.inference.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.target.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.tuning.tree_search import (
     expected_accept_length,
     expected_speedup,
@@ -129,10 +129,10 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
 
 
 def _runner(model: PreTrainedModel, compile: bool | str) -> TargetRunner:
-    """A preallocated runner, compiled as the generator compiles it (its tree buckets on CUDA)."""
+    """A one-row runner, compiled as the generator compiles it (its tree buckets on CUDA)."""
     cuda = next(model.parameters()).device.type == "cuda"
     buckets = CUDA_BUCKETS if cuda and compile else None
-    return TargetRunner(model, cache="static", compile=compile, buckets=buckets)
+    return TargetRunner(model, compile=compile, buckets=buckets)
 
 
 @torch.inference_mode()
@@ -145,10 +145,10 @@ def verify_cost_ms(
     Sizes are timed round-robin (load changes hit them alike), the minimum per size is kept (noise only
     adds) and costs are made non-decreasing in size (a bigger tree never costs less)."""
     runner = _runner(model, compile)
-    runner.reserve(context, max(sizes) + 1)
+    runner.reserve([context], [max(sizes) + 1])
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
-    runner.prefill(ids)
+    runner.prefill(list(ids))
     calls = {n: (lambda n=n: runner.verify(ids[:, :n], torch.arange(-1, n - 1)[None])) for n in sizes}
     return size_costs_ms(calls, repeats, runner.device)
 
@@ -244,16 +244,16 @@ def commit_cost_ms(
     """ms of the target's commit of an accepted path [0, 2, 3] of a 4-node tree (its K/V moved into place),
     the target compiled by `compile`."""
     runner = _runner(model, compile)
-    runner.reserve(context, 8)
+    runner.reserve([context], [8])
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
-    runner.prefill(ids)
+    runner.prefill(list(ids))
     parents, path = torch.tensor([[-1, 0, 0, 2]]), torch.tensor([0, 2, 3])  # not contiguous: copies
     times = []
     for _ in range(repeats):
-        runner.length = context
+        runner.lengths = [context]  # (the last commit dropped: every pass after the same context)
         runner.verify(ids[:, :4], parents)
-        times.append(_timed(lambda: runner.commit(path), 1, runner.device))
+        times.append(_timed(lambda: runner.commit([path]), 1, runner.device))
     return min(times)
 
 

@@ -52,7 +52,8 @@ def pass_ms_by_drafter(
     with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
     drafter alike; the first run's one-time work, a compiled part's capture included, and noise only
     add). The target and the drafters (in place) are compiled as `timed_as` says. batch > 1: a pass of
-    `batch` rows of that prompt through batched decoding, as generate_batch runs it (compiled: the generator's kept fixed-shape runners)."""
+    `batch` rows of that prompt through batched decoding, as generate_batch runs it
+    (compiled: the generator's fixed-shape runners, kept one per row capacity)."""
     gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
     if timed_as.draft:
@@ -64,9 +65,8 @@ def pass_ms_by_drafter(
         for i, drafter in enumerate(drafters):
             gen.drafter = drafter  # (the same engine at every batch size; compiled runners kept by gen)
             rows = [prompt] * batch  # (the batch's times: every row decodes the same prompt alike)
-            done = gen.generate_batch(input_ids=rows, max_new_tokens=new_tokens, tree_for_batch=False)[
-                0
-            ].stats
+            out = gen.generate_batch(input_ids=rows, max_new_tokens=new_tokens, tree_for_batch=False)
+            done = out[0].stats
             times[i].append(1e3 * (done.wall_time - done.prefill_time) / max(done.target_passes, 1))
     return [min(t) for t in times]
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
-from spechead.inference.runner import TargetRunner
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.target.runner import TargetRunner
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.draft_model import DraftModelDrafter
@@ -82,11 +82,15 @@ def _median_seconds(run: Callable[[], object], repeats: int) -> float:
 @torch.inference_mode()
 def time_verify(target: PreTrainedModel, nodes: int, context: int = 128, repeats: int = 9) -> float:
     """Median seconds of the generator's verification pass over a chain of `nodes` tokens (root
-    included) after `context` committed ones (the static-cache runner, as SpeculativeGenerator uses)."""
-    runner = TargetRunner(target, cache="static")
-    runner.reserve(context, 1, tree_room=nodes)
+    included) after `context` committed ones (the one-row runner, as SpeculativeGenerator decodes)."""
+    runner = TargetRunner(target)
+    runner.reserve([context], [1], tree_room=nodes)
     runner.prefill(
-        torch.randint(5, target.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+        list(
+            torch.randint(
+                5, target.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0)
+            )
+        )
     )
     tokens = torch.arange(5, 5 + nodes).unsqueeze(0)  # [1, N]
     parents = torch.arange(-1, nodes - 1).unsqueeze(0)  # [1, N]: a chain

@@ -19,8 +19,8 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.medusa import MedusaHead
 from spechead.heads.unroll import ttt_forward
+from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import tree_from_choices
-from spechead.inference.verify import prefill
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -91,7 +91,7 @@ def measure_topk_accuracy(
     is the sequence's token t+2+k. (`depth` is not read: a Medusa head set drafts num_heads depths; it
     is there so every family's accuracy is measured with the same call, see heads/families.py.)
 
-    Each sequence [T] is run once through the target (`prefill`, capturing the head's layer). Head k
+    Each sequence [T] is run once through the target (the runner's prefill, capturing the head's layer). Head k
     at position t sees the target state of token t and guesses token t+2+k, so position t counts for
     head k when t+2+k < T. To mirror greedy decoding the sequences must be the target's OWN greedy
     continuations of prompts: then token t+1 is the target's greedy token (the root a decoding step
@@ -109,13 +109,13 @@ def measure_topk_accuracy(
     dtype = next(head.parameters()).dtype
     hits = torch.zeros(num_heads, topk, dtype=torch.long)
     counts = torch.zeros(num_heads, dtype=torch.long)
+    runner = TargetRunner(model, (layer,))
     for seq, start in zip(sequences, starts):
         seq = seq.reshape(-1).long().cpu()  # [T]
         first = max(start - 1, 0)  # first position t whose references are all generated
         if len(seq) - first < 3:
             continue  # not even head 0 has a reference
-        _, _, hidden = prefill(model, seq[None], (layer,))
-        state = hidden[layer].to(dtype)  # [T, H]
+        state = runner.prefill([seq])[1][0][layer].to(dtype)  # [T, H]
         for k in range(num_heads):
             stop = len(seq) - 2 - k  # positions t in [first, stop) have token t+2+k
             for lo in range(first, stop, chunk):
@@ -162,10 +162,11 @@ def measure_eagle_accuracy(
     weight = head.fc.weight
     hits = torch.zeros(depth, topk, dtype=torch.long)
     counts = torch.zeros(depth, dtype=torch.long)
+    runner = TargetRunner(model, layers)
     for seq, start in zip(sequences, starts):
         seq = seq.reshape(-1).long().cpu()  # [T]
         first = max(start - 1, 0)
-        _, _, hidden = prefill(model, seq[None], layers, logits_to_keep=1)
+        hidden = runner.prefill([seq])[1][0]  # {l: [T, H]}
         states = [hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers]  # each [1, T, H]
         fused = head.features(states)  # [1, T, H] (EAGLE-3: fused)
         outputs = ttt_forward(head, fused, seq[None].to(weight.device), None, depth)  # depth x [1, T, H]

@@ -11,7 +11,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from spechead.heads import attention
 from spechead.heads.attention import MATMUL_NAME, NAME, matmul_attention, runs_sdpa, tree_sdpa
-from spechead.inference.runner import TargetRunner
+from spechead.inference.target.runner import TargetRunner
 
 
 class Grouped(nn.Module):
@@ -107,10 +107,9 @@ def test_matmul_attention_equals_sdpa(monkeypatch, queries, masked, matmul):
     assert len(calls) == int(matmul)
 
 
-@pytest.mark.parametrize("cache", ["static", "dynamic"])
 @pytest.mark.parametrize("name", [MATMUL_NAME, NAME])
-def test_a_target_set_to_matmul_attention_verifies_trees_as_sdpa(tiny_llama, monkeypatch, cache, name):
-    """ "spechead_matmul" is registered: a tree verification on either cache gives sdpa's logits, and its
+def test_a_target_set_to_matmul_attention_verifies_trees_as_sdpa(tiny_llama, monkeypatch, name):
+    """ "spechead_matmul" is registered: a tree verification gives sdpa's logits, and its
     attention ran as matrix products. So does "spechead_sdpa" on a device in GROUPED_DEVICES (the CPU put in
     a GPU's place)."""
     monkeypatch.setattr(attention, "GROUPED_DEVICES", ("cpu",))
@@ -123,9 +122,9 @@ def test_a_target_set_to_matmul_attention_verifies_trees_as_sdpa(tiny_llama, mon
     logits = {}
     for impl in ("sdpa", name):
         model.set_attn_implementation(impl)
-        runner = TargetRunner(model, cache=cache, max_length=32)
+        runner = TargetRunner(model, max_length=32)
         with torch.inference_mode():
-            runner.prefill(ids)
+            runner.prefill(list(ids))
             logits[impl] = runner.verify(tree, parents)[0]  # [1, N, V]
     assert calls == [1, 1]  # the verify's two layers (not the prefill's 9 queries: no mask there)
     torch.testing.assert_close(logits[name], logits["sdpa"], rtol=1e-5, atol=1e-5)

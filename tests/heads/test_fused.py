@@ -11,8 +11,7 @@ from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fused import fused_logits, fused_medusa_logits, fused_step, grouped_attention
 from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
-from spechead.inference.batch import BatchSlotCache
-from spechead.inference.kv_cache import SlotCache
+from spechead.inference.target.cache import RowCache
 
 V, H = 48, 32
 COMMON = dict(vocab_size=V, hidden_size=H, intermediate_size=40, num_hidden_layers=4, num_attention_heads=4)
@@ -50,12 +49,9 @@ def make_head(model_type: str, family: str, **kw):
 
 
 def cache_of(kind: str, layers: int, batch: int):
-    if kind == "slot":
-        return SlotCache(layers, 96)
     if kind == "dynamic":
         return DynamicCache()
-    cache = BatchSlotCache(layers, batch, 96)
-    return cache
+    return RowCache(layers, batch, 96)  # "row": written in a row; "batch": at named slots
 
 
 def run(step, cache, kind, feats, ids, mask=None, positions=None):
@@ -72,7 +68,7 @@ def run(step, cache, kind, feats, ids, mask=None, positions=None):
 
 @pytest.mark.parametrize("model_type", list(CONFIGS))
 @pytest.mark.parametrize("family", ["eagle3", "eagle", "eagle-2-layers"])
-@pytest.mark.parametrize("kind", ["slot", "dynamic", "batch"])
+@pytest.mark.parametrize("kind", ["row", "dynamic", "batch"])
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])
 def test_fused_step_equals_the_module_step(model_type, family, kind, attention) -> None:
     kw = {"num_layers": 2, "first_layer_input_norm": False} if family == "eagle-2-layers" else {}
@@ -94,7 +90,7 @@ def test_fused_step_equals_the_module_step(model_type, family, kind, attention) 
         ref = run(head.step, ref_cache, kind, feats, ids)
         new = run(fused, new_cache, kind, feats, ids)
         torch.testing.assert_close(new, ref, **tol)
-        if kind == "slot":
+        if kind == "row":
             ref_cache.set_length(12)
             new_cache.set_length(12)
         mask = torch.zeros(batch, 1, 3, 15)
@@ -160,18 +156,18 @@ def test_matmul_attention_serves_only_few_queries(monkeypatch) -> None:
     fused = fused_step(head)
     feats, ids = torch.randn(1, 12, H), torch.randint(0, V, (1, 12))
     with torch.no_grad():
-        fused(feats[:, :3], ids[:, :3], None, None, SlotCache(1, 32))
+        fused(feats[:, :3], ids[:, :3], None, None, RowCache(1, 1, 32))
         assert fused.attention == "auto" and calls == []  # the default: sdpa on a CPU
         monkeypatch.setattr(attention, "GROUPED_DEVICES", ("cpu",))
-        fused(feats[:, :3], ids[:, :3], None, None, SlotCache(1, 32))
+        fused(feats[:, :3], ids[:, :3], None, None, RowCache(1, 1, 32))
         assert calls == [1]  # matmuls on a grouped device
         fused.attention = "sdpa"
-        fused(feats[:, :3], ids[:, :3], None, None, SlotCache(1, 32))
+        fused(feats[:, :3], ids[:, :3], None, None, RowCache(1, 1, 32))
         assert calls == [1]
         fused.attention = "matmul"
-        fused(feats, ids, None, None, SlotCache(1, 32))
+        fused(feats, ids, None, None, RowCache(1, 1, 32))
         assert calls == [1]  # 12 > 5 queries
-        fused(feats[:, :5], ids[:, :5], None, None, SlotCache(1, 32))
+        fused(feats[:, :5], ids[:, :5], None, None, RowCache(1, 1, 32))
     assert calls == [1, 1]
 
 
@@ -181,7 +177,7 @@ def test_angles_follow_a_grown_cache() -> None:
     feats, ids = torch.randn(1, 1, H), torch.randint(0, V, (1, 1))
     with torch.no_grad():
         for length in (100, 300, 700):  # positions past the first table: it is rebuilt
-            ref_cache, new_cache = SlotCache(1, length + 1), SlotCache(1, length + 1)
+            ref_cache, new_cache = RowCache(1, 1, length + 1), RowCache(1, 1, length + 1)
             for cache in (ref_cache, new_cache):
                 cache.set_length(0)
             mask, pos = torch.zeros(1, 1, 1, 1), torch.tensor([[length]])

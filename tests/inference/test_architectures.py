@@ -1,7 +1,7 @@
 """Targets beyond Llama through the engine: tree passes equal plain forwards, and speculative greedy
 decoding equals transformers' `generate`, on tiny Qwen3, Qwen3-MoE, Mixtral, Gemma-3, Phi-3, OLMo-2 and
 Granite models (q/k norms, routed experts, scaled embeddings, sliding-window layer types, fused
-projections, scaled residuals), on both cache back-ends."""
+projections, scaled residuals), one row and two."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import transformers
 
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.runner import TargetRunner
+from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import TokenTree, path_to_node
 
 VOCAB = 96
@@ -47,31 +47,31 @@ def _model(kind: str):
 
 @torch.no_grad()
 @pytest.mark.parametrize("kind", list(MODELS))
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_tree_passes_equal_plain_forwards(kind, cache):
+@pytest.mark.parametrize("rows", [1, 2])
+def test_tree_passes_equal_plain_forwards(kind, rows):
     model = _model(kind)
-    runner = TargetRunner(model, cache=cache)
-    runner.reserve(5, 16)
-    seq = [3, 9, 27, 17, 51]
-    runner.prefill(torch.tensor([seq]))
+    runner = TargetRunner(model)
+    seqs = [[3, 9, 27, 17, 51, 8][: 5 + b] for b in range(rows)]
+    runner.reserve([len(s) for s in seqs], [16] * rows)
+    runner.prefill([torch.tensor(s) for s in seqs])
     g = torch.Generator().manual_seed(1)
     for n in (4, 6):
         parents = [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)]
         tree = TokenTree(torch.randint(0, VOCAB, (n,), generator=g), torch.tensor(parents))
-        logits, _ = runner.verify(tree.tokens[None], tree.parents[None])
-        for node in range(n):
-            ids = seq + tree.tokens[path_to_node(tree.parents, node)].tolist()
-            want = model(torch.tensor([ids])).logits[0, -1]
-            torch.testing.assert_close(logits[0, node], want, atol=1e-5, rtol=0)
+        logits, _ = runner.verify(tree.tokens.expand(rows, n), tree.parents.expand(rows, n))
+        for b, seq in enumerate(seqs):
+            for node in range(n):
+                ids = seq + tree.tokens[path_to_node(tree.parents, node)].tolist()
+                want = model(torch.tensor([ids])).logits[0, -1]
+                torch.testing.assert_close(logits[b, node], want, atol=1e-5, rtol=0)
         keep = path_to_node(tree.parents, n - 1)
-        runner.commit(torch.tensor(keep))
-        seq += tree.tokens[keep].tolist()
+        runner.commit([torch.tensor(keep)] * rows)
+        seqs = [seq + tree.tokens[keep].tolist() for seq in seqs]
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("kind", list(MODELS))
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_speculative_greedy_equals_generate(kind, cache, chatml_tokenizer):
+def test_speculative_greedy_equals_generate(kind, chatml_tokenizer):
     """The target drafts for itself on a tree whose rank-1 siblings its greedy verify rejects: every
     pass commits a path that is not the first nodes in order (the cache copies entries into place)."""
     model = _model(kind)
@@ -83,7 +83,7 @@ def test_speculative_greedy_equals_generate(kind, cache, chatml_tokenizer):
     ].tolist()
     assert len(reference) == 16
     drafter = DraftModelDrafter(model, tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
-    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache=cache)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter)
     gen.eos = set()
     result = gen.generate(input_ids=prompt, max_new_tokens=16)
     assert result.token_ids == reference

@@ -55,14 +55,14 @@ def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: boo
     `prompts`: it drafts them well, so decoding accepts whole paths (and stops inside trees). decoy: each
     head also learns, more strongly, the token after the right one, so the right one is its SECOND best
     (accepted paths then run through rank-1 children)."""
-    from spechead.inference.batch import BatchRunner
+    from spechead.inference.target.runner import TargetRunner
 
     from .test_generator import plain_greedy
 
     drafter = medusa_drafter(model, choices)
     head, layer = drafter.head, drafter.hidden_layers[0]
     seqs = [torch.tensor(p + plain_greedy(model, p, new_tokens)) for p in prompts]
-    runner = BatchRunner(model, (layer,), max_length=max(s.numel() for s in seqs))
+    runner = TargetRunner(model, (layer,), max_length=max(s.numel() for s in seqs))
     _, hidden = runner.prefill(seqs)  # inference tensors: a clone trains (autograd saves it)
     hidden = [{k: v.clone() for k, v in states.items()} for states in hidden]
     torch.manual_seed(0)
@@ -456,22 +456,24 @@ def test_stacked_drafts_keep_their_q_on_its_device():
 
 
 def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tokenizer, monkeypatch):
-    """A compiled generator's batch calibration times its batch passes on fixed-shape runners
-    (batch_graphs.py), the verify by size and the in-situ passes; a compiled drafter (CUDA: the whole
+    """A compiled generator's batch calibration times its batch passes on fixed-shape runners (fixed
+    physical rows: `capacity`), the verify by size and the in-situ passes; a compiled drafter (CUDA: the whole
     batch draft one graph) is timed per depth as its chains of 1 and 4 drafted compiled."""
-    from spechead.inference import batch_graphs
+    from spechead.inference.target import runner as runner_module
     from spechead.inference.tuning.batch_tree import choices_for_batch, drafter_for_batch
     from spechead.inference.tuning.calibrate import TimedAs
 
     from .test_generator import plain_greedy
 
     runners, compiled = [], []
-    init, use_compile = batch_graphs.CompiledBatchRunner.__init__, eagle_module.EagleDrafter.use_compile
-    monkeypatch.setattr(
-        batch_graphs.CompiledBatchRunner,
-        "__init__",
-        lambda self, *a, **kw: (runners.append(kw["compile"]), init(self, *a, **kw))[1],
-    )
+    init, use_compile = runner_module.TargetRunner.__init__, eagle_module.EagleDrafter.use_compile
+
+    def counted(self, *a, **kw):  # the runners of fixed physical rows (batch passes), not a batch of one's
+        if kw.get("capacity") is not None:
+            runners.append(kw["compile"])
+        init(self, *a, **kw)
+
+    monkeypatch.setattr(runner_module.TargetRunner, "__init__", counted)
     monkeypatch.setattr(
         eagle_module.EagleDrafter,
         "use_compile",

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from spechead.inference.batch import BatchRunner
-from spechead.inference.batch_graphs import CompiledBatchRunner
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.target.runner import TargetRunner
 
 from .test_generator import plain_greedy
 
@@ -48,7 +47,7 @@ def test_greedy_rows_ahead_equal_token_by_token_and_huggingface(setup, compile, 
     model, tok = setup
     ahead, stepwise = both(model, tok, compile=compile)
     assert not SpeculativeGenerator(model, tok, None).ahead  # a CPU's default: token by token
-    sizes = step_batches(monkeypatch, CompiledBatchRunner if compile else BatchRunner)
+    sizes = step_batches(monkeypatch, TargetRunner)  # (eager or with fixed rows: the one runner)
     out = ahead.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     steps = list(sizes)
     ref = stepwise.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
@@ -65,7 +64,7 @@ def test_an_eos_row_leaves_one_step_late_while_the_others_go_on(setup, monkeypat
     ahead, stepwise = both(model, tok)
     eos = plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]
     ahead.eos = stepwise.eos = {eos}
-    sizes = step_batches(monkeypatch, BatchRunner)
+    sizes = step_batches(monkeypatch, TargetRunner)
     out = ahead.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     steps = list(sizes)
     ref = stepwise.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)

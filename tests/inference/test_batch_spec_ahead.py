@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
-from spechead.inference.batch_graphs import CompiledBatchRunner
 from spechead.inference.device_sampling import sample_accept_batch
 from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
+from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import TokenTree, ancestors_on_device, tree_from_choices
 
 from .test_batch import MAX_NEW, PROMPTS
@@ -217,7 +217,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     gen.generate_batch(
         input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False, temperature=0.8, seed=1
     )
-    runner = CompiledBatchRunner(model, (), max_length=64, capacity=2, compile="graphs")
+    runner = TargetRunner(model, (), max_length=64, capacity=2, compile="graphs")
     rows = [
         Row(b, torch.arange(3), 4, SamplingParams(t), None, GenerationStats()) for b, t in enumerate((0, 0.8))
     ]

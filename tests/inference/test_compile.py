@@ -1,5 +1,6 @@
-"""The compiled verify pass (compile=...): a fixed-shape static cache, whole-buffer masks, one graph per
-tree-size bucket, and output still equal to plain greedy decoding."""
+"""Compiled decoding (compile=...): the target's fixed-shape passes (one graph per tree-size bucket; their
+outputs against the eager ones: tests/inference/target/test_graphs.py) and the drafter's, output still
+equal to plain greedy decoding; how "auto" resolves."""
 
 from __future__ import annotations
 
@@ -7,16 +8,14 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from spechead.inference import compiling as compiling_module
 from spechead.inference import generator as generator_module
 from spechead.inference import loading as loading_module
-from spechead.inference import runner as runner_module
 from spechead.inference.compiling import compile_option, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError, GraphedFunction
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.kv_cache import SlotCache, commit_path
-from spechead.inference.runner import TargetRunner
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import (
     causal_inputs_static,
@@ -30,22 +29,6 @@ from . import test_generator as generator_tests  # the drafters, prompts and ref
 from .tuning.test_calibrate import ACCURACY, saved_head
 
 setup = generator_tests.setup  # the 2-layer target of the lossless tests (a module-scoped fixture)
-
-
-def test_static_slot_layer_writes_at_its_device_length_and_returns_whole_buffers():
-    cache = SlotCache(1, 8, static_shapes=True)
-    layer = cache.layers[0]
-    first = torch.arange(12.0).view(1, 1, 3, 4)  # [B, kv, n, D]
-    keys, _ = layer.update(first, -first)
-    assert keys.shape == (1, 1, 8, 4)  # the whole buffer: one shape for every length
-    cache.set_length(3)
-    assert int(layer.length_t) == 3 and layer.get_mask_sizes(2) == (8, 0)
-    second = torch.full((1, 1, 2, 4), 7.0)
-    keys, values = layer.update(second, -second)
-    assert torch.equal(keys[0, 0, :3], first[0, 0]) and torch.equal(keys[0, 0, 3:5], second[0, 0])
-    assert torch.equal(values[0, 0, 3:5], -second[0, 0])
-    commit_path(cache, 3, torch.tensor([1]))  # keep the second new entry only
-    assert int(layer.length_t) == 4 and torch.equal(layer.keys[0, 0, 3], second[0, 0, 1])
 
 
 def test_static_tree_inputs_are_the_dynamic_ones_padded_with_blocked_slots():
@@ -64,34 +47,10 @@ def test_static_tree_inputs_are_the_dynamic_ones_padded_with_blocked_slots():
     assert positions.tolist() == [[2, 3, 4]]
 
 
-def test_the_fixed_shape_verify_gives_the_eager_passes_outputs(setup):
-    """The fixed-shape pass (its mask, positions and ancestors made inside the graph from the device
-    length; "graphs" on a CPU runs it as a CUDA graph would capture it) gives the eager static runner's
-    logits, states and ancestors, pass after pass with commits between: a tiny random target's greedy
-    tokens barely feel a position off by one (logits move ~1e-3), these numbers do."""
-    model, _ = setup
-    prompt = torch.arange(5, 25)[None]  # [1, 20]
-    runners = [TargetRunner(model, cache="static", compile=c) for c in (False, "graphs")]
-    for runner in runners:
-        runner.use_layers((1,))
-        runner.reserve(20, 40, 64)
-        runner.prefill(prompt)
-    trees = [([[7, 8, 9]], [[-1, 0, 0]], [0, 2]), ([[3, 4, 5, 6, 7]], [[-1, 0, 1, 1, 3]], [0, 1, 3, 4])]
-    for tokens, parents, path in trees:  # 3 and 5 nodes: padded to buckets 4 and 8
-        (ref, ref_hidden), (out, hidden) = [
-            r.verify(torch.tensor(tokens), torch.tensor(parents)) for r in runners
-        ]
-        assert out.shape == ref.shape and torch.allclose(out, ref, atol=1e-6), (out - ref).abs().max()
-        assert torch.allclose(hidden[1], ref_hidden[1], atol=1e-6)
-        assert torch.equal(runners[1].last_ancestors, runners[0].last_ancestors)
-        for runner in runners:
-            runner.commit(path)
-
-
 def test_compile_needs_the_static_cache(setup):
-    model, _ = setup
+    model, tok = setup
     with pytest.raises(ValueError, match="compile=True needs cache='static'"):
-        TargetRunner(model, cache="dynamic", compile="eager")
+        SpeculativeGenerator(model, tok, None, cache="dynamic", compile="eager")
 
 
 def test_compiled_greedy_equals_plain_decoding_with_one_graph_per_bucket(setup):
@@ -145,7 +104,7 @@ def test_graphs_mode_runs_the_fixed_shape_passes_without_a_compiler(setup):
         gen.eos = set()
         refs = [generator_tests.plain_greedy(model, p, 12) for p in prompts]
         assert [gen.generate(input_ids=p, max_new_tokens=12).token_ids for p in prompts] == refs, name
-        assert gen.runner._compiled is not None and gen.runner.static_shapes  # the fixed-shape passes
+        assert gen.runner.static_shapes  # the fixed-shape passes
         if hasattr(drafter, "with_tree"):
             rows = gen.generate_batch(input_ids=prompts, max_new_tokens=12, tree_for_batch=False)
             assert [r.token_ids for r in rows] == refs, name
@@ -206,11 +165,11 @@ def test_draft_compile_compiles_the_drafter_only(tiny_llama, chatml_tokenizer) -
     )
     gen.eos = set()
     assert gen.generate(input_ids=prompt, max_new_tokens=14).token_ids == reference
-    assert gen.drafter._compiled is not None and gen.runner._compiled is None and not gen.runner.static_shapes
+    assert gen.drafter._compiled is not None and not gen.runner.static_shapes
     both = SpeculativeGenerator(
         target, chatml_tokenizer, EagleDrafter(head, tree=eagle_tests.STATIC), compile="eager"
     )
-    assert both.drafter._compiled is not None and both.runner._compiled is not None
+    assert both.drafter._compiled is not None and both.runner.static_shapes
     off = SpeculativeGenerator(
         target,
         chatml_tokenizer,
@@ -218,7 +177,7 @@ def test_draft_compile_compiles_the_drafter_only(tiny_llama, chatml_tokenizer) -
         compile="eager",
         draft_compile=False,
     )
-    assert off.drafter._compiled is None and off.runner._compiled is not None
+    assert off.drafter._compiled is None and off.runner.static_shapes
 
 
 def test_auto_compile_is_graphs_on_cuda_with_the_static_cache_and_off_elsewhere():
@@ -264,17 +223,17 @@ def test_a_generator_resolves_auto_for_its_targets_device_and_cache(
     prompt = generator_tests.prompts(1, eagle_tests.V)[0]
     reference = generator_tests.plain_greedy(target, prompt, 14)
     here = SpeculativeGenerator(target, chatml_tokenizer, EagleDrafter(head), compile="auto")
-    assert here.compile is False and here.runner._compiled is None and here.drafter._compiled is None
+    assert here.compile is False and not here.runner.static_shapes and here.drafter._compiled is None
     monkeypatch.setattr(generator_module, "resolve_compile", _as_on_cuda)
     gen = SpeculativeGenerator(
         target, chatml_tokenizer, EagleDrafter(head, tree=eagle_tests.STATIC), compile="auto"
     )
     assert gen.compile == "graphs" and gen.draft_compile == "graphs"
-    assert gen.runner._compiled is not None and gen.drafter._compiled is not None
+    assert gen.runner.static_shapes and gen.drafter._compiled is not None
     gen.eos = set()
     assert gen.generate(input_ids=prompt, max_new_tokens=14).token_ids == reference
     dynamic = SpeculativeGenerator(target, chatml_tokenizer, None, compile="auto", cache="dynamic")
-    assert dynamic.compile is False and dynamic.runner._compiled is None
+    assert dynamic.compile is False and not dynamic.runner.static_shapes
     assert SpeculativeGenerator(target, chatml_tokenizer, None).compile is False  # the constructor's default
     alone = SpeculativeGenerator(
         target, chatml_tokenizer, EagleDrafter(head), compile=False, draft_compile="auto"
@@ -292,9 +251,9 @@ def test_from_pretrained_compiles_by_default_where_auto_says_so(tiny_target_dir,
     headed = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
     assert headed.compile == "graphs" and headed.calibration["timed_as"]["target"] == "graphs"
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup")
-    assert gen.compile == "graphs" and gen.runner._compiled is not None
+    assert gen.compile == "graphs" and gen.runner.static_shapes
     plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), compile=False)
-    assert plain.compile is False and plain.runner._compiled is None
+    assert plain.compile is False and not plain.runner.static_shapes
     gen.eos = plain.eos = set()
     prompt = list(range(5, 25)) * 2
     assert (
@@ -318,14 +277,14 @@ def test_auto_falls_back_to_eager_when_its_graphs_cannot_be_captured(tiny_target
     monkeypatch.setattr(loading_module, "resolve_compile", _as_on_cuda)
     monkeypatch.setattr(generator_module, "resolve_compile", _as_on_cuda)
     monkeypatch.setattr(
-        runner_module,
+        compiling_module,
         "compile_function",
         lambda fn, compile, cuda=False, fullgraph=False, state=None: _Uncapturable(fn, state),
     )
     why = r"^compile='auto' decodes eagerly: .* runs but cannot be captured as a CUDA graph \(RuntimeError: CUDA error"
     with pytest.warns(RuntimeWarning, match=why):
         gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "prompt_lookup")
-    assert gen.compile is False and gen.runner._compiled is None
+    assert gen.compile is False and not gen.runner.static_shapes
     saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
     with pytest.warns(RuntimeWarning, match=why):
         headed = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))

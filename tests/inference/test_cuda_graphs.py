@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spechead.inference.cuda_graphs import GraphCaptureError, GraphedFunction, collection_paused
-from spechead.inference.kv_cache import SlotCache
+from spechead.inference.target.cache import RowCache
 
 
 def _write(dst, src) -> None:
@@ -155,8 +155,8 @@ def test_a_call_that_cannot_be_captured_fails_in_one_line_naming_compile_false(m
     assert gc.isenabled()  # (the collector is back on after the failed capture)
 
 
-def test_slot_cache_generation_changes_with_every_allocation():
-    a, b = SlotCache(2, 8), SlotCache(2, 8)
+def test_row_cache_generation_changes_with_every_allocation():
+    a, b = RowCache(2, 1, 8), RowCache(2, 1, 8)
     assert a.generation != b.generation
     before = a.generation
     k = torch.zeros(1, 2, 3, 4)
@@ -174,7 +174,26 @@ def test_slot_cache_generation_changes_with_every_allocation():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 def test_compile_function_on_a_cpu_is_plain_torch_compile():
-    from spechead.inference.runner import compile_function
+    from spechead.inference.compiling import compile_function
 
     f = compile_function(lambda x: x + 1, "eager", cuda=False)
     assert not isinstance(f, GraphedFunction) and f(torch.ones(1)).item() == 2.0
+
+
+def test_cuda_wrapper_returns_copies_of_every_output():
+    """A CUDA graph overwrites its outputs at the next replay; the draft loop keeps each depth's output
+    for the next call. The wrapper must copy (checked here with a function whose outputs ARE a kept buffer,
+    as a graph's are)."""
+    from spechead.inference.compiling import compile_function
+
+    buffer = torch.zeros(3)
+
+    def fn(x):
+        buffer.copy_(x)
+        return buffer, (buffer, 1)
+
+    f = compile_function(fn, "eager", cuda=True)  # the CUDA wrapper, eager backend: runs on a CPU
+    out, (nested, one) = f(torch.ones(3))
+    assert one == 1 and out is not buffer and nested is not buffer
+    f(torch.full((3,), 2.0))
+    assert out.tolist() == [1.0, 1.0, 1.0] and nested.tolist() == [1.0, 1.0, 1.0]

@@ -134,12 +134,10 @@ def test_greedy_equals_plain_decoding(setup):
 
 
 @pytest.mark.parametrize("compile", [False, "graphs"])
-def test_greedy_accepted_on_the_device_equals_plain_decoding(setup, compile, cache_backend):
+def test_greedy_accepted_on_the_device_equals_plain_decoding(setup, compile):
     """The accelerator's greedy path (`device_accept`: acceptance on the target's device, the path's
     tokens brought back with it, the tree never copied to the host) run on the CPU: the same code but
     for the pinned copies. compile="graphs": the fixed-shape passes, trees padded to buckets."""
-    if compile and cache_backend == "dynamic":
-        pytest.skip("compiled passes run on the static cache only")
     model, tok = setup
     for i, prompt in enumerate(prompts(6, model.config.vocab_size)):
         reference = plain_greedy(model, prompt, 24)
@@ -153,14 +151,11 @@ def test_greedy_accepted_on_the_device_equals_plain_decoding(setup, compile, cac
 
 
 @pytest.mark.parametrize("compile", [False, "graphs"])
-def test_greedy_through_matmul_attention_equals_plain_decoding(setup, compile, cache_backend, monkeypatch):
+def test_greedy_through_matmul_attention_equals_plain_decoding(setup, compile, monkeypatch):
     """A target set to "spechead_matmul" (heads/attention.py: its tree passes attend as matmuls, its plain
     steps through sdpa) decodes greedily as plain decoding with sdpa: every drafter, eager and on the
     fixed-shape passes (a whole fixed-size cache behind the mask)."""
     from spechead.heads import attention
-
-    if compile and cache_backend == "dynamic":
-        pytest.skip("compiled passes run on the static cache only")
 
     model, tok = setup
     calls = []

@@ -13,8 +13,8 @@ from spechead.inference.drafters.base import Draft, Drafter, chain
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, sample, target_probs
+from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import TokenTree
-from spechead.inference.verify import prefill
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,9 @@ def test_drafter_state_follows_the_accepted_rows(setup, family, options, hook):
     committed = drafter._committed  # the passes the drafter heard about (not the last one)
     sequence = torch.tensor(prompt + result.token_ids)
     assert committed == len(prompt) + sum(result.stats.accept_lengths[:-1])
-    _, _, states = prefill(model, sequence[:committed], head.config.target_layers)  # {layer: [C, H]}
+    states = TargetRunner(model, head.config.target_layers).prefill([sequence[:committed]])[1][
+        0
+    ]  # {l: [C, H]}
     inputs = [states[layer][None] for layer in head.config.target_layers]  # [1, C, H] each
     features = head.fuse(inputs) if family == "eagle3" else inputs[0]
     fresh = DynamicCache()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import spechead.inference.runner as runner_module
+import spechead.inference.compiling as compiling_module
 from spechead.heads import EagleConfig, EagleHead
 from spechead.inference.cuda_graphs import Captured, GraphedFunction, copy_outputs
 from spechead.inference.drafters.eagle import EagleDrafter
@@ -80,7 +80,7 @@ def replayed_graphs(monkeypatch):
     """compile=True (and "graphs", which captures the raw functions on CUDA) builds `Replayed` graphs of
     the raw graph functions (what CUDA would capture)."""
     made: list[Replayed] = []
-    original = runner_module.compile_function
+    original = compiling_module.compile_function
 
     def compile_function(fn, compile, cuda=False, fullgraph=False, state=None):
         if compile not in (True, "graphs"):  # another backend: as it is (the un-replayed reference)
@@ -88,7 +88,7 @@ def replayed_graphs(monkeypatch):
         made.append(Replayed(fn, state))
         return made[-1]
 
-    monkeypatch.setattr(runner_module, "compile_function", compile_function)
+    monkeypatch.setattr(compiling_module, "compile_function", compile_function)
     return made
 
 
@@ -203,7 +203,7 @@ def test_replayed_target_graphs_commit_off_path_nodes(tiny_llama, chatml_tokeniz
     model.generation_config.eos_token_id = None
     for ref, got in _oracle_runs(model, chatml_tokenizer):
         assert got == ref
-    commits = [g for g in replayed_graphs if g.fn.__name__ == "_commit_graph"]
+    commits = [g for g in replayed_graphs if g.fn.__name__ == "_graph_commit"]
     assert sum(g.replays for g in commits) > 0  # off-path commits replayed, not just captured
 
 
@@ -211,17 +211,18 @@ def test_a_python_value_read_inside_a_graph_is_caught(
     tiny_llama, chatml_tokenizer, replayed_graphs, monkeypatch
 ):
     """The target's commit graph taking its start from the host-side length (a Python int, baked in at
-    capture) instead of the device length: its replays copy to the capture's slots."""
-    from spechead.inference.runner import TargetRunner
+    capture) instead of the device lengths: its replays copy to the capture's slots."""
+    from spechead.inference.target.graphs import RowGraphs
 
-    def stale_commit(self, path):
-        start = self.length  # WRONG inside a graph: the capture's length forever
-        src, dst = start + path, start + torch.arange(path.shape[0])
-        for layer in self.slots.slot_layers:
+    def stale_commit(self, nodes):  # nodes [1, K]: the generator's one row
+        cache = self.runner.cache
+        start = cache.lengths[0]  # WRONG inside a graph: the capture's length forever
+        src, dst = start + nodes[0], start + torch.arange(nodes.shape[1])
+        for layer in cache.row_layers:
             layer.keys.index_copy_(2, dst, layer.keys.index_select(2, src))
             layer.values.index_copy_(2, dst, layer.values.index_select(2, src))
 
-    monkeypatch.setattr(TargetRunner, "_commit_graph", stale_commit)
+    monkeypatch.setattr(RowGraphs, "_graph_commit", stale_commit)
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
     model.generation_config.eos_token_id = None
     assert any(ref != got for ref, got in _oracle_runs(model, chatml_tokenizer))
@@ -234,7 +235,7 @@ def test_a_host_sync_inside_a_graph_fails(replayed_graphs):
 
 
 def test_replayed_batch_graphs_decode_like_plain_decoding(tiny_llama, chatml_tokenizer, replayed_graphs):
-    """The compiled batch runner's verify and commit (batch_graphs.py) as replayed graphs: rows of other
+    """The compiled runner's verify and commit for several rows (target/graphs.py) as replayed graphs: rows of other
     lengths and budgets finish at other passes (their physical rows go idle), accepted paths skip nodes
     (the commit graph moves entries), and a second call replays the first call's captures at new
     lengths; every row equals plain greedy decoding."""
@@ -249,10 +250,9 @@ def test_replayed_batch_graphs_decode_like_plain_decoding(tiny_llama, chatml_tok
         out = gen.generate_batch(input_ids=prompts, max_new_tokens=budgets, tree_for_batch=False)
         for b, (prompt, n) in enumerate(zip(prompts, budgets)):
             assert out[b].token_ids == plain_greedy(model, prompt, n), b
-    names = ("_graph_verify", "_graph_commit")
-    commit, verify = sorted(
-        (g for g in replayed_graphs if g.fn.__name__ in names), key=lambda g: g.fn.__name__
-    )
+    names = ("_graph_verify", "_graph_commit")  # of the runner with 4 physical rows (not the batch of one's)
+    rows = [g for g in replayed_graphs if g.fn.__name__ in names and g.fn.__self__.runner.capacity == 4]
+    commit, verify = sorted(rows, key=lambda g: g.fn.__name__)
     assert verify.replays > verify.captures and commit.replays > 0, (verify.replays, commit.replays)
 
 

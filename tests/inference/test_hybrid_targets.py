@@ -13,7 +13,6 @@ import transformers
 
 from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
-from spechead.inference.batch import BatchRunner
 from spechead.inference.drafters.cascade import CascadeDrafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.eagle import EagleDrafter
@@ -22,7 +21,7 @@ from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.runner import TargetRunner
+from spechead.inference.target.runner import TargetRunner
 
 VOCAB = 96
 SHAPE = dict(
@@ -159,12 +158,12 @@ def test_falcon_h1_and_jamba_are_refused(kind, name, hybrids, tiny_llama):
     assert_refused(lambda: SpeculativeGenerator(target, None, make(), cache="dynamic"))
 
 
-def test_every_target_runner_refuses_a_hybrid(hybrids):
-    """The runners refuse too (a generator is not the only way in): batch 1 and the batch runner."""
+def test_the_target_runner_refuses_a_hybrid(hybrids):
+    """The runner refuses too (a generator is not the only way in): eager, with rows, compiled."""
     target = hybrids["falcon_h1"]
-    assert_refused(lambda: TargetRunner(target, cache="dynamic"))
-    assert_refused(lambda: TargetRunner(target, cache="static"))
-    assert_refused(lambda: BatchRunner(target, max_length=32))
+    assert_refused(lambda: TargetRunner(target))
+    assert_refused(lambda: TargetRunner(target, max_length=32))
+    assert_refused(lambda: TargetRunner(target, capacity=2, compile="graphs"))
 
 
 def test_a_hybrid_draft_model_is_refused(hybrids, tiny_llama):

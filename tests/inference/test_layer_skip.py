@@ -15,8 +15,8 @@ from spechead.inference.drafters.layer_skip import LayerSkipDrafter, default_ski
 from spechead.inference.drafters.layer_skip_file import is_self_spec, save_drafter_file
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import drafter_options
-from spechead.inference.runner import TargetRunner
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.target.runner import TargetRunner
 
 from .distributions import sampling_tv
 from .test_batch import MAX_NEW, PROMPTS

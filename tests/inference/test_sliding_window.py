@@ -4,8 +4,8 @@ The pure mask function at the window's edge (transformers' convention: a key at 
 to a query at position q iff q - p < window), measured in positions, not slots; then tiny targets with a
 window of 8 (Mistral: every layer slides, one mask; Gemma-2 and GPT-OSS: sliding and full layers, a mask
 per layer type) decoding 40 tokens after prompts of 5-17 tokens with EAGLE-3, Medusa and prompt lookup,
-at batch 1 (dynamic and preallocated caches) and batch 3 (mixed lengths), and through the fixed-shape
-passes of the compiled runners, equal to the model's own `generate` token for token. A window of 16 no
+at batch 1 and batch 3 (mixed lengths) on the one runner's row cache, and through its fixed-shape
+passes, equal to the model's own `generate` token for token. A window of 16 no
 longer stops an EAGLE head from loading: its calibration times passes past the window.
 """
 
@@ -16,14 +16,12 @@ import torch
 import transformers
 
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
-from spechead.inference.batch import BatchRunner
-from spechead.inference.batch_graphs import CompiledBatchRunner
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.runner import TargetRunner
 from spechead.inference.sliding import SlidingLayout, layer_masks, slot_positions, window_mask
+from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import path_to_node
 
 WINDOW, VOCAB, NEW = 8, 96, 40
@@ -118,18 +116,18 @@ DEEP = [-1, 0, 1, 2, 0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 8]
 
 
 def _runner(name: str, model):
-    """A runner of `name` over `model` for two rows (batch runners) or one."""
-    if name in ("dynamic", "static"):
-        return TargetRunner(model, cache=name)
-    if name == "compiled":  # fixed shapes, whole-buffer masks (no compiler on a CPU)
-        return TargetRunner(model, cache="static", compile="graphs", max_length=96)
-    if name == "batch":
-        return BatchRunner(model, max_length=96)
-    return CompiledBatchRunner(model, max_length=96, capacity=2, compile="graphs")
+    """The one runner of `name` over `model`: two rows ("rows") or one, eager or with fixed shapes."""
+    if name == "one":
+        return TargetRunner(model)
+    if name == "compiled":  # fixed shapes, whole-buffer masks (no compiler on a CPU), one physical row
+        return TargetRunner(model, compile="graphs", max_length=96)
+    if name == "rows":
+        return TargetRunner(model, max_length=96)
+    return TargetRunner(model, max_length=96, capacity=2, compile="graphs")
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["dynamic", "static", "compiled", "batch", "compiled_batch"])
+@pytest.mark.parametrize("name", ["one", "compiled", "rows", "compiled_rows"])
 @pytest.mark.parametrize("kind", ["mistral", "gemma2"])
 def test_every_runners_tree_passes_equal_plain_forwards_past_the_window(kind, name, targets):
     """Each runner verifies a 15-node tree of depth 10 (window 8) after prefixes of 13 and 9 tokens, twice
@@ -137,13 +135,10 @@ def test_every_runners_tree_passes_equal_plain_forwards_past_the_window(kind, na
     own forward over its root-to-node path (its own sliding masks)."""
     model = targets[kind][0]
     runner = _runner(name, model)
-    rows = [PROMPTS[1] + [2, 4], PROMPTS[1][:9]] if "batch" in name else [PROMPTS[1] + [2, 4]]
+    rows = [PROMPTS[1] + [2, 4], PROMPTS[1][:9]] if "rows" in name else [PROMPTS[1] + [2, 4]]
     parents = torch.tensor([DEEP] * len(rows))
-    if "batch" in name:
-        runner.prefill([torch.tensor(r) for r in rows])
-    else:
-        runner.reserve(len(rows[0]), 40)
-        runner.prefill(torch.tensor(rows))
+    runner.reserve([len(r) for r in rows], [40] * len(rows))
+    runner.prefill([torch.tensor(r) for r in rows])
     g = torch.Generator().manual_seed(0)
     for step in range(2):
         tokens = torch.randint(0, VOCAB, parents.shape, generator=g)
@@ -154,25 +149,8 @@ def test_every_runners_tree_passes_equal_plain_forwards_past_the_window(kind, na
                 want = model(torch.tensor([row + path])).logits[0, -1]
                 torch.testing.assert_close(logits[b, node], want, atol=1e-4, rtol=0, msg=f"{step} {b} {node}")
         keep = path_to_node(parents[0], 13 if step == 0 else 3)  # the deep branch, then the short one
-        runner.commit([keep] * len(rows) if "batch" in name else torch.tensor(keep))
+        runner.commit([keep] * len(rows))
         rows = [row + tokens[b, keep].tolist() for b, row in enumerate(rows)]
-
-
-@torch.no_grad()
-def test_verify_tree_is_windowed(targets):
-    """verify.py's standalone prefill + verify_tree: the deep tree after 13 tokens on Gemma-2."""
-    from spechead.inference.tree import TokenTree
-    from spechead.inference.verify import prefill, verify_tree
-
-    model = targets["gemma2"][0]
-    row = PROMPTS[1] + [2, 4]
-    cache, _, _ = prefill(model, torch.tensor(row))
-    tree = TokenTree(torch.randint(0, VOCAB, (len(DEEP),), generator=torch.Generator().manual_seed(2)),
-                     torch.tensor(DEEP))  # fmt: skip
-    logits, _ = verify_tree(model, cache, tree, len(row))
-    for node in range(len(DEEP)):
-        want = model(torch.tensor([row + tree.tokens[path_to_node(tree.parents, node)].tolist()])).logits
-        torch.testing.assert_close(logits[node], want[0, -1], atol=1e-4, rtol=0)
 
 
 # ---- decoding past the window ----------------------------------------------------------------------
@@ -227,13 +205,11 @@ def assert_generates_references(gen: SpeculativeGenerator, refs: list[list[int]]
 @pytest.mark.parametrize("drafter", ["eagle3", "medusa", "prompt_lookup"])
 @pytest.mark.parametrize("kind", list(TARGETS))
 def test_greedy_decoding_past_the_window_equals_generate(kind, drafter, targets, medusa_for):
-    """Prompts + answers of 45-57 tokens on a window of 8, batch 1 on both caches and batch 3."""
+    """Prompts + answers of 45-57 tokens on a window of 8, batch 1 and batch 3."""
     model, refs = targets[kind]
-    accepted = 0
-    for cache in ("dynamic", "static"):
-        gen = SpeculativeGenerator(model, None, drafter_for(drafter, model, medusa_for), cache=cache)
-        assert gen.runner.sliding is not None and gen.runner.sliding.window == WINDOW
-        accepted += assert_generates_references(gen, refs)
+    gen = SpeculativeGenerator(model, None, drafter_for(drafter, model, medusa_for))
+    assert gen.runner.sliding is not None and gen.runner.sliding.window == WINDOW
+    accepted = assert_generates_references(gen, refs)
     if drafter != "eagle3":  # (an untrained EAGLE-3 layer's drafts are rejected: no paths to commit)
         assert accepted > 0
 
@@ -241,8 +217,8 @@ def test_greedy_decoding_past_the_window_equals_generate(kind, drafter, targets,
 @torch.no_grad()
 @pytest.mark.parametrize("kind", ["mistral", "gemma2"])
 def test_the_fixed_shape_passes_decode_past_the_window(kind, targets, medusa_for):
-    """compile="graphs" (no compiler on a CPU): the whole-buffer masks of the compiled runner (prefill,
-    tree passes) and of the compiled batch runner, windowed, at batch 1 and 3."""
+    """compile="graphs" (no compiler on a CPU): the whole-buffer masks of the compiled runner's tree passes,
+    windowed, at batch 1 (one physical row) and 3 (four)."""
     model, refs = targets[kind]
     gen = SpeculativeGenerator(model, None, drafter_for("medusa", model, medusa_for), compile="graphs")
     assert gen.runner.static_shapes
@@ -253,8 +229,7 @@ def test_the_fixed_shape_passes_decode_past_the_window(kind, targets, medusa_for
 def test_plain_decoding_past_the_window_equals_generate(targets):
     """No drafter: one-token steps (the runners' single-query masks) at batch 1 and 3."""
     model, refs = targets["gemma2"]
-    for cache in ("dynamic", "static"):
-        assert_generates_references(SpeculativeGenerator(model, None, None, cache=cache), refs)
+    assert_generates_references(SpeculativeGenerator(model, None, None), refs)
 
 
 @torch.no_grad()

@@ -110,7 +110,7 @@ def test_planted_times_give_exact_shares(
     from spechead.heads.eagle3 import Eagle3Head
     from spechead.heads.fused import _FusedStep
     from spechead.inference.drafters.eagle import EagleDrafter
-    from spechead.inference.runner import TargetRunner
+    from spechead.inference.target.runner import TargetRunner
 
     now = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])

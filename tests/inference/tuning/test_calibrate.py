@@ -232,8 +232,8 @@ def test_the_parts_are_timed_as_the_generator_compiles_them():
 def test_compiled_parts_are_timed_compiled(tiny_target_dir, tmp_path, monkeypatch):
     """Each part as the generator runs it: the target's runners, the draft's depth (the compiled whole
     draft at two depths) and its accept; from_pretrained passes its compile settings down."""
-    from spechead.inference import runner as runner_module
     from spechead.inference.drafters.eagle import EagleDrafter
+    from spechead.inference.target import runner as runner_module
 
     runners, drafts = [], []
     init, use_compile = runner_module.TargetRunner.__init__, EagleDrafter.use_compile

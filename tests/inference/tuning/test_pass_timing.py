@@ -53,7 +53,7 @@ def test_passes_are_timed_per_drafter(tiny_llama):
 
 def test_passes_are_timed_as_the_generator_compiles_them(tiny_llama, monkeypatch):
     """timed_as: the in-situ generator's target and every drafter compiled ("graphs": fixed shapes)."""
-    from spechead.inference import runner as runner_module
+    from spechead.inference.target import runner as runner_module
 
     target = tiny_llama(64, layers=2, hidden=32).eval()
     head = Eagle3Head(Eagle3Config.from_target(target.config, target_layers=[0, 1, 2]))

@@ -207,8 +207,8 @@ def test_measure_eagle_accuracy_by_hand(tiny_llama, kind):
 
     from spechead.heads.eagle import EagleConfig, EagleHead
     from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
+    from spechead.inference.target.runner import TargetRunner
     from spechead.inference.tuning.tree_search import measure_eagle_accuracy
-    from spechead.inference.verify import prefill
 
     model = tiny_llama(64, layers=4, hidden=32, seed=5)
     torch.manual_seed(1)
@@ -223,7 +223,7 @@ def test_measure_eagle_accuracy_by_hand(tiny_llama, kind):
 
     def step_logits(ids: torch.Tensor, t: int, depth: int) -> torch.Tensor:
         """Head logits [V] at position t, depth 1 or 2, run as decoding runs them."""
-        hidden = prefill(model, ids[None], head.config.target_layers)[2]
+        hidden = TargetRunner(model, head.config.target_layers).prefill([ids])[1][0]  # {l: [T, H]}
         feats = head.features([hidden[layer][None] for layer in head.config.target_layers])  # [1, T, H]
         with torch.no_grad():
             if depth == 1:

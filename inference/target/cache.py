@@ -1,0 +1,309 @@
+"""The preallocated KV cache of B rows, each with its own committed length: the target runner's cache and
+the EAGLE heads' own (B = 1 is a batch of one, not another class).
+
+    cache = RowCache(num_layers, batch=B, max_length=S_max)   # buffers [B, kv, S_max, D] per layer
+
+Row b's committed entries sit at slots [0, lengths[b]); later slots are scratch (a pass's tree entries,
+overwritten by the next pass unless a commit moves them into place). A layer's `update` writes a forward's
+n new entries one of three ways:
+- in a row (`write_slots` None): every row writes at slots length.. of the layer's own cursor `length`
+  (one slice copy) and attends over the views [:, :, :length + n]: a batch of one's passes (no scatter,
+  and a causal step needs no mask);
+- scattered (`write_slots` [B, n], set by the caller before a forward): row b writes at its own slots and
+  the views span `view_length` slots; the caller's mask hides what a row must not see;
+- static_shapes (compiled graphs): row b writes at lengths_t[b] + write_offset + 0..n-1 (device lengths
+  [B]) and the views are the whole buffers, so one graph serves every length.
+
+Without static_shapes every layer's keys and values are views of ONE buffer [L, 2, B, kv, S_max, D] when
+they share a shape (`LayerBuffer`): a commit or a row drop then moves every layer's entries with one op
+instead of ops per layer (each op costs on a CPU).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import cast
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from spechead.inference.devices import host_to_device
+
+# every allocation of a cache's buffers gets a new number (`RowCache.generation`): a CUDA graph that read
+# the old buffers must not replay over the new ones (cuda_graphs.py)
+_ALLOCATIONS = itertools.count(1)
+
+
+class LayerBuffer:
+    """One buffer `storage` [L, 2, B, kv, S_max, D] whose slices are every layer's keys and values, when
+    all L layers share one shape. Layers of another shape keep buffers of their own (no L-fold copies)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.storage: Tensor | None = None  # [L, 2, B, kv, S_max, D]
+        self.bound: set[int] = set()  # layers whose buffers are views of `storage`
+
+    def views(
+        self, index: int, key_states: Tensor, value_states: Tensor, batch: int, max_length: int
+    ) -> tuple[Tensor, Tensor] | None:
+        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made for these states'
+        heads, dim, dtype and device); None (the layer keeps buffers of its own) when keys and values
+        differ in shape or dtype, or layers of another shape hold the storage."""
+        self.bound.discard(index)  # its earlier views (if any) are being replaced
+        if key_states.shape != value_states.shape or value_states.dtype != key_states.dtype:
+            return None
+        _, heads, _, dim = key_states.shape
+        shape = (self.num_layers, 2, batch, heads, max_length, dim)
+        st = self.storage
+        if st is None or st.shape != shape or st.dtype != key_states.dtype or st.device != key_states.device:
+            if self.bound:  # held by layers of another shape
+                return None
+            st = self.storage = key_states.new_zeros(shape)
+        self.bound.add(index)
+        return st[index, 0], st[index, 1]
+
+    def whole(self) -> Tensor | None:
+        """`storage` when every layer's keys and values are views of it, else None."""
+        return self.storage if len(self.bound) == self.num_layers else None
+
+    def reset(self) -> None:
+        """Forget the storage (the next layer to ask makes a new one: a grown cache)."""
+        self.storage, self.bound = None, set()
+
+
+class RowLayer(CacheLayerMixin):
+    """One layer's preallocated keys/values [B, kv, S_max, D], written as its `RowCache` says (module doc)."""
+
+    is_compileable = True
+    is_sliding = False
+    keys: Tensor  # None until lazy_initialization allocates it (read once is_initialized)
+    values: Tensor
+
+    def __init__(self, owner: RowCache, index: int) -> None:
+        super().__init__()
+        self.owner, self.index = owner, index
+        self.length = 0  # written in a row: the slot the next write starts at (moves as it writes)
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        owner = self.owner
+        _, heads, _, k_dim = key_states.shape
+        shared = None
+        if not owner.static_shapes:  # (fixed shapes: buffers of its own, at fixed addresses)
+            shared = owner.buffer.views(self.index, key_states, value_states, owner.batch, owner.max_length)
+        if shared is not None:
+            self.keys, self.values = shared  # views of the owner's [L, 2, B, kv, S_max, D]
+        else:
+            shape = (owner.batch, heads, owner.max_length)
+            self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
+            self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
+        self.is_initialized = True
+        owner.generation = next(_ALLOCATIONS)  # graphs that read the old buffers must not replay
+        if owner.static_shapes:
+            lengths = owner.device_lengths(key_states.device)
+            if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may replay over them
+                for buffer in (self.keys, self.values, lengths):
+                    torch._dynamo.mark_static_address(buffer)
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """Write key/value states [B, kv, n, D] (see the module doc) and return the views to attend over."""
+        owner = self.owner
+        if owner.write_slots is None and not owner.static_shapes and self.is_initialized:
+            # in a row (a batch of one's every pass: the fewest ops first): slots length.., a slice copy
+            start, n = self.length, key_states.shape[-2]
+            end = start + n
+            if end > owner.max_length:
+                raise ValueError(
+                    f"preallocated KV cache full: {start} + {n} positions > max_length {owner.max_length}"
+                )
+            self.keys[:, :, start:end].copy_(key_states)
+            self.values[:, :, start:end].copy_(value_states)
+            self.length = end
+            return self.keys[:, :, :end], self.values[:, :, :end]  # [B, kv, end, D]
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            return self.update(key_states, value_states)
+        b, h, n, d = key_states.shape
+        if b != owner.batch:
+            raise ValueError(f"a cache of {owner.batch} rows got states of {b} rows")
+        slots = owner.write_slots  # [B, n] each row at its own slots
+        if owner.static_shapes:  # row b after its device-side length; the mask hides the rest
+            lengths = owner.device_lengths(key_states.device)  # [B]
+            offset = owner.write_offset  # (a draft's speculative slots so far)
+            slots = lengths[:, None] + torch.arange(offset, offset + n, device=key_states.device)  # [B, n]
+        assert slots is not None  # (in a row: above)
+        self.keys.scatter_(2, slots[:, None, :, None].expand(b, h, n, d), key_states)
+        self.values.scatter_(2, slots[:, None, :, None].expand(b, h, n, value_states.shape[-1]), value_states)
+        if owner.static_shapes:
+            return self.keys, self.values  # [B, kv, S_max, D]
+        view = owner.view_length
+        return self.keys[:, :, :view], self.values[:, :, :view]  # [B, kv, S, D]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        owner = self.owner
+        if owner.static_shapes:
+            return owner.max_length, 0
+        return (self.length + query_length if owner.write_slots is None else owner.view_length), 0
+
+    def get_seq_length(self) -> int:
+        return self.length if self.owner.write_slots is None else self.owner.view_length
+
+    def get_max_length(self) -> int:
+        return self.owner.max_length
+
+    def reset(self) -> None:
+        self.owner.set_length(0)
+
+
+class RowCache(Cache):
+    """Preallocated KV cache for B rows of their own committed lengths `lengths` (see the module doc)."""
+
+    def __init__(self, num_layers: int, batch: int, max_length: int, static_shapes: bool = False) -> None:
+        if max_length < 1 or batch < 1:
+            raise ValueError(f"need batch >= 1 and max_length >= 1, got {batch}, {max_length}")
+        self.batch, self.max_length = batch, max_length
+        self.static_shapes = static_shapes
+        self.lengths = [0] * batch  # committed positions per row (host)
+        self.write_slots: Tensor | None = None  # [B, n] where the next forward writes (None: in a row)
+        self.view_length = 0  # S: slots a scattered forward attends over
+        self.write_offset = 0  # static_shapes: the next forward writes at lengths_t + offset + 0..n-1
+        self.generation = next(_ALLOCATIONS)  # a new number at every buffer allocation (cuda_graphs.py)
+        # static_shapes: the committed lengths [B] on each device a layer sits on (shared by its layers:
+        # moving them is one kernel, not one a layer; kept for the cache's life, so graphs may bake them in)
+        self._lengths_t: dict[torch.device, Tensor] = {}
+        self._length_view: tuple[Tensor, Tensor] | None = None  # (lengths_t, its 0-d view): device_length
+        layers = [RowLayer(self, i) for i in range(num_layers)]
+        super().__init__(layers=cast(list, layers))  # (the same list object: HF keeps it)
+        self.row_layers: list[RowLayer] = layers  # `layers`, typed (read several times a pass)
+        self.buffer = LayerBuffer(num_layers)
+
+    # ---- lengths -------------------------------------------------------------------------------
+
+    @property
+    def lengths_t(self) -> Tensor | None:
+        """static_shapes: the committed lengths [B] on the (first) device, made by a layer's first write."""
+        return next(iter(self._lengths_t.values()), None)
+
+    @lengths_t.setter
+    def lengths_t(self, lengths: Tensor) -> None:
+        self._lengths_t = {lengths.device: lengths}  # (a graph's owner may make it ahead: its address)
+
+    def device_lengths(self, device: torch.device) -> Tensor:
+        """The committed lengths [B] on `device` (made from the host's the first time a layer there asks)."""
+        found = self._lengths_t.get(device)
+        if found is None:
+            found = self._lengths_t[device] = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        return found
+
+    def device_length(self) -> Tensor:
+        """A batch of one's committed length as a 0-d device tensor (static_shapes: graphs read it, no sync)."""
+        lengths = self.lengths_t
+        assert lengths is not None and self.batch == 1, "device_length: one row, static_shapes, a first write"
+        if self._length_view is None or self._length_view[0] is not lengths:
+            self._length_view = (lengths, lengths.view(()))
+        return self._length_view[1]
+
+    def write_at(self, slot: Tensor) -> None:
+        """static_shapes: the next forward writes at the device-side 0-d `slot` in every row, inside a
+        captured graph (no host sync); the host lengths stay (`set_length` sets both again)."""
+        for lengths in self._lengths_t.values():
+            lengths.copy_(slot)
+
+    def set_length(self, length: int) -> None:
+        """Every row holds `length` committed entries (later slots become scratch)."""
+        if not 0 <= length <= self.max_length:
+            raise ValueError(f"length must be in [0, {self.max_length}], got {length}")
+        self.lengths = [length] * self.batch
+        for layer in self.row_layers:
+            layer.length = length
+        for lengths in self._lengths_t.values():  # static_shapes: one fill per device
+            lengths.fill_(length)
+
+    def set_lengths(self, lengths: Sequence[int]) -> None:
+        """Row b holds lengths[b] committed entries (the device copies follow: one copy, no wait)."""
+        self.lengths = list(lengths)
+        for layer in self.row_layers:  # (in a row: only a batch of one writes that way)
+            layer.length = self.lengths[0]
+        if self._lengths_t:
+            host = torch.tensor(self.lengths, dtype=torch.long)
+            for lengths_t in self._lengths_t.values():
+                lengths_t.copy_(host_to_device(host, lengths_t.device))
+
+    def crop_to(self, length: int) -> None:
+        """`set_length(length)`, skipped when the layers are there already: a layer written in a row moves
+        its own cursor as it writes (the first layer first), so after a kept write there is nothing to
+        drop (a loop over the layers saved, every decoding pass). With static_shapes it always sets."""
+        if self.static_shapes or self.row_layers[0].length != length or self.lengths[0] != length:
+            self.set_length(length)
+
+    # ---- storage -------------------------------------------------------------------------------
+
+    @property
+    def storage(self) -> Tensor | None:
+        """The one buffer [L, 2, B, kv, S_max, D] (see `LayerBuffer`), if made."""
+        return self.buffer.storage
+
+    def shared_storage(self) -> Tensor | None:
+        """The one buffer [L, 2, B, kv, S_max, D] when every layer's buffers are views of it, else None."""
+        return self.buffer.whole()
+
+    def _rebind(self, storage: Tensor) -> None:
+        """Point every layer at `storage` (a reshaped copy of the shared one: rows kept)."""
+        self.buffer.storage = storage
+        for i, layer in enumerate(self.row_layers):
+            layer.keys, layer.values = storage[i, 0], storage[i, 1]
+
+    def keep_rows(self, rows: Sequence[int], used: int | None = None) -> None:
+        """Keep only rows [B'] of every layer, in this order (their lengths too). Finished rows dropped (the
+        kept ones ascending): in place, each moved row's first `used` slots (None: all; past the committed
+        lengths only scratch) copied up to its new place, no second buffer (a KV cache can hold most of a
+        device's memory); another order: one gather."""
+        rows = list(rows)
+        self.batch, end = len(rows), self.max_length if used is None else used
+        if rows:
+            self.set_lengths([self.lengths[i] for i in rows])
+        shared = self.shared_storage()
+        if rows == sorted(set(rows)):  # rows[j] >= j: row j is written after it was read, never before
+            moves = [(j, i) for j, i in enumerate(rows) if i != j]
+            if shared is not None:  # every layer at once, along its batch dim (2)
+                for j, i in moves:
+                    shared[:, :, j, :, :end].copy_(shared[:, :, i, :, :end])
+                self._rebind(shared[:, :, : len(rows)])
+                return
+            self.buffer.reset()  # (the layers' buffers are views of their first B' rows now)
+            for layer in self.row_layers:
+                if layer.is_initialized:
+                    for j, i in moves:
+                        layer.keys[j, :, :end].copy_(layer.keys[i, :, :end])
+                        layer.values[j, :, :end].copy_(layer.values[i, :, :end])
+                    layer.keys, layer.values = layer.keys[: len(rows)], layer.values[: len(rows)]
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        if shared is not None:  # one gather for every layer
+            self._rebind(shared.index_select(2, host_to_device(index, shared.device)))
+            return
+        self.buffer.reset()
+        for layer in self.row_layers:
+            if layer.is_initialized:
+                idx = host_to_device(index, layer.keys.device)  # (no wait)
+                layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
+
+    def write_rows(self, rows: Tensor, states: Iterable[tuple[Tensor, Tensor]]) -> None:
+        """Copy each layer's keys and values [G, kv, T, D] (another cache's G rows, in layer order) into
+        rows [G] (long, on the buffers' device), slots 0..T-1; layers get their buffers on first use."""
+        for layer, (keys, values) in zip(self.row_layers, states):
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            layer.keys[rows, :, : keys.shape[2]] = keys
+            layer.values[rows, :, : values.shape[2]] = values
+
+    def grow(self, max_length: int) -> None:
+        """Reallocate every layer to `max_length` slots, keeping the old ones (rare: amortised doubling)."""
+        old, self.max_length = self.max_length, max_length
+        self.buffer.reset()  # the first layer to re-bind makes it at the new size
+        for layer in self.row_layers:
+            if layer.is_initialized:
+                keys, values = layer.keys, layer.values
+                layer.lazy_initialization(keys, values)
+                layer.keys[:, :, :old], layer.values[:, :, :old] = keys, values

@@ -1,0 +1,192 @@
+"""The row cache: every layer's keys and values live in one buffer [L, 2, B, kv, S_max, D] when they share a
+shape, so a commit (each row's accepted path moved into place after its own prefix) is one gather and a
+row drop moves the later rows up in place; layers of several shapes keep their own buffers and give the
+same results. A batch of one writes in a row (slices, no scatter); fixed shapes write after device
+lengths and return the whole buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.target.cache import RowCache
+from spechead.inference.target.commit import commit_row, commit_rows, move_fixed, padded_paths
+
+LAYERS, S_MAX = 3, 16
+LENGTHS = [3, 5, 4]  # committed positions of rows 0, 1, 2 before the tree entries
+CPU = torch.device("cpu")
+
+
+def filled(dims: list[int], batch: int = 3, lengths: list[int] = LENGTHS) -> RowCache:
+    """A cache whose slot s of row b in layer i holds key 1000 b + 100 i + s (values: minus that), for
+    layers of head dims `dims`, with `lengths` committed."""
+    cache = RowCache(LAYERS, batch, S_MAX)
+    cache.write_slots, cache.view_length = torch.arange(S_MAX).expand(batch, S_MAX), S_MAX
+    for i, dim in enumerate(dims):
+        slot = torch.arange(S_MAX, dtype=torch.float32)[None, None, :, None]
+        rows = torch.arange(float(batch))[:, None, None, None]
+        keys = (slot + 100 * i + 1000 * rows).expand(batch, 2, S_MAX, dim)
+        cache.layers[i].update(keys.clone(), -keys.clone())
+    cache.write_slots = None
+    cache.set_lengths(lengths)
+    return cache
+
+
+def slots(cache: RowCache, row: int, length: int, first_row: int) -> list[list[int]]:
+    """Per layer: the slot each of `row`'s first `length` entries was written at (`first_row`: the row's
+    index when it was written); its values are checked to match."""
+    out = []
+    for i, layer in enumerate(cache.row_layers):
+        keys = layer.keys[row, 0, :length, 0]  # [length]
+        assert torch.equal(layer.values[row, :, :length], -layer.keys[row, :, :length])
+        out.append([int(x) - 100 * i - 1000 * first_row for x in keys.tolist()])
+    return out
+
+
+@pytest.mark.parametrize("dims", [[4, 4, 4], [4, 6, 4]], ids=["one-buffer", "own-buffers"])
+def test_commits_and_row_drops_move_every_layer(dims):
+    cache = filled(dims)
+    shared = cache.shared_storage()
+    assert (shared is not None) == (len(set(dims)) == 1)
+    if shared is not None:  # every layer's keys and values are views of the one buffer
+        assert shared.shape == (LAYERS, 2, 3, 2, S_MAX, 4)
+        assert all(
+            layer.keys.data_ptr() == shared[i, 0].data_ptr() for i, layer in enumerate(cache.row_layers)
+        )
+    commit_rows(cache, [[0, 2], [0, 1, 3], [0]], CPU)  # row 0: tree slots 3, 5 kept; row 1: 5, 6, 8; row 2: 4
+    assert cache.lengths == [5, 8, 5]
+    assert slots(cache, 0, 5, 0) == [[0, 1, 2, 3, 5]] * LAYERS
+    assert slots(cache, 1, 8, 1) == [[0, 1, 2, 3, 4, 5, 6, 8]] * LAYERS
+    assert slots(cache, 2, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
+    cache.keep_rows([0, 2], 8)  # row 1 finished: rows 0 and 2 go on untouched, row 2 now as row 1
+    assert cache.lengths == [5, 5] and cache.batch == 2
+    assert all(layer.keys.shape[0] == 2 for layer in cache.row_layers)
+    assert slots(cache, 0, 5, 0) == [[0, 1, 2, 3, 5]] * LAYERS
+    assert slots(cache, 1, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
+    assert (cache.shared_storage() is not None) == (shared is not None)
+    cache.keep_rows([1, 0], 5)  # another order: one gather
+    assert slots(cache, 0, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS and cache.lengths == [5, 5]
+    cache.grow(40)  # reallocated: the entries stay (one buffer again when they share a shape)
+    assert (cache.shared_storage() is not None) == (shared is not None)
+    assert all(layer.keys.shape[2] == 40 for layer in cache.row_layers)
+    assert slots(cache, 0, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
+
+
+@pytest.mark.parametrize("dims", [[4, 4, 4], [4, 6, 4]], ids=["one-buffer", "own-buffers"])
+def test_a_batch_of_ones_commit_moves_an_off_path_node_or_only_its_length(dims):
+    """Past 3, tree nodes at slots 3..8: a path off the first branch is copied into place in every layer
+    (one gather of the shared buffer, or layer by layer); a path in place (a host list 0..K-1, or a
+    tensor) only moves the length: the slots keep what they held."""
+    cache = filled(dims, batch=1, lengths=[3])
+    commit_row(cache, torch.tensor([0, 2, 5]), CPU)
+    assert cache.lengths == [6] and [layer.length for layer in cache.row_layers] == [6] * LAYERS
+    assert slots(cache, 0, 6, 0) == [[0, 1, 2, 3, 5, 8]] * LAYERS
+    before = [layer.keys.clone() for layer in cache.row_layers]
+    commit_row(cache, [0, 1], CPU)  # in place: nothing moves
+    commit_row(cache, torch.tensor([0]), CPU)
+    assert cache.lengths == [9] and all(torch.equal(a, b.keys) for a, b in zip(before, cache.row_layers))
+
+
+def test_a_batch_of_one_writes_in_a_row_and_a_full_cache_is_refused_at_the_boundary():
+    """No write slots: each layer writes its n entries at its own cursor (slices) and returns views up to
+    them; the first write past max_length is refused in one line, the last one that fits passes."""
+    cache = RowCache(1, 1, 4)
+    layer = cache.row_layers[0]
+    keys, _ = layer.update(torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2))
+    assert keys.shape == (1, 1, 3, 2) and layer.length == 3 and cache.get_seq_length() == 3
+    assert layer.get_mask_sizes(2) == (5, 0)
+    cache.set_length(3)
+    with pytest.raises(ValueError, match=r"^preallocated KV cache full: 3 \+ 2 positions > max_length 4$"):
+        layer.update(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))
+    keys, _ = layer.update(torch.full((1, 1, 1, 2), 5.0), torch.ones(1, 1, 1, 2))  # 3 + 1 = 4: fits
+    assert keys.shape[-2] == 4 and keys[0, 0, 3, 0] == 5.0
+    with pytest.raises(ValueError, match="a cache of 1 rows got states of 2 rows"):
+        RowCache(1, 1, 4, static_shapes=True).update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2), 0)
+
+
+def test_crop_to_drops_every_layers_scratch_and_skips_only_when_the_layers_are_there():
+    """crop_to(length): every layer back to `length`; a cache whose layers wrote exactly up to it is left
+    alone (their cursors moved as they wrote), a fixed-shape one is always set (its device lengths do
+    not move as it writes)."""
+    cache = filled([4, 4, 4], batch=1, lengths=[9])
+    cache.crop_to(9)
+    assert [layer.length for layer in cache.row_layers] == [9] * LAYERS
+    cache.row_layers[-1].length = 11  # a later layer ahead: only the first is read
+    cache.crop_to(9)
+    assert cache.row_layers[-1].length == 11
+    cache.crop_to(3)  # scratch past 3 dropped in every layer
+    assert [layer.length for layer in cache.row_layers] == [3] * LAYERS and cache.lengths == [3]
+    fixed = RowCache(LAYERS, 1, 16, static_shapes=True)
+    for layer in range(LAYERS):
+        fixed.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer)
+    fixed.lengths_t.fill_(5)  # the device length moved (as a graph's write_at moves it)
+    fixed.crop_to(0)  # the host lengths are at 0 already: set anyway
+    assert int(fixed.device_length()) == 0
+
+
+def test_fixed_shapes_write_after_device_lengths_and_return_whole_buffers():
+    cache = RowCache(1, 1, 8, static_shapes=True)
+    layer = cache.row_layers[0]
+    first = torch.arange(12.0).view(1, 1, 3, 4)  # [B, kv, n, D]
+    keys, _ = layer.update(first, -first)
+    assert keys.shape == (1, 1, 8, 4)  # the whole buffer: one shape for every length
+    assert cache.shared_storage() is None  # (fixed addresses: buffers of their own)
+    cache.set_length(3)
+    assert int(cache.device_length()) == 3 and layer.get_mask_sizes(2) == (8, 0)
+    second = torch.full((1, 1, 2, 4), 7.0)
+    keys, values = layer.update(second, -second)
+    assert torch.equal(keys[0, 0, :3], first[0, 0]) and torch.equal(keys[0, 0, 3:5], second[0, 0])
+    assert torch.equal(values[0, 0, 3:5], -second[0, 0])
+    move_fixed(cache, torch.tensor([[1, 1]]))  # keep the second new entry only (padded: itself again)
+    cache.set_length(4)
+    assert int(cache.device_length()) == 4 and torch.equal(layer.keys[0, 0, 3], second[0, 0, 1])
+
+
+def test_fixed_shape_layers_write_after_one_shared_device_length_per_device():
+    """static_shapes: every layer on a device reads one lengths tensor [B] (moving it is one kernel, not
+    one a layer); set_length, set_lengths and write_at move it for all; a layer on another device gets
+    that device's own; rows write after their own lengths."""
+    cache = RowCache(LAYERS, 2, 16, static_shapes=True)
+    states = torch.zeros(2, 2, 2, 4)
+    for layer in range(LAYERS):
+        cache.update(states, states, layer)
+    assert cache.lengths_t is cache.device_lengths(CPU) and cache.lengths_t.tolist() == [0, 0]
+    cache.set_lengths([5, 2])
+    assert cache.lengths_t.tolist() == [5, 2] and cache.lengths == [5, 2]
+    cache.update(torch.ones(2, 2, 2, 4), torch.ones(2, 2, 2, 4), LAYERS - 1)  # row 0: slots 5, 6; row 1: 2, 3
+    keys = cache.row_layers[-1].keys[:, 0, :, 0]
+    assert keys[0].tolist() == [0.0] * 5 + [1.0] * 2 + [0.0] * 9
+    assert keys[1].tolist() == [0.0] * 2 + [1.0] * 2 + [0.0] * 12
+    cache.write_at(torch.tensor(9))
+    assert cache.lengths_t.tolist() == [9, 9] and cache.lengths == [5, 2]  # (the host's stay)
+    cache.row_layers[0].lazy_initialization(states.to("meta"), states.to("meta"))  # a layer elsewhere
+    assert cache.device_lengths(torch.device("meta")).device.type == "meta"
+    cache.set_length(3)
+    assert cache.lengths_t.tolist() == [3, 3] and cache.device_lengths(torch.device("meta")).shape == (2,)
+
+
+def test_writes_to_named_slots_scatter_and_view_what_the_caller_says():
+    cache = RowCache(1, 2, 8)
+    cache.write_slots, cache.view_length = torch.tensor([[0, 1], [4, 5]]), 6
+    keys, _ = cache.update(torch.ones(2, 1, 2, 3), torch.ones(2, 1, 2, 3), 0)
+    assert keys.shape == (2, 1, 6, 3) and cache.get_seq_length() == 6
+    assert keys[:, 0, :, 0].tolist() == [[1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1]]
+
+
+def test_a_row_copied_in_from_another_cache_and_a_grown_cache_keep_their_entries():
+    cache = RowCache(2, 3, 8)
+    keys = torch.arange(2 * 2 * 5 * 4, dtype=torch.float32).view(2, 2, 5, 4)  # [G, kv, T, D]
+    cache.write_rows(torch.tensor([2, 0]), [(keys, -keys), (keys + 1, -keys - 1)])
+    layer = cache.row_layers[1]
+    assert torch.equal(layer.keys[2, :, :5], keys[0] + 1) and torch.equal(layer.keys[0, :, :5], keys[1] + 1)
+    assert cache.shared_storage() is not None and not layer.keys[1].any()
+    cache.grow(20)
+    assert layer.keys.shape == (3, 2, 20, 4) and torch.equal(cache.row_layers[1].keys[2, :, :5], keys[0] + 1)
+
+
+def test_padded_paths_for_the_fixed_shape_commit():
+    """Active rows' paths in their physical rows, padded to a power of 2 by their last node; idle rows
+    node 0; nothing at all when every path is in place."""
+    assert padded_paths([[0, 1], [0]], [0, 1], 4) is None
+    nodes = padded_paths([[0, 2, 3], [0]], [3, 1], 4)
+    assert nodes.tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 2, 3, 3]]
