@@ -213,7 +213,7 @@ class TargetRunner:
         cache, batch = self.cache, len(lengths)
         rows = self.capacity if self.static_shapes and self.capacity else batch
         if cache is None or cache.batch != rows or cache.max_length <= max(lengths) or batch > rows:
-            self.reserve(lengths, [1] * batch)
+            self.reserve(lengths, [0] * batch)  # (the prompts alone: a decode reserves its tokens first)
         cache = self.cache
         assert cache is not None  # reserve made it
         self.rows = list(range(batch))

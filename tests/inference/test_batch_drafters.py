@@ -493,6 +493,8 @@ def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tok
     gen.tree_accuracy = accuracy
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     assert gen.batch_calibration[len(PROMPTS)]["timed_as"] == {"target": "graphs", "draft": False}  # (a CPU)
-    assert runners == ["graphs"] * 4  # the calibration's three, the generator's own
+    assert (
+        runners == ["graphs"] * 5
+    )  # the calibration's three; the generator's batch-of-one and 4-row runners
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
         assert batch[b].token_ids == plain_greedy(model, prompt, n)

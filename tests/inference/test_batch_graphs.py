@@ -32,14 +32,14 @@ def test_compiled_batch_equals_batch1_and_hf(setup, kind) -> None:
     eos = plain_greedy(model, PROMPTS[0], MAX_NEW[0])[6]  # row 0 stops early, inside a tree
     gen.eos = {eos}
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
-    (runner,) = gen._batch_runners.values()
+    (runner,) = gen._runners.values()
     assert isinstance(runner, TargetRunner) and runner.static_shapes and runner.capacity == 4
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
         assert batch[b].token_ids == plain_greedy(model, prompt, n, eos=eos), (kind, b)
     assert len(batch[0].token_ids) == 7 and batch[0].token_ids[-1] == eos
     # three rows of the same capacity later: the same runner (its cache, its graphs), still lossless
     again = gen.generate_batch(input_ids=PROMPTS[1:], max_new_tokens=MAX_NEW[1:])
-    assert list(gen._batch_runners.values()) == [runner]
+    assert list(gen._runners.values()) == [runner]
     for b, (prompt, n) in enumerate(zip(PROMPTS[1:], MAX_NEW[1:])):
         assert again[b].token_ids == plain_greedy(model, prompt, n, eos=eos), (kind, b)
 
@@ -51,10 +51,11 @@ def test_a_longer_batch_grows_the_kept_runner(tiny_llama, chatml_tokenizer) -> N
     gen = SpeculativeGenerator(model, tok, None, compile="eager")
     gen.eos = set()
     gen.generate_batch(input_ids=PROMPTS[:2], max_new_tokens=4)
-    (small,) = gen._batch_runners.values()
+    (small,) = gen._runners.values()
+    assert small.max_length == 1024
     long_prompt = [3 + i % 50 for i in range(1000)]  # past the first runner's 1024 slots with 40 new
     out = gen.generate_batch(input_ids=[long_prompt, PROMPTS[1]], max_new_tokens=[40, 6])
-    (grown,) = gen._batch_runners.values()
-    assert grown is not small and grown.max_length >= 1040
+    (grown,) = gen._runners.values()
+    assert grown is small and grown.max_length >= 1040  # the kept runner's cache grew
     assert out[0].token_ids == plain_greedy(model, long_prompt, 40)
     assert out[1].token_ids == plain_greedy(model, PROMPTS[1], 6)

@@ -47,10 +47,11 @@ def test_static_tree_inputs_are_the_dynamic_ones_padded_with_blocked_slots():
     assert positions.tolist() == [[2, 3, 4]]
 
 
-def test_compile_needs_the_static_cache(setup):
+def test_the_dynamic_cache_is_refused_in_one_line(setup):
     model, tok = setup
-    with pytest.raises(ValueError, match="compile=True needs cache='static'"):
-        SpeculativeGenerator(model, tok, None, cache="dynamic", compile="eager")
+    for compile in (False, "eager"):
+        with pytest.raises(ValueError, match="cache='dynamic': the engine's one KV cache is preallocated"):
+            SpeculativeGenerator(model, tok, None, cache="dynamic", compile=compile)
 
 
 def test_compiled_greedy_equals_plain_decoding_with_one_graph_per_bucket(setup):
@@ -232,8 +233,6 @@ def test_a_generator_resolves_auto_for_its_targets_device_and_cache(
     assert gen.runner.static_shapes and gen.drafter._compiled is not None
     gen.eos = set()
     assert gen.generate(input_ids=prompt, max_new_tokens=14).token_ids == reference
-    dynamic = SpeculativeGenerator(target, chatml_tokenizer, None, compile="auto", cache="dynamic")
-    assert dynamic.compile is False and not dynamic.runner.static_shapes
     assert SpeculativeGenerator(target, chatml_tokenizer, None).compile is False  # the constructor's default
     alone = SpeculativeGenerator(
         target, chatml_tokenizer, EagleDrafter(head), compile=False, draft_compile="auto"
@@ -260,7 +259,6 @@ def test_from_pretrained_compiles_by_default_where_auto_says_so(tiny_target_dir,
         gen.generate(input_ids=prompt, max_new_tokens=16).token_ids
         == plain.generate(input_ids=prompt, max_new_tokens=16).token_ids
     )
-    assert SpeculativeGenerator.from_pretrained(str(tiny_target_dir), cache="dynamic").compile is False
 
 
 class _Uncapturable(GraphedFunction):

@@ -125,7 +125,6 @@ def assert_refused(make) -> None:
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize(
     "name",
     [
@@ -140,22 +139,22 @@ def assert_refused(make) -> None:
         "plain",
     ],
 )
-def test_every_drafter_is_refused_on_a_hybrid_target(name, cache, hybrids, tiny_llama):
-    """Qwen3-Next: the generator refuses every drafter (and plain decoding) on either cache; the layer-skip
+def test_every_drafter_is_refused_on_a_hybrid_target(name, hybrids, tiny_llama):
+    """Qwen3-Next: the generator refuses every drafter (and plain decoding); the layer-skip
     drafter, a view of the hybrid target, refuses itself first."""
     target = hybrids["qwen3_next"]
     make = drafters(target, tiny_llama)[name]
-    assert_refused(lambda: SpeculativeGenerator(target, None, make(), cache=cache))
+    assert_refused(lambda: SpeculativeGenerator(target, None, make()))
 
 
 @pytest.mark.parametrize("kind", ["falcon_h1", "jamba"])
 @pytest.mark.parametrize("name", ["prompt_lookup", "lookahead", "layer_skip", "eagle3"])
 def test_falcon_h1_and_jamba_are_refused(kind, name, hybrids, tiny_llama):
     """The drafters that ran silently wrong on Falcon-H1 (prompt lookup, lookahead, self-drafting) and a
-    head, on the dynamic cache where they did."""
+    head."""
     target = hybrids[kind]
     make = drafters(target, tiny_llama)[name]
-    assert_refused(lambda: SpeculativeGenerator(target, None, make(), cache="dynamic"))
+    assert_refused(lambda: SpeculativeGenerator(target, None, make()))
 
 
 def test_the_target_runner_refuses_a_hybrid(hybrids):
