@@ -234,8 +234,10 @@ class RowCache(Cache):
         """`set_length(length)`, skipped when the layers are there already: a layer written in a row moves
         its own cursor as it writes (the first layer first), so after a kept write there is nothing to
         drop (a loop over the layers saved, every decoding pass). With static_shapes it always sets."""
-        if self.static_shapes or self.row_layers[0].length != length or self.lengths[0] != length:
+        if self.static_shapes or self.row_layers[0].length != length:
             self.set_length(length)
+        elif self.lengths[0] != length:  # (the layers are there: their writes moved them)
+            self.lengths = [length] * self.batch
 
     # ---- storage -------------------------------------------------------------------------------
 

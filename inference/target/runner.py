@@ -212,8 +212,8 @@ class TargetRunner:
             raise ValueError("prefill takes at least one prompt")
         cache, batch = self.cache, len(lengths)
         rows = self.capacity if self.static_shapes and self.capacity else batch
-        if cache is None or cache.batch != rows or cache.max_length <= max(lengths) or batch > rows:
-            self.reserve(lengths, [0] * batch)  # (the prompts alone: a decode reserves its tokens first)
+        if cache is None or cache.batch != rows or cache.max_length < max(lengths) or batch > rows:
+            self.reserve(lengths, [0] * batch)  # (a tree's room on top; a fixed size: the prompts fit)
         cache = self.cache
         assert cache is not None  # reserve made it
         self.rows = list(range(batch))

@@ -348,7 +348,7 @@ def test_a_dead_generators_graphs_do_not_break_a_capture():
 @pytest.mark.parametrize("compile", [True, "reduce-overhead", "graphs"])
 @pytest.mark.parametrize("name", ["none", "medusa", "eagle"])
 def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, compile, name):
-    """generate_batch with the target's batch passes compiled (batch_graphs.py; our CUDA graphs and
+    """generate_batch with the target's batch passes compiled (target/graphs.py; our CUDA graphs and
     torch.compile's) and EAGLE's batch draft and accept too (eagle_batch_graphs.py): rows of other
     lengths and budgets, twice (the second call replays the first's graphs at new lengths), each row
     equal to plain eager decoding."""
