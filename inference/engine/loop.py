@@ -33,6 +33,7 @@ from spechead.inference.engine.rows import Row, take
 from spechead.inference.phase_clock import PhaseClock
 from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import pick
+from spechead.inference.target.runner import TargetRunner
 
 Emitted = list[tuple[int, list[int]]]  # (row index as given, its new ids) for the rows a pass emitted
 
@@ -59,14 +60,15 @@ class Heard:
     roots: list[int]
 
     def rows(self, keep: Sequence[int]) -> Heard:
+        """Only rows `keep` (in this order)."""
         index = torch.tensor(list(keep))
         hidden = {k: v[host_to_device(index, v.device)] for k, v in self.hidden.items()}
-        pick_ = [self.tokens[i] for i in keep], [self.paths[i] for i in keep], [self.roots[i] for i in keep]
-        return Heard(pick_[0], pick_[1], hidden, pick_[2])
+        tokens, paths = [self.tokens[i] for i in keep], [self.paths[i] for i in keep]
+        return Heard(tokens, paths, hidden, [self.roots[i] for i in keep])
 
 
 def depth_for(
-    runner, drafter: BatchDrafter | None, rows: Sequence[Row], ahead: bool, on_device: bool,
+    runner: TargetRunner, drafter: BatchDrafter | None, rows: Sequence[Row], ahead: bool, on_device: bool,
     rule: str = "deterministic",
 ) -> int:  # fmt: skip
     """Where the loop reads the device (see the module): 0 read first; 1 the next draft queued where the
@@ -82,7 +84,7 @@ def depth_for(
 
 
 def decode(
-    runner,
+    runner: TargetRunner,
     drafter: BatchDrafter | None,
     rows: list[Row],
     eos: set[int],
@@ -150,7 +152,7 @@ def _propose(drafter: BatchDrafter | None, rows: list[Row], heard: Heard | None)
 
 
 def _pass(
-    runner, drafter: BatchDrafter | None, draft: BatchDraft, rows: list[Row], depth: int, on_device: bool,
+    runner: TargetRunner, drafter: BatchDrafter | None, draft: BatchDraft, rows: list[Row], depth: int, on_device: bool,
     clock: PhaseClock,
 ) -> tuple[Flight, BatchDraft | None]:  # fmt: skip
     """Verify every row's tree, accept and commit: read now (depth 0), else left on the device with the
@@ -159,6 +161,7 @@ def _pass(
     n = draft.tokens.shape[1]
     logits, hidden = runner.verify(draft.tokens, draft.parents)  # [B, N, V], {l: [B, N, H]}
     ancestors = runner.last_ancestors  # [B, N, N]
+    assert ancestors is not None  # verify just set them
     for row in rows:
         row.flying += 1
     if depth == 0:
@@ -184,13 +187,13 @@ def _pass(
 
 
 def _read(
-    flight: Flight, runner, drafter: BatchDrafter | None, eos: set[int]
+    flight: Flight, runner: TargetRunner, drafter: BatchDrafter | None, eos: set[int]
 ) -> tuple[Emitted, Heard | None]:
     """The host reads a pass's acceptance (the pass's one wait): each row takes its tokens, the runner's
     and the drafter's counts follow a queued commit; read first, what the drafter is to hear next."""
     queued = isinstance(flight.accepted, QueuedAcceptance)
     accs = flight.accepted.result() if isinstance(flight.accepted, QueuedAcceptance) else flight.accepted
-    if queued:
+    if queued:  # the runner's and the drafter's counts follow what was queued
         ks = [len(a.path) for a in accs]
         if flight.advance:
             runner.advance(ks)
