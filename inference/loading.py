@@ -2,26 +2,21 @@
 
 The wiring layer above the engine: it may import the tuning (tuning/: a head's tree calibrated at load,
 re-picked per batch size) that the engine never imports, and plugs it into the engine (`PLUGINS`, at
-the end: SpeculativeGenerator.from_pretrained and each new generator's batch_tree_picker).
+the end: SpeculativeGenerator.from_pretrained and each new generator's batch_tree_picker). What a
+drafter's name means and the drafter it builds: drafter_specs.py.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
-import re
 import warnings
-from importlib.resources import files
-from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from spechead.heads import DraftHead, directory, load_head
+from spechead.heads import directory
 from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.attention import runs_sdpa
 from spechead.heads.families import family_of
-from spechead.heads.formats import is_head_dir
 from spechead.heads.hybrid import check_attention_only
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
@@ -33,148 +28,28 @@ from spechead.inference.draft_weights import (
     check_setting,
     quantize_draft,
 )
+from spechead.inference.drafter_specs import (
+    BUILTIN_DRAFTERS,
+    TREE_OPTIONS,
+    config_of,
+    drafter_for_head,
+    is_cascade,
+    make_drafter,
+)
 from spechead.inference.drafters.base import Drafter
-from spechead.inference.drafters.draft_model import DraftModelDrafter
-from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
-from spechead.inference.drafters.lookahead import LookaheadDrafter
+from spechead.inference.drafters.layer_skip_file import is_self_spec
 from spechead.inference.drafters.medusa import MedusaDrafter
-from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import PLUGINS
 from spechead.inference.memory_fit import check_target_fits
 from spechead.inference.tuning.batch_tree import drafter_for_generator
 from spechead.inference.tuning.calibrate import EAGER, TimedAs, calibrated_choices, covers, saved_accuracy
 from spechead.inference.tuning.pass_timing import IN_SITU_KEEP_MARGIN, in_situ_choice
 
-# DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
-DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
-# Drafters without weights, by name (options are their constructor's keyword arguments).
-BUILTIN_DRAFTERS = {"prompt_lookup": PromptLookupDrafter, "lookahead": LookaheadDrafter}
-CASCADE_OPTIONS = ("num_draft", "tiny_draft")
-# Drafter options that pick a head's tree (EAGLE: tree, top_k, depth, total_tokens; Medusa: choices).
-TREE_OPTIONS = ("tree", "top_k", "depth", "total_tokens", "choices")
-
-
-def _config_of(name: str, revision: str | None) -> dict:
-    """config.json of a local directory or Hub repo ({} when there is none)."""
-    local = Path(name).expanduser()
-    if local.is_dir():
-        file = local / "config.json"
-    else:
-        from huggingface_hub import hf_hub_download
-
-        try:
-            file = Path(hf_hub_download(name, "config.json", revision=revision))
-        except Exception as err:  # offline, missing repo: say which name could not be found
-            raise ValueError(
-                f"{name!r} is not a local directory and could not be fetched from the Hub ({type(err).__name__})"
-            ) from None
-    return json.loads(file.read_text()) if file.is_file() else {}
-
-
-def make_drafter(
-    spec: str | Drafter | None, target, *, device, dtype, revision=None, **options
-) -> Drafter | None:
-    """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]",
-    the target itself with layers skipped (`layer_skip[@skip=2+3]`, `early_exit[@layer=4]`, a drafter file
-    from scripts/search_skip.py), a head directory/id, or a draft LM."""
-    if spec is None or isinstance(spec, Drafter):
-        return spec
-    if spec in BUILTIN_DRAFTERS:
-        return _builtin(spec, options)
-    if _is_cascade(spec):
-        return load_cascade(spec, device=device, dtype=dtype, revision=revision, **options)
-    if is_self_spec(spec):
-        return make_self_drafter(spec, target, **options)
-    if is_head_dir(_config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
-        # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
-        head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
-        # A Hub head becomes its local snapshot (tree.json and adapter included) for everything below.
-        spec = str(directory.resolve(spec, revision))
-        head.attach_target_modules(
-            lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
-        )
-        return drafter_for_head(head, spec, **options)
-    unknown = sorted(set(options) - set(DRAFT_MODEL_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"draft model {spec}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(DRAFT_MODEL_OPTIONS)}"
-        )
-    # (straight onto the device, as the target: `load_generator`)
-    model = AutoModelForCausalLM.from_pretrained(
-        spec, revision=revision, dtype=dtype, device_map=torch.device(device)
-    )
-    return DraftModelDrafter(model, **options)
-
-
-def _builtin(name: str, options: dict) -> Drafter:
-    """A weightless drafter by name; unknown options raise ValueError naming the valid ones."""
-    cls = BUILTIN_DRAFTERS[name]
-    valid = [k for k in inspect.signature(cls).parameters]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(f"{name}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
-    return cls(**options)
-
-
-def _is_cascade(spec: str) -> bool:
-    return spec == "cascade" or spec.startswith("cascade:")
-
-
-def cascade_models(spec: str) -> tuple[str, str]:
-    """ "cascade:TINY+MEDIUM" -> (TINY, MEDIUM); plain "cascade" = the shipped demo pair (draft, medium)."""
-    if spec == "cascade":
-        demo = Path(str(files("spechead.data"))) / "demo"
-        return str(demo / "draft"), str(demo / "medium")
-    tiny, plus, medium = spec.removeprefix("cascade:").partition("+")
-    if not plus or not tiny or not medium or "+" in medium:
-        raise ValueError(f"cascade drafter {spec!r}: use cascade:TINY+MEDIUM (two model dirs or Hub ids)")
-    return tiny, medium
-
-
-def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> Drafter:
-    """A CascadeDrafter from "cascade" (the demo pair) or "cascade:TINY+MEDIUM"; options: CASCADE_OPTIONS."""
-    from spechead.inference.drafters.cascade import CascadeDrafter
-
-    unknown = sorted(set(options) - set(CASCADE_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"cascade drafter: unknown option(s) {', '.join(unknown)}; valid: {', '.join(CASCADE_OPTIONS)}"
-        )
-    tiny, medium = (
-        AutoModelForCausalLM.from_pretrained(
-            path, revision=revision, dtype=dtype, device_map=torch.device(device)
-        )
-        for path in cascade_models(spec)
-    )
-    return CascadeDrafter(tiny, medium, **options)
-
-
-def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter:
-    """The drafter of a loaded head (target modules attached), as its family registers it.
-
-    Without tree options, a HEAD_DIR/tree.json from scripts/build_tree.py is the default tree
-    (EAGLE: instead of the dynamic tree unless tree/top_k/depth/total_tokens are given).
-    """
-    fam = family_of(head.config)
-    build = fam.load("drafter")
-    valid = [name for name in inspect.signature(build).parameters if name != "head"]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:  # one line naming what this family's drafter takes (a static tree's option differs)
-        raise ValueError(
-            f"{fam.name} head: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)} "
-            f"(a static tree goes in {fam.tree_option}=)"
-        )
-    tree = directory.read_tree(head_dir) if head_dir is not None else None
-    saved = tree["choices"] if tree else None
-    if saved is not None and not set(TREE_OPTIONS) & set(options):
-        options = {**options, fam.tree_option: saved}
-    return build(head, **options)
-
 
 def merge_head_adapter(target, head_dir: str):
     """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in;
     other heads' targets pass through."""
-    if not _config_of(head_dir, None).get("lora_adapter"):
+    if not config_of(head_dir, None).get("lora_adapter"):
         return target
     # a Hub head: its snapshot holds the adapter files
     adapter = directory.adapter_dir(directory.resolve(head_dir))
@@ -258,7 +133,7 @@ def load_generator(
         device_map=where,
     )
     own = isinstance(drafter, str) and (
-        drafter in BUILTIN_DRAFTERS or _is_cascade(drafter) or is_self_spec(drafter)
+        drafter in BUILTIN_DRAFTERS or is_cascade(drafter) or is_self_spec(drafter)
     )
     if isinstance(drafter, str) and not own:  # a head directory may carry an adapter (Medusa-2)
         model = merge_head_adapter(model, drafter)
@@ -380,34 +255,6 @@ def decoded_choice(
         keep_margin=IN_SITU_KEEP_MARGIN,
         timed_as=timed_as or EAGER,
     )
-
-
-WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings
-
-
-def drafter_options(spec: str) -> tuple[str, dict]:
-    """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, a draft-model rule
-    (`iid`, `without_replacement`, `deterministic`), a width per depth like `4x2x2x1`, or a tree file
-    (tree.json or a JSON list of rank paths) for `tree=` (EAGLE, draft model) / `choices=` (Medusa)."""
-    path, _, opts = spec.partition("@")
-    options: dict = {}
-    for item in filter(None, opts.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"drafter option {item!r}: use key=value, e.g. top_k=8 or tree=tree.json")
-        if value.lstrip("-").isdigit():
-            options[key] = int(value)
-        elif value in WORDS or re.fullmatch(r"\d+(x\d+)+", value) or re.fullmatch(r"\d+([+-]\d+)+", value):
-            options[key] = value  # a width per depth (4x2x2x1) or layers to skip (2+3+6, 4-7)
-        elif Path(value).is_file():
-            loaded = json.loads(Path(value).read_text())
-            options[key] = loaded["choices"] if isinstance(loaded, dict) else loaded
-        else:
-            raise ValueError(
-                f"drafter option {item!r}: the value must be an integer, dynamic or a tree file, a draft-model "
-                f"rule ({', '.join(WORDS[1:])}), a width per depth like 4x2x2x1 or layers like 2+3+6"
-            )
-    return path, options
 
 
 # The engine's plug-ins (generator.PLUGINS): spechead.inference imports this module, so they are in place

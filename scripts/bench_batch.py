@@ -33,8 +33,8 @@ from spechead.data.prompt_sets import load_prompt_set
 from spechead.heads.files import unwritable_reason
 from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP
+from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_options
 
 
 def parse(argv=None) -> argparse.Namespace:

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
+from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.drafters.sampled_children import SampledChildren
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_options
 
 _DRAWN_TOP = SampledChildren.top
 

@@ -35,6 +35,7 @@ from spechead.heads.files import unwritable_reason
 from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
+from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation.measure import (
     DEFINITIONS,
@@ -46,7 +47,6 @@ from spechead.inference.evaluation.measure import (
 )
 from spechead.inference.evaluation.report import plot_acceptance_by_depth, plot_speedup_by_category, render
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_options
 from spechead.inference.tuning.calibrate import verify_cost_ms
 
 DEMO_HEADS = {

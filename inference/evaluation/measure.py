@@ -21,9 +21,10 @@ from transformers import PreTrainedModel
 
 from spechead.heads import DraftHead
 from spechead.inference.draft_weights import as_drafted
+from spechead.inference.drafter_specs import drafter_for_head
 from spechead.inference.evaluation.report import plot_acceptance_by_depth, plot_speedup_by_category
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import calibrated_drafter, drafter_for_head
+from spechead.inference.loading import calibrated_drafter
 from spechead.inference.stats import GenerationStats, pooled_tau
 
 

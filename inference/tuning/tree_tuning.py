@@ -27,9 +27,10 @@ from transformers import PreTrainedModel
 from spechead.heads import DraftHead
 from spechead.heads.families import family_of
 from spechead.inference.draft_weights import as_drafted
+from spechead.inference.drafter_specs import drafter_for_head
 from spechead.inference.evaluation.measure import Prompt, answer_room
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import decoded_choice, drafter_for_head
+from spechead.inference.loading import decoded_choice
 from spechead.inference.stats import pooled_tau
 from spechead.inference.tuning.calibrate import best_for_costs, calibrated_choices, fit_accuracy
 from spechead.inference.tuning.tree_search import expected_accept_length

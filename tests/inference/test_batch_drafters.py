@@ -12,6 +12,7 @@ from spechead.heads.fused import grouped_attention as fused_attention
 from spechead.inference.drafters import eagle as eagle_module
 from spechead.inference.drafters import eagle_batch as eagle_batch_module
 from spechead.inference.drafters import eagle_batch_graphs
+from spechead.inference.drafters import eagle_growth as eagle_growth_module
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
@@ -152,7 +153,7 @@ def test_a_chunked_topk_proposes_the_same_trees(model, kind, compile, batch, mon
         chunks.append(chunk)
         return topk_rows(x, k, chunk)
 
-    monkeypatch.setattr(eagle_module, "topk_rows", counted)
+    monkeypatch.setattr(eagle_growth_module, "topk_rows", counted)
     monkeypatch.setattr(eagle_batch_module, "topk_rows", counted)
     propose_alike(model, drafter.batched() if batch else RowLoopDrafter(drafter), reference)
     assert 20 in chunks

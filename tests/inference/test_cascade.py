@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from spechead.inference.drafter_specs import cascade_models, drafter_options
 from spechead.inference.drafters.base import Draft, chain
 from spechead.inference.drafters.cascade import CascadeDrafter
 from spechead.inference.drafters.per_row import clone_drafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import cascade_models, drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 
 from .distributions import sampling_tv

@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
+from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.drafters.draft_model import DraftModelDrafter, parse_width, width_tree
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import children, depths, path_to_node
 

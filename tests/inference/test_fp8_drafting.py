@@ -10,8 +10,8 @@ from transformers import AutoConfig
 
 from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
 from spechead.heads.fp8 import Fp8Linear
+from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_options
 
 from .hf_reference import hf_greedy
 

@@ -128,7 +128,7 @@ def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_pat
     its device and dtype on a buffer still in the head (not the swapped-out float projection, which would
     stay alive), from from_pretrained and from a copy (decode evals), and decodes losslessly."""
     from spechead.inference.draft_weights import as_drafted
-    from spechead.inference.loading import drafter_for_head
+    from spechead.inference.drafter_specs import drafter_for_head
 
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
     config = model.config

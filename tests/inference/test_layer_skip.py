@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
+from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.drafters.layer_skip import LayerSkipDrafter, default_skip, parse_layers, skip_view
 from spechead.inference.drafters.layer_skip_file import is_self_spec, save_drafter_file
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
+from spechead.inference.drafter_specs import drafter_for_head
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
-from spechead.inference.loading import drafter_for_head
 
 CUDA = torch.cuda.is_available()
 
@@ -100,7 +100,7 @@ def test_drafter_options_parse_every_kind_of_value(tmp_path):
     """`PATH@key=value,...`: integers (negative ones too), the words dynamic / iid / without_replacement /
     deterministic, widths like 4x2x2x1, layers like 2+3+6 or 4-7, and a tree file (tree.json's choices or a
     bare list); an empty item is skipped, a bad value or an item without `=` is a one-line ValueError."""
-    from spechead.inference.loading import drafter_options
+    from spechead.inference.drafter_specs import drafter_options
 
     (tmp_path / "tree.json").write_text('{"choices": [[0], [0, 0]]}')
     (tmp_path / "paths.json").write_text("[[0], [1]]")

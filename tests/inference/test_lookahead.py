@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.drafters.base import Draft, hears_verified
 from spechead.inference.drafters.lookahead import (
     LookaheadDrafter,
@@ -19,7 +20,6 @@ from spechead.inference.drafters.lookahead import (
 )
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_options
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import ancestor_mask, depths, path_to_node
 

@@ -8,8 +8,8 @@ import torch
 from spechead.data.prompt_sets import EvalPrompt
 from spechead.heads import Eagle3Config, Eagle3Head, directory
 from spechead.heads.families import family_of
+from spechead.inference.drafter_specs import drafter_for_head
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import drafter_for_head
 from spechead.inference.tuning.calibrate import saved_accuracy
 from spechead.inference.tuning.tree_search import expected_accept_length
 from spechead.inference.tuning.tree_tuning import continue_prompts, measure_accuracy, tune_tree
