@@ -48,6 +48,7 @@ class Flight:
     accepted: list[Acceptance] | QueuedAcceptance
     hidden: dict[int, torch.Tensor]
     advance: bool = False  # its commit was queued: the runner advances when the host reads K
+    logits: torch.Tensor | None = None  # [B, N, V] read first: for the drafter's `verified` hook
 
 
 @dataclass
@@ -58,13 +59,16 @@ class Heard:
     paths: list[list[int]]  # [B][K_b] the accepted nodes
     hidden: dict[int, torch.Tensor]  # {l: [B, N, H]} the target's states at every node
     roots: list[int]
+    draft: BatchDraft  # the verified trees [B, N]
+    logits: torch.Tensor  # [B, N, V] the target's at every node (the drafter's `verified` hook)
 
     def rows(self, keep: Sequence[int]) -> Heard:
         """Only rows `keep` (in this order)."""
         index = torch.tensor(list(keep))
         hidden = {k: v[host_to_device(index, v.device)] for k, v in self.hidden.items()}
         tokens, paths = [self.tokens[i] for i in keep], [self.paths[i] for i in keep]
-        return Heard(tokens, paths, hidden, [self.roots[i] for i in keep])
+        logits = self.logits[host_to_device(index, self.logits.device)]
+        return Heard(tokens, paths, hidden, [self.roots[i] for i in keep], self.draft.rows(keep), logits)
 
 
 def depth_for(
@@ -147,6 +151,7 @@ def _propose(drafter: BatchDrafter | None, rows: list[Row], heard: Heard | None)
     if drafter is None:  # plain decoding: every tree is its root
         return BatchDraft.plain(torch.tensor(roots)[:, None])
     if heard is not None:
+        drafter.verified(heard.draft, heard.logits)  # (lookahead reads its Jacobi guesses there)
         drafter.accept_paths(heard.tokens, heard.hidden, heard.paths, heard.roots)
     return drafter.propose(roots, [r.params for r in rows], [r.generator for r in rows])
 
@@ -165,12 +170,10 @@ def _pass(
     for row in rows:
         row.flying += 1
     if depth == 0:
-        if drafter is not None:
-            drafter.verified(draft, logits)  # (lookahead reads its Jacobi guesses there)
         accs = accept_rows(draft, logits, ancestors, rows, on_device)
         runner.commit([a.path for a in accs])
         clock.mark("verify")
-        return Flight(rows, draft, accs, hidden), None
+        return Flight(rows, draft, accs, hidden, logits=logits if drafter is not None else None), None
     queued = accept_queued(draft, logits, ancestors, rows, drafter.commit_width if drafter else 1)
     if n == 1:  # one node a row: the commit is known, nothing moves
         runner.commit([[0]] * len(rows))
@@ -214,4 +217,6 @@ def _read(
         emitted.append((row.index, take(row, [*ids[1:], row.root], eos)))
     if queued or drafter is None:
         return emitted, None
-    return emitted, Heard(tokens, [a.path for a in accs], flight.hidden, [a.next_token for a in accs])
+    assert flight.logits is not None  # read first with a drafter: kept for its `verified` hook
+    paths, roots = [a.path for a in accs], [a.next_token for a in accs]
+    return emitted, Heard(tokens, paths, flight.hidden, roots, draft, flight.logits)

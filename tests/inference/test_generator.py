@@ -275,12 +275,12 @@ def test_sampling_matches_the_target_distribution(setup, name):
 def test_sampling_accepted_on_the_device_matches_the_target_distribution(setup, name, monkeypatch):
     """The accelerator's sampling path (`device_accept`) run on the CPU: rule A over top-k children as
     batched tensor ops over every node's probs (the walk is never called)."""
-    import spechead.inference.generator as generator_module
+    import spechead.inference.engine.accept as accept_module
 
     def no_walk(*args, **kwargs):
         raise AssertionError("the host walk ran on the device path")
 
-    monkeypatch.setattr(generator_module, "sample_accept", no_walk)
+    monkeypatch.setattr(accept_module, "sample_accept", no_walk)
     model, tok = setup
     drafter = {
         "medusa": medusa_drafter(model, [[0], [1], [0, 0], [2]]),
@@ -369,10 +369,9 @@ def test_decoding_runs_in_inference_mode_and_leaves_the_callers_mode(setup):
         for _ in gen.stream(prompt, max_new_tokens=12):
             assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # the consumer's own
         single = len(modes)
-        if gen.runner.kind == "static":  # (batch decoding runs on the static cache)
-            gen.generate_batch([prompt, "hello"], max_new_tokens=8)
-            assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-            assert len(modes) > single + 2
+        gen.generate_batch([prompt, "hello"], max_new_tokens=8)
+        assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+        assert len(modes) > single + 2
     assert single > 4 and set(modes) == {(False, True)}
 
 

@@ -195,9 +195,8 @@ def assert_generates_references(gen: SpeculativeGenerator, refs: list[list[int]]
         result = gen.generate(input_ids=prompt, max_new_tokens=NEW)
         assert result.token_ids == ref
         accepted += result.stats.accepted_tokens
-    if gen.runner.kind == "static":
-        rows = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=NEW)
-        assert [r.token_ids for r in rows] == refs
+    rows = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=NEW)
+    assert [r.token_ids for r in rows] == refs
     return accepted
 
 

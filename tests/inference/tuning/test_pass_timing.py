@@ -181,15 +181,16 @@ def test_a_pass_leaves_out_the_prefill(tiny_llama, monkeypatch):
     from spechead.inference.generator import SpeculativeGenerator
 
     target = tiny_llama(64, layers=2, hidden=32).eval()
-    generate = SpeculativeGenerator.generate
+    generate_batch = SpeculativeGenerator.generate_batch
 
     def dear_prefill(self, *args, **kwargs):
-        result = generate(self, *args, **kwargs)
-        result.stats.prefill_time += 10.0
-        result.stats.wall_time += 10.0
-        return result
+        results = generate_batch(self, *args, **kwargs)
+        for result in results:
+            result.stats.prefill_time += 10.0
+            result.stats.wall_time += 10.0
+        return results
 
-    monkeypatch.setattr(SpeculativeGenerator, "generate", dear_prefill)
+    monkeypatch.setattr(SpeculativeGenerator, "generate_batch", dear_prefill)
     (plain,) = pass_ms_by_drafter(target, [None], torch.arange(1, 20), new_tokens=8, rounds=1)
     assert 0 < plain < 1000
 
@@ -204,13 +205,13 @@ def test_every_drafter_decodes_the_same_tokens_past_an_eos(tiny_llama, monkeypat
     with torch.no_grad():
         first = int(target(prompt[None]).logits[0, -1].argmax())
     target.generation_config.eos_token_id = first
-    generate, emitted = SpeculativeGenerator.generate, []
+    generate_batch, emitted = SpeculativeGenerator.generate_batch, []
 
     def counted(self, *args, **kwargs):
-        result = generate(self, *args, **kwargs)
-        emitted.append(result.stats.new_tokens)
-        return result
+        results = generate_batch(self, *args, **kwargs)
+        emitted.extend(result.stats.new_tokens for result in results)
+        return results
 
-    monkeypatch.setattr(SpeculativeGenerator, "generate", counted)
+    monkeypatch.setattr(SpeculativeGenerator, "generate_batch", counted)
     pass_ms_by_drafter(target, [None], prompt, new_tokens=8, rounds=2)
     assert emitted == [8, 8]
