@@ -1,5 +1,6 @@
 """Batched drafters (one head call per depth over all rows) propose exactly each row's batch-1 tree:
-compared pass by pass with the per-row clone loop (`RowLoopDrafter`, the batch-1 behaviour) through
+compared pass by pass with the per-row clone loop (`RowLoopDrafter`, the batch-1 behaviour; Medusa, a
+batched drafter itself: a batch of one per row, `OneRowEach`) through
 mixed prompt lengths, accepted paths of different lengths and rows leaving the batch; and decoding with
 them keeps every row's batch-1 passes (accept lengths), not only its tokens."""
 
@@ -13,10 +14,10 @@ from spechead.inference.drafters import eagle as eagle_module
 from spechead.inference.drafters import eagle_batch as eagle_batch_module
 from spechead.inference.drafters import eagle_batch_graphs
 from spechead.inference.drafters import eagle_growth as eagle_growth_module
-from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
 from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
-from spechead.inference.drafters.medusa import MedusaBatchDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.per_row import RowLoopDrafter
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.engine import loop as loop_module
@@ -84,6 +85,39 @@ def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: boo
     return drafter
 
 
+class OneRowEach(BatchDrafter):
+    """The batch-1 reference of a drafter that is batched itself (Medusa): a batch of one per row (its own
+    instance over the same heads), so row b proposes the trees its batch of one does (`_one_row`)."""
+
+    def __init__(self, drafter: MedusaDrafter) -> None:
+        self.drafter = drafter
+        self.rows: list[MedusaDrafter] = []
+
+    def start(self, prompts, hidden, roots) -> None:
+        self.rows = [self.drafter.with_tree(self.drafter.choices) for _ in prompts]
+        for row, prompt, states, root in zip(self.rows, prompts, hidden, roots):
+            row.start([prompt], [states], [root])
+
+    def propose(self, roots, sampling, generators) -> BatchDraft:
+        drafts = [row.propose([r], [s], [g]) for row, r, s, g in zip(self.rows, roots, sampling, generators)]
+        assert all(d.tokens.shape[0] == 1 for d in drafts)  # each a batch of one
+        tokens = torch.cat([d.tokens for d in drafts])  # [B, N]
+        return BatchDraft(tokens, torch.cat([d.parents for d in drafts]), [d.sizes[0] for d in drafts])
+
+    def accept(self, tokens, lengths, hidden, next_roots) -> None:
+        for b, row in enumerate(self.rows):
+            states = {layer: h[b : b + 1] for layer, h in hidden.items()}
+            row.accept(tokens[b : b + 1], [lengths[b]], states, [next_roots[b]])
+
+    def keep(self, rows) -> None:
+        self.rows = [self.rows[b] for b in rows]
+
+
+def reference_of(drafter):
+    """The batch-1 behaviour to compare a batched drafter with."""
+    return OneRowEach(drafter) if isinstance(drafter, MedusaDrafter) else RowLoopDrafter(drafter)
+
+
 def states(drafter, lengths, hidden, seed):
     g = torch.Generator().manual_seed(seed)
     return [{layer: torch.randn(n, hidden, generator=g) for layer in drafter.hidden_layers} for n in lengths]
@@ -116,14 +150,15 @@ COMPILED = [
 
 @pytest.mark.parametrize(("kind", "compile"), KINDS + COMPILED)
 def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile, monkeypatch):
-    drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
+    drafter, reference = build(model, kind), reference_of(build(model, kind))
     if compile:
         drafter.use_compile(compile)
         drafter.batch_graphs = True  # (a CPU: by default only on CUDA)
         # the prompts' pairs committed 4 positions at a time: rows end inside a block and sit out others
         monkeypatch.setattr(eagle_batch_graphs, "PROMPT_BLOCK", 4)
     batched = drafter.batched()
-    assert isinstance(batched, (MedusaBatchDrafter, EagleBatchDrafter))
+    assert isinstance(batched, (MedusaDrafter, EagleBatchDrafter))
+    assert (batched is drafter) == (kind == "medusa")  # Medusa: batched itself
     assert isinstance(batched, CompiledEagleBatchDrafter) == bool(compile)
     propose_alike(model, batched, reference)
 
@@ -216,6 +251,10 @@ def propose_alike(model, batched, reference) -> None:
         batched.propose(roots, greedy[: len(rows)], [None] * len(rows)),
         reference.propose(roots, greedy[: len(rows)], [None] * len(rows)),
     )
+    for d in (batched, reference):  # down to one row (Medusa: then its batch-of-one path)
+        d.keep([1])
+        d.accept(tokens[1:, :2], [2], {layer: h[1:, :2] for layer, h in new.items()}, roots[1:])
+    same(batched.propose(roots[1:], greedy[:1], [None]), reference.propose(roots[1:], greedy[:1], [None]))
 
 
 @pytest.mark.parametrize("kind", ["medusa_fitted", "medusa", "eagle_dynamic", "eagle3_static"])
