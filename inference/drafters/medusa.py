@@ -148,7 +148,8 @@ class MedusaDrafter(BatchDrafter):
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
     def queues(self) -> bool:
-        return True
+        """Yes, a MedusaDrafter itself; a subclass may hear paths its own way (its `accept`): read first."""
+        return type(self) is MedusaDrafter
 
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
