@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from spechead.configs import demo_asset
-from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -54,13 +53,12 @@ def compile_value(mode: str) -> bool | str:
 def pass_ms(
     drafter, batch: int, context: int, iters: int, warmup: int, hidden: int, vocab: int, seed: int = 0
 ) -> float:
-    """ms per propose + accept(2 tokens a row) of `rows_drafter(drafter, batch)` (what the engine runs) at
-    `batch` rows after `context`."""
+    """ms per propose + accept(2 tokens a row) of `drafter.batched()` at `batch` rows after `context`."""
     g = torch.Generator().manual_seed(seed)
     device = next(drafter.head.parameters()).device
     prompts = [torch.randint(0, vocab, (context,), generator=g) for _ in range(batch)]
     states = [{layer: torch.randn(context, hidden, generator=g) for layer in drafter.hidden_layers}] * batch
-    rows = rows_drafter(drafter, batch)
+    rows = drafter.batched()
     rows.start(prompts, states, [1] * batch)
     new = {layer: torch.randn(batch, 2, hidden, generator=g).to(device) for layer in drafter.hidden_layers}
 
@@ -100,7 +98,7 @@ def main(argv=None) -> None:
                 drafter.use_compile(compile_value(mode))
                 drafter.batch_graphs = True
             ms = pass_ms(drafter, batch, args.context, args.iters, args.warmup, hidden, vocab)
-            kind = type(rows_drafter(drafter, batch)).__name__
+            kind = type(drafter.batched()).__name__
             rows.append({"mode": mode, "batch": batch, "pass_ms": ms, "drafter": kind})
             print(f"{mode:10s} B={batch:<3d} {ms:8.3f} ms a pass (propose + accept)  {kind}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
