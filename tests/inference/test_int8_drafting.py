@@ -147,7 +147,9 @@ def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_pat
     )
     head.attach_target_modules(lm_head=model.lm_head)
     drafter = drafter_for_head(as_drafted(head, torch.device("cpu")))
-    drafter.start([torch.tensor(PROMPTS[0])], [{config.num_hidden_layers: torch.randn(4, config.hidden_size)}], [3])
+    drafter.start(
+        [torch.tensor(PROMPTS[0])], [{config.num_hidden_layers: torch.randn(4, config.hidden_size)}], [3]
+    )
     draft = drafter.propose([3], [SamplingParams()], [None])  # a batch of one
     assert draft.tokens.shape == draft.parents.shape == (1, drafter.static.size)
 
