@@ -242,3 +242,31 @@ def test_each_draft_is_its_own_tensor_and_the_heads_may_change_dtype():
     head.to(torch.float64)
     drafter.accept(torch.tensor([[9]]), [1], {LAYER: states[None, 0:1]}, [5])
     assert one(drafter, 5).tokens[0].tolist() == expected_tokens(choices, rankings[0], 5)
+
+
+def test_the_engine_takes_it_as_it_is_with_every_knob_the_generator_reads():
+    """A drafter batched itself: `rows_drafter` hands it back at any batch size (its `start` resets it),
+    `batched()` is itself, and it carries what the generator reads of any drafter (DrafterBase)."""
+    from spechead.inference.drafters.base import hears_verified
+    from spechead.inference.drafters.per_row import rows_drafter
+
+    head, _, states = controlled_head()
+    choices = [[0], [1], [0, 0]]
+    drafter = MedusaDrafter(head, choices)
+    assert rows_drafter(drafter, 1) is drafter and rows_drafter(drafter, 4) is drafter
+    assert drafter.batched() is drafter
+    assert drafter.hidden_layers == (LAYER,) and drafter.choices == choices and drafter.max_nodes == 64
+    assert not hears_verified(drafter)
+
+    class Hears(MedusaDrafter):
+        def verified(self, draft, logits) -> None:
+            pass
+
+    assert hears_verified(Hears(head, choices))
+    drafter.use_compile("graphs")  # (nothing of its own to compile)
+    with pytest.raises(ValueError, match="hidden_size"):
+        drafter.check_target(H + 1, V, LAYER)
+    drafter.start([torch.tensor([1])] * 3, [{LAYER: states[:1]}] * 3, [1, 2, 3])
+    assert drafter.last_hidden.shape == (3, H)
+    drafter.start([torch.tensor([1])], [{LAYER: states[1:]}], [4])  # a new batch: the old rows gone
+    assert drafter.last_hidden.shape == (1, H) and one(drafter, 4).tokens.shape == (1, 4)
