@@ -142,6 +142,7 @@ class MedusaDrafter(BatchDrafter):
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
+        """Only these rows, in this order: their last states [B', H]."""
         assert self.last_hidden is not None  # start made it
         self.last_hidden = self.last_hidden[host_ids(list(rows), self.last_hidden.device)]  # [B', H]
 
