@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
-from spechead.inference.drafters.base import Drafter
+from spechead.inference.drafters.base import BatchDrafter, Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
@@ -55,12 +55,12 @@ def config_of(name: str, revision: str | None) -> dict:
 
 
 def make_drafter(
-    spec: str | Drafter | None, target, *, device, dtype, revision=None, **options
-) -> Drafter | None:
+    spec: str | Drafter | BatchDrafter | None, target, *, device, dtype, revision=None, **options
+) -> Drafter | BatchDrafter | None:
     """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]",
     the target itself with layers skipped (`layer_skip[@skip=2+3]`, `early_exit[@layer=4]`, a drafter file
     from scripts/search_skip.py), a head directory/id, or a draft LM."""
-    if spec is None or isinstance(spec, Drafter):
+    if spec is None or isinstance(spec, (Drafter, BatchDrafter)):
         return spec
     if spec in BUILTIN_DRAFTERS:
         return _builtin(spec, options)
@@ -133,7 +133,7 @@ def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> Draft
     return CascadeDrafter(tiny, medium, **options)
 
 
-def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter:
+def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter | BatchDrafter:
     """The drafter of a loaded head (target modules attached), as its family registers it.
 
     Without tree options, a HEAD_DIR/tree.json from scripts/build_tree.py is the default tree

@@ -25,6 +25,7 @@ import torch
 
 from spechead.configs import demo_asset
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -62,7 +63,8 @@ def pass_ms(
     new = {layer: torch.randn(batch, 2, hidden, generator=g).to(device) for layer in drafter.hidden_layers}
 
     def one() -> None:
-        draft = rows.propose([1] * batch, None, None)  # (brings the trees to the host: a sync)
+        # (brings the trees to the host: a sync)
+        draft = rows.propose([1] * batch, [SamplingParams()] * batch, [None] * batch)
         rows.accept(draft.tokens[:, :2], [2] * batch, new, [1] * batch)
 
     for _ in range(warmup):

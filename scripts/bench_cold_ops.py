@@ -10,7 +10,7 @@ refills the caches with its own code and data: it costs several times what a mic
 a loop says. This script measures that per op: after each forward ONE op is timed first ("cold"), then
 again ("warm"), and after a copy that reads and writes as many bytes as the target's weights ("after
 a copy": a like eviction without the forward). Medians over the repeats, the kinds taking turns.
-`--medusa HEAD` adds a whole Medusa draft (`MedusaDrafter.propose`, the head's saved tree) with its
+`--medusa HEAD` adds a whole Medusa draft (`MedusaDrafter.propose` of a batch of one, the head's saved tree) with its
 projections as trained and in int8 (heads/int8.py, `draft_int8`): the bytes a draft reads again after
 each forward are what int8 cuts.
 """
@@ -48,7 +48,7 @@ def ops(logits: torch.Tensor, ids: torch.Tensor, table: torch.Tensor, drafts: di
 
 
 def medusa_drafts(head_dir: str, hidden_size: int) -> dict:
-    """{name: fn} of one Medusa draft from a random last state [H] with the head's projections as trained
+    """{name: fn} of one Medusa draft (a batch of one) from a random last state [1, H] with the head's projections as trained
     and in int8, each over the head's saved tree (none: the drafter's default)."""
     tree = read_tree(head_dir) or {}
     drafters = {}
@@ -57,9 +57,11 @@ def medusa_drafts(head_dir: str, hidden_size: int) -> dict:
         if kind == "int8" and not to_int8(head):
             raise SystemExit(f"error: --medusa {head_dir}: no projections to put in int8 (a shared lm_head?)")
         drafters[kind] = MedusaDrafter(head, tree.get("choices"))
-        drafters[kind].last_hidden = torch.randn(hidden_size)
-    greedy = SamplingParams()
-    return {f"Medusa draft, {kind}": (lambda d=d: d.propose(5, greedy, None)) for kind, d in drafters.items()}
+        drafters[kind].last_hidden = torch.randn(1, hidden_size)  # [B, H], a batch of one
+    greedy = [SamplingParams()]
+    return {
+        f"Medusa draft, {kind}": (lambda d=d: d.propose([5], greedy, [None])) for kind, d in drafters.items()
+    }
 
 
 def main(argv=None) -> int:

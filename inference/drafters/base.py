@@ -11,13 +11,14 @@ guesses there); drafters that only need the accepted path ignore it. The loop it
 default takes the path's rows and calls `accept`, so a drafter implements `accept` alone; EAGLE overrides
 it to fuse its input features over the whole tree first (fewer ops a pass than a slice per layer).
 
-Batch > 1 (`SpeculativeGenerator.generate_batch`): the decoding loop talks to a `BatchDrafter`, the
-same timeline for B rows at once (start / propose / accept over all active rows, `keep` when rows
-finish). `Drafter.batched()` makes one. A drafter that can draft all rows in one head call per
-depth overrides it (Medusa, EAGLE); the default, `RowLoopDrafter`, runs a per-row clone of the
-drafter (own state, shared weights) in a Python loop (below). Either way row b's tree must be the tree its
-batch-1 run would propose (up to float rounding of batched matmuls), and a drafter that samples
-draws only from row b's own generator, so every row keeps its batch-1 output.
+The decoding loop (a batch of one is a batch) talks to a `BatchDrafter`, the same timeline for B rows
+at once (start / propose / accept over all active rows, `keep` when rows finish). A drafter may be one
+itself (Medusa: one head call over every row, a batch of one through the same class); a batch-1
+`Drafter` gets one from `per_row.rows_drafter`: its `batched()` form where it drafts all rows in one head
+call per depth (EAGLE), else `RowLoopDrafter`, a per-row clone of the drafter (own state, shared weights)
+in a Python loop. Both kinds share `DrafterBase`, what the generator reads of any drafter. Either way
+row b's tree must be the tree its batch-1 run would propose (up to float rounding of batched matmuls),
+and a drafter that samples draws only from row b's own generator, so every row keeps its batch-1 output.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ class Draft:
             raise ValueError(f"rule {self.rule!r} needs the draft distribution q [N, V]")
 
 
-class Drafter(ABC):
-    """Proposes token trees; keeps whatever state (caches) it needs consistent with what was accepted."""
+class DrafterBase:
+    """What the generator reads of any drafter, a batch-1 `Drafter` or a `BatchDrafter` (one that drafts B
+    rows itself, a batch of one too: Medusa): the target layers it reads, its static tree, its largest
+    tree, the target check, compiling, and its batched form."""
 
     #: HF hidden-state indices of the target the drafter reads (captured during prefill and verify).
     hidden_layers: tuple[int, ...] = ()
@@ -63,6 +66,24 @@ class Drafter(ABC):
     #: Optional: the most nodes (root included) a proposed tree can have; the target runner reserves
     #: that much KV scratch after prompt + max_new_tokens (near a fixed cache's end trees are cut to fit).
     max_nodes: int = 64
+
+    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
+        """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""
+
+    def use_compile(self, compile: bool | str) -> None:  # noqa: B027
+        """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
+        it; default: nothing to compile)."""
+
+    def batched(self) -> BatchDrafter | None:
+        """A drafter for B rows sharing this one's weights, when it drafts every row in one call per step
+        (EAGLE; a `BatchDrafter`: itself); None (the default): per-row clones in a loop
+        (drafters/per_row.py)."""
+        return None
+
+
+class Drafter(DrafterBase, ABC):
+    """Proposes token trees for one row; keeps whatever state (caches) it needs consistent with what was
+    accepted."""
 
     @abstractmethod
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
@@ -91,24 +112,13 @@ class Drafter(ABC):
         verified (the proposed one, or its first nodes when cut to fit a fixed cache). Called once per
         pass, before `accept`, only when decoding goes on; logits stay on the target's device."""
 
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
-        """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""
 
-    def use_compile(self, compile: bool | str) -> None:  # noqa: B027
-        """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
-        it; default: nothing to compile)."""
-
-    def batched(self) -> BatchDrafter | None:
-        """A drafter for B rows sharing this one's weights, when it drafts every row in one call per step
-        (Medusa, EAGLE); None (the default): per-row clones in a loop (drafters/per_row.py)."""
-        return None
-
-
-def hears_verified(drafter: Drafter) -> bool:
+def hears_verified(drafter: Drafter | BatchDrafter) -> bool:
     """Whether the decoding loop must call `drafter.verified` (it reads the verified tree's logits: its
-    class overrides the hook, or the instance was given one); the loop skips the call and its [N, V]
-    view for every other drafter."""
-    return type(drafter).verified is not Drafter.verified or "verified" in getattr(drafter, "__dict__", {})
+    class overrides the hook of its interface, or the instance was given one); the loop skips the call
+    and its [N, V] view for every other drafter."""
+    hook = BatchDrafter.verified if isinstance(drafter, BatchDrafter) else Drafter.verified
+    return type(drafter).verified is not hook or "verified" in getattr(drafter, "__dict__", {})
 
 
 def path_index(path: list[int], device: torch.device) -> slice | torch.Tensor:
@@ -192,11 +202,17 @@ class BatchDraft:
         return cls(roots, torch.full((batch, 1), -1, dtype=torch.long, device=roots.device), [1] * batch)
 
 
-class BatchDrafter(ABC):
-    """Drafts for B rows at once; `Drafter.batched()` makes one (see the module doc).
+class BatchDrafter(DrafterBase, ABC):
+    """Drafts for B rows at once (see the module doc): a drafter's batched form (`Drafter.batched()`,
+    `per_row.rows_drafter`), or a drafter that is batched itself (Medusa), a batch of one too.
 
-    Rows are indexed 0..B-1 in the decoding loop's current order; `keep` drops finished rows.
+    Rows are indexed 0..B-1 in the decoding loop's current order; `keep` drops finished rows; `start`
+    begins new sequences (whatever rows came before).
     """
+
+    def batched(self) -> BatchDrafter:
+        """Itself: it drafts every row already."""
+        return self
 
     @abstractmethod
     def start(

@@ -3,6 +3,12 @@
 Head k at position t predicts token t+2+k; the root (token t+1) comes from the target itself, so a
 node at depth d (root = 0) with child rank r carries head (d-1)'s r-th best token. All branches at one
 depth share that head's candidates, as in the reference design.
+
+ONE class for any number of rows (a batch of one is a batch): B rows run each head once over every
+row's last target state (`fill`); a batch of one takes a faster path on the same kept buffers each pass
+(`_one_row`: on a CPU each op costs about as much as the heads' small GEMMs). Nothing of the heads is
+cached, only each row's last target state, so the queued form (engine/loop.py, depth 1) is the same
+draft from a path and a next token still on the device: no shape depends on the path, nothing to settle.
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ import torch
 from spechead.heads.fused import fused_medusa_logits
 from spechead.heads.grad import inference_mode
 from spechead.heads.medusa import MedusaHead
-from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter
+from spechead.inference.devices import host_ids, host_to_device
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 from spechead.inference.drafters.topk import Chunk, resolve_chunk, topk_rows
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import TokenTree, depth_first, tree_from_choices
+from spechead.inference.tree import depth_first, tree_from_choices
 
 # A 24-node default (plus the root): wide near the root, a long greedy spine for easy text.
 DEFAULT_MEDUSA_CHOICES: list[list[int]] = [
@@ -32,8 +38,11 @@ DEFAULT_MEDUSA_CHOICES: list[list[int]] = [
 ]  # fmt: skip
 
 
-class MedusaDrafter(Drafter):
-    """Static-tree drafting with Medusa heads (children deterministic: lossless rule A when sampling)."""
+class MedusaDrafter(BatchDrafter):
+    """Static-tree drafting with Medusa heads for B rows (children deterministic: lossless rule A when
+    sampling). Row b's tree is the tree a batch of one of that row proposes."""
+
+    commit_width = 1  # `accept_queued` reads each path's last entry only
 
     def __init__(self, head: MedusaHead, choices: list[list[int]] | None = None):
         self.head = head.eval()
@@ -57,7 +66,12 @@ class MedusaDrafter(Drafter):
         # projections are int8 (heads/int8.py) have no parameter left: their first floating buffer
         floating = (b for b in head.buffers() if b.is_floating_point())
         self._weight = next(itertools.chain(head.parameters(), floating))
-        self.last_hidden: torch.Tensor | None = None  # [H] target state of the last cached token
+        self.last_hidden: torch.Tensor | None = None  # [B, H] target state of each row's last cached token
+        # the static tree's parents: a batch of one's ONE kept [1, N] on the host (the target runner
+        # knows the very tensor again without reading it: target/tree_inputs.py), and [1, N] on the
+        # tokens' device that B rows' expand (the verify packs both on the device)
+        self._parents_one = self.static.parents[None]  # [1, N]
+        self._parents_rows = self._parents_one  # [1, N]
         # one row's kept buffers (`_one_row`): ids [1 + K * width] (the root's slot, then the heads' top
         # ids), top values [1, K, width], the ids' views [1] (root) and [1, K, width] (top ids), and pick
         # [N] into ids
@@ -69,41 +83,110 @@ class MedusaDrafter(Drafter):
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
 
-    @inference_mode
-    def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
-        self.last_hidden = hidden[self.hidden_layers[0]][-1]
-
-    @inference_mode
-    def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        assert self.last_hidden is not None  # start made it
-        if self._used_heads:
-            tokens = self._one_row(self.last_hidden, root)  # [N]
-        else:  # a root-only tree
-            tokens = self.fill(self.last_hidden[None], [root])[0]
-        return Draft(TokenTree.trusted(tokens, self.static.parents))  # validated once, when built
-
-    @inference_mode
-    def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
-        self.last_hidden = hidden[self.hidden_layers[0]][-1]
-
-    @inference_mode
-    def accept_path(
-        self, tokens: list[int], hidden: dict[int, torch.Tensor], path: list[int], next_root: int
-    ) -> None:
-        """`accept` from the tree's states {layer: [1, N, H]}: the path's last node's state, read directly."""
-        if type(self).accept is not MedusaDrafter.accept:  # a subclass's own `accept` hears every path
-            super().accept_path(tokens, hidden, path, next_root)
-            return
-        self.last_hidden = hidden[self.hidden_layers[0]][0, path[-1]]  # [H]
-
     def with_tree(self, choices: list[list[int]]) -> MedusaDrafter:
         """The same heads with another static tree (rank paths, see `tree_from_choices`)."""
         other = MedusaDrafter(self.head, choices)
         other.topk_chunk = self.topk_chunk
         return other
 
-    def batched(self) -> MedusaBatchDrafter:
-        return MedusaBatchDrafter(self)
+    # ---- read first: host roots and paths ---------------------------------------------------------------
+
+    @inference_mode
+    def start(
+        self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
+    ) -> None:
+        """New rows (whatever came before): each row's last prompt state {layer: [T_b, H]} -> [B, H]."""
+        layer = self.hidden_layers[0]
+        if len(hidden) == 1:  # a view, no copy
+            self.last_hidden = hidden[0][layer][-1:]  # [1, H]
+        else:
+            self.last_hidden = torch.stack([h[layer][-1] for h in hidden])  # [B, H]
+
+    @inference_mode
+    def propose(
+        self,
+        roots: Sequence[int],
+        sampling: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> BatchDraft:
+        """Every row's static tree from its last state and roots [B] (host ints); sampling and generators
+        are not read (the children are each head's top ids)."""
+        assert self.last_hidden is not None  # start made it
+        return self._draft(self.last_hidden, roots)
+
+    @inference_mode
+    def accept(
+        self,
+        tokens: torch.Tensor,
+        lengths: Sequence[int],
+        hidden: dict[int, torch.Tensor],
+        next_roots: Sequence[int],
+    ) -> None:
+        """Each row's state at its last accepted token: states {layer: [B, K, H]}, row b's lengths[b]."""
+        self.last_hidden = _take(hidden[self.hidden_layers[0]], [k - 1 for k in lengths])  # [B, H]
+
+    @inference_mode
+    def accept_paths(
+        self,
+        tokens: Sequence[list[int]],
+        hidden: dict[int, torch.Tensor],
+        paths: Sequence[list[int]],
+        next_roots: Sequence[int],
+    ) -> None:
+        """`accept` from the trees' states {layer: [B, N, H]}: each path's last node's state, read directly
+        (a batch of one: a view)."""
+        if type(self).accept is not MedusaDrafter.accept:  # a subclass's own `accept` hears every path
+            super().accept_paths(tokens, hidden, paths, next_roots)
+            return
+        self.last_hidden = _take(hidden[self.hidden_layers[0]], [p[-1] for p in paths])  # [B, H]
+
+    @inference_mode
+    def keep(self, rows: Sequence[int]) -> None:
+        """Only these rows, in this order: their last states [B', H]."""
+        assert self.last_hidden is not None  # start made it
+        self.last_hidden = self.last_hidden[host_ids(list(rows), self.last_hidden.device)]  # [B', H]
+
+    # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
+
+    def queues(self) -> bool:
+        """Yes, a MedusaDrafter itself; a subclass may hear paths its own way (its `accept`): read first."""
+        return type(self) is MedusaDrafter
+
+    @inference_mode
+    def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
+        """Each row's next state: the verified trees' states {l: [B, N, H]} at its path's last node (paths
+        [B, >= 1], ascending, the last node repeated: the last entry, a device index)."""
+        states = hidden[self.hidden_layers[0]]  # [B, N, H]
+        last = paths[:, -1:].to(states.device)  # [B, 1]
+        self.last_hidden = states.gather(1, last[:, :, None].expand(-1, -1, states.shape[-1]))[:, 0]
+
+    @inference_mode
+    def propose_queued(self, nexts: torch.Tensor) -> BatchDraft:
+        """`propose` from the next tokens [B] on the device (written there: no wait)."""
+        assert self.last_hidden is not None  # accept_queued set it
+        return self._draft(self.last_hidden, nexts)
+
+    def settle(self, ks, nexts) -> None:
+        """Nothing: the heads keep no count of their own."""
+
+    # ---- the draft ----------------------------------------------------------------------------------------
+
+    def _draft(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> BatchDraft:
+        """The rows' static trees from their last states [B, H] and roots [B] (host ints or a device
+        tensor): a batch of one by `_one_row` with the kept [1, N] parents, B rows by `fill` with them
+        expanded."""
+        batch = states.shape[0]
+        if batch == 1:
+            if self._used_heads:
+                root = roots[:1] if isinstance(roots, torch.Tensor) else roots[0]
+                tokens = self._one_row(states, root)[None]  # [1, N]
+            else:  # a root-only tree
+                tokens = self.fill(states, roots)  # [1, 1]
+            return BatchDraft(tokens, self._parents_one, [tokens.shape[1]])
+        tokens = self.fill(states, roots)  # [B, N]
+        if self._parents_rows.device != tokens.device:  # (on a GPU, the verify packs both on the device)
+            self._parents_rows = self._parents_rows.to(tokens.device)
+        return BatchDraft(tokens, self._parents_rows.expand(batch, -1), [tokens.shape[1]] * batch)
 
     @inference_mode
     def fill(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -127,10 +210,11 @@ class MedusaDrafter(Drafter):
         return torch.cat([root_ids, candidates.flatten(1).index_select(1, self._pick)], dim=1)  # [B, N]
 
     def _one_row(self, state: torch.Tensor, root: int | torch.Tensor) -> torch.Tensor:
-        """`fill` for one row, the last target state [H] (at least one head runs) and the root (an int, or
-        a one-element device tensor: medusa_ahead.py): the heads' top ids written after the root's slot
-        of a kept buffer, the tree's tokens [N] taken by ONE gather (a new tensor). On a CPU every op costs after the heads' forwards: no tensor from a host list, no
-        concatenation with the root, no per-head views."""
+        """`fill` for one row, its last target state [1, H] (at least one head runs) and the root (an int,
+        or a one-element device tensor: the queued draft): the heads' top ids written after the root's
+        slot of a kept buffer, the tree's tokens [N] taken by ONE gather (a new tensor). On a CPU every op
+        costs after the heads' forwards: no tensor from a host list, no concatenation with the root, no
+        per-head views."""
         weight = self._weight
         if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
             state = state.to(weight.device, weight.dtype)
@@ -156,58 +240,9 @@ class MedusaDrafter(Drafter):
         return ids.index_select(0, pick)  # [N]
 
 
-class MedusaBatchDrafter(BatchDrafter):
-    """Medusa for B rows: one call per head over every row's last target state, the static tree for all."""
-
-    def __init__(self, drafter: MedusaDrafter) -> None:
-        self.drafter = drafter
-        self.layer = drafter.hidden_layers[0]
-        self.last_hidden: torch.Tensor | None = None  # [B, H] target state of each row's last cached token
-        self._parents = drafter.static.parents  # [N] the static tree's, kept on the tokens' device
-
-    @inference_mode
-    def start(self, prompts, hidden, roots) -> None:
-        self.last_hidden = torch.stack([h[self.layer][-1] for h in hidden])  # [B, H]
-
-    def propose(self, roots, sampling, generators) -> BatchDraft:
-        assert self.last_hidden is not None  # start made it
-        return self._draft(self.drafter.fill(self.last_hidden, roots))
-
-    def _draft(self, tokens: torch.Tensor) -> BatchDraft:
-        """The rows' trees of tokens [B, N] (every row the static tree)."""
-        if self._parents.device != tokens.device:  # (on a GPU, the verify packs both on the device)
-            self._parents = self._parents.to(tokens.device)
-        return BatchDraft(tokens, self._parents.expand_as(tokens), [tokens.shape[1]] * tokens.shape[0])
-
-    @inference_mode
-    def accept(self, tokens, lengths, hidden, next_roots) -> None:
-        states = hidden[self.layer]  # [B, K, H]
-        last = torch.tensor(lengths, device=states.device) - 1  # [B]
-        self.last_hidden = states[torch.arange(states.shape[0], device=states.device), last]
-
-    @inference_mode
-    def keep(self, rows) -> None:
-        assert self.last_hidden is not None  # start made it
-        self.last_hidden = self.last_hidden[torch.tensor(rows, device=self.last_hidden.device)]
-
-    # one draft ahead (engine/loop.py): the accepted paths still on the device
-    commit_width = 1  # `accept_queued` reads each path's last entry only
-
-    def queues(self) -> bool:
-        return True
-
-    @inference_mode
-    def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
-        """Each row's next state: the verified trees' states {l: [B, N, H]} at its path's last node (paths
-        [B, >= 1], ascending, the last node repeated: the last entry)."""
-        states = hidden[self.layer]  # [B, N, H]
-        last = paths[:, -1:].to(states.device)  # [B, 1]
-        self.last_hidden = states.gather(1, last[:, :, None].expand(-1, -1, states.shape[-1]))[:, 0]
-
-    def propose_queued(self, nexts: torch.Tensor) -> BatchDraft:
-        """`propose` from the next tokens [B] on the device."""
-        assert self.last_hidden is not None  # accept_queued set it
-        return self._draft(self.drafter.fill(self.last_hidden, nexts))
-
-    def settle(self, ks, nexts) -> None:
-        """Nothing: the heads keep no count of their own."""
+def _take(states: torch.Tensor, last: list[int]) -> torch.Tensor:
+    """Row b's state at node last[b]: states [B, N, H] -> [B, H] (a batch of one: a view, no copy)."""
+    if len(last) == 1:
+        return states[:, last[0]]
+    rows = torch.arange(len(last), device=states.device)  # [B]
+    return states[rows, host_ids(last, states.device)]

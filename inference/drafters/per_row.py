@@ -1,7 +1,8 @@
 """Drafters that are per row by nature (prompt lookup, lookahead, draft models, ...) behind the one batched
 interface: a per-row clone of the drafter each (own state, the SAME modules: weights shared, not copied)
 making exactly the calls of a batch-1 run, so row b proposes its batch-1 trees and draws only from its
-own generator. A batch of one uses the drafter itself (and its queued form, drafters/ahead.py)."""
+own generator. A batch of one uses the drafter itself (and its queued form, drafters/ahead.py). A drafter
+that is a `BatchDrafter` itself (Medusa) needs none of this: `rows_drafter` hands it back as it is."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from spechead.inference.drafters.base import Ahead, BatchDraft, BatchDrafter, Dr
 from spechead.inference.sampling import SamplingParams
 
 
-def rows_drafter(drafter: Drafter, batch: int) -> BatchDrafter:
-    """The batched drafter the engine runs for `batch` rows: the drafter's own batched form (one call per
-    step for every row) where it has one and B > 1, else per-row clones (`RowLoopDrafter`)."""
+def rows_drafter(drafter: Drafter | BatchDrafter, batch: int) -> BatchDrafter:
+    """The batched drafter the engine runs for `batch` rows: a `BatchDrafter` as it is (any B; its `start`
+    resets it), a batch-1 drafter's own batched form (one call per step for every row) where it has one
+    and B > 1, else per-row clones (`RowLoopDrafter`)."""
+    if isinstance(drafter, BatchDrafter):
+        return drafter
     batched = drafter.batched() if batch > 1 else None
     return batched if batched is not None else RowLoopDrafter(drafter)
 

@@ -16,6 +16,8 @@ import torch
 
 from spechead.heads.families import family_of
 from spechead.heads.medusa import MedusaHead
+from spechead.inference.drafters.per_row import rows_drafter
+from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.tuning.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, size_costs_ms
 from spechead.inference.tuning.pass_timing import in_situ_choice
@@ -75,17 +77,17 @@ def batch_draft_cost_ms(
 
     def propose_ms(rows) -> float:
         rows.start(prompts, states, [0] * batch)
-        propose = lambda: rows.propose([0] * batch, None, None)  # noqa: E731
+        propose = lambda: rows.propose([0] * batch, [SamplingParams()] * batch, [None] * batch)  # noqa: E731
         propose()
         return min(_timed(propose, 1, param.device) for _ in range(repeats))
 
     if not family_of(head.config).drafts_per_depth:
-        return {"draft_ms": propose_ms(drafter.batched())}
+        return {"draft_ms": propose_ms(rows_drafter(drafter, batch))}
     if compile:
         chains = [drafter.with_tree([[0] * (i + 1) for i in range(depth)]) for depth in (1, 4)]
         for chain in chains:
             chain.use_compile(compile)
-        short, long = (propose_ms(chain.batched()) for chain in chains)
+        short, long = (propose_ms(rows_drafter(chain, batch)) for chain in chains)
         return {"draft_ms_per_depth": max(long - short, 0.0) / 3}
     rows = drafter.batched()
     rows.start(prompts, states, [0] * batch)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ import torch
 
 from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
+from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import CUDA_BUCKETS, TargetRunner
 from spechead.inference.tuning.tree_search import (
@@ -167,13 +169,27 @@ def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, 
     return out
 
 
-def _start_on_noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
-    """Start an EAGLE drafter on `length` random target states {layer: [length, H]}; returns them."""
+def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
+    """`length` random target states {layer: [length, H]} for an EAGLE drafter."""
     head = drafter.head
     device, hidden = head.fc.weight.device, head.config.hidden_size
-    states = {layer: torch.randn(length, hidden, device=device) for layer in drafter.hidden_layers}
+    return {layer: torch.randn(length, hidden, device=device) for layer in drafter.hidden_layers}
+
+
+def _start_on_noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
+    """Start an EAGLE drafter on `length` random target states {layer: [length, H]}; returns them."""
+    states = _noise(drafter, length)
     drafter.start(torch.zeros(length, dtype=torch.long), states, 0)
     return states
+
+
+def propose_timer(drafter, states: dict[int, torch.Tensor]) -> Callable[[], object]:
+    """One draft of any drafter as decoding runs it, a batch of one (`rows_drafter(drafter, 1)` and the
+    batched API), started on states {layer: [T, H]}: what calibration times."""
+    rows = rows_drafter(drafter, 1)
+    length = next(iter(states.values())).shape[0] if states else 1
+    rows.start([torch.zeros(length, dtype=torch.long)], [states], [0])
+    return lambda: rows.propose([0], [SamplingParams()], [None])
 
 
 def _drafter_ms(drafter, fn, repeats: int) -> float:
@@ -212,11 +228,11 @@ def compiled_depth_cost_ms(drafter, compile: bool | str, depth: int = 4, repeats
     for d in (1, depth):
         timed = drafter.with_tree([[0] * level + [rank] for level in range(d) for rank in range(4)])
         timed.use_compile(compile)
-        _start_on_noise(timed)
+        draft = propose_timer(timed, _noise(timed))
 
-        def propose(t=timed) -> None:
+        def propose(t=timed, draft=draft) -> None:
             t._crop()  # (every draft after the same committed entries)
-            t.propose(0, SamplingParams(), None)
+            draft()
 
         ms.append(_drafter_ms(timed, propose, repeats))
     return max(ms[1] - ms[0], 0.0) / (depth - 1)
@@ -288,8 +304,7 @@ def calibrated_choices(
                 1, model.config.get_text_config().hidden_size, device=device
             )
         }
-        drafter.start(torch.zeros(1, dtype=torch.long), state, 0)
-        propose = lambda: drafter.propose(0, None, None)  # noqa: E731
+        propose = propose_timer(drafter, state)
         propose()
         info["draft_ms"] = min(_timed(propose, 1, device) for _ in range(7))
     return best_for_costs(accuracy, info, max_nodes, keep), info

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spechead.inference.drafters.base import BatchDraft
-from spechead.inference.drafters.medusa import MedusaBatchDrafter
+from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.per_row import RowLoopDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
@@ -80,7 +80,7 @@ def test_rows_leaving_the_batch_hand_the_drafter_their_own_accepted_tokens(
     if kind == "prompt_lookup":  # per-row clones (the default batch drafter); K varies by row
         drafter, cls = PromptLookupDrafter(num_draft=3, max_ngram=1), RowLoopDrafter
     else:
-        drafter, cls = fitted_medusa(model, PROMPTS), MedusaBatchDrafter
+        drafter, cls = fitted_medusa(model, PROMPTS), MedusaDrafter
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
     gen.eos = set()
     heard: dict[int, list[int]] = {b: [] for b in range(len(PROMPTS))}

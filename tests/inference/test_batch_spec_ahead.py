@@ -12,6 +12,7 @@ import torch
 
 from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
 from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
@@ -91,7 +92,7 @@ def queued_and_host(model, kind: str):
         if kind != "medusa":
             drafter.batch_graphs = True  # (a CPU: the fixed-shape batch draft, as CUDA runs it)
             drafter.use_compile("graphs")
-        made.append(drafter.batched())
+        made.append(rows_drafter(drafter, 3))  # (Medusa: the drafter itself)
     queued, host = made
     gen = torch.Generator().manual_seed(4)
     h = model.config.hidden_size
@@ -112,7 +113,8 @@ def test_the_queued_batch_accept_and_draft_equal_accept_and_propose(model, kind)
     queued, host, gen = queued_and_host(model, kind)
     sampling = [None] * 3
     drafts = [d.propose([7, 8, 9], sampling, sampling) for d in (queued, host)]
-    rounds = ([[0, 2, 5], [0], [0, 1, 4, 7]], [[0, 3], [0, 1, 3]], [[0, 1], [0, 2, 5]])  # (3 rows, then 2)
+    # 3 rows, then 2, then 1 (Medusa: its batch-of-one path)
+    rounds = ([[0, 2, 5], [0], [0, 1, 4, 7]], [[0, 3], [0, 1, 3]], [[0, 1], [0, 2, 5]], [[0, 1, 3]])
     h, vocab = model.config.hidden_size, model.config.vocab_size
     for r, paths in enumerate(rounds):
         assert torch.equal(drafts[0].tokens, drafts[1].tokens) and torch.equal(
@@ -120,7 +122,8 @@ def test_the_queued_batch_accept_and_draft_equal_accept_and_propose(model, kind)
         )
         batch, n = drafts[0].tokens.shape
         paths = [[p for p in path if p < n] for path in paths]  # (a small tree: its nodes only)
-        hidden = {layer: torch.randn(batch, n, h, generator=gen) for layer in host.drafter.hidden_layers}
+        layers = getattr(host, "drafter", host).hidden_layers  # (EAGLE's batch drafter: its drafter's)
+        hidden = {layer: torch.randn(batch, n, h, generator=gen) for layer in layers}
         tokens = torch.randint(0, vocab, (batch, n), generator=gen)
         nexts = torch.randint(0, vocab, (batch,), generator=gen)
         width = max(n, queued.commit_width)
@@ -134,10 +137,11 @@ def test_the_queued_batch_accept_and_draft_equal_accept_and_propose(model, kind)
         queued.settle([len(p) for p in paths], nexts.tolist())
         if kind != "medusa":
             assert torch.equal(queued._rows.lengths, host._rows.lengths)
-        if r == 0:  # the middle row leaves
+        if r in (0, 2):  # the middle row leaves, then the first
+            keep = [0, 2] if r == 0 else [1]
             for d in (queued, host):
-                d.keep([0, 2])
-            drafts = [type(d)(d.tokens[[0, 2]], d.parents[[0, 2]], [d.sizes[0], d.sizes[2]]) for d in drafts]
+                d.keep(keep)
+            drafts = [d.rows(keep) for d in drafts]
     assert torch.equal(drafts[0].tokens, drafts[1].tokens)
 
 
@@ -221,7 +225,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     rows = [
         Row(b, torch.arange(3), 4, SamplingParams(t), None, GenerationStats()) for b, t in enumerate((0, 0.8))
     ]
-    batched = build(model, "medusa").batched()
+    batched = build(model, "medusa")  # (batched itself)
     assert depth_for(runner, batched, rows, True, True) == 0  # one greedy row, one sampled
     assert depth_for(runner, batched, rows[:1], True, True, "without_replacement") == 1  # greedy: not read
     assert depth_for(runner, batched, rows[1:], True, True, "without_replacement") == 0  # drawn children

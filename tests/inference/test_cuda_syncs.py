@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
-from spechead.inference.drafters.base import Drafter
+from spechead.inference.drafters.ahead import ahead_of
+from spechead.inference.drafters.base import BatchDrafter, Drafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.evaluation.profiling import count_syncs
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
@@ -70,7 +71,7 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
                 target_num_layers=cfg.num_hidden_layers,
             )
         )
-        drafter: Drafter = MedusaDrafter(medusa.to("cuda"), choices)
+        drafter: Drafter | BatchDrafter = MedusaDrafter(medusa.to("cuda"), choices)
     else:
         head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
         head.attach_target_modules(
@@ -79,7 +80,8 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
         options = {"top_k": 4, "depth": 4, "total_tokens": 16} if tree == "dynamic" else {}
         drafter = EagleDrafter(head.eval(), tree="dynamic" if tree == "dynamic" else choices, **options)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile="graphs")
-    assert gen._ahead(SamplingParams()) is not None  # (CUDA's default: the next draft queued first)
+    # (CUDA's default: the next draft queued first; Medusa queues itself, EAGLE through its Ahead form)
+    assert gen.ahead and (rows_drafter(drafter, 1).queues() or ahead_of(drafter, not sampled) is not None)
     gen.eos = set()
     prompt = list(range(5, 17))
     reference = SpeculativeGenerator(model, chatml_tokenizer, None)

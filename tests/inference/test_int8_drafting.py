@@ -147,8 +147,11 @@ def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_pat
     )
     head.attach_target_modules(lm_head=model.lm_head)
     drafter = drafter_for_head(as_drafted(head, torch.device("cpu")))
-    drafter.start(torch.tensor(PROMPTS[0]), {config.num_hidden_layers: torch.randn(4, config.hidden_size)}, 3)
-    assert drafter.propose(3, SamplingParams(), None).tree.tokens.shape == drafter.static.parents.shape
+    drafter.start(
+        [torch.tensor(PROMPTS[0])], [{config.num_hidden_layers: torch.randn(4, config.hidden_size)}], [3]
+    )
+    draft = drafter.propose([3], [SamplingParams()], [None])  # a batch of one
+    assert draft.tokens.shape == draft.parents.shape == (1, drafter.static.size)
 
 
 def test_auto_is_off_on_cpus_it_was_not_measured_on(tiny_llama, medusa_for, monkeypatch):

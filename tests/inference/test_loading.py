@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
-from spechead.inference.drafter_specs import drafter_for_head
+from spechead.inference.drafter_specs import drafter_for_head, make_drafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 
@@ -26,6 +26,8 @@ def test_a_heads_drafter_options_are_checked_in_one_line(target):
     assert isinstance(drafter_for_head(eagle3, tree=[[0], [0, 0]]), EagleDrafter)
     assert drafter_for_head(medusa, choices=[[0], [0, 0]]).choices == [[0], [0, 0]]
     assert isinstance(drafter_for_head(medusa), MedusaDrafter)
+    built = drafter_for_head(medusa)  # a drafter batched itself, given built: taken as it is
+    assert make_drafter(built, target, device="cpu", dtype=torch.float32) is built
     # a static tree in the other family's option: the message names the right one
     with pytest.raises(
         ValueError,

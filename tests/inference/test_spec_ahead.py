@@ -1,8 +1,8 @@
 """EAGLE and Medusa decoding with the next draft queued before the host reads the acceptance
-(engine/loop.py depth 1, drafters/ahead.py), forced on a CPU (the default on CUDA only): the acceptance computed on
-the device is the greedy rule, or rule A's draws; the drafters' queued accept and draft equal
-`accept_path` and `propose`; decoding equals plain decoding with the same accepted lengths as the loop
-that reads first, also as replayed graphs."""
+(engine/loop.py depth 1, drafters/ahead.py), forced on a CPU (the default on CUDA only): the acceptance
+computed on the device is the greedy rule, or rule A's draws; the drafters' queued accept and draft equal
+`accept_path(s)` and `propose` (Medusa: its own class's queued form, a batch of one); decoding equals
+plain decoding with the same accepted lengths as the loop that reads first, also as replayed graphs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from spechead.inference.drafters.ahead import ahead_of
 from spechead.inference.drafters.eagle_ahead import EagleAhead, runs_ahead
 from spechead.inference.drafters.eagle_commit import commit_size
 from spechead.inference.drafters.medusa import MedusaDrafter
-from spechead.inference.drafters.medusa_ahead import MedusaAhead
 from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
@@ -137,33 +136,36 @@ def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, k
     "choices", [MEDUSA_CHOICES, [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]], [[0]], [[0, 0, 0, 0]]]
 )  # (the last: deeper than the 3 heads, a root-only tree)
 def test_the_queued_medusa_accept_and_draft_equal_accept_path_and_propose(model, choices):
-    """Two drafters of one set of heads: one hears paths on the host, the other from device tensors
-    (MedusaAhead); paths off the main path, several rounds."""
+    """Two batches of one over one set of heads: one hears paths on the host (`accept_paths`, `propose`),
+    the other from device tensors (`accept_queued`, `propose_queued`); paths off the main path, several
+    rounds."""
     host, queued = medusa_drafter(model, choices), medusa_drafter(model, choices)
-    ahead = ahead_of(queued, greedy=False)
-    assert isinstance(ahead, MedusaAhead) and ahead.size == 1
+    assert ahead_of(queued, greedy=False) is None  # (batch-1 queued forms: EAGLE's only)
+    assert queued.queues() and queued.commit_width == 1
     gen = torch.Generator().manual_seed(2)
     h, vocab = model.config.hidden_size, model.config.vocab_size
     states = {host.hidden_layers[0]: torch.randn(1, 12, h, generator=gen)}
     for d in (host, queued):
-        d.start(torch.arange(5, 17), {k: v[0] for k, v in states.items()}, root=7)
-    drafts = [d.propose(7, SamplingParams(), None) for d in (host, queued)]  # the first: from the host
-    n = drafts[0].tree.size
+        d.start([torch.arange(5, 17)], [{k: v[0] for k, v in states.items()}], [7])
+    greedy = [SamplingParams()]
+    drafts = [d.propose([7], greedy, [None]) for d in (host, queued)]  # the first: from the host
+    n, kept = drafts[0].tokens.shape[1], drafts[1].parents
     paths = [p for p in ([0, 2, 4], [0], [0, 1, 3, 5], [0, 2], [0, 1], [0, 1, 3]) if p[-1] < n]
     for path in paths:
-        assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist(), path
+        assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist(), path
         hidden = {host.hidden_layers[0]: torch.randn(1, n, h, generator=gen)}
-        tokens = torch.randint(0, vocab, (n,), generator=gen)
+        tokens = torch.randint(0, vocab, (1, n), generator=gen)
         nxt = int(torch.randint(0, vocab, (1,), generator=gen))
-        host.accept_path([int(t) for t in tokens[path]], hidden, path, nxt)
-        padded = torch.tensor(path + [path[-1]] * (n - len(path)))
-        ahead.accept(hidden, tokens, padded, torch.tensor(len(path)), torch.tensor(nxt))
+        host.accept_paths([[int(t) for t in tokens[0, path]]], hidden, [path], [nxt])
+        padded = torch.tensor([path + [path[-1]] * (n - len(path))])  # [1, N]
+        queued.accept_queued(hidden, tokens, padded, torch.tensor([len(path)]), torch.tensor([nxt]))
         torch.testing.assert_close(queued.last_hidden, host.last_hidden)
-        drafts = [host.propose(nxt, SamplingParams(), None), ahead.propose(torch.tensor(nxt))]
-        ahead.settle(len(path), nxt)
-        assert drafts[1].tree.parents.tolist() == drafts[0].tree.parents.tolist()
-    assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
-    assert drafts[1].tree.tokens[0] == nxt
+        drafts = [host.propose([nxt], greedy, [None]), queued.propose_queued(torch.tensor([nxt]))]
+        queued.settle([len(path)], [nxt])
+        assert drafts[1].parents.tolist() == drafts[0].parents.tolist()
+        assert drafts[1].parents is kept  # read first or queued: the one kept [1, N]
+    assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
+    assert drafts[1].tokens[0, 0] == nxt
 
 
 @pytest.mark.parametrize("kind", [*TREES, "medusa"])
@@ -268,7 +270,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
         pass
 
     medusa = medusa_drafter(model, MEDUSA_CHOICES)
-    assert ahead_of(HearsMore(medusa.head, MEDUSA_CHOICES), greedy=True) is None
+    assert not HearsMore(medusa.head, MEDUSA_CHOICES).queues() and medusa.queues()
     for compile, d in (("graphs", HearsMore(medusa.head, MEDUSA_CHOICES)), (False, medusa)):
         gen = SpeculativeGenerator(model, chatml_tokenizer, d, compile=compile)
         gen.device_accept = gen.ahead = True

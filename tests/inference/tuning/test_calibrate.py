@@ -331,3 +331,30 @@ def test_an_eagle_pass_pays_the_commit_and_the_accept(tiny_target_dir, tmp_path,
     monkeypatch.setattr(calibrate, "eagle_depth_cost_ms", lambda drafter, width: 0.5)
     _, info = calibrated_choices(gen.target, gen.drafter, torch.tensor(ACCURACY), max_nodes=4)
     assert info["pass_ms"] == 5.0 and info["draft_ms_per_depth"] == 0.5
+
+
+def test_one_path_times_any_drafters_draft(tiny_llama, medusa_for):
+    """`propose_timer`: a batch of one through `rows_drafter` and the batched API, whether the drafter is
+    batched itself (Medusa) or a batch-1 drafter (prompt lookup): each draft a tree rooted at 0, the
+    one the drafter proposes from those states."""
+    from spechead.inference.drafters.medusa import MedusaDrafter
+    from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
+    from spechead.inference.sampling import SamplingParams
+    from spechead.inference.tuning.calibrate import propose_timer
+
+    model = tiny_llama(64, layers=2, hidden=32, seed=1)
+    medusa = MedusaDrafter(medusa_for(model, num_heads=3).eval(), [[0], [1], [0, 0]])
+    for drafter in (medusa, PromptLookupDrafter(num_draft=3)):
+        states = {layer: torch.randn(6, 32) for layer in drafter.hidden_layers}  # [T, H]
+        draft = propose_timer(drafter, states)()
+        assert draft.tokens.shape[0] == 1 and int(draft.tokens[0, 0]) == 0, type(drafter)
+    alone = MedusaDrafter(medusa.head, medusa.choices)
+    alone.start([torch.zeros(6, dtype=torch.long)], [states_of(medusa, 6)], [0])
+    timed = propose_timer(medusa, states_of(medusa, 6))()
+    assert timed.tokens.tolist() == alone.propose([0], [SamplingParams()], [None]).tokens.tolist()
+
+
+def states_of(drafter, length: int) -> dict[int, torch.Tensor]:
+    """The same states {layer: [T, H]} on every call (seeded)."""
+    g = torch.Generator().manual_seed(length)
+    return {layer: torch.randn(length, 32, generator=g) for layer in drafter.hidden_layers}
