@@ -334,13 +334,7 @@ class SpeculativeGenerator:
     def _drafter_for_batch(self, batch: int) -> Drafter | BatchDrafter | None:
         """The drafter with the tree measured best for `batch` rows here, once per size (see generate_batch)."""
         drafter, accuracy, pick = self.drafter, self.tree_accuracy, self.batch_tree_picker
-        if (
-            batch == 1
-            or drafter is None
-            or accuracy is None
-            or pick is None
-            or not hasattr(drafter, "with_tree")
-        ):
+        if batch == 1 or drafter is None or accuracy is None or pick is None or not drafter.tunes_tree:
             return drafter
         if batch not in self.batch_calibration:  # (timed as decoded: this generator's compile settings)
             found = pick(self.target, drafter, accuracy, batch, self.compile, self.draft_compile)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from spechead.configs import demo_asset
+from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -83,7 +84,7 @@ def main(argv=None) -> None:
     gen = SpeculativeGenerator.from_pretrained(  # eager: each mode below compiles its own drafter
         target, args.drafter, device=args.device, dtype=args.dtype, compile=False
     )
-    if not hasattr(gen.drafter, "with_tree") or not hasattr(gen.drafter, "head_step"):
+    if not isinstance(gen.drafter, EagleDrafter):
         raise SystemExit(
             f"error: {args.drafter} is not an EAGLE / EAGLE-3 head: this measures EAGLE batch drafting"
         )

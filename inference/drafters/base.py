@@ -26,7 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -34,6 +34,9 @@ from spechead.inference.acceptance import RULES
 from spechead.inference.devices import host_ids, host_to_device
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
+
+if TYPE_CHECKING:  # (typing.Self from Python 3.11; torch installs typing_extensions)
+    from typing_extensions import Self
 
 
 @dataclass
@@ -66,9 +69,16 @@ class DrafterBase:
     #: Optional: the most nodes (root included) a proposed tree can have; the target runner reserves
     #: that much KV scratch after prompt + max_new_tokens (near a fixed cache's end trees are cut to fit).
     max_nodes: int = 64
+    #: whether `with_tree` swaps its tree (heads, whose trees are tuned per device and batch size)
+    tunes_tree: bool = False
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
         """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""
+
+    def with_tree(self, choices: list[list[int]]) -> Self:
+        """The same drafter (weights shared, other options kept) with another static tree of rank paths
+        (see `tree_from_choices`); only drafters that `tunes_tree` have one to swap."""
+        raise NotImplementedError(f"{type(self).__name__} has no tree of ranks to swap")
 
     def use_compile(self, compile: bool | str) -> None:  # noqa: B027
         """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls

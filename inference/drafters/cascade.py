@@ -10,7 +10,7 @@ distributed exactly like sampling from the medium itself, token by token (greedy
 greedy continuation). The target therefore sees children drawn from q = the medium's per-node
 distribution (after the same temperature/top-k/top-p), which is rule "iid" (B) with that q. Handing
 the target the tiny's q, or the tiny's proposal before the medium verified it, would be biased: a
-medium-level rejection must never leak into the target's distribution (tests/inference/test_cascade.py).
+medium-level rejection must never leak into the target's distribution (tests/inference/drafters/test_cascade.py).
 
 Caches: each level keeps the tokens it has run (a prefix of the sequence). During `propose` the
 medium's cache grows with its verified chain; `accept` crops the medium's and the tiny's caches back

@@ -53,6 +53,8 @@ class EagleDrafter(EagleGrowth, Drafter):
     After each `propose`, `last_scores` [N] holds every node's cumulative draft log-prob (root 0).
     """
 
+    tunes_tree = True  # `with_tree` swaps its static tree
+
     def __init__(
         self,
         head: EagleHead | Eagle3Head,
@@ -235,7 +237,7 @@ class EagleDrafter(EagleGrowth, Drafter):
             tree = TokenTree.trusted(tokens, self._plan.host_parents)
             return Draft(tree=tree) if drawn is None else drawn.draft(tree, self._plan, self._d2t)
         # (a dynamic tree is valid by construction: its nodes are kept in id order, each after its
-        # parent, which the selection keeps; tests/inference/test_eagle_drafter.py validates them)
+        # parent, which the selection keeps; tests/inference/drafters/test_eagle_drafter.py validates them)
         return Draft(tree=TokenTree.trusted(tokens, parents), rule="deterministic")
 
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:

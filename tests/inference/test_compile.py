@@ -24,8 +24,8 @@ from spechead.inference.tree import (
     tree_inputs_on_device,
 )
 
-from . import test_eagle_drafter as eagle_tests  # make_head, Stream, the static tree
 from . import test_generator as generator_tests  # the drafters, prompts and reference of the lossless tests
+from .drafters import test_eagle_drafter as eagle_tests  # make_head, Stream, the static tree
 from .tuning.test_calibrate import ACCURACY, saved_head
 
 setup = generator_tests.setup  # the 2-layer target of the lossless tests (a module-scoped fixture)

@@ -21,8 +21,8 @@ from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import ancestors_on_device, tree_from_choices
 
-from .test_generator import eagle_drafter, medusa_drafter, plain_greedy
-from .test_graph_replay import replayed_graphs  # noqa: F401 - the fixture
+from ..test_generator import eagle_drafter, medusa_drafter, plain_greedy
+from ..test_graph_replay import replayed_graphs  # noqa: F401 - the fixture
 
 CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0]]
 TREES = {

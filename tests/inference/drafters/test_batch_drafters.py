@@ -23,8 +23,8 @@ from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
-from .test_batch import MAX_NEW, PROMPTS, make_drafter
-from .test_generator import eagle_drafter, medusa_drafter
+from ..test_batch import MAX_NEW, PROMPTS, make_drafter
+from ..test_generator import eagle_drafter, medusa_drafter
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: boo
     (accepted paths then run through rank-1 children)."""
     from spechead.inference.target.runner import TargetRunner
 
-    from .test_generator import plain_greedy
+    from ..test_generator import plain_greedy
 
     drafter = medusa_drafter(model, choices)
     head, layer = drafter.head, drafter.hidden_layers[0]
@@ -261,7 +261,7 @@ def test_batched_drafting_keeps_every_rows_batch1_passes(model, chatml_tokenizer
     """Mixed prompt lengths, per-row max_new_tokens, a row stopping at EOS (inside an accepted tree
     with the fitted head): each row's tokens AND accept lengths / drafted counts equal its batch-1 run
     (so its trees were its batch-1 trees)."""
-    from .test_generator import plain_greedy
+    from ..test_generator import plain_greedy
 
     drafter = fitted_medusa(model, PROMPTS) if kind == "medusa_fitted" else make_drafter(model, kind)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")

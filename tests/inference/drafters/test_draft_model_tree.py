@@ -15,7 +15,7 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import children, depths, path_to_node
 
-from .distributions import sampling_tv
+from ..distributions import sampling_tv
 
 SHAPES = {
     "chain": {"num_draft": 4},

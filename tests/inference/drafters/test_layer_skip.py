@@ -18,10 +18,10 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner
 
-from .distributions import sampling_tv
-from .test_batch import MAX_NEW, PROMPTS
+from ..distributions import sampling_tv
+from ..test_batch import MAX_NEW, PROMPTS
+from ..test_generator import TopChildrenClaimingIid
 from .test_draft_model_tree import PARAMS, PROMPT, passes_per_token, plain_greedy, prompts, sharpened
-from .test_generator import TopChildrenClaimingIid
 
 DRAFTERS = {
     "skip_default": {},

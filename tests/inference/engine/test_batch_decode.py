@@ -12,8 +12,8 @@ from spechead.inference.drafters.per_row import RowLoopDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
-from .test_batch import PROMPTS
-from .test_batch_drafters import fitted_medusa, model  # noqa: F401  (model: the fixture fitted_medusa fits)
+from ..drafters.test_batch_drafters import fitted_medusa, model  # noqa: F401  (model: the fixture fitted_medusa fits)
+from ..test_batch import PROMPTS
 
 
 def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():

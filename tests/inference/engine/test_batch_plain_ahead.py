@@ -10,7 +10,7 @@ import pytest
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.target.runner import TargetRunner
 
-from .test_generator import plain_greedy
+from ..test_generator import plain_greedy
 
 PROMPTS = [[7, 9, 11, 13, 15, 17, 19, 21, 23], [40], list(range(5, 19)), [33, 34, 35]]
 MAX_NEW = [14, 1, 20, 2]

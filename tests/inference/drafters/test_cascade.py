@@ -16,7 +16,7 @@ from spechead.inference.drafters.per_row import clone_drafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, target_probs
 
-from .distributions import sampling_tv
+from ..distributions import sampling_tv
 from .test_draft_model_tree import (
     PARAMS,
     PROMPT,

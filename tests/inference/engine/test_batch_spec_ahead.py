@@ -19,10 +19,10 @@ from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import TokenTree, ancestors_on_device, tree_from_choices
 
-from .test_batch import MAX_NEW, PROMPTS
-from .test_batch_drafters import build, fitted_medusa
-from .test_generator import plain_greedy
-from .test_graph_replay import replayed_graphs  # noqa: F401 - the fixture
+from ..drafters.test_batch_drafters import build, fitted_medusa
+from ..test_batch import MAX_NEW, PROMPTS
+from ..test_generator import plain_greedy
+from ..test_graph_replay import replayed_graphs  # noqa: F401 - the fixture
 
 CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0]]
 

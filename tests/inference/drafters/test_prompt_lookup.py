@@ -3,6 +3,7 @@ occurrence, and the drafter's history (prompt, then every emitted token once).""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter, lookup
@@ -34,3 +35,11 @@ def test_the_drafter_lists_every_emitted_token_once():
     drafter.accept(torch.tensor([6, 7]), {}, 8)
     assert drafter.tokens == [5, 6, 7, 5, 6, 7, 8]
     assert drafter.propose(8, SamplingParams(), None).tree.tokens.tolist() == [8]  # 8 is new: no draft
+
+
+def test_a_drafter_without_a_tree_of_ranks_is_never_given_another_tree():
+    """Only heads (`tunes_tree`) swap their static tree; `with_tree` on another drafter says so."""
+    drafter = PromptLookupDrafter()
+    assert not drafter.tunes_tree
+    with pytest.raises(NotImplementedError, match="PromptLookupDrafter has no tree of ranks"):
+        drafter.with_tree([[0]])

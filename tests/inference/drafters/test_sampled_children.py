@@ -19,8 +19,8 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, make_generator
 from spechead.inference.tree import tree_from_choices
 
-from .distributions import exact_distribution, sampling_tv
-from .test_generator import PARAMS, PROMPT, eagle_drafter, setup  # noqa: F401  (setup: the fixture)
+from ..distributions import exact_distribution, sampling_tv
+from ..test_generator import PARAMS, PROMPT, eagle_drafter, setup  # noqa: F401  (setup: the fixture)
 
 Q = torch.tensor([0.5, 0.3, 0.15, 0.05])
 ROWS = 40000  # draws made at once (rows of the same q): frequencies within about 0.005

@@ -11,9 +11,9 @@ from spechead.inference.drafters import eagle as eagle_module
 from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
 from spechead.inference.generator import SpeculativeGenerator
 
-from .test_batch import MAX_NEW, PROMPTS
+from ..test_batch import MAX_NEW, PROMPTS
+from ..test_generator import medusa_drafter
 from .test_batch_drafters import build
-from .test_generator import medusa_drafter
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
     """With an accuracy table, generate_batch re-picks the static tree for the batch size by measuring
     here (once per size); greedy rows still equal HF greedy; tree_for_batch=False keeps the batch-1
     tree and so the batch-1 sampling draws."""
-    from .test_generator import plain_greedy
+    from ..test_generator import plain_greedy
 
     drafter = medusa_drafter(model)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static")
@@ -80,7 +80,7 @@ def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer, monkeypa
     2-core VM, a tree's pass once timed below a plain pass and, at 1.001 tokens a pass, was picked."""
     import spechead.inference.tuning.pass_timing as pass_timing
 
-    from .test_generator import plain_greedy
+    from ..test_generator import plain_greedy
 
     def timed(target, drafters, prompt, new_tokens=32, batch=1, timed_as=None):
         return [1.0] + [1.1] * (len(drafters) - 1)  # plain first, then each tree
@@ -101,7 +101,7 @@ def test_batch_tree_for_an_eagle_head(model, chatml_tokenizer, compile):
     """EAGLE: the batched head step is timed per depth; the static tree found is drafted and verified
     for every row (greedy rows equal HF greedy). A compiled drafter's tree for the batch is compiled
     likewise and drafts every row as fixed-shape graphs (forced here: by default on CUDA only)."""
-    from .test_generator import plain_greedy
+    from ..test_generator import plain_greedy
 
     drafter = build(model, "eagle3_static")
     drafter.batch_graphs = bool(compile)
@@ -125,7 +125,7 @@ def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tok
     from spechead.inference.tuning.batch_tree import choices_for_batch, drafter_for_batch
     from spechead.inference.tuning.calibrate import TimedAs
 
-    from .test_generator import plain_greedy
+    from ..test_generator import plain_greedy
 
     runners, compiled = [], []
     init, use_compile = runner_module.TargetRunner.__init__, eagle_module.EagleDrafter.use_compile

@@ -1,6 +1,6 @@
 """Lookahead decoding: the pure pieces (pool, window, trees), the Jacobi outputs it reads, and losslessness
 through the engine: greedy equals plain decoding, sampling follows the target (rule A), batch rows equal
-their batch-1 runs. Generator tests run on both cache back-ends (conftest.py)."""
+their batch-1 runs. The generator tests run on the one engine."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.tree import ancestor_mask, depths, path_to_node
 
-from .distributions import sampling_tv
-from .test_generator import PARAMS, PROMPT, plain_greedy, prompts
+from ..distributions import sampling_tv
+from ..test_generator import PARAMS, PROMPT, plain_greedy, prompts
 
 OPTIONS = {
     "default": {},

@@ -11,7 +11,7 @@ from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import SamplingParams, make_generator, pick
 
-from .test_generator import plain_greedy
+from ..test_generator import plain_greedy
 
 PROMPTS = [[5, 9, 2, 7], [11, 3], list(range(20, 45))]
 
