@@ -307,7 +307,7 @@ class SpeculativeGenerator:
         rows_of = rows_drafter(drafter, batch) if drafter is not None else None
         if isinstance(rows_of, RowLoopDrafter) and batch == 1 and self.ahead:
             rows_of.ahead = ahead_of(drafter, rows[0].params.is_greedy)  # its queued form, where it has one
-        rule = getattr(drafter, "rule", "deterministic")  # (how its children are chosen)
+        rule = drafter.rule if drafter is not None else "deterministic"  # (how its children are chosen)
         depth = depth_for(runner, rows_of, rows, self.ahead, self.device_accept, rule)
         clock = PhaseClock(device)
         passes = decode(runner, rows_of, rows, self.eos, clock, depth=depth, on_device=self.device_accept)

@@ -71,6 +71,9 @@ class DrafterBase:
     max_nodes: int = 64
     #: whether `with_tree` swaps its tree (heads, whose trees are tuned per device and batch size)
     tunes_tree: bool = False
+    #: how sampled decoding chooses its children (acceptance.RULES): only "deterministic" children (rule
+    #: A) can be accepted on the device before the host reads them
+    rule: str = "deterministic"
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
         """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""

@@ -35,6 +35,8 @@ class CascadeDrafter(Drafter):
     """Chains of `num_draft` tokens: the medium model's output, itself drafted by the tiny model in
     chains of `tiny_draft` tokens. Both models must share the target's tokenizer."""
 
+    rule = "iid"  # sampled: the medium model's tokens are draws from its q (rule B)
+
     def __init__(
         self, tiny: PreTrainedModel, medium: PreTrainedModel, num_draft: int = 8, tiny_draft: int = 4
     ):

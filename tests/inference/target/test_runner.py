@@ -130,6 +130,13 @@ def test_verify_equals_plain_paths_and_commit_keeps_exactly_prefix_and_path(mode
         runner.commit([torch.tensor(p) if (step + b) % 2 else p for b, p in enumerate(paths)])
         seqs = [s + t.tokens[p].tolist() for s, t, p in zip(seqs, trees, paths)]
         assert_rows_hold(runner, model, seqs)
+    # every row's path in place, host lists (chains' prefixes of other lengths): only the lengths move
+    chains = [TokenTree(torch.randint(0, VOCAB, (6,)), torch.arange(-1, 5)) for _ in range(rows)]
+    runner.verify(torch.stack([c.tokens for c in chains]), torch.stack([c.parents for c in chains]))
+    paths = [list(range(6 - b % 3)) for b in range(rows)]
+    runner.commit(paths)
+    seqs = [s + c.tokens[p].tolist() for s, c, p in zip(seqs, chains, paths)]
+    assert_rows_hold(runner, model, seqs)
 
 
 @torch.no_grad()
