@@ -6,13 +6,13 @@ with transformers' `AttentionInterface` (and its mask interface) as "spechead_sd
 - one query under a mask (a decode step on a preallocated cache), grouped-query attention: the query
   heads are packed as rows of their key head (`_one_query`). transformers packs them too, but not while
   torch.compile traces: compiled, it repeats the layer's whole key/value cache view (`repeat_kv`) every
-  step. On an H200 (2026-11-28, bench_gpu.py, the 8B shape compiled) those copies were 64 kernels and
-  0.317 ms of a 5.49 ms step;
+  step (64 extra kernels a step on the 8B shape compiled: docs/PERFORMANCE.md);
 - a tree pass (2 to FEW_QUERIES queries under a (B, 1, T, S) mask) on a GPU (`GROUPED_DEVICES`):
   `grouped_attention`, two batched matrix products and a softmax, each key head with its group of query
   heads as rows. sdpa's kernels tile the queries, so a few of them leave most of the GPU idle, and
   transformers repeats the key/value heads first (sdpa with `enable_gqa` and a mask falls back to its
-  math kernel on CUDA). H200, 2026-11-28: verify(64) of the 8B shape 6.31 -> 5.78 ms (a plain step 5.49);
+  math kernel on CUDA). A 64-node verify of the 8B shape costs about 1.05 plain steps this way, 1.15 with sdpa
+  (docs/PERFORMANCE.md);
 - a tree pass on a CPU: sdpa with `enable_gqa` (its flash kernel takes the mask and the grouped heads
   together, so transformers' copy of the heads is pure cost there).
 
@@ -118,11 +118,10 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scal
     query heads stacked as rows: q (B, nh, T, D), k / v (B, kv, S, D), mask additive (B, 1, T, S) or
     boolean (True: attend) or None -> (B, nh, T, D). Scores, scale and softmax in fp32 (`_scores`).
 
-    Why: on an H200 a compiled depth-7 FP8 draft spent 0.148 ms in six cuDNN sdpa calls, 25 us each for
-    eight queries (bench_gpu_topk, 2026-11-28): the kernel tiles queries, so eight of them over a long
-    cache leave most of the GPU idle. Here two matrix products and a softmax run instead (inductor: 2 GEMMs
-    and about 5 generated kernels a step in place of the sdpa call, scripts/count_draft_kernels.py). H200,
-    2026-11-28: that draft 1.382 -> 1.286 ms, verify(64) of the 8B shape 6.31 -> 5.78 ms (bench_gpu.py)."""
+    Why: sdpa's kernels tile the queries, so eight of them over a long cache leave most of the GPU idle.
+    Here two matrix products and a softmax run instead (inductor: 2 GEMMs and about 5 generated kernels a
+    step in place of the sdpa call, scripts/count_draft_kernels.py); the draft and verify times it saves on
+    an H200: docs/PERFORMANCE.md."""
     batch, heads, length, dim = q.shape
     kv = k.shape[1]
     rows = q.reshape(batch, kv, heads // kv * length, dim)  # (B, kv, g*T, D): query head h = kv g

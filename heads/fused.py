@@ -222,7 +222,7 @@ class _FusedStep:
         self.tabled = "dynamic" not in str(rope)  # dynamic rope angles depend on the sequence length
         self.table: tuple[Tensor, Tensor] | None = None  # cos, signed sin [S, 1, head_dim] (see _angles)
         # how up to FEW_QUERIES queries attend: "sdpa", "matmul" (`grouped_attention`) or "auto": matmul
-        # on GROUPED_DEVICES (H200, 2026-11-28: a compiled depth-7 FP8 draft 1.382 -> 1.286 ms), sdpa elsewhere
+        # on GROUPED_DEVICES (faster there: heads/attention.py), sdpa elsewhere
         self.attention = "auto"
 
     @no_grad

@@ -20,9 +20,9 @@ def resolve_compile(compile: bool | str, device: torch.device, cache: str | None
     """`compile` with "auto" made concrete for a target on `device`: "graphs" on CUDA with the static cache
     (None: the default, static), else False; any other value as it is.
 
-    On CUDA an eager batch-1 step pays a launch per kernel from the host: an 8B target's step took 52 ms
-    eager, 7.53 ms as "graphs" and 5.40 ms with inductor on an H200 (2026-11-28, bench_gpu.py). "graphs"
-    captures the eager passes in seconds where inductor compiles for minutes, so it is the default there.
+    On CUDA an eager batch-1 step pays a launch per kernel from the host, several times its GPU time on an
+    8B target (docs/PERFORMANCE.md, "Compile timings"). "graphs" captures the eager passes in seconds
+    where inductor compiles for minutes, so it is the default there.
     A CPU has no launches to save and its eager passes are the fastest verifiers (compile=False).
     A pass that cannot be captured fails in one line naming compile=False (cuda_graphs.GraphCaptureError);
     from_pretrained, when "auto" chose the graphs, proves them at load and falls back to eager instead."""

@@ -54,9 +54,8 @@ def collection_paused() -> Iterator[None]:
     A capture must not meet a collection: a dead generator's graphs sit in reference cycles (a runner
     holds its GraphedFunction, whose fn is the runner's own method), so a collection frees them, and
     destroying a CUDA graph while a stream captures is an operation CUDA refuses. It invalidates the
-    capture under way, whose next kernel then fails (an H200, 2026-11-28, a capture after earlier tests'
-    generators: seven "operation not permitted when stream is capturing (function reset)", then
-    CUBLAS_STATUS_EXECUTION_FAILED; the same test alone passed). torch.cuda.graph no longer collects
+    capture under way, whose next kernel then fails ("operation not permitted when stream is capturing",
+    then CUBLAS_STATUS_EXECUTION_FAILED, in a capture after earlier tests' generators). torch.cuda.graph no longer collects
     before capturing (torch.compiler.config.force_cudagraph_gc, off by default), so the pause is ours.
     The dead graphs go at the next collection after the capture."""
     enabled = gc.isenabled()

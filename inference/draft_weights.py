@@ -4,10 +4,10 @@ verifies every one, so decoding stays lossless.
 
 - FP8 e4m3 (heads/fp8.py) on a GPU with FP8 tensor cores (compute capability >= 8.9: Ada, Hopper and
   later): an EAGLE / EAGLE-3 head's per-depth layers, half the bytes a draft depth reads. On by default
-  there (`fp8_by_default`): H200, 2026-11-28, a depth-7 draft of an 8B-wide EAGLE-3 head 1.96 -> 1.38 ms
-  (bench_gpu.py), and on the demo head the same acceptance (tau 3.38 both, the saved 10-node tree).
+  there (`fp8_by_default`): a draft depth reads half the bytes, with the same acceptance on the demo head
+  (docs/PERFORMANCE.md).
 - int8 (heads/int8.py) on a CPU: a Medusa head's projections by default (`int8_by_default`), a quarter of
-  float32's bytes (the demo's Medusa-2 1.51x -> 1.91x plain decoding, same tau); EAGLE heads when asked.
+  float32's bytes, same tau (docs/PERFORMANCE.md, "int8 drafts"); EAGLE heads when asked.
 """
 
 from __future__ import annotations

@@ -10,14 +10,8 @@ i - 1 above it, or some a_j (j <= i) sits in a dropped chunk, and then each of t
 entry >= a_j >= a_i. Which of several equal values is named may differ from `torch.topk`.
 
 "auto" (the drafters' default) chunks by 64 rows of 20,000 or more (where, for a few rows, CUDA's
-`torch.topk` runs the multi-block select), on CUDA and on a CPU; shorter rows keep one topk.
-`scripts/bench_topk.py`, a depth's top-k with its log-probs, 2026-11-27: on an H200 as CUDA graphs,
-[8, 32000] 44 us chunked by 64 against 59 us in one topk (128: 47, 256: 51), [1, 32000] 34 against 54;
-on the 2-core CPU [8, 32000] 219 against 327 us, [1, 128256] 89 against 356, but [8, 2048] 65 against 51
-(a whole EAGLE draft there, top_k 8, depth 6, random 256-wide head: 26.5 against 27.4 ms at V = 32000,
-206 against 216 ms at 128256, the head's lm_head GEMMs being most of it).
-(An earlier form took the k best of every chunk, then of those: ~2,000 single-block top-ks a depth; a
-depth-7 FP8 draft took 1.64 against one topk's 1.71 ms on the H200, `scripts/bench_gpu.py`.)
+`torch.topk` runs the multi-block select), on CUDA and on a CPU; shorter rows keep one topk, which is
+faster there (`scripts/bench_topk.py`; the figures, GPU and CPU: docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations

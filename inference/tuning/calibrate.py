@@ -96,8 +96,8 @@ def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau:
     """accuracy [depth, k] times the one factor f that makes `choices`' expected accept length equal the
     measured tau (bisection; f keeps every depth's total <= 1).
 
-    The table's product-of-accuracies estimate runs ahead of real decoding (on the demo EAGLE-3 head:
-    4.10 expected against 3.65 measured on the same prompts). One factor per depth step shrinks a node's
+    The table's product-of-accuracies estimate runs ahead of real decoding (on the demo heads too:
+    docs/PERFORMANCE.md, "Tree choice at load"). One factor per depth step shrinks a node's
     acceptance by f**depth, so the correction weighs most on deep trees, the ones it over-promised."""
     if not choices or any(len(c) > accuracy.shape[0] or max(c) >= accuracy.shape[1] for c in choices):
         return accuracy  # a table that does not cover its own tree: nothing to fit
@@ -320,8 +320,8 @@ def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:
     """`count` trees of `ranked` (best first) for decoding in situ: the best, then the best of each size
     class not yet taken (N verified nodes in (2^(c-1), 2^c]: a padded verify's bucket), then the next best.
     Neighbouring sizes cost about alike (the same verify bucket), so decoding three of them tells little,
-    and a misranked bucket (one noisy verify time) would go unchecked: a tuned 3-node chain decoded 1.47x
-    where a 10-node tree of another class decoded 1.66x (demo Medusa-2 head, benchmark.py, 2026-11-28)."""
+    and a misranked bucket (one noisy verify time) would go unchecked (it happened on the demo Medusa-2
+    head: docs/PERFORMANCE.md, "Tree choice at load")."""
     taken: list[list[list[int]]] = []
     classes: set[int] = set()
     for choices in ranked:  # one a size class, best first
