@@ -6,6 +6,6 @@ Scripts in scripts/ import it as `demo_corpus` (their folder is on sys.path when
 """
 
 from .corpus import TASKS, make_conversations, task_kinds
-from .prompts import PROMPT_SETS, prompt_rows
+from .prompts import PROMPT_SETS, PROMPTS_PER_SET, prompt_rows
 
-__all__ = ["PROMPT_SETS", "TASKS", "make_conversations", "prompt_rows", "task_kinds"]
+__all__ = ["PROMPT_SETS", "PROMPTS_PER_SET", "TASKS", "make_conversations", "prompt_rows", "task_kinds"]

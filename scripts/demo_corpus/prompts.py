@@ -22,6 +22,7 @@ from .corpus import make_conversations
 
 EVAL_SEED = 2027  # not the corpus seed (0): the demo target and heads never trained on these prompts
 TUNE_SEED = 123
+PROMPTS_PER_SET = 256  # rows in each data/demo/prompts/NAME.jsonl
 SPEC_BENCH_KINDS = {
     "translation": ("translation",),
     "summarization": ("summary",),

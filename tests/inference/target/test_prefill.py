@@ -10,7 +10,7 @@ import torch
 from spechead.inference.target.prefill import length_groups
 from spechead.inference.target.runner import TargetRunner
 
-from .test_runner import _sliding
+from .test_sliding_passes import _sliding
 
 
 def test_length_groups_bound_the_padding():

@@ -1,0 +1,45 @@
+"""The tree inputs built on the device (ancestors, masks, positions) equal the Python ones, and the batched
+greedy acceptance over them equals the per-tree walk."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
+from spechead.inference.tree import (
+    TokenTree,
+    ancestor_mask,
+    ancestors_on_device,
+    depths,
+    tree_attention_mask,
+    tree_inputs_on_device,
+)
+
+from .test_runner import random_tree
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 17, 40])
+def test_device_tree_inputs_equal_python_ones(n):
+    for seed in range(3):
+        parents = random_tree(n, seed).parents
+        anc = ancestors_on_device(parents[None])[0]
+        assert torch.equal(anc, ancestor_mask(parents))
+        mask, positions, _ = tree_inputs_on_device(parents[None], 7, torch.float32)
+        assert torch.equal(mask, tree_attention_mask(parents, 7, torch.float32))
+        assert torch.equal(positions[0], depths(parents) + 7)
+
+
+def test_greedy_accept_batch_equals_greedy_accept():
+    g = torch.Generator().manual_seed(0)
+    for seed in range(30):
+        tree = random_tree(1 + seed % 13, seed)
+        logits = torch.randn(tree.size, 6, generator=g)
+        tree = TokenTree(tree.tokens % 6, tree.parents)
+        if seed % 2:  # make many nodes match their parent's argmax
+            best = logits.argmax(-1)
+            tree = TokenTree(torch.cat([tree.tokens[:1], best[tree.parents[1:]]]), tree.parents)
+        anc = ancestors_on_device(tree.parents[None])
+        got = greedy_accept_batch(tree.tokens[None], tree.parents[None], anc, logits[None])[0]
+        assert got == greedy_accept(tree, logits)
+        assert got.path_tokens == tree.tokens[got.path].tolist()  # brought back in the same transfer
