@@ -18,9 +18,8 @@ import torch
 from transformers import PreTrainedModel
 
 from spechead.inference.compiling import resolve_compile
-from spechead.inference.drafters.ahead import ahead_of
 from spechead.inference.drafters.base import BatchDrafter, Drafter
-from spechead.inference.drafters.per_row import RowLoopDrafter, rows_drafter
+from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.engine.loop import Emitted, decode, depth_for
 from spechead.inference.engine.rows import Row
 from spechead.inference.phase_clock import PhaseClock
@@ -304,9 +303,7 @@ class SpeculativeGenerator:
             Row(b, prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
             for b in range(batch)
         ]
-        rows_of = rows_drafter(drafter, batch) if drafter is not None else None
-        if isinstance(rows_of, RowLoopDrafter) and batch == 1 and self.ahead:
-            rows_of.ahead = ahead_of(drafter, rows[0].params.is_greedy)  # its queued form, where it has one
+        rows_of = rows_drafter(drafter) if drafter is not None else None
         rule = drafter.rule if drafter is not None else "deterministic"  # (how its children are chosen)
         depth = depth_for(runner, rows_of, rows, self.ahead, self.device_accept, rule)
         clock = PhaseClock(device)

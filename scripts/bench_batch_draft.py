@@ -1,4 +1,5 @@
-"""The batched EAGLE drafter alone: ms per pass (one propose + one accept) by batch size and compile mode.
+"""The EAGLE drafter's batch drafting alone: ms per pass (one propose + one accept) by batch size and
+compile mode.
 
     python scripts/bench_batch_draft.py --drafter outputs/eagle3-demo/head --batch-size 1 8
     python scripts/bench_batch_draft.py --drafter HEAD --target TARGET --device cuda --dtype bfloat16 \\
@@ -8,10 +9,11 @@ Loads the target and head as `SpeculativeGenerator.from_pretrained` does (the ta
 head its embeddings and lm_head), then for each mode and batch size B: `start` on B random prompts of
 --context tokens (random target states), then --iters passes of `propose` (every row's static tree,
 --choices) and `accept` of 2 tokens per row, after --warmup untimed passes (compiling and capturing).
-Modes: eager (`EagleBatchDrafter`: one head call per depth over all rows), and any `compile` value
-(graphs, inductor = True, or a torch.compile backend): `CompiledEagleBatchDrafter`, every row's draft
-and accept as fixed-shape graphs (forced here on a CPU too, where generate_batch keeps the eager one).
-Prints one line per (mode, B) and writes OUT/bench_batch_draft.json.
+Modes: eager (one head call per depth over all rows: the drafter's own state for B = 1, `EagleRows` for
+B > 1), and any `compile` value (graphs, inductor = True, or a torch.compile backend): `GraphRows`, every
+row's draft and accept as fixed-shape graphs (forced here on a CPU too for B > 1, where generate_batch
+keeps the eager rows: `EagleDrafter.batch_graphs`). Prints one line per (mode, B), naming where the rows
+lived (`rows_kind`), and writes OUT/bench_batch_draft.json.
 """
 
 from __future__ import annotations
@@ -54,19 +56,18 @@ def compile_value(mode: str) -> bool | str:
 def pass_ms(
     drafter, batch: int, context: int, iters: int, warmup: int, hidden: int, vocab: int, seed: int = 0
 ) -> float:
-    """ms per propose + accept(2 tokens a row) of `drafter.batched()` at `batch` rows after `context`."""
+    """ms per propose + accept(2 tokens a row) of the EAGLE drafter at `batch` rows after `context`."""
     g = torch.Generator().manual_seed(seed)
     device = next(drafter.head.parameters()).device
     prompts = [torch.randint(0, vocab, (context,), generator=g) for _ in range(batch)]
     states = [{layer: torch.randn(context, hidden, generator=g) for layer in drafter.hidden_layers}] * batch
-    rows = drafter.batched()
-    rows.start(prompts, states, [1] * batch)
+    drafter.start(prompts, states, [1] * batch)
     new = {layer: torch.randn(batch, 2, hidden, generator=g).to(device) for layer in drafter.hidden_layers}
 
     def one() -> None:
         # (brings the trees to the host: a sync)
-        draft = rows.propose([1] * batch, [SamplingParams()] * batch, [None] * batch)
-        rows.accept(draft.tokens[:, :2], [2] * batch, new, [1] * batch)
+        draft = drafter.propose([1] * batch, [SamplingParams()] * batch, [None] * batch)
+        drafter.accept(draft.tokens[:, :2], [2] * batch, new, [1] * batch)
 
     for _ in range(warmup):
         one()
@@ -76,6 +77,13 @@ def pass_ms(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return 1e3 * (time.perf_counter() - start) / iters
+
+
+def rows_kind(drafter: EagleDrafter) -> str:
+    """Where the started drafter keeps its rows: "GraphRows" (compiled), "EagleRows" (B > 1, eager) or
+    "EagleDrafter" (an eager batch of one: its own state)."""
+    rows = drafter._rows
+    return type(rows).__name__ if rows is not None else type(drafter).__name__
 
 
 def main(argv=None) -> None:
@@ -99,7 +107,7 @@ def main(argv=None) -> None:
                 drafter.use_compile(compile_value(mode))
                 drafter.batch_graphs = True
             ms = pass_ms(drafter, batch, args.context, args.iters, args.warmup, hidden, vocab)
-            kind = type(drafter.batched()).__name__
+            kind = rows_kind(drafter)
             rows.append({"mode": mode, "batch": batch, "pass_ms": ms, "drafter": kind})
             print(f"{mode:10s} B={batch:<3d} {ms:8.3f} ms a pass (propose + accept)  {kind}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

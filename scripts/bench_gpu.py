@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_parents
@@ -39,6 +40,7 @@ from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.draft_weights import check_fp8_device, fp8_by_default
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.eagle.graphs import GraphRows
 from spechead.inference.drafters.topk import resolve_chunk
 from spechead.inference.evaluation.profiling import (
     Timer,
@@ -147,30 +149,34 @@ def measure_runner(
                            depth=args.depth, total_tokens=args.tree_size)  # fmt: skip
     drafter.topk_chunk, drafter.head_step.attention = args.topk_chunk, args.draft_attention  # (a fused step)
     draft_status = "eager"
+
+    def propose() -> None:  # a batch of one (compiled: the graphs' rows; eager: the drafter's own state)
+        drafter.propose([root], [sampling], [None])
+
     if compile:
         try:  # a drafter that fails to compile still gives eager draft numbers beside the compiled target
             drafter.use_compile(compile)
-            drafter.start(prompt[0], hidden, root)
-            drafter.propose(root, sampling, None)
+            drafter.start([prompt[0]], [hidden], [root])
+            propose()
             draft_status = "compiled"
         except Exception as err:  # noqa: BLE001 - reported in the output
             draft_status = f"compile FAILED ({type(err).__name__}: {str(err).splitlines()[0][:160]}); eager"
             drafter.use_compile(False)
-    drafter.start(prompt[0], hidden, root)
+    drafter.start([prompt[0]], [hidden], [root])
     # compiled: the draft's depth is part of its graph, so only depths 1 and D (two graphs to compile)
     for depth in sorted({1, args.depth}) if compile else range(1, args.depth + 1):
         drafter.depth = depth
-        propose_ms[depth] = timer.ms(lambda: drafter.propose(root, sampling, None))
-    # the accept as decoding runs it (`accept_path`): the verified tree's states {l: [1, N, H]} and the
-    # path of its first ACCEPTED nodes (EAGLE-3 fuses all N rows, then takes the path's)
+        propose_ms[depth] = timer.ms(propose)
+    # the accept as decoding reading each acceptance first runs it (`accept_paths`): the verified tree's
+    # states {l: [1, N, H]} and the path of its first ACCEPTED nodes (eager, EAGLE-3 fuses all N rows, then
+    # takes the path's; compiled, the path's rows are gathered for the accept graph)
     tree_states = {layer: h[None, : args.tree_size] for layer, h in hidden.items()}
-    accepted = (prompt[0, :ACCEPTED].tolist(), tree_states, list(range(ACCEPTED)), root)
+    accepted = ([prompt[0, :ACCEPTED].tolist()], tree_states, [list(range(ACCEPTED))], [root])
 
     def restart() -> None:  # every accept commits after the same prompt (the cache does not fill up)
-        drafter._committed = ctx
-        drafter._crop()
+        restart_at(drafter, ctx)
 
-    accept_ms = timer.ms(lambda: drafter.accept_path(*accepted), setup=restart)
+    accept_ms = timer.ms(lambda: drafter.accept_paths(*accepted), setup=restart)
     if keep is not None:
         keep.update(runner=runner, drafter=drafter)
     out = {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
@@ -178,21 +184,36 @@ def measure_runner(
            "draft_attention": draft_attention(drafter, device)}  # fmt: skip
     if args.profile:
         step_parents = random_parents(1).to(device)
-        parts = {
+        parts: dict[str, Callable[[], object]] = {
             "decode step": lambda: runner.verify(tree_ids[:, :1], step_parents),
             f"verify({args.tree_size})": verify_tree,
             "verify+commit": lambda: (verify_tree(), runner.commit([path])),
-            f"draft (depth {args.depth})": lambda: drafter.propose(root, sampling, None),
-            "accept": lambda: (restart(), drafter.accept_path(*accepted)),
+            f"draft (depth {args.depth})": propose,
+            "accept": lambda: (restart(), drafter.accept_paths(*accepted)),
         }
         if compile:  # beside it, the same draft eager (no graph): what the graph saves
             eager = EagleDrafter(head, tree="dynamic", top_k=drafter.top_k, depth=args.depth,
                                  total_tokens=args.tree_size)  # fmt: skip
             eager.topk_chunk, eager.head_step.attention = args.topk_chunk, args.draft_attention
-            eager.start(prompt[0], hidden, root)
-            parts["draft eager"] = lambda: eager.propose(root, sampling, None)
+            eager.start([prompt[0]], [hidden], [root])
+            parts["draft eager"] = lambda: eager.propose([root], [sampling], [None])
         out["profile"] = {name: p.as_dict() for name, p in profile_parts(parts, device).items()}
     return out
+
+
+def restart_at(drafter: EagleDrafter, committed: int) -> None:
+    """Drop a started batch of one's entries after the first `committed` (the next accept lands there):
+    its own cache when eager, the graphs' row when compiled (`GraphRows`: the host's length and the
+    device's copy, which its graphs read)."""
+    rows = drafter._rows
+    if rows is None:
+        drafter._committed = committed
+        drafter._crop()
+        return
+    assert isinstance(rows, GraphRows)  # (a batch of one is eager or compiled)
+    state = rows._capacity
+    state.lengths[rows.rows[0]] = committed
+    state.sync()
 
 
 def draft_bytes(head: Eagle3Head, depth: int) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
 from spechead.inference.drafter_specs import drafter_options
-from spechead.inference.drafters.sampled_children import SampledChildren
+from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 from spechead.inference.generator import SpeculativeGenerator
 
 _DRAWN_TOP = SampledChildren.top
@@ -72,11 +72,12 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
     drafter = gen.drafter
     if drafter is None:
         return
-    if getattr(drafter, "_compiled", None) is not None:  # EAGLE compiled: the whole draft and the accept
-        # step are graphs (head steps, top-k and their masks, fused): the graph calls are the head's forwards
-        timers.wrap(drafter, "_compiled", "draft_net")
-        timers.wrap(drafter, "_compiled_commit", "draft_net")
-        timers.wrap(drafter.head, "features", "draft_net")  # (the graphs never call a wrapped head_step)
+    # EAGLE compiled: its rows (`GraphRows`, made at its first start) draft and accept as graphs (head
+    # steps, top-k, their masks and the accept's input features, fused): the graph calls are the head's
+    # forwards, wrapped once the rows exist (below)
+    compiled = bool(getattr(drafter, "_compile", False)) and hasattr(drafter, "_graphs")
+    if compiled:
+        pass
     elif hasattr(
         drafter, "head_step"
     ):  # EAGLE: features (EAGLE-3 fusion), head steps (commit + depths), top-k
@@ -93,6 +94,7 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
     elif hasattr(drafter, "model"):  # a draft model
         timers.wrap(drafter.model, "forward", "draft_net")
     start = drafter.start
+    graphed: list[object] = []  # the compiled rows whose graphs are wrapped
 
     def timed_start(*args, **kwargs):  # the prompt's head steps belong to the prefill, not to a pass
         before = timers.spent["draft_net"]
@@ -100,6 +102,11 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
             return start(*args, **kwargs)
         finally:
             timers.spent["start_draft_net"] += timers.spent["draft_net"] - before
+            rows = drafter._graphs if compiled else None  # (kept: wrapped at the start that made them)
+            if rows is not None and all(rows is not seen for seen in graphed):
+                timers.wrap(rows, "_draft", "draft_net")  # every row's whole draft
+                timers.wrap(rows, "_accept", "draft_net")  # every row's accept (the prompt's runs eagerly)
+                graphed.append(rows)
 
     drafter.start = timed_start
 

@@ -67,8 +67,8 @@ def draft_once(variant: str, args: argparse.Namespace, backend: str | bool) -> N
         if variant == "fp8-matmul":  # the few-query attention as matmuls (bench_gpu.py --draft-attention)
             drafter.head_step.attention = "matmul"
         drafter.use_compile(backend)
-        drafter.start(ids[0], hidden, root)
-        drafter.propose(root, SamplingParams(), None)
+        drafter.start([ids[0]], [hidden], [root])  # a batch of one (compiled: its graphs' rows)
+        drafter.propose([root], [SamplingParams()], [None])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,7 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
     nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
     pass here commits about one token: its cost, not its tau, is what this measures. compile: the
     target's batch passes and (on CUDA) the EAGLE batch draft and accept compiled (target/graphs.py,
-    eagle_batch_graphs.py, as generate_batch with compile=...); the first, untimed run compiles and
+    drafters/eagle/graphs.py, as generate_batch with compile=...); the first, untimed run compiles and
     captures."""
     device, nodes = next(model.parameters()).device, max(4, 64 // b)
     choices = best_choices(assumed_eagle_accuracy(head), nodes - 1)
@@ -70,7 +70,7 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
     for name, drafter, ahead in kinds:
         times = []
         if compile and drafter is not None:
-            drafter.use_compile(compile)  # its batched() drafts every row as one graph
+            drafter.use_compile(compile)  # (on CUDA) it drafts every row as one graph
         # one generator a kind: its kept runner, so the timed run replays what the warm-up captured
         gen = SpeculativeGenerator(model, None, drafter, compile=compile, draft_compile=False)
         gen.eos = set()  # random weights: never stop early
@@ -82,8 +82,8 @@ def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: 
             stats = results[0].stats
             times.append(1e3 * (stats.wall_time - stats.prefill_time) / max(stats.target_passes, 1))
         out[f"decoded_{name}_pass_ms"] = times[-1]
-        if drafter is not None:  # whether every row's draft ran as graphs (eagle_batch_graphs.py: CUDA)
-            out["draft_graphs"] = type(drafter.batched()).__name__ == "CompiledEagleBatchDrafter"
+        if drafter is not None:  # whether every row's draft ran as graphs (drafters/eagle/graphs.py: CUDA)
+            out["draft_graphs"] = drafter._rows is not None and drafter._rows is drafter._graphs
     return out
 
 
@@ -119,8 +119,10 @@ def render_batch(r: dict) -> list[str]:
             f" | {row['projected_speedup']:.2f}x"
         )
     target = f"target compiled: {r['compile_batch']}" if r.get("compile_batch") else "eager"
-    if any(row.get("draft_graphs") for row in r["batch"]):
-        target += ", the draft as graphs"
+    graphed = [row["batch"] for row in r["batch"] if row.get("draft_graphs")]
+    if graphed:  # (a compiled batch of one drafts as graphs anywhere; more rows on CUDA by default)
+        every = len(graphed) == len(r["batch"])
+        target += ", the draft as graphs" + ("" if every else f" at B={','.join(map(str, graphed))}")
     lines.append(
         f"batch, decoded (the engine of generate_batch; {target}) | tree nodes | plain pass ms"
         " (token by token) | spec pass ms (reading first) | projected spec tok/s | vs plain"

@@ -54,7 +54,7 @@
 #   On request (named): bench_demo_graphs (scripts/benchmark.py on the demo target and heads with
 #      compile="graphs"), bench_demo (eager) and bench_demo_compiled (the EAGLE draft as one graph);
 #      bench_batch_graphs (scripts/bench_batch.py at batch 1, 4, 16 on the demo heads, batch passes and the
-#      EAGLE batch draft as graphs); bench_batch_draft (the batched EAGLE-3 drafter alone, eager and graphs);
+#      EAGLE batch draft as graphs); bench_batch_draft (the EAGLE-3 drafter's batch drafting alone, eager and graphs);
 #      bench_demo_full and bench_demo_full_ro, the demo with target and drafters compiled (our CUDA graphs;
 #      torch.compile's reduce-overhead); bench_gpu_autotune, bench_gpu with inductor's max-autotune (GEMMs
 #      benchmarked against generated kernels) beside plain inductor (its compile time is unmeasured,
@@ -189,7 +189,7 @@ if [ ${#heads[@]} -gt 0 ]; then
     # on request: batch 1, 4, 16 of the demo prompts with the demo heads, the batch passes as our graphs
     step bench_batch_graphs "${DEMO_S:-100}" "$PY" scripts/bench_batch.py --device cuda --compile graphs \
         --batch-size 1 4 16 --prompts 48 "${heads[@]}" --out "$OUT/bench_batch_graphs"
-    # on request: the batched EAGLE-3 drafter alone, eager beside every row's draft as our CUDA graphs
+    # on request: the EAGLE-3 drafter's batch drafting alone, eager beside every row's draft as our CUDA graphs
     [ -f outputs/eagle3-demo/head/config.json ] && step bench_batch_draft "${DEMO_S:-100}" "$PY" \
         scripts/bench_batch_draft.py --device cuda --drafter outputs/eagle3-demo/head --modes eager graphs \
         --batch-size 1 4 16 --out "$OUT/bench_batch_draft"

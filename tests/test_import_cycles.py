@@ -4,7 +4,7 @@ The graph is built from the source by `ast`, not by importing: every `import` / 
 depth of every module under configs/, data/, heads/, inference/ and training/ (inside functions and
 methods too: an import moved into a function to dodge a cycle still counts), EXCEPT those inside an
 `if TYPE_CHECKING:` block: these never run, so they cannot make an import-order cycle, and a module
-naming its caller's class in an annotation (drafters/eagle_batch.py's `EagleDrafter`) is not a
+naming its caller's class in an annotation (drafters/eagle/rows.py's `EagleDrafter`) is not a
 dependency. Files map to spechead.* names as pyproject.toml's package-dir maps the folders.
 `from spechead.X import Y` is an edge to spechead.X.Y when that is a module, else to spechead.X (the
 package's __init__ when X is a package); relative imports resolve the same way.

@@ -12,12 +12,12 @@ default takes the path's rows and calls `accept`, so a drafter implements `accep
 it to fuse its input features over the whole tree first (fewer ops a pass than a slice per layer).
 
 The decoding loop (a batch of one is a batch) talks to a `BatchDrafter`, the same timeline for B rows
-at once (start / propose / accept over all active rows, `keep` when rows finish). A drafter may be one
-itself (Medusa: one head call over every row, a batch of one through the same class); a batch-1
-`Drafter` gets one from `per_row.rows_drafter`: its `batched()` form where it drafts all rows in one head
-call per depth (EAGLE), else `RowLoopDrafter`, a per-row clone of the drafter (own state, shared weights)
-in a Python loop. Both kinds share `DrafterBase`, what the generator reads of any drafter. Either way
-row b's tree must be the tree its batch-1 run would propose (up to float rounding of batched matmuls),
+at once (start / propose / accept over all active rows, `keep` when rows finish). A drafter with heads is
+one itself (EAGLE, Medusa: one head call over every row, a batch of one through the same class); a drafter
+that is per row by nature (prompt lookup, lookahead, draft models) implements the batch-1 `Drafter` and
+runs through `per_row.rows_drafter`'s `RowLoopDrafter`, a per-row clone of the drafter (own state, shared
+weights) in a Python loop. Both kinds share `DrafterBase`, what the generator reads of any drafter. Either
+way row b's tree must be the tree its batch-1 run would propose (up to float rounding of batched matmuls),
 and a drafter that samples draws only from row b's own generator, so every row keeps its batch-1 output.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -60,8 +60,8 @@ class Draft:
 
 class DrafterBase:
     """What the generator reads of any drafter, a batch-1 `Drafter` or a `BatchDrafter` (one that drafts B
-    rows itself, a batch of one too: Medusa): the target layers it reads, its static tree, its largest
-    tree, the target check, compiling, and its batched form."""
+    rows itself, a batch of one too: EAGLE, Medusa): the target layers it reads, its static tree, its
+    largest tree, the target check and compiling."""
 
     #: HF hidden-state indices of the target the drafter reads (captured during prefill and verify).
     hidden_layers: tuple[int, ...] = ()
@@ -86,12 +86,6 @@ class DrafterBase:
     def use_compile(self, compile: bool | str) -> None:  # noqa: B027
         """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
         it; default: nothing to compile)."""
-
-    def batched(self) -> BatchDrafter | None:
-        """A drafter for B rows sharing this one's weights, when it drafts every row in one call per step
-        (EAGLE; a `BatchDrafter`: itself); None (the default): per-row clones in a loop
-        (drafters/per_row.py)."""
-        return None
 
 
 class Drafter(DrafterBase, ABC):
@@ -216,16 +210,12 @@ class BatchDraft:
 
 
 class BatchDrafter(DrafterBase, ABC):
-    """Drafts for B rows at once (see the module doc): a drafter's batched form (`Drafter.batched()`,
-    `per_row.rows_drafter`), or a drafter that is batched itself (Medusa), a batch of one too.
+    """Drafts for B rows at once, a batch of one too (see the module doc): a drafter with heads itself
+    (EAGLE, Medusa), or per-row drafters behind `per_row.RowLoopDrafter`.
 
     Rows are indexed 0..B-1 in the decoding loop's current order; `keep` drops finished rows; `start`
     begins new sequences (whatever rows came before).
     """
-
-    def batched(self) -> BatchDrafter:
-        """Itself: it drafts every row already."""
-        return self
 
     @abstractmethod
     def start(
@@ -282,9 +272,10 @@ class BatchDrafter(DrafterBase, ABC):
 
     # ---- one draft ahead: the accepted paths still on the device (engine/loop.py) ----------------------
 
-    def queues(self) -> bool:
-        """Whether this drafter accepts and drafts from device tensors (`accept_queued`, `propose_queued`,
-        `settle`; greedy rows or rule A). Default: no, the loop reads each acceptance first."""
+    def queues(self, batch: int) -> bool:
+        """Whether this drafter, for `batch` rows, accepts and drafts from device tensors (`accept_queued`,
+        `propose_queued`, `settle`; greedy rows or rule A). Default: no, the loop reads each acceptance
+        first."""
         return False
 
     @property
@@ -306,25 +297,6 @@ class BatchDrafter(DrafterBase, ABC):
 
     def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:  # noqa: B027
         """The host has read each row's K and next token: bookkeeping follows (default: nothing)."""
-
-
-class Ahead(Protocol):
-    """A batch-1 drafter's queued form (drafters/ahead.py). size: the accepted path's length at least
-    that `accept` reads."""
-
-    size: int
-
-    def accept(
-        self, hidden: dict[int, torch.Tensor], tokens: torch.Tensor, path: torch.Tensor, k: torch.Tensor,
-        next_token: torch.Tensor,
-    ) -> None:  # fmt: skip
-        """Queue the accept: states {layer: [1, N, H]}, tokens [N], path [>= size], K [0-d], next [0-d]."""
-
-    def propose(self, root: torch.Tensor) -> Draft:
-        """Queue the next draft from the root, a one-element device tensor."""
-
-    def settle(self, k: int, next_token: int) -> None:
-        """The host has read K and the next token: its bookkeeping follows."""
 
 
 def chain(tokens: list[int], root: int) -> TokenTree:

@@ -149,7 +149,7 @@ class MedusaDrafter(BatchDrafter):
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
-    def queues(self) -> bool:
+    def queues(self, batch: int) -> bool:
         """Yes, a MedusaDrafter itself; a subclass may hear paths its own way (its `accept`): read first."""
         return type(self) is MedusaDrafter
 

@@ -1,8 +1,8 @@
 """Drafters that are per row by nature (prompt lookup, lookahead, draft models, ...) behind the one batched
 interface: a per-row clone of the drafter each (own state, the SAME modules: weights shared, not copied)
 making exactly the calls of a batch-1 run, so row b proposes its batch-1 trees and draws only from its
-own generator. A batch of one uses the drafter itself (and its queued form, drafters/ahead.py). A drafter
-that is a `BatchDrafter` itself (Medusa) needs none of this: `rows_drafter` hands it back as it is."""
+own generator; a batch of one uses the drafter itself. A drafter that is a `BatchDrafter` itself (EAGLE,
+Medusa) needs none of this: `rows_drafter` hands it back as it is."""
 
 from __future__ import annotations
 
@@ -13,18 +13,14 @@ import torch
 from torch import nn
 
 from spechead.heads.grad import inference_mode
-from spechead.inference.drafters.base import Ahead, BatchDraft, BatchDrafter, Draft, Drafter, hears_verified
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter, hears_verified
 from spechead.inference.sampling import SamplingParams
 
 
-def rows_drafter(drafter: Drafter | BatchDrafter, batch: int) -> BatchDrafter:
-    """The batched drafter the engine runs for `batch` rows: a `BatchDrafter` as it is (any B; its `start`
-    resets it), a batch-1 drafter's own batched form (one call per step for every row) where it has one
-    and B > 1, else per-row clones (`RowLoopDrafter`)."""
-    if isinstance(drafter, BatchDrafter):
-        return drafter
-    batched = drafter.batched() if batch > 1 else None
-    return batched if batched is not None else RowLoopDrafter(drafter)
+def rows_drafter(drafter: Drafter | BatchDrafter) -> BatchDrafter:
+    """The batched drafter the engine runs: a `BatchDrafter` as it is (any B; its `start` resets it), a
+    batch-1 drafter behind per-row clones (`RowLoopDrafter`)."""
+    return drafter if isinstance(drafter, BatchDrafter) else RowLoopDrafter(drafter)
 
 
 def clone_drafter(drafter: Drafter) -> Drafter:
@@ -45,12 +41,11 @@ def clone_drafter(drafter: Drafter) -> Drafter:
 
 class RowLoopDrafter(BatchDrafter):
     """Drafters that are per row by nature behind the `BatchDrafter` interface: B per-row clones (a batch
-    of one: the drafter itself, and its queued form `ahead` when the loop gives it one)."""
+    of one: the drafter itself)."""
 
-    def __init__(self, drafter: Drafter, ahead: Ahead | None = None) -> None:
+    def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
         self.rows: list[Drafter] = []
-        self.ahead = ahead
         self._hears = hears_verified(drafter)
         self._parents: tuple[torch.Tensor, torch.Tensor] | None = None  # a static tree's [N] and [1, N]
 
@@ -119,22 +114,3 @@ class RowLoopDrafter(BatchDrafter):
         if self._hears:
             for b, row in enumerate(self.rows):
                 row.verified(draft.tree(b), logits[b, : draft.sizes[b]])  # [N_b, V]: its real nodes
-
-    def queues(self) -> bool:
-        return self.ahead is not None  # (given for a batch of one only)
-
-    @property
-    def commit_width(self) -> int:
-        return self.ahead.size if self.ahead is not None else 1
-
-    def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
-        assert self.ahead is not None  # `queues` held
-        self.ahead.accept(hidden, tokens[0], paths[0], ks[0], nexts[0])
-
-    def propose_queued(self, nexts: torch.Tensor) -> BatchDraft:
-        assert self.ahead is not None  # `queues` held
-        return self._one(self.ahead.propose(nexts[:1]))
-
-    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
-        assert self.ahead is not None  # `queues` held
-        self.ahead.settle(ks[0], nexts[0])

@@ -83,7 +83,7 @@ def depth_for(
         return 0
     if drafter is None:
         return 2
-    ok = on_device and runner.queues_commits and queues(rows, rule) and drafter.queues()
+    ok = on_device and runner.queues_commits and queues(rows, rule) and drafter.queues(len(rows))
     return 1 if ok else 0
 
 

@@ -172,7 +172,6 @@ class RowCache(Cache):
         # static_shapes: the committed lengths [B] on each device a layer sits on (shared by its layers:
         # moving them is one kernel, not one a layer; kept for the cache's life, so graphs may bake them in)
         self._lengths_t: dict[torch.device, Tensor] = {}
-        self._length_view: tuple[Tensor, Tensor] | None = None  # (lengths_t, its 0-d view): device_length
         layers = [RowLayer(self, i) for i in range(num_layers)]
         super().__init__(layers=cast(list, layers))  # (the same list object: HF keeps it)
         self.row_layers: list[RowLayer] = layers  # `layers`, typed (read several times a pass)
@@ -195,20 +194,6 @@ class RowCache(Cache):
         if found is None:
             found = self._lengths_t[device] = torch.tensor(self.lengths, dtype=torch.long, device=device)
         return found
-
-    def device_length(self) -> Tensor:
-        """A batch of one's committed length as a 0-d device tensor (static_shapes: graphs read it, no sync)."""
-        lengths = self.lengths_t
-        assert lengths is not None and self.batch == 1, "device_length: one row, static_shapes, a first write"
-        if self._length_view is None or self._length_view[0] is not lengths:
-            self._length_view = (lengths, lengths.view(()))
-        return self._length_view[1]
-
-    def write_at(self, slot: Tensor) -> None:
-        """static_shapes: the next forward writes at the device-side 0-d `slot` in every row, inside a
-        captured graph (no host sync); the host lengths stay (`set_length` sets both again)."""
-        for lengths in self._lengths_t.values():
-            lengths.copy_(slot)
 
     def set_length(self, length: int) -> None:
         """Every row holds `length` committed entries (later slots become scratch)."""

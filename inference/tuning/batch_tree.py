@@ -82,15 +82,16 @@ def batch_draft_cost_ms(
         return min(_timed(propose, 1, param.device) for _ in range(repeats))
 
     if not family_of(head.config).drafts_per_depth:
-        return {"draft_ms": propose_ms(rows_drafter(drafter, batch))}
+        return {"draft_ms": propose_ms(rows_drafter(drafter))}
     if compile:
         chains = [drafter.with_tree([[0] * (i + 1) for i in range(depth)]) for depth in (1, 4)]
         for chain in chains:
             chain.use_compile(compile)
-        short, long = (propose_ms(rows_drafter(chain, batch)) for chain in chains)
+        short, long = (propose_ms(rows_drafter(chain)) for chain in chains)
         return {"draft_ms_per_depth": max(long - short, 0.0) / 3}
-    rows = drafter.batched()
-    rows.start(prompts, states, [0] * batch)
+    drafter.start(prompts, states, [0] * batch)
+    rows = drafter._rows  # its B > 1 rows, eager (drafters/eagle/rows.py)
+    assert rows is not None, "a batch draft's cost is timed for B > 1 rows"
     feats = torch.randn(batch, 1, hidden, device=param.device, dtype=param.dtype)
     ids = torch.zeros(batch, 1, dtype=torch.long, device=param.device)
     own = torch.ones(batch, 1, 1, dtype=torch.bool, device=param.device)

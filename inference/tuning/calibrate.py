@@ -177,16 +177,18 @@ def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
 
 
 def _start_on_noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
-    """Start an EAGLE drafter on `length` random target states {layer: [length, H]}; returns them."""
+    """Start an EAGLE drafter's eager batch of one (what its steps are timed on, compiled or not) on `length`
+    random target states {layer: [length, H]}; returns them."""
     states = _noise(drafter, length)
-    drafter.start(torch.zeros(length, dtype=torch.long), states, 0)
+    drafter._rows = None
+    drafter._start_one(torch.zeros(length, dtype=torch.long), states, 0)
     return states
 
 
 def propose_timer(drafter, states: dict[int, torch.Tensor]) -> Callable[[], object]:
-    """One draft of any drafter as decoding runs it, a batch of one (`rows_drafter(drafter, 1)` and the
+    """One draft of any drafter as decoding runs it, a batch of one (`rows_drafter(drafter)` and the
     batched API), started on states {layer: [T, H]}: what calibration times."""
-    rows = rows_drafter(drafter, 1)
+    rows = rows_drafter(drafter)
     length = next(iter(states.values())).shape[0] if states else 1
     rows.start([torch.zeros(length, dtype=torch.long)], [states], [0])
     return lambda: rows.propose([0], [SamplingParams()], [None])
@@ -212,7 +214,7 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
     allowed = torch.eye(width, dtype=torch.bool, device=device)
 
     def depth() -> None:
-        out = drafter._step(feats, ids, allowed, 1, None)  # eager: one depth as the drafter runs it
+        out = drafter._step(feats, ids, allowed, 1)  # eager: one depth as the drafter runs it
         drafter._top_ids(out, min(width, 4))  # (a static tree's depth: the ids, no log-probs)
         drafter._crop()
 
@@ -248,7 +250,7 @@ def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int 
     def accept() -> None:
         drafter._committed = 128  # every accept lands after the same 128 entries
         drafter._crop()
-        drafter.accept_path([0] * tokens, verified, path, 0)
+        drafter.accept_paths([[0] * tokens], verified, [path], [0])
 
     return _drafter_ms(drafter, accept, repeats)
 

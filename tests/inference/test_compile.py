@@ -25,7 +25,7 @@ from spechead.inference.tree import (
 )
 
 from . import test_generator as generator_tests  # the drafters, prompts and reference of the lossless tests
-from .drafters import test_eagle_drafter as eagle_tests  # make_head, Stream, the static tree
+from .drafters.eagle import test_drafter as eagle_tests  # make_head, Stream, the static tree
 from .tuning.test_calibrate import ACCURACY, saved_head
 
 setup = generator_tests.setup  # the 2-layer target of the lossless tests (a module-scoped fixture)
@@ -115,8 +115,10 @@ def test_graphs_mode_runs_the_fixed_shape_passes_without_a_compiler(setup):
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama) -> None:
-    """The head's fixed-shape cache and whole-buffer draft masks: same trees and scores as eager drafting,
-    across accept cycles (a wrong committed or speculative column changes the head's top-k)."""
+    """The head's fixed-shape cache and whole-buffer draft masks (a batch of one's `GraphRows`): same trees
+    as eager drafting, across accept cycles (a wrong committed or speculative column changes the head's
+    top-k, and a dynamic tree's nodes are its best cumulative scores). Only eager drafting keeps the
+    scores (`last_scores`)."""
     target = tiny_llama(eagle_tests.V, layers=eagle_tests.L, hidden=eagle_tests.H).requires_grad_(False)
     head = eagle_tests.make_head(target, kind)
     opts = (
@@ -131,23 +133,26 @@ def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama
     stream = eagle_tests.Stream(head, 7, seed=0)
     root, pick, accepted_sizes = 5, torch.Generator().manual_seed(1), set()
     for drafter in (eager, compiled):
-        drafter.start(stream.tokens, stream.states, root)
+        drafter.start([stream.tokens], [stream.states], [root])
+    assert eager._rows is None and compiled._rows is compiled._graphs is not None  # (a batch of one)
     for _ in range(4):
         mine, ref = (
-            compiled.propose(root, SamplingParams(), None).tree,
-            eager.propose(root, SamplingParams(), None).tree,
+            compiled.propose([root], [SamplingParams()], [None]).tree(0),
+            eager.propose([root], [SamplingParams()], [None]).tree(0),
         )
         assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
-        torch.testing.assert_close(compiled.last_scores, eager.last_scores, atol=1e-3, rtol=0)
+        assert compiled.last_scores is None and eager.last_scores is not None
         node = int(torch.randint(ref.size, (1,), generator=pick))
         accepted = ref.tokens[path_to_node(ref.parents, node)]
         accepted_sizes.add(accepted.numel())
         next_root = int(torch.randint(eagle_tests.V, (1,), generator=pick))
-        hidden = stream.extend(torch.cat([torch.tensor([root]), accepted[1:]]))
+        hidden = stream.extend(torch.cat([torch.tensor([root]), accepted[1:]]))  # {l: [K, H]}
+        states = {layer: h[None] for layer, h in hidden.items()}  # [1, K, H]: a batch of one
         for drafter in (eager, compiled):
-            drafter.accept(accepted, hidden, next_root)
+            drafter.accept(accepted[None], [accepted.numel()], states, [next_root])
         root = next_root
-    assert compiled._cache.static_shapes and compiled._cache.max_length == 1024
+    cache = compiled._graphs.cache
+    assert cache is not None and cache.static_shapes and cache.max_length == 1024
     # the whole draft is ONE graph (fullgraph: no break), whatever the committed length; accepts: one
     # graph per padded size (a power of 2 >= K)
     assert counters["stats"]["unique_graphs"] == 1 + len({1 << (k - 1).bit_length() for k in accepted_sizes})
@@ -166,11 +171,12 @@ def test_draft_compile_compiles_the_drafter_only(tiny_llama, chatml_tokenizer) -
     )
     gen.eos = set()
     assert gen.generate(input_ids=prompt, max_new_tokens=14).token_ids == reference
-    assert gen.drafter._compiled is not None and not gen.runner.static_shapes
+    assert gen.drafter._compile == "eager" and not gen.runner.static_shapes
+    assert gen.drafter._rows is gen.drafter._graphs is not None  # it drafted as graphs
     both = SpeculativeGenerator(
         target, chatml_tokenizer, EagleDrafter(head, tree=eagle_tests.STATIC), compile="eager"
     )
-    assert both.drafter._compiled is not None and both.runner.static_shapes
+    assert both.drafter._compile == "eager" and both.runner.static_shapes
     off = SpeculativeGenerator(
         target,
         chatml_tokenizer,
@@ -178,7 +184,7 @@ def test_draft_compile_compiles_the_drafter_only(tiny_llama, chatml_tokenizer) -
         compile="eager",
         draft_compile=False,
     )
-    assert off.drafter._compiled is None and off.runner.static_shapes
+    assert off.drafter._compile is False and off.runner.static_shapes
 
 
 def test_auto_compile_is_graphs_on_cuda_with_the_static_cache_and_off_elsewhere():
@@ -224,20 +230,21 @@ def test_a_generator_resolves_auto_for_its_targets_device_and_cache(
     prompt = generator_tests.prompts(1, eagle_tests.V)[0]
     reference = generator_tests.plain_greedy(target, prompt, 14)
     here = SpeculativeGenerator(target, chatml_tokenizer, EagleDrafter(head), compile="auto")
-    assert here.compile is False and not here.runner.static_shapes and here.drafter._compiled is None
+    assert here.compile is False and not here.runner.static_shapes and here.drafter._compile is False
     monkeypatch.setattr(generator_module, "resolve_compile", _as_on_cuda)
     gen = SpeculativeGenerator(
         target, chatml_tokenizer, EagleDrafter(head, tree=eagle_tests.STATIC), compile="auto"
     )
     assert gen.compile == "graphs" and gen.draft_compile == "graphs"
-    assert gen.runner.static_shapes and gen.drafter._compiled is not None
+    assert gen.runner.static_shapes and gen.drafter._compile == "graphs"
     gen.eos = set()
     assert gen.generate(input_ids=prompt, max_new_tokens=14).token_ids == reference
+    assert gen.drafter._rows is gen.drafter._graphs is not None  # it drafted as graphs
     assert SpeculativeGenerator(target, chatml_tokenizer, None).compile is False  # the constructor's default
     alone = SpeculativeGenerator(
         target, chatml_tokenizer, EagleDrafter(head), compile=False, draft_compile="auto"
     )
-    assert alone.draft_compile == "graphs" and alone.drafter._compiled is not None  # ("graphs": CUDA's)
+    assert alone.draft_compile == "graphs" and alone.drafter._compile == "graphs"  # (CUDA's)
 
 
 def test_from_pretrained_compiles_by_default_where_auto_says_so(tiny_target_dir, tmp_path, monkeypatch):
@@ -286,13 +293,13 @@ def test_auto_falls_back_to_eager_when_its_graphs_cannot_be_captured(tiny_target
     saved_head(tiny_target_dir, tmp_path / "head", ACCURACY)
     with pytest.warns(RuntimeWarning, match=why):
         headed = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"))
-    assert headed.compile is False and headed.drafter._compiled is None
+    assert headed.compile is False and headed.drafter._compile is False
     assert headed.calibration["timed_as"] == {"target": False, "draft": False}
     with pytest.warns(RuntimeWarning, match=why):  # not calibrated: the head's own drafter was compiled first
         uncalibrated = SpeculativeGenerator.from_pretrained(
             str(tiny_target_dir), str(tmp_path / "head"), calibrate=False
         )
-    assert uncalibrated.drafter._compiled is None
+    assert uncalibrated.drafter._compile is False
     plain = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), compile=False)
     prompt = list(range(5, 25)) * 2
     for g in (gen, headed, plain):
@@ -300,6 +307,7 @@ def test_auto_falls_back_to_eager_when_its_graphs_cannot_be_captured(tiny_target
     ref = plain.generate(input_ids=prompt, max_new_tokens=12).token_ids
     assert gen.generate(input_ids=prompt, max_new_tokens=12).token_ids == ref
     assert headed.generate(input_ids=prompt, max_new_tokens=12).token_ids == ref
+    assert headed.drafter._graphs is None  # (it drafted eagerly)
     asked = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), compile="graphs")
     with pytest.raises(GraphCaptureError, match=r"compile=False"):
         asked.generate(input_ids=prompt, max_new_tokens=4)

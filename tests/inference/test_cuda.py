@@ -349,7 +349,7 @@ def test_a_dead_generators_graphs_do_not_break_a_capture():
 @pytest.mark.parametrize("name", ["none", "medusa", "eagle"])
 def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, compile, name):
     """generate_batch with the target's batch passes compiled (target/graphs.py; our CUDA graphs and
-    torch.compile's) and EAGLE's batch draft and accept too (eagle_batch_graphs.py): rows of other
+    torch.compile's) and EAGLE's batch draft and accept too (drafters/eagle/graphs.py): rows of other
     lengths and budgets, twice (the second call replays the first's graphs at new lengths), each row
     equal to plain eager decoding."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
@@ -362,26 +362,37 @@ def test_compiled_batch_on_cuda_equals_batch1(tiny_llama, chatml_tokenizer, comp
         for b, (prompt, n) in enumerate(zip(prompts, budgets)):
             assert out[b].token_ids == plain.generate(input_ids=prompt, max_new_tokens=n).token_ids, (name, b)
     if name == "eagle":
-        assert type(gen.drafter.batched()).__name__ == "CompiledEagleBatchDrafter"
+        assert type(gen.drafter._rows).__name__ == "GraphRows" and gen.drafter._rows is gen.drafter._graphs
 
 
 @pytest.mark.parametrize("draft_compile", [None, "graphs", True])
 def test_chunked_topk_on_cuda_drafts_the_trees_of_one_topk(tiny_llama, draft_compile):
     """A draft vocab past 20,000 on CUDA: the EAGLE drafter's default top-k ("auto", drafters/topk.py)
-    searches 64-id chunks; eager, as our graphs and inductor's, its trees are one topk's and it decodes
-    as plain decoding does."""
-    from spechead.inference.sampling import SamplingParams
-
+    searches 64-id chunks; eager, as our graphs and inductor's, its trees (every pass's) are one topk's and
+    it decodes as plain decoding does."""
     model = tiny_llama(24000, layers=2, hidden=64, seed=1).to("cuda")
     head, trees = _drafters(model)["eagle"].head, {}  # (one head: `_drafters` makes new random ones)
     for chunk in ("auto", None):
         drafter = EagleDrafter(head, top_k=4, depth=4, total_tokens=16)
         drafter.topk_chunk = chunk
         gen = SpeculativeGenerator(model, None, drafter, draft_compile=draft_compile)
+        trees[chunk] = []
+        for name in ("propose", "propose_queued"):  # (read first, or queued behind the acceptance)
+            _record_trees(drafter, name, trees[chunk])
         prompt = list(range(5, 25))
         out = gen.generate(input_ids=prompt, max_new_tokens=24)
         ref = SpeculativeGenerator(model, None, None).generate(input_ids=prompt, max_new_tokens=24)
         assert out.token_ids == ref.token_ids, (chunk, draft_compile)
-        draft = gen.drafter.propose(gen.drafter._root, SamplingParams(), None)  # after the last accept
-        trees[chunk] = (draft.tree.tokens.tolist(), draft.tree.parents.tolist())
-    assert trees["auto"] == trees[None]
+    assert trees["auto"] == trees[None] and len(trees[None]) > 1
+
+
+def _record_trees(drafter, name: str, trees: list) -> None:
+    """Every batch of trees (tokens, parents) the drafter's method `name` returns is appended to `trees`."""
+    call = getattr(drafter, name)
+
+    def recorded(*args):
+        draft = call(*args)
+        trees.append((draft.tokens.tolist(), draft.parents.tolist()))
+        return draft
+
+    setattr(drafter, name, recorded)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
-from spechead.inference.drafters.ahead import ahead_of
 from spechead.inference.drafters.base import BatchDrafter, Drafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
@@ -80,8 +79,9 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
         options = {"top_k": 4, "depth": 4, "total_tokens": 16} if tree == "dynamic" else {}
         drafter = EagleDrafter(head.eval(), tree="dynamic" if tree == "dynamic" else choices, **options)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile="graphs")
-    # (CUDA's default: the next draft queued first; Medusa queues itself, EAGLE through its Ahead form)
-    assert gen.ahead and (rows_drafter(drafter, 1).queues() or ahead_of(drafter, not sampled) is not None)
+    # (CUDA's default: the next draft queued first, a batch of one too: Medusa's and the compiled EAGLE
+    # drafter's own queued forms; sampled: rule A over their deterministic children)
+    assert gen.ahead and rows_drafter(drafter).queues(1) and drafter.rule == "deterministic"
     gen.eos = set()
     prompt = list(range(5, 17))
     reference = SpeculativeGenerator(model, chatml_tokenizer, None)

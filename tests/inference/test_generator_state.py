@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead
-from spechead.inference.drafters.base import Draft, Drafter, chain
+from spechead.inference.drafters.base import BatchDraft, Draft, Drafter, chain
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, sample, target_probs
@@ -148,21 +148,21 @@ class EagleWithReferenceBranch(EagleDrafter):
         super().__init__(head, **options)
         self.reference, self.branch, self.done, self.first = reference, branch, 0, first
 
-    def start(self, prompt, hidden, root):
-        super().start(prompt, hidden, root)
+    def start(self, prompts, hidden, roots):
+        super().start(prompts, hidden, roots)
         self.done = 1
 
-    def accept_path(self, tokens, hidden, path, next_root):  # EAGLE's own: fused over the tree, then the path
-        super().accept_path(tokens, hidden, path, next_root)
-        self.done += len(tokens)
+    def accept_paths(self, tokens, hidden, paths, next_roots):  # EAGLE's own: fused over the tree, then
+        super().accept_paths(tokens, hidden, paths, next_roots)  # the path
+        self.done += len(tokens[0])
 
-    def propose(self, root, sampling, generator):
-        tree = super().propose(root, sampling, generator).tree
+    def propose(self, roots, sampling, generators):
+        tree = super().propose(roots, sampling, generators).tree(0)  # a batch of one
         extra = self.reference[self.done : self.done + self.branch]
         if self.first:  # root, the chain (node i's parent i - 1), then the head's nodes shifted by b
             b = len(extra)
             moved = [p + b if p > 0 else 0 for p in tree.parents[1:].tolist()]
-            return Draft(
+            return one_tree(
                 TokenTree(
                     torch.tensor([int(tree.tokens[0]), *extra, *tree.tokens[1:].tolist()]),
                     torch.tensor([-1, *range(b), *moved]),
@@ -170,7 +170,7 @@ class EagleWithReferenceBranch(EagleDrafter):
             )
         n = tree.size
         parents = [0] + [n + i for i in range(len(extra) - 1)]  # [len(extra)]: a chain under the root
-        return Draft(
+        return one_tree(
             TokenTree(
                 torch.cat([tree.tokens, torch.tensor(extra, dtype=torch.long)]),
                 torch.cat([tree.parents, torch.tensor(parents[: len(extra)], dtype=torch.long)]),
@@ -178,15 +178,20 @@ class EagleWithReferenceBranch(EagleDrafter):
         )
 
 
+def one_tree(tree: TokenTree) -> BatchDraft:
+    """A batch of one's draft of `tree` (deterministic children)."""
+    return BatchDraft(tree.tokens[None], tree.parents[None], [tree.size])
+
+
 class ByAccept(EagleWithReferenceBranch):
     """The same drafter with an `accept` of its own: the loop's paths reach it through the default
-    `Drafter.accept_path`, which takes the path's rows of the tree's states (drafters/base.path_states)."""
+    `BatchDrafter.accept_paths`, which gathers each path's rows of the trees' states."""
 
-    accept_path = EagleDrafter.accept_path  # (not the counting one above: `accept` counts)
+    accept_paths = EagleDrafter.accept_paths  # (not the counting one above: `accept` counts)
 
-    def accept(self, tokens, hidden, next_root):
-        super().accept(tokens, hidden, next_root)
-        self.done += len(tokens)
+    def accept(self, tokens, lengths, hidden, next_roots):
+        super().accept(tokens, lengths, hidden, next_roots)
+        self.done += lengths[0]
 
 
 @pytest.mark.parametrize("hook", [EagleWithReferenceBranch, ByAccept])

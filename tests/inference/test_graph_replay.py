@@ -115,8 +115,14 @@ def test_replayed_graphs_decode_like_plain_decoding(
         prompt = list(range(5 + i, 15 + 2 * i))
         ref = plain.generate(input_ids=prompt, max_new_tokens=20).token_ids
         assert gen.generate(input_ids=prompt, max_new_tokens=20).token_ids == ref, i
-    assert len(replayed_graphs) == 4  # draft, accept, runner verify, runner commit
-    draft, accept, verify, _ = replayed_graphs  # (made in this order: drafter, then runner)
+    by_name = {g.fn.__name__: g for g in replayed_graphs}  # (the drafter's are made at its first start)
+    assert len(replayed_graphs) == 4 and set(by_name) == {
+        "_graph_draft",
+        "_graph_accept",
+        "_graph_verify",
+        "_graph_commit",
+    }  # draft, accept, runner verify, runner commit
+    draft, accept, verify = by_name["_graph_draft"], by_name["_graph_accept"], by_name["_graph_verify"]
     for graph in (draft, accept, verify):  # captured once per shape, then replayed
         assert graph.captures >= 1 and graph.replays > graph.captures, (graph.captures, graph.replays)
 
@@ -130,7 +136,8 @@ def _drafts(
 
     def recorded(*args):
         draft = propose(*args)
-        trees.append((draft.tree.tokens.tolist(), draft.tree.parents.tolist()))
+        tree = draft.tree(0)  # (a batch of one)
+        trees.append((tree.tokens.tolist(), tree.parents.tolist()))
         return draft
 
     gen.drafter.propose = recorded
@@ -260,18 +267,19 @@ def _batch_drafts(gen: SpeculativeGenerator, prompts, budgets) -> tuple[list, li
     """Every row's output and every proposed batch of trees (tokens, parents) over two generate_batch
     calls (the second replays the first's captures at new lengths)."""
     trees, outputs = [], []
-    batched = gen.drafter.batched()
-    propose = batched.propose
+    drafter = gen.drafter
+    propose = drafter.propose
 
     def recorded(*args):
         draft = propose(*args)
         trees.append((draft.tokens.tolist(), draft.parents.tolist()))
         return draft
 
-    batched.propose = recorded
+    drafter.propose = recorded
     for _ in range(2):
         out = gen.generate_batch(input_ids=prompts, max_new_tokens=budgets, tree_for_batch=False)
         outputs.append([r.token_ids for r in out])
+        assert drafter._rows is drafter._graphs is not None  # every row drafted by the kept graphs' rows
     return outputs, trees
 
 
@@ -279,7 +287,7 @@ def _batch_drafts(gen: SpeculativeGenerator, prompts, budgets) -> tuple[list, li
 def test_replayed_batch_draft_graphs_propose_the_traced_trees(
     tiny_llama, chatml_tokenizer, replayed_graphs, tree
 ):
-    """EAGLE's batch draft and accept as replayed graphs (eagle_batch_graphs.py): rows of other lengths
+    """EAGLE's batch draft and accept as replayed graphs (drafters/eagle/graphs.py): rows of other lengths
     and budgets (idle physical rows drafting along once a row stops; 3 rows in 4): the same trees as the
     graph functions traced without code generation, pass by pass, and every row equals plain greedy."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1)
@@ -322,7 +330,7 @@ def test_replayed_batch_draft_graphs_follow_a_growing_head_cache(
     gen = make(True)
     replayed = _batch_drafts(gen, prompts, budgets)
     assert replayed == traced
-    (rows,) = gen.drafter.batched()._kept.values()
+    (rows,) = gen.drafter._graphs._kept.values()
     assert rows.cache.max_length == 2048  # started at 1024 slots for the 860-token prompt
     for b, (prompt, n) in enumerate(zip(prompts, budgets)):
         assert replayed[0][1][b] == plain_greedy(model, prompt, n), b

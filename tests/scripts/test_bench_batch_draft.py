@@ -1,5 +1,6 @@
-"""scripts/bench_batch_draft.py on a tiny target: one row per (mode, batch size), the eager batched
-drafter and the fixed-shape one (forced on a CPU), and a head that is not EAGLE refused in one line."""
+"""scripts/bench_batch_draft.py on a tiny target: one row per (mode, batch size), the eager drafter (a
+batch of one in its own state, `EagleRows` for more) and the fixed-shape rows (`GraphRows`, forced on a
+CPU), and a head that is not EAGLE refused in one line."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_rows_by_mode_and_batch(script, tiny_target_dir, heads, tmp_path, capsys
         ("graphs", 1),
         ("graphs", 3),
     ]
-    assert [r["drafter"] for r in rows] == ["EagleBatchDrafter"] * 2 + ["CompiledEagleBatchDrafter"] * 2
+    assert [r["drafter"] for r in rows] == ["EagleDrafter", "EagleRows"] + ["GraphRows"] * 2
     assert all(r["pass_ms"] > 0 for r in rows)
     assert "graphs     B=3" in capsys.readouterr().out
 
@@ -53,16 +54,16 @@ def test_a_medusa_head_is_refused(script, tiny_target_dir, heads, tmp_path):
 
 @pytest.fixture
 def planted(monkeypatch):
-    """A clock that moves only inside the eager batched drafter's propose (P) and accept (A), once
-    seen["plant"]() is called (loading calibrates trees on the real one), with a record of what each
-    call was given."""
+    """A clock that moves only inside the eager B > 1 rows' propose (P) and accept (A) (`EagleRows`, which
+    the drafter's own calls run), once seen["plant"]() is called (loading calibrates trees on the real
+    one), with a record of what each call was given."""
     import time
 
-    from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
+    from spechead.inference.drafters.eagle.rows import EagleRows
 
     now, seen = [0.0], {"propose": [], "accept": [], "start": []}
     seen["plant"] = lambda: monkeypatch.setattr(time, "perf_counter", lambda: now[0])
-    propose, accept, start = EagleBatchDrafter.propose, EagleBatchDrafter.accept, EagleBatchDrafter.start
+    propose, accept, start = EagleRows.propose, EagleRows.accept, EagleRows.start
 
     def timed_propose(self, *args):
         now[0] += 2.0**-7
@@ -79,9 +80,9 @@ def planted(monkeypatch):
         seen["start"].append([len(p) for p in prompts])
         return start(self, prompts, *args)
 
-    monkeypatch.setattr(EagleBatchDrafter, "propose", timed_propose)
-    monkeypatch.setattr(EagleBatchDrafter, "accept", timed_accept)
-    monkeypatch.setattr(EagleBatchDrafter, "start", seen_start)
+    monkeypatch.setattr(EagleRows, "propose", timed_propose)
+    monkeypatch.setattr(EagleRows, "accept", timed_accept)
+    monkeypatch.setattr(EagleRows, "start", seen_start)
     return seen
 
 
@@ -131,4 +132,4 @@ def test_any_compile_backend_is_a_compiled_mode(script, tiny_target_dir, heads, 
             "--batch-size", "1", "--iters", "1", "--warmup", "1", "--context", "6", "--out", str(tmp_path)]  # fmt: skip
     script("bench_batch_draft").main(argv)
     rows = json.loads((tmp_path / "bench_batch_draft.json").read_text())["rows"]
-    assert [(r["mode"], r["drafter"]) for r in rows] == [("aot_eager", "CompiledEagleBatchDrafter")]
+    assert [(r["mode"], r["drafter"]) for r in rows] == [("aot_eager", "GraphRows")]

@@ -295,7 +295,8 @@ def test_compiled_run_traces_target_and_whole_draft(tmp_path):
 
 def test_compiled_batch_rows(tmp_path):
     """--compile-batch BACKEND: the decoded batch rows run the target's batch passes compiled
-    (batch_graphs.py) and, on CUDA only, the EAGLE batch draft as graphs; the batch-1 parts stay eager."""
+    (batch_graphs.py) and the EAGLE draft as graphs for a batch of one anywhere, for more rows on CUDA
+    only; the batch-1 parts stay eager."""
     proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "1", "--sizes", "1,64",
                "--compile-batch", "eager", "--no-stream", "--out", "b.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -307,8 +308,9 @@ def test_compiled_batch_rows(tmp_path):
         for row in r["batch"]
         for name in ("plain", "plain_stepwise", "spec", "spec_stepwise")
     )
-    assert "generate_batch; target compiled: eager)" in proc.stdout  # (a CPU: the batch draft eager)
-    assert [row["draft_graphs"] for row in r["batch"]] == [False] * 3
+    # (a CPU: the draft of B > 1 rows eager)
+    assert "generate_batch; target compiled: eager, the draft as graphs at B=1)" in proc.stdout
+    assert [row["draft_graphs"] for row in r["batch"]] == [True, False, False]
 
 
 def test_fp8_draft_reads_about_half_the_bytes(tiny_run, tmp_path):

@@ -60,7 +60,7 @@ def test_sampling_times_the_drawn_children_as_draft_work(
 ):
     """--temperature: both sides sample; an EAGLE head drawing its children (rule=without_replacement)
     has its head calls and draws timed as draft networks, and the class is left as it was."""
-    from spechead.inference.drafters.sampled_children import SampledChildren
+    from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 
     top = SampledChildren.top
     out = tmp_path / "sampled.json"
@@ -79,7 +79,7 @@ def test_a_run_that_raises_leaves_the_class_unwrapped(
     script, tiny_target_dir, eagle3_dir, tmp_path, monkeypatch
 ):
     """The drawn children's timer is set on the shared class: a decoding error still takes it off."""
-    from spechead.inference.drafters.sampled_children import SampledChildren
+    from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 
     top, module = SampledChildren.top, script("bench_overhead")
 
@@ -200,8 +200,9 @@ def test_a_bad_drafter_option_is_one_error_line(script, tiny_target_dir, eagle3_
 def test_every_network_call_of_the_drafter_is_timed(
     tiny_target_dir, eagle3_dir, monkeypatch, script, compiled
 ):
-    """instrument() wraps each of EAGLE's network calls (compiled: both graphs and the features)."""
-    from spechead.inference.drafters.sampled_children import SampledChildren
+    """instrument() wraps each of EAGLE's network calls (compiled: both graphs of its rows, made at its
+    first start; their accept graph fuses the features), and a decode times them as draft networks."""
+    from spechead.inference.drafters.eagle.sampled_children import SampledChildren
     from spechead.inference.generator import SpeculativeGenerator
 
     monkeypatch.setattr(SampledChildren, "top", SampledChildren.top)  # (put back after the test)
@@ -209,12 +210,21 @@ def test_every_network_call_of_the_drafter_is_timed(
     gen = SpeculativeGenerator.from_pretrained(
         str(tiny_target_dir), str(eagle3_dir), draft_compile="eager" if compiled else False
     )
-    module.instrument(gen, module.Timers())
+    timers = module.Timers()
+    module.instrument(gen, timers)
     drafter = gen.drafter
-    names = ["_compiled", "_compiled_commit"] if compiled else ["head_step", "_top", "_top_ids"]
-    timed = [getattr(drafter, n) for n in names] + [drafter.head.features, gen.runner._forward]
-    timed += [] if compiled else [SampledChildren.top]
+    gen.eos = set()
+    gen.generate(input_ids=list(range(5, 17)), max_new_tokens=6)
+    if compiled:
+        assert drafter._rows is drafter._graphs is not None  # drafted and accepted as graphs
+        timed = [drafter._graphs._draft, drafter._graphs._accept]
+    else:
+        timed = [getattr(drafter, n) for n in ("head_step", "_top", "_top_ids")]
+        timed += [drafter.head.features, SampledChildren.top]
+    timed.append(gen.runner._forward)
     assert all(getattr(f, "__qualname__", "") == "Timers.wrap.<locals>.timed" for f in timed)
+    assert timers.spent["draft_net"] > timers.spent["start_draft_net"] >= 0  # the passes' drafts were timed
+    assert timers.spent["target"] > timers.spent["prefill_target"] > 0
 
 
 @pytest.mark.parametrize("kind", ["medusa", "draft_model"])

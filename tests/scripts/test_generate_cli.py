@@ -87,7 +87,8 @@ def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_pat
     generate = script("generate")
     assert generate.main([*common, "--drafter", str(head_dir), "--compile-draft", "eager"]) == 0
     drafted = capsys.readouterr().out
-    assert made[-1].drafter._compiled is not None and not made[-1].runner.static_shapes
+    assert made[-1].drafter._compile == "eager" and not made[-1].runner.static_shapes
+    assert made[-1].drafter._rows is made[-1].drafter._graphs is not None  # it drafted as graphs
     assert generate.main(common) == 0  # plain decoding
     assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
     assert made[-1].compile is False  # --compile auto, the default: eager on a CPU

@@ -1,6 +1,5 @@
-"""Batched drafters (one head call per depth over all rows) propose exactly each row's batch-1 tree:
-compared pass by pass with the per-row clone loop (`RowLoopDrafter`, the batch-1 behaviour; Medusa, a
-batched drafter itself: a batch of one per row, `OneRowEach`) through
+"""Drafters over B rows (one head call per depth over all rows: EAGLE, Medusa) propose exactly each row's
+batch-1 tree: compared pass by pass with a batch of one per row (`OneRowEach`: a clone each) through
 mixed prompt lengths, accepted paths of different lengths and rows leaving the batch; and decoding with
 them keeps every row's batch-1 passes (accept lengths), not only its tokens."""
 
@@ -10,14 +9,13 @@ import pytest
 import torch
 
 from spechead.heads.fused import grouped_attention as fused_attention
-from spechead.inference.drafters import eagle_batch as eagle_batch_module
-from spechead.inference.drafters import eagle_batch_graphs
-from spechead.inference.drafters import eagle_growth as eagle_growth_module
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
-from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
-from spechead.inference.drafters.eagle_batch_graphs import CompiledEagleBatchDrafter
-from spechead.inference.drafters.medusa import MedusaDrafter
-from spechead.inference.drafters.per_row import RowLoopDrafter
+from spechead.inference.drafters.eagle import graphs as eagle_graphs
+from spechead.inference.drafters.eagle import growth as eagle_growth_module
+from spechead.inference.drafters.eagle import rows as eagle_rows_module
+from spechead.inference.drafters.eagle.graphs import GraphRows
+from spechead.inference.drafters.eagle.rows import EagleRows
+from spechead.inference.drafters.per_row import clone_drafter
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
@@ -85,15 +83,16 @@ def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: boo
 
 
 class OneRowEach(BatchDrafter):
-    """The batch-1 reference of a drafter that is batched itself (Medusa): a batch of one per row (its own
-    instance over the same heads), so row b proposes the trees its batch of one does (`_one_row`)."""
+    """The batch-1 reference of a drafter over B rows: a batch of one per row (a clone each: its own state
+    over the same heads), so row b proposes the trees its batch of one does (EAGLE's eager or compiled
+    batch of one, Medusa's `_one_row`)."""
 
-    def __init__(self, drafter: MedusaDrafter) -> None:
+    def __init__(self, drafter: BatchDrafter) -> None:
         self.drafter = drafter
-        self.rows: list[MedusaDrafter] = []
+        self.rows: list[BatchDrafter] = []
 
     def start(self, prompts, hidden, roots) -> None:
-        self.rows = [self.drafter.with_tree(self.drafter.choices) for _ in prompts]
+        self.rows = [clone_drafter(self.drafter) for _ in prompts]
         for row, prompt, states, root in zip(self.rows, prompts, hidden, roots):
             row.start([prompt], [states], [root])
 
@@ -112,11 +111,6 @@ class OneRowEach(BatchDrafter):
         self.rows = [self.rows[b] for b in rows]
 
 
-def reference_of(drafter):
-    """The batch-1 behaviour to compare a batched drafter with."""
-    return OneRowEach(drafter) if isinstance(drafter, MedusaDrafter) else RowLoopDrafter(drafter)
-
-
 def states(drafter, lengths, hidden, seed):
     g = torch.Generator().manual_seed(seed)
     return [{layer: torch.randn(n, hidden, generator=g) for layer in drafter.hidden_layers} for n in lengths]
@@ -128,19 +122,34 @@ def same(a: BatchDraft, b: BatchDraft) -> None:
     assert torch.equal(a.parents, b.parents)
 
 
+def start_rows(drafter, batch: int) -> None:
+    hidden = drafter.head.config.hidden_size
+    prompts = [torch.arange(5, 9 + b) for b in range(batch)]
+    drafter.start(prompts, states(drafter, [p.numel() for p in prompts], hidden, 0), [3] * batch)
+
+
 def test_compiled_batch_drafting_is_for_cuda_by_default(model):
-    """On a CPU the eager batch draft is the faster (see `EagleDrafter.batch_graphs`)."""
+    """A compiled drafter drafts a batch of one as graphs; B > 1 rows on a CPU eagerly, the faster there
+    (see `EagleDrafter.batch_graphs`); the graphs' rows are kept with their graphs."""
     drafter = build(model, "eagle3_static")
+    start_rows(drafter, 1)
+    assert drafter._rows is None  # eager: a batch of one in the drafter itself
+    start_rows(drafter, 2)
+    assert type(drafter._rows) is EagleRows
     drafter.use_compile("graphs")
-    assert type(drafter.batched()) is EagleBatchDrafter
+    start_rows(drafter, 2)
+    assert type(drafter._rows) is EagleRows and not drafter.queues(2)
+    start_rows(drafter, 1)
+    assert isinstance(drafter._rows, GraphRows) and drafter.queues(1)
+    graphs = drafter._rows
     drafter.batch_graphs = True
-    assert isinstance(drafter.batched(), CompiledEagleBatchDrafter)
-    assert drafter.batched() is drafter.batched()  # kept, with its graphs
+    start_rows(drafter, 3)
+    assert drafter._rows is graphs and drafter.queues(3)  # kept, with its graphs
     assert drafter.with_tree([[0], [1]]).batch_graphs is True
 
 
 KINDS = [("medusa", False), ("eagle_dynamic", False), ("eagle3_dynamic", False), ("eagle3_static", False)]
-# compiled EAGLE batch drafting (eagle_batch_graphs.py): "graphs" runs the fixed-shape functions as they
+# compiled EAGLE drafting (drafters/eagle/graphs.py): "graphs" runs the fixed-shape functions as they
 # are on a CPU (what a CUDA graph captures), "eager" traces them with dynamo (one graph each: no break)
 COMPILED = [
     (kind, c) for kind in ("eagle_dynamic", "eagle3_dynamic", "eagle3_static") for c in ("graphs", "eager")
@@ -149,20 +158,18 @@ COMPILED = [
 
 @pytest.mark.parametrize(("kind", "compile"), KINDS + COMPILED)
 def test_batched_drafter_proposes_every_rows_batch1_tree(model, kind, compile, monkeypatch):
-    drafter, reference = build(model, kind), reference_of(build(model, kind))
+    drafter, reference = build(model, kind), OneRowEach(build(model, kind))
     if compile:
         drafter.use_compile(compile)
         drafter.batch_graphs = True  # (a CPU: by default only on CUDA)
         # the prompts' pairs committed 4 positions at a time: rows end inside a block and sit out others
-        monkeypatch.setattr(eagle_batch_graphs, "PROMPT_BLOCK", 4)
-    batched = drafter.batched()
-    assert isinstance(batched, (MedusaDrafter, EagleBatchDrafter))
-    assert (batched is drafter) == (kind == "medusa")  # Medusa: batched itself
-    assert isinstance(batched, CompiledEagleBatchDrafter) == bool(compile)
-    propose_alike(model, batched, reference)
+        monkeypatch.setattr(eagle_graphs, "PROMPT_BLOCK", 4)
+    propose_alike(model, drafter, reference)
+    if kind != "medusa":
+        assert isinstance(drafter._rows, GraphRows if compile else EagleRows)
 
 
-# batch 1 through per-row clones (a clone's dynamo-compiled functions would read the original's state)
+# a batch of one per row (clones: each compiles its own functions at its start)
 CHUNKED = [(kind, c, True) for kind, c in [("eagle_dynamic", False), *COMPILED]] + [
     (kind, c, False) for kind, c in [("eagle_dynamic", False), *COMPILED] if c != "eager"
 ]
@@ -171,7 +178,7 @@ CHUNKED = [(kind, c, True) for kind, c in [("eagle_dynamic", False), *COMPILED]]
 @pytest.mark.parametrize(("kind", "compile", "batch"), CHUNKED)
 def test_a_chunked_topk_proposes_the_same_trees(model, kind, compile, batch, monkeypatch):
     """`topk_chunk` (drafters/topk.py) at batch 1 and batched, eager and compiled: the trees of one topk."""
-    drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
+    drafter, reference = build(model, kind), OneRowEach(build(model, kind))
     before = drafter._shared_state()
     drafter.topk_chunk = 20  # (the tiny vocab: several chunks, the last one partial)
     assert drafter._shared_state() != before  # captured graphs baked the old top-k in: dropped
@@ -179,7 +186,7 @@ def test_a_chunked_topk_proposes_the_same_trees(model, kind, compile, batch, mon
     if compile:
         drafter.use_compile(compile)
         drafter.batch_graphs = True
-        monkeypatch.setattr(eagle_batch_graphs, "PROMPT_BLOCK", 4)
+        monkeypatch.setattr(eagle_graphs, "PROMPT_BLOCK", 4)
     assert drafter.with_tree([[0]]).topk_chunk == 20
     chunks = []  # what every top-k was asked for (the reference: None)
 
@@ -188,8 +195,8 @@ def test_a_chunked_topk_proposes_the_same_trees(model, kind, compile, batch, mon
         return topk_rows(x, k, chunk)
 
     monkeypatch.setattr(eagle_growth_module, "topk_rows", counted)
-    monkeypatch.setattr(eagle_batch_module, "topk_rows", counted)
-    propose_alike(model, drafter.batched() if batch else RowLoopDrafter(drafter), reference)
+    monkeypatch.setattr(eagle_rows_module, "topk_rows", counted)
+    propose_alike(model, drafter if batch else OneRowEach(drafter), reference)
     assert 20 in chunks
 
 
@@ -202,7 +209,7 @@ def test_few_query_attention_as_matmuls_proposes_the_same_trees(model, kind, com
     eager and compiled: the trees of sdpa; a change of form drops the captured graphs."""
     from spechead.heads import fused
 
-    drafter, reference = build(model, kind), RowLoopDrafter(build(model, kind))
+    drafter, reference = build(model, kind), OneRowEach(build(model, kind))
     before = drafter._shared_state()
     drafter.head_step.attention = "matmul"
     assert drafter._shared_state() != before  # captured graphs baked the old form in: dropped
@@ -211,8 +218,8 @@ def test_few_query_attention_as_matmuls_proposes_the_same_trees(model, kind, com
     if compile:
         drafter.use_compile(compile)
         drafter.batch_graphs = True
-        monkeypatch.setattr(eagle_batch_graphs, "PROMPT_BLOCK", 4)
-    propose_alike(model, drafter.batched() if batch else RowLoopDrafter(drafter), reference)
+        monkeypatch.setattr(eagle_graphs, "PROMPT_BLOCK", 4)
+    propose_alike(model, drafter if batch else OneRowEach(drafter), reference)
     assert calls
 
 
@@ -250,7 +257,7 @@ def propose_alike(model, batched, reference) -> None:
         batched.propose(roots, greedy[: len(rows)], [None] * len(rows)),
         reference.propose(roots, greedy[: len(rows)], [None] * len(rows)),
     )
-    for d in (batched, reference):  # down to one row (Medusa: then its batch-of-one path)
+    for d in (batched, reference):  # down to one row (of B: Medusa then takes its batch-of-one path)
         d.keep([1])
         d.accept(tokens[1:, :2], [2], {layer: h[1:, :2] for layer, h in new.items()}, roots[1:])
     same(batched.propose(roots[1:], greedy[:1], [None]), reference.propose(roots[1:], greedy[:1], [None]))
@@ -361,25 +368,29 @@ def test_host_and_device_batch_walks_agree():
 
 
 def test_the_graphs_state_follows_the_steps_rotary_table(model):
-    """The batch drafter shares its drafter's fused step; a batch's longer head cache makes the step's
-    rotary table again, larger (new memory): every graph reading the old one (batch 1's too) must be
-    captured again, so both drafters' graph states name the table."""
+    """Every capacity's graphs share the drafter's fused step; a longer head cache makes the step's rotary
+    table again, larger (new memory): every graph reading the old one must be captured again, so the
+    graphs' state names the table."""
     drafter = build(model, "eagle3_static")
     drafter.use_compile("graphs")
     drafter.batch_graphs = True
     hidden, layers = model.config.hidden_size, drafter.hidden_layers
-    drafter.start(torch.arange(5, 15), {layer: torch.randn(10, hidden) for layer in layers}, 3)
-    drafter.propose(3, SamplingParams(), None)
-    one, table = drafter._graph_state(), drafter.head_step.table
-    assert table is not None and table[0].shape[0] == 1024  # the batch-1 head cache's slots
-    batched, long = drafter.batched(), 1100
-    batched.start(
-        [torch.arange(long) % 50 + 5], [{layer: torch.randn(long, hidden) for layer in layers}], [3]
+    drafter.start([torch.arange(5, 15)], [{layer: torch.randn(10, hidden) for layer in layers}], [3])
+    drafter.propose([3], [SamplingParams()], [None])
+    graphs = drafter._graphs
+    assert graphs is not None
+    one, table = graphs._graph_state(), drafter.head_step.table
+    assert table is not None and table[0].shape[0] == 1024  # the head cache's slots
+    long = 1100
+    drafter.start(
+        [torch.arange(long) % 50 + 5] * 2,
+        [{layer: torch.randn(long, hidden) for layer in layers}] * 2,
+        [3, 3],
     )
-    batched.propose([3], [SamplingParams()], [None])
-    assert drafter.head_step.table[0].shape[0] == 2048  # made again for the batch's 2048 slots
+    drafter.propose([3, 3], [SamplingParams()] * 2, [None] * 2)
+    assert drafter.head_step.table[0].shape[0] == 2048  # made again for the longer cache's 2048 slots
     angles = (drafter.head_step.table[0].data_ptr(), 2048)
-    assert one[-1] != angles and drafter._graph_state()[-1] == angles == batched._graph_state()[-1]
+    assert drafter._graphs is graphs and one[-1] != angles and graphs._graph_state()[-1] == angles
 
 
 def test_stacked_drafts_keep_their_q_on_its_device():

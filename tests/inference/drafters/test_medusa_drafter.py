@@ -134,7 +134,7 @@ def test_b_rows_each_propose_their_batch_of_one_tree():
     paths = torch.tensor([[0, 3, 3], [0, 1, 2]])
     tree_states = mix.repeat(2, 9, 1)
     tree_states[0, 3], tree_states[1, 2] = states[0], states[1]
-    assert batch.queues() and batch.commit_width == 1
+    assert batch.queues(2) and batch.commit_width == 1
     batch.accept_queued({LAYER: tree_states}, draft.tokens, paths, torch.tensor([2, 3]), torch.tensor([5, 6]))
     queued = batch.propose_queued(torch.tensor([5, 6]))
     assert queued.tokens.tolist() == [alone(0, 5, states[0]), alone(1, 6, states[1])]
@@ -245,16 +245,14 @@ def test_each_draft_is_its_own_tensor_and_the_heads_may_change_dtype():
 
 
 def test_the_engine_takes_it_as_it_is_with_every_knob_the_generator_reads():
-    """A drafter batched itself: `rows_drafter` hands it back at any batch size (its `start` resets it),
-    `batched()` is itself, and it carries what the generator reads of any drafter (DrafterBase)."""
+    """A drafter batched itself: `rows_drafter` hands it back (its `start` resets it), and it carries what the generator reads of any drafter (DrafterBase)."""
     from spechead.inference.drafters.base import hears_verified
     from spechead.inference.drafters.per_row import rows_drafter
 
     head, _, states = controlled_head()
     choices = [[0], [1], [0, 0]]
     drafter = MedusaDrafter(head, choices)
-    assert rows_drafter(drafter, 1) is drafter and rows_drafter(drafter, 4) is drafter
-    assert drafter.batched() is drafter
+    assert rows_drafter(drafter) is drafter
     assert drafter.hidden_layers == (LAYER,) and drafter.choices == choices and drafter.max_nodes == 64
     assert not hears_verified(drafter)
 

@@ -118,6 +118,8 @@ def test_an_eagle_draft_past_the_threshold_is_one_topks(tiny_llama, draft_compil
     from spechead.inference.generator import SpeculativeGenerator
     from spechead.inference.sampling import SamplingParams
 
+    from .one_row import OneRow
+
     model = tiny_llama(24000, layers=2, hidden=64, seed=1)
     head = EagleHead(EagleConfig.from_target(model.config))
     head.attach_target_modules(
@@ -130,7 +132,11 @@ def test_an_eagle_draft_past_the_threshold_is_one_topks(tiny_llama, draft_compil
         drafter.topk_chunk = chunk
         gen = SpeculativeGenerator(model, None, drafter, draft_compile=draft_compile)
         assert gen.generate(input_ids=prompt, max_new_tokens=16).token_ids == plain, chunk
-        draft = drafter.propose(drafter._root, SamplingParams(), None)  # after the last accept
+        # a batch of one on the same states (eager or compiled as decoding ran it)
+        states = torch.Generator().manual_seed(2)
+        hidden = {layer: torch.randn(len(prompt), 64, generator=states) for layer in drafter.hidden_layers}
+        OneRow(drafter).start(torch.tensor(prompt), hidden, 7)
+        draft = OneRow(drafter).propose(7, SamplingParams(), None)
         trees[chunk] = (draft.tree.tokens.tolist(), draft.tree.parents.tolist())
     assert trees["auto"] == trees[None]
 

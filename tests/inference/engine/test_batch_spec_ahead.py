@@ -85,14 +85,14 @@ def test_the_queued_greedy_rule_takes_each_rows_own_tree():
 
 
 def queued_and_host(model, kind: str):
-    """Two batch drafters of equal heads on 3 rows, started alike: (queued, host)."""
+    """Two drafters of equal heads on 3 rows, started alike: (queued, host)."""
     made = []
-    for _ in range(2):  # (a compiled drafter keeps ONE batch drafter: two drafters)
+    for _ in range(2):  # (a compiled drafter keeps ONE set of graphs: two drafters)
         drafter = build(model, kind)  # (seeded: the same weights)
         if kind != "medusa":
             drafter.batch_graphs = True  # (a CPU: the fixed-shape batch draft, as CUDA runs it)
             drafter.use_compile("graphs")
-        made.append(rows_drafter(drafter, 3))  # (Medusa: the drafter itself)
+        made.append(rows_drafter(drafter))  # (EAGLE, Medusa: the drafter itself)
     queued, host = made
     gen = torch.Generator().manual_seed(4)
     h = model.config.hidden_size
@@ -136,7 +136,7 @@ def test_the_queued_batch_accept_and_draft_equal_accept_and_propose(model, kind)
         drafts = [queued.propose_queued(nexts), host.propose(nexts.tolist(), sampling, sampling)]
         queued.settle([len(p) for p in paths], nexts.tolist())
         if kind != "medusa":
-            assert torch.equal(queued._rows.lengths, host._rows.lengths)
+            assert torch.equal(queued._graphs._capacity.lengths, host._graphs._capacity.lengths)
         if r in (0, 2):  # the middle row leaves, then the first
             keep = [0, 2] if r == 0 else [1]
             for d in (queued, host):

@@ -1,8 +1,9 @@
 """EAGLE and Medusa decoding with the next draft queued before the host reads the acceptance
-(engine/loop.py depth 1, drafters/ahead.py), forced on a CPU (the default on CUDA only): the acceptance
-computed on the device is the greedy rule, or rule A's draws; the drafters' queued accept and draft equal
-`accept_path(s)` and `propose` (Medusa: its own class's queued form, a batch of one); decoding equals
-plain decoding with the same accepted lengths as the loop that reads first, also as replayed graphs."""
+(engine/loop.py depth 1), forced on a CPU (the default on CUDA only): the acceptance computed on the device
+is the greedy rule, or rule A's draws; the drafters' queued accept and draft (`accept_queued`,
+`propose_queued`, `settle`: a compiled EAGLE drafter's graphs, Medusa's own) equal `accept_paths` and
+`propose` read first; decoding equals plain decoding with the same accepted lengths as the loop that reads
+first, also as replayed graphs."""
 
 from __future__ import annotations
 
@@ -11,9 +12,6 @@ import torch
 
 from spechead.inference.acceptance import greedy_accept_batch
 from spechead.inference.device_sampling import sample_accept_batch
-from spechead.inference.drafters.ahead import ahead_of
-from spechead.inference.drafters.eagle_ahead import EagleAhead, runs_ahead
-from spechead.inference.drafters.eagle_commit import commit_size
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
@@ -100,36 +98,38 @@ def test_the_queued_sampled_acceptance_draws_what_rule_a_draws():
 
 @pytest.mark.parametrize("kind", list(TREES))
 def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, kind):
-    """Two drafters of one head: one hears paths on the host (accept_path, propose), the other from
-    device tensors (EagleAhead's accept, propose, settle); off-main-path nodes, several rounds."""
+    """Two drafters of one head, a batch of one: one eager, hearing paths on the host (`accept_paths`,
+    `propose`), the other compiled, from device tensors (`accept_queued`, `propose_queued`, `settle`: its
+    graphs); off-main-path nodes, several rounds: the same trees, features and counts."""
     family, options = TREES[kind]
     host, queued = eagle_drafter(model, family, **options), eagle_drafter(model, family, **options)
-    for d in (host, queued):
-        d.use_compile("graphs")  # (a CPU: the fixed-shape graph functions, eager)
-    assert runs_ahead(queued) and commit_size(queued) == 8  # paths of at most 5 nodes
-    ahead = EagleAhead(queued)
+    queued.use_compile("graphs")  # (a CPU: the fixed-shape graph functions, eager)
+    assert queued.queues(1) and queued.commit_width == 8  # paths of at most 5 nodes
+    assert not host.queues(1)  # eager: no fixed-shape commit
     gen = torch.Generator().manual_seed(1)
     h = model.config.hidden_size
     prompt = torch.arange(5, 17)
     states = {layer: torch.randn(1, 12, h, generator=gen) for layer in host.hidden_layers}
     for d in (host, queued):
-        d.start(prompt, {k: v[0] for k, v in states.items()}, root=7)
-    root = 7
-    drafts = [d.propose(root, SamplingParams(), None) for d in (host, queued)]  # the first: from the host
+        d.start([prompt], [{k: v[0] for k, v in states.items()}], [7])
+    greedy = [SamplingParams()]
+    drafts = [d.propose([7], greedy, [None]) for d in (host, queued)]  # the first: from the host
+    rows = queued._graphs._capacity  # the compiled rows' state: features [1, H], host lengths [1]
     for path in ([0, 2, 5], [0], [0, 1, 4, 7, 10], [0, 3], [0, 1, 3, 6, 9]):
-        assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist(), path
-        n = drafts[0].tree.size
+        assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist(), path
+        assert drafts[1].parents.tolist() == drafts[0].parents.tolist(), path
+        n = drafts[0].tokens.shape[1]
         hidden = {layer: torch.randn(1, n, h, generator=gen) for layer in host.hidden_layers}
-        tokens = torch.randint(0, model.config.vocab_size, (n,), generator=gen)
+        tokens = torch.randint(0, model.config.vocab_size, (1, n), generator=gen)
         nxt = int(torch.randint(0, model.config.vocab_size, (1,), generator=gen))
-        host.accept_path([int(t) for t in tokens[path]], hidden, path, nxt)
-        padded = torch.tensor(path + [path[-1]] * (max(n, 8) - len(path)))
-        ahead.accept(hidden, tokens, padded, torch.tensor(len(path)), torch.tensor(nxt))
-        torch.testing.assert_close(queued._feature, host._feature)
-        drafts = [host.propose(nxt, SamplingParams(), None), ahead.propose(torch.tensor(nxt))]
-        ahead.settle(len(path), nxt)  # (after the draft, as the engine reads the acceptance)
-        assert queued._committed == host._committed
-    assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
+        host.accept_paths([[int(t) for t in tokens[0, path]]], hidden, [path], [nxt])
+        padded = torch.tensor([path + [path[-1]] * (max(n, 8) - len(path))])  # [1, >= P]
+        queued.accept_queued(hidden, tokens, padded, torch.tensor([len(path)]), torch.tensor([nxt]))
+        torch.testing.assert_close(rows.feature, host._feature, atol=1e-5, rtol=1e-5)
+        drafts = [host.propose([nxt], greedy, [None]), queued.propose_queued(torch.tensor([nxt]))]
+        queued.settle([len(path)], [nxt])  # (after the draft, as the engine reads the acceptance)
+        assert rows.lengths.tolist() == [host._committed]
+    assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
 
 
 @pytest.mark.parametrize(
@@ -140,8 +140,7 @@ def test_the_queued_medusa_accept_and_draft_equal_accept_path_and_propose(model,
     the other from device tensors (`accept_queued`, `propose_queued`); paths off the main path, several
     rounds."""
     host, queued = medusa_drafter(model, choices), medusa_drafter(model, choices)
-    assert ahead_of(queued, greedy=False) is None  # (batch-1 queued forms: EAGLE's only)
-    assert queued.queues() and queued.commit_width == 1
+    assert queued.queues(1) and queued.commit_width == 1
     gen = torch.Generator().manual_seed(2)
     h, vocab = model.config.hidden_size, model.config.vocab_size
     states = {host.hidden_layers[0]: torch.randn(1, 12, h, generator=gen)}
@@ -270,7 +269,7 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
         pass
 
     medusa = medusa_drafter(model, MEDUSA_CHOICES)
-    assert not HearsMore(medusa.head, MEDUSA_CHOICES).queues() and medusa.queues()
+    assert not HearsMore(medusa.head, MEDUSA_CHOICES).queues(1) and medusa.queues(1)
     for compile, d in (("graphs", HearsMore(medusa.head, MEDUSA_CHOICES)), (False, medusa)):
         gen = SpeculativeGenerator(model, chatml_tokenizer, d, compile=compile)
         gen.device_accept = gen.ahead = True
@@ -314,10 +313,10 @@ def test_a_budget_ending_inside_an_accepted_path_cuts_it_as_the_loop_that_reads_
 
 def test_only_a_compiled_eagle_drafter_itself_with_paths_up_to_graph_commit_runs_ahead(model):
     """P = the power of two above the tree's depth: up to GRAPH_COMMIT (16: depth 15) the head's commit
-    is a graph and the drafter runs ahead; deeper trees, eager drafters and subclasses (which may hear
-    paths their own way) keep the loop that reads first."""
+    is a graph and the drafter runs ahead; deeper trees, eager drafters, B > 1 rows drafted eagerly (a
+    CPU's default) and subclasses (which may hear paths their own way) keep the loop that reads first."""
     from spechead.inference.drafters.eagle import EagleDrafter
-    from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT
+    from spechead.inference.drafters.eagle.graphs import GRAPH_COMMIT
 
     head = eagle_drafter(model, "eagle").head
 
@@ -327,32 +326,37 @@ def test_only_a_compiled_eagle_drafter_itself_with_paths_up_to_graph_commit_runs
     for depth, ahead in ((15, True), (16, False)):
         d = EagleDrafter(head, top_k=2, depth=depth, total_tokens=8)
         d.use_compile("graphs")
-        assert (commit_size(d) <= GRAPH_COMMIT) == runs_ahead(d) == ahead, depth
-        assert isinstance(ahead_of(d, greedy=True), EagleAhead) == ahead
+        assert (d.commit_width <= GRAPH_COMMIT) == d.queues(1) == ahead, depth
+        assert not d.queues(2)  # (a CPU: B > 1 rows draft eagerly)
+        d.batch_graphs = True
+        assert d.queues(2) == ahead
     sub = HearsMore(head, tree=CHOICES)
     sub.use_compile("graphs")
-    assert not runs_ahead(sub) and ahead_of(sub, greedy=True) is None
-    assert not runs_ahead(EagleDrafter(head, tree=CHOICES))  # eager: no fixed-shape commit
+    assert not sub.queues(1)
+    assert not EagleDrafter(head, tree=CHOICES).queues(1)  # eager: no fixed-shape commit
 
 
 def test_after_settle_the_drafter_goes_on_from_the_host_as_one_that_heard_the_path_there(model):
-    """`settle` leaves the host's bookkeeping as accept_path would (the count, the announced root), so
-    the drafter can be driven from the host again (the loop that reads first, a later decode)."""
+    """`settle` leaves the host's bookkeeping as `accept_paths` would (the counts), so the drafter can be
+    driven from the host again (the loop that reads first, a later decode)."""
     host, queued = (eagle_drafter(model, "eagle", tree=CHOICES) for _ in range(2))
     for d in (host, queued):
         d.use_compile("graphs")
-    ahead, gen, h = EagleAhead(queued), torch.Generator().manual_seed(2), model.config.hidden_size
+    gen, h = torch.Generator().manual_seed(2), model.config.hidden_size
     states = {layer: torch.randn(12, h, generator=gen) for layer in host.hidden_layers}
+    greedy = [SamplingParams()]
     for d in (host, queued):
-        d.start(torch.arange(5, 17), states, root=7)
-        d.propose(7, SamplingParams(), None)
+        d.start([torch.arange(5, 17)], [states], [7])
+        d.propose([7], greedy, [None])
     n, path, nxt = len(CHOICES) + 1, [0, 1, 4], 11
     hidden = {layer: torch.randn(1, n, h, generator=gen) for layer in host.hidden_layers}
-    tokens = torch.randint(0, model.config.vocab_size, (n,), generator=gen)
-    host.accept_path([int(t) for t in tokens[path]], hidden, path, nxt)
-    ahead.accept(hidden, tokens, torch.tensor(path + [path[-1]] * 8), torch.tensor(3), torch.tensor(nxt))
-    ahead.propose(torch.tensor(nxt))
-    ahead.settle(3, nxt)
-    drafts = [d.propose(nxt, SamplingParams(), None) for d in (host, queued)]  # from the host now
-    assert drafts[1].tree.tokens.tolist() == drafts[0].tree.tokens.tolist()
-    assert queued._committed == host._committed == 12 + 3
+    tokens = torch.randint(0, model.config.vocab_size, (1, n), generator=gen)
+    host.accept_paths([[int(t) for t in tokens[0, path]]], hidden, [path], [nxt])
+    queued.accept_queued(
+        hidden, tokens, torch.tensor([path + [path[-1]] * 8]), torch.tensor([3]), torch.tensor([nxt])
+    )
+    queued.propose_queued(torch.tensor([nxt]))
+    queued.settle([3], [nxt])
+    drafts = [d.propose([nxt], greedy, [None]) for d in (host, queued)]  # from the host now
+    assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
+    assert queued._graphs._capacity.lengths.tolist() == host._graphs._capacity.lengths.tolist() == [12 + 3]

@@ -119,9 +119,9 @@ def test_crop_to_drops_every_layers_scratch_and_skips_only_when_the_layers_are_t
     fixed = RowCache(LAYERS, 1, 16, static_shapes=True)
     for layer in range(LAYERS):
         fixed.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer)
-    fixed.lengths_t.fill_(5)  # the device length moved (as a graph's write_at moves it)
+    fixed.lengths_t.fill_(5)  # the device length moved (as a graph's accept moves it)
     fixed.crop_to(0)  # the host lengths are at 0 already: set anyway
-    assert int(fixed.device_length()) == 0
+    assert fixed.lengths_t.tolist() == [0]
 
 
 def test_fixed_shapes_write_after_device_lengths_and_return_whole_buffers():
@@ -132,19 +132,19 @@ def test_fixed_shapes_write_after_device_lengths_and_return_whole_buffers():
     assert keys.shape == (1, 1, 8, 4)  # the whole buffer: one shape for every length
     assert cache.shared_storage() is None  # (fixed addresses: buffers of their own)
     cache.set_length(3)
-    assert int(cache.device_length()) == 3 and layer.get_mask_sizes(2) == (8, 0)
+    assert cache.lengths_t.tolist() == [3] and layer.get_mask_sizes(2) == (8, 0)
     second = torch.full((1, 1, 2, 4), 7.0)
     keys, values = layer.update(second, -second)
     assert torch.equal(keys[0, 0, :3], first[0, 0]) and torch.equal(keys[0, 0, 3:5], second[0, 0])
     assert torch.equal(values[0, 0, 3:5], -second[0, 0])
     move_fixed(cache, torch.tensor([[1, 1]]))  # keep the second new entry only (padded: itself again)
     cache.set_length(4)
-    assert int(cache.device_length()) == 4 and torch.equal(layer.keys[0, 0, 3], second[0, 0, 1])
+    assert cache.lengths_t.tolist() == [4] and torch.equal(layer.keys[0, 0, 3], second[0, 0, 1])
 
 
 def test_fixed_shape_layers_write_after_one_shared_device_length_per_device():
     """static_shapes: every layer on a device reads one lengths tensor [B] (moving it is one kernel, not
-    one a layer); set_length, set_lengths and write_at move it for all; a layer on another device gets
+    one a layer); set_length and set_lengths move it for all; a layer on another device gets
     that device's own; rows write after their own lengths."""
     cache = RowCache(LAYERS, 2, 16, static_shapes=True)
     states = torch.zeros(2, 2, 2, 4)
@@ -157,8 +157,6 @@ def test_fixed_shape_layers_write_after_one_shared_device_length_per_device():
     keys = cache.row_layers[-1].keys[:, 0, :, 0]
     assert keys[0].tolist() == [0.0] * 5 + [1.0] * 2 + [0.0] * 9
     assert keys[1].tolist() == [0.0] * 2 + [1.0] * 2 + [0.0] * 12
-    cache.write_at(torch.tensor(9))
-    assert cache.lengths_t.tolist() == [9, 9] and cache.lengths == [5, 2]  # (the host's stay)
     cache.row_layers[0].lazy_initialization(states.to("meta"), states.to("meta"))  # a layer elsewhere
     assert cache.device_lengths(torch.device("meta")).device.type == "meta"
     cache.set_length(3)

@@ -74,10 +74,11 @@ def test_passes_are_timed_as_the_generator_compiles_them(tiny_llama, monkeypatch
         rounds=1,
         timed_as=TimedAs("graphs", "graphs"),
     )
-    assert min(timed) > 0 and built == ["graphs"] and chain._compiled is not None
+    assert min(timed) > 0 and built == ["graphs"] and chain._compile == "graphs"
+    assert chain._rows is chain._graphs is not None  # it drafted as graphs
     other = EagleDrafter(head.eval(), tree=[[0], [0, 0]])
     pass_ms_by_drafter(target, [None, other], torch.arange(1, 20), new_tokens=8, rounds=1)  # eager
-    assert built == ["graphs", False] and other._compiled is None
+    assert built == ["graphs", False] and other._compile is False and other._graphs is None
 
 
 def test_from_pretrained_decodes_the_candidate_trees(tiny_target_dir, tmp_path):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from spechead.inference.drafters.static_plan import StaticPlan
+from spechead.inference.drafters.eagle.static_plan import StaticPlan
 
 
 @dataclass
@@ -78,7 +78,7 @@ def grow_static_eager(
     top_fn: Callable[..., tuple[Tensor, Tensor]],
 ) -> tuple[Tensor, list[Tensor]]:
     """Fill the static tree depth by depth from the root's feature [1, H]: one `step_fn(parent features
-    [1, E, H], ids [1, E], additive block or None, depth - 1, None)` per depth with nodes to expand, one
+    [1, E, H], ids [1, E], additive block or None, depth - 1)` per depth with nodes to expand, one
     `top_fn(features, need, (values, ids))` per depth. d2t [Vd]: head id -> target id (None: the same).
     Returns the emitted tree's tokens [N] (a new tensor) and each depth's logits [1, E, Vd]."""
     outs.root.fill_(root)
@@ -88,7 +88,7 @@ def grow_static_eager(
         if step["run"] is not None:  # the nodes to expand (depth d - 1 >= 1) run on the head
             allowed = None if step["sees_all"] else step["additive"]  # no mask: one node sees all
             parent_feats = feats if step["same_rows"] else feats[:, step["parent_rows"]]
-            feats = step_fn(parent_feats, run, allowed, step["depth"] - 1, None)  # [1, E, H]
+            feats = step_fn(parent_feats, run, allowed, step["depth"] - 1)  # [1, E, H]
         logits_by_depth.append(top_fn(feats, step["need"], (out.values, out.ids))[0])
         if d2t is not None:  # this depth's candidates as target ids, in their places
             torch.index_select(d2t, 0, out.flat, out=out.mapped)

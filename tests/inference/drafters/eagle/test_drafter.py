@@ -15,6 +15,8 @@ from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree, depths, path_to_node
 
+from ..one_row import OneRow
+
 H, V, L, VD = 32, 64, 4, 40
 GREEDY = SamplingParams()
 STATIC = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
@@ -99,10 +101,10 @@ def test_cache_stays_consistent_across_cycles(target, kind, tree, api) -> None:
     drafter = EagleDrafter(head, **opts)
     stream = Stream(head, 7, seed=0)
     root = 5
-    drafter.start(stream.tokens, stream.states, root)
+    OneRow(drafter).start(stream.tokens, stream.states, root)
     pick = torch.Generator().manual_seed(1)
     for _ in range(4):
-        draft = drafter.propose(root, GREEDY, None)
+        draft = OneRow(drafter).propose(root, GREEDY, None)
         assert draft.rule == "deterministic" and draft.q is None
         node = int(torch.randint(draft.tree.size, (1,), generator=pick))  # any accepted path, maybe root only
         path = path_to_node(draft.tree.parents, node)  # [K], in place (0..K-1) or not
@@ -110,12 +112,12 @@ def test_cache_stays_consistent_across_cycles(target, kind, tree, api) -> None:
         next_root = int(torch.randint(V, (1,), generator=pick))
         hidden = stream.extend(torch.cat([torch.tensor([root]), accepted[1:]]))
         if api == "accept":
-            drafter.accept(accepted, hidden, next_root)
+            OneRow(drafter).accept(accepted, hidden, next_root)
         else:  # the whole tree's states [1, N, H]: the path's rows are the stream's, the rest noise
             whole = {layer: torch.randn(1, draft.tree.size, H) for layer in hidden}
             for layer, rows in hidden.items():
                 whole[layer][0, path] = rows
-            drafter.accept_path(accepted.tolist(), whole, path, next_root)
+            OneRow(drafter).accept_path(accepted.tolist(), whole, path, next_root)
         root = next_root
         # A fresh run over all committed pairs, at once, gives the same cache and last feature.
         fresh = DynamicCache()
@@ -128,11 +130,11 @@ def test_cache_stays_consistent_across_cycles(target, kind, tree, api) -> None:
             torch.testing.assert_close(mine.values[:, :, :valid], ref.values, atol=2e-4, rtol=1e-4)
         torch.testing.assert_close(drafter._feature, out[:, -1], atol=2e-4, rtol=1e-4)
     # The next tree equals the one a drafter started on the whole committed sequence proposes.
-    mine = drafter.propose(root, GREEDY, None).tree
+    mine = OneRow(drafter).propose(root, GREEDY, None).tree
     scores = drafter.last_scores
     other = EagleDrafter(head, **opts)
-    other.start(stream.tokens, stream.states, root)
-    ref = other.propose(root, GREEDY, None).tree
+    OneRow(other).start(stream.tokens, stream.states, root)
+    ref = OneRow(other).propose(root, GREEDY, None).tree
     assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
     torch.testing.assert_close(scores, other.last_scores, atol=1e-4, rtol=0)
 
@@ -145,12 +147,12 @@ def test_a_drafter_reused_on_a_longer_sequence_accepts_as_a_fresh_one(target, ki
     drafter = EagleDrafter(head, tree=[[0], [0, 0], [0, 0, 0]])
     for length, seed in ((7, 0), (300, 1)):
         stream, root = Stream(head, length, seed=seed), 5
-        drafter.start(stream.tokens, stream.states, root)
+        OneRow(drafter).start(stream.tokens, stream.states, root)
         for _ in range(2):
-            accepted = drafter.propose(root, GREEDY, None).tree.tokens[:3]  # root + 2 drafts: K = 3
+            accepted = OneRow(drafter).propose(root, GREEDY, None).tree.tokens[:3]  # root + 2 drafts: K = 3
             hidden = stream.extend(accepted)
             root = 7
-            drafter.accept(accepted, hidden, root)
+            OneRow(drafter).accept(accepted, hidden, root)
         next_ids = torch.cat([stream.tokens[1:], torch.tensor([root])])[None]
         out = head.step(stream.features(head), next_ids, past_key_values=DynamicCache())  # [1, C, H]
         torch.testing.assert_close(drafter._feature, out[:, -1], atol=2e-4, rtol=1e-4)
@@ -163,11 +165,11 @@ def test_static_chain_matches_training_unroll(target, kind) -> None:
     depth = 5
     drafter = EagleDrafter(head, tree=[[0] * d for d in range(1, depth + 1)])
     stream = Stream(head, 6, seed=2)
-    drafter.start(stream.tokens, stream.states, 7)
-    drafted = drafter.propose(7, GREEDY, None).tree.tokens[1:]
+    OneRow(drafter).start(stream.tokens, stream.states, 7)
+    drafted = OneRow(drafter).propose(7, GREEDY, None).tree.tokens[1:]
     hidden = stream.extend(torch.tensor([7, int(drafted[0])]))  # accept one draft, then draft again
-    drafter.accept(torch.tensor([7, int(drafted[0])]), hidden, 11)
-    draft = drafter.propose(11, GREEDY, None).tree
+    OneRow(drafter).accept(torch.tensor([7, int(drafted[0])]), hidden, 11)
+    draft = OneRow(drafter).propose(11, GREEDY, None).tree
     assert torch.equal(draft.parents, torch.arange(-1, depth))
     path = draft.tokens[1:].tolist()
     scores, argmax = chain_scores(head, stream, 11, path)
@@ -189,8 +191,8 @@ def test_static_tree_nodes_follow_the_training_unroll(target, kind) -> None:
     head = make_head(target, kind)
     drafter = EagleDrafter(head, tree=BRANCHY)
     stream = Stream(head, 8, seed=5)
-    drafter.start(stream.tokens, stream.states, 4)
-    tree = drafter.propose(4, GREEDY, None).tree
+    OneRow(drafter).start(stream.tokens, stream.states, 4)
+    tree = OneRow(drafter).propose(4, GREEDY, None).tree
     tokens = tree.tokens.tolist()
     for node, choice in enumerate(sorted(BRANCHY), start=1):
         path = [tokens[i] for i in path_to_node(tree.parents, node)[1:]]
@@ -208,8 +210,8 @@ def test_dynamic_tree_shape_and_path_scores(target, kind) -> None:
     top_k, depth, total = 3, 4, 15
     drafter = EagleDrafter(head, tree="dynamic", top_k=top_k, depth=depth, total_tokens=total)
     stream = Stream(head, 9, seed=4)
-    drafter.start(stream.tokens, stream.states, 3)
-    tree = drafter.propose(3, GREEDY, None).tree
+    OneRow(drafter).start(stream.tokens, stream.states, 3)
+    tree = OneRow(drafter).propose(3, GREEDY, None).tree
     TokenTree(tree.tokens, tree.parents)  # a valid tree (the drafter hands it over unchecked)
     assert 2 <= tree.size <= total and int(depths(tree.parents).max()) <= depth
     parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
@@ -259,8 +261,8 @@ def test_dynamic_keeps_highest_cumulative_probability(target, monkeypatch) -> No
     drafter.head_step = step  # what the drafter runs per depth
     stream = Stream(head, 5, seed=6)
     stream.tokens %= H
-    drafter.start(stream.tokens, stream.states, 2)
-    tree = drafter.propose(2, GREEDY, None).tree
+    OneRow(drafter).start(stream.tokens, stream.states, 2)
+    tree = OneRow(drafter).propose(2, GREEDY, None).tree
     TokenTree(tree.tokens, tree.parents)  # a valid tree (the drafter hands it over unchecked)
     got = {}
     for node in range(1, tree.size):
@@ -286,13 +288,13 @@ def test_arguments_and_check_target(target) -> None:
     with pytest.raises(ValueError, match="rank"):
         EagleDrafter(head, tree=[[VD]])
     with pytest.raises(RuntimeError, match="before start"):
-        drafter.propose(0, GREEDY, None)
+        OneRow(drafter).propose(0, GREEDY, None)
     stream = Stream(head, 4, seed=9)
-    drafter.start(stream.tokens, stream.states, 1)
+    OneRow(drafter).start(stream.tokens, stream.states, 1)
     with pytest.raises(ValueError, match="root"):
-        drafter.propose(2, GREEDY, None)
+        OneRow(drafter).propose(2, GREEDY, None)
     with pytest.raises(KeyError, match="missing"):
-        drafter.accept(torch.tensor([1]), {}, 3)
+        OneRow(drafter).accept(torch.tensor([1]), {}, 3)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
@@ -302,11 +304,11 @@ def test_a_static_tree_stays_as_proposed_after_the_next_propose(target, kind) ->
     head = make_head(target, kind)
     drafter = EagleDrafter(head, tree=STATIC)
     stream = Stream(head, 7, seed=2)
-    drafter.start(stream.tokens, stream.states, 5)
-    first = drafter.propose(5, GREEDY, None).tree
+    OneRow(drafter).start(stream.tokens, stream.states, 5)
+    first = OneRow(drafter).propose(5, GREEDY, None).tree
     kept = first.tokens.clone()
-    drafter.accept(torch.tensor([5]), stream.extend(torch.tensor([5])), 9)
-    second = drafter.propose(9, GREEDY, None).tree
+    OneRow(drafter).accept(torch.tensor([5]), stream.extend(torch.tensor([5])), 9)
+    second = OneRow(drafter).propose(9, GREEDY, None).tree
     assert not torch.equal(second.tokens, kept)  # another tree (its root at least): an overwrite shows
     assert torch.equal(first.tokens, kept)
 

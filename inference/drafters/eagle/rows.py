@@ -1,7 +1,7 @@
-"""EAGLE / EAGLE-3 drafting for B rows at once: one head forward per depth over every row's frontier.
+"""EAGLE / EAGLE-3 rows of B > 1, eager: one head forward per depth over every row's frontier.
 
-The same tree growth as `EagleDrafter` (see drafters/eagle.py for the cache convention), with a batch
-dimension: the head's preallocated cache is a `RowCache` [B, kv, S_max, D] with per-row
+`EagleRows` is where an `EagleDrafter` keeps B rows (drafter.py says when; its cache convention holds), the
+same tree growth as a batch of one with a batch dimension: the head's preallocated cache is a `RowCache` [B, kv, S_max, D] with per-row
 committed lengths C_b (like the target runner's). Row b's committed entries sit at slots
 [0, C_b); a propose writes its speculative entries at C_b + 0, 1, ... and attends through an additive
 mask [B, 1, q, S] that opens slots < C_b plus the node's speculative ancestors and itself; positions
@@ -20,19 +20,20 @@ from torch import Tensor
 
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter
-from spechead.inference.drafters.static_plan import StaticPlan
+from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.positions import PositionIds
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.prefill import length_groups
 
 if TYPE_CHECKING:
-    from spechead.inference.drafters.eagle import EagleDrafter
+    from spechead.inference.drafters.eagle.drafter import EagleDrafter
 
 
-class EagleBatchDrafter(BatchDrafter):
-    """B rows of an `EagleDrafter` (its head, tree settings and static plan are shared)."""
+class EagleRows:
+    """B rows of an `EagleDrafter` (its head, tree settings and static plan are shared): its `start`,
+    `propose`, `accept` and `keep` for them."""
 
     def __init__(self, drafter: EagleDrafter) -> None:
         self.drafter = drafter
@@ -50,7 +51,7 @@ class EagleBatchDrafter(BatchDrafter):
         self._blocked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.feature: Tensor | None = None  # [B, H] output of each row's last committed pair
 
-    # ---- BatchDrafter ------------------------------------------------------------------------------
+    # ---- the drafter's calls ------------------------------------------------------------------------------
 
     @inference_mode
     def start(
@@ -68,7 +69,7 @@ class EagleBatchDrafter(BatchDrafter):
         assert self.cache is not None  # just made
         feature = None
         for group in groups:
-            part = EagleBatchDrafter(self.drafter)
+            part = EagleRows(self.drafter)
             part._start_rows(
                 [prompts[b] for b in group], [hidden[b] for b in group], [roots[b] for b in group]
             )
@@ -167,21 +168,11 @@ class EagleBatchDrafter(BatchDrafter):
         seen = self._ids(0, view, dev)[:, None] <= slots[:, :, None]  # [B, K, S] causal after C_b
         mask = torch.where(seen, self._attend, self._blocked)[:, None]  # [B, 1, K, S]
         ids = host_to_device(torch.tensor(nexts), dev)  # [B, K]
-        out = self._run(self._features(hidden), ids, (mask, slots, slots, view))  # [B, K, H]
+        out = self._run(self.drafter._features(hidden), ids, (mask, slots, slots, view))  # [B, K, H]
         self.feature = out[self._ids(0, batch, dev)[0], packed[0]]  # [B, H] each row's last real pair
         self.committed = self.committed + packed[1]
         self.lengths = [c + n for c, n in zip(self.lengths, lengths)]
         self.longest = max(self.lengths)
-
-    def _features(self, hidden: dict[int, Tensor]) -> Tensor:
-        """Target states {layer: [B, K, H]} -> the head's input features [B, K, H] (fused for EAGLE-3)."""
-        missing = [layer for layer in self.drafter.hidden_layers if layer not in hidden]
-        if missing:
-            raise KeyError(
-                f"hidden states of layers {missing} missing (drafter reads {self.drafter.hidden_layers})"
-            )
-        states = [hidden[layer].to(self.device, self.dtype) for layer in self.drafter.hidden_layers]
-        return self.head.features(states)  # EAGLE-3: fused
 
     def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
         """One head call on q queries per row: features [B, q, H], tokens [B, q]. Query i of row b

@@ -3,8 +3,7 @@
 Per depth the `top_k` frontier nodes of highest cumulative draft log-prob are expanded together (one
 head call over all of them), each with its `top_k` best children; after the last depth the best
 `total_tokens - 1` nodes are kept. The frontier, the scores and the ancestors' speculative slots stay
-tensors: no host round trip inside the depth loop. The same function runs eagerly and inside the
-compiled draft graph (`committed` then is the cache's device length).
+tensors: no host round trip inside the depth loop (B rows at once: rows.py).
 """
 
 from __future__ import annotations
@@ -18,15 +17,14 @@ from torch import Tensor
 def grow_dynamic(
     feature: Tensor,
     root: Tensor,
-    committed: Tensor | None,
     sizes: tuple[int, int, int],
     step_fn: Callable[..., Tensor],
     top_fn: Callable[[Tensor, int], tuple[Tensor, Tensor]],
     to_target: Callable[[Tensor], Tensor],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The tree from the root's output feature [1, H] and token [1, 1]; sizes = (top_k, depth,
-    total_tokens). step_fn(parent features [1, q, H], ids [1, q], allowed [q, S + q] bool, depth - 1,
-    committed) -> [1, q, H]; top_fn(features [1, q, H], k) -> log-probs, head ids [q, k]; to_target maps
+    total_tokens). step_fn(parent features [1, q, H], ids [1, q], allowed [q, S + q] bool, depth - 1) ->
+    [1, q, H]; top_fn(features [1, q, H], k) -> log-probs, head ids [q, k]; to_target maps
     head ids to target ids. Returns tokens, parents, scores [N] (scores float64, root 0)."""
     k, depth, total_tokens = sizes
     device = feature.device
@@ -42,7 +40,7 @@ def grow_dynamic(
     eye = torch.eye(k, dtype=torch.bool, device=device)
     for d in range(2, depth + 1):
         allowed = torch.cat([anc, eye], dim=1)  # [k, S + k]
-        out = step_fn(front_feat[None], front_tok[None], allowed, d - 1, committed)  # [1, k, H]
+        out = step_fn(front_feat[None], front_tok[None], allowed, d - 1)  # [1, k, H]
         values, ids = top_fn(out, k)  # [k, k] each
         new_score = (front_score[:, None] + values.double()).reshape(-1)  # [k * k]
         new_tok = to_target(ids).reshape(-1)  # [k * k]

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from spechead.inference.drafters.base import Draft
-from spechead.inference.drafters.static_plan import StaticPlan
+from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.sampling import SamplingParams, inverse_cdf
 from spechead.inference.tree import TokenTree
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from spechead.inference.drafters.head_masks import HeadMasks
+from spechead.inference.drafters.eagle.head_masks import HeadMasks
 
 MIN = torch.finfo(torch.float32).min
 

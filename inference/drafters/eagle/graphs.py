@@ -1,12 +1,12 @@
-"""EAGLE / EAGLE-3 batch drafting with fixed shapes: every row's whole draft as ONE captured graph.
+"""EAGLE / EAGLE-3 rows with fixed shapes: every row's whole draft as ONE captured graph.
 
-`CompiledEagleBatchDrafter` is an `EagleBatchDrafter` whose calls take one of a few shapes, the drafter's
-counterpart of the compiled target runner (target/runner.py, target/graphs.py): on CUDA a pass drafts every row's tree with one
+`GraphRows` is where a compiled `EagleDrafter` keeps its rows (drafter.py says when): `EagleRows` whose
+calls take one of a few shapes, the drafter's counterpart of the compiled target runner (target/runner.py, target/graphs.py): on CUDA a pass drafts every row's tree with one
 graph replay (every depth's head step, top-k and the final selection, as the batch-1 drafter's graph and
 SGLang's) and commits the accepted tokens with another, instead of tens of small host-launched kernels
-per depth. On CUDA, `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` makes
-`EagleDrafter.batched()` return one (kept by the drafter, so its graphs serve every later
-`generate_batch` call; on a CPU the eager `EagleBatchDrafter` is the faster, see `EagleDrafter.batch_graphs`).
+per depth. `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` compiles the drafter; it keeps
+its `GraphRows`, so its graphs serve every later call (for B > 1 rows on a CPU the eager `EagleRows` is the
+faster, see `EagleDrafter.batch_graphs`).
 - rows: `capacity` PHYSICAL rows (the batch's next power of 2), kept per capacity; a call's B rows take
   rows 0..B-1 and `keep` only remaps active -> physical rows (no data moves, no new shape). An idle row
   (finished, or never used) drafts along at committed length 0 from token 0: its tree is dropped and its
@@ -18,7 +18,9 @@ per depth. On CUDA, `SpeculativeGenerator(..., compile=...)` / `draft_compile=..
 - accepts: K accepted tokens padded to a power of 2 (<= GRAPH_COMMIT; longer blocks such as the prompt
   run the same function eagerly); the device lengths move inside the graph, the host keeps a copy for
   the room checks only.
-The trees are `EagleBatchDrafter`'s (the same growth code), so row b's tree is its batch-1 tree.
+The trees are `EagleRows`' (the same growth code), so row b's tree is its batch-1 tree. The engine one draft
+ahead (engine/loop.py, depth 1) queues the accept of each row's path and the next draft from an
+acceptance still on the device (`accept_queued`, `propose_queued`; `settle` once the host has read it).
 """
 
 from __future__ import annotations
@@ -33,20 +35,20 @@ from spechead.heads.grad import inference_mode
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
-from spechead.inference.drafters.eagle_batch import EagleBatchDrafter
-from spechead.inference.drafters.eagle_commit import GRAPH_COMMIT, commit_size
-from spechead.inference.drafters.static_plan import StaticPlan
+from spechead.inference.drafters.eagle.rows import EagleRows
+from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import batch_capacity
 
 if TYPE_CHECKING:
-    from spechead.inference.drafters.eagle import EagleDrafter
+    from spechead.inference.drafters.eagle.drafter import EagleDrafter
 
 
+GRAPH_COMMIT = 16  # accepts of at most this many tokens run as a graph (the prompt runs eagerly)
 PROMPT_BLOCK = 512  # a prompt's pairs are committed this many positions at a time (bounded masks)
 
 
-class _Rows:
+class _Capacity:
     """The fixed-shape state of one capacity P: the head cache, committed lengths C_b [P] on the host
     (its device copy is the cache's `lengths_t`) and each row's last committed output feature [P, H]."""
 
@@ -64,7 +66,7 @@ class _Rows:
         lengths_t.copy_(host_to_device(self.lengths, lengths_t.device))  # (device to device)
 
 
-class CompiledEagleBatchDrafter(EagleBatchDrafter):
+class GraphRows(EagleRows):
     """B rows of an `EagleDrafter` drafted and committed as fixed-shape graphs (see the module doc).
 
     compile: as `SpeculativeGenerator(compile=...)` (True: inductor and, on CUDA, our CUDA graphs;
@@ -73,8 +75,8 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     def __init__(self, drafter: EagleDrafter, compile: bool | str) -> None:
         super().__init__(drafter)
         cuda = self.device.type == "cuda"
-        self._kept: dict[int, _Rows] = {}  # capacity -> its fixed-shape state
-        self._state: _Rows | None = None  # the current call's
+        self._kept: dict[int, _Capacity] = {}  # capacity -> its fixed-shape state
+        self._state: _Capacity | None = None  # the current call's
         self.rows: list[int] = []  # the physical row of each active row, in the caller's order
         state = self._graph_state
         self._draft = compiling.compile_function(
@@ -91,11 +93,11 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         return caches, *self.drafter._shared_state()
 
     @property
-    def _rows(self) -> _Rows:
+    def _capacity(self) -> _Capacity:
         assert self._state is not None, "start first"
         return self._state
 
-    # ---- BatchDrafter ------------------------------------------------------------------------------
+    # ---- the drafter's calls ------------------------------------------------------------------------------
 
     @inference_mode
     def start(
@@ -111,7 +113,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
             size = max(need, rows.cache.max_length if rows is not None else 0)
             width = self.head.config.hidden_size
             feature = torch.zeros(capacity, width, device=self.device, dtype=self.dtype)
-            rows = self._kept[capacity] = _Rows(layers, capacity, size, feature)
+            rows = self._kept[capacity] = _Capacity(layers, capacity, size, feature)
         self._state, self.cache, self.rows = rows, rows.cache, list(range(batch))
         rows.lengths.zero_()
         rows.sync()
@@ -148,7 +150,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     @inference_mode
     def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
         """Every row's tree of the head's top-k children in one graph call (greedy / lossless rule A)."""
-        rows, drafter = self._rows, self.drafter
+        rows, drafter = self._capacity, self.drafter
         self._ensure_room(0)
         drafter._map_ids(self.device)
         if drafter._static is not None:
@@ -173,22 +175,13 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these active rows (in this order); the others' physical rows go idle (length 0)."""
         kept = [self.rows[i] for i in rows]
-        state = self._rows
+        state = self._capacity
         for row in set(self.rows) - set(kept):
             state.lengths[row] = 0
         self.rows = kept
         state.sync()
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device ----------------------
-
-    def queues(self) -> bool:
-        """Whether the commit of a path fits one graph (P <= GRAPH_COMMIT)."""
-        return self.commit_width <= GRAPH_COMMIT
-
-    @property
-    def commit_width(self) -> int:
-        """P: pairs a queued accept commits per row (a power of two >= the longest path: depth + 1)."""
-        return commit_size(self.drafter)
 
     @inference_mode
     def accept_queued(
@@ -198,7 +191,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         active row's path [B, >= P] (ascending, the last node repeated), its length K [B] and the next
         token [B]; the same pairs as `accept` of the path's tokens (the pairs past K_b land in scratch).
         The device lengths move by K_b in the graph; the host's copy waits for `settle`."""
-        rows, width = self._rows, self.commit_width
+        rows, width = self._capacity, self.drafter.commit_width
         self._ensure_room(2 * width)  # (this commit, and the next draft before `settle` counts it)
         paths = paths[:, :width]  # [B, P]
         capacity, dev = rows.cache.batch, self.device
@@ -219,7 +212,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     @inference_mode
     def propose_queued(self, nexts: Tensor) -> BatchDraft:
         """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
-        rows, drafter = self._rows, self.drafter
+        rows, drafter = self._capacity, self.drafter
         drafter._map_ids(self.device)
         if drafter._static is not None:
             drafter._static_plan()
@@ -231,7 +224,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     @inference_mode
     def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (active row b: ks[b] pairs)."""
-        rows = self._rows
+        rows = self._capacity
         rows.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))
 
     # ---- the graphs --------------------------------------------------------------------------------
@@ -271,7 +264,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         """Row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} (active rows, padded
         after) into its physical row: as the accept graph when K <= GRAPH_COMMIT (padded to a power of
         2), otherwise (or `eager`) the same function run eagerly."""
-        rows, k = self._rows, tokens.shape[1]
+        rows, k = self._capacity, tokens.shape[1]
         missing = [layer for layer in self.drafter.hidden_layers if layer not in hidden]
         if missing:
             raise KeyError(
@@ -299,7 +292,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
     def _ensure_room(self, extra: int) -> None:
         """Grow the head cache (a multiple of 1024; rare: the graphs are captured again) so every row's
         committed entries + extra + a whole draft fit."""
-        rows = self._rows
+        rows = self._capacity
         need = int(rows.lengths.max()) + extra + self._spec_room()
         if need > rows.cache.max_length:
             rows.cache.grow(-(-max(need, 2 * rows.cache.max_length) // 1024) * 1024)
@@ -317,7 +310,7 @@ class CompiledEagleBatchDrafter(EagleBatchDrafter):
         return self._forward(features, ids, step["allowed"].expand(batch, -1, -1), offsets, spec)
 
     def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
-        """`EagleBatchDrafter._forward` over the whole fixed-size cache: query i of row b writes slot
+        """`EagleRows._forward` over the whole fixed-size cache: query i of row b writes slot
         C_b + spec + i, sits at position C_b + offsets[i] and sees slots < C_b plus the block
         [C_b, C_b + spec + q) where own [P, q, spec + q] is True; C_b [P] is the device length."""
         cache = self.cache

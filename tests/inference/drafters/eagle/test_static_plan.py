@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from spechead.inference.drafters.static_plan import build_static_plan
+from spechead.inference.drafters.eagle.static_plan import build_static_plan
 from spechead.inference.tree import ancestor_mask, tree_from_choices
 
 CHOICES = [[0], [1], [0, 0], [1, 0], [0, 0, 0]]  # nodes 1, 2 | 3 (under 1), 4 (under 2) | 5 (under 3)

@@ -9,18 +9,19 @@ import torch
 
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.inference.drafters.eagle import EagleDrafter
-from spechead.inference.drafters.sampled_children import (
+from spechead.inference.drafters.eagle.sampled_children import (
     SampledChildren,
     draft_probs,
     draw_without_replacement,
 )
-from spechead.inference.drafters.static_plan import build_static_plan
+from spechead.inference.drafters.eagle.static_plan import build_static_plan
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, make_generator
 from spechead.inference.tree import tree_from_choices
 
-from ..distributions import exact_distribution, sampling_tv
-from ..test_generator import PARAMS, PROMPT, eagle_drafter, setup  # noqa: F401  (setup: the fixture)
+from ...distributions import exact_distribution, sampling_tv
+from ...test_generator import PARAMS, PROMPT, eagle_drafter, setup  # noqa: F401  (setup: the fixture)
+from ..one_row import OneRow
 
 Q = torch.tensor([0.5, 0.3, 0.15, 0.05])
 ROWS = 40000  # draws made at once (rows of the same q): frequencies within about 0.005
@@ -106,11 +107,11 @@ def test_drafts_carry_their_draws_and_greedy_keeps_the_top_k(setup, shape):  # n
     gen = SpeculativeGenerator(model, tok, drafter)
     gen.generate(input_ids=PROMPT, max_new_tokens=1)  # start: the drafter holds the prompt
     params, root = SamplingParams(temperature=1.3), drafter._root
-    greedy = drafter.propose(root, SamplingParams(), None)
+    greedy = OneRow(drafter).propose(root, SamplingParams(), None)
     assert greedy.rule == "deterministic" and greedy.q is None
     firsts = []
     for seed in range(600):
-        draft = drafter.propose(root, params, make_generator(seed))
+        draft = OneRow(drafter).propose(root, params, make_generator(seed))
         tokens, parents = draft.tree.tokens.tolist(), draft.tree.parents.tolist()
         assert draft.rule == "without_replacement" and draft.q is not None
         assert draft.q.shape == (len(tokens), model.config.vocab_size)
