@@ -17,6 +17,7 @@ from spechead.heads.base import (
     register_head,
     resolve_layers,
 )
+from spechead.heads.dflash import DFlashConfig, DFlashHead
 from spechead.heads.directory import CONFIG_NAME, WEIGHTS_NAME
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
@@ -26,6 +27,8 @@ from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
 __all__ = [
     "CONFIG_NAME",
     "WEIGHTS_NAME",
+    "DFlashConfig",
+    "DFlashHead",
     "DraftHead",
     "Eagle3Config",
     "Eagle3Head",

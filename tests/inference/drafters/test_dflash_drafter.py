@@ -1,0 +1,73 @@
+"""DFlashDrafter: one head forward proposes every row's chain of block_size - 1 drafts; decoding with it
+equals the target's plain greedy decoding at batch 1 and 3 (lossless), and row b's chain at B rows is its
+batch-of-one chain."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.heads import DFlashConfig, DFlashHead
+from spechead.inference.drafters.dflash import DFlashDrafter
+from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams
+
+from ..test_batch import MAX_NEW, PROMPTS
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama, chatml_tokenizer):
+    model = tiny_llama(len(chatml_tokenizer), layers=4, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def drafter_for(model, block_size: int = 4) -> DFlashDrafter:
+    head = DFlashHead(DFlashConfig.from_target(model.config, block_size=block_size, num_layers=2))
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # weights at 1/sqrt(fan_in): every input moves the drafts
+        for weight in head.parameters():
+            if weight.dim() == 2:
+                weight.copy_(torch.randn(weight.shape, generator=g) / weight.shape[1] ** 0.5)
+    head.attach_target_modules(model.get_output_embeddings(), model.get_input_embeddings())
+    return DFlashDrafter(head)
+
+
+def test_decoding_with_it_equals_plain_greedy(model, chatml_tokenizer):
+    from ..test_generator import plain_greedy
+
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter_for(model), cache="static")
+    gen.eos = set()
+    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        single = gen.generate(input_ids=prompt, max_new_tokens=n)
+        assert single.token_ids == plain_greedy(model, prompt, n), b
+        assert batch[b].token_ids == single.token_ids, b
+        assert batch[b].stats.accept_lengths == single.stats.accept_lengths, b
+        assert batch[b].stats.drafted_tokens == single.stats.drafted_tokens > 0, b
+
+
+def test_every_row_gets_its_batch1_chain(model):
+    from spechead.inference.target.runner import TargetRunner
+
+    drafter = drafter_for(model, block_size=5)
+    layers = drafter.hidden_layers
+    runner = TargetRunner(model, layers)
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    states = [runner.prefill([p])[1][0] for p in prompts]  # {layer: [T_b, H]} each
+    roots = [3 + b for b in range(len(prompts))]
+    greedy = [SamplingParams()] * len(prompts)
+    drafter.start(prompts, states, roots)
+    together = drafter.propose(roots, greedy, [None] * len(prompts))
+    assert together.sizes == [5] * len(prompts) and together.parents[0].tolist() == [-1, 0, 1, 2, 3]
+    for b, prompt in enumerate(prompts):
+        alone = DFlashDrafter(drafter.head)
+        alone.start([prompt], [states[b]], [roots[b]])
+        draft = alone.propose([roots[b]], greedy[:1], [None])
+        assert draft.tokens[0].tolist() == together.tokens[b].tolist(), b
+    # accepting two tokens on row 0 only moves row 0's chain
+    before = together.tokens.clone()
+    new = {layer: torch.randn(len(prompts), 2, model.config.hidden_size) for layer in layers}
+    drafter.accept(torch.zeros(len(prompts), 2, dtype=torch.long), [2] + [0] * (len(prompts) - 1), new, roots)
+    after = drafter.propose(roots, greedy, [None] * len(prompts))
+    assert torch.equal(after.tokens[1:], before[1:]) and drafter.lengths[0] == len(prompts[0]) + 2

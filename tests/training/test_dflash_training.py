@@ -1,0 +1,140 @@
+"""DFlash training: which anchors and targets a block learns from, a loss that falls on a tiny target, the
+`head=dflash` recipe through the trainer's Hydra composition, and its bad inputs (one line, exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spechead.heads import DFlashConfig, DFlashHead, load_head
+from spechead.heads.errors import HeadError
+from spechead.training.eagle_losses import step_weights
+from spechead.training.errors import TrainError
+from spechead.training.objectives.dflash import (
+    BlockModel,
+    block_targets,
+    block_valid,
+    longest_row,
+    pick_anchors,
+)
+from spechead.training.trainer import train
+
+VOCAB = 64
+
+
+def test_block_position_j_learns_from_the_target_at_anchor_plus_j():
+    """Anchor c, block position j >= 1 predicts x_{c+1+j}: the target's distribution at c + j (the logits
+    at a position predict the next token). One off either way fails here."""
+    values = torch.arange(10)[None]  # (1, T): each position's own index
+    anchors = torch.tensor([[2, 7]])
+    assert block_targets(values, anchors, 4).tolist() == [[[3, 4, 5], [8, 9, 9]]]  # clamped at the end
+    loss_mask = torch.ones(1, 10, dtype=torch.bool)
+    loss_mask[0, 5] = False  # x_5 is not trained: anchor 2's position 2 (x_{2+1+2})
+    ok = torch.tensor([[True, True]])
+    assert block_valid(loss_mask, anchors, ok, 4).tolist() == [[[True, False, True], [True, False, False]]]
+    assert not block_valid(loss_mask, anchors, ~ok, 4).any()
+
+
+def test_anchors_have_a_first_draft_to_learn():
+    batch = {
+        "input_ids": torch.zeros(2, 8, dtype=torch.long),
+        "attention_mask": torch.tensor([[1] * 8, [1] * 5 + [0] * 3]),
+        "loss_mask": torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0, 0]]),
+    }
+    anchors, ok = pick_anchors(batch, 5, torch.Generator().manual_seed(0))
+    assert anchors.shape == (2, 5)
+    assert sorted(anchors[0][ok[0]].tolist()) == [2, 3, 4, 5]  # x_{c+2} is a loss token, c + 2 < T
+    assert sorted(anchors[1][ok[1]].tolist()) == [0, 1, 2]
+    again, _ = pick_anchors(batch, 5, torch.Generator().manual_seed(0))
+    assert torch.equal(anchors, again)  # evaluation's anchors are the same every time
+
+
+def test_loss_falls_on_a_tiny_target(tiny_llama):
+    torch.manual_seed(0)
+    target = tiny_llama(VOCAB, layers=4, hidden=32)
+    head = DFlashHead(DFlashConfig.from_target(target.config, block_size=3, num_layers=2))
+    head.attach_target_modules(target.get_output_embeddings(), target.get_input_embeddings())
+    model = BlockModel(head, step_weights(2, 0.8))
+    ids = torch.randint(0, VOCAB, (2, 16))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8)  # a random tiny target is near uniform: peaked, it leaves room to learn
+        out = target(ids, output_hidden_states=True)
+    teacher = out.logits
+    states = [out.hidden_states[i] for i in head.config.target_layers]
+    anchors, ok = pick_anchors(batch, 6, torch.Generator().manual_seed(0))
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(40):
+        loss, correct, count, hits, *_ = model(states, teacher, batch, anchors, ok)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert count.tolist() == [12.0, 12.0] and hits.shape == (2, 2, 6)
+    probs = block_targets(teacher, anchors, 3).softmax(-1)  # (B, A, 2, V): the teacher's entropy is the floor
+    entropy = -(probs * probs.log()).sum(-1).mean(dim=(0, 1))
+    floor = float(entropy[0] + 0.8 * entropy[1])
+    assert losses[-1] - floor < 0.3 * (losses[0] - floor), (floor, losses)
+    assert head.mask_embedding.grad is not None and head.mask_embedding.grad.abs().sum() > 0
+
+
+def test_head_dflash_trains_through_the_trainer(tmp_path, tiny_target_dir, chat_file, training_kit):
+    extra = {"head": "dflash", "head.block_size": 4, "head.num_layers": 2, "trainer.lr": 0.003}
+    settings = training_kit.settings(
+        training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **extra)
+    )
+    result = train(settings)
+    head = load_head(result.head_dir)
+    assert isinstance(head, DFlashHead) and head.config.block_size == 4 and len(head.layers) == 2
+    assert head.config.target_layers == [2, 2, 1]  # [2, L//2, L-3] of the 4-layer target
+    assert 1.0 <= result.metrics["tau"] <= 4.0
+    assert {"acc/step0_top1", "acc/step2_top1", "acc/depth3"} <= set(result.metrics)
+
+
+@pytest.mark.parametrize(
+    "extra, error, needle",
+    [
+        ({"head.block_size": 1}, HeadError, "block_size must be >= 2"),
+        ({"head.block_size": 500}, TrainError, "head.block_size=500 needs sequences of at least 501"),
+        ({"head.loss.anchors": -1}, TrainError, "head.loss.anchors must be >= 0"),
+        ({"+head.blocksize": 4}, TrainError, "head.blocksize"),
+    ],
+)
+def test_bad_dflash_settings(tmp_path, tiny_target_dir, chat_file, training_kit, extra, error, needle):
+    overrides = training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", head="dflash", **extra)
+    with pytest.raises(error, match=needle):
+        train(training_kit.settings(overrides))
+
+
+def test_a_dflash_head_of_another_target_is_refused(
+    tmp_path, tiny_target_dir, chat_file, training_kit, tiny_llama, chatml_tokenizer
+):
+    """init_from a DFlash head trained on a wider target: one error naming both widths."""
+    other = tmp_path / "other-target"
+    tiny_llama(len(chatml_tokenizer), layers=4, hidden=48).save_pretrained(other)
+    chatml_tokenizer.save_pretrained(other)
+    base = {"head": "dflash", "head.block_size": 2, "trainer.max_steps": 1}
+    train(training_kit.settings(training_kit.overrides(other, chat_file, tmp_path / "wide", **base)))
+    extra = {**base, "head.init_from": tmp_path / "wide" / "head"}
+    with pytest.raises(TrainError, match="hidden_size 48.*target has 32"):
+        train(
+            training_kit.settings(training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **extra))
+        )
+
+
+@pytest.mark.slow
+def test_cli_one_line_and_exit_2(tmp_path, tiny_target_dir, chat_file, training_kit):
+    args = training_kit.overrides(
+        tiny_target_dir, chat_file, tmp_path / "o", head="dflash", **{"head.block_size": 1}
+    )
+    proc = training_kit.cli(args)
+    # the error comes after the target loaded: transformers' loading bar may stand before it on stderr
+    errors = [line for line in proc.stderr.strip().splitlines() if "error" in line.lower()]
+    assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: "), proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == errors[0]
+    assert "block_size must be >= 2" in errors[0]
+
+
+def test_longest_row_reads_nested_rows():
+    assert longest_row([{"input_ids": [1, 2, 3]}, [{"input_ids": [1] * 7}]]) == 7
