@@ -29,7 +29,6 @@ from transformers.cache_utils import DynamicLayer
 
 from spechead.heads.base import HeadConfig, register_head
 from spechead.heads.decoder_layer import additive_mask, causal_mask4d
-from spechead.heads.eagle import EAGLE_DRAFTING
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers
 from spechead.heads.errors import HeadError
 from spechead.heads.families import Family, register_family
@@ -225,6 +224,12 @@ register_family(
         recipe="spechead.training.objectives.peagle:RECIPE",
         work=_peagle_work,
         default_layers=default_eagle3_layers,
-        **EAGLE_DRAFTING,
+        drafter="spechead.inference.drafters.peagle:PEagleDrafter",
+        tree_option="choices",  # a static tree of rank paths over the block's slots (default: the chain)
+        default_tree={"choices": None},
+        accuracy="spechead.inference.drafters.peagle:measure_peagle_accuracy",
+        assumed_accuracy="spechead.inference.drafters.peagle:assumed_peagle_accuracy",
+        calibrate_assumed=False,
+        drafts_per_depth=False,  # one forward drafts every depth
     )
 )
