@@ -23,6 +23,7 @@ from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.errors import HeadError
 from spechead.heads.medusa import MedusaConfig, MedusaHead, ResBlock
+from spechead.heads.peagle import PEagleConfig, PEagleHead
 
 __all__ = [
     "CONFIG_NAME",
@@ -38,6 +39,8 @@ __all__ = [
     "HeadError",
     "MedusaConfig",
     "MedusaHead",
+    "PEagleConfig",
+    "PEagleHead",
     "ResBlock",
     "known_families",
     "load_head",

@@ -15,7 +15,8 @@ head. Figures are per process (one GPU):
       a target trained with LoRA (Medusa-2) keeps every layer for backward: B*T*L*(4H + 3I)*b.
   head: S logit sets of fp32 logits and their gradients, B*T*S*V_head*8, plus its decoder layers
       B*T*(4H + 3I)*b_head per layer pass (EAGLE: S = 1, V_head = V; EAGLE-3: S = ttt steps,
-      V_head = draft vocabulary; Medusa: S = heads, no decoder layer).
+      V_head = draft vocabulary; P-EAGLE: S = 1 + ceil((K - 1) / partitions), see its objective;
+      Medusa: S = heads, no decoder layer).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from spechead.heads.families import family_of
 from spechead.training.objectives.base import Objective
 from spechead.training.target import FrozenTarget
 
@@ -141,7 +141,7 @@ def count(modules: list[nn.Module], trainable_only: bool = False) -> tuple[int, 
 
 def head_work(objective: Objective) -> tuple[int, int, int]:
     """(logit sets S, head vocabulary, decoder-layer passes) per position for the objective's head."""
-    return family_of(objective.head.config).work(objective.head.config)
+    return objective.work()
 
 
 def from_run(

@@ -66,8 +66,8 @@ class DFlashDrafter(BatchDrafter):
                 old_v = values.new_zeros(batch, values.shape[1], 0, values.shape[3])
             else:
                 old_k, old_v = self.kv[index]
-            if old_k.shape[2] < need:  # grow: padded slots are masked out by each row's length
-                pad = need - old_k.shape[2]
+            if old_k.shape[2] < need:  # grow (doubling: rare); padded slots are masked by each row's length
+                pad = max(need, 2 * old_k.shape[2]) - old_k.shape[2]
                 old_k = torch.cat([old_k, old_k.new_zeros(*old_k.shape[:2], pad, old_k.shape[3])], dim=2)
                 old_v = torch.cat([old_v, old_v.new_zeros(*old_v.shape[:2], pad, old_v.shape[3])], dim=2)
             for buffer, fresh in ((old_k, keys), (old_v, values)):

@@ -19,7 +19,7 @@ SIZES = dict(hidden_size=16, vocab_size=32)
 
 
 def test_every_registered_part_resolves():
-    assert family_names() == ["dflash", "eagle", "eagle3", "medusa", "medusa2"]
+    assert family_names() == ["dflash", "eagle", "eagle3", "medusa", "medusa2", "peagle"]
     for name in family_names():
         fam = family_named(name)
         assert isinstance(fam.load("recipe"), Recipe), name
@@ -39,7 +39,7 @@ def test_a_saved_head_finds_its_family():
     with pytest.raises(HeadError, match="no registered family for a 'gpt' head"):
         family_of({"family": "gpt"})
     with pytest.raises(
-        TrainError, match=r"unknown head family 'gpt' \(known: dflash, eagle, eagle3, medusa, medusa2\)"
+        TrainError, match=r"unknown head family 'gpt' \(known: dflash, eagle, eagle3, medusa, medusa2, peagle\)"
     ):
         family_for("gpt")
 

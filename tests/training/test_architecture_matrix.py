@@ -86,7 +86,7 @@ ARCHS: dict[str, tuple[str, dict]] = {
     ),  # fmt: skip  (its final norm is `final_layernorm`)
 }
 HYBRID = {"qwen3_next", "falcon_h1"}
-FAMILIES = ("medusa", "medusa2", "eagle", "eagle3")
+FAMILIES = ("medusa", "medusa2", "eagle", "eagle3", "peagle", "dflash")
 N = 12  # new tokens per answer
 PROMPTS = [[5, 9, 14, 20, 33, 41, 7, 3, 12, 18, 25], [11, 4, 8], [30, 2, 6, 19, 27, 1]]
 
@@ -143,6 +143,8 @@ def _train(tmp_path: Path, target_dir: Path, family: str, chat_file: Path, kit, 
     }
     if family == "eagle3":
         extra["head.ttt_steps"] = 2
+    if family in ("peagle", "dflash"):
+        extra["head.block_size"] = 3
     hook = decode_eval_hook if more.get("trainer.decode_eval_every") else None
     settings = kit.settings(kit.overrides(target_dir, chat_file, tmp_path / "run", **{**extra, **more}))
     result = train(settings, decode_eval=hook)

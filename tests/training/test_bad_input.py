@@ -114,7 +114,7 @@ def test_cli_prints_one_line_and_exits_2(tmp_path, tiny_target_dir, training_kit
     "args, needles",
     [
         (["trainer.lrr=1"], ["trainer.lrr", "valid keys for trainer:", "max_steps"]),
-        (["head=eagle4"], ["head=eagle4", "valid head options: dflash, eagle, eagle3, medusa, medusa2"]),
+        (["head=eagle4"], ["head=eagle4", "valid head options: dflash, eagle, eagle3, medusa, medusa2, peagle"]),
         (["trainer.output_dir={file}/out"], ["trainer.output_dir=", "not a writable directory"]),
         (["model.path=/models/my-llama", "data=jsonl", "data.path=chats.jsonl", "trainer.max_steps=2000"],
          ["model.path=/models/my-llama", "use model=local model.path=/models/my-llama"]),

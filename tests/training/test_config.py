@@ -237,7 +237,7 @@ def test_missing_data_path_for_jsonl():
         ("model.dtyp=float16", r"unknown key model\.dtyp \(valid keys for model: name, path, dtype, "),
         (
             "head=eagle4",
-            r"^head=eagle4: head has no option 'eagle4' \(valid head options: eagle, eagle3, medusa, medusa2\)$",
+            r"^head=eagle4: head has no option 'eagle4' \(valid head options: dflash, eagle, eagle3, medusa, medusa2, peagle\)$",
         ),
         (
             "model=llama4",

@@ -69,7 +69,7 @@ class Eagle3Objective(Objective):
     def __init__(self, head: Eagle3Head, cfg: Eagle3LossConfig, steps: int):
         self.head = head
         self.cfg = cfg
-        self.model = TTTModel(head, step_weights(steps, cfg.decay))
+        self.model: nn.Module = TTTModel(head, step_weights(steps, cfg.decay))
 
     def module(self) -> nn.Module:
         return self.model
