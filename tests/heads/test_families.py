@@ -39,7 +39,8 @@ def test_a_saved_head_finds_its_family():
     with pytest.raises(HeadError, match="no registered family for a 'gpt' head"):
         family_of({"family": "gpt"})
     with pytest.raises(
-        TrainError, match=r"unknown head family 'gpt' \(known: dflash, eagle, eagle3, medusa, medusa2, peagle\)"
+        TrainError,
+        match=r"unknown head family 'gpt' \(known: dflash, eagle, eagle3, medusa, medusa2, peagle\)",
     ):
         family_for("gpt")
 
