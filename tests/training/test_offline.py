@@ -44,7 +44,15 @@ def train_losses(out: Path) -> list[float]:
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
 
-@pytest.mark.parametrize(("head", "extra"), [("eagle3", {"head.ttt_steps": 2}), ("eagle", {})])
+@pytest.mark.parametrize(
+    ("head", "extra"),
+    [
+        ("eagle3", {"head.ttt_steps": 2}),
+        ("eagle", {}),
+        ("peagle", {"head.block_size": 3}),
+        ("dflash", {"head.block_size": 3}),
+    ],
+)
 def test_offline_training_gives_the_online_head(
     head, extra, caches, tmp_path, tiny_target_dir, chat_file, training_kit
 ):
