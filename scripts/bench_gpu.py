@@ -31,8 +31,9 @@ from collections.abc import Callable
 import torch
 from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_parents
 from gpu_bench_args import TREE_SIZES, parse_args
-from gpu_report import ACCEPTED, COMPARED, goals, render, summarize
+from gpu_report import ACCEPTED, COMPARED, TAUS, goals, parallel_goal_keys, render, summarize
 from gpu_stream_rows import project_stream, stream_or_error
+from parallel_drafts import measure_parallel, parallel_heads, project_parallel
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.attention import NAME as TREE_SDPA
@@ -177,8 +178,8 @@ def measure_runner(
         restart_at(drafter, ctx)
 
     accept_ms = timer.ms(lambda: drafter.accept_paths(*accepted), setup=restart)
-    if keep is not None:
-        keep.update(runner=runner, drafter=drafter)
+    if keep is not None:  # (and the prompt's states: the parallel drafters draft after the same context)
+        keep.update(runner=runner, drafter=drafter, prompt=prompt[0], hidden=hidden, root=root)
     out = {"verify_ms": verify_ms, "commit_ms": commit_ms, "propose_ms": propose_ms, "accept_ms": accept_ms,
            "commit_path_len": int(path.numel()), "draft_status": draft_status,
            "draft_attention": draft_attention(drafter, device)}  # fmt: skip
@@ -229,7 +230,8 @@ def draft_bytes(head: Eagle3Head, depth: int) -> int:
 def resolve_device(args: argparse.Namespace) -> torch.device:
     """The device to run on; ValueError on bad options (no CUDA without --tiny, bad numbers)."""
     numbers = {"iters": (args.iters, 1), "warmup": (args.warmup, 0), "context": (1 if args.context is None else args.context, 1),
-               "top-k": (args.top_k, 1), "depth": (args.depth, 1), "draft-vocab": (args.draft_vocab, 1)}  # fmt: skip
+               "top-k": (args.top_k, 1), "depth": (args.depth, 1), "draft-vocab": (args.draft_vocab, 1),
+               "dflash-layers": (args.dflash_layers, 1)}  # fmt: skip
     for name, (value, low) in numbers.items():
         if value < low:
             raise ValueError(f"--{name} must be >= {low}, got {value}")
@@ -322,12 +324,24 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     if not args.no_stream:  # whole passes as the engine runs them, beside the parts' sum
         stream = stream_or_error(model, head, args, args.compile or False, kept["runner"], kept["drafter"])
         report["stream"] = project_stream(stream, report["pass_ms"], tau=5.4)
+    if not args.no_parallel:  # one P-EAGLE / DFlash forward per pass, blocks of --blocks, beside EAGLE-3's
+        report.update(measure_parallel_rows(model, args, timer, kept, parts))
     report["goals"] = goals(report)
     if args.compile and args.compare:  # the batch-1 parts again with another compiled fast path
         other, other_status = measure_compiled(model, head, args, timer, device, args.compare)
         summary = summarize(args, other, bandwidth, weight_bytes, streamed, draft_bytes(head, args.depth))
         report["compare"] = {"compile": other_status, **{key: summary[key] for key in COMPARED}}
     return report
+
+
+def measure_parallel_rows(model, args: argparse.Namespace, timer: Timer, kept: dict, parts: dict) -> dict:
+    """{"parallel": {name: row}, "parallel_layers"} and the goal keys (`parallel_goal_keys`): each parallel
+    head's draft after the measured context, its chain verified, its pass projected (parallel_drafts.py)."""
+    heads = parallel_heads(model, args.draft_vocab, args.blocks, args.dflash_layers)
+    rows = measure_parallel(heads, kept["prompt"], kept["hidden"], kept["root"], timer)
+    step = parts["verify_ms"][1]
+    rows = project_parallel(rows, kept["runner"], step, parts["commit_ms"], timer, TAUS)
+    return {"parallel": rows, "parallel_layers": args.dflash_layers, **parallel_goal_keys(rows)}
 
 
 def main(argv: list[str] | None = None) -> int:

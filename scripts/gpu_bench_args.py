@@ -94,6 +94,13 @@ def parse_args(argv: list[str] | None, doc: str | None) -> argparse.Namespace:
         "CUDA graphs of our own with inductor; a graph per batch size and tree bucket, compiled first)",
     )
     p.add_argument(
+        "--blocks", type=_blocks, default=(8, 16), metavar="K,K",
+        help="parallel drafters' blocks (default 8,16): a P-EAGLE head of K and a DFlash head of block K each, "
+             "one forward per pass, timed beside EAGLE-3's depth-D draft (scripts/parallel_drafts.py)",
+    )  # fmt: skip
+    p.add_argument("--dflash-layers", type=int, default=5, help="DFlash drafter layers (default 5)")
+    p.add_argument("--no-parallel", action="store_true", help="skip the P-EAGLE / DFlash rows")
+    p.add_argument(
         "--profile",
         action="store_true",
         help="also profile each part (torch.profiler): wall vs kernel time, kernel counts, top kernels",
@@ -108,6 +115,17 @@ def topk_chunk(text: str) -> Chunk:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"a chunk is a positive number of ids, auto or none, got {text!r}")
     return int(text)
+
+
+def _blocks(text: str) -> tuple[int, ...]:
+    """ "8,16" -> (8, 16), each >= 2 (a block drafts at least one token)."""
+    try:
+        blocks = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        blocks = ()
+    if not blocks or min(blocks) < 2:
+        raise argparse.ArgumentTypeError(f"blocks are numbers >= 2, e.g. 8,16, got {text!r}")
+    return blocks
 
 
 def _sizes(text: str) -> tuple[int, ...]:

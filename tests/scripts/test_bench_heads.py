@@ -52,7 +52,13 @@ def overrides_for(target: Path, chats: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("family", "extra", "depths"), [("medusa", ["head.num_heads=11"], 11), ("eagle3", [], 7)]
+    ("family", "extra", "depths"),
+    [
+        ("medusa", ["head.num_heads=11"], 11),
+        ("eagle3", [], 7),
+        ("peagle", ["head.block_size=4"], 4),  # K slots of one block
+        ("dflash", ["head.block_size=4"], 3),  # the block's positions after the accepted token
+    ],
 )
 def test_a_row_holds_the_runs_numbers_depths_in_order(
     script, tiny_target_dir, chat_file, tmp_path, monkeypatch, family, extra, depths
@@ -119,3 +125,19 @@ def test_a_family_that_fails_leaves_the_rows_before_it(
         module.main()
     assert [r["family"] for r in json.loads((out / "results.json").read_text())] == ["medusa"]
     assert not (out / "medusa" / "wandb").exists()  # the script's runs log nowhere (logger=none)
+
+
+def test_draft_rows_time_one_parallel_forward_beside_eagle3(script, tiny_target_dir, chat_file):
+    """At the trained target's shape: EAGLE-3's depth-7 draft, then P-EAGLE K and DFlash block K for K = 8
+    and 16, each one head forward, as a multiple of EAGLE-3's; the Markdown has a line per drafter."""
+    module = script("bench_heads")
+    module.register_resolvers()
+    overrides = ["model=local", f"model.path={tiny_target_dir}", "data=jsonl", f"data.path={chat_file}"]
+    rows = module.draft_rows(overrides, context=16, dflash_layers=2, iters=1)
+    assert [r["drafter"] for r in rows] == ["eagle3 depth 7", "peagle K=8", "dflash block 8 (2 layers)",
+                                            "peagle K=16", "dflash block 16 (2 layers)"]  # fmt: skip
+    assert [(r["drafts"], r["forwards"]) for r in rows] == [(7, 6), (8, 1), (7, 1), (16, 1), (15, 1)]
+    assert rows[0]["x_eagle3"] == 1.0 and all(r["draft_ms"] > 0 for r in rows)
+    assert all(r["x_eagle3"] == r["draft_ms"] / rows[0]["draft_ms"] for r in rows)
+    lines = module.draft_markdown(rows).splitlines()
+    assert len(lines) == 7 and lines[4].startswith("| dflash block 8 (2 layers) | 7 | 1 | ")
