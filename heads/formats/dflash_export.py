@@ -17,9 +17,10 @@ use as a real-library check of tensor names and shapes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+from torch import nn
 
 from spechead.heads.dflash import DFlashHead
 from spechead.heads.errors import HeadError
@@ -77,7 +78,7 @@ def dflash_layer_fields(head: DFlashHead) -> dict[str, Any]:
         raise HeadError(
             f"SGLang's DFLASH layer runs silu only, the head's layer uses {layer['hidden_act']!r}"
         )
-    attention = {name for name, _ in head.layers[0].self_attn.named_children()}
+    attention = {name for name, _ in cast(nn.Module, cast(Any, head.layers[0]).self_attn).named_children()}
     if not {"q_norm", "k_norm"} <= attention:
         raise HeadError(
             "SGLang's DFLASH layer always applies per-head q/k norms, which the head's "

@@ -17,7 +17,7 @@ speculators layout plus:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -85,8 +85,8 @@ def mask_hidden_input(head: PEagleHead) -> Tensor:
     scale = None
     if head.config.norm_before_fc:
         norm = head.input_norm
-        scale = norm.weight.double()  # (3H,)
-        if bool((scale == 0).any()):
+        scale = cast(Tensor, norm.weight).double()  # (3H,)
+        if bool(torch.any(scale == 0)):
             raise HeadError("input_norm has zero weights: the P-EAGLE mask hidden state cannot be exported")
         weight = weight * scale
     solution = torch.linalg.pinv(weight) @ target  # (3H,)

@@ -103,3 +103,39 @@ def test_heads_sglang_cannot_hold_are_refused(tmp_path) -> None:
         export_head(dflash_head(target, target_layers=[2, 4, L]), "sglang", tmp_path / "c")
     with pytest.raises(HeadError, match="cannot be exported as 'speculators'"):
         export_head(dflash_head(target), "speculators", tmp_path / "d")
+
+
+# ---- through scripts/export.py -----------------------------------------------------------------------
+
+
+def run_script(argv: list[str]) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "export.py"
+    spec = importlib.util.spec_from_file_location("export_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(a) for a in argv])
+
+
+def test_the_script_exports_a_dflash_head(tmp_path, capsys) -> None:
+    head = dflash_head(qwen3_target()).save_pretrained(tmp_path / "head")
+    assert run_script([head, "--format", "sglang", "--out", tmp_path / "o"]) == 0
+    assert "round-trip check: skipped" in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fmt", "message"),
+    [
+        ({"mask_token_id": -1}, "sglang", "train with head.mask_token_id=<id>"),
+        ({}, "speculators", "is a dflash head; formats for dflash heads: sglang"),
+    ],
+    ids=["learned-mask-to-sglang", "to-speculators"],
+)
+def test_the_script_refuses_in_one_error_line(tmp_path, capsys, overrides, fmt, message) -> None:
+    head = dflash_head(qwen3_target(), **overrides).save_pretrained(tmp_path / "head")
+    assert run_script([head, "--format", fmt, "--out", tmp_path / "o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and message in err

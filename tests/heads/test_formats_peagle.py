@@ -164,3 +164,49 @@ def test_real_speculators_drafts_the_same_block(target, target_dir, tmp_path, op
     assert mine.shape == other.shape == (1, len(ANCHORS), K, VD)
     torch.testing.assert_close(mine, other, atol=1e-5, rtol=1e-5)
     assert torch.equal(mine.argmax(-1), other.argmax(-1))
+
+
+# ---- through scripts/export.py -----------------------------------------------------------------------
+
+
+def run_script(argv: list[str]) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "export.py"
+    spec = importlib.util.spec_from_file_location("export_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def saved_head(target, target_dir, tmp_path_factory):
+    head = random_head(target)
+    head.config.target_name_or_path = str(target_dir)  # the script reads the embedding from the target
+    return head.save_pretrained(tmp_path_factory.mktemp("peagle") / "head")
+
+
+def test_the_script_exports_with_a_mask_token(saved_head, tmp_path, capsys) -> None:
+    assert (
+        run_script([saved_head, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "as speculators" in printed and "round-trip check: skipped" in printed
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["speculators_model_type"] == "peagle"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--format", "sglang"], "is a peagle head; formats for peagle heads: speculators"),
+        (["--format", "speculators"], "pass --mask-token-id ID"),
+        (["--format", "speculators", "--mask-token-id", V], "must be a token id in 0..47"),
+    ],
+    ids=["sglang-cannot-hold-it", "no-mask-token", "mask-token-out-of-range"],
+)
+def test_the_script_refuses_in_one_error_line(saved_head, tmp_path, capsys, argv, message) -> None:
+    assert run_script([saved_head, *argv, "--out", tmp_path / "o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and message in err
