@@ -301,6 +301,7 @@ register_family(
         calibrate_assumed=False,
         drafts_per_depth=False,
         work=_dflash_work,
+        exports={"sglang": "spechead.heads.formats.dflash_export:export_dflash_sglang"},
         default_layers=default_dflash_layers,
     )
 )

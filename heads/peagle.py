@@ -223,6 +223,7 @@ register_family(
         tags=("peagle", "eagle3"),
         recipe="spechead.training.objectives.peagle:RECIPE",
         work=_peagle_work,
+        exports={"speculators": "spechead.heads.formats.peagle_export:export_peagle_speculators"},
         default_layers=default_eagle3_layers,
         drafter="spechead.inference.drafters.peagle:PEagleDrafter",
         tree_option="choices",  # a static tree of rank paths over the block's slots (default: the chain)

@@ -51,6 +51,17 @@ def export_speculators(
     directory's name plus a `verifier_note`. embedding: the target's input embedding [V, H]
     (`weights.target_embedding`; default: the one attached to the head); with_embedding=False leaves
     embed_tokens.weight out (vLLM then shares the target's; speculators' own model cannot)."""
+    config = speculators_config(head, dtype, speculative_tokens, verifier)
+    tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")
+    if with_embedding:
+        tensors["embed_tokens.weight"] = target_embedding_of(head, embedding)
+    return write_export(out, config, tensors, dtype)
+
+
+def speculators_config(
+    head: Eagle3Head, dtype: torch.dtype | None, speculative_tokens: int, verifier: str | None
+) -> dict[str, Any]:
+    """config.json of an EAGLE-3 head in the speculators layout (P-EAGLE's export adds its fields)."""
     layer = _llama_layer(head, allow_bias=True)
     cfg = head.config
     name, note = portable_verifier(verifier or cfg.target_name_or_path)
@@ -74,10 +85,7 @@ def export_speculators(
     }
     if note:
         config["verifier_note"] = note
-    tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")
-    if with_embedding:
-        tensors["embed_tokens.weight"] = target_embedding_of(head, embedding)
-    return _write(out, config, tensors, dtype)
+    return config
 
 
 def export_sglang(head: Eagle3Head, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
@@ -106,7 +114,7 @@ def export_sglang(head: Eagle3Head, out: Path, *, dtype: torch.dtype | None = No
         "dtype": export_dtype(head, dtype),
         "torch_dtype": export_dtype(head, dtype),
     }
-    return _write(out, config, head.state_dict(), dtype)
+    return write_export(out, config, head.state_dict(), dtype)
 
 
 def portable_verifier(name: str | None) -> tuple[str | None, str | None]:
@@ -127,24 +135,28 @@ def portable_verifier(name: str | None) -> tuple[str | None, str | None]:
 
 def _layer_inputs(head: Eagle3Head) -> list[int]:
     """The fused target layers as decoder-layer input ids 1..L-1 (HF hidden-state indices)."""
-    cfg = head.config
-    depth = cfg.target_num_layers
-    if any(i < 0 for i in cfg.target_layers):
+    return fused_layer_inputs(list(head.config.target_layers), head.config.target_num_layers)
+
+
+def fused_layer_inputs(layers: list[int], depth: int) -> list[int]:
+    """`layers` (HF hidden-state indices of a `depth`-layer target, 0 = unknown depth) checked to be what
+    serving engines capture: decoder-layer inputs 1..L-1, strictly ascending; HeadError otherwise."""
+    if any(i < 0 for i in layers):
         raise HeadError(
-            f"target_layers {cfg.target_layers} are relative to a target depth the head does not record: "
+            f"target_layers {layers} are relative to a target depth the head does not record: "
             "set target_num_layers in its config.json"
         )
-    if any(i < 1 or (depth and i >= depth) for i in cfg.target_layers):
+    if any(i < 1 or (depth and i >= depth) for i in layers):
         raise HeadError(
-            f"target_layers {cfg.target_layers} include the embeddings (0) or the final normed state (L): serving "
-            "engines feed EAGLE-3 heads the inputs of decoder layers 1..L-1 only"
+            f"target_layers {layers} include the embeddings (0) or the final normed state (L): serving "
+            "engines feed heads the inputs of decoder layers 1..L-1 only"
         )
-    if sorted(set(cfg.target_layers)) != list(cfg.target_layers):
+    if sorted(set(layers)) != list(layers):
         raise HeadError(
-            f"target_layers {cfg.target_layers} are not strictly ascending: serving engines capture each layer "
+            f"target_layers {layers} are not strictly ascending: serving engines capture each layer "
             "once, in layer order, so fc would read its inputs in another order"
         )
-    return list(cfg.target_layers)
+    return list(layers)
 
 
 def _llama_layer(head: Eagle3Head, allow_bias: bool) -> dict[str, Any]:
@@ -164,7 +176,7 @@ def _llama_layer(head: Eagle3Head, allow_bias: bool) -> dict[str, Any]:
     return layer
 
 
-def _write(out: Path, config: dict[str, Any], tensors: dict, dtype: torch.dtype | None) -> Path:
+def write_export(out: Path, config: dict[str, Any], tensors: dict, dtype: torch.dtype | None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_tensors(tensors, out / "model.safetensors", dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -1,0 +1,90 @@
+"""Export a DFlashHead in the layout SGLang's DFLASH loads (`--speculative-algorithm DFLASH
+--speculative-draft-model-path out`), the z-lab DFlash checkpoint layout.
+
+SGLang does not run here (GPU build); the layout follows its loader as published in sgl-project/sglang:
+`python/sglang/srt/models/dflash.py` (DFlashDraftModel, the EntryClass: layers.{i}.* of a Qwen3-style
+layer whose attention ALWAYS applies per-head q_norm / k_norm, silu MLP without biases, fc (no bias) over
+len(target_layer_ids) * H, hidden_norm, norm; no embedding nor lm_head: the target's are used) and
+`python/sglang/srt/speculative/dflash_utils.py` (parse_dflash_draft_config: num_hidden_layers = draft
+layers, block_size top-level or in dflash_config, dflash_config.target_layer_ids = 0-based target layer
+OUTPUT ids, dflash_config.mask_token_id >= 0, num_target_layers; layer_types absent or full_attention
+= non-causal attention). Published z-lab / SpecForge configs (architectures ["DFlashDraftModel"],
+model_type "qwen3", block_size top-level, dflash_config {mask_token_id, target_layer_ids}) match.
+speculators 0.9.0 converts this layout (`speculators.convert.dflash.DFlashConverter`), which the tests
+use as a real-library check of tensor names and shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from spechead.heads.dflash import DFlashHead
+from spechead.heads.errors import HeadError
+from spechead.heads.formats.build import export_dtype
+from spechead.heads.formats.eagle3_export import fused_layer_inputs, write_export
+from spechead.heads.formats.llama import llama_layer_fields
+
+ARCHITECTURE = "DFlashDraftModel"
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def export_dflash_sglang(head: DFlashHead, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
+    """Write `out`/config.json + model.safetensors in SGLang's DFLASH layout (HeadError if it cannot hold
+    the head: a learned mask embedding, a layer without per-head q/k norms, MLP biases)."""
+    cfg = head.config
+    if cfg.mask_token_id < 0:
+        raise HeadError(
+            "the head learned its own mask embedding (mask_token_id -1), which SGLang's DFLASH cannot load "
+            "(it embeds masks as a target token): train with head.mask_token_id=<id> (a token the target "
+            "never reads)"
+        )
+    layer = dflash_layer_fields(head)
+    config = {
+        "architectures": [ARCHITECTURE],
+        **layer,
+        "num_hidden_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+        "block_size": cfg.block_size,
+        "num_target_layers": cfg.target_num_layers or None,
+        "dflash_config": {
+            "mask_token_id": cfg.mask_token_id,
+            # SGLang's ids are layer OUTPUTS (0-based); spechead's HF index i is the output of layer i - 1
+            "target_layer_ids": [
+                i - 1 for i in fused_layer_inputs(list(cfg.target_layers), cfg.target_num_layers)
+            ],
+            "block_size": cfg.block_size,
+        },
+        "layer_types": ["full_attention"] * cfg.num_layers,  # non-causal block attention, no window
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "dtype": export_dtype(head, dtype),
+        "torch_dtype": export_dtype(head, dtype),
+    }
+    return write_export(out, config, head.state_dict(), dtype)
+
+
+def dflash_layer_fields(head: DFlashHead) -> dict[str, Any]:
+    """Qwen3 config fields of the drafter layers; HeadError unless SGLang's DFLASH layer runs them exactly."""
+    layer = llama_layer_fields(head.config.layer_config)
+    if layer.pop("mlp_bias"):
+        raise HeadError(
+            "the head's MLP has biases, which SGLang's DFLASH layer lacks: train without mlp_bias"
+        )
+    if layer["hidden_act"] != "silu":
+        raise HeadError(
+            f"SGLang's DFLASH layer runs silu only, the head's layer uses {layer['hidden_act']!r}"
+        )
+    attention = {name for name, _ in cast(nn.Module, cast(Any, head.layers[0]).self_attn).named_children()}
+    if not {"q_norm", "k_norm"} <= attention:
+        raise HeadError(
+            "SGLang's DFLASH layer always applies per-head q/k norms, which the head's "
+            f"{head.config.layer_config.get('model_type')} layer lacks: train with head.draft_layer=target on a "
+            "target whose layer has them (Qwen3)"
+        )
+    if not set(_ATTENTION) <= attention:
+        raise HeadError(f"the head's attention {sorted(attention)} is not q/k/v/o projections")
+    return {**layer, "model_type": "qwen3", "num_hidden_layers": head.config.num_layers}

@@ -1,0 +1,141 @@
+"""DFlash exported in the layout SGLang's DFLASH loads. SGLang cannot run here (GPU build, not installed):
+the layout is tested against its published loader's schema (heads/formats/dflash_export.py names the
+source: sgl-project/sglang models/dflash.py and speculative/dflash_utils.py), and the REAL speculators
+0.9.0 DFlashConverter (which reads this z-lab / SGLang layout) loads it strictly into its
+DFlashDraftModel with our tensors. Heads SGLang cannot hold are refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from spechead.heads import DFlashConfig, DFlashHead, HeadError
+from spechead.heads.formats import export_head
+
+V, H, L, MASK = 64, 32, 8, 63
+LAYERS = [2, 4, 6]  # HF hidden-state indices = outputs of target layers 1, 3, 5
+
+
+def qwen3_target() -> Qwen3ForCausalLM:
+    config = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def dflash_head(target, draft_layer: str = "target", **overrides) -> DFlashHead:
+    fields = {"block_size": 4, "num_layers": 2, "mask_token_id": MASK, "target_layers": LAYERS, **overrides}
+    torch.manual_seed(1)
+    head = DFlashHead(DFlashConfig.from_target(target.config, draft_layer, **fields))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.2)
+    return head.eval()
+
+
+# SGLang's DFlashDraftModel parameters per layer (its q/k/v and gate/up are stacked from these names)
+LAYER_TENSORS = [
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+]  # fmt: skip
+
+
+def test_layout_matches_sglangs_dflash_schema(tmp_path) -> None:
+    target = qwen3_target()
+    head = dflash_head(target)
+    out = export_head(head, "sglang", tmp_path / "d")
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["architectures"] == ["DFlashDraftModel"] and raw["model_type"] == "qwen3"
+    assert raw["num_hidden_layers"] == 2 and raw["num_target_layers"] == L and raw["block_size"] == 4
+    assert raw["dflash_config"] == {"mask_token_id": MASK, "target_layer_ids": [1, 3, 5], "block_size": 4}
+    assert raw["layer_types"] == ["full_attention"] * 2 and raw["hidden_act"] == "silu"
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                "intermediate_size", "rope_theta", "max_position_embeddings", "vocab_size"):  # fmt: skip
+        assert key in raw, key
+    tensors = load_file(out / "model.safetensors")
+    expected = {f"layers.{i}.{name}" for i in range(2) for name in LAYER_TENSORS}
+    expected |= {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    assert set(tensors) == expected  # no embedding, no lm_head: SGLang uses the target's
+    assert tensors["fc.weight"].shape == (H, len(LAYERS) * H)  # (H, K * H): K = len(target_layer_ids)
+    assert tensors["layers.0.self_attn.k_norm.weight"].shape == (8,)  # per head (head_dim)
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(tensors[name], tensor), name
+
+
+def test_speculators_converter_loads_the_layout_strictly(tmp_path) -> None:
+    """speculators' DFlashConverter reads the z-lab / SGLang layout into its DFlashDraftModel (unexpected
+    or missing draft tensors raise); the converted model holds our weights and our layer ids."""
+    converter = pytest.importorskip("speculators.convert.dflash", reason="speculators is not installed")
+    from loguru import logger
+
+    logger.disable("speculators")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    target = qwen3_target()
+    target.save_pretrained(tmp_path / "target")
+    head = dflash_head(target)
+    out = export_head(head, "sglang", tmp_path / "d")
+    converter.DFlashConverter().convert(out, tmp_path / "conv", str(tmp_path / "target"), validate=False)
+    from speculators.models.dflash import DFlashDraftModel
+
+    model = DFlashDraftModel.from_pretrained(str(tmp_path / "conv"))
+    cfg = model.config
+    assert cfg.block_size == 4 and cfg.mask_token_id == MASK
+    assert cfg.aux_hidden_state_layer_ids == LAYERS  # theirs: target_layer_ids + 1 = our HF indices
+    theirs = model.state_dict()
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(theirs[name], tensor), name
+
+
+def test_heads_sglang_cannot_hold_are_refused(tmp_path) -> None:
+    target = qwen3_target()
+    with pytest.raises(HeadError, match=r"train with head.mask_token_id=<id>"):
+        export_head(dflash_head(target, mask_token_id=-1), "sglang", tmp_path / "a")
+    with pytest.raises(HeadError, match="per-head q/k norms"):
+        export_head(dflash_head(target, "llama"), "sglang", tmp_path / "b")
+    with pytest.raises(HeadError, match="final normed state"):
+        export_head(dflash_head(target, target_layers=[2, 4, L]), "sglang", tmp_path / "c")
+    with pytest.raises(HeadError, match="cannot be exported as 'speculators'"):
+        export_head(dflash_head(target), "speculators", tmp_path / "d")
+
+
+# ---- through scripts/export.py -----------------------------------------------------------------------
+
+
+def run_script(argv: list[str]) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "export.py"
+    spec = importlib.util.spec_from_file_location("export_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(a) for a in argv])
+
+
+def test_the_script_exports_a_dflash_head(tmp_path, capsys) -> None:
+    head = dflash_head(qwen3_target()).save_pretrained(tmp_path / "head")
+    assert run_script([head, "--format", "sglang", "--out", tmp_path / "o"]) == 0
+    assert "round-trip check: skipped" in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fmt", "message"),
+    [
+        ({"mask_token_id": -1}, "sglang", "train with head.mask_token_id=<id>"),
+        ({}, "speculators", "is a dflash head; formats for dflash heads: sglang"),
+    ],
+    ids=["learned-mask-to-sglang", "to-speculators"],
+)
+def test_the_script_refuses_in_one_error_line(tmp_path, capsys, overrides, fmt, message) -> None:
+    head = dflash_head(qwen3_target(), **overrides).save_pretrained(tmp_path / "head")
+    assert run_script([head, "--format", fmt, "--out", tmp_path / "o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and message in err

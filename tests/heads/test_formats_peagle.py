@@ -1,0 +1,212 @@
+"""P-EAGLE exported in vLLM's parallel-drafting layout (speculators "peagle"), checked against the REAL
+speculators 0.9.0 PEagleDraftModel: its parallel forward over all K positions of chosen anchors gives
+our logits (fp32, 1e-5). Bad input (no mask token, a format that cannot hold the head) is refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spechead.heads import HeadError
+from spechead.heads.formats import export_head
+from spechead.heads.formats.peagle_export import mask_hidden_input
+from spechead.heads.peagle import PEagleConfig, PEagleHead
+
+H, V, L, VD, K = 32, 48, 8, 20, 4
+LAYERS = [1, 4, 6]
+T = 24
+ANCHORS = torch.tensor([0, 5, 11, 17, 20])  # <= T - K: speculators indexes x at anchor + depth
+MASK = 47  # the token id whose embedding row carries the learned mask embedding
+EAGLE31 = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return tiny_llama(V, layers=L, hidden=H).requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def target_dir(target, tmp_path_factory):
+    path = tmp_path_factory.mktemp("verifier")
+    target.save_pretrained(path)
+    return path
+
+
+def random_head(target, **options) -> PEagleHead:
+    torch.manual_seed(0)
+    head = PEagleHead(
+        PEagleConfig.from_target(
+            target.config,
+            draft_vocab_size=VD,
+            target_layers=LAYERS,
+            target_name_or_path="org/tiny",
+            block_size=K,
+            **options,
+        )
+    )
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.2)
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(5))[:VD].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[ids] = True
+    head.set_draft_vocab(ids - torch.arange(VD), t2d)
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    return head.eval()
+
+
+def inputs() -> tuple[list[torch.Tensor], torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [2 * torch.randn(1, T, H, generator=g) for _ in range(3)], torch.randint(
+        0, MASK, (1, T), generator=g
+    )
+
+
+def test_layout_config_and_tensors(target, tmp_path) -> None:
+    head = random_head(target)
+    out = export_head(head, "speculators", tmp_path / "p", mask_token_id=MASK)
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["architectures"] == ["PEagleSpeculator"] and raw["speculators_model_type"] == "peagle"
+    assert raw["speculators_config"]["algorithm"] == "peagle"
+    assert raw["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == K
+    assert raw["mask_token_id"] == MASK and raw["eagle_aux_hidden_state_layer_ids"] == LAYERS
+    assert (
+        raw["norm_before_residual"] is False
+    )  # vLLM's P-EAGLE reader defaults it to false, EAGLE-3's to true
+    tensors = load_file(out / "model.safetensors")
+    assert "mask_embedding" not in tensors and "midlayer.fc" not in tensors
+    assert tensors["mask_hidden"].shape == (1, 1, 3 * H)
+    table = tensors["embed_tokens.weight"]
+    assert torch.equal(table[MASK], head.mask_embedding.detach())
+    others = torch.arange(V) != MASK
+    assert torch.equal(table[others], target.get_input_embeddings().weight[others])
+
+
+@pytest.mark.parametrize("options", [{}, EAGLE31], ids=["plain", "norm_before_fc"])
+def test_mask_hidden_before_fc_reproduces_ours(target, options) -> None:
+    head = random_head(target, **options)
+    m = mask_hidden_input(head)
+    with torch.no_grad():
+        if head.config.norm_before_fc:
+            m = head.input_norm(m)
+        torch.testing.assert_close(head.fc(m), head.mask_hidden, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_input_is_refused(target, tmp_path) -> None:
+    head = random_head(target)
+    with pytest.raises(HeadError, match="--mask-token-id"):
+        export_head(head, "speculators", tmp_path / "a")
+    with pytest.raises(HeadError, match="0..47"):
+        export_head(head, "speculators", tmp_path / "b", mask_token_id=V)
+    with pytest.raises(HeadError, match="drop --no-embedding"):
+        export_head(head, "speculators", tmp_path / "c", mask_token_id=MASK, with_embedding=False)
+    with pytest.raises(HeadError, match="cannot be exported as 'sglang'"):
+        export_head(head, "sglang", tmp_path / "d")
+
+
+# ---- the real speculators library ------------------------------------------------------------------
+
+
+def ours(head: PEagleHead) -> torch.Tensor:
+    """(1, A, K, Vd): slot 0 the anchor's real position, slots 1..K-1 its future positions."""
+    states, ids = inputs()
+    with torch.no_grad():
+        return head.parallel_logits(head.fuse(states), ids, ANCHORS)
+
+
+def theirs(model, monkeypatch) -> torch.Tensor:
+    """PEagleDraftModel.forward with its COD sampling replaced by every position at depth 0 and the
+    anchors at depths 1..K-1 (its training forward IS the parallel forward); lm_head outputs captured."""
+    core = pytest.importorskip("speculators.models.peagle.core")
+    depth = torch.cat([torch.zeros(T, dtype=torch.long), torch.arange(1, K).repeat_interleave(len(ANCHORS))])
+    anchor = torch.cat([torch.arange(T), ANCHORS.repeat(K - 1)])
+    monkeypatch.setattr(core, "generate_cod_sample_indices", lambda **_: (anchor, depth))
+    monkeypatch.setattr(core, "compute_metrics", lambda **_: (torch.tensor(0.0), {}))
+    states, ids = inputs()
+    shifted = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)  # depth 0 at t reads x_{t+1}
+    logits = []
+    hook = model.lm_head.register_forward_hook(lambda _m, _a, out: logits.append(out))
+    with torch.no_grad():
+        model(
+            hidden_states=torch.cat(states, dim=-1),
+            input_ids=shifted,
+            document_ids=torch.zeros(1, T, dtype=torch.long),
+            verifier_last_hidden_states=torch.zeros(1, T, H),
+            num_depths=K,
+        )
+    hook.remove()
+    flat = logits[0][0]  # (T + (K - 1) * A, Vd)
+    first = flat[ANCHORS][:, None]  # (A, 1, Vd)
+    future = flat[T:].view(K - 1, len(ANCHORS), -1).transpose(0, 1)  # (A, K - 1, Vd)
+    return torch.cat([first, future], dim=1)[None]
+
+
+@pytest.mark.parametrize("options", [{}, EAGLE31], ids=["peagle", "peagle+eagle3.1"])
+def test_real_speculators_drafts_the_same_block(target, target_dir, tmp_path, options, monkeypatch) -> None:
+    peagle = pytest.importorskip("speculators.models.peagle", reason="speculators is not installed")
+    from loguru import logger
+
+    logger.disable("speculators")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    head = random_head(target, **options)
+    out = export_head(head, "speculators", tmp_path / "p", mask_token_id=MASK)
+    config = peagle.PEagleSpeculatorConfig.from_pretrained(out)
+    config.speculators_config.verifier.name_or_path = str(target_dir)
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = peagle.PEagleDraftModel.from_pretrained(out, config=config).eval()
+    assert model.mask_token_id == MASK and model.config.eagle_aux_hidden_state_layer_ids == LAYERS
+    assert model.mask_hidden.shape == (1, 1, 3 * H)
+    mine, other = ours(head), theirs(model, monkeypatch)
+    assert mine.shape == other.shape == (1, len(ANCHORS), K, VD)
+    torch.testing.assert_close(mine, other, atol=1e-5, rtol=1e-5)
+    assert torch.equal(mine.argmax(-1), other.argmax(-1))
+
+
+# ---- through scripts/export.py -----------------------------------------------------------------------
+
+
+def run_script(argv: list[str]) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "export.py"
+    spec = importlib.util.spec_from_file_location("export_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main([str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def saved_head(target, target_dir, tmp_path_factory):
+    head = random_head(target)
+    head.config.target_name_or_path = str(target_dir)  # the script reads the embedding from the target
+    return head.save_pretrained(tmp_path_factory.mktemp("peagle") / "head")
+
+
+def test_the_script_exports_with_a_mask_token(saved_head, tmp_path, capsys) -> None:
+    assert (
+        run_script([saved_head, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "as speculators" in printed and "round-trip check: skipped" in printed
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["speculators_model_type"] == "peagle"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--format", "sglang"], "is a peagle head; formats for peagle heads: speculators"),
+        (["--format", "speculators"], "pass --mask-token-id ID"),
+        (["--format", "speculators", "--mask-token-id", V], "must be a token id in 0..47"),
+    ],
+    ids=["sglang-cannot-hold-it", "no-mask-token", "mask-token-out-of-range"],
+)
+def test_the_script_refuses_in_one_error_line(saved_head, tmp_path, capsys, argv, message) -> None:
+    assert run_script([saved_head, *argv, "--out", tmp_path / "o"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and message in err
