@@ -48,7 +48,7 @@ _EXTRA_PATTERNS = ("rope", "rotary", "_bias", "norm", "head_dim", "_act")
 _DROPPED = {"num_hidden_layers", "layer_types", "sliding_window", "use_sliding_window", "max_window_layers"}
 
 
-DRAFT_LAYERS = ("llama", "target")
+DRAFT_LAYERS = ("llama", "qwen3", "target")
 # Rotary types a Llama layer computes (the default type is spelled "default" and not registered).
 _LLAMA_ROPE = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
 
@@ -56,11 +56,14 @@ _LLAMA_ROPE = {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
 def layer_config_from(pretrained_config: PretrainedConfig, draft_layer: str = "target") -> dict[str, Any]:
     """The JSON-safe config of a draft head's decoder layer for this target.
 
-    draft_layer="llama": a Llama layer sized from the target (`llama_layer_config`); "target": the
-    subset of the target's (text) config that rebuilds one decoder layer of the target's own class.
+    draft_layer="llama": a Llama layer sized from the target (`llama_layer_config`); "qwen3": the same sizes
+    in a Qwen3 layer (Llama's plus per-head q/k RMSNorms: the layer SGLang's DFLASH drafter runs); "target":
+    the subset of the target's (text) config that rebuilds one decoder layer of the target's own class.
     """
     if draft_layer == "llama":
         return llama_layer_config(pretrained_config)
+    if draft_layer == "qwen3":
+        return {**llama_layer_config(pretrained_config), "model_type": "qwen3"}
     if draft_layer != "target":
         raise HeadError(f"head.draft_layer must be one of {list(DRAFT_LAYERS)}, got {draft_layer!r}")
     text = pretrained_config.get_text_config(decoder=True)

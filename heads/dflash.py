@@ -80,7 +80,7 @@ class DFlashConfig(HeadConfig):
 
     @classmethod
     def from_target(
-        cls, target_config: PretrainedConfig, draft_layer: str = "llama", **overrides: Any
+        cls, target_config: PretrainedConfig, draft_layer: str = "qwen3", **overrides: Any
     ) -> DFlashConfig:
         """A config for the target described by `target_config` (fields in `overrides` win)."""
         return cls(**{**target_fields(target_config, draft_layer), **overrides})

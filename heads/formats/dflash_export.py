@@ -82,8 +82,8 @@ def dflash_layer_fields(head: DFlashHead) -> dict[str, Any]:
     if not {"q_norm", "k_norm"} <= attention:
         raise HeadError(
             "SGLang's DFLASH layer always applies per-head q/k norms, which the head's "
-            f"{head.config.layer_config.get('model_type')} layer lacks: train with head.draft_layer=target on a "
-            "target whose layer has them (Qwen3)"
+            f"{head.config.layer_config.get('model_type')} layer lacks: train with head.draft_layer=qwen3 (the "
+            "default)"
         )
     if not set(_ATTENTION) <= attention:
         raise HeadError(f"the head's attention {sorted(attention)} is not q/k/v/o projections")

@@ -69,6 +69,22 @@ def test_layout_matches_sglangs_dflash_schema(tmp_path) -> None:
         assert torch.equal(tensors[name], tensor), name
 
 
+def test_the_default_draft_layer_exports_for_any_target(tmp_path) -> None:
+    """head.draft_layer=qwen3 (the default) on a Llama target: a Qwen3 layer sized from it, with the q/k
+    norms SGLang's DFLASH layer always applies, exports; a Llama layer (no q/k norms) is refused."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L,
+                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    llama = LlamaForCausalLM(config).eval()
+    assert DFlashConfig.from_target(llama.config).layer_config["model_type"] == "qwen3"  # the default
+    out = export_head(dflash_head(llama, "qwen3"), "sglang", tmp_path / "q")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
+    assert "layers.1.self_attn.k_norm.weight" in load_file(out / "model.safetensors")
+    with pytest.raises(HeadError, match="head.draft_layer=qwen3"):
+        export_head(dflash_head(llama, "llama"), "sglang", tmp_path / "l")
+
+
 def test_speculators_converter_loads_the_layout_strictly(tmp_path) -> None:
     """speculators' DFlashConverter reads the z-lab / SGLang layout into its DFlashDraftModel (unexpected
     or missing draft tensors raise); the converted model holds our weights and our layer ids."""
