@@ -39,11 +39,11 @@ class BlockTree:
         self.size = len(kept) + 1  # N, the root included
 
     def tokens(self, roots: Tensor, top: Tensor) -> Tensor:
-        """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, width] (on one
+        """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, >= width] (on one
         device): node 0 the root, node i carries top's flattened entry pick[i - 1]."""
         if self.pick.device != top.device:
             self.pick = self.pick.to(top.device)
-        flat = top[:, : self.slots].flatten(1)  # [B, slots * width]
+        flat = top[:, : self.slots, : self.width].flatten(1)  # [B, slots * width]
         return torch.cat([roots.to(top.device)[:, None], flat.index_select(1, self.pick)], dim=1)
 
     def batch_parents(self, batch: int, device: torch.device) -> Tensor:
