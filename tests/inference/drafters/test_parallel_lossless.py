@@ -12,6 +12,7 @@ import torch
 
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.sampling import SamplingParams
 
 from ..distributions import sampling_tv
 from ..test_batch import MAX_NEW, PROMPTS
@@ -126,3 +127,60 @@ def test_sampled_decoding_follows_the_targets_distribution(model, chatml_tokeniz
     accepted = sum(gen.generate(input_ids=PROMPT, max_new_tokens=3, seed=s, **kw).stats.accepted_tokens
                    for s in range(40))  # fmt: skip
     assert accepted > 10, accepted  # (the second token is a draft accepted by rule A, 40 seeds)
+
+
+@torch.no_grad()
+def test_a_dflash_block_from_its_context_buffers_is_the_block_over_the_whole_prefix(model, heads):
+    """After passes and accepts (rows of other lengths), row b's tree equals the block the head predicts
+    from every committed position at once (`predict_blocks`, no buffers): a wrong slot, position or
+    committed length differs."""
+    head = heads["dflash"]
+    layers = head.config.target_layers
+    seqs = [torch.tensor(PROMPTS[b] + plain_greedy(model, PROMPTS[b], 12)) for b in (0, 2)]
+    out = [model(s[None], output_hidden_states=True).hidden_states for s in seqs]
+    states = [{layer: o[layer][0] for layer in layers} for o in out]  # [T_b, H]
+    d = drafter(heads, "dflash_tree")
+    starts = [len(PROMPTS[b]) for b in (0, 2)]
+    d.start([s[:n] for s, n in zip(seqs, starts)], [{k: v[:n] for k, v in h.items()} for h, n in zip(states, starts)],
+            [int(s[n]) for s, n in zip(seqs, starts)])  # fmt: skip
+    done = list(starts)
+    for ks in ([3, 1], [2, 4]):  # accepted path lengths per row (root included)
+        d.propose([int(s[n]) for s, n in zip(seqs, done)], [SamplingParams()] * 2, [None] * 2)
+        k = max(ks)
+        tokens = torch.stack([s[n : n + k] for s, n in zip(seqs, done)])  # [2, K]
+        hidden = {layer: torch.stack([h[layer][n : n + k] for h, n in zip(states, done)]) for layer in layers}
+        done = [n + c for n, c in zip(done, ks)]
+        d.accept(tokens, ks, hidden, [int(s[n]) for s, n in zip(seqs, done)])
+    draft = d.propose([int(s[n]) for s, n in zip(seqs, done)], [SamplingParams()] * 2, [None] * 2)
+    assert d.lengths == done == d.lengths_t.tolist()
+    for b, (seq, n) in enumerate(zip(seqs, done)):
+        context = head.fuse([states[b][layer][None, :n] for layer in layers])  # [1, n, H]
+        block = head.predict_blocks(context, seq[None, : n + 1], torch.tensor([[n - 1]]))[0, 0]  # [bs, H]
+        top = head.logits(block[None, 1:]).topk(d.tree.width, dim=-1).indices  # [1, bs - 1, width]
+        assert draft.tokens[b].tolist() == d.tree.tokens(seq[n : n + 1], top)[0].tolist(), b
+
+
+def test_a_peagle_pass_writes_every_row_at_slots_of_its_own(model, heads, monkeypatch):
+    """Rows of other pending counts: each row's real entries, block and padding go to distinct slots (two
+    entries scattered to one slot keep either on a GPU), the real ones at L_b.., the block after them."""
+    d = drafter(heads, "peagle_tree")
+    seen = []
+    step = d.head.step
+    monkeypatch.setattr(d.head, "step", lambda *a, **kw: (seen.append(a[3].clone()), step(*a, **kw))[1])
+    h = model.config.hidden_size
+    prompts = [torch.arange(5, 5 + n) for n in (6, 2, 4)]
+    d.start(
+        prompts, [{layer: torch.randn(p.numel(), h) for layer in d.hidden_layers} for p in prompts], [1, 2, 3]
+    )
+    d.propose([1, 2, 3], [SamplingParams()] * 3, [None] * 3)
+    d.accept(torch.ones(3, 4, dtype=torch.long), [4, 1, 2], {layer: torch.randn(3, 4, h) for layer in d.hidden_layers},
+             [4, 5, 6])  # fmt: skip
+    d.propose([4, 5, 6], [SamplingParams()] * 3, [None] * 3)
+    k = d.head.block_size
+    for slots, (lengths, counts) in zip(seen, [([0, 0, 0], [6, 2, 4]), ([6, 2, 4], [4, 1, 2])]):
+        for b, (length, count) in enumerate(zip(lengths, counts)):
+            row = slots[b].tolist()
+            assert len(set(row)) == len(row), row
+            width = slots.shape[1] - (k - 1)
+            assert row[:count] == list(range(length, length + count))  # real entries
+            assert row[width:] == list(range(length + count, length + count + k - 1))  # the block after them
