@@ -60,3 +60,27 @@ def test_the_measured_table_counts_the_drafters_own_blocks(tiny_llama, chatml_to
     assert (table.sum(1) <= 1 + 1e-6).all()  # one rank at most is the token
     monkeypatch.setattr(dflash_module, "ANCHOR_QUERIES", 2 * BLOCK)  # two anchors per forward: the same
     assert torch.equal(measure(model, head, sequences, depth=None, topk=3, starts=starts), table)
+
+
+def test_tune_tree_measures_and_chooses_a_dflash_tree(tiny_llama, chatml_tokenizer):
+    """The measured table feeds tree tuning (tree.json's fields): a tree of rank paths over the block's
+    block_size - 1 positions, which the family's drafter drafts and decodes losslessly."""
+    from spechead.data.prompt_sets import EvalPrompt
+    from spechead.inference.drafter_specs import drafter_for_head
+    from spechead.inference.generator import SpeculativeGenerator
+    from spechead.inference.tuning.tree_tuning import tune_tree
+
+    model = tiny_llama(len(chatml_tokenizer))
+    model.config.eos_token_id = chatml_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    head = dflash_head(model, None)
+    prompts = [EvalPrompt("a", "qa", ["Hello there"]), EvalPrompt("b", "qa", ["Add 2 and 3."])]
+    fields = tune_tree(model, chatml_tokenizer, head, prompts, max_new_tokens=12, depth=3, topk=3)
+    choices = fields["choices"]
+    assert choices and all(len(c) <= BLOCK - 1 and max(c) < 3 for c in choices)
+    assert len(fields["accuracy"]) == BLOCK - 1 and fields["family"] == "dflash"
+    drafter = drafter_for_head(head, None, tree=choices)
+    assert isinstance(drafter, DFlashDrafter) and drafter.choices == choices
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter)
+    gen.eos = set()
+    ids = [5, 9, 14, 20]
+    assert gen.generate(input_ids=ids, max_new_tokens=10).token_ids == plain_greedy(model, ids, 10)
