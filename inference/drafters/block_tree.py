@@ -41,10 +41,14 @@ class BlockTree:
     def tokens(self, roots: Tensor, top: Tensor) -> Tensor:
         """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, >= width] (on one
         device): node 0 the root, node i carries top's flattened entry pick[i - 1]."""
-        if self.pick.device != top.device:
-            self.pick = self.pick.to(top.device)
+        self.to(top.device)
         flat = top[:, : self.slots, : self.width].flatten(1)  # [B, slots * width]
         return torch.cat([roots.to(top.device)[:, None], flat.index_select(1, self.pick)], dim=1)
+
+    def to(self, device: torch.device) -> None:
+        """Keep `pick` on `device` (a compiled draft reads it there; moved before the call, not inside)."""
+        if self.pick.device != device:
+            self.pick = self.pick.to(device)
 
     def batch_parents(self, batch: int, device: torch.device) -> Tensor:
         """The parents [B, N] of B rows' trees (one [N] expanded) on `device`."""

@@ -29,6 +29,7 @@ from torch import Tensor
 from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.grad import inference_mode
+from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
 from spechead.inference.drafters.block_tree import BlockTree
@@ -54,13 +55,18 @@ class DFlashDrafter(BatchDrafter):
         self.kv: list[tuple[Tensor, Tensor]] = []  # per layer, keys / values [B, kv, S, D]
         self.lengths: list[int] = []  # row b's committed context positions (host)
         self.lengths_t: Tensor | None = None  # [B] the same on the head's device
+        self._allocation = 0  # a new number whenever the buffers are allocated anew
+        self._compile: bool | str = False
+        self._draft_fn = self._tokens  # roots [B], lengths [B] -> tokens [B, N] (`use_compile`)
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
 
     def with_tree(self, choices: list[list[int]]) -> DFlashDrafter:
-        """The same head with another static tree (rank paths)."""
-        return DFlashDrafter(self.head, choices)
+        """The same head with another static tree (rank paths), compiled as this one."""
+        other = DFlashDrafter(self.head, choices)
+        other.use_compile(self._compile)
+        return other
 
     def _device(self) -> torch.device:
         return self.head.fc.weight.device
@@ -79,6 +85,7 @@ class DFlashDrafter(BatchDrafter):
             self.kv = [(k.new_zeros(*k.shape[:2], 0, k.shape[3]), v.new_zeros(*v.shape[:2], 0, v.shape[3]))
                        for k, v in probe]  # fmt: skip
         size = max(need, 2 * self.kv[0][0].shape[2])
+        self._allocation += 1
         grown = []
         for keys, values in self.kv:
             pad = size - keys.shape[2]
@@ -127,19 +134,44 @@ class DFlashDrafter(BatchDrafter):
         return self._draft(host_to_device(torch.tensor(list(roots)), self._device()))
 
     def _draft(self, roots: Tensor) -> BatchDraft:
-        """Every row's tree from its root [B] (device) and its committed context."""
+        """Every row's tree from its root [B] (device) and its committed context (`_tokens`, compiled
+        when `use_compile` asked)."""
         assert self.lengths_t is not None
-        device, size, batch = self._device(), self.block_size, roots.shape[0]
-        block = torch.full((batch, size), MASK, dtype=torch.long, device=device)
-        block[:, 0] = roots
-        positions = self.lengths_t[:, None] + torch.arange(size, device=device)  # [B, bs]
+        device, batch = self._device(), roots.shape[0]
+        self.tree.to(device)
+        tokens = self._draft_fn(roots, self.lengths_t)  # [B, N]
+        return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
+
+    def _tokens(self, roots: Tensor, lengths: Tensor) -> Tensor:
+        """The fixed-shape draft: roots [B] and committed lengths [B] over the context buffers (`kv`, read
+        as they are) -> every row's tree tokens [B, N]."""
+        device, size, batch = roots.device, self.block_size, roots.shape[0]
+        block = torch.cat([roots[:, None], torch.full((batch, size - 1), MASK, device=device)], dim=1)
+        positions = lengths[:, None] + torch.arange(size, device=device)  # [B, bs]
         span = self.kv[0][0].shape[2]
-        seen = torch.arange(span, device=device)[None] < self.lengths_t[:, None]  # [B, S] committed slots
+        seen = torch.arange(span, device=device)[None] < lengths[:, None]  # [B, S] committed slots
         allowed = torch.cat([seen, seen.new_ones(batch, size)], dim=1)[:, None].expand(-1, size, -1)
         hidden = self.head(block, positions, self.kv, additive_mask(allowed, self.head.fc.weight.dtype))
         top = self.head.logits(hidden[:, 1:]).topk(self.tree.width, dim=-1).indices  # [B, bs-1, width]
-        tokens = self.tree.tokens(roots, top)  # [B, N]
-        return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
+        return self.tree.tokens(roots, top)  # [B, N]
+
+    def use_compile(self, compile: bool | str) -> None:
+        """Draft through `_tokens` as ONE fixed-shape function (`compiling.compile_function`: True inductor,
+        "graphs" the eager function (captured as a CUDA graph on CUDA), another string that torch.compile
+        backend; False eager). A new shape (rows, buffer slots) traces again; on CUDA the graph bakes the
+        buffers in, so `_graph_state` names their allocation."""
+        self._compile = compile
+        if not compile:
+            self._draft_fn = self._tokens
+            return
+        cuda = self._device().type == "cuda"
+        self._draft_fn = compiling.compile_function(
+            self._tokens, compile, cuda, fullgraph=True, state=self._graph_state
+        )
+
+    def _graph_state(self) -> tuple:
+        """What the compiled draft reads besides its arguments: the buffers' allocation and the tree."""
+        return self._allocation, tuple(map(tuple, self.choices))
 
     @inference_mode
     def accept(
@@ -157,6 +189,7 @@ class DFlashDrafter(BatchDrafter):
         assert self.lengths_t is not None
         pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.kv = [(k[pick], v[pick]) for k, v in self.kv]
+        self._allocation += 1
         self.lengths = [self.lengths[r] for r in rows]
         self.lengths_t = self.lengths_t[pick]
 
