@@ -294,7 +294,7 @@ register_family(
         tags=("dflash",),
         recipe="spechead.training.objectives.dflash:RECIPE",
         drafter="spechead.inference.drafters.dflash:DFlashDrafter",
-        tree_option="tree",
+        tree_option="tree",  # "chain" or a static tree of rank paths over the block's positions
         default_tree={"tree": "chain"},
         accuracy="spechead.inference.drafters.dflash:measure_dflash_accuracy",
         assumed_accuracy="spechead.inference.drafters.dflash:assumed_dflash_accuracy",

@@ -1,11 +1,19 @@
-"""DFlash drafting: ONE head forward over every row's block proposes a chain of block_size - 1 tokens.
+"""DFlash drafting: ONE head forward over every row's block proposes its tree (default: a chain of
+block_size - 1 tokens).
 
 Each row keeps its context keys / values per drafter layer for the positions in the target cache (the
-fused target states injected, `DFlashHead.inject`), in one padded buffer per layer [B, kv, S, D] with each
-row's committed length. A proposal runs the block [root, MASK, ...] of every row at positions
-length_b .. length_b + block_size - 1 against its own committed context (a mask hides the other rows'
-padding); block position j's argmax is the depth-j node of the row's chain. Children are deterministic
-(lossless rule A when sampling too). Read-first only: the loop reads each acceptance before the next draft.
+fused target states injected, `DFlashHead.inject`), in one buffer per layer [B, kv, S, D] with each row's
+committed length L_b (`lengths_t` on the device, `lengths` on the host). A proposal runs the block [root,
+MASK, ...] of every row at positions L_b .. L_b + block_size - 1 against its own committed context (a
+mask hides the slots at and past L_b); block position j scores the token j steps after the root.
+
+The tree (`block_tree.BlockTree`, `tree`: "chain" or rank paths): a node at depth d with rank r carries
+block position d's r-th best token; children are deterministic (lossless rule A when sampling too).
+
+A commit writes W positions of every row at slots L_b .. L_b + W - 1 (one scatter per layer, a fixed
+shape) and moves L_b by the row's count k_b <= W: the slots past k_b are scratch, masked, overwritten by
+the next commit. Queued (engine/loop.py depth 1): `accept_queued` commits each row's path padded to
+P = `commit_width` (the tree's depth + 1) with k_b on the device; `settle` moves the host's lengths.
 
 Why its own buffer, not a RowCache: the head's forward takes the context K/V as a prefix, never writes
 the block's, so a commit is one scatter of the accepted positions' K/V and nothing is cropped.
@@ -21,77 +29,98 @@ from torch import Tensor
 from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.grad import inference_mode
+from spechead.inference import compiling
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.target.runner import TargetRunner
 
 
 class DFlashDrafter(BatchDrafter):
-    """A chain of block_size - 1 drafts per row from one head forward, for any number of rows."""
+    """Every row's static tree (default: a chain of block_size - 1 drafts) from one head forward, for any
+    number of rows. tree: "chain", or rank paths over the block's positions (see `block_tree`)."""
 
-    def __init__(self, head: DFlashHead, tree: str = "chain"):
-        if tree != "chain":
-            raise ValueError(f"a DFlash drafter proposes a chain (tree='chain'), got tree={tree!r}")
+    tunes_tree = True
+
+    def __init__(self, head: DFlashHead, tree: str | list[list[int]] = "chain"):
+        if isinstance(tree, str) and tree != "chain":
+            raise ValueError(f"a DFlash drafter's tree is 'chain' or a list of rank paths, got tree={tree!r}")
         self.head = head.eval()
         self.block_size = head.config.block_size
+        self.tree = BlockTree(None if isinstance(tree, str) else tree, self.block_size - 1)
+        self.choices: list[list[int]] = self.tree.choices
         self.hidden_layers = tuple(head.config.target_layers)
-        self.max_nodes = self.block_size
+        self.max_nodes = self.tree.size
         self.kv: list[tuple[Tensor, Tensor]] = []  # per layer, keys / values [B, kv, S, D]
-        self.lengths: list[int] = []  # row b's committed context positions
+        self.lengths: list[int] = []  # row b's committed context positions (host)
+        self.lengths_t: Tensor | None = None  # [B] the same on the head's device
+        self._allocation = 0  # a new number whenever the buffers are allocated anew
+        self._compile: bool | str = False
+        self._draft_fn = self._tokens  # roots [B], lengths [B] -> tokens [B, N] (`use_compile`)
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
+
+    def with_tree(self, choices: list[list[int]]) -> DFlashDrafter:
+        """The same head with another static tree (rank paths), compiled as this one."""
+        other = DFlashDrafter(self.head, choices)
+        other.use_compile(self._compile)
+        return other
 
     def _device(self) -> torch.device:
         return self.head.fc.weight.device
 
     def _context(self, hidden: dict[int, Tensor]) -> Tensor:
-        """Target states {layer: [B, K, H]} -> fused context features [B, K, H] on the head's device."""
+        """Target states {layer: [B, W, H]} -> fused context features [B, W, H] on the head's device."""
         return self.head.fuse([hidden[layer].to(self._device()) for layer in self.hidden_layers])
 
-    def _write(self, context: Tensor, counts: Sequence[int]) -> None:
-        """Append row b's first counts[b] context positions (context [B, K, H]) to its committed K/V."""
-        batch, width = context.shape[:2]
-        device = context.device
-        starts = torch.tensor(self.lengths, device=device)  # [B]
-        positions = starts[:, None] + torch.arange(width, device=device)  # [B, K]
-        new = self.head.inject(context, positions)  # per layer [B, kv, K, D]
-        need = max(s + c for s, c in zip(self.lengths, counts))
-        rows = torch.arange(batch, device=device)[:, None]  # [B, 1]
-        slots = positions.clamp(max=need - 1)  # [B, K] (slots past a row's count are overwritten later)
-        keep = torch.arange(width, device=device)[None] < torch.tensor(list(counts), device=device)[:, None]
+    def _room(self, batch: int, need: int) -> None:
+        """Buffers of at least `need` slots (doubling: rare; the slots past each row's length are masked)."""
+        if self.kv and self.kv[0][0].shape[2] >= need:
+            return
+        if not self.kv:  # the first commit: every layer's shape from one injected position
+            probe = self.head.inject(self.head.fc.weight.new_zeros(batch, 1, self.head.config.hidden_size),
+                                     torch.zeros(batch, 1, dtype=torch.long, device=self._device()))  # fmt: skip
+            self.kv = [(k.new_zeros(*k.shape[:2], 0, k.shape[3]), v.new_zeros(*v.shape[:2], 0, v.shape[3]))
+                       for k, v in probe]  # fmt: skip
+        size = max(need, 2 * self.kv[0][0].shape[2])
+        self._allocation += 1
         grown = []
-        for index, (keys, values) in enumerate(new):
-            if len(self.kv) <= index:
-                old_k = keys.new_zeros(batch, keys.shape[1], 0, keys.shape[3])
-                old_v = values.new_zeros(batch, values.shape[1], 0, values.shape[3])
-            else:
-                old_k, old_v = self.kv[index]
-            if old_k.shape[2] < need:  # grow (doubling: rare); padded slots are masked by each row's length
-                pad = max(need, 2 * old_k.shape[2]) - old_k.shape[2]
-                old_k = torch.cat([old_k, old_k.new_zeros(*old_k.shape[:2], pad, old_k.shape[3])], dim=2)
-                old_v = torch.cat([old_v, old_v.new_zeros(*old_v.shape[:2], pad, old_v.shape[3])], dim=2)
-            for buffer, fresh in ((old_k, keys), (old_v, values)):
-                current = buffer.permute(0, 2, 1, 3)  # [B, S, kv, D] view
-                fresh = fresh.permute(0, 2, 1, 3)  # [B, K, kv, D]
-                current[rows.expand_as(slots)[keep], slots[keep]] = fresh[keep]
-            grown.append((old_k, old_v))
+        for keys, values in self.kv:
+            pad = size - keys.shape[2]
+            grown.append((torch.cat([keys, keys.new_zeros(*keys.shape[:2], pad, keys.shape[3])], dim=2),
+                          torch.cat([values, values.new_zeros(*values.shape[:2], pad, values.shape[3])], dim=2)))  # fmt: skip
         self.kv = grown
-        self.lengths = [s + c for s, c in zip(self.lengths, counts)]
+
+    def _commit(self, context: Tensor, counts: Tensor) -> None:
+        """Write every row's W context positions (context [B, W, H]) at slots L_b .. L_b + W - 1 and move
+        L_b by counts [B] (device; the slots past a row's count are scratch)."""
+        assert self.lengths_t is not None
+        batch, width = context.shape[:2]
+        slots = self.lengths_t[:, None] + torch.arange(width, device=context.device)  # [B, W]
+        for (keys, values), (new_k, new_v) in zip(self.kv, self.head.inject(context, slots)):
+            keys.scatter_(2, slots[:, None, :, None].expand_as(new_k), new_k)  # [B, kv, S, D]
+            values.scatter_(2, slots[:, None, :, None].expand_as(new_v), new_v)
+        self.lengths_t = self.lengths_t + counts
 
     @inference_mode
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
         """New rows: each prompt's states {layer: [T_b, H]} become its committed context."""
-        width = max(len(p) for p in prompts)
+        batch, width = len(prompts), max(len(p) for p in prompts)
         padded = {}
         for layer in self.hidden_layers:
             rows = [h[layer] for h in hidden]  # [T_b, H] each
             padded[layer] = torch.stack(
                 [torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in rows]
             )  # [B, T, H]
-        self.kv, self.lengths = [], [0] * len(prompts)
-        self._write(self._context(padded), [len(p) for p in prompts])
+        self.kv, self.lengths = [], [len(p) for p in prompts]
+        self.lengths_t = torch.zeros(batch, dtype=torch.long, device=self._device())
+        self._room(batch, width + self.tree.depth + 1)
+        counts = host_to_device(torch.tensor(self.lengths), self._device())
+        self._commit(self._context(padded), counts)
 
     @inference_mode
     def propose(
@@ -100,45 +129,147 @@ class DFlashDrafter(BatchDrafter):
         sampling: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
     ) -> BatchDraft:
-        """Every row's chain [root, d_1 .. d_{bs-1}] from ONE head forward over all rows' blocks."""
-        device, size, batch = self._device(), self.block_size, len(roots)
-        block = torch.full((batch, size), MASK, dtype=torch.long, device=device)
-        block[:, 0] = torch.tensor(list(roots), device=device)
-        lengths = torch.tensor(self.lengths, device=device)  # [B]
+        """Every row's tree rooted at roots [B] from ONE head forward over all rows' blocks (sampling and
+        generators are not read: the children are each block position's top ids)."""
+        return self._draft(host_to_device(torch.tensor(list(roots)), self._device()))
+
+    def _draft(self, roots: Tensor) -> BatchDraft:
+        """Every row's tree from its root [B] (device) and its committed context (`_tokens`, compiled
+        when `use_compile` asked)."""
+        assert self.lengths_t is not None
+        device, batch = self._device(), roots.shape[0]
+        self.tree.to(device)
+        tokens = self._draft_fn(roots, self.lengths_t)  # [B, N]
+        return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
+
+    def _tokens(self, roots: Tensor, lengths: Tensor) -> Tensor:
+        """The fixed-shape draft: roots [B] and committed lengths [B] over the context buffers (`kv`, read
+        as they are) -> every row's tree tokens [B, N]."""
+        device, size, batch = roots.device, self.block_size, roots.shape[0]
+        block = torch.cat([roots[:, None], torch.full((batch, size - 1), MASK, device=device)], dim=1)
         positions = lengths[:, None] + torch.arange(size, device=device)  # [B, bs]
         span = self.kv[0][0].shape[2]
         seen = torch.arange(span, device=device)[None] < lengths[:, None]  # [B, S] committed slots
         allowed = torch.cat([seen, seen.new_ones(batch, size)], dim=1)[:, None].expand(-1, size, -1)
         hidden = self.head(block, positions, self.kv, additive_mask(allowed, self.head.fc.weight.dtype))
-        drafts = self.head.logits(hidden[:, 1:]).argmax(-1)  # [B, bs-1]
-        tokens = torch.cat([block[:, :1], drafts], dim=1)  # [B, bs]
-        parents = torch.arange(-1, size - 1, device=device).expand(batch, -1)  # a chain
-        return BatchDraft(tokens, parents, [size] * batch)
+        top = self.head.logits(hidden[:, 1:]).topk(self.tree.width, dim=-1).indices  # [B, bs-1, width]
+        return self.tree.tokens(roots, top)  # [B, N]
+
+    def use_compile(self, compile: bool | str) -> None:
+        """Draft through `_tokens` as ONE fixed-shape function (`compiling.compile_function`: True inductor,
+        "graphs" the eager function (captured as a CUDA graph on CUDA), another string that torch.compile
+        backend; False eager). A new shape (rows, buffer slots) traces again; on CUDA the graph bakes the
+        buffers in, so `_graph_state` names their allocation."""
+        self._compile = compile
+        if not compile:
+            self._draft_fn = self._tokens
+            return
+        cuda = self._device().type == "cuda"
+        self._draft_fn = compiling.compile_function(
+            self._tokens, compile, cuda, fullgraph=True, state=self._graph_state
+        )
+
+    def _graph_state(self) -> tuple:
+        """What the compiled draft reads besides its arguments: the buffers' allocation and the tree."""
+        return self._allocation, tuple(map(tuple, self.choices))
 
     @inference_mode
     def accept(
         self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
     ) -> None:
         """Row b's first lengths[b] states {layer: [B, K, H]} (root + accepted drafts) join its context."""
-        self._write(self._context(hidden), lengths)
+        context = self._context(hidden)  # [B, K, H]
+        self._room(context.shape[0], max(n + context.shape[1] for n in self.lengths))
+        self._commit(context, host_to_device(torch.tensor(list(lengths)), context.device))
+        self.lengths = [n + k for n, k in zip(self.lengths, lengths)]
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Only these rows, in this order."""
-        pick = torch.tensor(list(rows), device=self._device())
+        assert self.lengths_t is not None
+        pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.kv = [(k[pick], v[pick]) for k, v in self.kv]
+        self._allocation += 1
         self.lengths = [self.lengths[r] for r in rows]
+        self.lengths_t = self.lengths_t[pick]
+
+    # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
+
+    def queues(self, batch: int) -> bool:
+        """Yes, a DFlashDrafter itself (a subclass may hear paths its own way: read first)."""
+        return type(self) is DFlashDrafter
+
+    @property
+    def commit_width(self) -> int:
+        """P: positions a queued accept commits per row, the longest path (the tree's depth + 1)."""
+        return self.tree.depth + 1
+
+    @inference_mode
+    def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
+        """`accept` from device tensors: the verified trees' states {l: [B, N, H]}, each row's path
+        [B, >= P] (ascending, the last node repeated) and its K [B]: P positions written, L_b moves by K_b."""
+        width = self.commit_width
+        states = {}
+        for layer in self.hidden_layers:
+            state = hidden[layer]  # [B, N, H]
+            at = paths[:, :width].to(state.device)[:, :, None].expand(-1, -1, state.shape[-1])
+            states[layer] = state.gather(1, at)  # [B, P, H]
+        context = self._context(states)  # [B, P, H]
+        self._room(context.shape[0], max(self.lengths) + width)
+        self._commit(context, ks.to(context.device))
+
+    @inference_mode
+    def propose_queued(self, nexts: Tensor) -> BatchDraft:
+        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
+        return self._draft(nexts.to(self._device()))
+
+    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
+        """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
+        self.lengths = [n + k for n, k in zip(self.lengths, ks)]
 
 
 def assumed_dflash_accuracy(head: DFlashHead) -> Tensor:
     """A typical trained DFlash head's accuracy [block_size - 1, 4] (top-1 0.8 at the first draft, x0.93
-    a position): sizes nothing yet (a DFlash drafter proposes its chain), there for the registry's call."""
+    a position), to size trees without a measured table."""
     ranks = torch.tensor([0.80, 0.06, 0.02, 0.01], dtype=torch.float64)
     return torch.stack([ranks * 0.93**d for d in range(head.config.block_size - 1)])
 
 
+ANCHOR_QUERIES = 4096  # block queries per forward when measuring (the mask is [queries, T + queries])
+
+
+@inference_mode
 def measure_dflash_accuracy(
-    model, head: DFlashHead, sequences, *, depth=None, topk: int = 4, starts=None
+    model,
+    head: DFlashHead,
+    sequences: list[Tensor],
+    depth: int | None = None,
+    topk: int = 4,
+    starts: Sequence[int] | None = None,
 ) -> Tensor:
-    """Not built yet: a DFlash drafter proposes a chain, so no tree is tuned from a measured table."""
-    raise NotImplementedError("measuring a DFlash head's accuracy table is not built yet (it drafts a chain)")
+    """accuracy [block_size - 1, topk] of a DFlash head: accuracy[d, r] = share of anchors c whose block
+    position d + 1's r-th candidate is the sequence's token at c + 2 + d (the block after context
+    0..c, rooted at token c + 1; blocks of many anchors per forward). An anchor counts when it is
+    >= starts[i] - 1 (references generated, not prompt) and the token exists. `depth` is ignored: a
+    block has block_size - 1 drafts."""
+    starts = [0] * len(sequences) if starts is None else list(starts)
+    size, device = head.config.block_size, head.fc.weight.device
+    hits = torch.zeros(size - 1, topk, dtype=torch.long)
+    counts = torch.zeros(size - 1, dtype=torch.long)
+    layers = tuple(head.config.target_layers)
+    runner = TargetRunner(model, layers)
+    chunk = max(ANCHOR_QUERIES // size, 1)
+    for seq, start in zip(sequences, starts):
+        seq = seq.reshape(-1).long().cpu()  # [T]
+        hidden = runner.prefill([seq])[1][0]  # {l: [T, H]}
+        context = head.fuse([hidden[layer].to(device)[None] for layer in layers])  # [1, T, H]
+        ids = seq[None].to(device)  # [1, T]
+        for first in range(max(start - 1, 0), len(seq) - 2, chunk):
+            anchors = torch.arange(first, min(first + chunk, len(seq) - 2))  # [A]: c + 1 is the root
+            blocks = head.predict_blocks(context, ids, anchors[None].to(device))[0]  # [A, bs, H]
+            cand = head.logits(blocks[:, 1:]).topk(topk, dim=-1).indices.cpu()  # [A, bs - 1, topk]
+            for d in range(size - 1):
+                ok = anchors + 2 + d < len(seq)  # [A]
+                hits[d] += (cand[ok, d] == seq[(anchors + 2 + d)[ok]][:, None]).sum(0)
+                counts[d] += int(ok.sum())
+    return hits.double().div(counts.clamp(min=1)[:, None]).float()

@@ -6,11 +6,17 @@ and next tokens; the last one, whose next token is the root, is the anchor) and 
 right after them, and attends causally by slot: each row's block sees its own prefix only. The futures'
 K/V are scratch (the committed length moves past the real entries only), overwritten next pass.
 
-Slot s of row b is target position s, so rotary positions are the slots. Rows with fewer new positions
-than the longest are padded AFTER their block (scratch slots no real query sees).
+Slot s of row b is target position s, so rotary positions are the slots. The new positions are padded to
+the longest row's P; row b's first k_b are real, its padding is written AFTER its block (scratch slots no
+real query sees): real j at L_b + j (j < k_b), future i at L_b + k_b + i, padding j at L_b + K - 1 + j.
 
-The tree: a static tree of rank paths (`choices`, as Medusa's): a node at depth d with rank r carries the
-r-th best token of block slot d - 1. The default is the chain of the K best tokens (the paper's draft).
+The tree (`block_tree.BlockTree`): a static tree of rank paths (`choices`, as Medusa's): a node at depth
+d with rank r carries the r-th best token of block slot d - 1. The default is the chain of the K best
+tokens (the paper's draft).
+
+Queued (engine/loop.py depth 1): `accept_queued` takes each row's path padded to P = `commit_width` (the
+tree's depth + 1) pairs and its K on the device; the next draft writes all P (those past K_b as padding)
+and the device lengths move by K_b; `settle` moves the host's (room checks, `keep`).
 """
 
 from __future__ import annotations
@@ -18,15 +24,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
+from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import TargetRunner
-from spechead.inference.tree import depth_first, tree_from_choices
+
+
+def next_ids_of(tokens: Tensor, counts: Tensor, roots: Tensor) -> Tensor:
+    """Each committed position's next token: tokens [B, P] (root + accepted, padded), counts [B] and
+    the next roots [B] -> [B, P] (tokens shifted by one, the root after row b's last real one)."""
+    shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, P]
+    last = (counts - 1).clamp(min=0)[:, None]  # [B, 1]
+    return shifted.scatter(1, last, roots[:, None].to(shifted.dtype))
 
 
 class PEagleDrafter(BatchDrafter):
@@ -37,17 +53,15 @@ class PEagleDrafter(BatchDrafter):
 
     def __init__(self, head: PEagleHead, choices: list[list[int]] | None = None):
         self.head = head.eval()
-        k = head.block_size
-        choices = [c for c in (choices or [[0] * (d + 1) for d in range(k)]) if len(c) <= k]
-        self.choices: list[list[int]] = choices
-        self.static = depth_first(tree_from_choices(choices))  # parents, depth, rank [N]
-        depth, rank = self.static.depth, self.static.rank
-        self._width = int(rank.max()) + 1 if len(rank) > 1 else 1
-        self._pick = (depth[1:] - 1) * self._width + rank[1:]  # [N - 1] into the block's [K * width]
-        self.max_nodes = len(choices) + 1
+        self.tree = BlockTree(choices, head.block_size)
+        self.choices: list[list[int]] = self.tree.choices
+        self.max_nodes = self.tree.size
         self.hidden_layers = tuple(head.config.target_layers)
         self.cache: RowCache | None = None
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # per row: fused [n, H], next ids [n]
+        self.lengths_t: Tensor | None = None  # [B] committed lengths on the head's device
+        # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
+        self.pending: tuple[Tensor, Tensor, Tensor] | None = None
+        self.host_counts: list[int] | None = None  # read first: k per row on the host (queued: `settle`)
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
@@ -56,23 +70,34 @@ class PEagleDrafter(BatchDrafter):
         """The same head with another static tree (rank paths)."""
         return PEagleDrafter(self.head, choices)
 
-    def _fused(self, states: dict[int, torch.Tensor]) -> torch.Tensor:
+    def _device(self) -> torch.device:
+        return self.head.fc.weight.device
+
+    def _fused(self, states: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [..., n, H]} -> fused [..., n, H] in the head's dtype and device."""
         weight = self.head.fc.weight
         return self.head.fuse([states[layer].to(weight.device, weight.dtype) for layer in self.hidden_layers])
 
     @inference_mode
     def start(
-        self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
+        self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
         """New rows: every prompt position is pending (its next token: the prompt's, the root after the last)."""
-        device = self.head.fc.weight.device
-        self.pending = []
-        for prompt, states, root in zip(prompts, hidden, roots):
-            ids = torch.cat([prompt.reshape(-1)[1:].to(device), torch.tensor([root], device=device)])
-            self.pending.append((self._fused(states), ids))
-        longest = max(ids.numel() for _, ids in self.pending)
-        self.cache = RowCache(1, batch=len(prompts), max_length=2 * (longest + self.head.block_size))
+        device, batch = self._device(), len(prompts)
+        longest = max(p.numel() for p in prompts)
+        tokens = torch.zeros(batch, longest, dtype=torch.long)  # [B, T] padded
+        padded = {layer: hidden[0][layer].new_zeros(batch, longest, hidden[0][layer].shape[-1])
+                  for layer in self.hidden_layers}  # fmt: skip
+        for b, (prompt, states) in enumerate(zip(prompts, hidden)):
+            tokens[b, : prompt.numel()] = prompt.reshape(-1)
+            for layer in self.hidden_layers:
+                padded[layer][b, : prompt.numel()] = states[layer]
+        counts = torch.tensor([p.numel() for p in prompts])  # [B]
+        ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
+        self.pending = (self._fused(padded), ids.to(device), host_to_device(counts, device))
+        self.host_counts = counts.tolist()
+        self.cache = RowCache(1, batch=batch, max_length=2 * (longest + self.head.block_size))
+        self.lengths_t = torch.zeros(batch, dtype=torch.long, device=device)
 
     @inference_mode
     def propose(
@@ -83,75 +108,112 @@ class PEagleDrafter(BatchDrafter):
     ) -> BatchDraft:
         """Every row's tree: ONE head forward over all rows' pending positions and blocks (sampling and
         generators are not read: the children are each slot's top ids)."""
-        assert self.cache is not None  # start made it
+        return self._draft(host_to_device(torch.tensor(list(roots)), self._device()))
+
+    def _draft(self, roots: Tensor) -> BatchDraft:
+        """The pending positions into the head cache and every row's tree from its roots [B] (device)."""
+        assert self.cache is not None and self.lengths_t is not None and self.pending is not None
         head, cache, k = self.head, self.cache, self.head.block_size
-        device = head.fc.weight.device
-        batch, new = len(self.pending), max(ids.numel() for _, ids in self.pending)
-        lengths = list(cache.lengths)
-        width = new + k - 1  # queries per row: the new positions (padded), then the block
-        view = max(lengths) + width
+        fused, next_ids, counts = self.pending
+        batch, width = next_ids.shape  # P: pending positions per row (padded)
+        view = max(cache.lengths) + width + k - 1  # (host lengths = device ones before this pass)
         if view > cache.max_length:
             cache.grow(2 * view)
-        hidden = torch.zeros(batch, new, head.config.hidden_size, dtype=head.fc.weight.dtype, device=device)
-        next_ids = torch.zeros(batch, new, dtype=torch.long, device=device)
-        slots = torch.zeros(batch, width, dtype=torch.long)
-        anchors = []
-        for b, (fused, ids) in enumerate(self.pending):
-            n = ids.numel()
-            hidden[b, :n], next_ids[b, :n] = fused, ids
-            # real entries at length.., the block right after the anchor, padding after the block
-            order = list(range(n)) + list(range(n + k - 1, new + k - 1)) + list(range(n, n + k - 1))
-            slots[b] = lengths[b] + torch.tensor(order)
-            anchors.append(n - 1)
-        slots = slots.to(device)
+        lengths, device = self.lengths_t, fused.device
+        j = torch.arange(width, device=device)  # [P]
+        real = torch.where(j < counts[:, None], j, k - 1 + j)  # [B, P] padding after the block
+        future = counts[:, None] + torch.arange(k - 1, device=device)  # [B, K - 1]
+        slots = lengths[:, None] + torch.cat([real, future], dim=1)  # [B, P + K - 1]
         future_hidden, future_ids = head.future_inputs(batch, k - 1)
         keys = torch.arange(view, device=device)
-        allowed = keys[None, None, :] <= slots[:, :, None]  # (B, Q, S): causal by slot
+        allowed = keys[None, None, :] <= slots[:, :, None]  # [B, Q, S]: causal by slot
         cache.write_slots, cache.view_length = slots, view
         try:
             out = head.step(
-                torch.cat([hidden, future_hidden], dim=1),
+                torch.cat([fused, future_hidden], dim=1),
                 torch.cat([next_ids, future_ids], dim=1),
-                additive_mask(allowed, hidden.dtype),
+                additive_mask(allowed, fused.dtype),
                 slots,
                 cache,
-            )  # (B, new + K - 1, H)
+            )  # [B, P + K - 1, H]
         finally:
             cache.write_slots = None
-        rows = torch.arange(batch, device=device)
-        anchor_out = out[rows, torch.tensor(anchors, device=device)]  # (B, H)
-        block = torch.cat([anchor_out[:, None], out[:, new:]], dim=1)  # (B, K, H)
-        top = head.logits(block).topk(self._width, dim=-1).indices  # (B, K, width) draft ids
-        candidates = head.draft_to_target(top).flatten(1)  # (B, K * width) target ids
-        root_ids = torch.tensor(list(roots), device=device)[:, None]  # (B, 1)
-        tokens = torch.cat([root_ids, candidates.index_select(1, self._pick.to(device))], dim=1)  # (B, N)
-        cache.set_lengths([length + ids.numel() for length, (_, ids) in zip(lengths, self.pending)])
-        self.pending = [(fused[:0], ids[:0]) for fused, ids in self.pending]
-        parents = self.static.parents.to(device)[None].expand(batch, -1)
-        return BatchDraft(tokens, parents, [tokens.shape[1]] * batch)
+        anchor = (counts - 1)[:, None, None].expand(-1, 1, out.shape[-1])  # [B, 1, H]
+        block = torch.cat([out.gather(1, anchor), out[:, width:]], dim=1)  # [B, K, H]
+        top = head.logits(block).topk(self.tree.width, dim=-1).indices  # [B, K, width] draft ids
+        tokens = self.tree.tokens(roots, head.draft_to_target(top))  # [B, N] target ids
+        self.lengths_t = lengths + counts
+        if self.host_counts is not None:  # read first: the host's lengths follow now (queued: `settle`)
+            cache.set_lengths([n + c for n, c in zip(cache.lengths, self.host_counts)])
+            self.host_counts = [0] * batch
+        self.pending = (fused[:, :0], next_ids[:, :0], counts)
+        return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
 
     @inference_mode
     def accept(
         self,
-        tokens: torch.Tensor,
+        tokens: Tensor,
         lengths: Sequence[int],
-        hidden: dict[int, torch.Tensor],
+        hidden: dict[int, Tensor],
         next_roots: Sequence[int],
     ) -> None:
         """Row b's lengths[b] accepted tokens [B, K'] (root first) with their states {layer: [B, K', H]}:
         pending positions whose next tokens are the following accepted token, then the next root."""
-        fused = self._fused(hidden)  # (B, K', H)
-        device = fused.device
-        for b, (n, root) in enumerate(zip(lengths, next_roots)):
-            ids = torch.cat([tokens[b, 1:n].to(device), torch.tensor([root], device=device)])
-            self.pending[b] = (fused[b, :n], ids)
+        device = self._device()
+        counts = torch.tensor(list(lengths))  # [B]
+        ids = next_ids_of(tokens.cpu(), counts, torch.tensor(list(next_roots)))  # [B, K']
+        self.pending = (self._fused(hidden), ids.to(device), host_to_device(counts, device))
+        self.host_counts = counts.tolist()
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Only these rows, in this order."""
-        assert self.cache is not None
+        assert self.cache is not None and self.lengths_t is not None and self.pending is not None
         self.cache.keep_rows(list(rows))
-        self.pending = [self.pending[r] for r in rows]
+        pick = host_to_device(torch.tensor(list(rows)), self._device())
+        self.lengths_t = self.lengths_t[pick]
+        fused, ids, counts = self.pending
+        self.pending = (fused[pick], ids[pick], counts[pick])
+        if self.host_counts is not None:
+            self.host_counts = [self.host_counts[r] for r in rows]
+
+    # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
+
+    def queues(self, batch: int) -> bool:
+        """Yes, a PEagleDrafter itself (a subclass may hear paths its own way: read first)."""
+        return type(self) is PEagleDrafter
+
+    @property
+    def commit_width(self) -> int:
+        """P: pairs a queued accept commits per row, the longest path (the tree's depth + 1)."""
+        return self.tree.depth + 1
+
+    @inference_mode
+    def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
+        """`accept` from device tensors: the verified trees' states {l: [B, N, H]} and tokens [B, N], each
+        row's path [B, >= P] (ascending, the last node repeated), its K [B] and next token [B]: P pending
+        positions, the first K real."""
+        device, width = self._device(), self.commit_width
+        paths = paths[:, :width].to(device)  # [B, P]
+        states = {}
+        for layer in self.hidden_layers:
+            state = hidden[layer]  # [B, N, H]
+            at = paths.to(state.device)[:, :, None].expand(-1, -1, state.shape[-1])
+            states[layer] = state.gather(1, at)  # [B, P, H]
+        counts = ks.to(device)
+        ids = next_ids_of(tokens.to(device).gather(1, paths), counts, nexts.to(device))  # [B, P]
+        self.pending = (self._fused(states), ids, counts)
+        self.host_counts = None
+
+    @inference_mode
+    def propose_queued(self, nexts: Tensor) -> BatchDraft:
+        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
+        return self._draft(nexts.to(self._device()))
+
+    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
+        """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
+        assert self.cache is not None
+        self.cache.set_lengths([n + k for n, k in zip(self.cache.lengths, ks)])
 
 
 def assumed_peagle_accuracy(head: PEagleHead) -> torch.Tensor:

@@ -299,13 +299,10 @@ def calibrated_choices(
     elif family_of(drafter.head.config).drafts_per_depth:
         info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4)
         info["pass_ms"] += eagle_accept_cost_ms(drafter)
-    else:  # Medusa: one pass over every head, whatever the tree
+    else:  # Medusa, P-EAGLE, DFlash: one pass for every depth, whatever the tree
         device = next(model.parameters()).device  # the target's states live where the target runs
-        state = {
-            drafter.hidden_layers[0]: torch.randn(
-                1, model.config.get_text_config().hidden_size, device=device
-            )
-        }
+        width = model.config.get_text_config().hidden_size
+        state = {layer: torch.randn(1, width, device=device) for layer in drafter.hidden_layers}  # [1, H]
         propose = propose_timer(drafter, state)
         propose()
         info["draft_ms"] = min(_timed(propose, 1, device) for _ in range(7))

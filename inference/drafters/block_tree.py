@@ -1,0 +1,57 @@
+"""A static tree of rank paths over a parallel drafter's block slots (P-EAGLE, DFlash; Medusa's rule).
+
+One forward drafts a block: slot d (0-based) scores the token d + 1 steps after the root. A node at depth
+d >= 1 with child rank r carries slot d - 1's r-th best token, so every branch at one depth shares that
+slot's candidates. The default tree is the chain of each slot's best token (the papers' draft).
+
+    tree = BlockTree(choices, slots=K)
+    tokens = tree.tokens(roots, top)   # roots [B], top [B, K, tree.width] -> tokens [B, N]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from spechead.inference.tree import depth_first, tree_from_choices
+
+
+def chain_choices(slots: int) -> list[list[int]]:
+    """The chain of every slot's best token: [[0], [0, 0], ...] ([slots] paths)."""
+    return [[0] * (d + 1) for d in range(slots)]
+
+
+class BlockTree:
+    """A static tree over a block of `slots` slots: parents [N] (depth-first: the rank-0 chain is nodes
+    0..d), each node's slot and rank, and `pick` [N - 1], node i >= 1's index into the slots' top ids
+    flattened [slots * width]."""
+
+    def __init__(self, choices: list[list[int]] | None, slots: int) -> None:
+        kept = [c for c in (choices or chain_choices(slots)) if len(c) <= slots]
+        self.choices: list[list[int]] = kept
+        static = depth_first(tree_from_choices(kept))  # parents, depth, rank [N]
+        depth, rank = static.depth, static.rank
+        self.parents = static.parents  # [N]
+        self.depth = int(depth.max())  # the deepest node: the longest accepted path is depth + 1 tokens
+        self.width = int(rank.max()) + 1 if len(rank) > 1 else 1  # candidates each slot gives
+        self.slots = max(self.depth, 1)  # slots a draft reads (deeper ones are never used)
+        self.pick = (depth[1:] - 1) * self.width + rank[1:]  # [N - 1] slot depth - 1, its rank-th best
+        self.size = len(kept) + 1  # N, the root included
+
+    def tokens(self, roots: Tensor, top: Tensor) -> Tensor:
+        """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, >= width] (on one
+        device): node 0 the root, node i carries top's flattened entry pick[i - 1]."""
+        self.to(top.device)
+        flat = top[:, : self.slots, : self.width].flatten(1)  # [B, slots * width]
+        return torch.cat([roots.to(top.device)[:, None], flat.index_select(1, self.pick)], dim=1)
+
+    def to(self, device: torch.device) -> None:
+        """Keep `pick` on `device` (a compiled draft reads it there; moved before the call, not inside)."""
+        if self.pick.device != device:
+            self.pick = self.pick.to(device)
+
+    def batch_parents(self, batch: int, device: torch.device) -> Tensor:
+        """The parents [B, N] of B rows' trees (one [N] expanded) on `device`."""
+        if self.parents.device != device:
+            self.parents = self.parents.to(device)
+        return self.parents[None].expand(batch, -1)
