@@ -62,6 +62,9 @@ class PEagleDrafter(BatchDrafter):
         # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
         self.pending: tuple[Tensor, Tensor, Tensor] | None = None
         self.host_counts: list[int] | None = None  # read first: k per row on the host (queued: `settle`)
+        # the state before the last pass (pending, device lengths, host lengths, host counts): a propose
+        # again without an accept drafts that pass again
+        self._redo: tuple | None = None
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
@@ -95,7 +98,7 @@ class PEagleDrafter(BatchDrafter):
         counts = torch.tensor([p.numel() for p in prompts])  # [B]
         ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
         self.pending = (self._fused(padded), ids.to(device), host_to_device(counts, device))
-        self.host_counts = counts.tolist()
+        self.host_counts, self._redo = counts.tolist(), None
         self.cache = RowCache(1, batch=batch, max_length=2 * (longest + self.head.block_size))
         self.lengths_t = torch.zeros(batch, dtype=torch.long, device=device)
 
@@ -114,6 +117,11 @@ class PEagleDrafter(BatchDrafter):
         """The pending positions into the head cache and every row's tree from its roots [B] (device)."""
         assert self.cache is not None and self.lengths_t is not None and self.pending is not None
         head, cache, k = self.head, self.cache, self.head.block_size
+        if self.pending[1].shape[1] == 0 and self._redo is not None:  # a propose again, no accept between
+            # (calibration times repeated drafts): the same pass from the state before the last one
+            self.pending, self.lengths_t, host, self.host_counts = self._redo
+            cache.set_lengths(host)
+        self._redo = (self.pending, self.lengths_t, list(cache.lengths), self.host_counts)
         fused, next_ids, counts = self.pending
         batch, width = next_ids.shape  # P: pending positions per row (padded)
         view = max(cache.lengths) + width + k - 1  # (host lengths = device ones before this pass)
@@ -163,7 +171,7 @@ class PEagleDrafter(BatchDrafter):
         counts = torch.tensor(list(lengths))  # [B]
         ids = next_ids_of(tokens.cpu(), counts, torch.tensor(list(next_roots)))  # [B, K']
         self.pending = (self._fused(hidden), ids.to(device), host_to_device(counts, device))
-        self.host_counts = counts.tolist()
+        self.host_counts, self._redo = counts.tolist(), None
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
@@ -173,7 +181,7 @@ class PEagleDrafter(BatchDrafter):
         pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.lengths_t = self.lengths_t[pick]
         fused, ids, counts = self.pending
-        self.pending = (fused[pick], ids[pick], counts[pick])
+        self.pending, self._redo = (fused[pick], ids[pick], counts[pick]), None
         if self.host_counts is not None:
             self.host_counts = [self.host_counts[r] for r in rows]
 
@@ -203,7 +211,7 @@ class PEagleDrafter(BatchDrafter):
         counts = ks.to(device)
         ids = next_ids_of(tokens.to(device).gather(1, paths), counts, nexts.to(device))  # [B, P]
         self.pending = (self._fused(states), ids, counts)
-        self.host_counts = None
+        self.host_counts, self._redo = None, None
 
     @inference_mode
     def propose_queued(self, nexts: Tensor) -> BatchDraft:

@@ -115,6 +115,34 @@ def test_row_b_proposes_its_batch_of_one_trees_pass_by_pass(model, heads, kind, 
     propose_alike(model, parallel_drafter(head, kind), OneRowEach(parallel_drafter(head, kind)))
 
 
+class ProposesTwice(OneRowEach):
+    """A drafter over B rows (not clones) whose every pass proposes twice (as calibration times drafts):
+    the second draft must equal the first and leave what follows as a single propose does."""
+
+    def start(self, prompts, hidden, roots) -> None:
+        self.drafter.start(prompts, hidden, roots)
+
+    def propose(self, roots, sampling, generators):
+        first = self.drafter.propose(roots, sampling, generators)
+        second = self.drafter.propose(roots, sampling, generators)
+        assert torch.equal(first.tokens, second.tokens) and torch.equal(first.parents, second.parents)
+        return second
+
+    def accept(self, tokens, lengths, hidden, next_roots) -> None:
+        self.drafter.accept(tokens, lengths, hidden, next_roots)
+
+    def keep(self, rows) -> None:
+        self.drafter.keep(rows)
+
+
+@pytest.mark.parametrize("kind", ["peagle_tree", "dflash_tree"])
+def test_a_propose_again_without_an_accept_drafts_the_same_trees(model, heads, kind):
+    head = heads[kind.split("_")[0]]
+    propose_alike(
+        model, ProposesTwice(parallel_drafter(head, kind)), OneRowEach(parallel_drafter(head, kind))
+    )
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_sampled_decoding_follows_the_targets_distribution(model, chatml_tokenizer, heads, kind):
     """Rule A over each slot's top-k children: the first two sampled tokens' law is the target's (TV of
