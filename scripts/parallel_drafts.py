@@ -51,30 +51,16 @@ def parallel_heads(model, draft_vocab: int, blocks: Sequence[int], dflash_layers
     return heads
 
 
-def _pending_of(drafter: PEagleDrafter, hidden: dict[int, Tensor], ids: Tensor) -> tuple[Tensor, Tensor]:
-    """A pass's pending positions: the last ACCEPTED prompt positions' fused states and next tokens."""
-    states = {layer: h[-ACCEPTED:] for layer, h in hidden.items()}
-    return drafter._fused(states), ids[-ACCEPTED:]
-
-
 def time_peagle(head: PEagleHead, prompt: Tensor, hidden: dict[int, Tensor], root: int, timer: Timer) -> dict:
     """{draft_ms, accept_ms, drafts, nodes}: one pass (ACCEPTED new positions + the block) after the prompt."""
     drafter, sampling = PEagleDrafter(head), [SamplingParams()]
     drafter.start([prompt], [hidden], [root])
     drafter.propose([root], sampling, [None])  # the whole prompt written
-    assert drafter.cache is not None
-    cache, committed = drafter.cache, drafter.cache.lengths[0]
-    device = head.fc.weight.device
-    ids = torch.cat([prompt[1:].to(device), torch.tensor([root], device=device)])
-    pending = _pending_of(drafter, hidden, ids)
-
-    def again() -> None:  # every timed pass commits the same positions after the same prefix
-        cache.set_lengths([committed - ACCEPTED])
-        drafter.pending = [pending]
-
-    draft = timer.ms(lambda: drafter.propose([root], sampling, [None]), setup=again)
-    tokens = prompt[None, :ACCEPTED].to(device)
+    tokens = prompt[None, :ACCEPTED].to(head.fc.weight.device)
     states = {layer: h[None, -ACCEPTED:] for layer, h in hidden.items()}
+    drafter.accept(tokens, [ACCEPTED], states, [root])  # ACCEPTED positions pending
+    # every timed pass writes those positions after the same prefix (a propose again redoes the last pass)
+    draft = timer.ms(lambda: drafter.propose([root], sampling, [None]))
     accept = timer.ms(lambda: drafter.accept(tokens, [ACCEPTED], states, [root]))
     return {"draft_ms": draft, "accept_ms": accept, "drafts": head.block_size, "nodes": head.block_size + 1}
 
@@ -87,7 +73,11 @@ def time_dflash(head: DFlashHead, prompt: Tensor, hidden: dict[int, Tensor], roo
     draft = timer.ms(lambda: drafter.propose([root], sampling, [None]))
     tokens = prompt[None, :ACCEPTED]
     states = {layer: h[None, -ACCEPTED:] for layer, h in hidden.items()}
-    restart = lambda: setattr(drafter, "lengths", [committed])  # noqa: E731 - every accept after the prompt
+    lengths_t = drafter.lengths_t
+
+    def restart() -> None:  # every accept after the prompt (host and device lengths)
+        drafter.lengths, drafter.lengths_t = [committed], lengths_t
+
     accept = timer.ms(lambda: drafter.accept(tokens, [ACCEPTED], states, [root]), setup=restart)
     size = head.config.block_size
     return {"draft_ms": draft, "accept_ms": accept, "drafts": size - 1, "nodes": size}

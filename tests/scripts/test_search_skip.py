@@ -141,6 +141,7 @@ def test_script_refuses_a_target_of_one_layer(script, tiny_llama, chatml_tokeniz
     tiny_llama(len(chatml_tokenizer), layers=1).save_pretrained(target)
     chatml_tokenizer.save_pretrained(target)
     argv = ["--target", str(target), "--prompts", "1", "--out", str(tmp_path / "s.json")]
+    capsys.readouterr()  # (saving the target may draw a progress bar: the script's own stderr is checked)
     assert script("search_skip").main(argv) == 2
     assert capsys.readouterr().err == (
         "error: the target has 1 decoder layer(s); skipping layers needs at least 2\n"
