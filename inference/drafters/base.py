@@ -136,6 +136,16 @@ def path_index(path: list[int], device: torch.device) -> slice | torch.Tensor:
     return slice(0, k) if path[-1] == k - 1 else host_ids(path, device)
 
 
+def paths_states(states: dict[int, torch.Tensor], paths: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Each row's path rows of per-node states {layer: [B, N, H]}: paths [B, K] of node indices (host or
+    device) -> {layer: [B, K, H]}, one gather a layer."""
+    out = {}
+    for layer, state in states.items():
+        at = host_to_device(paths, state.device)[:, :, None].expand(-1, -1, state.shape[-1])  # [B, K, H]
+        out[layer] = state.gather(1, at)
+    return out
+
+
 def path_states(states: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
     """The rows of a path [K] (see `path_index`) of per-node states {layer: [1, N, H]} -> {layer: [K, H]}."""
     if not states:
@@ -264,11 +274,7 @@ class BatchDrafter(DrafterBase, ABC):
         k = max(len(p) for p in paths)
         index = torch.tensor([p + p[-1:] * (k - len(p)) for p in paths])  # [B, K] the last node repeated
         ids = torch.tensor([t + t[-1:] * (k - len(t)) for t in tokens])  # [B, K]
-        gathered = {}
-        for layer, states in hidden.items():
-            at = host_to_device(index, states.device)[:, :, None].expand(-1, -1, states.shape[-1])
-            gathered[layer] = states.gather(1, at)  # [B, K, H]
-        self.accept(ids, [len(p) for p in paths], gathered, next_roots)
+        self.accept(ids, [len(p) for p in paths], paths_states(hidden, index), next_roots)
 
     # ---- one draft ahead: the accepted paths still on the device (engine/loop.py) ----------------------
 

@@ -31,7 +31,7 @@ from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.grad import inference_mode
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner
@@ -209,12 +209,8 @@ class DFlashDrafter(BatchDrafter):
         """`accept` from device tensors: the verified trees' states {l: [B, N, H]}, each row's path
         [B, >= P] (ascending, the last node repeated) and its K [B]: P positions written, L_b moves by K_b."""
         width = self.commit_width
-        states = {}
-        for layer in self.hidden_layers:
-            state = hidden[layer]  # [B, N, H]
-            at = paths[:, :width].to(state.device)[:, :, None].expand(-1, -1, state.shape[-1])
-            states[layer] = state.gather(1, at)  # [B, P, H]
-        context = self._context(states)  # [B, P, H]
+        read = {layer: hidden[layer] for layer in self.hidden_layers}  # {l: [B, N, H]}
+        context = self._context(paths_states(read, paths[:, :width]))  # [B, P, H]
         self._room(context.shape[0], max(self.lengths) + width)
         self._commit(context, ks.to(context.device))
 

@@ -30,7 +30,7 @@ from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.cache import RowCache
@@ -203,11 +203,7 @@ class PEagleDrafter(BatchDrafter):
         positions, the first K real."""
         device, width = self._device(), self.commit_width
         paths = paths[:, :width].to(device)  # [B, P]
-        states = {}
-        for layer in self.hidden_layers:
-            state = hidden[layer]  # [B, N, H]
-            at = paths.to(state.device)[:, :, None].expand(-1, -1, state.shape[-1])
-            states[layer] = state.gather(1, at)  # [B, P, H]
+        states = paths_states({layer: hidden[layer] for layer in self.hidden_layers}, paths)  # {l: [B, P, H]}
         counts = ks.to(device)
         ids = next_ids_of(tokens.to(device).gather(1, paths), counts, nexts.to(device))  # [B, P]
         self.pending = (self._fused(states), ids, counts)

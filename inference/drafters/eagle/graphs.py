@@ -34,7 +34,7 @@ from torch import Tensor
 from spechead.heads.grad import inference_mode
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.target.cache import RowCache
@@ -142,12 +142,6 @@ class GraphRows(EagleRows):
             rows.feature = torch.where(host_to_device(going, self.device)[:, None], rows.feature, before)
 
     @inference_mode
-    def accept(
-        self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
-    ) -> None:
-        self._commit(tokens, lengths, hidden, next_roots)
-
-    @inference_mode
     def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
         """Every row's tree of the head's top-k children in one graph call (greedy / lossless rule A)."""
         rows, drafter = self._capacity, self.drafter
@@ -200,11 +194,11 @@ class GraphRows(EagleRows):
         packed[active, :width] = tokens.to(dev).gather(1, paths)  # the pairs' own tokens
         packed[active, width] = ks.to(dev)
         packed[active, width + 1] = nexts.to(dev)
+        read = paths_states({layer: hidden[layer] for layer in self.drafter.hidden_layers}, paths)
         states = []
         for layer in self.drafter.hidden_layers:
-            state = hidden[layer]  # [B, N, H]
-            picked = state.gather(1, paths.to(state.device)[:, :, None].expand(-1, -1, state.shape[-1]))
-            full = torch.zeros(capacity, width, state.shape[-1], device=dev, dtype=self.dtype)
+            picked = read[layer]  # [B, P, H]
+            full = torch.zeros(capacity, width, picked.shape[-1], device=dev, dtype=self.dtype)
             full[active] = picked.to(dev, self.dtype)
             states.append(full)  # [P_rows, P, H]
         rows.feature = self._accept(packed, *states)  # [P_rows, H]
