@@ -2,7 +2,8 @@
 the layout is tested against its published loader's schema (heads/formats/dflash_export.py names the
 source: sgl-project/sglang models/dflash.py and speculative/dflash_utils.py), and the REAL speculators
 0.9.0 DFlashConverter (which reads this z-lab / SGLang layout) loads it strictly into its
-DFlashDraftModel with our tensors. Heads SGLang cannot hold are refused."""
+DFlashDraftModel with our tensors (test_formats_dflash_client.py runs it: the same logits). Heads SGLang
+cannot hold are refused."""
 
 from __future__ import annotations
 
