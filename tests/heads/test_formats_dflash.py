@@ -148,8 +148,10 @@ def test_the_script_exports_a_dflash_head(tmp_path, capsys) -> None:
     [
         ({"mask_token_id": -1}, "sglang", "train with head.mask_token_id=<id>"),
         ({}, "speculators", "is a dflash head; formats for dflash heads: sglang"),
+        ({}, "eagle", "is a dflash head; formats for dflash heads: sglang"),
+        ({}, "medusa", "is a dflash head; formats for dflash heads: sglang"),
     ],
-    ids=["learned-mask-to-sglang", "to-speculators"],
+    ids=["learned-mask-to-sglang", "to-speculators", "to-eagle", "to-medusa"],
 )
 def test_the_script_refuses_in_one_error_line(tmp_path, capsys, overrides, fmt, message) -> None:
     head = dflash_head(qwen3_target(), **overrides).save_pretrained(tmp_path / "head")
