@@ -25,10 +25,10 @@ ANCHORS = torch.tensor([[0, 5, 9, 14, 19]])  # ours: the last context position o
 
 
 def qwen3_target() -> PreTrainedModel:
-    """A Qwen3 target whose head_dim (16) is not hidden / heads (8)."""
+    """A Qwen3 target whose head_dim (16) is not hidden / heads (8), with attention biases (its layer's)."""
     config = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=L,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=50000.0,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False)  # fmt: skip
+                         rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=True)  # fmt: skip
     torch.manual_seed(0)
     return Qwen3ForCausalLM(config).eval()
 
