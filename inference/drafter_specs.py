@@ -73,6 +73,9 @@ def make_drafter(
         head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
         # A Hub head becomes its local snapshot (tree.json and adapter included) for everything below.
         spec = str(directory.resolve(spec, revision))
+        # A head of another target: one line naming the size that differs (before attaching its modules).
+        text, vocab = target.config.get_text_config(), target.get_output_embeddings().weight.shape[0]
+        head.check_target(text.hidden_size, vocab, text.num_hidden_layers)
         head.attach_target_modules(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )

@@ -10,8 +10,9 @@ layers, block_size top-level or in dflash_config, dflash_config.target_layer_ids
 OUTPUT ids, dflash_config.mask_token_id >= 0, num_target_layers; layer_types absent or full_attention
 = non-causal attention). Published z-lab / SpecForge configs (architectures ["DFlashDraftModel"],
 model_type "qwen3", block_size top-level, dflash_config {mask_token_id, target_layer_ids}) match.
-speculators 0.9.0 converts this layout (`speculators.convert.dflash.DFlashConverter`), which the tests
-use as a real-library check of tensor names and shapes.
+speculators 0.9.0 converts this layout (`speculators.convert.dflash.DFlashConverter`, which its
+`from_pretrained(path, verifier=...)` runs), which the tests use as a real-library check of tensor names
+and shapes and of the numbers: its DFlashDraftModel drafts our blocks' logits (fp32, 1e-5).
 """
 
 from __future__ import annotations

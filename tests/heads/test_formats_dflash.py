@@ -2,7 +2,8 @@
 the layout is tested against its published loader's schema (heads/formats/dflash_export.py names the
 source: sgl-project/sglang models/dflash.py and speculative/dflash_utils.py), and the REAL speculators
 0.9.0 DFlashConverter (which reads this z-lab / SGLang layout) loads it strictly into its
-DFlashDraftModel with our tensors. Heads SGLang cannot hold are refused."""
+DFlashDraftModel with our tensors (test_formats_dflash_client.py runs it: the same logits). Heads SGLang
+cannot hold are refused."""
 
 from __future__ import annotations
 
@@ -147,8 +148,10 @@ def test_the_script_exports_a_dflash_head(tmp_path, capsys) -> None:
     [
         ({"mask_token_id": -1}, "sglang", "train with head.mask_token_id=<id>"),
         ({}, "speculators", "is a dflash head; formats for dflash heads: sglang"),
+        ({}, "eagle", "is a dflash head; formats for dflash heads: sglang"),
+        ({}, "medusa", "is a dflash head; formats for dflash heads: sglang"),
     ],
-    ids=["learned-mask-to-sglang", "to-speculators"],
+    ids=["learned-mask-to-sglang", "to-speculators", "to-eagle", "to-medusa"],
 )
 def test_the_script_refuses_in_one_error_line(tmp_path, capsys, overrides, fmt, message) -> None:
     head = dflash_head(qwen3_target(), **overrides).save_pretrained(tmp_path / "head")

@@ -201,10 +201,12 @@ def test_the_script_exports_with_a_mask_token(saved_head, tmp_path, capsys) -> N
     ("argv", "message"),
     [
         (["--format", "sglang"], "is a peagle head; formats for peagle heads: speculators"),
+        (["--format", "eagle"], "is a peagle head; formats for peagle heads: speculators"),
+        (["--format", "medusa"], "is a peagle head; formats for peagle heads: speculators"),
         (["--format", "speculators"], "pass --mask-token-id ID"),
         (["--format", "speculators", "--mask-token-id", V], "must be a token id in 0..47"),
     ],
-    ids=["sglang-cannot-hold-it", "no-mask-token", "mask-token-out-of-range"],
+    ids=["to-sglang", "to-eagle", "to-medusa", "no-mask-token", "mask-token-out-of-range"],
 )
 def test_the_script_refuses_in_one_error_line(saved_head, tmp_path, capsys, argv, message) -> None:
     assert run_script([saved_head, *argv, "--out", tmp_path / "o"]) == 2
