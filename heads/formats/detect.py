@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spechead.heads.formats import eagle, eagle3_import, medusa
+from spechead.heads.formats import eagle, eagle3_import, medusa, peagle_import
 from spechead.heads.formats.weights import tensor_names
 
 # Layout name -> (what it is, weight file names to look for, importer).
@@ -21,8 +21,15 @@ LAYOUTS = {
         eagle3_import.WEIGHT_NAMES,
         eagle3_import.import_speculators,
     ),
+    "speculators-peagle": (
+        "P-EAGLE head (vLLM speculators layout)",
+        peagle_import.WEIGHT_NAMES,
+        peagle_import.import_peagle_speculators,
+    ),
     "medusa": ("Medusa-1 heads (FasterDecoding or vLLM layout)", medusa.WEIGHT_NAMES, medusa.import_medusa),
 }
+# speculators_model_type -> layout (any other type goes to "speculators", which names the ones it imports)
+_SPECULATORS = {"peagle": "speculators-peagle"}
 
 
 def layout_of_config(config: dict[str, Any]) -> str | None:
@@ -30,7 +37,7 @@ def layout_of_config(config: dict[str, Any]) -> str | None:
     if not isinstance(config, dict) or "family" in config:
         return None
     if "speculators_model_type" in config:
-        return "speculators"
+        return _SPECULATORS.get(str(config["speculators_model_type"]), "speculators")
     if "medusa_num_heads" in config or config.get("model_type") == "medusa":
         return "medusa"
     architectures = config.get("architectures") or []
