@@ -49,6 +49,7 @@ _VARIANTS: dict[str, Any] = {
     "has_lm_head": False,
     "sample_from_anchor": False,
 }
+_WINDOW = ("layer_types", "use_sliding_window", "sliding_window", "max_window_layers")
 # z-lab config keys that describe the drafter, not its decoder layer.
 _NOT_LAYER = ("dflash_config", "block_size", "num_target_layers", "auto_map")
 
@@ -80,7 +81,8 @@ def import_speculators_dflash(
 ) -> DFlashHead:
     """A DFlashHead from speculators' DFlash layout (speculators_model_type "dflash")."""
     where = f"speculators DFlash head {directory}"
-    layer = speculators_layer(where, config)
+    # vLLM also reads the attention-window fields at the top level of a speculators DFlash config
+    layer = {**speculators_layer(where, config), **{k: config[k] for k in _WINDOW if k in config}}
     draft_vocab, vocab = config.get("draft_vocab_size"), layer.get("vocab_size")
     if draft_vocab not in (None, vocab):
         raise HeadError(

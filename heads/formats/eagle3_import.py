@@ -12,6 +12,8 @@ Conventions as the engines read them: a missing norm_before_residual is true in 
 (vLLM), false in the official layout; the last layer's id means its output before the final norm,
 which spechead's index L (after it) is not, so it is refused when the target's depth is known; a
 windowed draft layer (sliding_attention) is refused (spechead's layer attends to the whole context).
+`speculators_eagle3` reads the speculators fields for P-EAGLE's importer too (peagle_import), and
+`speculators_layer` / `speculators_target` for the speculators DFlash importer (dflash_import).
 """
 
 from __future__ import annotations

@@ -224,6 +224,7 @@ def test_speculators_dflash_written_by_its_converter_imports(tmp_path) -> None:
         ({"sample_from_anchor": True}, r"DFlash variant \(sample_from_anchor\)"),
         ({"draft_vocab_size": V // 2}, f"reduced vocabulary \\({V // 2} of {V} tokens"),
         ({"mask_token_id": None}, "names no mask_token_id"),
+        ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8}, "sliding_attention"),
     ):
         file.write_text(json.dumps({**config, **changes}))
         with pytest.raises(HeadError, match=message):
