@@ -300,7 +300,7 @@ def register_foreign_loader(load: Callable[..., DraftHead | None]) -> None:
 def _import_foreign(
     directory: Path, source: str | Path, revision: str | None, **kwargs: Any
 ) -> DraftHead | None:
-    """The head converted from another project's layout (EAGLE, EAGLE-3, speculators, Medusa), else None."""
+    """The head converted from another project's layout (EAGLE, EAGLE-3, speculators, DFlash, Medusa), else None."""
     if not _FOREIGN:  # (spechead.heads imports spechead.heads.formats, which registers it)
         raise RuntimeError("loading a head needs spechead.heads.formats imported")
     return _FOREIGN[0](directory, source=source, revision=revision, **kwargs)

@@ -46,6 +46,11 @@ def fill_head(
                 f"{tuple(expected[name].shape)}"
             )
     head.load_state_dict(tensors, strict=True)
+    return placed(head, device, dtype)
+
+
+def placed(head: H, device: torch.device | str | int | None = None, dtype: torch.dtype | None = None) -> H:
+    """`head` moved to `device` and cast to `dtype` (where given), in eval mode."""
     if device is not None:
         head.to(device)
     if dtype is not None:

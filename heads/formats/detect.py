@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spechead.heads.formats import eagle, eagle3_import, medusa
+from spechead.heads.formats import dflash_import, eagle, eagle3_import, medusa, peagle_import
 from spechead.heads.formats.weights import tensor_names
 
 # Layout name -> (what it is, weight file names to look for, importer).
@@ -21,8 +21,25 @@ LAYOUTS = {
         eagle3_import.WEIGHT_NAMES,
         eagle3_import.import_speculators,
     ),
+    "speculators-peagle": (
+        "P-EAGLE head (vLLM speculators layout)",
+        peagle_import.WEIGHT_NAMES,
+        peagle_import.import_peagle_speculators,
+    ),
+    "speculators-dflash": (
+        "DFlash drafter (vLLM speculators layout)",
+        dflash_import.WEIGHT_NAMES,
+        dflash_import.import_speculators_dflash,
+    ),
+    "dflash": (
+        "DFlash drafter (z-lab / SGLang layout)",
+        dflash_import.WEIGHT_NAMES,
+        dflash_import.import_dflash,
+    ),
     "medusa": ("Medusa-1 heads (FasterDecoding or vLLM layout)", medusa.WEIGHT_NAMES, medusa.import_medusa),
 }
+# speculators_model_type -> layout (any other type goes to "speculators", which names the ones it imports)
+_SPECULATORS = {"peagle": "speculators-peagle", "dflash": "speculators-dflash"}
 
 
 def layout_of_config(config: dict[str, Any]) -> str | None:
@@ -30,10 +47,12 @@ def layout_of_config(config: dict[str, Any]) -> str | None:
     if not isinstance(config, dict) or "family" in config:
         return None
     if "speculators_model_type" in config:
-        return "speculators"
+        return _SPECULATORS.get(str(config["speculators_model_type"]), "speculators")
     if "medusa_num_heads" in config or config.get("model_type") == "medusa":
         return "medusa"
     architectures = config.get("architectures") or []
+    if any("DFlash" in str(a) for a in architectures) or "dflash_config" in config:
+        return "dflash"  # before EAGLE-1/2's tensor names, which a DFlash drafter's (fc, layers.*) also match
     if any("Eagle3" in str(a) for a in architectures) or "draft_vocab_size" in config:
         return "eagle3"
     return None

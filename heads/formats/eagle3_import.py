@@ -12,6 +12,8 @@ Conventions as the engines read them: a missing norm_before_residual is true in 
 (vLLM), false in the official layout; the last layer's id means its output before the final norm,
 which spechead's index L (after it) is not, so it is refused when the target's depth is known; a
 windowed draft layer (sliding_attention) is refused (spechead's layer attends to the whole context).
+`speculators_eagle3` reads the speculators fields for P-EAGLE's importer too (peagle_import), and
+`speculators_layer` / `speculators_target` for the speculators DFlash importer (dflash_import).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig
 
-from spechead.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers
+from spechead.heads.eagle3 import Eagle3Head, default_eagle3_layers
 from spechead.heads.errors import HeadError
 from spechead.heads.formats.build import fill_head, renamed
-from spechead.heads.formats.llama import layer_config_of, target_fields
+from spechead.heads.formats.llama import check_fused_layers, layer_config_of, target_fields
 
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "*.safetensors")
 # Frozen target copies or training-only tensors some exporters keep; spechead uses the target's own.
@@ -65,26 +67,57 @@ def import_speculators(
     kind = config.get("speculators_model_type")
     if kind != "eagle3":
         raise HeadError(
-            f"{where} is a speculators {kind!r} model; spechead imports speculators 'eagle3' only"
+            f"{where} is a speculators {kind!r} model; spechead imports speculators 'eagle3', 'peagle' and "
+            "'dflash' heads"
         )
-    options = _norm_options(where, config, residual_default=True)  # vLLM: absent = true
-    if config.get("embed_requires_grad"):
+    return speculators_eagle3(where, config, tensors, target_config, load)
+
+
+def speculators_eagle3(
+    where: str,
+    config: dict[str, Any],
+    tensors: dict[str, Tensor],
+    target_config: PretrainedConfig | None,
+    load: dict[str, Any],
+    *,
+    head_class: type[Eagle3Head] = Eagle3Head,
+    residual_default: bool = True,
+    embed_trained_default: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> Eagle3Head:
+    """An EAGLE-3-like head (`head_class`, config fields `extra` added) from a speculators config.
+
+    residual_default: norm_before_residual when the config omits it (vLLM: true for EAGLE-3, false for
+    P-EAGLE); embed_trained_default: embed_requires_grad when omitted (speculators: P-EAGLE trains it)."""
+    options = _norm_options(where, config, residual_default)
+    if config.get("embed_requires_grad", embed_trained_default):
         raise HeadError(
-            f"{where} trained its own embedding (embed_requires_grad=true); spechead uses the target's"
+            f"{where} trained its own embedding (embed_requires_grad=true, or omitted where speculators "
+            "defaults it to true); spechead uses the target's: not supported"
         )
+    layer = speculators_layer(where, config)
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    known = {**speculators_target(config), **options, **(extra or {})}
+    head_fields = {**layer, "draft_vocab_size": config.get("draft_vocab_size")}
+    head_fields["target_hidden_size"] = config.get("target_hidden_size")
+    return _eagle3_head(where, head_fields, layer, tensors, ids, target_config, known, load, head_class)
+
+
+def speculators_layer(where: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The transformer_layer_config object of a speculators config (HeadError if absent)."""
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise HeadError(f"{where}: config.json has no transformer_layer_config object")
-    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    return layer
+
+
+def speculators_target(config: dict[str, Any]) -> dict[str, str]:
+    """target_name_or_path / target_architecture from a speculators config's verifier ("" if unnamed)."""
     verifier = (config.get("speculators_config") or {}).get("verifier") or {}
-    known = {
+    return {
         "target_name_or_path": verifier.get("name_or_path") or "",
         "target_architecture": (verifier.get("architectures") or [""])[0],
-        **options,
     }
-    head_fields = {**layer, "draft_vocab_size": config.get("draft_vocab_size")}
-    head_fields["target_hidden_size"] = config.get("target_hidden_size")
-    return _eagle3_head(where, head_fields, layer, tensors, ids, target_config, known, load)
 
 
 def _eagle3_head(
@@ -96,6 +129,7 @@ def _eagle3_head(
     target_config: PretrainedConfig | None,
     known: dict[str, Any],
     load: dict[str, Any],
+    head_class: type[Eagle3Head] = Eagle3Head,
 ) -> Eagle3Head:
     """Shared EAGLE-3 conversion once the layout's config fields are found."""
     if int(layer.get("num_hidden_layers", 1)) != 1 or any(k.startswith("layers.1.") for k in tensors):
@@ -117,19 +151,15 @@ def _eagle3_head(
         )
     fields = {**known, **target_fields(target_config, hidden, vocab, where)}
     depth = fields.get("target_num_layers", 0)
-    if layers and depth and depth in layers:
-        raise HeadError(
-            f"{where} fuses target layer {depth} (of {depth}): in vLLM and SGLang that is the last decoder "
-            f"layer's output BEFORE the final norm, while spechead's hidden-state index {depth} is after it; "
-            "the head would read another state: not supported"
-        )
-    head = Eagle3Head(
-        Eagle3Config(
+    if layers:
+        check_fused_layers(where, layers, depth)
+    head = head_class(
+        head_class.config_class(
             hidden_size=hidden,
             vocab_size=vocab,
             draft_vocab_size=draft_vocab,
             layer_config=layer_config_of(layer, where),
-            target_layers=layers or _default_layers(where, fields.get("target_num_layers", 0)),
+            target_layers=layers or _default_layers(where, depth),
             **fields,
         )
     )
@@ -151,6 +181,7 @@ def _norm_options(where: str, config: dict[str, Any], residual_default: bool) ->
 
 
 def _default_layers(where: str, num_layers: int) -> list[int]:
+    """The EAGLE-3 default layers of a `num_layers`-deep target (HeadError if the depth is unknown)."""
     if not num_layers:
         raise HeadError(
             f"{where} does not say which target layers it fuses (the EAGLE-3 default [2, L//2, L-3] needs the "

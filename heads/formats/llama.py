@@ -19,33 +19,35 @@ from spechead.heads.errors import HeadError
 _NOT_LAYER = {"architectures", "auto_map", "model_type", "torch_dtype", "dtype", "transformers_version"}
 
 
-def layer_config_of(config: dict[str, Any], where: str) -> dict[str, Any]:
-    """spechead `layer_config` for the decoder layer a published head's config describes."""
+def layer_config_of(config: dict[str, Any], where: str, layers: int = 1) -> dict[str, Any]:
+    """spechead `layer_config` for the decoder layers (the first `layers`) a published head's config
+    describes; HeadError if one of them attends through a sliding window."""
     model_type = config.get("model_type") or "llama"
     fields = {k: v for k, v in config.items() if k not in _NOT_LAYER}
     try:
         parsed = AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError, KeyError) as err:
         raise HeadError(f"{where}: cannot read its {model_type!r} layer config: {err}") from None
-    window = sliding_window(parsed)
+    window = sliding_window(parsed, layers)
     if window:
         raise HeadError(
             f"{where}: its draft layer attends through a sliding window of {window} tokens, which spechead's "
-            "EAGLE-3 layer does not implement (it would attend to the whole context): not supported"
+            "draft layers do not implement (they would attend to the whole context): not supported"
         )
     return layer_config_from(parsed)
 
 
-def sliding_window(config: PretrainedConfig) -> int | None:
-    """The window (tokens) the FIRST layer of `config` attends through, None for full attention: where the
-    config lists layer_types (speculators, vLLM and transformers read those), that layer's type decides;
-    without them a sliding_window the config does not switch off (use_sliding_window) applies."""
+def sliding_window(config: PretrainedConfig, layers: int = 1) -> int | None:
+    """The window (tokens) any of the first `layers` layers of `config` attends through, None for full
+    attention: where the config lists layer_types (speculators, vLLM and transformers read those), those
+    layers' types decide; without them a sliding_window the config does not switch off
+    (use_sliding_window) applies."""
     window = getattr(config, "sliding_window", None)
     types = getattr(config, "layer_types", None)
     if not window:
         return None
     if types:
-        return int(window) if types[0] == "sliding_attention" else None
+        return int(window) if "sliding_attention" in types[:layers] else None
     return int(window) if getattr(config, "use_sliding_window", True) else None
 
 
@@ -79,7 +81,8 @@ def llama_layer_fields(layer_config: dict[str, Any]) -> dict[str, Any]:
 def target_fields(
     target_config: PretrainedConfig | None, hidden_size: int, vocab_size: int, where: str
 ) -> dict[str, Any]:
-    """HeadConfig target fields from the target's config (empty if None); sizes must match the head's."""
+    """HeadConfig target fields from the target's config (empty if None; a name it leaves empty, as an unsaved
+    target does, is left out, so a verifier the head names stays); sizes must match the head's."""
     if target_config is None:
         return {}
     found = described_target(target_config)
@@ -88,4 +91,18 @@ def target_fields(
             raise HeadError(
                 f"{where} has {name} {mine} but the target has {found[name]}: it was made for another target"
             )
-    return {k: found[k] for k in ("target_num_layers", "target_architecture", "target_name_or_path")}
+    return {
+        k: found[k] for k in ("target_num_layers", "target_architecture", "target_name_or_path") if found[k]
+    }
+
+
+def check_fused_layers(where: str, layers: list[int], depth: int) -> None:
+    """HeadError if `layers` (HF hidden-state indices a published head fuses) include the target's last
+    layer `depth` (0 = depth unknown): engines capture that layer's output BEFORE the final norm, while
+    spechead's hidden-state index `depth` is after it."""
+    if depth and depth in layers:
+        raise HeadError(
+            f"{where} fuses target layer {depth} (of {depth}): in vLLM and SGLang that is the last decoder "
+            f"layer's output BEFORE the final norm, while spechead's hidden-state index {depth} is after it; "
+            "the head would read another state: not supported"
+        )

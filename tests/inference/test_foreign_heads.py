@@ -1,5 +1,6 @@
 """SpeculativeGenerator.from_pretrained(target, head) with heads in reference projects' layouts: they
-are recognised, converted, given what the target implies (EAGLE-3 default layers) and decode losslessly."""
+are recognised, converted, given what the target implies (EAGLE-3 default layers) and decode losslessly;
+so do the parallel drafters (P-EAGLE, DFlash) exported to the layouts vLLM and SGLang serve."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ from transformers import AutoConfig
 
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers
+from spechead.heads.formats import export_head
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
+
+from .drafters.parallel_heads import dflash_head, peagle_head
+from .test_batch import PROMPTS
+from .test_generator import plain_greedy
 
 PROMPT = "What is the capital of France?"
 
@@ -77,3 +83,29 @@ def test_reference_heads_decode_losslessly(tiny_target_dir, tmp_path, plain, mak
     mine, theirs = head.state_dict(), source.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     assert gen.generate(PROMPT, max_new_tokens=12).token_ids == plain
+
+
+@pytest.mark.parametrize("family", ["peagle", "dflash"])
+def test_exported_parallel_drafters_decode_losslessly_once_imported(
+    tiny_target_dir, tmp_path, family
+) -> None:
+    """P-EAGLE in speculators' layout, DFlash in the z-lab / SGLang layout, each fitted a little, exported,
+    then loaded by the generator from the directory: greedy decoding equals plain decoding, and the
+    imported drafter's paths of several tokens are accepted (it drafts what the fitted head drafts)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir).eval()
+    model.generation_config.eos_token_id = None
+    mask, prompt = model.config.vocab_size - 1, PROMPTS[0]
+    if family == "peagle":
+        head = peagle_head(model, [prompt], steps=40, target_layers=[1, 2, 3])
+        out = export_head(head, "speculators", tmp_path / "head", mask_token_id=mask)
+    else:
+        head = dflash_head(model, [prompt], steps=40, target_layers=[1, 2, 3], mask_token_id=mask)
+        out = export_head(head, "sglang", tmp_path / "head")
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(out))
+    gen.eos = set()
+    assert type(gen.drafter.head) is type(head) and gen.drafter.head.config.target_layers == [1, 2, 3]
+    result = gen.generate(input_ids=prompt, max_new_tokens=16)
+    assert result.token_ids == plain_greedy(model, prompt, 16)
+    assert max(result.stats.accept_lengths) > 2, result.stats.accept_lengths

@@ -34,12 +34,12 @@ def _sequences(model, prompts: list[list[int]], new_tokens: int) -> tuple[list[t
     return seqs, [{k: v.clone() for k, v in states.items()} for states in hidden]
 
 
-def peagle_head(model, prompts: list[list[int]] | None, steps: int = 120) -> PEagleHead:
-    """A P-EAGLE head (K = BLOCK) fitted `steps` Adam steps to the target's greedy continuations of
-    `prompts` (None: random)."""
+def peagle_head(model, prompts: list[list[int]] | None, steps: int = 120, **fields) -> PEagleHead:
+    """A P-EAGLE head (K = BLOCK; config `fields` win) fitted `steps` Adam steps to the target's greedy
+    continuations of `prompts` (None: random)."""
     torch.manual_seed(0)
-    cfg = PEagleConfig.from_target(model.config, target_layers=_layers(model),
-                                   draft_vocab_size=model.config.vocab_size, block_size=BLOCK)  # fmt: skip
+    cfg = PEagleConfig.from_target(model.config, **{"target_layers": _layers(model), "block_size": BLOCK,
+                                   "draft_vocab_size": model.config.vocab_size, **fields})  # fmt: skip
     head = PEagleHead(cfg)
     head.attach_target_modules(
         lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
@@ -62,10 +62,11 @@ def peagle_head(model, prompts: list[list[int]] | None, steps: int = 120) -> PEa
     return head.eval().requires_grad_(False)
 
 
-def dflash_head(model, prompts: list[list[int]] | None, steps: int = 120) -> DFlashHead:
-    """A DFlash head (block_size BLOCK, 1 layer) fitted like `peagle_head`."""
+def dflash_head(model, prompts: list[list[int]] | None, steps: int = 120, **fields) -> DFlashHead:
+    """A DFlash head (block_size BLOCK, 1 layer; config `fields` win) fitted like `peagle_head`."""
     torch.manual_seed(0)
-    cfg = DFlashConfig.from_target(model.config, target_layers=_layers(model), block_size=BLOCK, num_layers=1)
+    fields = {"target_layers": _layers(model), "block_size": BLOCK, "num_layers": 1, **fields}
+    cfg = DFlashConfig.from_target(model.config, **fields)
     head = DFlashHead(cfg)
     head.attach_target_modules(model.get_output_embeddings(), model.get_input_embeddings())
     if prompts:
