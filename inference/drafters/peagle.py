@@ -62,9 +62,9 @@ class PEagleDrafter(BatchDrafter):
         # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
         self.pending: tuple[Tensor, Tensor, Tensor] | None = None
         self.host_counts: list[int] | None = None  # read first: k per row on the host (queued: `settle`)
-        # the state before the last pass (pending, device lengths, host lengths, host counts): a propose
-        # again without an accept drafts that pass again
-        self._redo: tuple | None = None
+        # the state before the last pass (pending, device lengths): a propose again without an accept
+        # (rows may have left between) drafts that pass again
+        self._redo: tuple[tuple[Tensor, Tensor, Tensor], Tensor] | None = None
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
@@ -118,13 +118,14 @@ class PEagleDrafter(BatchDrafter):
         assert self.cache is not None and self.lengths_t is not None and self.pending is not None
         head, cache, k = self.head, self.cache, self.head.block_size
         if self.pending[1].shape[1] == 0 and self._redo is not None:  # a propose again, no accept between
-            # (calibration times repeated drafts): the same pass from the state before the last one
-            self.pending, self.lengths_t, host, self.host_counts = self._redo
-            cache.set_lengths(host)
-        self._redo = (self.pending, self.lengths_t, list(cache.lengths), self.host_counts)
+            # (calibration times repeated drafts): the same pass from the state before the last one (the
+            # host's lengths count that pass already, or `settle` will)
+            self.pending, self.lengths_t = self._redo
+            self.host_counts = None
+        self._redo = (self.pending, self.lengths_t)
         fused, next_ids, counts = self.pending
         batch, width = next_ids.shape  # P: pending positions per row (padded)
-        view = max(cache.lengths) + width + k - 1  # (host lengths = device ones before this pass)
+        view = max(cache.lengths) + width + k - 1  # (host lengths >= device ones before this pass)
         if view > cache.max_length:
             cache.grow(2 * view)
         lengths, device = self.lengths_t, fused.device
@@ -181,9 +182,12 @@ class PEagleDrafter(BatchDrafter):
         pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.lengths_t = self.lengths_t[pick]
         fused, ids, counts = self.pending
-        self.pending, self._redo = (fused[pick], ids[pick], counts[pick]), None
+        self.pending = (fused[pick], ids[pick], counts[pick])
         if self.host_counts is not None:
             self.host_counts = [self.host_counts[r] for r in rows]
+        if self._redo is not None:  # (a propose again drafts the kept rows' last pass)
+            (fused, ids, counts), lengths = self._redo
+            self._redo = (fused[pick], ids[pick], counts[pick]), lengths[pick]
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 

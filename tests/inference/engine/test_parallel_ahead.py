@@ -92,10 +92,11 @@ def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind)
         queued.settle(ks, nexts)  # (after the draft, as the engine reads the acceptance)
         assert host_lengths(queued) == host_lengths(host) == queued.lengths_t.tolist()  # device = host
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
-    for d in (host, queued):  # rows leave; the queued one goes on from the host
+    for d in (host, queued):  # rows leave; a propose again: the kept rows' last trees
         d.keep([2, 0])
     again = [d.propose(nexts[::-2], greedy[:2], [None] * 2) for d in (host, queued)]
-    assert again[1].tokens.tolist() == again[0].tokens.tolist()
+    assert again[1].tokens.tolist() == again[0].tokens.tolist() == drafts[0].tokens[[2, 0]].tolist()
+    assert host_lengths(queued) == host_lengths(host) == queued.lengths_t.tolist()
 
 
 def generators(model, chatml_tokenizer, heads, kind):
