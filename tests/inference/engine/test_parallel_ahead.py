@@ -56,12 +56,14 @@ ROUNDS = [
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind):
+@pytest.mark.parametrize("compile", [False, "graphs"])
+def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind, compile):
     """Two drafters over one head, three rows of mixed prompt lengths: one hears paths on the host, the
-    other from device tensors (paths padded to >= P, K and the next tokens); the same trees, every round,
-    and the same host lengths once settled."""
+    other from device tensors (paths padded to >= P, K and the next tokens; eager, or its draft compiled:
+    the fixed-shape function); the same trees, every round, and the same host lengths once settled."""
     head = random_head(model, kind.split("_")[0])
     host, queued = parallel_drafter(head, kind), parallel_drafter(head, kind)
+    queued.use_compile(compile)
     assert queued.queues(1) and queued.queues(3)
     g = torch.Generator().manual_seed(2)
     h, vocab = model.config.hidden_size, model.config.vocab_size
