@@ -29,47 +29,28 @@ from torch import Tensor
 from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.grad import inference_mode
-from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter, paths_states
+from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
-from spechead.inference.sampling import SamplingParams
+from spechead.inference.drafters.parallel import ParallelDrafter
 from spechead.inference.target.runner import TargetRunner
 
 
-class DFlashDrafter(BatchDrafter):
+class DFlashDrafter(ParallelDrafter):
     """Every row's static tree (default: a chain of block_size - 1 drafts) from one head forward, for any
     number of rows. tree: "chain", or rank paths over the block's positions (see `block_tree`)."""
 
-    tunes_tree = True
+    head: DFlashHead
 
     def __init__(self, head: DFlashHead, tree: str | list[list[int]] = "chain"):
         if isinstance(tree, str) and tree != "chain":
             raise ValueError(f"a DFlash drafter's tree is 'chain' or a list of rank paths, got tree={tree!r}")
-        self.head = head.eval()
         self.block_size = head.config.block_size
-        self.tree = BlockTree(None if isinstance(tree, str) else tree, self.block_size - 1)
-        self.choices: list[list[int]] = self.tree.choices
-        self.hidden_layers = tuple(head.config.target_layers)
-        self.max_nodes = self.tree.size
+        super().__init__(head, BlockTree(None if isinstance(tree, str) else tree, self.block_size - 1))
         self.kv: list[tuple[Tensor, Tensor]] = []  # per layer, keys / values [B, kv, S, D]
         self.lengths: list[int] = []  # row b's committed context positions (host)
         self.lengths_t: Tensor | None = None  # [B] the same on the head's device
         self._allocation = 0  # a new number whenever the buffers are allocated anew
-        self._compile: bool | str = False
-        self._draft_fn = self._tokens  # roots [B], lengths [B] -> tokens [B, N] (`use_compile`)
-
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
-        self.head.check_target(hidden_size, vocab_size, num_layers)
-
-    def with_tree(self, choices: list[list[int]]) -> DFlashDrafter:
-        """The same head with another static tree (rank paths), compiled as this one."""
-        other = DFlashDrafter(self.head, choices)
-        other.use_compile(self._compile)
-        return other
-
-    def _device(self) -> torch.device:
-        return self.head.fc.weight.device
 
     def _context(self, hidden: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [B, W, H]} -> fused context features [B, W, H] on the head's device."""
@@ -122,17 +103,6 @@ class DFlashDrafter(BatchDrafter):
         counts = host_to_device(torch.tensor(self.lengths), self._device())
         self._commit(self._context(padded), counts)
 
-    @inference_mode
-    def propose(
-        self,
-        roots: Sequence[int],
-        sampling: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
-    ) -> BatchDraft:
-        """Every row's tree rooted at roots [B] from ONE head forward over all rows' blocks (sampling and
-        generators are not read: the children are each block position's top ids)."""
-        return self._draft(host_to_device(torch.tensor(list(roots)), self._device()))
-
     def _draft(self, roots: Tensor) -> BatchDraft:
         """Every row's tree from its root [B] (device) and its committed context (`_tokens`, compiled
         when `use_compile` asked)."""
@@ -154,20 +124,6 @@ class DFlashDrafter(BatchDrafter):
         hidden = self.head(block, positions, self.kv, additive_mask(allowed, self.head.fc.weight.dtype))
         top = self.head.logits(hidden[:, 1:]).topk(self.tree.width, dim=-1).indices  # [B, bs-1, width]
         return self.tree.tokens(roots, top)  # [B, N]
-
-    def use_compile(self, compile: bool | str) -> None:
-        """Draft through `_tokens` as ONE fixed-shape function (`compiling.compile_function`: True inductor,
-        "graphs" the eager function (captured as a CUDA graph on CUDA), another string that torch.compile
-        backend; False eager). A new shape (rows, buffer slots) traces again; on CUDA the graph bakes the
-        buffers in, so `_graph_state` names their allocation."""
-        self._compile = compile
-        if not compile:
-            self._draft_fn = self._tokens
-            return
-        cuda = self._device().type == "cuda"
-        self._draft_fn = compiling.compile_function(
-            self._tokens, compile, cuda, fullgraph=True, state=self._graph_state
-        )
 
     def _graph_state(self) -> tuple:
         """What the compiled draft reads besides its arguments: the buffers' allocation and the tree."""
@@ -199,11 +155,6 @@ class DFlashDrafter(BatchDrafter):
         """Yes, a DFlashDrafter itself (a subclass may hear paths its own way: read first)."""
         return type(self) is DFlashDrafter
 
-    @property
-    def commit_width(self) -> int:
-        """P: positions a queued accept commits per row, the longest path (the tree's depth + 1)."""
-        return self.tree.depth + 1
-
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
         """`accept` from device tensors: the verified trees' states {l: [B, N, H]}, each row's path
@@ -213,11 +164,6 @@ class DFlashDrafter(BatchDrafter):
         context = self._context(paths_states(read, paths[:, :width]))  # [B, P, H]
         self._room(context.shape[0], max(self.lengths) + width)
         self._commit(context, ks.to(context.device))
-
-    @inference_mode
-    def propose_queued(self, nexts: Tensor) -> BatchDraft:
-        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
-        return self._draft(nexts.to(self._device()))
 
     def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""

@@ -17,6 +17,13 @@ tokens (the paper's draft).
 Queued (engine/loop.py depth 1): `accept_queued` takes each row's path padded to P = `commit_width` (the
 tree's depth + 1) pairs and its K on the device; the next draft writes all P (those past K_b as padding)
 and the device lengths move by K_b; `settle` moves the host's (room checks, `keep`).
+
+Compiled (`use_compile`, parallel.py): a pass is `_tokens`, ONE function of fixed shapes: the pending
+positions padded to P = `commit_width`, every write at slots from the device lengths and counts, the
+queries attending over the cache's whole buffer (S_max slots) behind a mask built on the device. Passes of
+more pending positions (the prompt's, an accept longer than the tree) and the first one (the cache has no
+buffers yet) run the same function eagerly. Eager, a pass attends over the slots up to the longest row's
+last write only (the fewest a CPU computes).
 """
 
 from __future__ import annotations
@@ -25,14 +32,15 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.nn.functional import pad
 
 from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter, paths_states
+from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
-from spechead.inference.sampling import SamplingParams
+from spechead.inference.drafters.parallel import ParallelDrafter
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import TargetRunner
 
@@ -45,36 +53,22 @@ def next_ids_of(tokens: Tensor, counts: Tensor, roots: Tensor) -> Tensor:
     return shifted.scatter(1, last, roots[:, None].to(shifted.dtype))
 
 
-class PEagleDrafter(BatchDrafter):
+class PEagleDrafter(ParallelDrafter):
     """B rows' static trees (default: a chain of K) from ONE P-EAGLE head forward per pass (children
     deterministic: rule A when sampling). Row b's tree is the tree a batch of one of that row proposes."""
 
-    tunes_tree = True
+    head: PEagleHead
 
     def __init__(self, head: PEagleHead, choices: list[list[int]] | None = None):
-        self.head = head.eval()
-        self.tree = BlockTree(choices, head.block_size)
-        self.choices: list[list[int]] = self.tree.choices
-        self.max_nodes = self.tree.size
-        self.hidden_layers = tuple(head.config.target_layers)
+        super().__init__(head, BlockTree(choices, head.block_size))
         self.cache: RowCache | None = None
         self.lengths_t: Tensor | None = None  # [B] committed lengths on the head's device
         # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
         self.pending: tuple[Tensor, Tensor, Tensor] | None = None
         self.host_counts: list[int] | None = None  # read first: k per row on the host (queued: `settle`)
-        # the state before the last pass (pending, device lengths, host lengths, host counts): a propose
-        # again without an accept drafts that pass again
-        self._redo: tuple | None = None
-
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
-        self.head.check_target(hidden_size, vocab_size, num_layers)
-
-    def with_tree(self, choices: list[list[int]]) -> PEagleDrafter:
-        """The same head with another static tree (rank paths)."""
-        return PEagleDrafter(self.head, choices)
-
-    def _device(self) -> torch.device:
-        return self.head.fc.weight.device
+        # the state before the last pass (pending, device lengths): a propose again without an accept
+        # (rows may have left between) drafts that pass again
+        self._redo: tuple[tuple[Tensor, Tensor, Tensor], Tensor] | None = None
 
     def _fused(self, states: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [..., n, H]} -> fused [..., n, H] in the head's dtype and device."""
@@ -99,35 +93,55 @@ class PEagleDrafter(BatchDrafter):
         ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
         self.pending = (self._fused(padded), ids.to(device), host_to_device(counts, device))
         self.host_counts, self._redo = counts.tolist(), None
-        self.cache = RowCache(1, batch=batch, max_length=2 * (longest + self.head.block_size))
+        need, cache = 2 * (longest + self.head.block_size), self.cache
+        if cache is not None and cache.batch == batch and cache.max_length >= need:
+            cache.set_lengths([0] * batch)  # its buffers kept (a compiled pass replays over them)
+        else:
+            self.cache = RowCache(1, batch=batch, max_length=need)
         self.lengths_t = torch.zeros(batch, dtype=torch.long, device=device)
 
-    @inference_mode
-    def propose(
-        self,
-        roots: Sequence[int],
-        sampling: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
-    ) -> BatchDraft:
-        """Every row's tree: ONE head forward over all rows' pending positions and blocks (sampling and
-        generators are not read: the children are each slot's top ids)."""
-        return self._draft(host_to_device(torch.tensor(list(roots)), self._device()))
-
     def _draft(self, roots: Tensor) -> BatchDraft:
-        """The pending positions into the head cache and every row's tree from its roots [B] (device)."""
+        """The pending positions into the head cache and every row's tree from its roots [B] (device):
+        `_tokens`, compiled when `use_compile` asked and the pass fits its fixed shapes."""
         assert self.cache is not None and self.lengths_t is not None and self.pending is not None
-        head, cache, k = self.head, self.cache, self.head.block_size
+        cache, k = self.cache, self.head.block_size
         if self.pending[1].shape[1] == 0 and self._redo is not None:  # a propose again, no accept between
-            # (calibration times repeated drafts): the same pass from the state before the last one
-            self.pending, self.lengths_t, host, self.host_counts = self._redo
-            cache.set_lengths(host)
-        self._redo = (self.pending, self.lengths_t, list(cache.lengths), self.host_counts)
+            # (calibration times repeated drafts): the same pass from the state before the last one (the
+            # host's lengths count that pass already, or `settle` will)
+            self.pending, self.lengths_t = self._redo
+            self.host_counts = None
+        self._redo = (self.pending, self.lengths_t)
         fused, next_ids, counts = self.pending
         batch, width = next_ids.shape  # P: pending positions per row (padded)
-        view = max(cache.lengths) + width + k - 1  # (host lengths = device ones before this pass)
+        fixed = bool(self._compile) and width <= self.commit_width and cache.row_layers[0].is_initialized
+        if fixed:  # padded to P = commit_width (after each row's block: scratch)
+            fused = pad(fused, (0, 0, 0, self.commit_width - width))  # [B, P, H]
+            next_ids = pad(next_ids, (0, self.commit_width - width))  # [B, P]
+            width = self.commit_width
+        view = max(cache.lengths) + width + k - 1  # (host lengths >= device ones before this pass)
         if view > cache.max_length:
             cache.grow(2 * view)
-        lengths, device = self.lengths_t, fused.device
+        self.tree.to(fused.device)
+        # [B, N]; fixed: over the whole buffer (one shape), eager: its first `view` slots
+        run, view = (self._draft_fn, cache.max_length) if fixed else (self._tokens, view)
+        tokens = run(fused, next_ids, counts, roots, self.lengths_t, view)
+        self.lengths_t = self.lengths_t + counts
+        if self.host_counts is not None:  # read first: the host's lengths follow now (queued: `settle`)
+            cache.set_lengths([n + c for n, c in zip(cache.lengths, self.host_counts)])
+            self.host_counts = [0] * batch
+        self.pending = (fused[:, :0], next_ids[:, :0], counts)
+        return BatchDraft(tokens, self.tree.batch_parents(batch, fused.device), [tokens.shape[1]] * batch)
+
+    def _tokens(
+        self, fused: Tensor, next_ids: Tensor, counts: Tensor, roots: Tensor, lengths: Tensor, view: int
+    ) -> Tensor:
+        """The fixed-shape pass: pending fused states [B, P, H], next ids [B, P] and real counts [B], roots
+        [B] and committed lengths [B] (device) -> every row's tree tokens [B, N]; writes the P pending
+        positions and the block at each row's slots, attending over the cache's first `view` slots."""
+        head, cache, k = self.head, self.cache, self.head.block_size
+        assert cache is not None
+        batch, width = next_ids.shape
+        device = fused.device
         j = torch.arange(width, device=device)  # [P]
         real = torch.where(j < counts[:, None], j, k - 1 + j)  # [B, P] padding after the block
         future = counts[:, None] + torch.arange(k - 1, device=device)  # [B, K - 1]
@@ -149,13 +163,11 @@ class PEagleDrafter(BatchDrafter):
         anchor = (counts - 1)[:, None, None].expand(-1, 1, out.shape[-1])  # [B, 1, H]
         block = torch.cat([out.gather(1, anchor), out[:, width:]], dim=1)  # [B, K, H]
         top = head.logits(block).topk(self.tree.width, dim=-1).indices  # [B, K, width] draft ids
-        tokens = self.tree.tokens(roots, head.draft_to_target(top))  # [B, N] target ids
-        self.lengths_t = lengths + counts
-        if self.host_counts is not None:  # read first: the host's lengths follow now (queued: `settle`)
-            cache.set_lengths([n + c for n, c in zip(cache.lengths, self.host_counts)])
-            self.host_counts = [0] * batch
-        self.pending = (fused[:, :0], next_ids[:, :0], counts)
-        return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
+        return self.tree.tokens(roots, head.draft_to_target(top))  # [B, N] target ids
+
+    def _graph_state(self) -> tuple:
+        """What the compiled pass reads besides its arguments: the head cache's buffers and the tree."""
+        return (self.cache.generation if self.cache is not None else None), tuple(map(tuple, self.choices))
 
     @inference_mode
     def accept(
@@ -181,20 +193,18 @@ class PEagleDrafter(BatchDrafter):
         pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.lengths_t = self.lengths_t[pick]
         fused, ids, counts = self.pending
-        self.pending, self._redo = (fused[pick], ids[pick], counts[pick]), None
+        self.pending = (fused[pick], ids[pick], counts[pick])
         if self.host_counts is not None:
             self.host_counts = [self.host_counts[r] for r in rows]
+        if self._redo is not None:  # (a propose again drafts the kept rows' last pass)
+            (fused, ids, counts), lengths = self._redo
+            self._redo = (fused[pick], ids[pick], counts[pick]), lengths[pick]
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
     def queues(self, batch: int) -> bool:
         """Yes, a PEagleDrafter itself (a subclass may hear paths its own way: read first)."""
         return type(self) is PEagleDrafter
-
-    @property
-    def commit_width(self) -> int:
-        """P: pairs a queued accept commits per row, the longest path (the tree's depth + 1)."""
-        return self.tree.depth + 1
 
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
@@ -208,11 +218,6 @@ class PEagleDrafter(BatchDrafter):
         ids = next_ids_of(tokens.to(device).gather(1, paths), counts, nexts.to(device))  # [B, P]
         self.pending = (self._fused(states), ids, counts)
         self.host_counts, self._redo = None, None
-
-    @inference_mode
-    def propose_queued(self, nexts: Tensor) -> BatchDraft:
-        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
-        return self._draft(nexts.to(self._device()))
 
     def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""

@@ -267,6 +267,7 @@ class RowCache(Cache):
                     layer.keys, layer.values = layer.keys[: len(rows)], layer.values[: len(rows)]
             return
         index = torch.tensor(rows, dtype=torch.long)
+        self.generation = next(_ALLOCATIONS)  # (a gather: new buffers; graphs of the old must not replay)
         if shared is not None:  # one gather for every layer
             self._rebind(shared.index_select(2, host_to_device(index, shared.device)))
             return

@@ -188,10 +188,13 @@ def test_a_dflash_block_from_its_context_buffers_is_the_block_over_the_whole_pre
         assert draft.tokens[b].tolist() == d.tree.tokens(seq[n : n + 1], top)[0].tolist(), b
 
 
-def test_a_peagle_pass_writes_every_row_at_slots_of_its_own(model, heads, monkeypatch):
+@pytest.mark.parametrize("compile", [False, "graphs"])
+def test_a_peagle_pass_writes_every_row_at_slots_of_its_own(model, heads, monkeypatch, compile):
     """Rows of other pending counts: each row's real entries, block and padding go to distinct slots (two
-    entries scattered to one slot keep either on a GPU), the real ones at L_b.., the block after them."""
+    entries scattered to one slot keep either on a GPU), the real ones at L_b.., the block after them;
+    compiled, the second pass's pending positions padded to P = commit_width (the fixed shape)."""
     d = drafter(heads, "peagle_tree")
+    d.use_compile(compile)
     seen = []
     step = d.head.step
     monkeypatch.setattr(d.head, "step", lambda *a, **kw: (seen.append(a[3].clone()), step(*a, **kw))[1])
@@ -205,6 +208,7 @@ def test_a_peagle_pass_writes_every_row_at_slots_of_its_own(model, heads, monkey
              [4, 5, 6])  # fmt: skip
     d.propose([4, 5, 6], [SamplingParams()] * 3, [None] * 3)
     k = d.head.block_size
+    assert seen[1].shape[1] == (d.commit_width if compile else 4) + k - 1
     for slots, (lengths, counts) in zip(seen, [([0, 0, 0], [6, 2, 4]), ([6, 2, 4], [4, 1, 2])]):
         for b, (length, count) in enumerate(zip(lengths, counts)):
             row = slots[b].tolist()

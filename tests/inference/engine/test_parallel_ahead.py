@@ -56,12 +56,14 @@ ROUNDS = [
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind):
+@pytest.mark.parametrize("compile", [False, "graphs"])
+def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind, compile):
     """Two drafters over one head, three rows of mixed prompt lengths: one hears paths on the host, the
-    other from device tensors (paths padded to >= P, K and the next tokens); the same trees, every round,
-    and the same host lengths once settled."""
+    other from device tensors (paths padded to >= P, K and the next tokens; eager, or its draft compiled:
+    the fixed-shape function); the same trees, every round, and the same host lengths once settled."""
     head = random_head(model, kind.split("_")[0])
     host, queued = parallel_drafter(head, kind), parallel_drafter(head, kind)
+    queued.use_compile(compile)
     assert queued.queues(1) and queued.queues(3)
     g = torch.Generator().manual_seed(2)
     h, vocab = model.config.hidden_size, model.config.vocab_size
@@ -92,10 +94,11 @@ def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind)
         queued.settle(ks, nexts)  # (after the draft, as the engine reads the acceptance)
         assert host_lengths(queued) == host_lengths(host) == queued.lengths_t.tolist()  # device = host
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
-    for d in (host, queued):  # rows leave; the queued one goes on from the host
+    for d in (host, queued):  # rows leave; a propose again: the kept rows' last trees
         d.keep([2, 0])
     again = [d.propose(nexts[::-2], greedy[:2], [None] * 2) for d in (host, queued)]
-    assert again[1].tokens.tolist() == again[0].tokens.tolist()
+    assert again[1].tokens.tolist() == again[0].tokens.tolist() == drafts[0].tokens[[2, 0]].tolist()
+    assert host_lengths(queued) == host_lengths(host) == queued.lengths_t.tolist()
 
 
 def generators(model, chatml_tokenizer, heads, kind):

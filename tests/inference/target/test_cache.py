@@ -58,13 +58,15 @@ def test_commits_and_row_drops_move_every_layer(dims):
     assert slots(cache, 0, 5, 0) == [[0, 1, 2, 3, 5]] * LAYERS
     assert slots(cache, 1, 8, 1) == [[0, 1, 2, 3, 4, 5, 6, 8]] * LAYERS
     assert slots(cache, 2, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
+    generation = cache.generation
     cache.keep_rows([0, 2], 8)  # row 1 finished: rows 0 and 2 go on untouched, row 2 now as row 1
-    assert cache.lengths == [5, 5] and cache.batch == 2
+    assert cache.lengths == [5, 5] and cache.batch == 2 and cache.generation == generation  # (in place)
     assert all(layer.keys.shape[0] == 2 for layer in cache.row_layers)
     assert slots(cache, 0, 5, 0) == [[0, 1, 2, 3, 5]] * LAYERS
     assert slots(cache, 1, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
     assert (cache.shared_storage() is not None) == (shared is not None)
-    cache.keep_rows([1, 0], 5)  # another order: one gather
+    cache.keep_rows([1, 0], 5)  # another order: one gather (new buffers: graphs of the old ones dropped)
+    assert cache.generation != generation
     assert slots(cache, 0, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS and cache.lengths == [5, 5]
     cache.grow(40)  # reallocated: the entries stay (one buffer again when they share a shape)
     assert (cache.shared_storage() is not None) == (shared is not None)

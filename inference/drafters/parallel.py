@@ -1,0 +1,106 @@
+"""What the parallel drafters share (P-EAGLE, DFlash: ONE head forward per pass drafts every row's block):
+the block tree over the head's slots, the target check, a propose from host or device roots, the queued
+form's commit width, and the compiled draft.
+
+Compiled (`use_compile`): a drafter's `_tokens` is its draft as ONE fixed-shape function (device tensors
+in, every row's tree tokens [B, N] out; it reads its buffers in place and writes them only by device
+index), called through `compiling.compile_function` as every compiled path of the engine is. On CUDA the
+graph bakes those buffers' addresses in, so `_graph_state` names their allocation (a new one: captured
+again). A call of another shape (rows, buffer slots) traces again; the drafter keeps the shapes few.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from spechead.heads.dflash import DFlashHead
+from spechead.heads.grad import inference_mode
+from spechead.heads.peagle import PEagleHead
+from spechead.inference import compiling
+from spechead.inference.devices import host_to_device
+from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.block_tree import BlockTree
+from spechead.inference.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+class ParallelDrafter(BatchDrafter):
+    """B rows' static block trees from one head forward a pass; children deterministic (rule A when
+    sampling). A subclass drafts in `_draft` (host bookkeeping around `_draft_fn`) and `_tokens`."""
+
+    tunes_tree = True
+
+    def __init__(self, head: PEagleHead | DFlashHead, tree: BlockTree) -> None:
+        self.head = head.eval()
+        self.tree = tree
+        self.choices: list[list[int]] = tree.choices
+        self.max_nodes = tree.size
+        self.hidden_layers = tuple(head.config.target_layers)
+        self._compile: bool | str = False  # what `use_compile` was given
+        self._draft_fn: Callable[..., Tensor] = self._tokens  # `_tokens`, compiled when asked
+
+    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
+        self.head.check_target(hidden_size, vocab_size, num_layers)
+
+    def with_tree(self, choices: list[list[int]]) -> Self:
+        """The same head with another static tree (rank paths), compiled as this one."""
+        # (every parallel drafter is made as (head, rank paths); this base, of a BlockTree)
+        other = type(self)(self.head, choices)  # type: ignore[arg-type]
+        other.use_compile(self._compile)
+        return other
+
+    def _device(self) -> torch.device:
+        return self.head.fc.weight.device
+
+    @property
+    def commit_width(self) -> int:
+        """P: positions a queued accept commits per row, the longest path (the tree's depth + 1)."""
+        return self.tree.depth + 1
+
+    @inference_mode
+    def propose(
+        self,
+        roots: Sequence[int],
+        sampling: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> BatchDraft:
+        """Every row's tree rooted at roots [B] from ONE head forward over all rows' blocks (sampling and
+        generators are not read: the children are each block slot's top ids)."""
+        return self._draft(host_to_device(torch.tensor(list(roots)), self._device()))
+
+    @inference_mode
+    def propose_queued(self, nexts: Tensor) -> BatchDraft:
+        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
+        return self._draft(nexts.to(self._device()))
+
+    @abstractmethod
+    def _draft(self, roots: Tensor) -> BatchDraft:
+        """Every row's tree from its root [B] (on the head's device)."""
+
+    @abstractmethod
+    def _tokens(self, *args: Any, **kwargs: Any) -> Tensor:
+        """The fixed-shape draft: device tensors (and ints fixed per buffer) -> the trees' tokens [B, N]."""
+
+    @abstractmethod
+    def _graph_state(self) -> Hashable:
+        """What the compiled draft reads besides its arguments (its buffers' allocation, the tree)."""
+
+    def use_compile(self, compile: bool | str) -> None:
+        """Draft through `_tokens` as ONE fixed-shape function (`compiling.compile_function`: True inductor,
+        "graphs" the eager function (captured as a CUDA graph on CUDA), another string that torch.compile
+        backend; False eager)."""
+        self._compile = compile
+        if not compile:
+            self._draft_fn = self._tokens
+            return
+        cuda = self._device().type == "cuda"
+        self._draft_fn = compiling.compile_function(
+            self._tokens, compile, cuda, fullgraph=True, state=self._graph_state
+        )
