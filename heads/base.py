@@ -179,8 +179,19 @@ class DraftHead(nn.Module):
         """The attached frozen target embedding (HeadError if none)."""
         return self._target_module("embed_tokens", "get_input_embeddings")
 
+    @property
+    def input_embeddings(self) -> nn.Module:
+        """The embedding `embed` reads: the head's own `embed_tokens` submodule where it has one (a head
+        that trains and ships its own, e.g. Eagle3Config.own_embedding), else the attached target's."""
+        own = self._modules.get("embed_tokens")
+        return own if own is not None else self.target_embed_tokens
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> frozen target embeddings (B, T, H) in the head's dtype (no grad)."""
+        """Token ids (B, T) -> embeddings (B, T, H) in the head's dtype: the head's own (trained with it)
+        where it has one, else the frozen target's (no grad)."""
+        own = self._modules.get("embed_tokens")
+        if own is not None:
+            return own(ids)
         with torch.no_grad():
             return self.target_embed_tokens(ids).to(next(self.parameters()).dtype)
 

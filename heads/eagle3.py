@@ -4,7 +4,9 @@ The head fuses three target hidden states (low, mid, high; pre-norm) with `fc`, 
 layer (Llama-style for every target by default, as vLLM and SGLang load it) whose attention reads
 concat(input_layernorm(embed(x_{t+1})), hidden_norm(hidden)) (2H wide); its own `norm` + `lm_head` predict over a draft vocabulary of Vd
 target tokens (target_id = draft_id + d2t[draft_id]). Parameter names match published EAGLE-3 heads
-(midlayer.*, fc, norm, lm_head, d2t, t2d); the embedding is the attached frozen target embed_tokens.
+(midlayer.*, fc, norm, lm_head, d2t, t2d); the embedding is the attached frozen target embed_tokens, or
+with `own_embedding` the head's own `embed_tokens` (V x H, trained with the head, as speculators'
+embed_requires_grad heads ship it).
 
 EAGLE-3.1 options (off by default; speculators' trainer turns the first and last on): norm_before_fc
 (an RMSNorm over the concatenated 3H states before fc, `input_norm`), norm_before_residual (the
@@ -88,6 +90,7 @@ class Eagle3Config(HeadConfig):
     norm_before_fc: bool = False  # EAGLE-3.1: RMSNorm over cat(low, mid, high) (3H) before fc
     norm_before_residual: bool = False  # the residual around attention is hidden_norm(hidden)
     norm_output: bool = False  # EAGLE-3.1: a step's output is norm(.); logits = lm_head(output)
+    own_embedding: bool = False  # the head's own token embedding (V x H, saved with it), not the target's
 
     def __post_init__(self) -> None:
         if not self.target_layers:
@@ -138,6 +141,8 @@ class Eagle3Head(DraftHead):
         if config.norm_before_fc:  # only then: heads without it keep their published tensor names
             self.input_norm = norm_class(3 * hidden, eps=layer_cfg.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+        if config.own_embedding:  # only then: other heads keep their published tensor names
+            self.embed_tokens = nn.Embedding(vocab, hidden)  # (V, H): `embed` reads it, not the target's
         self.rotary = Rotary(layer_cfg)
         # Default draft vocab: the first Vd target ids (the identity when Vd == V).
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
@@ -175,6 +180,16 @@ class Eagle3Head(DraftHead):
         """Copy the target lm_head rows (V, H) of the draft tokens into lm_head (Vd, H)."""
         rows = self.draft_to_target(torch.arange(self.config.draft_vocab_size, device=self.d2t.device))
         self.lm_head.weight.copy_(lm_head_weight[rows.to(lm_head_weight.device)])
+        return self
+
+    @torch.no_grad()
+    def init_embedding_from_target_(self, embedding_weight: Tensor) -> Eagle3Head:
+        """Copy the target's input embedding (V, H) into the head's own (HeadError without own_embedding)."""
+        if not self.config.own_embedding:
+            raise HeadError(
+                "the head reads the target's embedding (own_embedding false): nothing to initialise"
+            )
+        self.embed_tokens.weight.copy_(embedding_weight)
         return self
 
     # ---- forward pieces ------------------------------------------------------------------------

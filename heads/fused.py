@@ -196,7 +196,7 @@ def _embed(head: EagleHead | Eagle3Head, ids: Tensor, dtype: torch.dtype) -> Ten
     """`head.embed(ids)` (B, T) -> (B, T, H) in `dtype`: for a plain nn.Embedding one op, without the
     module call, a no_grad context and the head's parameter walk for its dtype (a scaled or otherwise
     subclassed embedding runs its own forward)."""
-    module = head.target_embed_tokens
+    module = head.input_embeddings  # the head's own embedding where it has one, else the target's
     if type(module) is nn.Embedding and module.max_norm is None:
         out = F.embedding(ids, _param(module, "weight"))
     else:

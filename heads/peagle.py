@@ -113,9 +113,10 @@ class PEagleHead(Eagle3Head):
         return self.config.block_size
 
     def embed(self, ids: Tensor) -> Tensor:
-        """Token ids (B, T) -> embeddings (B, T, H): the frozen target's, the learned mask embedding at MASK_ID."""
+        """Token ids (B, T) -> embeddings (B, T, H): the head's own or the frozen target's (`DraftHead.embed`),
+        the learned mask embedding at MASK_ID."""
         is_mask = (ids == MASK_ID)[..., None]  # (B, T, 1)
-        tokens = super().embed(ids.clamp(min=0))  # (B, T, H), no grad (frozen target)
+        tokens = super().embed(ids.clamp(min=0))  # (B, T, H)
         return torch.where(is_mask, self.mask_embedding.to(tokens.dtype), tokens)
 
     def future_inputs(self, batch: int, count: int) -> tuple[Tensor, Tensor]:

@@ -12,7 +12,8 @@ through spechead's loader and its tensors compared with the head's (printed as a
 DFlash layouts have no importer yet, so their check is skipped (said so).
 The speculators and eagle layouts hold the target's input embedding, read from the target checkpoint
 (--target, default: the head's target); --no-embedding leaves it out of a speculators export (vLLM then
-shares the target's; speculators' own model cannot). A verifier that is a local path is written as
+shares the target's; speculators' own model cannot); a head with its own embedding ships that one (no
+target is read). A verifier that is a local path is written as
 its directory's name, with a note.
 """
 
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_embedding and args.fmt != "speculators":
             raise HeadError(f"--no-embedding is for --format speculators, not {args.fmt}")
         options["with_embedding"] = not args.no_embedding
-        if args.fmt in EMBEDDED and not args.no_embedding:  # the layout holds the target's embedding
+        own = bool(getattr(head.config, "own_embedding", False))  # the head ships its own embedding
+        if args.fmt in EMBEDDED and not args.no_embedding and not own:  # the layout holds the target's
             target = args.target or head.config.target_name_or_path
             if not target:
                 raise HeadError("the head does not record its target: pass --target TARGET")

@@ -8,8 +8,10 @@ are written in each engine's convention (both capture a layer's state BEFORE the
 speculators: every EAGLE-3.1 flag is written (vLLM reads a missing norm_before_residual as true), the
 target's embedding ships as embed_tokens.weight (speculators' own model has no other source that works
 under transformers 5; vLLM shares the target's when it is absent), the verifier as a portable id,
-`dtype` (transformers 5). SGLang always replaces an EAGLE-3 draft's embedding with the target's, so
-that layout ships none; it has no EAGLE-3.1 norms, so heads using them are refused there.
+`dtype` (transformers 5). A head with its own embedding (`own_embedding`) ships that one instead, with
+embed_requires_grad true (vLLM then runs it, not the target's). SGLang always replaces an EAGLE-3 draft's
+embedding with the target's, so that layout ships none and refuses heads with their own; it has no
+EAGLE-3.1 norms, so heads using them are refused there.
 """
 
 from __future__ import annotations
@@ -50,10 +52,16 @@ def export_speculators(
     verifier: the target's Hub id (default: the head's target); a local path is written as its
     directory's name plus a `verifier_note`. embedding: the target's input embedding [V, H]
     (`weights.target_embedding`; default: the one attached to the head); with_embedding=False leaves
-    embed_tokens.weight out (vLLM then shares the target's; speculators' own model cannot)."""
+    embed_tokens.weight out (vLLM then shares the target's; speculators' own model cannot). A head with
+    its own embedding ships it (embedding is not read; with_embedding=False is refused)."""
     config = speculators_config(head, dtype, speculative_tokens, verifier)
-    tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")
-    if with_embedding:
+    tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")  # (own_embedding: embed_tokens.weight)
+    if head.config.own_embedding and not with_embedding:
+        raise HeadError(
+            "the head has its own trained embedding, which the export must ship (served in place of the "
+            "target's): drop --no-embedding"
+        )
+    if with_embedding and not head.config.own_embedding:
         tensors["embed_tokens.weight"] = target_embedding_of(head, embedding)
     return write_export(out, config, tensors, dtype)
 
@@ -71,6 +79,7 @@ def speculators_config(
         "transformer_layer_config": {**layer, "vocab_size": cfg.vocab_size},
         "draft_vocab_size": cfg.draft_vocab_size,
         **{flag: bool(getattr(cfg, flag)) for flag in EAGLE31},
+        "embed_requires_grad": bool(cfg.own_embedding),  # true: embed_tokens.weight is the head's own
         "eagle_aux_hidden_state_layer_ids": _layer_inputs(head),
         "speculators_config": {
             "algorithm": "eagle3",
@@ -93,6 +102,11 @@ def export_sglang(head: Eagle3Head, out: Path, *, dtype: torch.dtype | None = No
 
     speculators cannot read this layout itself; its converter (`speculators convert`) keeps the layer
     ids only when given them: pass eagle_aux_hidden_state_layer_ids = these ids + 1."""
+    if head.config.own_embedding:
+        raise HeadError(
+            "the head has its own trained embedding, which SGLang replaces with the target's: export it "
+            "with --format speculators (vLLM)"
+        )
     used = [flag for flag in EAGLE31 if getattr(head.config, flag)]
     if used:
         raise HeadError(

@@ -12,6 +12,9 @@ Conventions as the engines read them: a missing norm_before_residual is true in 
 (vLLM), false in the official layout; the last layer's id means its output before the final norm,
 which spechead's index L (after it) is not, so it is refused when the target's depth is known; a
 windowed draft layer (sliding_attention) is refused (spechead's layer attends to the whole context).
+A speculators head that trained its embedding (embed_requires_grad true) becomes a head with
+`own_embedding`, its embed_tokens.weight loaded (vLLM, too, runs a shipped embedding instead of the
+target's); otherwise a shipped embed_tokens.weight is the target's copy and is dropped.
 `speculators_eagle3` reads the speculators fields for P-EAGLE's importer too (peagle_import), and
 `speculators_layer` / `speculators_target` for the speculators DFlash importer (dflash_import).
 """
@@ -31,7 +34,8 @@ from spechead.heads.formats.build import fill_head, renamed
 from spechead.heads.formats.llama import check_fused_layers, layer_config_of, target_fields
 
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "*.safetensors")
-# Frozen target copies or training-only tensors some exporters keep; spechead uses the target's own.
+# Frozen target copies or training-only tensors some exporters keep; spechead uses the target's own
+# (embed_tokens.weight is kept where the head trained it: `own_embedding`).
 _DROPPED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight")
 # EAGLE-3.1 options spechead's head runs (Eagle3Config fields of the same names).
 _NORM_OPTIONS = ("norm_before_fc", "norm_before_residual", "norm_output")
@@ -90,10 +94,11 @@ def speculators_eagle3(
     residual_default: norm_before_residual when the config omits it (vLLM: true for EAGLE-3, false for
     P-EAGLE); embed_trained_default: embed_requires_grad when omitted (speculators: P-EAGLE trains it)."""
     options = _norm_options(where, config, residual_default)
-    if config.get("embed_requires_grad", embed_trained_default):
+    options["own_embedding"] = bool(config.get("embed_requires_grad", embed_trained_default))
+    if options["own_embedding"] and "embed_tokens.weight" not in tensors:
         raise HeadError(
             f"{where} trained its own embedding (embed_requires_grad=true, or omitted where speculators "
-            "defaults it to true); spechead uses the target's: not supported"
+            "defaults it to true) but ships no embed_tokens.weight: save the head with its embedding"
         )
     layer = speculators_layer(where, config)
     ids = config.get("eagle_aux_hidden_state_layer_ids")
@@ -134,7 +139,8 @@ def _eagle3_head(
     """Shared EAGLE-3 conversion once the layout's config fields are found."""
     if int(layer.get("num_hidden_layers", 1)) != 1 or any(k.startswith("layers.1.") for k in tensors):
         raise HeadError(f"{where} has several decoder layers; spechead's EAGLE-3 head has exactly one")
-    tensors = renamed({k: v for k, v in tensors.items() if k not in _DROPPED}, "layers.0.", "midlayer.")
+    dropped = set(_DROPPED) - ({"embed_tokens.weight"} if known.get("own_embedding") else set())
+    tensors = renamed({k: v for k, v in tensors.items() if k not in dropped}, "layers.0.", "midlayer.")
     for name in ("fc.weight", "lm_head.weight"):
         if name not in tensors:
             raise HeadError(f"{where} has no {name} (tied or missing draft weights are not supported)")

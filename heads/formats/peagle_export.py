@@ -8,7 +8,8 @@ speculators layout plus:
 - speculative_tokens = K (block_size): slot 0 is the real position, K - 1 masked slots follow;
 - `mask_token_id`: masked slots read embed_tokens[mask_token_id]. spechead learns a mask embedding
   vector instead, so the export writes it into that row of the shipped embedding (the target's
-  otherwise): pick a token the target never reads (a reserved special token);
+  otherwise, or the head's own with `own_embedding`, then embed_requires_grad true): pick a token the
+  target never reads (a reserved special token);
 - `mask_hidden` [1, 1, 3H]: the masked slots' target features BEFORE input_norm and fc, while
   spechead's mask_hidden (H,) is after fc. The export solves fc(input_norm(m)) = mask_hidden for m
   (`mask_hidden_input`; min-norm least squares in float64), which is exact while fc has full row rank.
@@ -44,7 +45,8 @@ def export_peagle_speculators(
     """Write `out`/config.json + model.safetensors for vLLM's P-EAGLE parallel drafting.
 
     mask_token_id: the target token whose embedding row becomes the head's mask embedding (required).
-    embedding: the target's input embedding [V, H] (default: the one attached to the head)."""
+    embedding: the target's input embedding [V, H] (default: the one attached to the head; not read for a
+    head with its own embedding, which ships instead)."""
     cfg = head.config
     if mask_token_id is None:
         raise HeadError(
@@ -63,11 +65,13 @@ def export_peagle_speculators(
     config["speculators_model_type"] = "peagle"
     config["speculators_config"]["algorithm"] = "peagle"
     config["mask_token_id"] = int(mask_token_id)
-    config["embed_requires_grad"] = False  # every row but the mask token's is the target's
+    own = bool(cfg.own_embedding)
+    config["embed_requires_grad"] = own  # false: every row but the mask token's is the target's
     tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")
     tensors.pop("mask_embedding")
     tensors["mask_hidden"] = mask_hidden_input(head).to(head.fc.weight.dtype).view(1, 1, -1)  # (1, 1, 3H)
-    table = target_embedding_of(head, embedding).detach().clone()  # (V, H)
+    shipped = tensors.pop("embed_tokens.weight") if own else target_embedding_of(head, embedding)
+    table = shipped.detach().clone()  # (V, H)
     table[mask_token_id] = head.mask_embedding.detach().to(table.dtype)
     tensors["embed_tokens.weight"] = table
     return write_export(out, config, tensors, dtype)

@@ -3,9 +3,10 @@
 
 The layout is EAGLE-3's speculators layout (`eagle3_import.speculators_eagle3` reads it) plus:
 - mask_token_id (required; vLLM's `pard_token`): masked slots read embed_tokens[mask_token_id], which
-  becomes the head's mask_embedding, so the checkpoint must ship embed_tokens.weight; and every other row
-  must be the target's (spechead reads the target's embedding): embed_requires_grad false. speculators'
-  P-EAGLE trainer defaults it to TRUE (a trained embedding), which is refused;
+  becomes the head's mask_embedding, so the checkpoint must ship embed_tokens.weight;
+- embed_requires_grad (speculators' P-EAGLE trainer defaults it to TRUE, so an omitted one is true): the
+  head trained its embedding, which it keeps as its own (`own_embedding`; the mask row, trained too, is
+  the mask_embedding as above). False: every other row is the target's, which spechead reads instead;
 - mask_hidden [1, 1, 3H]: the masked slots' target features before input_norm and fc. spechead keeps
   them after fc: mask_hidden = fc(input_norm(m)) (input_norm only with norm_before_fc);
 - speculators_config's proposal speculative_tokens = K, the block drafted per forward (block_size);

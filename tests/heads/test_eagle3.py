@@ -14,6 +14,7 @@ from spechead.heads.eagle3 import (
     Eagle3Head,
     default_eagle3_layers,
 )
+from spechead.heads.peagle import PEagleConfig, PEagleHead
 from spechead.heads.unroll import ttt_allowed, ttt_forward, ttt_valid
 
 H, V, L, VD = 32, 48, 8, 20
@@ -186,3 +187,33 @@ def test_draft_vocab_maps_and_survives_save_load(target, tmp_path) -> None:
     loaded = load_head(tmp_path)
     assert isinstance(loaded, Eagle3Head)
     assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
+
+
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_own_embedding_is_read_trained_and_saved(target, tmp_path, family) -> None:
+    """own_embedding: the head embeds with its own table (V, H), never the attached target's; gradients
+    reach it; init_embedding_from_target_ starts it from the target's; save / load keeps it."""
+    cls, config = (Eagle3Head, Eagle3Config) if family == "eagle3" else (PEagleHead, PEagleConfig)
+    torch.manual_seed(1)
+    head = cls(config.from_target(target.config, draft_vocab_size=VD, own_embedding=True))
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    assert head.embed_tokens.weight.shape == (V, H) and "embed_tokens.weight" in head.state_dict()
+    assert "embed_tokens.weight" not in make_head(target).state_dict()  # off by default
+    ids = torch.randint(0, V, (2, 5))
+    assert torch.equal(head.embed(ids), head.embed_tokens(ids))
+    assert not torch.allclose(head.embed(ids), target.get_input_embeddings()(ids), atol=1e-2)
+    outs = ttt_forward(
+        head, head.fuse([torch.randn(1, 6, H) for _ in range(3)]), torch.randint(0, V, (1, 6)), None, 2
+    )
+    (head.logits(outs[-1]) ** 2).sum().backward()
+    assert head.embed_tokens.weight.grad is not None and head.embed_tokens.weight.grad.abs().sum() > 0
+    head.init_embedding_from_target_(target.get_input_embeddings().weight)
+    assert torch.equal(head.embed_tokens.weight, target.get_input_embeddings().weight)
+    with torch.no_grad():
+        head.embed_tokens.weight.add_(torch.randn(V, H))  # trained away from the target's
+    head.save_pretrained(tmp_path)
+    loaded = load_head(tmp_path)
+    assert type(loaded) is cls and loaded.config.own_embedding
+    assert torch.equal(loaded.embed_tokens.weight, head.embed_tokens.weight)
+    with pytest.raises(HeadError, match="nothing to initialise"):
+        make_head(target).init_embedding_from_target_(target.get_input_embeddings().weight)

@@ -82,6 +82,26 @@ def test_speculators_export_round_trip(target, tmp_path) -> None:
     assert_same_head(head, back)
 
 
+def test_a_head_with_its_own_embedding_round_trips_with_it(target, tmp_path) -> None:
+    """own_embedding: the speculators export ships the head's table (not the target's) with
+    embed_requires_grad true and reloads as the same head; layouts that would serve the target's refuse."""
+    head = make_head(target, own_embedding=True)
+    out = export_head(head, "speculators", tmp_path / "spec")
+    assert json.loads((out / "config.json").read_text())["embed_requires_grad"] is True
+    shipped = load_file(out / "model.safetensors")["embed_tokens.weight"]
+    assert torch.equal(shipped, head.embed_tokens.weight)
+    assert not torch.allclose(shipped, target.get_input_embeddings().weight, atol=0.1)
+    back = attach(load_head(out), target)
+    mine, theirs = head.state_dict(), back.state_dict()
+    assert back.config.own_embedding and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert mine.keys() == theirs.keys()
+    assert_same_head(head, back)
+    with pytest.raises(HeadError, match="drop --no-embedding"):
+        export_head(head, "speculators", tmp_path / "a", with_embedding=False)
+    with pytest.raises(HeadError, match="SGLang replaces with the target's"):
+        export_head(head, "sglang", tmp_path / "b")
+
+
 def test_sglang_export_round_trip(target, tmp_path) -> None:
     rope = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
@@ -168,7 +188,6 @@ def test_speculators_layout_with_embeddings_and_bf16(target, tmp_path) -> None:
     ("fmt", "change", "message"),
     [
         ("speculators", {"fc_norm": True}, "fc_norm=true"),
-        ("speculators", {"embed_requires_grad": True}, "trained its own embedding"),
         ("speculators", {"speculators_model_type": "eagle"}, "'eagle' model"),
         ("speculators", {"target_hidden_size": 2 * H}, "another width"),
         ("sglang", {"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state=false"),
@@ -177,7 +196,7 @@ def test_speculators_layout_with_embeddings_and_bf16(target, tmp_path) -> None:
 )
 def test_variants_spechead_cannot_run_are_refused(target, tmp_path, fmt, change, message) -> None:
     """A speculators or official-layout head whose config asks for what spechead's head does not compute
-    (another norm placement, its own embedding, no fused target layers, several decoder layers) is refused,
+    (another norm placement, no fused target layers, several decoder layers) is refused,
     not imported as a one-layer head reading three layers."""
     out = export_head(make_head(target), fmt, tmp_path / fmt)
     config = json.loads((out / "config.json").read_text())

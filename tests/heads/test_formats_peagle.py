@@ -145,7 +145,9 @@ def theirs(model, monkeypatch) -> torch.Tensor:
     return torch.cat([first, future], dim=1)[None]
 
 
-@pytest.mark.parametrize("options", [{}, EAGLE31], ids=["peagle", "peagle+eagle3.1"])
+@pytest.mark.parametrize(
+    "options", [{}, EAGLE31, {"own_embedding": True}], ids=["peagle", "peagle+eagle3.1", "own-embedding"]
+)
 def test_real_speculators_drafts_the_same_block(target, target_dir, tmp_path, options, monkeypatch) -> None:
     peagle = pytest.importorskip("speculators.models.peagle", reason="speculators is not installed")
     from loguru import logger
@@ -160,6 +162,10 @@ def test_real_speculators_drafts_the_same_block(target, target_dir, tmp_path, op
     model = peagle.PEagleDraftModel.from_pretrained(out, config=config).eval()
     assert model.mask_token_id == MASK and model.config.eagle_aux_hidden_state_layer_ids == LAYERS
     assert model.mask_hidden.shape == (1, 1, 3 * H)
+    if options.get("own_embedding"):  # the head's own table ships (its mask row: the mask embedding)
+        assert model.config.embed_requires_grad is True
+        rows = torch.arange(V) != MASK
+        assert torch.equal(model.embed_tokens.weight[rows], head.embed_tokens.weight[rows])
     mine, other = ours(head), theirs(model, monkeypatch)
     assert mine.shape == other.shape == (1, len(ANCHORS), K, VD)
     torch.testing.assert_close(mine, other, atol=1e-5, rtol=1e-5)

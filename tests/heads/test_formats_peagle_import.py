@@ -1,7 +1,8 @@
 """P-EAGLE heads in speculators' "peagle" layout imported through the public loader: our own export round
 trips to the same logits, a checkpoint speculators 0.9.0 itself writes (its PEagleSpeculatorConfig and
-PEagleDraftModel.save_pretrained) imports to a head drafting the same block as that model, and what our
-head cannot represent (a trained embedding, no mask token) is refused in one line."""
+PEagleDraftModel.save_pretrained) imports to a head drafting the same block as that model (with the
+target's embedding, or a trained one the head keeps as its own), and what our head cannot represent (no
+mask token, fc_norm) is refused in one line."""
 
 from __future__ import annotations
 
@@ -32,10 +33,16 @@ def imported(path, target) -> PEagleHead:
     return head
 
 
-@pytest.mark.parametrize("options", [{}, EAGLE31], ids=["plain", "eagle3.1"])
+OWN = {"own_embedding": True}  # the head's own embedding (random: far from the target's)
+
+
+@pytest.mark.parametrize("options", [{}, EAGLE31, OWN], ids=["plain", "eagle3.1", "own-embedding"])
 def test_export_then_import_gives_the_same_head(target, tmp_path, options) -> None:
     head = random_head(target, **options)
     out = export_head(head, "speculators", tmp_path / "p", mask_token_id=MASK)
+    assert json.loads((out / "config.json").read_text())["embed_requires_grad"] is bool(
+        options.get("own_embedding")
+    )
     assert load_head(out).config.target_name_or_path == "org/tiny"  # the verifier it names
     back = imported(out, target)
     cfg, mine = back.config, head.config
@@ -45,17 +52,27 @@ def test_export_then_import_gives_the_same_head(target, tmp_path, options) -> No
         VD,
         L,
     )
-    assert all(getattr(cfg, f) == getattr(mine, f) for f in EAGLE31)
+    assert all(getattr(cfg, f) == getattr(mine, f) for f in (*EAGLE31, "own_embedding"))
     theirs_, ours_ = head.state_dict(), back.state_dict()
     assert theirs_.keys() == ours_.keys()
+    if "embed_tokens.weight" in ours_:  # its mask row ships the mask embedding (a token inputs() never reads)
+        assert torch.equal(ours_["embed_tokens.weight"][MASK], theirs_["mask_embedding"])
+        table = ours_["embed_tokens.weight"].clone()  # (a copy: the state dict shares the head's storage)
+        table[MASK] = theirs_["embed_tokens.weight"][MASK]
+        ours_["embed_tokens.weight"] = table
     for name in theirs_.keys() - {"mask_hidden"}:  # d2t, t2d, mask_embedding and every weight: exact
         assert torch.equal(theirs_[name], ours_[name]), name
     torch.testing.assert_close(ours_["mask_hidden"], theirs_["mask_hidden"], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ours(back), ours(head), atol=1e-6, rtol=1e-5)
 
 
-def test_a_checkpoint_speculators_writes_drafts_the_same_block(target, tmp_path, monkeypatch) -> None:
-    """Not our exporter: speculators' own config class and model write the directory."""
+@pytest.mark.parametrize("trained", [False, True, None], ids=["target-embedding", "trained", "flag-absent"])
+def test_a_checkpoint_speculators_writes_drafts_the_same_block(
+    target, tmp_path, monkeypatch, trained
+) -> None:
+    """Not our exporter: speculators' own config class and model write the directory. trained (True, or
+    None: the flag left out, which speculators defaults to true): its embedding is the target's perturbed,
+    and the head keeps it as its own; drafting with the target's instead would give other logits."""
     peagle = pytest.importorskip("speculators.models.peagle", reason="speculators is not installed")
     from loguru import logger
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -70,7 +87,7 @@ def test_a_checkpoint_speculators_writes_drafts_the_same_block(target, tmp_path,
     verifier = VerifierConfig(name_or_path="org/tiny", architectures=["LlamaForCausalLM"])
     config = peagle.PEagleSpeculatorConfig(
         transformer_layer_config=layer, draft_vocab_size=VD, eagle_aux_hidden_state_layer_ids=LAYERS,
-        mask_token_id=MASK, embed_requires_grad=False, norm_before_fc=True,
+        mask_token_id=MASK, embed_requires_grad=trained is not False, norm_before_fc=True,
         speculators_config=SpeculatorsConfig(algorithm="peagle", proposal_methods=[proposal],
                                              default_proposal_method="greedy", verifier=verifier),
     )  # fmt: skip
@@ -85,14 +102,25 @@ def test_a_checkpoint_speculators_writes_drafts_the_same_block(target, tmp_path,
             else:
                 p.normal_(0, 0.2)
         model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)  # frozen: the target's
+        if trained is not False:  # trained away from the target's (its mask row too)
+            model.embed_tokens.weight.add_(0.5 * torch.randn(V, H))
         model.t2d.copy_(torch.zeros(V, dtype=torch.bool).index_fill_(0, ids, True))
         model.d2t.copy_(ids - torch.arange(VD))
     model.save_pretrained(tmp_path / "spec")
     written = json.loads((tmp_path / "spec" / "config.json").read_text())
     assert written["speculators_model_type"] == "peagle" and "norm_before_residual" in written
+    if trained is None:
+        del written["embed_requires_grad"]
+        (tmp_path / "spec" / "config.json").write_text(json.dumps(written))
     head = imported(tmp_path / "spec", target)
     assert head.config.block_size == K and head.config.norm_before_fc and not head.config.norm_output
-    torch.testing.assert_close(head.mask_embedding.detach(), target.get_input_embeddings().weight[MASK])
+    assert head.config.own_embedding is (trained is not False)
+    table = model.embed_tokens.weight.detach()
+    torch.testing.assert_close(head.mask_embedding.detach(), table[MASK])
+    if trained is not False:
+        assert torch.equal(head.embed_tokens.weight, table) and not torch.allclose(
+            table, target.get_input_embeddings().weight, atol=0.1
+        )
     mine, other = ours(head), theirs(model, monkeypatch)
     assert mine.shape == other.shape == (1, len(ANCHORS), K, VD)
     torch.testing.assert_close(mine, other, atol=1e-5, rtol=1e-5)
@@ -102,19 +130,15 @@ def test_a_checkpoint_speculators_writes_drafts_the_same_block(target, tmp_path,
     ("edit", "message"),
     [
         ({"mask_token_id": None}, "needs mask_token_id"),
-        ({"embed_requires_grad": True}, "trained its own embedding"),
-        ({"embed_requires_grad": "absent"}, "omitted where speculators defaults it to true"),
         ({"speculators_config": {"algorithm": "peagle"}}, "no proposal with speculative_tokens >= 2"),
         ({"fc_norm": True}, "fc_norm=true"),
     ],
-    ids=["no-mask-token", "trained-embedding", "embedding-flag-absent", "no-block-size", "fc-norm"],
+    ids=["no-mask-token", "no-block-size", "fc-norm"],
 )
 def test_what_the_head_cannot_represent_is_refused(target, tmp_path, edit, message) -> None:
     out = export_head(random_head(target), "speculators", tmp_path / "p", mask_token_id=MASK)
     config = json.loads((out / "config.json").read_text())
     config.update(edit)
-    if edit.get("embed_requires_grad") == "absent":
-        del config["embed_requires_grad"]
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(HeadError, match=message):
         load_head(out, target_config=target.config)

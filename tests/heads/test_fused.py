@@ -208,6 +208,27 @@ def test_fused_logits_equal_the_module_logits(model_type) -> None:
     assert fused_logits(make_head(model_type, "eagle")) is None
 
 
+def test_a_head_with_its_own_embedding_drafts_with_it() -> None:
+    """own_embedding (EAGLE-3): the fused step embeds with the head's table, as head.step does, not with
+    the attached target embedding (which would give other outputs)."""
+    cfg = AutoConfig.for_model("llama", **COMMON, **CONFIGS["llama"])
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.from_target(cfg, draft_vocab_size=V, own_embedding=True))
+    head.attach_target_modules(
+        lm_head=torch.nn.Linear(H, V, bias=False), embed_tokens=torch.nn.Embedding(V, H)
+    )
+    fused = fused_step(head.eval())
+    assert fused is not None
+    gen = torch.Generator().manual_seed(4)
+    feats, ids = torch.randn(1, 6, H, generator=gen), torch.randint(0, V, (1, 6), generator=gen)
+    with torch.no_grad():
+        ref = head.step(feats, ids, None, None, DynamicCache())
+        new = fused(feats, ids, None, None, DynamicCache())
+        torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
+        head.embed_tokens.weight.copy_(head.target_embed_tokens.weight)  # the target's table: other drafts
+        assert not torch.allclose(fused(feats, ids, None, None, DynamicCache()), ref, atol=1e-3)
+
+
 class _ScaledEmbedding(torch.nn.Embedding):
     """An embedding with its own forward (as Gemma scales its embeddings)."""
 

@@ -220,6 +220,38 @@ def test_a_head_speculators_saved_imports_the_same(target, target_dir, tmp_path,
     assert assert_same_drafts(ours(head), theirs(model)) == 129
 
 
+def test_a_head_that_trained_its_embedding_imports_with_it_as_its_own(target, target_dir, tmp_path) -> None:
+    """embed_requires_grad true (speculators' --embed-requires-grad): the saved embedding, trained away from
+    the target's, becomes the head's own and drafts the same as speculators' model; exported again, it
+    ships with embed_requires_grad true and speculators' model loaded from it drafts the same too."""
+    model = speculators_head(target_dir, "llama", embed_requires_grad=True)
+    with torch.no_grad():
+        model.embed_tokens.weight.add_(0.5 * torch.randn(V, H, generator=torch.Generator().manual_seed(6)))
+    model.save_pretrained(tmp_path / "theirs")
+    head = load_head(tmp_path / "theirs", target_config=target.config)
+    assert head.config.own_embedding
+    assert torch.equal(head.embed_tokens.weight, model.embed_tokens.weight)
+    assert not torch.allclose(head.embed_tokens.weight, target.get_input_embeddings().weight, atol=0.1)
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    assert assert_same_drafts(ours(head), theirs(model)) == 129
+    out = export_head(head, "speculators", tmp_path / "again")
+    assert json.loads((out / "config.json").read_text())["embed_requires_grad"] is True
+    back = load_theirs(out, target_dir)
+    assert torch.equal(back.embed_tokens.weight, head.embed_tokens.weight)
+    assert assert_same_drafts(ours(head), theirs(back)) == 129
+    again = load_head(out, target_config=target.config)
+    mine, other = head.state_dict(), again.state_dict()
+    assert mine.keys() == other.keys() and all(torch.equal(mine[k], other[k]) for k in mine)
+
+
+def test_a_trained_embedding_that_is_not_shipped_is_refused(target, target_dir, tmp_path) -> None:
+    out = export_head(random_head(target), "speculators", tmp_path / "spec", with_embedding=False)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "embed_requires_grad": True}))
+    with pytest.raises(HeadError, match="trained its own embedding .* ships no embed_tokens.weight"):
+        load_head(out, target_config=target.config)
+
+
 def test_norm_before_residual_absent_reads_true_as_vllm_does(target, target_dir, tmp_path) -> None:
     """A speculators config without norm_before_residual: vLLM runs it true, and so does the import
     (speculators' own config class would say false; the served head is what must match)."""

@@ -85,20 +85,23 @@ def test_reference_heads_decode_losslessly(tiny_target_dir, tmp_path, plain, mak
     assert gen.generate(PROMPT, max_new_tokens=12).token_ids == plain
 
 
-@pytest.mark.parametrize("family", ["peagle", "dflash"])
+@pytest.mark.parametrize("family", ["peagle", "peagle_own_embedding", "dflash"])
 def test_exported_parallel_drafters_decode_losslessly_once_imported(
     tiny_target_dir, tmp_path, family
 ) -> None:
     """P-EAGLE in speculators' layout, DFlash in the z-lab / SGLang layout, each fitted a little, exported,
     then loaded by the generator from the directory: greedy decoding equals plain decoding, and the
-    imported drafter's paths of several tokens are accepted (it drafts what the fitted head drafts)."""
+    imported drafter's paths of several tokens are accepted (it drafts what the fitted head drafts).
+    peagle_own_embedding: the head fits its own embedding (from a random start, far from the target's),
+    which ships with embed_requires_grad true; drafting with the target's would accept little."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir).eval()
     model.generation_config.eos_token_id = None
     mask, prompt = model.config.vocab_size - 1, PROMPTS[0]
-    if family == "peagle":
-        head = peagle_head(model, [prompt], steps=40, target_layers=[1, 2, 3])
+    own = family == "peagle_own_embedding"
+    if family.startswith("peagle"):
+        head = peagle_head(model, [prompt], steps=40, target_layers=[1, 2, 3], own_embedding=own)
         out = export_head(head, "speculators", tmp_path / "head", mask_token_id=mask)
     else:
         head = dflash_head(model, [prompt], steps=40, target_layers=[1, 2, 3], mask_token_id=mask)
@@ -106,6 +109,13 @@ def test_exported_parallel_drafters_decode_losslessly_once_imported(
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(out))
     gen.eos = set()
     assert type(gen.drafter.head) is type(head) and gen.drafter.head.config.target_layers == [1, 2, 3]
+    assert getattr(gen.drafter.head.config, "own_embedding", False) is own
     result = gen.generate(input_ids=prompt, max_new_tokens=16)
     assert result.token_ids == plain_greedy(model, prompt, 16)
     assert max(result.stats.accept_lengths) > 2, result.stats.accept_lengths
+    if own:  # decoding reads the head's own table: the target's in its place drafts worse, still lossless
+        with torch.no_grad():
+            gen.drafter.head.embed_tokens.weight.copy_(gen.drafter.head.target_embed_tokens.weight)
+        worse = gen.generate(input_ids=prompt, max_new_tokens=16)
+        assert worse.token_ids == result.token_ids
+        assert len(worse.stats.accept_lengths) > len(result.stats.accept_lengths)  # more passes

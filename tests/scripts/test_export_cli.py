@@ -57,6 +57,24 @@ def eagle3_local(tmp_path_factory, tiny_llama) -> tuple[Path, Path]:
     return Eagle3Head(config).save_pretrained(tmp_path_factory.mktemp("eagle3l") / "head"), target_dir
 
 
+def test_a_head_with_its_own_embedding_exports_it_without_reading_a_target(
+    tiny_llama, tmp_path, capsys
+) -> None:
+    """own_embedding: the speculators export ships the head's table; its target (org/t, unreadable here) is
+    not read, and the reloaded export has every tensor of the head, the embedding included."""
+    target = tiny_llama(40, layers=8, hidden=16)
+    config = Eagle3Config.from_target(
+        target.config, draft_vocab_size=24, target_name_or_path="org/t", own_embedding=True
+    )
+    saved = Eagle3Head(config).save_pretrained(tmp_path / "head")
+    assert run([saved, "--format", "speculators", "--out", tmp_path / "o"]) == 0
+    assert "tensors identical" in capsys.readouterr().out
+    shipped = load_file(tmp_path / "o" / "model.safetensors")["embed_tokens.weight"]
+    assert torch.equal(shipped, load_head(saved).embed_tokens.weight)
+    assert run([saved, "--format", "speculators", "--no-embedding", "--out", tmp_path / "p"]) == 2
+    assert "drop --no-embedding" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("fmt", ["speculators", "sglang"])
 def test_exports_an_eagle3_head(eagle3_dir, tmp_path, capsys, fmt) -> None:
     out = tmp_path / fmt

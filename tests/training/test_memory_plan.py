@@ -98,3 +98,25 @@ def test_trained_target_keeps_every_layer_and_logits():
     offline = plan(dataclasses.replace(sh, runs_target=False), processes=1, stage=0, deepspeed_mixed=False,
                    batch_size=2, seq_len=5)  # fmt: skip
     assert offline.target_activations == 0
+
+
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_an_own_embedding_starts_from_the_targets_and_is_counted(tiny_llama, family):
+    """head.own_embedding=true: build_objective starts the head's embedding from the target's, the optimizer
+    sees it, and the plan counts its V x H weights with the head's."""
+    from spechead.training.objectives import build_objective
+    from spechead.training.settings import HeadSettings
+
+    target = FrozenTarget(tiny_llama(V, layers=L, hidden=H), "tiny")
+    rows = [{"input_ids": list(range(12)), "loss_mask": [1] * 12}]
+    plans = {}
+    for own in (False, True):
+        arch = {"draft_vocab_size": 64, "own_embedding": own}
+        objective = build_objective(HeadSettings(family, family, None, arch, {}), target, rows)
+        plans[own] = from_run(
+            target, objective, processes=1, stage=0, mixed_precision="no", batch_size=1, seq_len=8
+        )
+    head = objective.head
+    assert torch.equal(head.embed_tokens.weight, target.embed_tokens.weight)
+    assert any(p is head.embed_tokens.weight for g in objective.param_groups(1e-3) for p in g["params"])
+    assert plans[True].shapes.head_params - plans[False].shapes.head_params == V * H

@@ -22,17 +22,26 @@ def _extra(**more) -> dict:
     return {"head": "peagle", "head.block_size": K, "head.draft_vocab_size": 200, **more}
 
 
+@pytest.mark.parametrize("own", [False, True], ids=["target-embedding", "own-embedding"])
 def test_head_peagle_trains_through_the_entry_and_its_loss_falls(
-    tmp_path, tiny_target_dir, chat_file, training_kit
+    tmp_path, tiny_target_dir, chat_file, training_kit, own
 ) -> None:
-    extra = _extra(**{"trainer.lr": 0.003, "trainer.max_steps": 12, "trainer.eval_every": 12})
+    """own: head.own_embedding=true trains the head's own embedding (from the target's), saved with it."""
+    more = {"head.own_embedding": True} if own else {}
+    extra = _extra(**{"trainer.lr": 0.003, "trainer.max_steps": 12, "trainer.eval_every": 12, **more})
     settings = training_kit.settings(
         training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **extra)
     )
     assert settings.head.family == "peagle" and settings.head.loss == {"decay": 0.8, "partitions": 4}
     result = train(settings)
     head = load_head(result.head_dir)
-    assert isinstance(head, PEagleHead) and head.block_size == K
+    assert isinstance(head, PEagleHead) and head.block_size == K and head.config.own_embedding is own
+    if own:  # trained away from the target's table it started from
+        from transformers import AutoModelForCausalLM
+
+        table = AutoModelForCausalLM.from_pretrained(tiny_target_dir).get_input_embeddings().weight
+        same = (head.embed_tokens.weight == table.to(head.embed_tokens.weight.dtype)).all(-1)  # (V,)
+        assert same.any() and not same.all(), int(same.sum())  # rows never read keep the target's
     metrics = result.metrics
     assert {f"acc/step{j}_top1" for j in range(K)} <= set(metrics)
     assert {f"acc/depth{d}" for d in range(1, K + 1)} <= set(metrics)

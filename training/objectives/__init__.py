@@ -94,6 +94,8 @@ def build_objective(settings: HeadSettings, target: FrozenTarget, train_data=Non
     config = head_config(fam, recipe, arch, settings.layers, target)
     head = head_class(config.family)(config)
     head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.embed_tokens)
+    if getattr(config, "own_embedding", False):  # trained from the target's (the optimizer sees it)
+        head.init_embedding_from_target_(target.embed_tokens.weight)
     if getattr(config, "init_from_lm_head", False):
         head.init_from_lm_head_(target.lm_head.weight)
     if init_from:
