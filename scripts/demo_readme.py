@@ -32,7 +32,7 @@ Built by `scripts/make_demo.py`; do not edit by hand, rerun the script instead.
 - `prompts/`: the built-in prompt sets of `spechead.data.prompt_sets` (demo, demo-mt, demo-kinds,
   demo-tune; {PROMPTS_PER_SET} prompts each), drawn from held-out conversations (other seeds) by
   scripts/demo_corpus/prompts.py; `--prompts-only` rewrites just these.
-- `target/`: a small `LlamaForCausalLM` trained from scratch on that corpus (rendered with the ChatML
+- `target/`: a small `{stats["config"].get("architectures", ["LlamaForCausalLM"])[0]}` trained from scratch on that corpus (rendered with the ChatML
   chat template), saved in bfloat16 safetensors with its byte-level BPE tokenizer (vocab {len(stats["vocab"])}).
   It is the frozen demo target that the draft heads are trained against.
 - `draft/` (made by `--draft`) and `medium/` (made by `--medium`): smaller Llamas with the target's

@@ -26,10 +26,12 @@ from demo_corpus import PROMPT_SETS, PROMPTS_PER_SET, make_conversations, prompt
 from demo_readme import write_readme
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    AutoModelForCausalLM,
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
+    Qwen3Config,
     get_cosine_schedule_with_warmup,
 )
 
@@ -48,6 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-conversations", type=int, default=12000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--val-fraction", type=float, default=0.03, help="share of conversations held out")
+    p.add_argument(
+        "--arch", choices=("llama", "qwen3"), default="llama",
+        help="the target's architecture: llama (the shipped demo) or qwen3 (the second target of "
+        "scripts/second_target.sh: q/k norms, another family the heads must train on)",
+    )  # fmt: skip
     p.add_argument("--vocab-size", type=int, default=2048)
     p.add_argument("--hidden-size", type=int, default=192)
     p.add_argument("--num-layers", type=int, default=8)
@@ -139,22 +146,24 @@ def pack(tok: PreTrainedTokenizerFast, convs: list[dict], seq_len: int) -> torch
 
 
 def build_model(args: argparse.Namespace, tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
-    """A fresh fp32 Llama sized by the CLI, with the tokenizer's special ids in its config."""
+    """A fresh fp32 model of `--arch` sized by the CLI, with the tokenizer's special ids in its config."""
     torch.manual_seed(args.seed)
-    cfg = LlamaConfig(
+    config_class = {"llama": LlamaConfig, "qwen3": Qwen3Config}[args.arch]
+    cfg = config_class(
         vocab_size=len(tok),
         hidden_size=args.hidden_size,
         intermediate_size=args.intermediate_size,
         num_hidden_layers=args.num_layers,
         num_attention_heads=args.num_heads,
         num_key_value_heads=args.num_kv_heads,
+        head_dim=args.hidden_size // args.num_heads,  # Qwen3's default (128) is not hidden / heads
         max_position_embeddings=args.max_position_embeddings,
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    return LlamaForCausalLM(cfg)
+    return AutoModelForCausalLM.from_config(cfg)
 
 
 @torch.no_grad()

@@ -89,3 +89,20 @@ def test_shipped_assets_are_current_and_small():
     assert sum(f.stat().st_size for f in SHIPPED.rglob("*") if f.is_file()) < 20_000_000
     for name in ("target", "draft", "medium"):  # the demo target and the cascade's tiny and medium levels
         _check_target(SHIPPED / name)
+
+
+@pytest.mark.parametrize("arch, cls", [("llama", "LlamaForCausalLM"), ("qwen3", "Qwen3ForCausalLM")])
+def test_the_target_architecture_is_chosen_and_sized_by_the_cli(arch, cls, tmp_path):
+    """--arch picks the family (the second target of scripts/second_target.sh is a Qwen3); every family
+    gets head_dim = hidden / heads (Qwen3's own default is 128) and the tokenizer's special ids."""
+    from make_demo import build_model, parse_args, train_tokenizer
+
+    tok = train_tokenizer(make_conversations(40, seed=0), 300)
+    args = parse_args(["--arch", arch, *TINY])
+    model = build_model(args, tok)
+    assert type(model).__name__ == cls and model.config.num_hidden_layers == 2
+    assert model.config.head_dim == 32 // 4 and model.config.vocab_size == len(tok)
+    assert model.config.eos_token_id == tok.eos_token_id and not model.config.tie_word_embeddings
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 5, 7]])).logits  # (1, 3, V)
+    assert logits.shape == (1, 3, len(tok))
