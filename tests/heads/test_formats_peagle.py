@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spechead.heads import HeadError
+from spechead.heads import HeadError, load_head
 from spechead.heads.formats import export_head
 from spechead.heads.formats.peagle_export import mask_hidden_input
 from spechead.heads.peagle import PEagleConfig, PEagleHead
@@ -193,14 +193,47 @@ def saved_head(target, target_dir, tmp_path_factory):
     return head.save_pretrained(tmp_path_factory.mktemp("peagle") / "head")
 
 
-def test_the_script_exports_with_a_mask_token(saved_head, tmp_path, capsys) -> None:
-    assert (
-        run_script([saved_head, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"])
-        == 0
-    )
+@pytest.mark.parametrize("dtype", [None, "bfloat16"], ids=["fp32", "bf16"])
+def test_the_script_exports_with_a_mask_token(saved_head, tmp_path, capsys, dtype) -> None:
+    """The export reloads through spechead's importer and the round trip checks every tensor: mask_hidden
+    (stored before fc, solved back) up to the dtype's rounding, the rest bit for bit."""
+    argv = [saved_head, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"]
+    assert run_script(argv + (["--dtype", dtype] if dtype else [])) == 0
     printed = capsys.readouterr().out
-    assert "as speculators" in printed and "round-trip check: skipped" in printed
+    count = len(load_head(saved_head).state_dict())
+    assert f"reloaded with spechead, {count} tensors identical (mask_hidden equal up to rounding" in printed
     assert json.loads((tmp_path / "o" / "config.json").read_text())["speculators_model_type"] == "peagle"
+
+
+def test_the_script_round_trips_a_head_with_its_own_embedding(target, target_dir, tmp_path, capsys) -> None:
+    """An own table ships with the mask token's row holding the mask embedding (the layout shares them):
+    the round trip expects exactly that row changed, and no target is read."""
+    head = random_head(target, own_embedding=True)
+    head.config.target_name_or_path = "org/unreadable"  # an own embedding needs no target
+    saved = head.save_pretrained(tmp_path / "head")
+    assert (
+        run_script([saved, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"]) == 0
+    )
+    assert "tensors identical" in capsys.readouterr().out
+    shipped = load_file(tmp_path / "o" / "model.safetensors")["embed_tokens.weight"]
+    assert torch.equal(shipped[MASK], head.mask_embedding.detach())
+    rows = torch.arange(V) != MASK
+    assert torch.equal(shipped[rows], head.embed_tokens.weight.detach()[rows])
+
+
+def test_the_round_trip_refuses_a_wrong_mask_hidden(saved_head, tmp_path, capsys, monkeypatch) -> None:
+    """An exporter that wrote mask_hidden without solving for fc's input (ours after fc, zero-padded to
+    3H) reloads another mask_hidden: the script says so in one line and exits 2."""
+    from spechead.heads.formats import peagle_export
+
+    def unsolved(head):
+        return torch.cat([head.mask_hidden.detach(), torch.zeros(2 * head.mask_hidden.numel())])
+
+    monkeypatch.setattr(peagle_export, "mask_hidden_input", unsolved)
+    argv = [saved_head, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"]
+    assert run_script(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "reloads mask_hidden with other values" in err
 
 
 @pytest.mark.parametrize(
