@@ -13,7 +13,9 @@ Measured (a CPU, a tiny Llama, random weights): each family's objective trains -
 backward, AdamW) on one random batch; the peak resident memory above the resident memory before the
 first step (Linux's VmHWM, reset through /proc/self/clear_refs; freed heap trimmed between families),
 beside the plan's bytes for the same run less the weights already resident (gradients, AdamW state,
-activations). RSS counts the allocator's slack too: the two agree in size, not to the byte.
+activations). RSS counts the allocator's slack too; the tensors' own peak is measured as well, over one
+more step under torch.profiler's memory timeline (every live tensor but parameters and AdamW state:
+gradients, activations, autograd's saved tensors, inputs; beside the plan's gradients + activations).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import ctypes
 import gc
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spechead.heads.dflash import DFlashConfig, DFlashHead
@@ -145,6 +149,42 @@ def _settle() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
+def tensor_peak(step) -> float | None:
+    """Peak bytes of live tensors other than parameters and optimizer state while `step()` runs on the CPU
+    (torch.profiler's memory timeline: a private torch API, so None where this torch lacks it)."""
+    try:
+        from torch.profiler._memory_profiler import Category, MemoryProfileTimeline
+    except ImportError:
+        return None
+    with profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    ) as prof:
+        step()
+    try:
+        timeline = MemoryProfileTimeline(prof._memory_profile())
+        _, sizes = timeline._coalesce_timeline("cpu")  # [time][1 + category index] bytes
+        order = [None, *timeline_categories()]
+    except (AttributeError, RuntimeError, KeyError):
+        return None
+    held = {order.index(Category.PARAMETER), order.index(Category.OPTIMIZER_STATE)}
+    return float(max(sum(b for i, b in enumerate(row) if i not in held) for row in sizes))
+
+
+def timeline_categories() -> list:
+    """The categories in the order the memory timeline's sizes hold them."""
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
+
+    return sorted(_CATEGORY_TO_INDEX, key=_CATEGORY_TO_INDEX.__getitem__)
+
+
+def train_step(objective, model, frozen, batch, optimizer, step: int) -> None:
+    """One step of the objective: loss, backward, AdamW."""
+    loss, _ = objective.loss(model, frozen, batch, step)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def measure_rows(args: argparse.Namespace) -> list[dict]:
     """Per variant at the tiny shape: measured peak RSS above the start of training beside the plan's
     gradients + AdamW state + activations for the same batch (2 rows of --measure-seq-len tokens)."""
@@ -161,17 +201,16 @@ def measure_rows(args: argparse.Namespace) -> list[dict]:
         p = planned(frozen, objective, length, batch=2)
         _settle()
         start = _status("VmRSS")
-        for step in range(args.steps):
-            value, _ = objective.loss(model, frozen, batch, step)
-            value.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        step = partial(train_step, objective, model, frozen, batch, optimizer)
+        for i in range(args.steps):
+            step(i)
         peak = _status("VmHWM") - start
+        tensors = tensor_peak(partial(step, args.steps))
         expected = p.total - p.target_weights - p.head_weights
-        rows.append(
-            {"run": label, "family": family, "measured_mib": peak / 2**20, "plan_mib": expected / 2**20}
-        )
-        del objective, model, optimizer, value
+        rows.append({"run": label, "family": family, "measured_mib": peak / 2**20, "plan_mib": expected / 2**20,
+                     "tensor_peak_mib": None if tensors is None else tensors / 2**20,
+                     "plan_work_mib": (p.gradients + p.head_activations + p.target_activations) / 2**20})  # fmt: skip
+        del objective, model, optimizer, step
     return rows
 
 
@@ -190,9 +229,13 @@ def render(plan: list[dict], measured: list[dict], args: argparse.Namespace) -> 
                  + ("met (in the plan)" if peagle["total_gib"] <= eagle3 else "NOT met (in the plan)"))  # fmt: skip
     if measured:
         lines += [f"\nmeasured on the CPU, tiny Llama (hidden 128, vocab 2048), 2 x {args.measure_seq_len} tokens, "
-                  f"{args.steps} steps: peak RSS above the start vs the plan's grads + AdamW + activations",
-                  "| run | measured MiB | plan MiB |", "|---|---:|---:|"]  # fmt: skip
-        lines += [f"| {r['run']} | {r['measured_mib']:.1f} | {r['plan_mib']:.1f} |" for r in measured]
+                  f"{args.steps} steps: peak RSS above the start vs the plan's grads + AdamW + activations; the "
+                  "live tensors' peak (no parameters, no AdamW state) vs the plan's grads + activations",
+                  "| run | measured RSS MiB | plan MiB | tensor peak MiB | plan MiB |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for r in measured:
+            peak = "n/a" if r["tensor_peak_mib"] is None else f"{r['tensor_peak_mib']:.1f}"
+            lines.append(f"| {r['run']} | {r['measured_mib']:.1f} | {r['plan_mib']:.1f} | {peak} | "
+                         f"{r['plan_work_mib']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 

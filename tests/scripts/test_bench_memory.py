@@ -52,6 +52,11 @@ def test_measured_run_beside_its_plan(tmp_path):
     runs = ["eagle3 TTT 7", "peagle K=8 partitions 7", "peagle K=8 partitions 1", "dflash block 8, 2 layers"]
     assert [row["run"] for row in r["plan"]] == [row["run"] for row in r["measured"]] == runs
     assert all(row["measured_mib"] > 0 and row["plan_mib"] > 0 for row in r["measured"])
+    # the live tensors' peak over a profiled step, and P-EAGLE's partitions hold fewer logit sets live than
+    # its unpartitioned run
+    peaks = {row["run"]: row["tensor_peak_mib"] for row in r["measured"]}
+    assert all(peaks[run] > 0 and row["plan_work_mib"] > 0 for run, row in zip(runs, r["measured"]))
+    assert peaks["peagle K=8 partitions 7"] < peaks["peagle K=8 partitions 1"]
     assert "batch 1 x 512 tokens" in proc.stdout and "| peagle K=8 partitions 7 | " in proc.stdout
     assert "measured on the CPU, tiny Llama (hidden 128, vocab 2048), 2 x 48 tokens, 1 steps" in proc.stdout
     bad = run("--steps", "0", "--no-measure", cwd=tmp_path)
