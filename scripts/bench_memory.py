@@ -164,7 +164,7 @@ def tensor_peak(step) -> float | None:
         timeline = MemoryProfileTimeline(prof._memory_profile())
         _, sizes = timeline._coalesce_timeline("cpu")  # [time][1 + category index] bytes
         order = [None, *timeline_categories()]
-    except (AttributeError, RuntimeError, KeyError):
+    except (AttributeError, ImportError, KeyError, RuntimeError):
         return None
     held = {order.index(Category.PARAMETER), order.index(Category.OPTIMIZER_STATE)}
     return float(max(sum(b for i, b in enumerate(row) if i not in held) for row in sizes))

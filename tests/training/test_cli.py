@@ -40,7 +40,7 @@ def main(monkeypatch, tiny_target_dir, chat_file, training_kit):
 @pytest.fixture
 def terminal_ctrl_c():
     """SIGINT handled as a fresh `python train.py` handles it (KeyboardInterrupt): a library an earlier test
-    ran in this pytest worker may have left another handler (seen once in 3 full runs: the run trained on)."""
+    ran in this pytest worker may have left another handler (2 of 3 full runs: the run trained on)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
