@@ -153,7 +153,7 @@ def tensor_peak(step) -> float | None:
     """Peak bytes of live tensors other than parameters and optimizer state while `step()` runs on the CPU
     (torch.profiler's memory timeline: a private torch API, so None where this torch lacks it)."""
     try:
-        from torch.profiler._memory_profiler import Category, MemoryProfileTimeline
+        from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX, Category, MemoryProfileTimeline
     except ImportError:
         return None
     with profile(
@@ -163,18 +163,11 @@ def tensor_peak(step) -> float | None:
     try:
         timeline = MemoryProfileTimeline(prof._memory_profile())
         _, sizes = timeline._coalesce_timeline("cpu")  # [time][1 + category index] bytes
-        order = [None, *timeline_categories()]
-    except (AttributeError, ImportError, KeyError, RuntimeError):
+        order = [None, *sorted(_CATEGORY_TO_INDEX, key=_CATEGORY_TO_INDEX.__getitem__)]  # the sizes' columns
+    except (AttributeError, KeyError, RuntimeError):
         return None
     held = {order.index(Category.PARAMETER), order.index(Category.OPTIMIZER_STATE)}
     return float(max(sum(b for i, b in enumerate(row) if i not in held) for row in sizes))
-
-
-def timeline_categories() -> list:
-    """The categories in the order the memory timeline's sizes hold them."""
-    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
-
-    return sorted(_CATEGORY_TO_INDEX, key=_CATEGORY_TO_INDEX.__getitem__)
 
 
 def train_step(objective, model, frozen, batch, optimizer, step: int) -> None:

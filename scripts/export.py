@@ -31,6 +31,7 @@ from spechead.heads import HeadError, load_head
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.formats import FORMATS, export_formats, export_head
 from spechead.heads.formats.eagle3_export import portable_verifier
+from spechead.heads.formats.peagle_export import with_mask_row
 from spechead.heads.formats.weights import target_embedding
 
 EMBEDDED = ("eagle", "speculators")  # layouts that hold a copy of the target's input embedding
@@ -73,9 +74,9 @@ def expected_tensors(head, mask_token_id: int | None) -> dict[str, torch.Tensor]
     mask token's row of the embedding it ships, so a head's own table comes back with that row replaced."""
     tensors = dict(head.state_dict())
     if head.family == "peagle" and "embed_tokens.weight" in tensors and mask_token_id is not None:
-        table = tensors["embed_tokens.weight"].clone()  # (V, H)
-        table[mask_token_id] = tensors["mask_embedding"]
-        tensors["embed_tokens.weight"] = table
+        tensors["embed_tokens.weight"] = with_mask_row(
+            tensors["embed_tokens.weight"], tensors["mask_embedding"], mask_token_id
+        )
     return tensors
 
 
@@ -91,10 +92,9 @@ def check_round_trip(head, out: Path, dtype: torch.dtype | None, mask_token_id: 
         expected = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
         got = theirs[name].to(expected.dtype)
         if name in RECOMPUTED:  # a float64 solve, cast to the export's dtype, then fc again: its rounding
-            error = (got.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(
-                1e-30
-            )
-            same = bool(error <= (1e-5 if expected.dtype in (torch.float32, torch.float64) else 5e-2))
+            scale = expected.double().abs().max().clamp_min(1e-30)
+            error = float((got.double() - expected.double()).abs().max() / scale)
+            same = error <= (1e-5 if expected.dtype in (torch.float32, torch.float64) else 5e-2)
         else:
             same = torch.equal(got, expected)
         if not same:

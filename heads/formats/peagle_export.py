@@ -71,10 +71,16 @@ def export_peagle_speculators(
     tensors.pop("mask_embedding")
     tensors["mask_hidden"] = mask_hidden_input(head).to(head.fc.weight.dtype).view(1, 1, -1)  # (1, 1, 3H)
     shipped = tensors.pop("embed_tokens.weight") if own else target_embedding_of(head, embedding)
-    table = shipped.detach().clone()  # (V, H)
-    table[mask_token_id] = head.mask_embedding.detach().to(table.dtype)
-    tensors["embed_tokens.weight"] = table
+    tensors["embed_tokens.weight"] = with_mask_row(shipped, head.mask_embedding, mask_token_id)
     return write_export(out, config, tensors, dtype)
+
+
+def with_mask_row(table: Tensor, mask_embedding: Tensor, mask_token_id: int) -> Tensor:
+    """A copy of the embedding `table` [V, H] whose mask_token_id row is the mask embedding (H,): the
+    table the layout ships, where masked slots read embed_tokens[mask_token_id]."""
+    out = table.detach().clone()  # (V, H)
+    out[mask_token_id] = mask_embedding.detach().to(out.dtype)
+    return out
 
 
 @torch.no_grad()
