@@ -80,7 +80,7 @@ def setup(s: TrainSettings, decode_eval: DecodeEval | None = None, tune_tree: Tr
         set_seed(s.trainer.seed)  # zero.Init drew random numbers: start the head as without ZeRO-3
     else:
         target = training_target(s, data, accelerator.device)  # offline: only embedding + lm_head
-    objective = build_objective(s.head, target, data.train)
+    objective = build_objective(s.head, target, data.train, tokenizer)
     _describe(accelerator, s, target, objective, stage)
     _check_disk(s, objective, stage)
 

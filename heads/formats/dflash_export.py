@@ -17,6 +17,7 @@ and shapes and of the numbers: its DFlashDraftModel drafts our blocks' logits (f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,7 +31,16 @@ from spechead.heads.formats.eagle3_export import fused_layer_inputs, write_expor
 from spechead.heads.formats.llama import llama_layer_fields
 
 ARCHITECTURE = "DFlashDraftModel"
+SGLANG_MASK_TOKEN = "<|MASK|>"  # what SGLang's DFLASH embeds the masks as when a config names no id
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def sglang_mask_token_id(vocab: Mapping[str, int], tokenizer_len: int, embedding_rows: int) -> int:
+    """The id SGLang's DFLASH would embed the masks with on this target: "<|MASK|>"'s id in the tokenizer's
+    vocabulary, else the id adding that token gives (tokenizer_len, the first embedding row past the
+    tokenizer's tokens); -1 when that id has no row in the target's embedding (SGLang refuses it there)."""
+    token_id = vocab.get(SGLANG_MASK_TOKEN, tokenizer_len)
+    return token_id if 0 <= token_id < embedding_rows else -1
 
 
 def export_dflash_sglang(head: DFlashHead, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
@@ -40,8 +50,8 @@ def export_dflash_sglang(head: DFlashHead, out: Path, *, dtype: torch.dtype | No
     if cfg.mask_token_id < 0:
         raise HeadError(
             "the head learned its own mask embedding (mask_token_id -1), which SGLang's DFLASH cannot load "
-            "(it embeds masks as a target token): train with head.mask_token_id=<id> (a token the target "
-            "never reads)"
+            "(it embeds masks as a target token): train with head.mask_token_id=auto (SGLang's <|MASK|> id, "
+            "where the target's embedding has a row for it) or =<id> (a token the target never reads)"
         )
     layer = dflash_layer_fields(head)
     config = {

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from spechead.heads import DFlashConfig, DFlashHead, load_head
 from spechead.heads.errors import HeadError
+from spechead.heads.formats.dflash_export import export_dflash_sglang, sglang_mask_token_id
 from spechead.training.eagle_losses import step_weights
 from spechead.training.errors import TrainError
+from spechead.training.objectives import build_objective
 from spechead.training.objectives.dflash import (
     BlockModel,
     block_targets,
@@ -17,6 +21,8 @@ from spechead.training.objectives.dflash import (
     longest_row,
     pick_anchors,
 )
+from spechead.training.settings import HeadSettings
+from spechead.training.target import FrozenTarget
 from spechead.training.trainer import train
 
 VOCAB = 64
@@ -88,8 +94,45 @@ def test_head_dflash_trains_through_the_trainer(tmp_path, tiny_target_dir, chat_
     head = load_head(result.head_dir)
     assert isinstance(head, DFlashHead) and head.config.block_size == 4 and len(head.layers) == 2
     assert head.config.target_layers == [2, 2, 1]  # [2, L//2, L-3] of the 4-layer target
+    # head.mask_token_id=auto (the default): the tokenizer fills this target's embedding, so no row is
+    # spare for SGLang's <|MASK|>: a learned mask embedding
+    assert head.config.mask_token_id == -1 and hasattr(head, "mask_embedding")
     assert 1.0 <= result.metrics["tau"] <= 4.0
     assert {"acc/step0_top1", "acc/step2_top1", "acc/depth3"} <= set(result.metrics)
+
+
+def test_auto_mask_token_is_the_id_sglang_gives_it(
+    tmp_path, chat_file, training_kit, tiny_llama, chatml_tokenizer, capsys
+):
+    """A target whose embedding has rows past its tokenizer's tokens (Qwen's, GPT-OSS's): head.mask_token_id
+    =auto trains with the first of them, the id SGLang's DFLASH adds <|MASK|> at, so the head exports for
+    SGLang with that id; the run says which id it took."""
+    target = tmp_path / "spare-rows"
+    tiny_llama(len(chatml_tokenizer) + 8, layers=8).save_pretrained(target)  # layers [2, 4, 5]
+    chatml_tokenizer.save_pretrained(target)
+    extra = {"head": "dflash", "head.block_size": 2, "trainer.max_steps": 1}
+    result = train(training_kit.settings(training_kit.overrides(target, chat_file, tmp_path / "o", **extra)))
+    head = load_head(result.head_dir)
+    assert head.config.mask_token_id == len(chatml_tokenizer) and not hasattr(head, "mask_embedding")
+    assert f"head.mask_token_id=auto: {len(chatml_tokenizer)}" in capsys.readouterr().out
+    export_dflash_sglang(head, tmp_path / "sglang")
+    config = json.loads((tmp_path / "sglang" / "config.json").read_text())
+    assert config["dflash_config"]["mask_token_id"] == len(chatml_tokenizer)
+
+
+def test_sglang_mask_token_id():
+    vocab = {"a": 0, "b": 1, "<|MASK|>": 2}
+    assert sglang_mask_token_id(vocab, 3, 3) == 2  # the tokenizer's own <|MASK|>
+    del vocab["<|MASK|>"]
+    assert sglang_mask_token_id(vocab, 2, 5) == 2  # added after the tokenizer's 2 tokens: row 2 is spare
+    assert sglang_mask_token_id(vocab, 5, 5) == -1  # no row past the tokenizer's: SGLang refuses
+
+
+def test_auto_mask_token_needs_the_tokenizer(tiny_llama):
+    target = FrozenTarget(tiny_llama(VOCAB, layers=4), "tiny")
+    settings = HeadSettings("dflash", "dflash", None, {"mask_token_id": "auto"}, {})
+    with pytest.raises(TrainError, match="mask_token_id=auto needs the target's tokenizer"):
+        build_objective(settings, target)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from spechead.heads.base import HeadConfig, head_class, resolve_layers
 from spechead.heads.decoder_layer import layer_config_from
 from spechead.heads.errors import HeadError
 from spechead.heads.families import Family, family_named
+from spechead.heads.formats.dflash_export import SGLANG_MASK_TOKEN, sglang_mask_token_id
 from spechead.training.errors import TrainError
 from spechead.training.objectives.base import Objective, Recipe
 from spechead.training.objectives.eagle3 import DEFAULT_DRAFT_VOCAB
@@ -77,16 +78,36 @@ def _init_from(head, directory: str, target: FrozenTarget) -> None:
     head.load_state_dict(theirs)
 
 
-def build_objective(settings: HeadSettings, target: FrozenTarget, train_data=None) -> Objective:
+def auto_mask_token_id(tokenizer: Any, target: FrozenTarget) -> tuple[int, str]:
+    """`head.mask_token_id=auto` (DFlash): the id SGLang's DFLASH would embed the masks with on `target`
+    (the exported head then loads there), else -1, a learned mask embedding; and the line that says so."""
+    if tokenizer is None:
+        raise TrainError("head.mask_token_id=auto needs the target's tokenizer: give an id, or -1 (learned)")
+    chosen = sglang_mask_token_id(tokenizer.get_vocab(), len(tokenizer), target.vocab_size)
+    if chosen < 0:
+        return -1, (
+            f"head.mask_token_id=auto: the target's {target.vocab_size} embedding rows are all its tokenizer's, "
+            f"none spare for {SGLANG_MASK_TOKEN}: a learned mask embedding (the head cannot be exported for "
+            "SGLang; give head.mask_token_id=<id> of a token the target never reads for that)"
+        )
+    return chosen, f"head.mask_token_id=auto: {chosen}, the id SGLang's DFLASH gives {SGLANG_MASK_TOKEN} here"
+
+
+def build_objective(
+    settings: HeadSettings, target: FrozenTarget, train_data=None, tokenizer: Any = None
+) -> Objective:
     """A fresh head of `settings.family` for `target`, wrapped in its training objective.
 
     `train_data` (rows with input_ids and loss_mask) is read by families that size themselves on the
-    data, such as EAGLE-3's draft vocabulary.
+    data, such as EAGLE-3's draft vocabulary; `tokenizer` (the target's) by `head.mask_token_id=auto`.
     """
     fam = family_for(settings.family)
     recipe: Recipe = fam.load("recipe")
     arch = dict(settings.arch)
     init_from = arch.pop("init_from", None)
+    note = None
+    if arch.get("mask_token_id") == "auto":
+        arch["mask_token_id"], note = auto_mask_token_id(tokenizer, target)
     sections = {
         name: build(cls, dict(arch.pop(name, {}) or {}), f"head.{name}")
         for name, cls in recipe.sections.items()
@@ -100,4 +121,9 @@ def build_objective(settings: HeadSettings, target: FrozenTarget, train_data=Non
         head.init_from_lm_head_(target.lm_head.weight)
     if init_from:
         _init_from(head, str(Path(init_from).expanduser()), target)
-    return recipe.make(head, target, build(recipe.loss_cls, settings.loss, "head.loss"), sections, train_data)
+    objective = recipe.make(
+        head, target, build(recipe.loss_cls, settings.loss, "head.loss"), sections, train_data
+    )
+    if note:
+        objective.notes.append(note)
+    return objective
