@@ -17,6 +17,7 @@ and shapes and of the numbers: its DFlashDraftModel drafts our blocks' logits (f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -33,14 +34,19 @@ from spechead.heads.formats.llama import llama_layer_fields
 ARCHITECTURE = "DFlashDraftModel"
 SGLANG_MASK_TOKEN = "<|MASK|>"  # what SGLang's DFLASH embeds the masks as when a config names no id
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_RESERVED = re.compile(r"<\|reserved_")  # Llama 3's reserved special tokens (GPT-OSS's <|reserved_N|> too)
 
 
 def sglang_mask_token_id(vocab: Mapping[str, int], tokenizer_len: int, embedding_rows: int) -> int:
-    """The id SGLang's DFLASH would embed the masks with on this target: "<|MASK|>"'s id in the tokenizer's
-    vocabulary, else the id adding that token gives (tokenizer_len, the first embedding row past the
-    tokenizer's tokens); -1 when that id has no row in the target's embedding (SGLang refuses it there)."""
+    """A target token id SGLang's DFLASH can embed the masks with (the export names it), else -1: "<|MASK|>"'s
+    id in the tokenizer's vocabulary; else the id SGLang gives it by adding it (tokenizer_len, the first
+    embedding row past the tokenizer's tokens, when there is one: Qwen, GPT-OSS); else the lowest reserved
+    special token (Llama 3's <|reserved_special_token_N|>), a token the target never reads."""
     token_id = vocab.get(SGLANG_MASK_TOKEN, tokenizer_len)
-    return token_id if 0 <= token_id < embedding_rows else -1
+    if 0 <= token_id < embedding_rows:
+        return token_id
+    reserved = [i for token, i in vocab.items() if _RESERVED.match(token) and 0 <= i < embedding_rows]
+    return min(reserved, default=-1)
 
 
 def export_dflash_sglang(head: DFlashHead, out: Path, *, dtype: torch.dtype | None = None, **_: Any) -> Path:
@@ -50,8 +56,8 @@ def export_dflash_sglang(head: DFlashHead, out: Path, *, dtype: torch.dtype | No
     if cfg.mask_token_id < 0:
         raise HeadError(
             "the head learned its own mask embedding (mask_token_id -1), which SGLang's DFLASH cannot load "
-            "(it embeds masks as a target token): train with head.mask_token_id=auto (SGLang's <|MASK|> id, "
-            "where the target's embedding has a row for it) or =<id> (a token the target never reads)"
+            "(it embeds masks as a target token): train with head.mask_token_id=<id> of a token the target never "
+            "reads (auto found none: no <|MASK|>, no spare embedding row, no reserved special token)"
         )
     layer = dflash_layer_fields(head)
     config = {

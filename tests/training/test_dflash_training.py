@@ -94,8 +94,8 @@ def test_head_dflash_trains_through_the_trainer(tmp_path, tiny_target_dir, chat_
     head = load_head(result.head_dir)
     assert isinstance(head, DFlashHead) and head.config.block_size == 4 and len(head.layers) == 2
     assert head.config.target_layers == [2, 2, 1]  # [2, L//2, L-3] of the 4-layer target
-    # head.mask_token_id=auto (the default): the tokenizer fills this target's embedding, so no row is
-    # spare for SGLang's <|MASK|>: a learned mask embedding
+    # head.mask_token_id=auto (the default): the tokenizer fills this target's embedding and has no reserved
+    # special token, so nothing is spare for SGLang's masks: a learned mask embedding
     assert head.config.mask_token_id == -1 and hasattr(head, "mask_embedding")
     assert 1.0 <= result.metrics["tau"] <= 4.0
     assert {"acc/step0_top1", "acc/step2_top1", "acc/depth3"} <= set(result.metrics)
@@ -114,7 +114,7 @@ def test_auto_mask_token_is_the_id_sglang_gives_it(
     result = train(training_kit.settings(training_kit.overrides(target, chat_file, tmp_path / "o", **extra)))
     head = load_head(result.head_dir)
     assert head.config.mask_token_id == len(chatml_tokenizer) and not hasattr(head, "mask_embedding")
-    assert f"head.mask_token_id=auto: {len(chatml_tokenizer)}" in capsys.readouterr().out
+    assert f"head.mask_token_id=auto: {len(chatml_tokenizer)} (<|MASK|>, added)" in capsys.readouterr().out
     export_dflash_sglang(head, tmp_path / "sglang")
     config = json.loads((tmp_path / "sglang" / "config.json").read_text())
     assert config["dflash_config"]["mask_token_id"] == len(chatml_tokenizer)
@@ -125,7 +125,9 @@ def test_sglang_mask_token_id():
     assert sglang_mask_token_id(vocab, 3, 3) == 2  # the tokenizer's own <|MASK|>
     del vocab["<|MASK|>"]
     assert sglang_mask_token_id(vocab, 2, 5) == 2  # added after the tokenizer's 2 tokens: row 2 is spare
-    assert sglang_mask_token_id(vocab, 5, 5) == -1  # no row past the tokenizer's: SGLang refuses
+    assert sglang_mask_token_id(vocab, 5, 5) == -1  # no row past the tokenizer's and nothing reserved
+    vocab.update({"<|reserved_special_token_1|>": 4, "<|reserved_special_token_0|>": 3})
+    assert sglang_mask_token_id(vocab, 5, 5) == 3  # Llama 3's: the lowest reserved special token
 
 
 def test_auto_mask_token_needs_the_tokenizer(tiny_llama):

@@ -79,18 +79,25 @@ def _init_from(head, directory: str, target: FrozenTarget) -> None:
 
 
 def auto_mask_token_id(tokenizer: Any, target: FrozenTarget) -> tuple[int, str]:
-    """`head.mask_token_id=auto` (DFlash): the id SGLang's DFLASH would embed the masks with on `target`
-    (the exported head then loads there), else -1, a learned mask embedding; and the line that says so."""
+    """`head.mask_token_id=auto` (DFlash): a token SGLang's DFLASH can embed the masks with on `target` (the
+    exported head then loads there; `sglang_mask_token_id`), else -1, a learned mask embedding; and the line
+    that says so."""
     if tokenizer is None:
         raise TrainError("head.mask_token_id=auto needs the target's tokenizer: give an id, or -1 (learned)")
     chosen = sglang_mask_token_id(tokenizer.get_vocab(), len(tokenizer), target.vocab_size)
     if chosen < 0:
         return -1, (
-            f"head.mask_token_id=auto: the target's {target.vocab_size} embedding rows are all its tokenizer's, "
-            f"none spare for {SGLANG_MASK_TOKEN}: a learned mask embedding (the head cannot be exported for "
-            "SGLang; give head.mask_token_id=<id> of a token the target never reads for that)"
+            f"head.mask_token_id=auto: no {SGLANG_MASK_TOKEN}, spare embedding row or reserved special token "
+            "in this target: a learned mask embedding (the head cannot be exported for SGLang; give "
+            "head.mask_token_id=<id> of a token the target never reads for that)"
         )
-    return chosen, f"head.mask_token_id=auto: {chosen}, the id SGLang's DFLASH gives {SGLANG_MASK_TOKEN} here"
+    name = (
+        tokenizer.convert_ids_to_tokens(chosen) if chosen < len(tokenizer) else f"{SGLANG_MASK_TOKEN}, added"
+    )
+    return (
+        chosen,
+        f"head.mask_token_id=auto: {chosen} ({name}), embedded as the masks, as SGLang's DFLASH will",
+    )
 
 
 def build_objective(
