@@ -120,6 +120,22 @@ def test_auto_mask_token_is_the_id_sglang_gives_it(
     assert config["dflash_config"]["mask_token_id"] == len(chatml_tokenizer)
 
 
+def test_init_from_a_head_with_a_learned_mask_names_it(
+    tmp_path, chat_file, training_kit, tiny_llama, chatml_tokenizer
+):
+    """A head that learned its mask (-1) as init_from of a run whose auto mask is a target token: one error
+    naming mask_embedding, not a shape mismatch to guess at."""
+    target = tmp_path / "spare-rows"
+    tiny_llama(len(chatml_tokenizer) + 8, layers=4).save_pretrained(target)
+    chatml_tokenizer.save_pretrained(target)
+    base = {"head": "dflash", "head.block_size": 2, "trainer.max_steps": 1}
+    learned = {**base, "head.mask_token_id": -1}
+    train(training_kit.settings(training_kit.overrides(target, chat_file, tmp_path / "learned", **learned)))
+    extra = {**base, "head.init_from": tmp_path / "learned" / "head"}
+    with pytest.raises(TrainError, match="mask_embedding only in the trained head.*mask_token_id"):
+        train(training_kit.settings(training_kit.overrides(target, chat_file, tmp_path / "o", **extra)))
+
+
 def test_sglang_mask_token_id():
     vocab = {"a": 0, "b": 1, "<|MASK|>": 2}
     assert sglang_mask_token_id(vocab, 3, 3) == 2  # the tokenizer's own <|MASK|>

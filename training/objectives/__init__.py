@@ -71,9 +71,13 @@ def _init_from(head, directory: str, target: FrozenTarget) -> None:
     except HeadError as err:
         raise TrainError(f"head.init_from={directory}: {err}") from None
     mine, theirs = head.state_dict(), trained.state_dict()
-    if {k: v.shape for k, v in mine.items()} != {k: v.shape for k, v in theirs.items()}:
+    differ = sorted(k for k in mine.keys() | theirs.keys() if k not in mine or k not in theirs)
+    differ += sorted(k for k in mine.keys() & theirs.keys() if mine[k].shape != theirs[k].shape)
+    if differ:  # (e.g. mask_embedding: a DFlash head that learned its mask; give its head.mask_token_id=-1)
+        where = "only in the trained head" if differ[0] in theirs and differ[0] not in mine else "differs"
         raise TrainError(
-            f"head.init_from={directory} has another architecture than head.* (num_heads, num_layers?)"
+            f"head.init_from={directory} has another architecture than head.* ({differ[0]} {where}): "
+            "give the head.* settings it was trained with (num_heads, num_layers, mask_token_id?)"
         )
     head.load_state_dict(theirs)
 
