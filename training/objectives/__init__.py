@@ -71,12 +71,17 @@ def _init_from(head, directory: str, target: FrozenTarget) -> None:
     except HeadError as err:
         raise TrainError(f"head.init_from={directory}: {err}") from None
     mine, theirs = head.state_dict(), trained.state_dict()
-    differ = sorted(k for k in mine.keys() | theirs.keys() if k not in mine or k not in theirs)
-    differ += sorted(k for k in mine.keys() & theirs.keys() if mine[k].shape != theirs[k].shape)
+    differ = sorted(mine.keys() ^ theirs.keys()) + sorted(
+        k for k in mine.keys() & theirs.keys() if mine[k].shape != theirs[k].shape
+    )
     if differ:  # (e.g. mask_embedding: a DFlash head that learned its mask; give its head.mask_token_id=-1)
-        where = "only in the trained head" if differ[0] in theirs and differ[0] not in mine else "differs"
+        first = differ[0]
+        where = (
+            "only in the trained head" if first not in mine else "not in the trained head" if first not in theirs
+            else "of another shape"
+        )  # fmt: skip
         raise TrainError(
-            f"head.init_from={directory} has another architecture than head.* ({differ[0]} {where}): "
+            f"head.init_from={directory} has another architecture than head.* ({first} {where}): "
             "give the head.* settings it was trained with (num_heads, num_layers, mask_token_id?)"
         )
     head.load_state_dict(theirs)
