@@ -19,7 +19,6 @@ from spechead.training.objectives.dflash import (
     block_targets,
     block_valid,
     longest_row,
-    pass_weights,
     pick_anchors,
 )
 from spechead.training.settings import HeadSettings
@@ -84,45 +83,6 @@ def test_loss_falls_on_a_tiny_target(tiny_llama):
     floor = float(entropy[0] + 0.8 * entropy[1])
     assert losses[-1] - floor < 0.3 * (losses[0] - floor), (floor, losses)
     assert head.mask_embedding.grad is not None and head.mask_embedding.grad.abs().sum() > 0
-
-
-def test_pass_weights_follow_how_often_decoding_drafts_from_a_block():
-    """A block with a leading right drafts weighs 1 / (1 + a): decoding drafts from it about that often."""
-    hits = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 0]]).bool()[:, None]  # (bs-1=3, B=1, A=4)
-    counted = torch.tensor([[True, True, True, False]])  # the last block has no target
-    weights = pass_weights(hits, counted)
-    raw = torch.tensor([1 / 3, 1, 1 / 4, 0])  # leading right drafts 2, 0, 3; not counted
-    assert torch.allclose(weights[0], raw * 3 / raw.sum())  # mean 1 over the counted blocks
-    assert not weights.requires_grad
-
-
-def test_pass_weighted_loss_is_each_blocks_own_loss_weighted(tiny_llama):
-    """anchor_weight=pass: the loss is the per-block losses (each block alone) weighted by pass_weights."""
-    torch.manual_seed(0)
-    target = tiny_llama(VOCAB, layers=4, hidden=32)
-    head = DFlashHead(DFlashConfig.from_target(target.config, block_size=3, num_layers=1))
-    head.attach_target_modules(target.get_output_embeddings(), target.get_input_embeddings())
-    ids = torch.randint(0, VOCAB, (1, 12))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
-    with torch.no_grad():
-        out = target(ids, output_hidden_states=True)
-    states = [out.hidden_states[i] for i in head.config.target_layers]
-    anchors, ok = torch.tensor([[1, 4, 6]]), torch.ones(1, 3, dtype=torch.bool)
-    uniform, by_pass = BlockModel(head, [1.0, 0.8]), BlockModel(head, [1.0, 0.8], by_pass=True)
-    with torch.no_grad():  # the head's own drafts (A, 2) made the teacher's top token where a block is right
-        drafts = head.logits(head.predict_blocks(head.fuse(states), ids, anchors)[0, :, 1:]).argmax(-1)
-    teacher = out.logits.clone()
-    for a, right in enumerate([2, 1, 0]):  # leading right drafts of the 3 blocks (position c + j: draft j)
-        for j in range(right):
-            teacher[0, int(anchors[0, a]) + 1 + j, drafts[a, j]] += 50.0
-    _, _, _, hits = uniform(states, teacher, batch, anchors, ok)
-    weights = pass_weights(hits, ok)[0]  # (A,)
-    assert hits[:, 0, :2].tolist() == [[True, True], [True, False]] and not hits[0, 0, 2]
-    alone = torch.stack([uniform(states, teacher, batch, anchors[:, [a]], ok[:, [a]])[0] for a in range(3)])
-    loss = by_pass(states, teacher, batch, anchors, ok)[0]
-    assert torch.allclose(loss, (weights * alone).mean(), atol=1e-5)
-    assert torch.allclose(uniform(states, teacher, batch, anchors, ok)[0], alone.mean(), atol=1e-5)
-    assert not torch.allclose(loss, alone.mean(), atol=1e-3)  # the weights matter here
 
 
 def test_head_dflash_trains_through_the_trainer(tmp_path, tiny_target_dir, chat_file, training_kit):
@@ -199,7 +159,6 @@ def test_auto_mask_token_needs_the_tokenizer(tiny_llama):
         ({"head.block_size": 1}, HeadError, "block_size must be >= 2"),
         ({"head.block_size": 500}, TrainError, "head.block_size=500 needs sequences of at least 501"),
         ({"head.loss.anchors": -1}, TrainError, "head.loss.anchors must be >= 0"),
-        ({"head.loss.anchor_weight": "passes"}, TrainError, "anchor_weight must be 'uniform' or 'pass'"),
         ({"+head.blocksize": 4}, TrainError, "head.blocksize"),
     ],
 )

@@ -32,9 +32,6 @@ class DFlashLossConfig:
 
     decay: float = 0.8  # block position j's loss weight is decay**(j-1)
     anchors: int = 0  # blocks per sequence per step; 0 = T // block_size (about T block queries)
-    # "uniform": every block counts alike; "pass": block c weighs 1 / (1 + a_c), a_c its leading right
-    # drafts now, as often as decoding drafts from c (`pass_weights`)
-    anchor_weight: str = "uniform"
 
 
 def pick_anchors(batch: dict, count: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -72,28 +69,14 @@ def block_valid(loss_mask: Tensor, anchors: Tensor, ok: Tensor, block_size: int)
     return inside & token & ok[..., None]
 
 
-def pass_weights(hits: Tensor, counted: Tensor) -> Tensor:
-    """Per-block loss weights (B, A) from hits (bs-1, B, A) bool (block position j+1 right) and counted
-    (B, A) bool (blocks with a target): 1 / (1 + a) for a block's a leading right drafts, scaled to mean 1
-    over the counted blocks (0 elsewhere), detached.
-
-    Why: decoding drafts from c only when the pass before ended just before c, so inside a run the head
-    drafts right, it drafts once per run (about 1 / (1 + a_c) of the positions), while uniform anchors
-    train every position of the run; the blocks after a miss are the ones decoding uses most."""
-    leading = hits.long().cumprod(dim=0).sum(dim=0)  # (B, A)
-    weights = counted / (1.0 + leading)  # (B, A)
-    return (weights * counted.sum() / weights.sum().clamp(min=1e-9)).detach()
-
-
 class BlockModel(nn.Module):
     """The head over every anchor's block with its per-position losses inside one forward (DDP sees
     every gradient)."""
 
-    def __init__(self, head: DFlashHead, weights: list[float], by_pass: bool = False):
+    def __init__(self, head: DFlashHead, weights: list[float]):
         super().__init__()
         self.head = head
         self.weights = weights
-        self.by_pass = by_pass  # weigh blocks as often as decoding drafts from them (`pass_weights`)
 
     def forward(self, states: list[Tensor], target_logits: Tensor, batch: dict, anchors: Tensor, ok: Tensor):
         """states: the target layers' (B, T, H); target_logits (B, T, V); anchors, ok (B, A).
@@ -102,24 +85,19 @@ class BlockModel(nn.Module):
         hidden = head.predict_blocks(head.fuse(states), batch["input_ids"], anchors, batch["attention_mask"])
         targets = block_targets(target_logits, anchors, size)  # (B, A, bs-1, V)
         valid = block_valid(batch["loss_mask"], anchors, ok, size)  # (B, A, bs-1)
-        losses, hits = [], []
-        for j in range(size - 1):  # one position's (N, V) rows alive at a time
+        total = torch.zeros((), device=target_logits.device)
+        correct, count, hits = [], [], []
+        for j, weight in enumerate(self.weights):  # one position's (N, V) rows alive at a time
             logits = head.logits(hidden[:, :, j + 1])  # (B, A, V)
             keep = valid[:, :, j]
             rows, target_rows = logits[keep], targets[:, :, j][keep].detach()  # (N, V)
             probs = torch.softmax(target_rows.float(), dim=-1)
-            loss = logits.new_zeros(keep.shape)  # (B, A): each block's loss at this position
-            loss[keep] = soft_cross_entropy(rows, probs)
-            losses.append(loss)
-            hits.append((logits.argmax(-1) == targets[:, :, j].argmax(-1)) & keep)  # (B, A)
-        hit = torch.stack(hits)  # (bs-1, B, A)
-        block = pass_weights(hit, valid[:, :, 0]) if self.by_pass else valid[:, :, 0].float()  # (B, A)
-        total = torch.zeros((), device=target_logits.device)
-        for j, weight in enumerate(self.weights):
-            keep = valid[:, :, j]
-            total = total + weight * (losses[j] * block).sum() / keep.sum().clamp(min=1)
-        correct, count = hit.sum(dim=(1, 2)).float(), valid.sum(dim=(0, 1)).float()  # (bs-1,) each
-        return total, correct, count, hit
+            total = total + weight * soft_cross_entropy(rows, probs).sum() / keep.sum().clamp(min=1)
+            hit = (logits.argmax(-1) == targets[:, :, j].argmax(-1)) & keep  # (B, A)
+            hits.append(hit)
+            correct.append(hit.sum())
+            count.append(keep.sum())
+        return total, torch.stack(correct).float(), torch.stack(count).float(), torch.stack(hits)
 
 
 class DFlashObjective(Objective):
@@ -130,8 +108,7 @@ class DFlashObjective(Objective):
     def __init__(self, head: DFlashHead, cfg: DFlashLossConfig):
         self.head = head
         self.cfg = cfg
-        weights = step_weights(head.config.block_size - 1, cfg.decay)
-        self.model = BlockModel(head, weights, by_pass=cfg.anchor_weight == "pass")
+        self.model = BlockModel(head, step_weights(head.config.block_size - 1, cfg.decay))
 
     def module(self) -> nn.Module:
         return self.model
@@ -183,8 +160,6 @@ def _make(head: DFlashHead, target, loss: DFlashLossConfig, sections, train_data
         raise TrainError(
             f"head.loss.anchors must be >= 0 (0 = sequence length // block_size), got {loss.anchors}"
         )
-    if loss.anchor_weight not in ("uniform", "pass"):
-        raise TrainError(f"head.loss.anchor_weight must be 'uniform' or 'pass', got {loss.anchor_weight!r}")
     size = head.config.block_size
     longest = longest_row(train_data) if train_data is not None else 0
     if train_data is not None and size + 1 > longest:
