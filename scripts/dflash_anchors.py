@@ -11,8 +11,8 @@ written as JSON with --out):
 - decoded_tau: the engine's passes (the final pass of each answer left out, as in path_tau);
 - depth1_after_miss / depth1_after_hit: the first draft's accuracy at anchors whose previous anchor's first
   draft missed / hit (a pass starts after a miss);
-- root_reads: the share of anchors whose first draft changes when the root token is swapped for a random
-  one (a head that ignores its root predicts the token after the one it expected).
+- root_reads: the share of anchors whose first draft changes when only the root token is swapped for a
+  random one, the context kept (a head that ignores its root predicts the token after the one it expected).
 
     python scripts/dflash_anchors.py --target data/demo/target --head outputs/dflash-demo/head --prompts 24
 """
@@ -56,13 +56,19 @@ def path(right: dict[int, int], start: int) -> list[int]:
 
 
 @torch.inference_mode()
-def first_drafts(
-    head: DFlashHead, runner: TargetRunner, seq: torch.Tensor, anchors: torch.Tensor
-) -> torch.Tensor:
-    """Every anchor's block drafts [A, block_size - 1] (top-1) over seq [T], the training path."""
+def context_of(head: DFlashHead, runner: TargetRunner, seq: torch.Tensor) -> torch.Tensor:
+    """The fused target states [1, T, H] over seq [T] (what every block attends to)."""
     hidden = runner.prefill([seq])[1][0]  # {layer: [T, H]}
-    context = head.fuse([hidden[layer][None] for layer in head.config.target_layers])  # [1, T, H]
-    blocks = head.predict_blocks(context, seq[None], anchors[None])[0]  # [A, bs, H]
+    return head.fuse([hidden[layer][None] for layer in head.config.target_layers])
+
+
+@torch.inference_mode()
+def block_drafts(
+    head: DFlashHead, context: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor
+) -> torch.Tensor:
+    """Every anchor's block drafts [A, block_size - 1] (top-1), the training path: context [1, T, H], the
+    blocks' root tokens read from ids [T] (ids[c + 1] for anchor c)."""
+    blocks = head.predict_blocks(context, ids[None], anchors[None])[0]  # [A, bs, H]
     return head.logits(blocks[:, 1:]).argmax(-1)  # [A, bs - 1]
 
 
@@ -84,7 +90,8 @@ def analyse(target: str, head_dir: str, prompts: list[list[int]], max_new_tokens
         anchors = torch.arange(len(ids) - 1, len(seq) - 2)  # [A]: the root c + 1 is an answer token
         if not len(anchors):
             continue
-        drafts = first_drafts(head, runner, seq, anchors)  # [A, D]
+        context = context_of(head, runner, seq)  # [1, T, H]
+        drafts = block_drafts(head, context, seq, anchors)  # [A, D]
         right = dict(zip(anchors.tolist(), leading_right(drafts, seq, anchors)))
         walk = path(right, len(ids) - 1)
         every += [1 + a for a in right.values()]
@@ -94,7 +101,7 @@ def analyse(target: str, head_dir: str, prompts: list[list[int]], max_new_tokens
         swapped = seq.clone()
         swapped[len(ids) :] = torch.randint(0, head.config.vocab_size, (len(answer),), generator=random)
         first = drafts[:, 0] == seq[anchors + 2]  # [A]
-        reads += (first_drafts(head, runner, swapped, anchors)[:, 0] != drafts[:, 0]).tolist()
+        reads += (block_drafts(head, context, swapped, anchors)[:, 0] != drafts[:, 0]).tolist()
         for prev, now in zip(first[:-1].tolist(), first[1:].tolist()):
             after[prev].append(now)
 
