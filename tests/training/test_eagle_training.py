@@ -9,6 +9,9 @@ from spechead.heads import Eagle3Head, EagleHead, MedusaHead, load_head
 from spechead.heads.errors import HeadError
 from spechead.training.errors import TrainError
 from spechead.training.metrics import align_chain, chain_counts, chain_summary
+from spechead.training.objectives import build_objective
+from spechead.training.settings import HeadSettings
+from spechead.training.target import FrozenTarget
 from spechead.training.trainer import train
 
 
@@ -68,3 +71,28 @@ def test_eagle3_layer_out_of_range(tmp_path, tiny_target_dir, chat_file, trainin
     )
     with pytest.raises(HeadError, match="layer index 7 does not exist"):
         train(s)
+
+
+@pytest.mark.parametrize("family", ["eagle3", "peagle"])
+def test_init_from_keeps_the_trained_heads_draft_vocabulary_and_lm_head(family, tiny_llama, tmp_path):
+    """head.init_from: the trained head's own draft vocabulary and lm_head, not ones sized anew on the data
+    (make builds those for a fresh head; loading the head before it undid them)."""
+    target = FrozenTarget(tiny_llama(48, layers=4), "tiny")
+    rows = [{"input_ids": list(range(16)) * 2, "loss_mask": [1] * 32}]  # the data's tokens: 0..15
+    fresh = HeadSettings(family, family, None, {"draft_vocab_size": 16}, {})
+    trained = build_objective(fresh, target, rows).head
+    tokens = torch.arange(20, 36)  # the trained head's vocabulary: none of the data's tokens
+    t2d = torch.zeros(48, dtype=torch.bool)
+    t2d[tokens] = True
+    trained.set_draft_vocab(tokens - torch.arange(16), t2d)
+    with torch.no_grad():
+        trained.lm_head.weight.normal_()
+    trained.save_pretrained(tmp_path / "trained")
+    warm = HeadSettings(
+        family, family, None, {"draft_vocab_size": 16, "init_from": str(tmp_path / "trained")}, {}
+    )
+    objective = build_objective(warm, target, rows)
+    assert torch.equal(objective.head.t2d, t2d) and torch.equal(objective.head.d2t, trained.d2t)
+    assert torch.equal(objective.head.lm_head.weight, trained.lm_head.weight)
+    assert not any(note.startswith("draft vocabulary:") for note in objective.notes)
+    assert any(note.startswith("head.init_from=") for note in objective.notes)

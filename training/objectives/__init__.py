@@ -135,11 +135,13 @@ def build_objective(
         head.init_embedding_from_target_(target.embed_tokens.weight)
     if getattr(config, "init_from_lm_head", False):
         head.init_from_lm_head_(target.lm_head.weight)
-    if init_from:
-        _init_from(head, str(Path(init_from).expanduser()), target)
     objective = recipe.make(
         head, target, build(recipe.loss_cls, settings.loss, "head.loss"), sections, train_data
     )
+    if init_from:  # after make, which sizes a fresh head on the data (EAGLE-3's draft vocabulary and lm_head)
+        _init_from(head, str(Path(init_from).expanduser()), target)
+        objective.notes[:] = [n for n in objective.notes if not n.startswith("draft vocabulary:")]
+        objective.notes.append(f"head.init_from={init_from}: every weight and buffer of the trained head")
     if note:
         objective.notes.append(note)
     return objective
