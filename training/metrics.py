@@ -101,9 +101,41 @@ def chain_counts(correct: Tensor) -> dict[str, Tensor]:
     }
 
 
+def walked_counts(correct: Tensor, stand: Tensor) -> dict[str, Tensor]:
+    """Summable counts of the chains decoding would draft: correct (D, B, T) bool (the depth-(d+1) draft of
+    the chain anchored at t is right), stand (B, T) bool (anchors a pass can start from: their root is an
+    answer token and their first draft has a target).
+
+    Each row is walked as greedy decoding walks it: from the first anchor of each answer, a pass accepts
+    a = the anchor's leading right drafts and the next pass starts at anchor + 1 + a. walk_tokens /
+    walk_passes is then the tau decoding would see on these tokens. Why beside `chain_counts`: that one
+    averages over every anchor, but decoding drafts once a pass, after a miss, so a run the head gets right
+    counts once there and at each of its positions in chain_counts (which overstates decoding)."""
+    leading = correct.long().cumprod(dim=0).sum(dim=0).tolist()  # (B, T) host lists
+    tokens = passes = 0
+    for row_leading, row_stand in zip(leading, stand.tolist()):
+        t = 0
+        while t < len(row_stand):
+            if not row_stand[t]:  # outside an answer: on to the next answer's first anchor
+                t += 1
+                continue
+            tokens, passes = tokens + 1 + row_leading[t], passes + 1
+            t += 1 + row_leading[t]
+    return {"walk_tokens": torch.tensor(float(tokens)), "walk_passes": torch.tensor(float(passes))}
+
+
+def answer_roots(batch: dict) -> Tensor:
+    """(B, T) bool: the token after t (an anchor's root, the first token of its pass) is a loss token."""
+    mask = batch["loss_mask"].bool()
+    return torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], dim=1)
+
+
 def chain_summary(counts: dict[str, Tensor]) -> dict[str, float]:
-    """tau and per-depth greedy accuracy from summed chain_counts."""
+    """tau, per-depth greedy accuracy and, from `walked_counts` when present, tau_walked from summed
+    counts."""
     n = counts["positions"].clamp(min=1)
     out = {"tau": float(counts["tau_sum"] / n)}
+    if "walk_passes" in counts:
+        out["tau_walked"] = float(counts["walk_tokens"] / counts["walk_passes"].clamp(min=1))
     out.update({f"acc/depth{d + 1}": float(c / n) for d, c in enumerate(counts["depth_correct"])})
     return out

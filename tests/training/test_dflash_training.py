@@ -13,11 +13,16 @@ from spechead.heads.errors import HeadError
 from spechead.heads.formats.dflash_export import export_dflash_sglang, sglang_mask_token_id
 from spechead.training.eagle_losses import step_weights
 from spechead.training.errors import TrainError
+from spechead.training.metrics import answer_roots, walked_counts
 from spechead.training.objectives import build_objective
+from spechead.training.objectives import dflash as dflash_objective
 from spechead.training.objectives.dflash import (
     BlockModel,
+    DFlashLossConfig,
+    DFlashObjective,
     block_targets,
     block_valid,
+    candidates,
     longest_row,
     pick_anchors,
 )
@@ -199,3 +204,40 @@ def test_cli_one_line_and_exit_2(tmp_path, tiny_target_dir, chat_file, training_
 
 def test_longest_row_reads_nested_rows():
     assert longest_row([{"input_ids": [1, 2, 3]}, [{"input_ids": [1] * 7}]]) == 7
+
+
+def test_evaluation_walks_blocks_at_every_anchor(tiny_llama, monkeypatch):
+    """tau_walked: eval drafts a block at every anchor (a few per forward) and walks them as decoding does;
+    the same as walking blocks computed one anchor at a time."""
+    from ..inference.drafters.parallel_heads import _sequences, dflash_head
+
+    model = tiny_llama(VOCAB, layers=2, hidden=32, seed=3)
+    prompts = [[5, 9, 14, 9, 5], [3, 3, 8, 21, 30, 2]]
+    head = dflash_head(model, prompts)  # fitted to the greedy continuations: blocks right for several tokens
+    seqs, _ = _sequences(model, prompts, 24)
+    width = max(len(s) for s in seqs)
+    ids = torch.stack([torch.cat([s, s.new_zeros(width - len(s))]) for s in seqs])  # (B, T)
+    attention = torch.stack([torch.arange(width) < len(s) for s in seqs]).long()
+    loss_mask = attention.clone()
+    loss_mask[:, :5] = 0  # the prompts
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
+    objective = DFlashObjective(head.train().requires_grad_(True), DFlashLossConfig())
+    target = FrozenTarget(model, "tiny")
+    # 3 anchors a forward: the walk (steps of block_size here) lands at every offset of a forward's anchors
+    monkeypatch.setattr(dflash_objective, "WALK_QUERIES", 3 * len(seqs) * head.config.block_size)
+    with torch.no_grad():
+        counts = objective.eval_counts(objective.module(), target, batch)
+        cap = objective.capture(target, batch)
+        anchor_ok = candidates(batch)
+        correct = torch.zeros(head.config.block_size - 1, *ids.shape, dtype=torch.bool)
+        for c in range(width):
+            anchors = torch.full((len(seqs), 1), c)
+            correct[:, :, c] = objective.module()(cap.hidden, cap.logits, batch, anchors, anchor_ok[:, [c]])[
+                3
+            ][..., 0]
+    expected = walked_counts(correct, anchor_ok & answer_roots(batch))
+    assert correct.any(dim=0).float().mean() > 0.3  # the walk has runs to skip
+    assert (
+        counts["walk_tokens"] == expected["walk_tokens"] and counts["walk_passes"] == expected["walk_passes"]
+    )
+    assert counts["walk_tokens"] / counts["walk_passes"] > 1.5

@@ -6,10 +6,14 @@ import pytest
 import torch
 
 from spechead.training.metrics import (
+    answer_roots,
+    chain_counts,
+    chain_summary,
     counts_to_accuracy,
     medusa_top1_correct,
     medusa_topk_counts,
     simulated_chain_tau,
+    walked_counts,
 )
 from spechead.training.objectives.medusa import medusa_counts
 
@@ -67,6 +71,37 @@ def test_simulated_chain_tau_hand_computed() -> None:
     # 1 + leading run: n0 -> 4, n1 -> 2, n2 -> 1, n3 -> 3
     assert simulated_chain_tau(correct) == pytest.approx(2.5)
     assert simulated_chain_tau(torch.zeros(3, 0, dtype=torch.bool)) == 0.0
+
+
+def chains(leading: list[list[int]], depth: int) -> torch.Tensor:
+    """correct (depth, B, T) whose chain at [b, t] has leading[b][t] right drafts, then a miss."""
+    correct = torch.zeros(depth, len(leading), len(leading[0]), dtype=torch.bool)
+    for b, row in enumerate(leading):
+        for t, a in enumerate(row):
+            correct[:a, b, t] = True
+            if a + 1 < depth:
+                correct[a + 1 :, b, t] = True  # right again after the miss: must not count
+    return correct
+
+
+def test_walked_counts_follow_the_passes_decoding_makes() -> None:
+    # row 0, one answer over t = 0..7: t=0 accepts 3 -> t=4 accepts 0 -> t=5 accepts 2 -> t=8: the end
+    # row 1, two answers (t = 0..2 and 5..7): t=0 accepts 1 -> t=2 accepts 2 (cut by the answer's end)
+    #   -> t=5, the next answer's first anchor, accepts 0 -> t=6 accepts 1 -> t=8
+    leading = [[3, 0, 1, 0, 0, 2, 0, 0], [1, 3, 2, 3, 3, 0, 1, 0]]
+    stand = torch.tensor([[1] * 8, [1, 1, 1, 0, 0, 1, 1, 1]]).bool()
+    counts = walked_counts(chains(leading, 4), stand)
+    assert counts["walk_passes"].item() == 3 + 4
+    assert counts["walk_tokens"].item() == (4 + 1 + 3) + (2 + 3 + 1 + 2)
+    every = chain_counts(chains(leading, 4)[:, stand])  # every anchor, as `tau` counts them
+    summary = chain_summary({**every, **counts})
+    assert summary["tau_walked"] == pytest.approx(16 / 7) and summary["tau"] == pytest.approx(27 / 14)
+    assert "tau_walked" not in chain_summary(every)
+
+
+def test_answer_roots_mark_anchors_whose_next_token_is_trained() -> None:
+    batch = {"loss_mask": torch.tensor([[0, 0, 1, 1, 0, 1]])}
+    assert answer_roots(batch).tolist() == [[False, True, True, False, True, False]]
 
 
 def test_top1_correct_counts_positions_whose_next_token_is_a_target() -> None:

@@ -120,6 +120,18 @@ def chain_summary(batch) -> dict[str, float]:
     leading = [next((j for j, ok in enumerate(row) if not ok), STEPS) for row in right]
     out = {"tau": 1 + sum(leading) / len(anchors)}
     out.update({f"acc/depth{j + 1}": sum(row[j] for row in right) / len(anchors) for j in range(STEPS)})
+    # decoding's walk: passes start at anchors whose root x_{s+1} is an answer token; the next at s + 1 + a
+    accepted = {(b, s): a for (b, s), a in zip(anchors, leading) if batch["loss_mask"][b, s + 1]}
+    tokens = passes = 0
+    for b in range(batch["loss_mask"].shape[0]):
+        s = 0
+        while s < T:
+            if (b, s) in accepted:
+                tokens, passes = tokens + 1 + accepted[b, s], passes + 1
+                s += 1 + accepted[b, s]
+            else:
+                s += 1
+    out["tau_walked"] = tokens / passes
     return out
 
 

@@ -20,10 +20,11 @@ from torch import Tensor, nn
 from spechead.heads.dflash import DFlashConfig, DFlashHead
 from spechead.training.eagle_losses import soft_cross_entropy, step_weights
 from spechead.training.errors import TrainError
-from spechead.training.metrics import chain_counts, chain_summary
+from spechead.training.metrics import answer_roots, chain_counts, chain_summary, walked_counts
 from spechead.training.objectives.base import Objective, Recipe
 
 EVAL_SEED = 0  # evaluation draws the same anchors every time, so its metrics compare across steps
+WALK_QUERIES = 4096  # block queries per forward when evaluation drafts from every anchor
 
 
 @dataclass
@@ -39,14 +40,20 @@ def pick_anchors(batch: dict, count: int, generator: torch.Generator | None = No
 
     A candidate anchor c has a real x_{c+1} and a loss token x_{c+2} (its first draft has a target). A row
     with fewer candidates fills its remaining slots with anchors that are not ok (their loss is masked)."""
-    loss_mask, attention = batch["loss_mask"].bool(), batch["attention_mask"].bool()
-    batch_size, length = loss_mask.shape
-    candidate = torch.zeros_like(loss_mask)
-    candidate[:, : length - 2] = attention[:, 1 : length - 1] & loss_mask[:, 2:]
-    scores = torch.rand(batch_size, length, generator=generator).to(loss_mask.device)  # (B, T)
+    candidate = candidates(batch)
+    batch_size, length = candidate.shape
+    scores = torch.rand(batch_size, length, generator=generator).to(candidate.device)  # (B, T)
     scores = scores.masked_fill(~candidate, -1.0)
     top = scores.topk(min(count, length), dim=1)
     return top.indices, top.values >= 0
+
+
+def candidates(batch: dict) -> Tensor:
+    """(B, T) bool: anchors c with a real x_{c+1} and a loss token x_{c+2} (a first draft to learn)."""
+    loss_mask, attention = batch["loss_mask"].bool(), batch["attention_mask"].bool()
+    candidate = torch.zeros_like(loss_mask)
+    candidate[:, : loss_mask.shape[1] - 2] = attention[:, 1:-1] & loss_mask[:, 2:]
+    return candidate
 
 
 def block_targets(values: Tensor, anchors: Tensor, block_size: int) -> Tensor:
@@ -128,13 +135,31 @@ class DFlashObjective(Objective):
 
     def eval_counts(self, model, target, batch):
         generator = torch.Generator().manual_seed(EVAL_SEED)
-        loss, correct, count, hits, ok = self._run(model, target, batch, generator)
+        anchors, ok = pick_anchors(batch, self._count(batch), generator)
+        cap = self.capture(target, batch)
+        loss, correct, count, hits = model(cap.hidden, cap.logits, batch, anchors, ok)
         return {
             "loss_sum": loss.detach().cpu() * count[0].cpu(),
             "correct": correct.cpu(),  # (bs-1,)
             "count": count.cpu(),  # (bs-1,)
             **chain_counts(hits[:, ok]),  # the chain of one block: its positions in order
+            **self._walk(model, cap, batch),
         }
+
+    def _walk(self, model, cap, batch) -> dict[str, Tensor]:
+        """`walked_counts` over blocks at EVERY anchor (decoding's walk needs each one it may land on),
+        WALK_QUERIES block queries per forward."""
+        anchor_ok = candidates(batch)  # (B, T)
+        batch_size, length = anchor_ok.shape
+        size = self.head.config.block_size
+        correct = torch.zeros(size - 1, batch_size, length, dtype=torch.bool, device=anchor_ok.device)
+        per = max(WALK_QUERIES // (batch_size * size), 1)  # anchors per forward
+        for first in range(0, length, per):
+            span = torch.arange(first, min(first + per, length), device=anchor_ok.device)  # (A,)
+            ok = anchor_ok[:, span]  # (B, A)
+            if ok.any():
+                correct[:, :, span] = model(cap.hidden, cap.logits, batch, span.expand(batch_size, -1), ok)[3]
+        return walked_counts(correct, anchor_ok & answer_roots(batch))
 
     def summarize(self, counts):
         acc = counts["correct"] / counts["count"].clamp(min=1)

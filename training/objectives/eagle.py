@@ -13,7 +13,7 @@ import torch
 from spechead.heads.eagle import EagleConfig, EagleHead
 from spechead.heads.unroll import ttt_forward, ttt_valid
 from spechead.training.eagle_losses import eagle_loss
-from spechead.training.metrics import align_chain, chain_counts, chain_summary
+from spechead.training.metrics import align_chain, answer_roots, chain_counts, chain_summary, walked_counts
 from spechead.training.objectives.base import Objective, Recipe, mean_metric
 
 
@@ -49,7 +49,8 @@ def greedy_chain_tau(
         hit = logits_fn(out).argmax(-1) == target_next
         correct.append(hit & predicted & ttt_valid(batch["attention_mask"], j))
     anchors = predicted & ttt_valid(batch["attention_mask"], 0)
-    return chain_counts(align_chain(correct)[:, anchors])
+    chains = align_chain(correct)  # (D, B, T)
+    return {**chain_counts(chains[:, anchors]), **walked_counts(chains, anchors & answer_roots(batch))}
 
 
 class EagleObjective(Objective):

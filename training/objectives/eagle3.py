@@ -17,7 +17,7 @@ from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.unroll import ttt_forward, ttt_valid
 from spechead.training.draft_vocab import build_draft_vocab, token_frequencies
 from spechead.training.eagle_losses import eagle3_step_loss, step_weights
-from spechead.training.metrics import align_chain, chain_counts, chain_summary
+from spechead.training.metrics import align_chain, answer_roots, chain_counts, chain_summary, walked_counts
 from spechead.training.objectives.base import Objective, Recipe
 from spechead.training.objectives.eagle import next_token_valid, shift_left
 
@@ -86,11 +86,13 @@ class Eagle3Objective(Objective):
     def eval_counts(self, model, target, batch):
         loss, correct, count, hits = self._run(model, target, batch)
         anchors = next_token_valid(batch) & ttt_valid(batch["attention_mask"], 0)
+        chains = align_chain(hits)  # (D, B, T)
         return {
             "loss_sum": loss.detach().cpu() * count[0].cpu(),
             "correct": correct,  # (steps,)
             "count": count,  # (steps,)
-            **chain_counts(align_chain(hits)[:, anchors]),
+            **chain_counts(chains[:, anchors]),
+            **walked_counts(chains, anchors & answer_roots(batch)),
         }
 
     def summarize(self, counts):

@@ -26,7 +26,7 @@ from spechead.heads.peagle import PEagleConfig, PEagleHead
 from spechead.heads.unroll import ttt_valid
 from spechead.training.eagle_losses import eagle3_step_loss, step_weights
 from spechead.training.errors import TrainError
-from spechead.training.metrics import chain_counts
+from spechead.training.metrics import answer_roots, chain_counts, walked_counts
 from spechead.training.objectives.base import Recipe
 from spechead.training.objectives.eagle import next_token_valid, shift_left
 from spechead.training.objectives.eagle3 import Eagle3LossConfig, Eagle3Objective, install_draft_vocab
@@ -139,6 +139,7 @@ class PEagleObjective(Eagle3Objective):
             "correct": correct,  # (K,)
             "count": count,  # (K,)
             **chain_counts(hits[:, anchors]),  # a chain reads its anchor's K depths: no alignment
+            **walked_counts(hits, anchors & answer_roots(batch)),
         }
 
 
