@@ -204,21 +204,28 @@ class DFlashHead(DraftHead):
         return ids
 
     def predict_blocks(
-        self, context: Tensor, input_ids: Tensor, anchors: Tensor, attention_mask: Tensor | None = None
+        self,
+        context: Tensor,
+        input_ids: Tensor,
+        anchors: Tensor,
+        attention_mask: Tensor | None = None,
+        context_kv: list[tuple[Tensor, Tensor]] | None = None,
     ) -> Tensor:
         """Every anchor's block in one forward (training, evaluation): context (B, T, H) from `fuse`,
         input_ids (B, T), anchors (B, A) (last context position of each block, < T - 1), attention_mask
-        (B, T) of 1 = real token -> normed block states (B, A, block_size, H)."""
+        (B, T) of 1 = real token -> normed block states (B, A, block_size, H). context_kv: `inject` of the
+        context at positions 0..T-1, when the caller keeps it for several calls."""
         batch, length = context.shape[:2]  # the context may stop before input_ids (at the last anchor)
         size = self.config.block_size
-        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+        if context_kv is None:
+            context_kv = self.inject(
+                context, torch.arange(length, device=input_ids.device).expand(batch, length)
+            )
         block_ids, block_positions = block_layout(input_ids, anchors, size)
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         valid = mask[:, :length].bool()  # (B, T)
         allowed = block_mask(anchors, valid, size)  # (B, A*bs, T + A*bs)
-        hidden = self(
-            block_ids, block_positions, self.inject(context, positions), additive_mask(allowed, context.dtype)
-        )
+        hidden = self(block_ids, block_positions, context_kv, additive_mask(allowed, context.dtype))
         return hidden.view(batch, anchors.shape[1], size, -1)
 
 

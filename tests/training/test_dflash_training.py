@@ -220,6 +220,7 @@ def test_evaluation_walks_blocks_at_every_anchor(tiny_llama, monkeypatch):
     attention = torch.stack([torch.arange(width) < len(s) for s in seqs]).long()
     loss_mask = attention.clone()
     loss_mask[:, :5] = 0  # the prompts
+    loss_mask[:, 15:18] = 0  # as a user turn inside: drafts of those tokens count as wrong, right or not
     batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask}
     objective = DFlashObjective(head.train().requires_grad_(True), DFlashLossConfig())
     target = FrozenTarget(model, "tiny")

@@ -143,22 +143,34 @@ class DFlashObjective(Objective):
             "correct": correct.cpu(),  # (bs-1,)
             "count": count.cpu(),  # (bs-1,)
             **chain_counts(hits[:, ok]),  # the chain of one block: its positions in order
-            **self._walk(model, cap, batch),
+            **self._walk(cap, batch),
         }
 
-    def _walk(self, model, cap, batch) -> dict[str, Tensor]:
-        """`walked_counts` over blocks at EVERY anchor (decoding's walk needs each one it may land on),
-        WALK_QUERIES block queries per forward."""
+    @torch.no_grad()
+    def _walk(self, cap, batch: dict) -> dict[str, Tensor]:
+        """`walked_counts` over blocks at EVERY anchor (decoding's walk needs each one it may land on): the
+        context fused and injected once, then WALK_QUERIES block queries per forward, each block position's
+        top-1 against the target's greedy token (as `BlockModel` scores `hits`)."""
+        head, size = self.head, self.head.config.block_size
         anchor_ok = candidates(batch)  # (B, T)
         batch_size, length = anchor_ok.shape
-        size = self.head.config.block_size
+        context = head.fuse(cap.hidden)  # (B, T, H)
+        kv = head.inject(context, torch.arange(length, device=context.device).expand(batch_size, length))
+        target_top = cap.logits.argmax(-1)  # (B, T)
         correct = torch.zeros(size - 1, batch_size, length, dtype=torch.bool, device=anchor_ok.device)
         per = max(WALK_QUERIES // (batch_size * size), 1)  # anchors per forward
         for first in range(0, length, per):
             span = torch.arange(first, min(first + per, length), device=anchor_ok.device)  # (A,)
             ok = anchor_ok[:, span]  # (B, A)
-            if ok.any():
-                correct[:, :, span] = model(cap.hidden, cap.logits, batch, span.expand(batch_size, -1), ok)[3]
+            if not ok.any():
+                continue
+            anchors = span.expand(batch_size, -1)  # (B, A)
+            blocks = head.predict_blocks(context, batch["input_ids"], anchors, batch["attention_mask"], kv)
+            valid = block_valid(batch["loss_mask"], anchors, ok, size)  # (B, A, bs-1)
+            targets = block_targets(target_top, anchors, size)  # (B, A, bs-1)
+            for j in range(size - 1):  # one position's (B, A, V) logits at a time
+                right = head.logits(blocks[:, :, j + 1]).argmax(-1) == targets[:, :, j]  # (B, A)
+                correct[j][:, span] = right & valid[:, :, j]
         return walked_counts(correct, anchor_ok & answer_roots(batch))
 
     def summarize(self, counts):
