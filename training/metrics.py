@@ -40,22 +40,29 @@ def counts_to_accuracy(correct: Tensor, total: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def medusa_top1_correct(logits: list[Tensor], input_ids: Tensor, loss_mask: Tensor) -> Tensor:
-    """Whether each head's top-1 is right, at every position whose next token (t+1) is a target.
-
-    Returns (K, N) bool for `simulated_chain_tau`; a head whose target t+2+k is masked or past the
-    end counts as wrong there, since a chain cannot be accepted beyond it.
-    """
+def medusa_chains(logits: list[Tensor], input_ids: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Whether each head's top-1 is right at every position: (right (K, B, T) bool, anchor (B, T) bool, the
+    positions whose next token (t+1, the chain's root) is a target). A head whose target t+2+k is masked
+    or past the end counts as wrong there, since a chain cannot be accepted beyond it."""
     if not logits:
-        return torch.zeros(0, 0, dtype=torch.bool)
+        return torch.zeros(0, *input_ids.shape, dtype=torch.bool), torch.zeros_like(
+            input_ids, dtype=torch.bool
+        )
     seq_len = logits[0].shape[1]
     _, anchor = shifted_targets(input_ids, loss_mask, 1, seq_len)  # (B, T): target's own token counts
     rows = []
     for k, logits_k in enumerate(logits):
         targets, valid = shifted_targets(input_ids, loss_mask, medusa_offset(k), seq_len)  # (B, T)
-        right = (logits_k.argmax(dim=-1) == targets) & valid
-        rows.append(right[anchor])  # (N,)
-    return torch.stack(rows).cpu()
+        rows.append((logits_k.argmax(dim=-1) == targets) & valid)
+    return torch.stack(rows), anchor
+
+
+def medusa_top1_correct(logits: list[Tensor], input_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """`medusa_chains` at the anchors: (K, N) bool for `simulated_chain_tau`."""
+    if not logits:
+        return torch.zeros(0, 0, dtype=torch.bool)
+    right, anchor = medusa_chains(logits, input_ids, loss_mask)
+    return right[:, anchor].cpu()
 
 
 def simulated_chain_tau(correct_top1: Tensor) -> float:

@@ -127,7 +127,10 @@ def test_medusa_counts_score_chains_against_the_targets_next_greedy_token() -> N
     agrees[0, torch.arange(5), INPUT_IDS[0, 1:]] = 1.0  # argmax at t = input_ids[t+1]
     counts = medusa_counts(logits, batch, [1], agrees)
     assert float(counts["tau_sum"] / counts["positions"]) == pytest.approx(2.0)
+    # decoding's walk: the pass at t=0 accepts all 3 heads, the next would start at t=4, past the answer
+    assert (counts["walk_tokens"].item(), counts["walk_passes"].item()) == (4.0, 1.0)
     disagrees = torch.zeros(1, 6, V)
     disagrees[0, :, 1] = 1.0  # always token 1, which no head ever predicts
     counts = medusa_counts(logits, batch, [1], disagrees)
     assert float(counts["tau_sum"] / counts["positions"]) == pytest.approx(1.0)
+    assert (counts["walk_tokens"].item(), counts["walk_passes"].item()) == (4.0, 4.0)  # one token a pass

@@ -12,8 +12,9 @@ from spechead.training.metrics import (
     chain_counts,
     chain_summary,
     counts_to_accuracy,
-    medusa_top1_correct,
+    medusa_chains,
     medusa_topk_counts,
+    walked_counts,
 )
 from spechead.training.objectives.base import Objective, Recipe, mean_metric
 
@@ -39,11 +40,12 @@ def medusa_counts(
     if target_logits is not None:  # token t+1 := the target's argmax at t
         greedy = target_logits.argmax(-1)  # (B, T)
         accepted = torch.cat([accepted[:, :1], greedy[:, :-1]], dim=1)
-    chain = medusa_top1_correct(logits, accepted, batch["loss_mask"])  # (K, N)
+    right, anchor = medusa_chains(logits, accepted, batch["loss_mask"])  # (K, B, T), (B, T)
     return {
         "correct": correct,  # (K, len(topk))
         "total": total,  # (K,)
-        **chain_counts(chain),
+        **chain_counts(right[:, anchor].cpu()),
+        **walked_counts(right, anchor),  # the anchor's root (t + 1) is an answer token
     }
 
 
