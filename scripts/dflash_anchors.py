@@ -1,8 +1,8 @@
 """Where a DFlash head's validation tau and its decoded tau part ways, on the target's own greedy answers.
 
-For each prompt the target's greedy answer is decoded twice (plain, and with the head drafting a chain), and
-the head's block is computed at EVERY anchor c of the answer through the training path (`predict_blocks`,
-the same call training's validation makes); a_c = its leading drafts equal to the answer. Printed (and
+For each prompt (its first turn) the target's greedy answer is decoded twice (plain, and with the head
+drafting a chain), and the head's block is computed at EVERY anchor c of the answer through the training
+path (`predict_blocks`, the call training's validation makes); a_c = its leading drafts equal to the answer. Printed (and
 written as JSON with --out):
 - all_anchor_tau: the mean of 1 + a_c over every anchor: what training's validation chain tau counts;
 - path_tau: 1 + a_c over the anchors decoding visits (c -> c + 1 + a_c from the prompt's last token), and
