@@ -97,7 +97,7 @@ def analyse(target: str, head_dir: str, prompts: list[list[int]], max_new_tokens
         every += [1 + a for a in right.values()]
         visited += walk[:-1]
         decoded += passes[:-1]
-        equal.append(walk[:-1] == passes[: len(walk) - 1])
+        equal.append(walk[:-1] == passes[:-1])  # the final pass aside, cut by the answer's end
         swapped = seq.clone()
         swapped[len(ids) :] = torch.randint(0, head.config.vocab_size, (len(answer),), generator=random)
         first = drafts[:, 0] == seq[anchors + 2]  # [A]
