@@ -233,9 +233,10 @@ def test_evaluation_walks_blocks_at_every_anchor(tiny_llama, monkeypatch):
         correct = torch.zeros(head.config.block_size - 1, *ids.shape, dtype=torch.bool)
         for c in range(width):
             anchors = torch.full((len(seqs), 1), c)
-            correct[:, :, c] = objective.module()(cap.hidden, cap.logits, batch, anchors, anchor_ok[:, [c]])[
+            hits = objective.module()(cap.hidden, cap.logits, batch, anchors, anchor_ok[:, [c]])[
                 3
-            ][..., 0]
+            ]  # (bs-1, B, 1)
+            correct[:, :, c] = hits[..., 0]
     expected = walked_counts(correct, anchor_ok & answer_roots(batch))
     assert correct.any(dim=0).float().mean() > 0.3  # the walk has runs to skip
     assert (
