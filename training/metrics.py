@@ -57,14 +57,6 @@ def medusa_chains(logits: list[Tensor], input_ids: Tensor, loss_mask: Tensor) ->
     return torch.stack(rows), anchor
 
 
-def medusa_top1_correct(logits: list[Tensor], input_ids: Tensor, loss_mask: Tensor) -> Tensor:
-    """`medusa_chains` at the anchors: (K, N) bool for `simulated_chain_tau`."""
-    if not logits:
-        return torch.zeros(0, 0, dtype=torch.bool)
-    right, anchor = medusa_chains(logits, input_ids, loss_mask)
-    return right[:, anchor].cpu()
-
-
 def simulated_chain_tau(correct_top1: Tensor) -> float:
     """Teacher-forced tokens per target pass for a greedy Medusa chain.
 

@@ -10,7 +10,7 @@ from spechead.training.metrics import (
     chain_counts,
     chain_summary,
     counts_to_accuracy,
-    medusa_top1_correct,
+    medusa_chains,
     medusa_topk_counts,
     simulated_chain_tau,
     walked_counts,
@@ -108,7 +108,8 @@ def test_top1_correct_counts_positions_whose_next_token_is_a_target() -> None:
     # Positions t with loss_mask[t+1] = 1: t = 0..3. Head k is right where t+2+k is a valid target
     # and its top-1 matches: head0 t=0,2 (t=1 ranked 1, t=3 -> padding); head1 t=0,1; head2 t=0.
     logits = ranked_logits(3, {(0, 1): 1})
-    correct = medusa_top1_correct(logits, INPUT_IDS, LOSS_MASK)
+    right, anchor = medusa_chains(logits, INPUT_IDS, LOSS_MASK)  # (K, B, T), (B, T)
+    correct = right[:, anchor]  # (K, N)
     assert correct.tolist() == [
         [True, False, True, False],
         [True, True, False, False],
