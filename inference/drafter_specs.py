@@ -22,10 +22,11 @@ from transformers import AutoModelForCausalLM
 from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.families import family_of
 from spechead.heads.formats import is_head_dir
-from spechead.inference.drafters.base import BatchDrafter, Drafter
+from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 
 # DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
@@ -55,12 +56,12 @@ def config_of(name: str, revision: str | None) -> dict:
 
 
 def make_drafter(
-    spec: str | Drafter | BatchDrafter | None, target, *, device, dtype, revision=None, **options
-) -> Drafter | BatchDrafter | None:
+    spec: str | Drafter | RowDrafter | None, target, *, device, dtype, revision=None, **options
+) -> Drafter | RowDrafter | None:
     """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]",
     the target itself with layers skipped (`layer_skip[@skip=2+3]`, `early_exit[@layer=4]`, a drafter file
     from scripts/search_skip.py), a head directory/id, or a draft LM."""
-    if spec is None or isinstance(spec, (Drafter, BatchDrafter)):
+    if spec is None or isinstance(spec, (Drafter, RowDrafter)):
         return spec
     if spec in BUILTIN_DRAFTERS:
         return _builtin(spec, options)
@@ -92,7 +93,7 @@ def make_drafter(
     return DraftModelDrafter(model, **options)
 
 
-def _builtin(name: str, options: dict) -> Drafter:
+def _builtin(name: str, options: dict) -> RowDrafter:
     """A weightless drafter by name; unknown options raise ValueError naming the valid ones."""
     cls = BUILTIN_DRAFTERS[name]
     valid = [k for k in inspect.signature(cls).parameters]
@@ -118,7 +119,7 @@ def cascade_models(spec: str) -> tuple[str, str]:
     return tiny, medium
 
 
-def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> Drafter:
+def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> RowDrafter:
     """A CascadeDrafter from "cascade" (the demo pair) or "cascade:TINY+MEDIUM"; options: CASCADE_OPTIONS."""
     from spechead.inference.drafters.cascade import CascadeDrafter
 
@@ -136,7 +137,7 @@ def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> Draft
     return CascadeDrafter(tiny, medium, **options)
 
 
-def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter | BatchDrafter:
+def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter | RowDrafter:
     """The drafter of a loaded head (target modules attached), as its family registers it.
 
     Without tree options, a HEAD_DIR/tree.json from scripts/build_tree.py is the default tree

@@ -18,8 +18,8 @@ import torch
 from transformers import PreTrainedModel
 
 from spechead.inference.compiling import resolve_compile
-from spechead.inference.drafters.base import BatchDrafter, Drafter
-from spechead.inference.drafters.per_row import rows_drafter
+from spechead.inference.drafters.base import Drafter
+from spechead.inference.drafters.per_row import RowDrafter, rows_drafter
 from spechead.inference.engine.loop import Emitted, decode, depth_for
 from spechead.inference.engine.rows import Row
 from spechead.inference.phase_clock import PhaseClock
@@ -34,8 +34,8 @@ from spechead.inference.text_stream import TextStream
 # measured best for `batch` rows on this device, or None when plain batched decoding pays best; what was
 # measured), its parts timed as a generator with these compile settings runs them
 BatchTreePicker = Callable[
-    [PreTrainedModel, Drafter | BatchDrafter, torch.Tensor, int, "bool | str", "bool | str"],
-    tuple[Drafter | BatchDrafter | None, dict],
+    [PreTrainedModel, Drafter | RowDrafter, torch.Tensor, int, "bool | str", "bool | str"],
+    tuple[Drafter | RowDrafter | None, dict],
 ]
 
 
@@ -80,7 +80,7 @@ class SpeculativeGenerator:
         self,
         target: PreTrainedModel,
         tokenizer,
-        drafter: Drafter | BatchDrafter | None = None,
+        drafter: Drafter | RowDrafter | None = None,
         *,
         cache: str | None = None,
         max_cache_len: int | None = None,
@@ -117,7 +117,7 @@ class SpeculativeGenerator:
         # what measures that tree (tuning/batch_tree.py, plugged in by loading.py); None: the tree stays
         self.batch_tree_picker: BatchTreePicker | None = PLUGINS.batch_tree
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
-        self._batch_drafters: dict[int, Drafter | BatchDrafter | None] = {}  # None: plain decoding pays best
+        self._batch_drafters: dict[int, Drafter | RowDrafter | None] = {}  # None: plain decoding pays best
         self.compile = compile
         self.max_cache_len = max_cache_len
         # the target's runner: every batch size when eager; compiled (fixed rows), a batch of one's, and
@@ -293,7 +293,7 @@ class SpeculativeGenerator:
         max_new: Sequence[int],
         params: Sequence[SamplingParams],
         stats: Sequence[GenerationStats],
-        drafter: Drafter | BatchDrafter | None,
+        drafter: Drafter | RowDrafter | None,
     ) -> Iterator[Emitted]:
         """The engine's passes over these rows (checked), gradients off while it runs: the caller's grad
         mode between its yields (a stream's consumer runs there)."""
@@ -311,7 +311,7 @@ class SpeculativeGenerator:
         return torch.inference_mode()(_drain)(passes)
 
     def _runner(
-        self, drafter: Drafter | BatchDrafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]
+        self, drafter: Drafter | RowDrafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]
     ) -> TargetRunner:
         """The target's runner for these rows, capturing the drafter's layers and sized for every row (a
         fixed cache too small for a row: ValueError naming it)."""
@@ -328,7 +328,7 @@ class SpeculativeGenerator:
         runner.reserve([len(p) for p in prompts], list(max_new), drafter.max_nodes if drafter else 1)
         return runner
 
-    def _drafter_for_batch(self, batch: int) -> Drafter | BatchDrafter | None:
+    def _drafter_for_batch(self, batch: int) -> Drafter | RowDrafter | None:
         """The drafter with the tree measured best for `batch` rows here, once per size (see generate_batch)."""
         drafter, accuracy, pick = self.drafter, self.tree_accuracy, self.batch_tree_picker
         if batch == 1 or drafter is None or accuracy is None or pick is None or not drafter.tunes_tree:

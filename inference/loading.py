@@ -36,9 +36,10 @@ from spechead.inference.drafter_specs import (
     is_cascade,
     make_drafter,
 )
-from spechead.inference.drafters.base import BatchDrafter, Drafter
+from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec
 from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.generator import PLUGINS
 from spechead.inference.memory_fit import check_target_fits
 from spechead.inference.tuning.batch_tree import drafter_for_generator
@@ -63,7 +64,7 @@ def merge_head_adapter(target, head_dir: str):
 def load_generator(
     cls,
     target: str,
-    drafter: str | Drafter | BatchDrafter | None = None,
+    drafter: str | Drafter | RowDrafter | None = None,
     *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = "auto",
@@ -184,7 +185,7 @@ def load_generator(
 
 def calibrated_drafter(
     target, drafter, saved: dict | None, timed_as: TimedAs | None = None
-) -> tuple[Drafter | BatchDrafter, dict | None, torch.Tensor | None]:
+) -> tuple[Drafter | RowDrafter, dict | None, torch.Tensor | None]:
     """A head's drafter with the static tree of the best expected speedup measured on the target's device,
     what was measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
 

@@ -1,24 +1,19 @@
-"""The one interface every drafter implements for SpeculativeGenerator.
+"""The one interface the decoding engine talks to: `Drafter`, over B rows (a batch of one is a batch).
 
-Timeline of one sequence (batch 1): the prompt is prefilled into the target's cache; the target's
-next token becomes the ROOT (emitted, not yet cached). Each step the drafter proposes a tree rooted at
-the root; the target verifies all nodes in one pass; the accepted path (root + accepted drafts) is
-kept in the target cache and `accept` tells the drafter which tokens became real, with the target's
-hidden states at those positions, and the new root. Just before `accept`, the optional `verified` hook
-hands over the target's logits at EVERY node of the tree it verified (lookahead decoding reads its Jacobi
-guesses there); drafters that only need the accepted path ignore it. The loop itself calls
-`accept_path` (the path's tokens as a host list, the states of EVERY node and the path's indices): its
-default takes the path's rows and calls `accept`, so a drafter implements `accept` alone; EAGLE overrides
-it to fuse its input features over the whole tree first (fewer ops a pass than a slice per layer).
+Timeline of one row: the prompt is prefilled into the target's cache; the target's next token becomes
+the ROOT (emitted, not yet cached). Each pass the drafter proposes a tree rooted at each row's root
+(`propose` -> `BatchDraft`); the target verifies all nodes in one pass; the accepted path (root +
+accepted drafts) is kept in the target cache and `accept_paths` tells the drafter which tokens became
+real, with the target's hidden states, and the new roots. `keep` drops finished rows; `start` begins new
+sequences. The optional `verified` hook hands over the target's logits at EVERY node of the trees it
+verified (lookahead decoding reads its Jacobi guesses there), before the accept.
 
-The decoding loop (a batch of one is a batch) talks to a `BatchDrafter`, the same timeline for B rows
-at once (start / propose / accept over all active rows, `keep` when rows finish). A drafter with heads is
-one itself (EAGLE, Medusa: one head call over every row, a batch of one through the same class); a drafter
-that is per row by nature (prompt lookup, lookahead, draft models) implements the batch-1 `Drafter` and
-runs through `per_row.rows_drafter`'s `RowLoopDrafter`, a per-row clone of the drafter (own state, shared
-weights) in a Python loop. Both kinds share `DrafterBase`, what the generator reads of any drafter. Either
-way row b's tree must be the tree its batch-1 run would propose (up to float rounding of batched matmuls),
-and a drafter that samples draws only from row b's own generator, so every row keeps its batch-1 output.
+A drafter with heads implements `Drafter` itself (EAGLE, Medusa, P-EAGLE, DFlash: one head call over
+every row). A drafter that is per row by nature (prompt lookup, lookahead, draft models) implements
+`per_row.RowDrafter`, the same timeline for one row, and the engine runs it through `per_row.rows_drafter`
+(a per-row clone each, shared weights). Either way row b's tree must be the tree its batch-1 run would
+propose (up to float rounding of batched matmuls), and a drafter that samples draws only from row b's own
+generator, so every row keeps its batch-1 output. `DrafterBase` is what the generator reads of either.
 """
 
 from __future__ import annotations
@@ -59,9 +54,8 @@ class Draft:
 
 
 class DrafterBase:
-    """What the generator reads of any drafter, a batch-1 `Drafter` or a `BatchDrafter` (one that drafts B
-    rows itself, a batch of one too: EAGLE, Medusa): the target layers it reads, its static tree, its
-    largest tree, the target check and compiling."""
+    """What the generator reads of any drafter, a `Drafter` or a per-row `RowDrafter`: the target layers
+    it reads, its static tree, its largest tree, the target check and compiling."""
 
     #: HF hidden-state indices of the target the drafter reads (captured during prefill and verify).
     hidden_layers: tuple[int, ...] = ()
@@ -86,46 +80,6 @@ class DrafterBase:
     def use_compile(self, compile: bool | str) -> None:  # noqa: B027
         """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
         it; default: nothing to compile)."""
-
-
-class Drafter(DrafterBase, ABC):
-    """Proposes token trees for one row; keeps whatever state (caches) it needs consistent with what was
-    accepted."""
-
-    @abstractmethod
-    def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
-        """A new sequence: prompt ids [T] now in the target cache, target states {layer: [T, H]}, root."""
-
-    @abstractmethod
-    def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        """A tree rooted at `root` (the last emitted token)."""
-
-    @abstractmethod
-    def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
-        """tokens [K] (root + accepted drafts) joined the target cache with states {layer: [K, H]}."""
-
-    def accept_path(
-        self, tokens: list[int], hidden: dict[int, torch.Tensor], path: list[int], next_root: int
-    ) -> None:
-        """`accept` as the decoding loop calls it: the path's tokens [K] as a host list (root first), the
-        target's states at EVERY node of the verified tree {layer: [1, N, H]} and the path's node indices
-        [K] (ascending, 0 first). By default the path's rows are taken and `accept` is called; a drafter
-        that reads them more cheaply another way (EAGLE: its fused features first, one slice after)
-        overrides it. Either way what the drafter learns is `accept`'s."""
-        self.accept(torch.tensor(tokens), path_states(hidden, path), next_root)
-
-    def verified(self, tree: TokenTree, logits: torch.Tensor) -> None:  # noqa: B027
-        """Optional (default: nothing): the target's logits [N, V] at every node of `tree`, the tree as
-        verified (the proposed one, or its first nodes when cut to fit a fixed cache). Called once per
-        pass, before `accept`, only when decoding goes on; logits stay on the target's device."""
-
-
-def hears_verified(drafter: Drafter | BatchDrafter) -> bool:
-    """Whether the decoding loop must call `drafter.verified` (it reads the verified tree's logits: its
-    class overrides the hook of its interface, or the instance was given one); the loop skips the call
-    and its [N, V] view for every other drafter."""
-    hook = BatchDrafter.verified if isinstance(drafter, BatchDrafter) else Drafter.verified
-    return type(drafter).verified is not hook or "verified" in getattr(drafter, "__dict__", {})
 
 
 def path_index(path: list[int], device: torch.device) -> slice | torch.Tensor:
@@ -219,9 +173,9 @@ class BatchDraft:
         return cls(roots, torch.full((batch, 1), -1, dtype=torch.long, device=roots.device), [1] * batch)
 
 
-class BatchDrafter(DrafterBase, ABC):
+class Drafter(DrafterBase, ABC):
     """Drafts for B rows at once, a batch of one too (see the module doc): a drafter with heads itself
-    (EAGLE, Medusa), or per-row drafters behind `per_row.RowLoopDrafter`.
+    (EAGLE, Medusa, P-EAGLE, DFlash), or per-row drafters behind `per_row.RowLoopDrafter`.
 
     Rows are indexed 0..B-1 in the decoding loop's current order; `keep` drops finished rows; `start`
     begins new sequences (whatever rows came before).
@@ -259,7 +213,7 @@ class BatchDrafter(DrafterBase, ABC):
 
     def verified(self, draft: BatchDraft, logits: torch.Tensor) -> None:  # noqa: B027
         """Optional (default: nothing): the target's logits [B, N, V] at every node of `draft` as
-        verified, right after the pass and before the next `accept` (see `Drafter.verified`)."""
+        verified, right after the pass and before the next `accept` (see `RowDrafter.verified`)."""
 
     def accept_paths(
         self,

@@ -24,14 +24,15 @@ from transformers import DynamicCache, PreTrainedModel
 
 from spechead.heads.hybrid import check_attention_only
 from spechead.inference.acceptance import greedy_accept, sample_accept
-from spechead.inference.drafters.base import Draft, Drafter, chain
+from spechead.inference.drafters.base import Draft, chain
 from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.stops import eos_ids, until_stop
 
 
-class CascadeDrafter(Drafter):
+class CascadeDrafter(RowDrafter):
     """Chains of `num_draft` tokens: the medium model's output, itself drafted by the tiny model in
     chains of `tiny_draft` tokens. Both models must share the target's tokenizer."""
 

@@ -33,7 +33,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from spechead.heads.hybrid import check_attention_only
-from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.base import Draft
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
 from spechead.inference.sampling import SamplingParams, sample, target_probs
 from spechead.inference.sliding import layer_masks, sliding_layout
@@ -83,7 +84,7 @@ def width_tree(widths: list[int]) -> StaticTree:
     return tree_from_choices(paths)
 
 
-class DraftModelDrafter(Drafter):
+class DraftModelDrafter(RowDrafter):
     """Chains or token trees from a small causal LM with its own KV cache (kept to committed tokens)."""
 
     def __init__(

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import torch
 
-from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.base import Draft
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
 
@@ -120,7 +121,7 @@ def window_nodes(window: Window, offset: int) -> tuple[list[int], list[int], lis
     return tokens, parents, at
 
 
-class LookaheadDrafter(Drafter):
+class LookaheadDrafter(RowDrafter):
     """Lookahead decoding: a `window` x (`ngram` - 1) Jacobi window and up to `candidates` pool n-grams.
 
     pool_size: continuations kept per first token. pool_from_prompt: seed the pool with the prompt's

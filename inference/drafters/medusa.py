@@ -22,7 +22,7 @@ from spechead.heads.fused import fused_medusa_logits
 from spechead.heads.grad import inference_mode
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.devices import host_ids, host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.drafters.topk import Chunk, resolve_chunk, topk_rows
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import depth_first, tree_from_choices
@@ -38,7 +38,7 @@ DEFAULT_MEDUSA_CHOICES: list[list[int]] = [
 ]  # fmt: skip
 
 
-class MedusaDrafter(BatchDrafter):
+class MedusaDrafter(Drafter):
     """Static-tree drafting with Medusa heads for B rows (children deterministic: lossless rule A when
     sampling). Row b's tree is the tree a batch of one of that row proposes."""
 

@@ -23,7 +23,7 @@ from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 
-class ParallelDrafter(BatchDrafter):
+class ParallelDrafter(Drafter):
     """B rows' static block trees from one head forward a pass; children deterministic (rule A when
     sampling). A subclass drafts in `_draft` (host bookkeeping around `_draft_fn`) and `_tokens`."""
 

@@ -1,29 +1,72 @@
-"""Drafters that are per row by nature (prompt lookup, lookahead, draft models, ...) behind the one batched
-interface: a per-row clone of the drafter each (own state, the SAME modules: weights shared, not copied)
-making exactly the calls of a batch-1 run, so row b proposes its batch-1 trees and draws only from its
-own generator; a batch of one uses the drafter itself. A drafter that is a `BatchDrafter` itself (EAGLE,
-Medusa) needs none of this: `rows_drafter` hands it back as it is."""
+"""Drafters that are per row by nature (prompt lookup, lookahead, draft models, ...): what they implement
+(`RowDrafter`, one row's timeline) and the adapter that puts them behind the engine's one interface
+(`base.Drafter`): a per-row clone of the drafter each (own state, the SAME modules: weights shared, not
+copied) making exactly the calls of a batch-1 run, so row b proposes its batch-1 trees and draws only
+from its own generator; a batch of one uses the drafter itself. A `Drafter` (EAGLE, Medusa, P-EAGLE,
+DFlash) needs none of this: `rows_drafter` hands it back as it is."""
 
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from spechead.heads.grad import inference_mode
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter, Draft, Drafter, hears_verified
+from spechead.inference.drafters.base import BatchDraft, Draft, Drafter, DrafterBase, path_states
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.tree import TokenTree
 
 
-def rows_drafter(drafter: Drafter | BatchDrafter) -> BatchDrafter:
-    """The batched drafter the engine runs: a `BatchDrafter` as it is (any B; its `start` resets it), a
-    batch-1 drafter behind per-row clones (`RowLoopDrafter`)."""
-    return drafter if isinstance(drafter, BatchDrafter) else RowLoopDrafter(drafter)
+class RowDrafter(DrafterBase, ABC):
+    """What a drafter that is per row by nature implements (the engine runs it through `rows_drafter`):
+    it proposes token trees for one row; keeps whatever state (caches) it needs consistent with what was
+    accepted."""
+
+    @abstractmethod
+    def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
+        """A new sequence: prompt ids [T] now in the target cache, target states {layer: [T, H]}, root."""
+
+    @abstractmethod
+    def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+        """A tree rooted at `root` (the last emitted token)."""
+
+    @abstractmethod
+    def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
+        """tokens [K] (root + accepted drafts) joined the target cache with states {layer: [K, H]}."""
+
+    def accept_path(
+        self, tokens: list[int], hidden: dict[int, torch.Tensor], path: list[int], next_root: int
+    ) -> None:
+        """`accept` as the decoding loop calls it: the path's tokens [K] as a host list (root first), the
+        target's states at EVERY node of the verified tree {layer: [1, N, H]} and the path's node indices
+        [K] (ascending, 0 first). By default the path's rows are taken and `accept` is called; a drafter
+        that reads them more cheaply another way overrides it. Either way what it learns is `accept`'s."""
+        self.accept(torch.tensor(tokens), path_states(hidden, path), next_root)
+
+    def verified(self, tree: TokenTree, logits: torch.Tensor) -> None:  # noqa: B027
+        """Optional (default: nothing): the target's logits [N, V] at every node of `tree`, the tree as
+        verified (the proposed one, or its first nodes when cut to fit a fixed cache). Called once per
+        pass, before `accept`, only when decoding goes on; logits stay on the target's device."""
 
 
-def clone_drafter(drafter: Drafter) -> Drafter:
+def hears_verified(drafter: Drafter | RowDrafter) -> bool:
+    """Whether the decoding loop must call `drafter.verified` (it reads the verified tree's logits: its
+    class overrides the hook of its interface, or the instance was given one); the loop skips the call
+    and its [N, V] view for every other drafter."""
+    hook = Drafter.verified if isinstance(drafter, Drafter) else RowDrafter.verified
+    return type(drafter).verified is not hook or "verified" in getattr(drafter, "__dict__", {})
+
+
+def rows_drafter(drafter: Drafter | RowDrafter) -> Drafter:
+    """The drafter the engine runs: a `Drafter` as it is (any B; its `start` resets it), a `RowDrafter`
+    behind per-row clones (`RowLoopDrafter`)."""
+    return drafter if isinstance(drafter, Drafter) else RowLoopDrafter(drafter)
+
+
+def clone_drafter(drafter: RowDrafter) -> RowDrafter:
     """A per-row copy of `drafter`: its own state, the SAME modules (weights are shared, not copied)."""
     memo: dict[int, object] = {}
 
@@ -39,13 +82,13 @@ def clone_drafter(drafter: Drafter) -> Drafter:
     return copy.deepcopy(drafter, memo)
 
 
-class RowLoopDrafter(BatchDrafter):
-    """Drafters that are per row by nature behind the `BatchDrafter` interface: B per-row clones (a batch
-    of one: the drafter itself)."""
+class RowLoopDrafter(Drafter):
+    """A `RowDrafter` behind the engine's `Drafter` interface: B per-row clones (a batch of one: the
+    drafter itself)."""
 
-    def __init__(self, drafter: Drafter) -> None:
+    def __init__(self, drafter: RowDrafter) -> None:
         self.drafter = drafter
-        self.rows: list[Drafter] = []
+        self.rows: list[RowDrafter] = []
         self._hears = hears_verified(drafter)
         self._parents: tuple[torch.Tensor, torch.Tensor] | None = None  # a static tree's [N] and [1, N]
 
@@ -101,7 +144,7 @@ class RowLoopDrafter(BatchDrafter):
         paths: Sequence[list[int]],
         next_roots: Sequence[int],
     ) -> None:
-        """Each row's `Drafter.accept_path` with its states over the whole tree {layer: [1, N, H]}."""
+        """Each row's `RowDrafter.accept_path` with its states over the whole tree {layer: [1, N, H]}."""
         for b, row in enumerate(self.rows):
             states = {layer: h[b : b + 1] for layer, h in hidden.items()} if len(self.rows) > 1 else hidden
             row.accept_path(tokens[b], states, paths[b], next_roots[b])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from spechead.inference.drafters.base import Draft, Drafter, chain
+from spechead.inference.drafters.base import Draft, chain
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.sampling import SamplingParams
 
 
@@ -23,7 +24,7 @@ def lookup(tokens: list[int], max_ngram: int, min_ngram: int, num_draft: int) ->
     return []
 
 
-class PromptLookupDrafter(Drafter):
+class PromptLookupDrafter(RowDrafter):
     """n-gram drafting from the prompt and the output so far (a chain, deterministic children)."""
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_draft: int = 8):

@@ -27,7 +27,7 @@ import torch
 
 from spechead.inference.acceptance import Acceptance
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.engine.accept import accept_queued, accept_rows, queues
 from spechead.inference.engine.rows import Row, take
 from spechead.inference.phase_clock import PhaseClock
@@ -72,7 +72,7 @@ class Heard:
 
 
 def depth_for(
-    runner: TargetRunner, drafter: BatchDrafter | None, rows: Sequence[Row], ahead: bool, on_device: bool,
+    runner: TargetRunner, drafter: Drafter | None, rows: Sequence[Row], ahead: bool, on_device: bool,
     rule: str = "deterministic",
 ) -> int:  # fmt: skip
     """Where the loop reads the device (see the module): 0 read first; 1 the next draft queued where the
@@ -89,7 +89,7 @@ def depth_for(
 
 def decode(
     runner: TargetRunner,
-    drafter: BatchDrafter | None,
+    drafter: Drafter | None,
     rows: list[Row],
     eos: set[int],
     clock: PhaseClock,
@@ -145,7 +145,7 @@ def decode(
         row.stats.take_times(spent)
 
 
-def _propose(drafter: BatchDrafter | None, rows: list[Row], heard: Heard | None) -> BatchDraft:
+def _propose(drafter: Drafter | None, rows: list[Row], heard: Heard | None) -> BatchDraft:
     """Read first: the drafter hears the last pass, then drafts every row's tree from its root (host)."""
     roots = [r.root for r in rows]
     if drafter is None:  # plain decoding: every tree is its root
@@ -157,7 +157,7 @@ def _propose(drafter: BatchDrafter | None, rows: list[Row], heard: Heard | None)
 
 
 def _pass(
-    runner: TargetRunner, drafter: BatchDrafter | None, draft: BatchDraft, rows: list[Row], depth: int, on_device: bool,
+    runner: TargetRunner, drafter: Drafter | None, draft: BatchDraft, rows: list[Row], depth: int, on_device: bool,
     clock: PhaseClock,
 ) -> tuple[Flight, BatchDraft | None]:  # fmt: skip
     """Verify every row's tree, accept and commit: read now (depth 0), else left on the device with the
@@ -190,7 +190,7 @@ def _pass(
 
 
 def _read(
-    flight: Flight, runner: TargetRunner, drafter: BatchDrafter | None, eos: set[int]
+    flight: Flight, runner: TargetRunner, drafter: Drafter | None, eos: set[int]
 ) -> tuple[Emitted, Heard | None]:
     """The host reads a pass's acceptance (the pass's one wait): each row takes its tokens, the runner's
     and the drafter's counts follow a queued commit; read first, what the drafter is to hear next."""

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spechead.inference.drafters.base import BatchDrafter, Drafter
+from spechead.inference.drafters.base import Drafter
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tuning.calibrate import EAGER, TimedAs
 from spechead.inference.tuning.tree_search import expected_accept_length
@@ -41,7 +42,7 @@ IN_SITU_KEEP_MARGIN = 0.02
 
 def pass_ms_by_drafter(
     target: PreTrainedModel,
-    drafters: list[Drafter | BatchDrafter | None],
+    drafters: list[Drafter | RowDrafter | None],
     prompt: torch.Tensor,
     new_tokens: int = 32,
     rounds: int = 3,
@@ -86,7 +87,7 @@ def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0
 
 def in_situ_choice(
     target: PreTrainedModel,
-    drafter_for: Callable[[Choices], Drafter | BatchDrafter],
+    drafter_for: Callable[[Choices], Drafter | RowDrafter],
     accuracy: torch.Tensor,
     candidates: list[Choices],
     keep: Choices | None = None,
@@ -107,7 +108,7 @@ def in_situ_choice(
     context = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
     length = min(64, context // 2)
     prompt, new_tokens = self_written_prompt(target, length), max(1, min(new_tokens, context - length))
-    drafters: list[Drafter | BatchDrafter | None] = [None, *(drafter_for(c) for c in candidates)]
+    drafters: list[Drafter | RowDrafter | None] = [None, *(drafter_for(c) for c in candidates)]
     plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens, batch=batch, timed_as=timed_as)
     accept = [float(expected_accept_length(accuracy, c)) for c in candidates]
     kept = candidates.index(keep) if keep is not None and keep in candidates else None

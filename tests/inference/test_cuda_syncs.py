@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from spechead.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHead
-from spechead.inference.drafters.base import BatchDrafter, Drafter
+from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
-from spechead.inference.drafters.per_row import rows_drafter
+from spechead.inference.drafters.per_row import RowDrafter, rows_drafter
 from spechead.inference.evaluation.profiling import count_syncs
 from spechead.inference.generator import SpeculativeGenerator
 
@@ -70,7 +70,7 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
                 target_num_layers=cfg.num_hidden_layers,
             )
         )
-        drafter: Drafter | BatchDrafter = MedusaDrafter(medusa.to("cuda"), choices)
+        drafter: Drafter | RowDrafter = MedusaDrafter(medusa.to("cuda"), choices)
     else:
         head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
         head.attach_target_modules(

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead, MedusaConfig, MedusaHead
-from spechead.inference.drafters.base import Draft, Drafter
+from spechead.inference.drafters.base import Draft
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
@@ -21,7 +22,7 @@ from spechead.inference.tree import TokenTree
 from .distributions import sampling_tv
 
 
-class OracleDrafter(Drafter):
+class OracleDrafter(RowDrafter):
     """Test drafter: proposes the reference continuation with corrupted tokens and wrong siblings."""
 
     def __init__(self, reference: list[int], vocab: int, depth: int, seed: int):

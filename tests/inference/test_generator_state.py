@@ -9,8 +9,9 @@ import torch
 from transformers import DynamicCache
 
 from spechead.heads import Eagle3Config, Eagle3Head, EagleConfig, EagleHead
-from spechead.inference.drafters.base import BatchDraft, Draft, Drafter, chain
+from spechead.inference.drafters.base import BatchDraft, Draft, chain
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, sample, target_probs
 from spechead.inference.target.runner import TargetRunner
@@ -35,7 +36,7 @@ def split_lengths(emitted: int, full: int) -> list[int]:
     return [full] * (emitted // full) + ([emitted % full] if emitted % full else [])
 
 
-class ReferenceChain(Drafter):
+class ReferenceChain(RowDrafter):
     """Drafts the next `depth` tokens of a known continuation (the target's own greedy tokens)."""
 
     def __init__(self, reference: list[int], depth: int):
@@ -85,7 +86,7 @@ def test_plain_decoding_counts_one_pass_per_token(setup):
         assert stats.drafted_tokens == 0 and (n == 1 or stats.tau == 1.0)
 
 
-class SelfSampler(Drafter):
+class SelfSampler(RowDrafter):
     """Samples a chain from the target's own distribution (q = p up to rounding, so rule B accepts
     every draft) by re-running the target on the whole committed sequence."""
 
@@ -185,7 +186,7 @@ def one_tree(tree: TokenTree) -> BatchDraft:
 
 class ByAccept(EagleWithReferenceBranch):
     """The same drafter with an `accept` of its own: the loop's paths reach it through the default
-    `BatchDrafter.accept_paths`, which gathers each path's rows of the trees' states."""
+    `Drafter.accept_paths`, which gathers each path's rows of the trees' states."""
 
     accept_paths = EagleDrafter.accept_paths  # (not the counting one above: `accept` counts)
 

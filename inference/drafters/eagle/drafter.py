@@ -34,7 +34,7 @@ from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_ids
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter, path_index
+from spechead.inference.drafters.base import BatchDraft, Drafter, path_index
 from spechead.inference.drafters.eagle.graphs import GRAPH_COMMIT, GraphRows
 from spechead.inference.drafters.eagle.growth import EagleGrowth
 from spechead.inference.drafters.eagle.head_masks import HeadMasks
@@ -49,7 +49,7 @@ from spechead.inference.target.cache import RowCache
 from spechead.inference.tree import StaticTree, TokenTree, causal_inputs_static, tree_from_choices
 
 
-class EagleDrafter(EagleGrowth, BatchDrafter):
+class EagleDrafter(EagleGrowth, Drafter):
     """Drafts token trees for B rows with an EagleHead (EAGLE-1/2) or Eagle3Head; children are the head's
     top-k.
 
@@ -168,7 +168,7 @@ class EagleDrafter(EagleGrowth, BatchDrafter):
         wanted = self._weight.device.type == "cuda" if self.batch_graphs is None else self.batch_graphs
         return batch == 1 or wanted
 
-    # ---- BatchDrafter: read first ----------------------------------------------------------------
+    # ---- Drafter: read first ----------------------------------------------------------------
 
     @inference_mode
     def start(
@@ -250,7 +250,7 @@ class EagleDrafter(EagleGrowth, BatchDrafter):
         elif list(rows) != [0]:
             raise ValueError(f"a batch of one keeps row 0, not {list(rows)}")
 
-    # ---- BatchDrafter: one draft ahead (engine/loop.py), the graphs' ---------------------------------
+    # ---- Drafter: one draft ahead (engine/loop.py), the graphs' ---------------------------------
 
     def queues(self, batch: int) -> bool:
         """Whether `batch` rows accept and draft from device tensors: compiled as graphs, and the commit of

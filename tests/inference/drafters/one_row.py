@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from spechead.inference.drafters.base import BatchDrafter, Draft
+from spechead.inference.drafters.base import Draft, Drafter
 from spechead.inference.sampling import SamplingParams
 
 
 class OneRow:
     """`drafter`'s batch of one: prompt [T], states {layer: [T, H]}, roots as ints, drafts as `Draft`."""
 
-    def __init__(self, drafter: BatchDrafter) -> None:
+    def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
 
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:

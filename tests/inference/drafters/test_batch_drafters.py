@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spechead.heads.fused import grouped_attention as fused_attention
-from spechead.inference.drafters.base import BatchDraft, BatchDrafter
+from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.drafters.eagle import graphs as eagle_graphs
 from spechead.inference.drafters.eagle import growth as eagle_growth_module
 from spechead.inference.drafters.eagle import rows as eagle_rows_module
@@ -82,14 +82,14 @@ def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: boo
     return drafter
 
 
-class OneRowEach(BatchDrafter):
+class OneRowEach(Drafter):
     """The batch-1 reference of a drafter over B rows: a batch of one per row (a clone each: its own state
     over the same heads), so row b proposes the trees its batch of one does (EAGLE's eager or compiled
     batch of one, Medusa's `_one_row`)."""
 
-    def __init__(self, drafter: BatchDrafter) -> None:
+    def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
-        self.rows: list[BatchDrafter] = []
+        self.rows: list[Drafter] = []
 
     def start(self, prompts, hidden, roots) -> None:
         self.rows = [clone_drafter(self.drafter) for _ in prompts]

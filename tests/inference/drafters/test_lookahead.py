@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spechead.inference.drafter_specs import drafter_options
-from spechead.inference.drafters.base import Draft, hears_verified
+from spechead.inference.drafters.base import Draft
 from spechead.inference.drafters.lookahead import (
     LookaheadDrafter,
     candidate_trie,
@@ -18,6 +18,7 @@ from spechead.inference.drafters.lookahead import (
     window_ngrams,
     window_nodes,
 )
+from spechead.inference.drafters.per_row import hears_verified
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, target_probs

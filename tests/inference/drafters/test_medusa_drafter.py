@@ -245,9 +245,9 @@ def test_each_draft_is_its_own_tensor_and_the_heads_may_change_dtype():
 
 
 def test_the_engine_takes_it_as_it_is_with_every_knob_the_generator_reads():
-    """A drafter batched itself: `rows_drafter` hands it back (its `start` resets it), and it carries what the generator reads of any drafter (DrafterBase)."""
-    from spechead.inference.drafters.base import hears_verified
-    from spechead.inference.drafters.per_row import rows_drafter
+    """A `Drafter` itself: `rows_drafter` hands it back (its `start` resets it), and it carries what the
+    generator reads of any drafter (DrafterBase)."""
+    from spechead.inference.drafters.per_row import hears_verified, rows_drafter
 
     head, _, states = controlled_head()
     choices = [[0], [1], [0, 0]]
