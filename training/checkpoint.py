@@ -35,7 +35,8 @@ class TrainState:
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     tokens: int = 0  # tokens seen on all processes
-    best_tau: float = 0.0
+    best_tau: float = 0.0  # OUT/best's validation score (metrics.best_score) and the step it was reached
+    best_step: int = 0
 
 
 def checkpoint_root(output_dir: Path) -> Path:

@@ -138,3 +138,12 @@ def chain_summary(counts: dict[str, Tensor]) -> dict[str, float]:
         out["tau_walked"] = float(counts["walk_tokens"] / counts["walk_passes"].clamp(min=1))
     out.update({f"acc/depth{d + 1}": float(c / n) for d, c in enumerate(counts["depth_correct"])})
     return out
+
+
+def best_score(metrics: dict[str, float]) -> tuple[str, float] | None:
+    """Which validation metric picks OUT/best and its value: `tau_walked` when reported (the tau decoding
+    would see), else `tau`; None when neither is (no validation split)."""
+    for name in ("tau_walked", "tau"):
+        if name in metrics:
+            return name, metrics[name]
+    return None

@@ -22,6 +22,7 @@ from spechead.heads.errors import HeadError
 from spechead.training import checkpoint, tracking
 from spechead.training.decode_eval import DecodeEval, TreeTune
 from spechead.training.errors import TrainError
+from spechead.training.metrics import best_score
 from spechead.training.objectives import Objective
 from spechead.training.settings import TrainSettings
 from spechead.training.setup import Run, setup
@@ -134,13 +135,15 @@ def log(run: Run, meter: Meter, loss: torch.Tensor, logs: dict[str, float]) -> d
 
 
 def evaluate_and_keep_best(run: Run) -> dict[str, float]:
-    """Evaluate on the validation split, report it, and save the head as OUT/best when tau improved."""
+    """Evaluate on the validation split, report it, and save the head as OUT/best when its tau improved
+    (`metrics.best_score`: tau_walked, the one decoding sees, where the family reports it)."""
     metrics = evaluate(
         run.accelerator, run.model, run.objective, run.target, run.val_loader, run.s.trainer.eval_batches
     )
     _report(run.accelerator, run.metrics_file, run.state.step, metrics)
-    if metrics.get("tau", 0.0) > run.state.best_tau:
-        run.state.best_tau = metrics["tau"]
+    best = best_score(metrics)
+    if best is not None and best[1] > run.state.best_tau:
+        run.state.best_tau, run.state.best_step = best[1], run.state.step
         if run.main:
             checkpoint.save_head(run.objective, run.out / "best")
     return metrics
@@ -175,6 +178,11 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
     _drop_wrappers(run)
     acc.end_training()
     acc.print(f"head saved to {head_dir}")
+    best = best_score(last_eval)
+    if best is not None and state.best_step:
+        acc.print(
+            f"best head by {best[0]}: {run.out / 'best'} (step {state.best_step}, {state.best_tau:.3f})"
+        )
     if run.main and run.s.trainer.push_to_hub:
         _push(head_dir, run.s.trainer.push_to_hub, run.s.trainer.push_private)
     acc.print("final: " + _fmt(last_eval))

@@ -7,6 +7,7 @@ import torch
 
 from spechead.training.metrics import (
     answer_roots,
+    best_score,
     chain_counts,
     chain_summary,
     counts_to_accuracy,
@@ -135,3 +136,9 @@ def test_medusa_counts_score_chains_against_the_targets_next_greedy_token() -> N
     counts = medusa_counts(logits, batch, [1], disagrees)
     assert float(counts["tau_sum"] / counts["positions"]) == pytest.approx(1.0)
     assert (counts["walk_tokens"].item(), counts["walk_passes"].item()) == (4.0, 4.0)  # one token a pass
+
+
+def test_best_head_is_picked_by_the_tau_decoding_sees() -> None:
+    assert best_score({"tau": 5.4, "tau_walked": 3.1}) == ("tau_walked", 3.1)
+    assert best_score({"tau": 2.5}) == ("tau", 2.5)  # a family without the walk
+    assert best_score({}) is None  # no validation split

@@ -41,7 +41,13 @@ def test_train_in_process_saves_reloadable_head(tmp_path, tiny_target_dir, chat_
     assert all(r["train/tokens_per_s"] > 0 for r in rows if "train/loss" in r)
     assert {r["step"] for r in rows if "val/tau" in r} == {3, 6}
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003", "step-00000006"]
-    assert (out / "best" / "model.safetensors").is_file()
+    # OUT/best: the head of the evaluation with the highest tau_walked (the tau decoding sees)
+    walked = {r["step"]: r["val/tau_walked"] for r in rows if "val/tau_walked" in r}
+    best_step = max(walked, key=lambda step: (walked[step], -step))  # (the first of equals)
+    state = json.loads((out / "checkpoints" / "step-00000006" / "trainer_state.json").read_text())
+    assert (state["best_step"], state["best_tau"]) == (best_step, walked[best_step])
+    best, final = (load_file(str(out / part / "model.safetensors")) for part in ("best", "head"))
+    assert all(torch.equal(best[k], final[k]) for k in final) == (best_step == 6)
 
 
 def test_loss_goes_down(tmp_path, tiny_target_dir, chat_file, training_kit):
