@@ -35,7 +35,9 @@ class TrainState:
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed
     tokens: int = 0  # tokens seen on all processes
-    best_tau: float = 0.0  # OUT/best's validation score (metrics.best_score) and the step it was reached
+    # OUT/best: the validation metric that picked it (metrics.best_score), its value and step
+    best_by: str = ""
+    best_tau: float = 0.0
     best_step: int = 0
 
 

@@ -141,9 +141,10 @@ def evaluate_and_keep_best(run: Run) -> dict[str, float]:
         run.accelerator, run.model, run.objective, run.target, run.val_loader, run.s.trainer.eval_batches
     )
     _report(run.accelerator, run.metrics_file, run.state.step, metrics)
-    best = best_score(metrics)
-    if best is not None and best[1] > run.state.best_tau:
-        run.state.best_tau, run.state.best_step = best[1], run.state.step
+    best, state = best_score(metrics), run.state
+    # (a run resumed from a checkpoint that kept its best by another metric starts its best anew)
+    if best is not None and (best[1] > state.best_tau or best[0] != state.best_by):
+        state.best_by, state.best_tau, state.best_step = best[0], best[1], state.step
         if run.main:
             checkpoint.save_head(run.objective, run.out / "best")
     return metrics

@@ -45,9 +45,23 @@ def test_train_in_process_saves_reloadable_head(tmp_path, tiny_target_dir, chat_
     walked = {r["step"]: r["val/tau_walked"] for r in rows if "val/tau_walked" in r}
     best_step = max(walked, key=lambda step: (walked[step], -step))  # (the first of equals)
     state = json.loads((out / "checkpoints" / "step-00000006" / "trainer_state.json").read_text())
-    assert (state["best_step"], state["best_tau"]) == (best_step, walked[best_step])
+    assert (state["best_by"], state["best_step"], state["best_tau"]) == (
+        "tau_walked",
+        best_step,
+        walked[best_step],
+    )
     best, final = (load_file(str(out / part / "model.safetensors")) for part in ("best", "head"))
     assert all(torch.equal(best[k], final[k]) for k in final) == (best_step == 6)
+
+    # resumed from a checkpoint whose best was kept by the all-position tau: the best starts anew
+    shutil.rmtree(out / "checkpoints" / "step-00000006")
+    shutil.rmtree(out / "head")
+    old_state = out / "checkpoints" / "step-00000003" / "trainer_state.json"
+    kept = {k: v for k, v in json.loads(old_state.read_text()).items() if k not in ("best_by", "best_step")}
+    old_state.write_text(json.dumps({**kept, "best_tau": 9.0}))
+    train(s)
+    state = json.loads((out / "checkpoints" / "step-00000006" / "trainer_state.json").read_text())
+    assert (state["best_by"], state["best_step"]) == ("tau_walked", 6)
 
 
 def test_loss_goes_down(tmp_path, tiny_target_dir, chat_file, training_kit):
