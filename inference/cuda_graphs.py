@@ -2,8 +2,7 @@
 
 torch.compile's mode "reduce-overhead" also replays CUDA graphs, but every call first evaluates dynamo's
 guards and the CUDA-graph trees' bookkeeping on the host, time the device spends idle when the pass
-synchronises anyway (on an H100, `scripts/bench_gpu.py --compare reduce-overhead`: 0.3 ms more for an 8B
-decode step and for a depth-7 draft, 0.56 ms more for the commit and accept calls of a pass). SGLang
+synchronises anyway (`scripts/bench_gpu.py --compare reduce-overhead` measures it). SGLang
 compiles without CUDA graphs and captures each fixed-shape call itself; so does `GraphedFunction`:
 
     graphed = GraphedFunction(torch.compile(fn, dynamic=False), state=lambda: cache.generation)

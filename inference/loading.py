@@ -87,18 +87,18 @@ def load_generator(
     the static tree with the best expected speedup here (`gen.calibration` says what was measured).
     compile, draft_compile: see SpeculativeGenerator (the target's verify pass and the drafter under
     torch.compile; draft_compile alone: the drafter only, the fastest on a CPU). The default "auto" is
-    "graphs" on CUDA (the eager passes captured as CUDA graphs: an 8B step 7.5 ms, against 52 ms eager
-    on an H200) and False elsewhere (compiling.resolve_compile); compile=False decodes eagerly anywhere.
+    "graphs" on CUDA (the eager passes captured as CUDA graphs: an eager GPU step is bound by its
+    launches) and False elsewhere (compiling.resolve_compile); compile=False decodes eagerly anywhere.
     Graphs that "auto" chose are proven here on a two-token answer: a model whose passes cannot be
     captured (a host read inside its forward) then decodes eagerly, with a RuntimeWarning saying why.
     draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
     draft depth reads; still lossless), before any calibration, so the tree is measured as it will
-    draft; the default "auto" is on for such a head on a GPU with FP8 tensor cores (draft_weights.py:
-    H200, a depth-7 8B-wide draft 1.96 -> 1.38 ms). draft_int8: on a CPU, the head's big per-pass layers
+    draft; the default "auto" is on for such a head on a GPU with FP8 tensor cores (draft_weights.py).
+    draft_int8: on a CPU, the head's big per-pass layers
     in int8 (heads/int8.py: a quarter of the bytes float32 reads; EAGLE / EAGLE-3 per-depth layers,
     Medusa projections; still lossless); the default "auto" is on for a Medusa head on an AVX512 CPU
-    (`int8_by_default`; the demo's Medusa-2: 1.51x -> 1.91x, same tau), off otherwise (an EAGLE-3 draft
-    there is bound by its op count, not its bytes: no gain measured).
+    (`int8_by_default`: its projections are bound by the bytes they read), off otherwise (an EAGLE-3
+    draft there is bound by its op count, not its bytes). Measured: docs/PERFORMANCE.md.
     dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
     checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped

@@ -38,10 +38,9 @@ if TYPE_CHECKING:
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 # A saved tree tuned on this kind of device stays unless another is expected this much faster: trees of
 # a few percent apart in expected speedup trade places with the timing noise of one load to the next, and
-# the tuned tree was decoded while the other is extrapolated from the table (demo heads, 12 loads: the best
-# other tree was expected at most 6.5% faster, a 15-node tree over EAGLE-3's tuned 4-node chain; a load that
-# took such a tree decoded 1.23x, the chain 1.27x and 1.37x in the runs around it). The in-situ stage that
-# follows (pass_timing.py) decodes every candidate alike and keeps the tree with a smaller margin of its own.
+# the tuned tree was decoded while the other is extrapolated from the table (docs/PERFORMANCE.md, "Tree
+# choice at load"). The in-situ stage that follows (pass_timing.py) decodes every candidate alike and keeps
+# the tree with a smaller margin of its own.
 KEEP_MARGIN = 0.10
 # The best trees of the part-by-part model that pass_timing.py then decodes with (its cost grows with them),
 # of different size classes where the ranking allows (`spread`)

@@ -30,13 +30,8 @@ if TYPE_CHECKING:
 Choices = list[list[int]]
 # A tree tuned with the head (decoded first) stays unless another candidate is expected this much faster.
 # Every candidate is decoded and scored alike here, so the margin only has to cover near-ties, which trade
-# places with this stage's noise (then either tree decodes about as fast). On the demo EAGLE-3 head (2-core
-# CPU) its 5-node chain was expected 1.8-8.8% faster than its tuned 7-node tree in 13 loads (4.6% median),
-# and benchmark.py measured it 5% faster; the expected speedups ran ahead of benchmark.py by 7-9%, about
-# alike for every tree. At 10% (the part-by-part model's margin, calibrate.KEEP_MARGIN) the tuned trees of
-# both demo heads stayed although decoding measured the challengers faster (EAGLE-3 1.81x against
-# 1.71-1.74x, Medusa-2 1.99x and 2.05x against 1.84x and 1.87x, bench_overhead.py); at 2% two of the 13
-# loads kept EAGLE-3's tuned tree.
+# places with this stage's noise (then either tree decodes about as fast); 10% kept trees that decoding
+# measured slower (docs/PERFORMANCE.md, "Tree choice at load").
 IN_SITU_KEEP_MARGIN = 0.02
 
 
