@@ -158,7 +158,8 @@ def test_sampling_with_drawn_children_matches_the_target_distribution(setup, sha
         support_head(model, support, PEAK), tree=CHOICES[shape], rule="without_replacement"
     )
     gen = SpeculativeGenerator(model, tok, drafter)
-    tv = sampling_tv(gen, PROMPT, PARAMS, trials=3000, length=3)
+    # (one generate per seed: children are drawn for a batch of one only, batch rows take the top-k)
+    tv = sampling_tv(gen, PROMPT, PARAMS, trials=3000, length=3, rows=1)
     runs = [
         gen.generate(input_ids=PROMPT, max_new_tokens=4, temperature=1.3, top_k=3, seed=s) for s in range(200)
     ]
