@@ -29,7 +29,7 @@ def test_generate_prints_text_and_stats(tiny_target_dir):
 
 
 @pytest.mark.slow
-def test_generate_several_prompts_is_a_batch(tiny_target_dir):
+def test_generate_several_prompts_is_a_batch(tiny_target_dir, script, capsys):
     common = [
         "--target",
         str(tiny_target_dir),
@@ -45,17 +45,22 @@ def test_generate_several_prompts_is_a_batch(tiny_target_dir):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("--- row ") == 2
     row1 = proc.stdout.split("--- row 1\n", 1)[1].rstrip("\n")
-    single = run("generate.py", *common, "--prompt", "Add 2 and 3.")
-    assert single.returncode == 0 and single.stdout.rstrip("\n") == row1  # greedy: row == its batch-1 output
-    js = run("generate.py", *common, "--prompt", "a", "--prompt", "b", "--json")
-    stats = json.loads(js.stdout.strip().splitlines()[-1])
+    # The other runs in this process (main(argv), what the script runs): the process above is the CLI's,
+    # and each process more cost its ~5 s of imports.
+    generate = script("generate")
+    capsys.readouterr()
+    assert generate.main([*common, "--prompt", "Add 2 and 3."]) == 0
+    single = capsys.readouterr()
+    assert single.out.rstrip("\n") == row1  # greedy: row == its batch-1 output
+    assert generate.main([*common, "--prompt", "a", "--prompt", "b", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert isinstance(stats, list) and len(stats) == 2 and all(s["new_tokens"] <= 10 for s in stats)
-    streamed = run("generate.py", *common, "--prompt", "Add 2 and 3.", "--prompt", "a", "--stream")
-    assert streamed.returncode == 0, streamed.stderr[-2000:]
-    pieces = [json.loads(line) for line in streamed.stdout.splitlines()]
+    assert generate.main([*common, "--prompt", "Add 2 and 3.", "--prompt", "a", "--stream"]) == 0
+    streamed = capsys.readouterr()
+    pieces = [json.loads(line) for line in streamed.out.splitlines()]
     assert {p["row"] for p in pieces} == {0, 1}  # one JSON line per piece, each naming its row
     assert "".join(p["text"] for p in pieces if p["row"] == 0) == row1.strip()
-    assert streamed.stderr.count("[tau ") == 2  # each row's stats after the stream
+    assert streamed.err.count("[tau ") == 2  # each row's stats after the stream
 
 
 def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_path, capsys, monkeypatch):
