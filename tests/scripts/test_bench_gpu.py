@@ -25,6 +25,27 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def load_script(monkeypatch):
+    """bench_gpu.py as a module, its sibling modules found as `python scripts/bench_gpu.py` finds them."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def error_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """main(args)'s exit code and stderr, in this process: for errors found before any work (a process
+    costs ~5 s of imports; test_bad_numbers_are_one_error_line runs an error as a process)."""
+    module = load_script(monkeypatch)
+    capsys.readouterr()
+    try:
+        code = module.main(list(args))
+    except SystemExit as err:  # argparse's errors
+        code = err.code
+    return code, capsys.readouterr().err
+
+
 def positive(x: object) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
@@ -189,30 +210,22 @@ def test_bad_numbers_are_one_error_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == ["error: --iters must be >= 1, got 0"]
 
 
-def test_topk_chunk_takes_a_number_auto_or_none(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_topk_chunk_takes_a_number_auto_or_none(monkeypatch, capsys):
+    module = load_script(monkeypatch)
     assert module.parse([]).topk_chunk == "auto"  # the drafters' default
     assert [module.parse(["--topk-chunk", x]).topk_chunk for x in ("64", "none", "auto")] == [
         64,
         None,
         "auto",
     ]
-    proc = run("--tiny", "--device", "cpu", "--topk-chunk", "0", cwd=tmp_path)
-    assert (
-        proc.returncode == 2 and "a chunk is a positive number of ids, auto or none, got '0'" in proc.stderr
-    )
+    code, err = error_in_process(monkeypatch, capsys, "--tiny", "--device", "cpu", "--topk-chunk", "0")
+    assert code == 2 and "a chunk is a positive number of ids, auto or none, got '0'" in err
 
 
 def test_draft_fp8_follows_the_loading_default(monkeypatch):
     """--draft-fp8 auto (the default) drafts in FP8 where from_pretrained does (a GPU with FP8 tensor
     cores; here the CPU put in its place), on / bare --draft-fp8 anywhere, off nowhere."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(monkeypatch)
     from transformers import LlamaConfig
 
     from spechead.heads import Eagle3Config, Eagle3Head
@@ -233,12 +246,7 @@ def test_draft_fp8_follows_the_loading_default(monkeypatch):
 
 
 def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(
-        str(SCRIPT.parent)
-    )  # its sibling module, as `python scripts/bench_gpu.py` finds it
-    spec = importlib.util.spec_from_file_location("bench_gpu_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(monkeypatch)
 
     def broken(fn, **kwargs):
         def compiled(*args, **kw):
@@ -273,7 +281,7 @@ def test_a_failing_compile_still_gives_eager_numbers(tmp_path, monkeypatch, caps
     assert out.count("| failed: RuntimeError: no compiler here") == 3
 
 
-def test_compiled_run_traces_target_and_whole_draft(tmp_path):
+def test_compiled_run_traces_target_and_whole_draft(tmp_path, monkeypatch, capsys):
     """--compile BACKEND --sizes: the target's buckets and the whole-draft graph (depths 1 and D only)."""
     # (--no-stream: the decoded rows are tiny_run's)
     proc = run("--tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--compile", "eager", "--sizes",
@@ -289,10 +297,10 @@ def test_compiled_run_traces_target_and_whole_draft(tmp_path):
     assert r["batch"] == [] and "compare: decode_step_ms" in proc.stdout and "batch (eager" not in proc.stdout
     assert set(r["verify_ms"]) == {"1", "64"} and set(r["propose_ms"]) == {"1", "7"}
     assert r["draft_depth_ms"] == pytest.approx((r["propose_ms"]["7"] - r["propose_ms"]["1"]) / 6)
-    bad = run("--tiny", "--device", "cpu", "--sizes", "1,16", cwd=tmp_path)
-    assert bad.returncode == 2 and "--sizes must hold 1, 64 and --tree-size 64" in bad.stderr
-    alone = run("--tiny", "--device", "cpu", "--compare", "eager", cwd=tmp_path)
-    assert alone.returncode == 2 and alone.stderr.strip().splitlines() == [
+    code, err = error_in_process(monkeypatch, capsys, "--tiny", "--device", "cpu", "--sizes", "1,16")
+    assert code == 2 and "--sizes must hold 1, 64 and --tree-size 64" in err
+    code, err = error_in_process(monkeypatch, capsys, "--tiny", "--device", "cpu", "--compare", "eager")
+    assert code == 2 and err.strip().splitlines() == [
         "error: --compare eager measures beside --compile BACKEND: add --compile"
     ]
 
@@ -348,7 +356,7 @@ def test_fp8_draft_reads_about_half_the_bytes(tiny_run, tmp_path):
     assert r["weight_bytes"] == bf16["weight_bytes"]
 
 
-def test_parallel_drafts_one_forward_beside_eagle3(tmp_path):
+def test_parallel_drafts_one_forward_beside_eagle3(tmp_path, monkeypatch, capsys):
     """--blocks 8,16: a P-EAGLE head of K and a DFlash head of block K each timed as one forward after the
     context, their chains verified and their passes projected as EAGLE-3's; the issue's parallel goals read
     K=8 P-EAGLE and block-16 DFlash; --no-parallel leaves them out; bad blocks are one error line."""
@@ -380,5 +388,5 @@ def test_parallel_drafts_one_forward_beside_eagle3(tmp_path):
                 "--no-stream", "--no-parallel", "--out", "n.json", cwd=tmp_path)  # fmt: skip
     r = json.loads((tmp_path / "n.json").read_text())
     assert alone.returncode == 0 and "parallel" not in r and len(r["goals"]) == 4
-    bad = run("--tiny", "--device", "cpu", "--blocks", "1,8", cwd=tmp_path)
-    assert bad.returncode == 2 and "blocks are numbers >= 2, e.g. 8,16, got '1,8'" in bad.stderr
+    code, err = error_in_process(monkeypatch, capsys, "--tiny", "--device", "cpu", "--blocks", "1,8")
+    assert code == 2 and "blocks are numbers >= 2, e.g. 8,16, got '1,8'" in err
