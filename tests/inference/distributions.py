@@ -41,7 +41,7 @@ def sampling_tv(
     """TV between the first `length` sampled tokens (seeds 0..trials-1) and the target's exact law.
 
     The seeds decode as rows of generate_batch, `rows` at a time (row b draws what generate(seed=b) draws:
-    the one engine, each row its own generator): the target's passes (and a BatchDrafter's) serve every
+    the one engine, each row its own generator): the target's passes (and a Drafter's) serve every
     row at once, several times faster than one generate per seed. The first ALONE seeds also decode alone
     (batch 1): each must equal its row, so a rule broken at batch 1 only still fails here. rows=1: one
     generate per seed (a drafter whose rule holds for a batch of one only)."""
