@@ -94,11 +94,11 @@ def load_generator(
     draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
     draft depth reads; still lossless), before any calibration, so the tree is measured as it will
     draft; the default "auto" is on for such a head on a GPU with FP8 tensor cores (draft_weights.py).
-    draft_int8: on a CPU, the head's big per-pass layers
-    in int8 (heads/int8.py: a quarter of the bytes float32 reads; EAGLE / EAGLE-3 per-depth layers,
-    Medusa projections; still lossless); the default "auto" is on for a Medusa head on an AVX512 CPU
-    (`int8_by_default`: its projections are bound by the bytes they read), off otherwise (an EAGLE-3
-    draft there is bound by its op count, not its bytes). Measured: docs/PERFORMANCE.md.
+    draft_int8: on a CPU, the head's big per-pass layers in int8 (heads/int8.py: a quarter of the bytes
+    float32 reads; EAGLE / EAGLE-3 per-depth layers, Medusa projections; still lossless); the default
+    "auto" is on for a Medusa head on an AVX512 CPU (`int8_by_default`: its projections are bound by the
+    bytes they read), off otherwise (an EAGLE-3 draft there is bound by its op count, not its bytes).
+    Measured: docs/PERFORMANCE.md.
     dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
     checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
     the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
