@@ -179,10 +179,9 @@ def finish(run: Run, meter: Meter, last_eval: dict[str, float] | None) -> TrainR
     _drop_wrappers(run)
     acc.end_training()
     acc.print(f"head saved to {head_dir}")
-    best = best_score(last_eval)
-    if best is not None and state.best_step:
+    if state.best_step:  # (0: no evaluation kept a best head)
         acc.print(
-            f"best head by {best[0]}: {run.out / 'best'} (step {state.best_step}, {state.best_tau:.3f})"
+            f"best head by {state.best_by}: {run.out / 'best'} (step {state.best_step}, {state.best_tau:.3f})"
         )
     if run.main and run.s.trainer.push_to_hub:
         _push(head_dir, run.s.trainer.push_to_hub, run.s.trainer.push_private)

@@ -96,6 +96,7 @@ def test_cli_with_wandb_offline(tmp_path, tiny_target_dir, chat_file, training_k
     proc = training_kit.cli(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"head saved to {out / 'head'}" in proc.stdout
+    assert f"best head by tau_walked: {out / 'best'} (step " in proc.stdout
     assert "tau=" in proc.stdout
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
