@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from tqdm.auto import tqdm
 
 from spechead.heads import hub
@@ -210,8 +211,12 @@ def _drop_wrappers(run: Run) -> None:
     deallocation (holding the GIL) ran the gloo group's destructor, which joins its worker threads while
     one of them waited for the GIL to free a finished allreduce's tensors, and the process hung after
     training had finished (seen once in a 2-process CPU run, py-spy: ~ProcessGroupGloo -> thread join
-    under ~Reducer). Freed here it only drops a reference; destroy_process_group then releases the GIL."""
+    under ~Reducer). Freed here it only drops a reference; destroy_process_group then releases the GIL.
+    One process holds no group: nothing to free early, and the two full garbage collections are skipped
+    (each costs a fraction of a second, paid by every in-process train())."""
     run.model = run.accelerator.unwrap_model(run.model)
+    if run.accelerator.distributed_type == DistributedType.NO:
+        return
     run.accelerator.free_memory()  # accelerate's own references to the prepared model, optimizer, loaders
     gc.collect()  # (DDP's hooks make reference cycles)
 
