@@ -39,3 +39,14 @@ def test_a_quota_above_the_affinity_leaves_it(workers, tmp_path):
 
 def test_auto_uses_it(workers, pytestconfig):
     assert pytestconfig.hook.pytest_xdist_auto_num_workers(config=pytestconfig) == workers.usable_cpus()
+
+
+@pytest.mark.xdist_group("one_worker")
+def test_a_group_is_sent_to_one_worker(request):
+    """pyproject's `--dist loadgroup` sends an `xdist_group`'s tests to one worker, so a module's costly
+    fixture is built once (test_bench_gpu's tiny run). xdist names a grouped test `nodeid@group`; a pytest
+    where that renaming is lost (9.2 with xdist 3.8) spreads the group silently, and fails here."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("runs under `pytest -n`")
+    assert request.config.getvalue("loadgroup"), "pyproject's addopts lost --dist loadgroup"
+    assert request.node.nodeid.endswith("@one_worker"), request.node.nodeid

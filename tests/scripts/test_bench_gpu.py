@@ -15,6 +15,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "bench_gpu.py"
+# one worker runs this module (pyproject's --dist loadgroup): the tiny run below is built once, not on each
+pytestmark = pytest.mark.xdist_group("bench_gpu")
 SIZES = ["1", "2", "4", "8", "16", "32", "64", "128"]
 
 
