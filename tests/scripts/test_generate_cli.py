@@ -128,23 +128,22 @@ def test_generate_compiles_the_draft_when_asked(script, tiny_target_dir, tmp_pat
         assert capsys.readouterr().out.splitlines()[0] == drafted.splitlines()[0]
 
 
-@pytest.mark.slow
-def test_generate_bad_input_is_one_line(tiny_target_dir):
-    proc = run("generate.py", "--target", str(tiny_target_dir), "--prompt", "hi", "--max-new-tokens", "0")
-    assert proc.returncode == 2
-    assert (
-        proc.stderr.strip().startswith("error: max_new_tokens") and len(proc.stderr.strip().splitlines()) == 1
+def test_generate_bad_input_is_one_line(tiny_target_dir, script, capsys):
+    """In this process (main(argv), what the script runs); test_generate_prints_text_and_stats is the process."""
+    code = script("generate").main(
+        ["--target", str(tiny_target_dir), "--prompt", "hi", "--max-new-tokens", "0"]
     )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: max_new_tokens") and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-@pytest.mark.parametrize("script", ["generate.py", "benchmark.py"])
-@pytest.mark.slow
-def test_device_cuda_without_cuda_is_one_line(tiny_target_dir, tmp_path, script):
-    extra = ["--prompt", "hi"] if script == "generate.py" else ["--out", str(tmp_path / "b"), "--no-hf"]
-    proc = run(script, "--target", str(tiny_target_dir), "--device", "cuda", *extra)
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+@pytest.mark.parametrize("name", ["generate", "benchmark"])
+def test_device_cuda_without_cuda_is_one_line(tiny_target_dir, tmp_path, script, name, capsys):
+    extra = ["--prompt", "hi"] if name == "generate" else ["--out", str(tmp_path / "b"), "--no-hf"]
+    code = script(name).main(["--target", str(tiny_target_dir), "--device", "cuda", *extra])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: --device cuda: CUDA is not available") and "--device cpu" in lines[0]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,21 @@ def run_cli(args: list[str], *, launcher: list[str] | None = None, timeout: int 
     )
 
 
+def run_cli_in_process(args: list[str], monkeypatch, capsys) -> subprocess.CompletedProcess:
+    """train.py as `python train.py ARGS` runs it, in this process (its exit status, stdout and stderr as
+    run_cli returns them): a process costs ~5 s of imports. The tests that need a process (one error line,
+    W&B, a kill, accelerate launch) keep run_cli."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *args])
+    capsys.readouterr()
+    try:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+        code = 0
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 @pytest.fixture(scope="session")
 def training_kit():
     """The helpers above, as a fixture (test modules cannot import conftest under importlib mode)."""
@@ -63,5 +79,6 @@ def training_kit():
         overrides = staticmethod(tiny_overrides)
         settings = staticmethod(make_settings)
         cli = staticmethod(run_cli)
+        cli_in_process = staticmethod(run_cli_in_process)
 
     return Kit

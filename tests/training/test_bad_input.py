@@ -120,12 +120,15 @@ def test_cli_prints_one_line_and_exits_2(tmp_path, tiny_target_dir, training_kit
          ["model.path=/models/my-llama", "use model=local model.path=/models/my-llama"]),
     ],
 )  # fmt: skip
-@pytest.mark.slow
-def test_cli_bad_command_line_is_one_line_and_exit_2(tmp_path, training_kit, args, needles):
+def test_cli_bad_command_line_is_one_line_and_exit_2(
+    tmp_path, training_kit, args, needles, monkeypatch, capsys
+):
     """Hydra's own reports (exit 1, several lines) and its creating the output dir come after our check."""
     blocker = tmp_path / "file.txt"  # a regular file: no directory can be made under it, even as root
     blocker.write_text("x")
-    proc = training_kit.cli(["logger=none", *(a.format(file=blocker) for a in args)])
+    proc = training_kit.cli_in_process(
+        ["logger=none", *(a.format(file=blocker) for a in args)], monkeypatch, capsys
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert all(n in lines[0] for n in needles), lines[0]

@@ -29,7 +29,9 @@ def test_decode_eval_logs_real_tau_and_plots(training_kit, tiny_target_dir, chat
     assert len(logged) >= 4, sorted(p.name for p in (out / "wandb").rglob("*.png"))
 
 
-def test_tree_tuned_at_the_end_is_saved_and_decoded(training_kit, tiny_target_dir, chat_file, tmp_path):
+def test_tree_tuned_at_the_end_is_saved_and_decoded(
+    training_kit, tiny_target_dir, chat_file, tmp_path, monkeypatch, capsys
+):
     """trainer.tree_tune_prompts: the run's last step tunes the head's tree for this device, the final
     decode eval decodes with it, and it is saved as head/tree.json, which loading calibrates from."""
     from spechead.inference.generator import SpeculativeGenerator
@@ -42,7 +44,9 @@ def test_tree_tuned_at_the_end_is_saved_and_decoded(training_kit, tiny_target_di
     out = tmp_path / "run"
     extra = {"trainer.decode_eval_every": 3, "trainer.decode_eval_prompts": 2, "trainer.decode_eval_max_new_tokens": 8,
              "trainer.tree_tune_prompts": 2, "trainer.tree_tune_prompt_set": str(prompts)}  # fmt: skip
-    proc = training_kit.cli(training_kit.overrides(tiny_target_dir, chat_file, out, **extra))
+    proc = training_kit.cli_in_process(
+        training_kit.overrides(tiny_target_dir, chat_file, out, **extra), monkeypatch, capsys
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"tree tuned on 2 prompts ({prompts})" in proc.stdout + proc.stderr
 

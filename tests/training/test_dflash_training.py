@@ -189,12 +189,11 @@ def test_a_dflash_head_of_another_target_is_refused(
         )
 
 
-@pytest.mark.slow
-def test_cli_one_line_and_exit_2(tmp_path, tiny_target_dir, chat_file, training_kit):
+def test_cli_one_line_and_exit_2(tmp_path, tiny_target_dir, chat_file, training_kit, monkeypatch, capsys):
     args = training_kit.overrides(
         tiny_target_dir, chat_file, tmp_path / "o", head="dflash", **{"head.block_size": 1}
     )
-    proc = training_kit.cli(args)
+    proc = training_kit.cli_in_process(args, monkeypatch, capsys)
     # the error comes after the target loaded: transformers' loading bar may stand before it on stderr
     errors = [line for line in proc.stderr.strip().splitlines() if "error" in line.lower()]
     assert proc.returncode == 2 and len(errors) == 1 and errors[0].startswith("error: "), proc.stderr

@@ -141,10 +141,11 @@ def test_offline_settings_are_checked(tmp_path, tiny_target_dir, chat_file, trai
 
 
 def test_cli_refuses_a_mismatched_cache_in_one_line(
-    caches, tmp_path, tiny_target_dir, chat_file, training_kit
+    caches, tmp_path, tiny_target_dir, chat_file, training_kit, monkeypatch, capsys
 ):
     kw = {"head": "eagle3", **offline(caches["medusa"])}
-    proc = training_kit.cli(training_kit.overrides(tiny_target_dir, chat_file, tmp_path, **kw))
+    args = training_kit.overrides(tiny_target_dir, chat_file, tmp_path, **kw)
+    proc = training_kit.cli_in_process(args, monkeypatch, capsys)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: the cache in")
     assert "Traceback" not in proc.stderr

@@ -151,17 +151,18 @@ def test_a_peagle_head_refuses_a_target_of_another_width(
         train(training_kit.settings(overrides))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra, needle",
     [({"head.block_size": 1}, "block_size must be an int >= 2"),
      ({"head.block_size": 60, "trainer.max_length": 40}, "head.block_size=60 needs sequences")],
 )  # fmt: skip
 def test_cli_bad_block_size_is_one_error_line_and_exit_2(
-    tmp_path, tiny_target_dir, chat_file, training_kit, extra, needle
+    tmp_path, tiny_target_dir, chat_file, training_kit, extra, needle, monkeypatch, capsys
 ) -> None:
-    proc = training_kit.cli(
-        training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **_extra(**extra))
+    proc = training_kit.cli_in_process(
+        training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **_extra(**extra)),
+        monkeypatch,
+        capsys,
     )
     lines = proc.stderr.strip().splitlines()  # (the data and target progress bars come first)
     errors = [line for line in lines if line.startswith("error: ")]
