@@ -285,11 +285,13 @@ def load_head(path_or_hub_id: str | Path, **kwargs: Any) -> DraftHead:
     """Load any registered head family from a local directory or Hub repo (kwargs as from_pretrained).
 
     Heads published in a reference project's layout are converted on the fly (spechead.heads.formats);
-    `target_config=target.config` fills what such a layout leaves implicit (ignored for spechead heads).
+    `target_config=target.config` and `target_tokenizer=tokenizer` fill what such a layout leaves implicit
+    (EAGLE-3's default layers, a z-lab DFlash drafter's mask token; ignored for spechead heads).
     """
     revision, target_config = kwargs.pop("revision", None), kwargs.pop("target_config", None)
+    target = {"target_config": target_config, "target_tokenizer": kwargs.pop("target_tokenizer", None)}
     directory = resolve(path_or_hub_id, revision)
-    foreign = _import_foreign(directory, path_or_hub_id, revision, target_config=target_config, **kwargs)
+    foreign = _import_foreign(directory, path_or_hub_id, revision, **target, **kwargs)
     if foreign is not None:
         return foreign
     family = read_config(directory)["family"]

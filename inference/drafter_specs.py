@@ -56,11 +56,19 @@ def config_of(name: str, revision: str | None) -> dict:
 
 
 def make_drafter(
-    spec: str | Drafter | RowDrafter | None, target, *, device, dtype, revision=None, **options
+    spec: str | Drafter | RowDrafter | None,
+    target,
+    *,
+    device,
+    dtype,
+    revision=None,
+    tokenizer=None,
+    **options,
 ) -> Drafter | RowDrafter | None:
     """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]",
     the target itself with layers skipped (`layer_skip[@skip=2+3]`, `early_exit[@layer=4]`, a drafter file
-    from scripts/search_skip.py), a head directory/id, or a draft LM."""
+    from scripts/search_skip.py), a head directory/id, or a draft LM. tokenizer: the target's (it names a
+    z-lab DFlash drafter's mask token when its config gives no id)."""
     if spec is None or isinstance(spec, (Drafter, RowDrafter)):
         return spec
     if spec in BUILTIN_DRAFTERS:
@@ -70,8 +78,12 @@ def make_drafter(
     if is_self_spec(spec):
         return make_self_drafter(spec, target, **options)
     if is_head_dir(config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
-        # target_config: what a reference layout leaves implicit (EAGLE-3 default layers) comes from the target.
-        head = load_head(spec, revision=revision, device=device, dtype=dtype, target_config=target.config)
+        # what a reference layout leaves implicit comes from the target: EAGLE-3's default layers from its
+        # config, a z-lab DFlash drafter's mask token from its tokenizer
+        head = load_head(
+            spec, revision=revision, device=device, dtype=dtype, target_config=target.config,
+            target_tokenizer=tokenizer,
+        )  # fmt: skip
         # A Hub head becomes its local snapshot (tree.json and adapter included) for everything below.
         spec = str(directory.resolve(spec, revision))
         # A head of another target: one line naming the size that differs (before attaching its modules).

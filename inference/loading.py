@@ -144,7 +144,9 @@ def load_generator(
     compile = resolve_compile(compile, on, cache or cls.default_cache)
     draft_compile = None if draft_compile is None else resolve_compile(draft_compile, on)
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
-    built = make_drafter(drafter, model, device=device, dtype=torch_dtype, **drafter_options)
+    built = make_drafter(
+        drafter, model, device=device, dtype=torch_dtype, tokenizer=tokenizer, **drafter_options
+    )
     weights = quantize_draft(getattr(built, "head", None), on, draft_fp8, draft_int8, drafter)
     # a quantized Medusa drafter is built again: the one built before anchored its device and dtype on
     # what may have been a swapped-out projection, kept alive and stale

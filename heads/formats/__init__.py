@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from spechead.heads.base import DraftHead, register_foreign_loader
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_named, family_names, family_of
 from spechead.heads.formats.detect import LAYOUTS, detect_layout, layout_of_config
+from spechead.heads.formats.dflash_import import with_sglang_mask_token_id
 from spechead.heads.formats.eagle import WEIGHT_NAMES as EAGLE_WEIGHTS
 from spechead.heads.formats.eagle import is_eagle_tensors
 from spechead.heads.formats.weights import read_json, read_tensors, tensor_names, weight_files
@@ -60,6 +61,7 @@ def load_foreign(
     revision: str | None = None,
     family: str = "",
     target_config: PretrainedConfig | None = None,
+    target_tokenizer: PreTrainedTokenizerBase | None = None,
     device: torch.device | str | int | None = None,
     dtype: torch.dtype | None = None,
 ) -> DraftHead | None:
@@ -67,7 +69,8 @@ def load_foreign(
 
     source / revision: where `directory` came from (a Hub id lets missing pickled weights be fetched).
     family: the head family the caller needs ("" = any). target_config: the target's config, which
-    fills what a layout leaves implicit (EAGLE-3 default layers need the target's depth).
+    fills what a layout leaves implicit (EAGLE-3 default layers need the target's depth), and so does
+    target_tokenizer (a z-lab DFlash config without a mask token id: the one SGLang finds in the tokenizer).
     """
     file = directory / "config.json"
     if not file.is_file():
@@ -80,6 +83,8 @@ def load_foreign(
     if layout is None:
         return None
     what, names, importer = LAYOUTS[layout]
+    if layout == "dflash":
+        config = with_sglang_mask_token_id(config, target_tokenizer)
     tensors = read_tensors(weight_files(directory, names, hub, revision))
     head = importer(directory, config, tensors, target_config=target_config, device=device, dtype=dtype)
     if family and head.family != family:

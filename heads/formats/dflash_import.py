@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
-from transformers import PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from spechead.heads.dflash import DFlashConfig, DFlashHead
 from spechead.heads.errors import HeadError
 from spechead.heads.formats.build import fill_head
+from spechead.heads.formats.dflash_export import SGLANG_MASK_TOKEN
 from spechead.heads.formats.eagle3_import import speculators_layer, speculators_target
 from spechead.heads.formats.llama import check_fused_layers, layer_config_of, target_fields
 
@@ -70,6 +71,21 @@ def import_dflash(
     drafter = {"block_size": fields.get("block_size") or 16, "mask_token_id": fields.get("mask_token_id")}
     known = {"target_num_layers": fields.get("num_target_layers") or 0}
     return _dflash_head(where, fields, layer, tensors, layers, drafter, known, target_config, load)
+
+
+def with_sglang_mask_token_id(
+    config: dict[str, Any], tokenizer: PreTrainedTokenizerBase | None
+) -> dict[str, Any]:
+    """A z-lab config that names no mask token id, given the one SGLang's DFLASH embeds the masks with: the id
+    of dflash_config.mask_token (default "<|MASK|>") in the target's tokenizer, else the id SGLang gives that
+    token by adding it (len(tokenizer): an embedding row past the tokenizer's tokens, which the head's
+    vocabulary check then requires). Unchanged when it names one or there is no tokenizer."""
+    section = config.get("dflash_config") or {}
+    if tokenizer is None or {**config, **section}.get("mask_token_id") is not None:
+        return config
+    token = section.get("mask_token") or config.get("mask_token") or SGLANG_MASK_TOKEN
+    found = tokenizer.get_vocab().get(token, len(tokenizer))
+    return {**config, "dflash_config": {**section, "mask_token_id": found}}
 
 
 def import_speculators_dflash(
@@ -145,7 +161,9 @@ def _dflash_head(
     if isinstance(mask, bool) or not isinstance(mask, int) or not 0 <= mask < vocab:
         raise HeadError(
             f"{where}: config.json names no mask_token_id below the vocabulary size {vocab} (got {mask!r}): "
-            "add the id of the token its masked block positions embed (z-lab: dflash_config.mask_token_id)"
+            "add the id of the token its masked block positions embed (z-lab: dflash_config.mask_token_id), or "
+            "load it with the target's tokenizer (SpeculativeGenerator.from_pretrained(target, head), "
+            "load_head(path, target_tokenizer=...)) to take SGLang's <|MASK|> id from it"
         )
     found = {**known, **target_fields(target_config, hidden, vocab, where)}
     depth = found.get("target_num_layers") or 0

@@ -229,3 +229,55 @@ def test_speculators_dflash_written_by_its_converter_imports(tmp_path) -> None:
         file.write_text(json.dumps({**config, **changes}))
         with pytest.raises(HeadError, match=message):
             load_head(tmp_path / "conv", target_config=target.config)
+
+
+def word_tokenizer(tokens: list[str]):
+    """A tokenizer whose vocabulary is `tokens`, in order (ids 0..len - 1)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    model = WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=tokens[0])
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(model))
+
+
+@pytest.mark.parametrize(
+    ("section", "tokens", "expected"),
+    [
+        ({}, [f"t{i}" for i in range(40)] + ["<|MASK|>"], 40),  # SGLang's <|MASK|>, in the vocabulary
+        ({}, [f"t{i}" for i in range(50)], 50),  # not there: SGLang adds it, at len(tokenizer) (a spare row)
+        (
+            {"mask_token": "<|fim_pad|>"},
+            [f"t{i}" for i in range(30)] + ["<|fim_pad|>"],
+            30,
+        ),  # the named token
+        ({"mask_token_id": MASK}, [f"t{i}" for i in range(40)] + ["<|MASK|>"], MASK),  # a named id wins
+    ],
+    ids=["in-vocabulary", "added", "named-token", "named-id"],
+)
+def test_a_zlab_config_without_a_mask_id_takes_sglangs_from_the_tokenizer(
+    tmp_path, section, tokens, expected
+):
+    """z-lab / SGLang DFLASH configs may name no mask_token_id: SGLang then embeds the masks as its mask token
+    (dflash_config.mask_token, default <|MASK|>) of the target's tokenizer, adding it when missing."""
+    config = zlab_config()
+    config["dflash_config"] = {"target_layer_ids": [1, 3, 5], **section}
+    path = write_zlab(tmp_path / "z", config, zlab_tensors())
+    target = qwen3_target()
+    head = load_head(path, target_config=target.config, target_tokenizer=word_tokenizer(tokens))
+    assert head.config.mask_token_id == expected
+
+
+def test_a_mask_token_with_no_embedding_row_is_refused(tmp_path) -> None:
+    """<|MASK|> not in a tokenizer of V tokens: SGLang would add it at id V, past the embedding: one line."""
+    config = zlab_config()
+    config["dflash_config"] = {"target_layer_ids": [1, 3, 5]}
+    path = write_zlab(tmp_path / "z", config, zlab_tensors())
+    with pytest.raises(HeadError, match=f"no mask_token_id below the vocabulary size {V} \\(got {V}\\)"):
+        load_head(
+            path,
+            target_config=qwen3_target().config,
+            target_tokenizer=word_tokenizer([f"t{i}" for i in range(V)]),
+        )
+    with pytest.raises(HeadError, match="load it with the target's tokenizer"):  # no tokenizer: the hint
+        load_head(path, target_config=qwen3_target().config)

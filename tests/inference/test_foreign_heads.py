@@ -85,7 +85,7 @@ def test_reference_heads_decode_losslessly(tiny_target_dir, tmp_path, plain, mak
     assert gen.generate(PROMPT, max_new_tokens=12).token_ids == plain
 
 
-@pytest.mark.parametrize("family", ["peagle", "peagle_own_embedding", "dflash"])
+@pytest.mark.parametrize("family", ["peagle", "peagle_own_embedding", "dflash", "dflash_mask_by_name"])
 def test_exported_parallel_drafters_decode_losslessly_once_imported(
     tiny_target_dir, tmp_path, family
 ) -> None:
@@ -93,8 +93,10 @@ def test_exported_parallel_drafters_decode_losslessly_once_imported(
     then loaded by the generator from the directory: greedy decoding equals plain decoding, and the
     imported drafter's paths of several tokens are accepted (it drafts what the fitted head drafts).
     peagle_own_embedding: the head fits its own embedding (from a random start, far from the target's),
-    which ships with embed_requires_grad true; drafting with the target's would accept little."""
-    from transformers import AutoModelForCausalLM
+    which ships with embed_requires_grad true; drafting with the target's would accept little.
+    dflash_mask_by_name: the config names its mask token (dflash_config.mask_token), not its id, as SGLang
+    reads it: the generator finds the id in the target's tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_target_dir).eval()
     model.generation_config.eos_token_id = None
@@ -106,7 +108,15 @@ def test_exported_parallel_drafters_decode_losslessly_once_imported(
     else:
         head = dflash_head(model, [prompt], steps=40, target_layers=[1, 2, 3], mask_token_id=mask)
         out = export_head(head, "sglang", tmp_path / "head")
+    if family == "dflash_mask_by_name":
+        config = json.loads((out / "config.json").read_text())
+        token = AutoTokenizer.from_pretrained(tiny_target_dir).convert_ids_to_tokens(mask)
+        config["dflash_config"] = {**config["dflash_config"], "mask_token": token}
+        del config["dflash_config"]["mask_token_id"]
+        (out / "config.json").write_text(json.dumps(config))
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(out))
+    if family.startswith("dflash"):
+        assert gen.drafter.head.config.mask_token_id == mask
     gen.eos = set()
     assert type(gen.drafter.head) is type(head) and gen.drafter.head.config.target_layers == [1, 2, 3]
     assert getattr(gen.drafter.head.config, "own_embedding", False) is own
