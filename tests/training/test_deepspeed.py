@@ -3,7 +3,8 @@
 Every run trains the same EAGLE-3 head (it reads the target's embedding, lm_head and logits) with
 gradient accumulation and a clipping threshold that bites; ZeRO-2, ZeRO-3 and a two-"node" launch
 must all end with the head that plain two-process DDP trains, and a ZeRO-2 run resumed from a
-checkpoint with exactly the head of the uninterrupted run.
+checkpoint with exactly the head of the uninterrupted run. One more ZeRO-3 run trains the head's own
+embedding.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ def launcher(config: str, *flags: str) -> list[str]:
     ]
 
 
-def run(kit, target_dir, chat_file, out: Path, config: str, *flags: str) -> subprocess.CompletedProcess:
-    proc = kit.cli(kit.overrides(target_dir, chat_file, out, **EXTRA), launcher=launcher(config, *flags))
+def run(
+    kit, target_dir, chat_file, out: Path, config: str, *flags: str, **more
+) -> subprocess.CompletedProcess:
+    args = kit.overrides(target_dir, chat_file, out, **EXTRA, **more)
+    proc = kit.cli(args, launcher=launcher(config, *flags))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -127,6 +131,21 @@ def test_zero3_shards_the_target_and_trains_like_ddp(runs):
         weights_only=True,
     )
     assert states["module"] and not any(k.startswith("model.") for k in states["module"])
+
+
+def test_zero3_trains_a_heads_own_embedding_from_the_whole_target_embedding(
+    tmp_path, tiny_target_dir, chat_file, training_kit
+):
+    """head.own_embedding under ZeRO-3: the head's own table starts from the target's embedding, which ZeRO-3
+    has sharded (gathered whole first: rows of tokens the data never shows stay exactly the target's, no
+    weight decay), trains (the rows it reads move, by about lr a step) and ships with the head."""
+    out = tmp_path / "own"
+    run(training_kit, tiny_target_dir, chat_file, out, "cpu-zero3.yaml", **{"head.own_embedding": "true"})
+    assert load_head(out / "head").config.own_embedding
+    mine = load_file(str(out / "head" / "model.safetensors"))["embed_tokens.weight"]  # (V, H)
+    target = load_file(str(tiny_target_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    moved = (mine - target).abs().amax(dim=1)  # (V,)
+    assert (moved == 0).any() and 0 < moved.max() < 0.05, moved
 
 
 def _free_port() -> int:
