@@ -66,7 +66,7 @@ def run_cli_in_process(args: list[str], monkeypatch, capsys) -> subprocess.Compl
         runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
         code = 0
     except SystemExit as err:
-        code = err.code if isinstance(err.code, int) else 1
+        code = 0 if err.code is None else err.code if isinstance(err.code, int) else 1  # as a process exits
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(args, code, out, err)
 
