@@ -141,11 +141,22 @@ class DFlashDrafter(ParallelDrafter):
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
-        """Only these rows, in this order."""
+        """Only these rows, in this order. Finished rows dropped (the kept ones ascending): in place, each
+        moved row copied up to its new place and the buffers cut to their first B' rows (no second buffer,
+        as `RowCache.keep_rows`); another order: one gather."""
         assert self.lengths_t is not None
-        pick = host_to_device(torch.tensor(list(rows)), self._device())
-        self.kv = [(k[pick], v[pick]) for k, v in self.kv]
-        self._allocation += 1
+        rows = list(rows)
+        pick = host_to_device(torch.tensor(rows), self._device())
+        if rows == sorted(set(rows)):  # rows[j] >= j: row j is written after it was read, never before
+            for keys, values in self.kv:
+                for j, i in enumerate(rows):
+                    if i != j:
+                        keys[j].copy_(keys[i])  # [kv, S, D]
+                        values[j].copy_(values[i])
+            self.kv = [(k[: len(rows)], v[: len(rows)]) for k, v in self.kv]
+        else:
+            self.kv = [(k[pick], v[pick]) for k, v in self.kv]
+        self._allocation += 1  # (new shapes: a compiled draft is traced again)
         self.lengths = [self.lengths[r] for r in rows]
         self.lengths_t = self.lengths_t[pick]
 

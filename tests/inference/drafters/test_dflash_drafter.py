@@ -71,3 +71,28 @@ def test_every_row_gets_its_batch1_chain(model):
     drafter.accept(torch.zeros(len(prompts), 2, dtype=torch.long), [2] + [0] * (len(prompts) - 1), new, roots)
     after = drafter.propose(roots, greedy, [None] * len(prompts))
     assert torch.equal(after.tokens[1:], before[1:]) and drafter.lengths[0] == len(prompts[0]) + 2
+
+
+def test_kept_rows_draft_as_before_without_a_second_buffer(model):
+    """keep: finished rows dropped (the kept ones ascending) moves the kept rows up in place, in the same
+    buffers (no copy of the drafter's whole context); another order gathers. Either way each kept row then
+    drafts the chain it drafted before."""
+    from spechead.inference.target.runner import TargetRunner
+
+    drafter = drafter_for(model, block_size=5)
+    runner = TargetRunner(model, drafter.hidden_layers)
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    states = [runner.prefill([p])[1][0] for p in prompts]  # {layer: [T_b, H]} each
+    roots = [3 + b for b in range(len(prompts))]
+    greedy = [SamplingParams()] * len(prompts)
+    drafter.start(prompts, states, roots)
+    before = drafter.propose(roots, greedy, [None] * len(prompts)).tokens  # [B, N]
+    buffers = [k.data_ptr() for k, _ in drafter.kv]
+    kept = [0, 2]  # row 2 moves up to row 1
+    drafter.keep(kept)
+    assert [k.data_ptr() for k, _ in drafter.kv] == buffers and drafter.kv[0][0].shape[0] == len(kept)
+    after = drafter.propose([roots[b] for b in kept], greedy[:2], [None] * 2).tokens
+    assert torch.equal(after, before[kept]) and drafter.lengths == [len(prompts[b]) for b in kept]
+    drafter.keep([1, 0])  # another order: gathered
+    again = drafter.propose([roots[kept[1]], roots[kept[0]]], greedy[:2], [None] * 2).tokens
+    assert torch.equal(again, before[[kept[1], kept[0]]])
