@@ -33,6 +33,7 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
+from spechead.inference.target.cache import ascending, move_rows_up_
 from spechead.inference.target.runner import TargetRunner
 
 
@@ -147,12 +148,8 @@ class DFlashDrafter(ParallelDrafter):
         assert self.lengths_t is not None
         rows = list(rows)
         pick = host_to_device(torch.tensor(rows), self._device())
-        if rows == sorted(set(rows)):  # rows[j] >= j: row j is written after it was read, never before
-            for keys, values in self.kv:
-                for j, i in enumerate(rows):
-                    if i != j:
-                        keys[j].copy_(keys[i])  # [kv, S, D]
-                        values[j].copy_(values[i])
+        if ascending(rows):
+            move_rows_up_((t for pair in self.kv for t in pair), rows)  # [B, kv, S, D] each
             self.kv = [(k[: len(rows)], v[: len(rows)]) for k, v in self.kv]
         else:
             self.kv = [(k[pick], v[pick]) for k, v in self.kv]

@@ -36,6 +36,21 @@ from spechead.inference.devices import host_to_device
 _ALLOCATIONS = itertools.count(1)
 
 
+def ascending(rows: Sequence[int]) -> bool:
+    """Whether `rows` (kept rows, in their new order) are distinct and ascending: rows[j] >= j, so each
+    can move up in place (row j is written after it was read, never before)."""
+    return list(rows) == sorted(set(rows))
+
+
+def move_rows_up_(buffers: Iterable[Tensor], rows: Sequence[int], end: int | None = None) -> None:
+    """Copy row rows[j] of each buffer [B, kv, S, D] to row j, its first `end` slots (None: all), for
+    `ascending` rows; the caller then keeps each buffer's first len(rows) rows."""
+    for buffer in buffers:
+        for j, i in enumerate(rows):
+            if i != j:
+                buffer[j, :, :end].copy_(buffer[i, :, :end])
+
+
 class LayerBuffer:
     """One buffer `storage` [L, 2, B, kv, S_max, D] whose slices are every layer's keys and values, when
     all L layers share one shape. Layers of another shape keep buffers of their own (no L-fold copies)."""
@@ -251,19 +266,17 @@ class RowCache(Cache):
         if rows:
             self.set_lengths([self.lengths[i] for i in rows])
         shared = self.shared_storage()
-        if rows == sorted(set(rows)):  # rows[j] >= j: row j is written after it was read, never before
-            moves = [(j, i) for j, i in enumerate(rows) if i != j]
+        if ascending(rows):
             if shared is not None:  # every layer at once, along its batch dim (2)
-                for j, i in moves:
-                    shared[:, :, j, :, :end].copy_(shared[:, :, i, :, :end])
+                for j, i in enumerate(rows):
+                    if i != j:
+                        shared[:, :, j, :, :end].copy_(shared[:, :, i, :, :end])
                 self._rebind(shared[:, :, : len(rows)])
                 return
             self.buffer.reset()  # (the layers' buffers are views of their first B' rows now)
             for layer in self.row_layers:
                 if layer.is_initialized:
-                    for j, i in moves:
-                        layer.keys[j, :, :end].copy_(layer.keys[i, :, :end])
-                        layer.values[j, :, :end].copy_(layer.values[i, :, :end])
+                    move_rows_up_((layer.keys, layer.values), rows, end)
                     layer.keys, layer.values = layer.keys[: len(rows)], layer.values[: len(rows)]
             return
         index = torch.tensor(rows, dtype=torch.long)
