@@ -94,13 +94,16 @@ class DFlashDrafter(ParallelDrafter):
         batch, width = len(prompts), max(len(p) for p in prompts)
         padded = {}
         for layer in self.hidden_layers:
-            rows = [h[layer] for h in hidden]  # [T_b, H] each
+            states = [h[layer] for h in hidden]  # [T_b, H] each
             padded[layer] = torch.stack(
-                [torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in rows]
+                [torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in states]
             )  # [B, T, H]
-        self.kv, self.lengths = [], [len(p) for p in prompts]
+        rows, need = self._capacity(batch), 2 * (width + self.tree.depth + 1)  # (room to grow into)
+        if not self._compile or not self.kv or self.kv[0][0].shape[0] != rows:  # compiled: kept per capacity
+            self.kv = []  # (the lengths hide what the kept buffers held)
+        self.lengths = [len(p) for p in prompts]
         self.lengths_t = torch.zeros(batch, dtype=torch.long, device=self._device())
-        self._room(batch, width + self.tree.depth + 1)
+        self._room(rows, need)
         counts = host_to_device(torch.tensor(self.lengths), self._device())
         self._commit(self._context(padded), counts)
 
@@ -110,7 +113,9 @@ class DFlashDrafter(ParallelDrafter):
         assert self.lengths_t is not None
         device, batch = self._device(), roots.shape[0]
         self.tree.to(device)
-        tokens = self._draft_fn(roots, self.lengths_t)  # [B, N]
+        tokens = self._over_rows(
+            self._draft_fn, self.kv[0][0].shape[0], batch, roots, self.lengths_t
+        )  # [B, N]
         return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
 
     def _tokens(self, roots: Tensor, lengths: Tensor) -> Tensor:
@@ -143,19 +148,21 @@ class DFlashDrafter(ParallelDrafter):
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Only these rows, in this order. Finished rows dropped (the kept ones ascending): in place, each
-        moved row copied up to its new place and the buffers cut to their first B' rows (no second buffer,
-        as `RowCache.keep_rows`); another order: one gather."""
+        moved row copied up to its new place (no second buffer, as `RowCache.keep_rows`), the buffers cut
+        to their first B' rows, or compiled kept whole (the rows past B' idle: the same graph); another
+        order: one gather."""
         assert self.lengths_t is not None
         rows = list(rows)
-        pick = host_to_device(torch.tensor(rows), self._device())
+        size = self.kv[0][0].shape[0] if self._compile else len(rows)  # the buffers' rows after
         if ascending(rows):
             move_rows_up_((t for pair in self.kv for t in pair), rows)  # [B, kv, S, D] each
-            self.kv = [(k[: len(rows)], v[: len(rows)]) for k, v in self.kv]
-        else:
+            self.kv = [(k[:size], v[:size]) for k, v in self.kv]
+        else:  # (idle rows: copies of row 0, hidden by their length 0)
+            pick = host_to_device(torch.tensor(rows + [0] * (size - len(rows))), self._device())
             self.kv = [(k[pick], v[pick]) for k, v in self.kv]
-        self._allocation += 1  # (new shapes: a compiled draft is traced again)
+            self._allocation += 1  # (new buffers: a compiled draft is captured again)
         self.lengths = [self.lengths[r] for r in rows]
-        self.lengths_t = self.lengths_t[pick]
+        self.lengths_t = self.lengths_t[host_to_device(torch.tensor(rows), self._device())]
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 

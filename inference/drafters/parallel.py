@@ -6,7 +6,10 @@ Compiled (`use_compile`): a drafter's `_tokens` is its draft as ONE fixed-shape 
 in, every row's tree tokens [B, N] out; it reads its buffers in place and writes them only by device
 index), called through `compiling.compile_function` as every compiled path of the engine is. On CUDA the
 graph bakes those buffers' addresses in, so `_graph_state` names their allocation (a new one: captured
-again). A call of another shape (rows, buffer slots) traces again; the drafter keeps the shapes few.
+again). A call of another shape traces again, so the shapes stay few: compiled, the buffers hold the
+batch's capacity of rows (the next power of 2, as the target runner's and EAGLE's graphs), rows that
+finish leave idle rows behind instead of smaller buffers, and every pass runs over all of them
+(`_over_rows`); a new batch of the same capacity reuses the buffers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.target.runner import batch_capacity
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -58,6 +62,23 @@ class ParallelDrafter(Drafter):
 
     def _device(self) -> torch.device:
         return self.head.fc.weight.device
+
+    def _capacity(self, batch: int) -> int:
+        """Rows the buffers hold for a batch of `batch`: compiled, its capacity (kept while rows finish:
+        one graph shape); eager, the batch itself (a CPU computes no idle rows)."""
+        return batch_capacity(batch) if self._compile else batch
+
+    @staticmethod
+    def _over_rows(fn: Callable[..., Tensor], rows: int, batch: int, *args: Any) -> Tensor:
+        """fn(*args) over `rows` buffer rows for `batch` active ones: each tensor argument's [B, ...]
+        padded with idle rows of zeros to [rows, ...], the first B rows of fn's output."""
+        if rows == batch:
+            return fn(*args)
+        padded = [
+            torch.cat([a, a.new_zeros(rows - batch, *a.shape[1:])]) if isinstance(a, Tensor) else a
+            for a in args
+        ]
+        return fn(*padded)[:batch]
 
     @property
     def commit_width(self) -> int:

@@ -70,6 +70,12 @@ class PEagleDrafter(ParallelDrafter):
         # (rows may have left between) drafts that pass again
         self._redo: tuple[tuple[Tensor, Tensor, Tensor], Tensor] | None = None
 
+    @property
+    def lengths(self) -> list[int]:
+        """Every active row's committed length on the host (compiled, the cache's idle rows left out)."""
+        assert self.cache is not None and self.lengths_t is not None
+        return self.cache.lengths[: self.lengths_t.shape[0]]
+
     def _fused(self, states: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [..., n, H]} -> fused [..., n, H] in the head's dtype and device."""
         weight = self.head.fc.weight
@@ -93,11 +99,11 @@ class PEagleDrafter(ParallelDrafter):
         ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
         self.pending = (self._fused(padded), ids.to(device), host_to_device(counts, device))
         self.host_counts, self._redo = counts.tolist(), None
-        need, cache = 2 * (longest + self.head.block_size), self.cache
-        if cache is not None and cache.batch == batch and cache.max_length >= need:
-            cache.set_lengths([0] * batch)  # its buffers kept (a compiled pass replays over them)
+        need, cache, rows = 2 * (longest + self.head.block_size), self.cache, self._capacity(batch)
+        if cache is not None and cache.batch == rows and cache.max_length >= need:
+            cache.set_lengths([0] * rows)  # its buffers kept (a compiled pass replays over them)
         else:
-            self.cache = RowCache(1, batch=batch, max_length=need)
+            self.cache = RowCache(1, batch=rows, max_length=need)
         self.lengths_t = torch.zeros(batch, dtype=torch.long, device=device)
 
     def _draft(self, roots: Tensor) -> BatchDraft:
@@ -122,12 +128,15 @@ class PEagleDrafter(ParallelDrafter):
         if view > cache.max_length:
             cache.grow(2 * view)
         self.tree.to(fused.device)
-        # [B, N]; fixed: over the whole buffer (one shape), eager: its first `view` slots
+        # [B, N]; fixed: over the whole buffer (one shape), eager: its first `view` slots; compiled, over
+        # every row of the cache (idle ones: no positions, nothing they write is read)
         run, view = (self._draft_fn, cache.max_length) if fixed else (self._tokens, view)
-        tokens = run(fused, next_ids, counts, roots, self.lengths_t, view)
+        tokens = self._over_rows(
+            run, cache.batch, batch, fused, next_ids, counts, roots, self.lengths_t, view
+        )
         self.lengths_t = self.lengths_t + counts
         if self.host_counts is not None:  # read first: the host's lengths follow now (queued: `settle`)
-            cache.set_lengths([n + c for n, c in zip(cache.lengths, self.host_counts)])
+            self._move_lengths(self.host_counts)
             self.host_counts = [0] * batch
         self.pending = (fused[:, :0], next_ids[:, :0], counts)
         return BatchDraft(tokens, self.tree.batch_parents(batch, fused.device), [tokens.shape[1]] * batch)
@@ -160,7 +169,7 @@ class PEagleDrafter(ParallelDrafter):
             )  # [B, P + K - 1, H]
         finally:
             cache.write_slots = None
-        anchor = (counts - 1)[:, None, None].expand(-1, 1, out.shape[-1])  # [B, 1, H]
+        anchor = (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.shape[-1])  # [B, 1, H] (idle: 0)
         block = torch.cat([out.gather(1, anchor), out[:, width:]], dim=1)  # [B, K, H]
         top = head.logits(block).topk(self.tree.width, dim=-1).indices  # [B, K, width] draft ids
         return self.tree.tokens(roots, head.draft_to_target(top))  # [B, N] target ids
@@ -189,7 +198,7 @@ class PEagleDrafter(ParallelDrafter):
     def keep(self, rows: Sequence[int]) -> None:
         """Only these rows, in this order."""
         assert self.cache is not None and self.lengths_t is not None and self.pending is not None
-        self.cache.keep_rows(list(rows))
+        self.cache.keep_rows(list(rows), capacity=self.cache.batch if self._compile else None)
         pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.lengths_t = self.lengths_t[pick]
         fused, ids, counts = self.pending
@@ -221,8 +230,14 @@ class PEagleDrafter(ParallelDrafter):
 
     def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
+        self._move_lengths(ks)
+
+    def _move_lengths(self, counts: Sequence[int]) -> None:
+        """Active row b's host length moves by counts[b] (the cache's idle rows stay at 0)."""
         assert self.cache is not None
-        self.cache.set_lengths([n + k for n, k in zip(self.cache.lengths, ks)])
+        lengths = self.cache.lengths
+        moved = [n + c for n, c in zip(lengths, counts)]
+        self.cache.set_lengths(moved + [0] * (len(lengths) - len(moved)))
 
 
 def assumed_peagle_accuracy(head: PEagleHead) -> torch.Tensor:

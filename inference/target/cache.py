@@ -256,30 +256,32 @@ class RowCache(Cache):
         for i, layer in enumerate(self.row_layers):
             layer.keys, layer.values = storage[i, 0], storage[i, 1]
 
-    def keep_rows(self, rows: Sequence[int], used: int | None = None) -> None:
+    def keep_rows(self, rows: Sequence[int], used: int | None = None, capacity: int | None = None) -> None:
         """Keep only rows [B'] of every layer, in this order (their lengths too). Finished rows dropped (the
         kept ones ascending): in place, each moved row's first `used` slots (None: all; past the committed
         lengths only scratch) copied up to its new place, no second buffer (a KV cache can hold most of a
-        device's memory); another order: one gather."""
+        device's memory); another order: one gather. capacity: the buffers keep this many rows (>= B': a
+        compiled graph's shape), the rows past B' idle at length 0."""
         rows = list(rows)
-        self.batch, end = len(rows), self.max_length if used is None else used
-        if rows:
-            self.set_lengths([self.lengths[i] for i in rows])
+        size = len(rows) if capacity is None else capacity
+        self.batch, end = size, self.max_length if used is None else used
+        if size:
+            self.set_lengths([self.lengths[i] for i in rows] + [0] * (size - len(rows)))
         shared = self.shared_storage()
         if ascending(rows):
             if shared is not None:  # every layer at once, along its batch dim (2)
                 for j, i in enumerate(rows):
                     if i != j:
                         shared[:, :, j, :, :end].copy_(shared[:, :, i, :, :end])
-                self._rebind(shared[:, :, : len(rows)])
+                self._rebind(shared[:, :, :size])
                 return
             self.buffer.reset()  # (the layers' buffers are views of their first B' rows now)
             for layer in self.row_layers:
                 if layer.is_initialized:
                     move_rows_up_((layer.keys, layer.values), rows, end)
-                    layer.keys, layer.values = layer.keys[: len(rows)], layer.values[: len(rows)]
+                    layer.keys, layer.values = layer.keys[:size], layer.values[:size]
             return
-        index = torch.tensor(rows, dtype=torch.long)
+        index = torch.tensor(rows + [0] * (size - len(rows)), dtype=torch.long)  # (idle rows: row 0's copy)
         self.generation = next(_ALLOCATIONS)  # (a gather: new buffers; graphs of the old must not replay)
         if shared is not None:  # one gather for every layer
             self._rebind(shared.index_select(2, host_to_device(index, shared.device)))

@@ -82,7 +82,7 @@ def test_replayed_draft_graphs_draft_the_eager_trees(model, heads, kind, replaye
     compiled = drafter(heads, kind, "graphs")
     propose_alike(model, ProposesTwice(compiled), OneRowEach(drafter(heads, kind)))
     (draft,) = replayed_graphs
-    assert draft.fn.__name__ == "_tokens" and draft.replays >= draft.captures >= 4
+    assert draft.fn.__name__ == "_tokens" and draft.replays >= draft.captures >= 1
 
 
 @pytest.mark.slow
@@ -139,3 +139,29 @@ def test_replayed_graphs_decode_ahead_like_plain_decoding(model, chatml_tokenize
     assert max(max(r.stats.accept_lengths) for r in rows) > 2
     draft = [g for g in replayed_graphs if g.fn.__name__ == "_tokens"]
     assert len(draft) == 1 and draft[0].replays >= 1 and draft[0].captures >= 1
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["read-first", "ahead"])
+@pytest.mark.parametrize("kind", TREES)
+def test_rows_leaving_replay_the_batchs_draft_graph(model, chatml_tokenizer, heads, kind, ahead,
+                                                    replayed_graphs):  # noqa: F811  # fmt: skip
+    """Compiled, the draft's buffers keep the batch's capacity of rows: rows that finish go idle, so the
+    graph captured for the batch replays while it shrinks (a capture per batch size would hold a CUDA
+    graph's memory each and pay its capture every pass), and a second batch of that capacity replays it
+    too; the output stays plain greedy decoding."""
+    d = drafter(heads, kind)  # (compiled by the generator)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, d, compile=True)
+    gen.device_accept = gen.ahead = ahead
+    gen.eos = set()
+    sizes, draft = [], d._draft
+    d._draft = lambda roots: (sizes.append(roots.shape[0]), draft(roots))[1]
+    rows = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False)
+    for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
+        assert rows[b].token_ids == plain_greedy(model, prompt, n), b
+    (graph,) = [g for g in replayed_graphs if g.fn.__name__ == "_tokens"]
+    first = graph.captures  # (P-EAGLE: its cache may grow once as the longest row decodes)
+    assert len(set(sizes)) >= 3 and 1 <= first <= 2, (sizes, first)
+    replays = graph.replays
+    again = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False)
+    assert [r.token_ids for r in again] == [r.token_ids for r in rows]
+    assert graph.captures == first and graph.replays > replays

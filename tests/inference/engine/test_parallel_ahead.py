@@ -40,11 +40,6 @@ def random_head(model, family: str):
     return head
 
 
-def host_lengths(drafter) -> list[int]:
-    """The drafter's committed lengths on the host (P-EAGLE: its head cache's)."""
-    return list(drafter.cache.lengths) if hasattr(drafter, "cache") else list(drafter.lengths)
-
-
 # each round: every row's accepted path (node indices, ascending; off the main path too; the drafters read
 # only the nodes' states and tokens, so a path need not be one of the tree's)
 ROUNDS = [
@@ -92,13 +87,13 @@ def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind,
         queued.accept_queued(hidden, tokens, padded, torch.tensor(ks), torch.tensor(nexts))
         drafts = [host.propose(nexts, greedy, [None] * 3), queued.propose_queued(torch.tensor(nexts))]
         queued.settle(ks, nexts)  # (after the draft, as the engine reads the acceptance)
-        assert host_lengths(queued) == host_lengths(host) == queued.lengths_t.tolist()  # device = host
+        assert queued.lengths == host.lengths == queued.lengths_t.tolist()  # device = host
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
     for d in (host, queued):  # rows leave; a propose again: the kept rows' last trees
         d.keep([2, 0])
     again = [d.propose(nexts[::-2], greedy[:2], [None] * 2) for d in (host, queued)]
     assert again[1].tokens.tolist() == again[0].tokens.tolist() == drafts[0].tokens[[2, 0]].tolist()
-    assert host_lengths(queued) == host_lengths(host) == queued.lengths_t.tolist()
+    assert queued.lengths == host.lengths == queued.lengths_t.tolist()
 
 
 def generators(model, chatml_tokenizer, heads, kind):

@@ -75,6 +75,25 @@ def test_commits_and_row_drops_move_every_layer(dims):
 
 
 @pytest.mark.parametrize("dims", [[4, 4, 4], [4, 6, 4]], ids=["one-buffer", "own-buffers"])
+def test_row_drops_with_a_capacity_keep_the_buffers_rows(dims):
+    """keep_rows(capacity=B): the kept rows move up as without it, the buffers keep their B rows (a
+    compiled graph's shape), the rows past B' idle at length 0; in place when ascending, else a gather."""
+    cache = filled(dims)
+    ptrs, generation = [layer.keys.data_ptr() for layer in cache.row_layers], cache.generation
+    cache.keep_rows([0, 2], capacity=3)  # row 1 finished: row 2 up to row 1, in place
+    assert cache.batch == 3 and cache.lengths == [3, 4, 0] and cache.generation == generation
+    assert all(layer.keys.shape[0] == 3 for layer in cache.row_layers)
+    assert [layer.keys.data_ptr() for layer in cache.row_layers] == ptrs
+    assert slots(cache, 0, 3, 0) == [[0, 1, 2]] * LAYERS and slots(cache, 1, 4, 2) == [[0, 1, 2, 3]] * LAYERS
+    cache.keep_rows([1, 0], capacity=3)  # another order: one gather, still 3 rows
+    assert cache.batch == 3 and cache.lengths == [4, 3, 0] and cache.generation != generation
+    assert all(layer.keys.shape[0] == 3 for layer in cache.row_layers)
+    assert slots(cache, 0, 4, 2) == [[0, 1, 2, 3]] * LAYERS and slots(cache, 1, 3, 0) == [[0, 1, 2]] * LAYERS
+    cache.keep_rows([], capacity=3)  # every row finished: all idle
+    assert cache.batch == 3 and cache.lengths == [0, 0, 0]
+
+
+@pytest.mark.parametrize("dims", [[4, 4, 4], [4, 6, 4]], ids=["one-buffer", "own-buffers"])
 def test_a_batch_of_ones_commit_moves_an_off_path_node_or_only_its_length(dims):
     """Past 3, tree nodes at slots 3..8: a path off the first branch is copied into place in every layer
     (one gather of the shared buffer, or layer by layer); a path in place (a host list 0..K-1, or a
