@@ -18,8 +18,7 @@ from spechead.heads.families import family_of
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.target.runner import TargetRunner, batch_capacity
-from spechead.inference.tuning.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, size_costs_ms
+from spechead.inference.tuning.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, verify_cost_ms
 from spechead.inference.tuning.pass_timing import in_situ_choice
 
 if TYPE_CHECKING:
@@ -32,30 +31,6 @@ def assumed_medusa_accuracy(head: MedusaHead) -> torch.Tensor:
     measures the real one into HEAD/tree.json)."""
     ranks = torch.tensor([0.60, 0.10, 0.05, 0.03], dtype=torch.float64)
     return torch.stack([ranks * 0.75**k for k in range(head.num_heads)])
-
-
-@torch.inference_mode()
-def batch_verify_cost_ms(
-    model: PreTrainedModel,
-    batch: int,
-    sizes,
-    context: int = 128,
-    repeats: int = 5,
-    compile: bool | str = False,
-):
-    """{tree size: ms} of one verify pass of `batch` rows (chains of that size) after `context` tokens
-    (round-robin over sizes, minimum kept, made non-decreasing in size: see `calibrate.verify_cost_ms`),
-    compiled by `compile` as generate_batch compiles it (fixed physical rows, tree buckets)."""
-    length = context + max(sizes) + 1
-    capacity = batch_capacity(batch) if compile else None
-    runner = TargetRunner(model, (), max_length=length, capacity=capacity, compile=compile)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
-    runner.prefill(list(ids))
-    calls = {
-        n: (lambda n=n: runner.verify(ids[:, :n], torch.arange(-1, n - 1).expand(batch, n))) for n in sizes
-    }
-    return size_costs_ms(calls, repeats, runner.device)
 
 
 @torch.inference_mode()
@@ -117,7 +92,7 @@ def choices_for_batch(
     nodes per row."""
     max_nodes = max(4, max_tokens // batch)
     sizes = sorted({s for s in SIZES if s <= max_nodes} | {max_nodes + 1})
-    verify = batch_verify_cost_ms(model, batch, sizes, compile=timed_as.target)
+    verify = verify_cost_ms(model, sizes, repeats=5, compile=timed_as.target, batch=batch)
     info: dict = {"batch": batch, "verify_ms_by_size": verify, "step_ms": verify[1]}
     info["timed_as"] = {"target": timed_as.target, "draft": timed_as.draft}
     info.update(batch_draft_cost_ms(drafter, batch, compile=timed_as.draft))

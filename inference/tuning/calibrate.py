@@ -25,7 +25,7 @@ from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.target.runner import CUDA_BUCKETS, TargetRunner
+from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tuning.tree_search import (
     expected_accept_length,
     expected_speedup,
@@ -129,28 +129,28 @@ def _timed(fn, repeats: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
-def _runner(model: PreTrainedModel, compile: bool | str) -> TargetRunner:
-    """A one-row runner, compiled as the generator compiles it (its tree buckets on CUDA)."""
-    cuda = next(model.parameters()).device.type == "cuda"
-    buckets = CUDA_BUCKETS if cuda and compile else None
-    return TargetRunner(model, compile=compile, buckets=buckets)
-
-
 @torch.inference_mode()
 def verify_cost_ms(
-    model: PreTrainedModel, sizes=SIZES, context: int = 128, repeats: int = 15, compile: bool | str = False
+    model: PreTrainedModel,
+    sizes=SIZES,
+    context: int = 128,
+    repeats: int = 15,
+    compile: bool | str = False,
+    batch: int = 1,
 ) -> dict[int, float]:
-    """{tree size: ms} of one verification pass (a chain of that size) after `context` tokens, the target
-    compiled by `compile` (a compiled pass is padded to its bucket: what decoding pays).
+    """{tree size: ms} of one verification pass of `batch` rows (chains of that size) after `context`
+    tokens, the target compiled by `compile` as decoding compiles it (a compiled pass padded to its
+    bucket, over the batch's capacity of rows: what decoding pays).
 
     Sizes are timed round-robin (load changes hit them alike), the minimum per size is kept (noise only
     adds) and costs are made non-decreasing in size (a bigger tree never costs less)."""
-    runner = _runner(model, compile)
-    runner.reserve([context], [max(sizes) + 1])
+    runner = TargetRunner(model, compile=compile)
+    runner.reserve([context] * batch, [max(sizes) + 1] * batch)
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
     runner.prefill(list(ids))
-    calls = {n: (lambda n=n: runner.verify(ids[:, :n], torch.arange(-1, n - 1)[None])) for n in sizes}
+    chain = lambda n: torch.arange(-1, n - 1)[None].expand(batch, n)  # noqa: E731  (parents [B, n])
+    calls = {n: (lambda n=n: runner.verify(ids[:, :n], chain(n))) for n in sizes}
     return size_costs_ms(calls, repeats, runner.device)
 
 
@@ -260,7 +260,7 @@ def commit_cost_ms(
 ) -> float:
     """ms of the target's commit of an accepted path [0, 2, 3] of a 4-node tree (its K/V moved into place),
     the target compiled by `compile`."""
-    runner = _runner(model, compile)
+    runner = TargetRunner(model, compile=compile)
     runner.reserve([context], [8])
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
