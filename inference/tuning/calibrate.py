@@ -25,7 +25,7 @@ from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.target.runner import TargetRunner
+from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.tuning.tree_search import (
     expected_accept_length,
     expected_speedup,
@@ -144,7 +144,7 @@ def verify_cost_ms(
 
     Sizes are timed round-robin (load changes hit them alike), the minimum per size is kept (noise only
     adds) and costs are made non-decreasing in size (a bigger tree never costs less)."""
-    runner = TargetRunner(model, compile=compile)
+    runner = TargetRunner(model, compile=compile, capacity=batch_capacity(batch) if compile else None)
     runner.reserve([context] * batch, [max(sizes) + 1] * batch)
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
