@@ -338,7 +338,9 @@ def measure_parallel_rows(model, args: argparse.Namespace, timer: Timer, kept: d
     """{"parallel": {name: row}, "parallel_layers"} and the goal keys (`parallel_goal_keys`): each parallel
     head's draft after the measured context, its chain verified, its pass projected (parallel_drafts.py)."""
     heads = parallel_heads(model, args.draft_vocab, args.blocks, args.dflash_layers)
-    rows = measure_parallel(heads, kept["prompt"], kept["hidden"], kept["root"], timer)
+    # compiled runs: each draft as "graphs", decoding's CUDA default (its eager kernels captured; no launches)
+    compile = "graphs" if args.compile else False
+    rows = measure_parallel(heads, kept["prompt"], kept["hidden"], kept["root"], timer, compile)
     step = parts["verify_ms"][1]
     rows = project_parallel(rows, kept["runner"], step, parts["commit_ms"], timer, TAUS)
     return {"parallel": rows, "parallel_layers": args.dflash_layers, **parallel_goal_keys(rows)}

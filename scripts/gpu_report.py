@@ -82,8 +82,10 @@ def goals(report: dict) -> dict:
 def render_parallel(r: dict) -> list[str]:
     """The parallel drafters' lines: one forward per pass beside EAGLE-3's depth-D draft."""
     rows, step = r["parallel"], r["decode_step_ms"]
+    modes = sorted({str(row.get("draft_compile", "eager")) for row in rows.values()})
     lines = [
-        f"parallel drafting, ONE head forward per pass (bf16 heads, eager, DFlash {r['parallel_layers']} layers; "
+        f"parallel drafting, ONE head forward per pass (bf16 heads, draft {' / '.join(modes)}, DFlash "
+        f"{r['parallel_layers']} layers; "
         "P-EAGLE's pass also writes the 5 positions accepted since the last; chains verified):",
         f"  eagle3 depth {r['depth']} (tree {r['tree_size']}): draft {r['draft_ms']:.3f} ms = {r['draft_x_step']:.1%} "
         f"of a step; pass {r['pass_ms']:.3f} ms; tau 6: {r['projected_speedup']['6.0']:.2f}x",

@@ -5,7 +5,9 @@ draft, at one target's shape; bench_gpu.py and bench_heads.py use it (a sibling 
 Heads get random weights of the target's width and dtype (times are real, accepted lengths are not). A
 P-EAGLE pass is timed as decoding runs it: the ACCEPTED positions committed since the last pass are
 written to its cache in the same forward as the block of K - 1 futures (its `propose`); a DFlash pass is
-the block forward alone (its accept injects the accepted positions' context K/V: timed as accept).
+the block forward alone (its accept injects the accepted positions' context K/V: timed as accept). Each
+draft runs eager or compiled as decoding would run it (`use_compile`: bench_gpu times it as "graphs", the
+CUDA default, beside its compiled EAGLE-3 draft).
 """
 
 from __future__ import annotations
@@ -51,9 +53,18 @@ def parallel_heads(model, draft_vocab: int, blocks: Sequence[int], dflash_layers
     return heads
 
 
-def time_peagle(head: PEagleHead, prompt: Tensor, hidden: dict[int, Tensor], root: int, timer: Timer) -> dict:
-    """{draft_ms, accept_ms, drafts, nodes}: one pass (ACCEPTED new positions + the block) after the prompt."""
+def time_peagle(
+    head: PEagleHead,
+    prompt: Tensor,
+    hidden: dict[int, Tensor],
+    root: int,
+    timer: Timer,
+    compile: bool | str = False,
+) -> dict:
+    """{draft_ms, accept_ms, drafts, nodes}: one pass (ACCEPTED new positions + the block) after the prompt,
+    the draft compiled by `compile` (`use_compile`; False: eager)."""
     drafter, sampling = PEagleDrafter(head), [SamplingParams()]
+    drafter.use_compile(compile)
     drafter.start([prompt], [hidden], [root])
     drafter.propose([root], sampling, [None])  # the whole prompt written
     tokens = prompt[None, :ACCEPTED].to(head.fc.weight.device)
@@ -65,9 +76,18 @@ def time_peagle(head: PEagleHead, prompt: Tensor, hidden: dict[int, Tensor], roo
     return {"draft_ms": draft, "accept_ms": accept, "drafts": head.block_size, "nodes": head.block_size + 1}
 
 
-def time_dflash(head: DFlashHead, prompt: Tensor, hidden: dict[int, Tensor], root: int, timer: Timer) -> dict:
-    """{draft_ms, accept_ms, drafts, nodes}: the block forward after the prompt; an accept of ACCEPTED."""
+def time_dflash(
+    head: DFlashHead,
+    prompt: Tensor,
+    hidden: dict[int, Tensor],
+    root: int,
+    timer: Timer,
+    compile: bool | str = False,
+) -> dict:
+    """{draft_ms, accept_ms, drafts, nodes}: the block forward after the prompt (compiled by `compile`); an
+    accept of ACCEPTED."""
     drafter, sampling = DFlashDrafter(head), [SamplingParams()]
+    drafter.use_compile(compile)
     drafter.start([prompt], [hidden], [root])
     committed = drafter.lengths[0]
     draft = timer.ms(lambda: drafter.propose([root], sampling, [None]))
@@ -83,13 +103,30 @@ def time_dflash(head: DFlashHead, prompt: Tensor, hidden: dict[int, Tensor], roo
     return {"draft_ms": draft, "accept_ms": accept, "drafts": size - 1, "nodes": size}
 
 
-def measure_parallel(heads: dict, prompt: Tensor, hidden: dict[int, Tensor], root: int, timer: Timer) -> dict:
-    """{name: time_peagle / time_dflash row} for `parallel_heads`' heads; prompt [T], hidden {layer: [T, H]}."""
+def measure_parallel(
+    heads: dict,
+    prompt: Tensor,
+    hidden: dict[int, Tensor],
+    root: int,
+    timer: Timer,
+    compile: bool | str = False,
+) -> dict:
+    """{name: time_peagle / time_dflash row} for `parallel_heads`' heads; prompt [T], hidden {layer: [T, H]};
+    each draft compiled by `compile`, or eager where that fails (the row's `draft_compile` says which)."""
     rows = {}
     for name, head in heads.items():
         layers = {layer: hidden[layer] for layer in head.config.target_layers}
         timed = time_peagle if isinstance(head, PEagleHead) else time_dflash
-        rows[name] = timed(head, prompt, layers, root, timer)
+        try:
+            rows[name] = {
+                **timed(head, prompt, layers, root, timer, compile),
+                "draft_compile": compile or "eager",
+            }
+        except Exception as err:  # noqa: BLE001 - a draft that fails to compile still gives eager numbers
+            if not compile:
+                raise
+            failed = f"{compile} FAILED ({type(err).__name__}: {str(err).splitlines()[0][:120]}); eager"
+            rows[name] = {**timed(head, prompt, layers, root, timer), "draft_compile": failed}
     return rows
 
 

@@ -297,6 +297,10 @@ def test_compiled_run_traces_target_and_whole_draft(tmp_path, monkeypatch, capsy
                                  "draft_x_step", "draft_depth_ms", "pass_ms", "speedup_tau_5.4"}  # fmt: skip
     assert all(positive(v) for k, v in r["compare"].items() if k != "compile")
     assert r["batch"] == [] and "compare: decode_step_ms" in proc.stdout and "batch (eager" not in proc.stdout
+    # the parallel drafts as decoding's CUDA default runs them beside the compiled EAGLE-3 draft: "graphs"
+    assert {row["draft_compile"] for row in r["parallel"].values()} == {
+        "graphs"
+    } and "draft graphs" in proc.stdout
     assert set(r["verify_ms"]) == {"1", "64"} and set(r["propose_ms"]) == {"1", "7"}
     assert r["draft_depth_ms"] == pytest.approx((r["propose_ms"]["7"] - r["propose_ms"]["1"]) / 6)
     code, err = error_in_process(monkeypatch, capsys, "--tiny", "--device", "cpu", "--sizes", "1,16")
@@ -386,9 +390,46 @@ def test_parallel_drafts_one_forward_beside_eagle3(tmp_path, monkeypatch, capsys
     goal = r["goals"]["K=8 P-EAGLE draft <= 8% of a plain step"]
     assert goal["bound"] == 0.08 and goal["value"] == r["peagle_8_draft_x_step"] and len(r["goals"]) == 8
     assert "eagle3 depth 7 (tree 64): draft" in proc.stdout and "does not test them" in proc.stdout
+    assert {row["draft_compile"] for row in r["parallel"].values()} == {
+        "eager"
+    } and "draft eager" in proc.stdout
     alone = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "0", "--sizes", "1,64", "--no-batch",
                 "--no-stream", "--no-parallel", "--out", "n.json", cwd=tmp_path)  # fmt: skip
     r = json.loads((tmp_path / "n.json").read_text())
     assert alone.returncode == 0 and "parallel" not in r and len(r["goals"]) == 4
     code, err = error_in_process(monkeypatch, capsys, "--tiny", "--device", "cpu", "--blocks", "1,8")
     assert code == 2 and "blocks are numbers >= 2, e.g. 8,16, got '1,8'" in err
+
+
+def test_parallel_drafts_are_timed_compiled_as_asked(monkeypatch, tiny_llama):
+    """measure_parallel(compile=...): every parallel drafter's draft goes through the engine's one compile
+    entry point with that mode (on a GPU "graphs" is a CUDA graph, not the eager kernels' launches); a
+    compile that fails gives that row's eager numbers, said so."""
+    load_script(monkeypatch)  # (its sibling modules on the path)
+    import parallel_drafts
+
+    import spechead.inference.compiling as compiling
+
+    model = tiny_llama(64, layers=4, hidden=32).eval()
+    prompt = torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(0))
+    hidden, root = parallel_drafts.target_states(model, prompt)
+    heads = parallel_drafts.parallel_heads(model, 64, (4,), 1)
+    timer = parallel_drafts.Timer(torch.device("cpu"), 2, 1)
+    modes, original = [], compiling.compile_function
+    monkeypatch.setattr(
+        compiling,
+        "compile_function",
+        lambda fn, mode, *a, **kw: (modes.append(mode), original(fn, mode, *a, **kw))[1],
+    )
+    rows = parallel_drafts.measure_parallel(heads, prompt, hidden, root, timer, "graphs")
+    assert modes == ["graphs", "graphs"] and {row["draft_compile"] for row in rows.values()} == {"graphs"}
+    assert all(positive(row["draft_ms"]) for row in rows.values())
+
+    def broken(fn, mode, *a, **kw):
+        raise RuntimeError("no graphs here\nsecond line")
+
+    monkeypatch.setattr(compiling, "compile_function", broken)
+    rows = parallel_drafts.measure_parallel(heads, prompt, hidden, root, timer, "graphs")
+    assert {row["draft_compile"] for row in rows.values()} == {
+        "graphs FAILED (RuntimeError: no graphs here); eager"
+    } and all(positive(row["draft_ms"]) for row in rows.values())
