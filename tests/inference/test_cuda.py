@@ -398,33 +398,39 @@ def _record_trees(drafter, name: str, trees: list) -> None:
     setattr(drafter, name, recorded)
 
 
-def parallel_rows_equal_plain_decoding(model, tokenizer, kind: str, compile, device: str) -> None:
-    """A P-EAGLE / DFlash drafter of `kind` (parallel_heads.KINDS), its head fitted on the CPU, then
-    target and head on `device`: a batch of one and rows of mixed lengths and budgets, twice (the second
-    call reuses the first's buffers and graphs), each row equal to plain decoding on that device."""
-    from .drafters.parallel_heads import dflash_head, parallel_drafter, peagle_head
+@pytest.fixture(scope="module")
+def parallel_setup(tiny_llama, chatml_tokenizer):
+    """A target and its fitted P-EAGLE and DFlash heads (parallel_heads: fitted on the CPU), on CUDA."""
+    from .drafters.parallel_heads import dflash_head, peagle_head
+    from .test_batch import PROMPTS
+
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    model.generation_config.eos_token_id = None
+    heads = {"peagle": peagle_head(model, PROMPTS), "dflash": dflash_head(model, PROMPTS)}
+    model.to("cuda")
+    return model, {name: head.to("cuda") for name, head in heads.items()}
+
+
+@pytest.mark.parametrize("compile", [False, "auto"])
+@pytest.mark.parametrize("kind", ["peagle_chain", "peagle_tree", "dflash_chain", "dflash_tree"])
+def test_parallel_drafters_on_cuda_equal_plain_decoding(parallel_setup, chatml_tokenizer, kind, compile):
+    """P-EAGLE and DFlash on CUDA, eager and as from_pretrained decodes by default ("auto": the target's
+    passes and the block draft as our CUDA graphs, one draft ahead, the draft's buffers at the batch's
+    capacity of rows): a batch of one and rows of mixed lengths and budgets, twice (the second call
+    reuses the first's buffers and graphs), each row equal to plain decoding on CUDA."""
+    from .drafters.parallel_heads import parallel_drafter
     from .test_batch import MAX_NEW, PROMPTS
 
-    model.generation_config.eos_token_id = None
-    head = (peagle_head if kind.startswith("peagle") else dflash_head)(model, PROMPTS)
-    model.to(device)
-    head.to(device)
-    plain = SpeculativeGenerator(model, tokenizer, None)
+    model, heads = parallel_setup
+    plain = SpeculativeGenerator(model, chatml_tokenizer, None)
     plain.eos = set()
     refs = [plain.generate(input_ids=p, max_new_tokens=n).token_ids for p, n in zip(PROMPTS, MAX_NEW)]
-    gen = SpeculativeGenerator(model, tokenizer, parallel_drafter(head, kind), compile=compile)
+    drafter = parallel_drafter(heads[kind.split("_")[0]], kind)
+    gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile=compile)
     gen.eos = set()
+    assert gen.compile == ("graphs" if compile else False)
     assert gen.generate(input_ids=PROMPTS[2], max_new_tokens=MAX_NEW[2]).token_ids == refs[2], kind
     for _ in range(2):
         rows = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW, tree_for_batch=False)
         assert [r.token_ids for r in rows] == refs, kind
     assert max(max(r.stats.accept_lengths) for r in rows) > 1  # (the fitted head accepts paths)
-
-
-@pytest.mark.parametrize("compile", [False, "auto"])
-@pytest.mark.parametrize("kind", ["peagle_chain", "peagle_tree", "dflash_chain", "dflash_tree"])
-def test_parallel_drafters_on_cuda_equal_plain_decoding(tiny_llama, chatml_tokenizer, kind, compile):
-    """P-EAGLE and DFlash on CUDA, eager and as from_pretrained decodes by default ("auto": the target's
-    passes and the block draft as our CUDA graphs, the draft's buffers at the batch's capacity of rows)."""
-    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
-    parallel_rows_equal_plain_decoding(model, chatml_tokenizer, kind, compile, "cuda")
