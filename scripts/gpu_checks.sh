@@ -26,7 +26,8 @@
 #      too). 2026-11-28 (second run): 48 passed. Since then the target's default attention packs one query
 #      and runs tree passes as matmuls on a GPU, the draft attends as matmuls there, and an EAGLE head
 #      drafts in FP8 by default on an FP8 GPU: tests/inference/test_cuda_defaults.py (new, not yet run) and
-#      the CUDA case of test_loading.py (passed alone in that run);
+#      the CUDA case of test_loading.py (passed alone in that run); P-EAGLE and DFlash on CUDA, eager and as
+#      graphs, rows leaving, and their one wait a pass (test_cuda.py, test_cuda_syncs.py: not yet run);
 #   2. bench_gpu: scripts/bench_gpu.py --compile --compare graphs --compile-batch graphs --profile
 #      (Llama-3.1-8B shape, random bf16 weights, no download: inductor with our CUDA graphs beside the
 #      compiler-free graphs, where each part's time goes, batch 1, 4, 16 decoded with the target's batch

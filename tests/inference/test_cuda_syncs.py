@@ -51,10 +51,11 @@ def test_host_to_device_neither_waits_nor_reads_the_source_late():
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("tree", ["dynamic", "static", "medusa"])
+@pytest.mark.parametrize("tree", ["dynamic", "static", "medusa", "peagle", "dflash"])
 def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampled):
     """The fast path (target and draft as CUDA graphs, compile="graphs": captured in seconds; inductor's
-    kernels change nothing on the host; Medusa's heads eager), each next draft queued before the
+    kernels change nothing on the host; Medusa's heads eager; P-EAGLE's and DFlash's block forward as a
+    graph), each next draft queued before the
     acceptance is read (engine/loop.py). Eager, transformers' own forward may wait too: not counted.
     Sampled (temperature and top-k; top-p reads its two flags back once a guess): rule A as batched
     tensor ops (device_sampling.py), whose packed result is the pass's one wait as greedy's is."""
@@ -71,6 +72,11 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
             )
         )
         drafter: Drafter | RowDrafter = MedusaDrafter(medusa.to("cuda"), choices)
+    elif tree in ("peagle", "dflash"):  # one block forward a pass (random heads: the waits are the point)
+        from .drafters.parallel_heads import dflash_head, parallel_drafter, peagle_head
+
+        head = (peagle_head if tree == "peagle" else dflash_head)(model, None)
+        drafter = parallel_drafter(head.to("cuda"), f"{tree}_tree")
     else:
         head = EagleHead(EagleConfig.from_target(model.config)).to("cuda")
         head.attach_target_modules(
@@ -81,7 +87,11 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, compile="graphs")
     # (CUDA's default: the next draft queued first, a batch of one too: Medusa's and the compiled EAGLE
     # drafter's own queued forms; sampled: rule A over their deterministic children)
-    assert gen.ahead and rows_drafter(drafter).queues(1) and drafter.rule == "deterministic"
+    assert (
+        gen.ahead
+        and rows_drafter(drafter).queues(1)
+        and getattr(drafter, "rule", "deterministic") == "deterministic"
+    )
     gen.eos = set()
     prompt = list(range(5, 17))
     reference = SpeculativeGenerator(model, chatml_tokenizer, None)
