@@ -11,8 +11,10 @@ grouped-query attention without repeating keys. FP8 drafting layers (heads/fp8.p
 quantized once per group, their RMSNorm fused into that quantization. The head's modules stay the
 reference (training, export and everything else use them); tests check this path against `head.step`.
 
-Only layers whose math is known here qualify (Llama, Mistral, Qwen2: q/k/v/o projections with
-optional biases, RMSNorm, a gated SiLU MLP); anything else returns None and drafting uses `head.step`.
+Only layers whose math is known here qualify (Llama, Mistral, Qwen2, Qwen3: q/k/v/o projections with
+optional biases and per-head q/k norms, RMSNorm, a gated SiLU MLP); anything else returns None and
+drafting uses `head.step`. P-EAGLE's step is EAGLE-3's; DFlash's block forward runs the same layer code
+(heads/fused_block.py).
 `fused_medusa_logits(head)` does the same for Medusa's heads (every one runs each pass): plain
 ResBlocks and projections as functional ops on the same weights, bit for bit `head.head_logits`.
 """
@@ -20,7 +22,7 @@ ResBlocks and projections as functional ops on the same weights, bit for bit `he
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,7 @@ from transformers import Cache, DynamicCache
 
 from spechead.heads import attention as kernels
 from spechead.heads.attention import FEW_QUERIES, grouped_attention
+from spechead.heads.base import DraftHead
 from spechead.heads.decoder_layer import causal_mask4d, default_positions
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
@@ -37,8 +40,11 @@ from spechead.heads.grad import no_grad
 from spechead.heads.int8 import Int8Linear
 from spechead.heads.medusa import MedusaHead, ResBlock
 
-_LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
-_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
+if TYPE_CHECKING:
+    from spechead.heads.dflash import DFlashHead
+
+_LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
+_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 # keys repeated for grouped-query attention unless sdpa takes enable_gqa (torch >= 2.5)
 _GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -131,7 +137,7 @@ def _supported(layer: nn.Module) -> bool:
     linear = (nn.Linear, Fp8Linear, Fp8Rows, Int8Linear)  # (`_linear` runs any other module's own forward)
     return (
         all(isinstance(getattr(attn, p, None), linear) for p in projections)
-        and not any(hasattr(attn, n) for n in ("q_norm", "k_norm"))
+        and all(_is_norm(getattr(attn, n)) for n in ("q_norm", "k_norm") if hasattr(attn, n))
         and all(isinstance(getattr(mlp, p, None), linear) for p in ("gate_proj", "up_proj", "down_proj"))
         and type(getattr(mlp, "act_fn", None)).__name__ in ("SiLU", "SiLUActivation")
         and _is_norm(layer.input_layernorm, identity_ok=True)
@@ -195,7 +201,11 @@ def _normed_linears(modules: list[nn.Module], normed: list[tuple[nn.Module, Tens
 def _embed(head: EagleHead | Eagle3Head, ids: Tensor, dtype: torch.dtype) -> Tensor:
     """`head.embed(ids)` (B, T) -> (B, T, H) in `dtype`: for a plain nn.Embedding one op, without the
     module call, a no_grad context and the head's parameter walk for its dtype (a scaled or otherwise
-    subclassed embedding runs its own forward)."""
+    subclassed embedding runs its own forward, and so does a head with an `embed` of its own: P-EAGLE's mask
+    embedding at its future positions)."""
+    if type(head).embed is not DraftHead.embed:
+        out = head.embed(ids)
+        return out if out.dtype == dtype else out.to(dtype)
     module = head.input_embeddings  # the head's own embedding where it has one, else the target's
     if type(module) is nn.Embedding and module.max_norm is None:
         out = F.embedding(ids, _param(module, "weight"))
@@ -212,11 +222,11 @@ def _norm(module: _RMSNorm | nn.Module, x: Tensor) -> Tensor:
     return F.rms_norm(x, weight.shape, weight, cast(_RMSNorm, module).variance_epsilon)
 
 
-class _FusedStep:
-    """The fused step of one head (see the module doc); keeps one cos/sin table, made again when the
-    device, the dtype or the cache size changes."""
+class _FusedLayers:
+    """A head's decoder layers as the fused functional chain (see the module doc); keeps one cos/sin
+    table, made again when the device, the dtype or the cache size changes."""
 
-    def __init__(self, head: EagleHead | Eagle3Head, layers: list[nn.Module]) -> None:
+    def __init__(self, head: EagleHead | Eagle3Head | DFlashHead, layers: list[nn.Module]) -> None:
         self.head, self.layers = head, layers  # supported kinds (`_supported` checked them)
         rope = getattr(head.rotary.module, "rope_type", "default")
         self.tabled = "dynamic" not in str(rope)  # dynamic rope angles depend on the sequence length
@@ -225,42 +235,20 @@ class _FusedStep:
         # on GROUPED_DEVICES (faster there: heads/attention.py), sdpa elsewhere
         self.attention = "auto"
 
-    @no_grad
-    def __call__(
+    def _layers(
         self,
         hidden: Tensor,
-        next_ids: Tensor,
-        attention_mask4d: Tensor | None = None,
-        position_ids: Tensor | None = None,
-        past_key_values: Cache | None = None,
+        attn_in: list[tuple[nn.Module, Tensor]] | None,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        cache,
     ) -> Tensor:
-        """hidden (B, T, H) at t and tokens x_{t+1} (B, T) -> next hidden (B, T, H), as `head.step`."""
-        head = self.head
-        dtype = _param(_sub(head, "fc"), "weight").dtype
-        embedded = _embed(head, next_ids, dtype)  # (B, T, H)
-        if isinstance(head, Eagle3Head):
-            hidden = hidden.to(dtype)
-            mid = self.layers[0]  # its attention reads cat(norm(embedded), norm(hidden)) (B, T, 2H)
-            attn_in = [(_sub(mid, "input_layernorm"), embedded), (_sub(mid, "hidden_norm"), hidden)]
-        else:
-            hidden = _linear(_sub(head, "fc"), torch.cat([embedded, hidden.to(dtype)], dim=-1))
-            attn_in = None
-        mask: Tensor | None = attention_mask4d
-        # one query under the causal default sees every key its cache returns: no mask at all, where
-        # the cache's views end at the write (not a fixed-size buffer's whole length)
-        causal = mask is None and (hidden.shape[1] > 1 or not _views_end_at_write(past_key_values))
-        if position_ids is None or causal:  # (drafting passes positions and masks: no cache length read)
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
-            position_ids = default_positions(hidden, past) if position_ids is None else position_ids
-            mask = causal_mask4d(hidden, None, past) if causal else mask
-        if mask is not None and mask.dtype != dtype:  # (`to` costs even as a no-op)
-            mask = mask.to(dtype)
-        cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, T, 1, D) each; sin signed
+        """hidden (B, T, H) through every layer (the first's attention reads `attn_in` where given: EAGLE-3's
+        two normed inputs), layer i's K/V appended to `cache` layer i -> (B, T, H)."""
         for i, layer in enumerate(self.layers):
             normed = attn_in or [(_sub(layer, "input_layernorm"), hidden)]
-            hidden = hidden + self._attention(
-                _sub(layer, "self_attn"), i, normed, cos, sin, mask, past_key_values
-            )
+            hidden = hidden + self._attention(_sub(layer, "self_attn"), i, normed, cos, sin, mask, cache)
             mlp = _sub(layer, "mlp")
             gate, up = _normed_linears(
                 [_sub(mlp, "gate_proj"), _sub(mlp, "up_proj")],
@@ -293,6 +281,8 @@ class _FusedStep:
         q, k, v = _normed_linears([_sub(attn, "q_proj"), _sub(attn, "k_proj"), _sub(attn, "v_proj")], normed)
         q = q.view(batch, length, -1, dim)  # (B, T, nh, D)
         k = k.view(batch, length, -1, dim)  # (B, T, kv, D)
+        if "q_norm" in attn._modules:  # per-head norms before the rotation (Qwen3)
+            q, k = _norm(_sub(attn, "q_norm"), q), _norm(_sub(attn, "k_norm"), k)
         v = v.view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
         half = dim // 2  # rotary before the heads move to dim 1: the angles (B, T, 1, D) need no unsqueeze
         q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
@@ -330,6 +320,45 @@ class _FusedStep:
             cos, sin = self.head.rotary(hidden[:1, :1], grid)  # the head's own rotary: exact angles
             self.table = table = (cos[0, :, None], _signed(sin[0])[:, None])  # [S, 1, D] each
         return table[0][positions], table[1][positions]  # one gather each, no unsqueeze
+
+
+class _FusedStep(_FusedLayers):
+    """An EAGLE head's fused step (`fused_step`)."""
+
+    head: EagleHead | Eagle3Head
+
+    @no_grad
+    def __call__(
+        self,
+        hidden: Tensor,
+        next_ids: Tensor,
+        attention_mask4d: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> Tensor:
+        """hidden (B, T, H) at t and tokens x_{t+1} (B, T) -> next hidden (B, T, H), as `head.step`."""
+        head = self.head
+        dtype = _param(_sub(head, "fc"), "weight").dtype
+        embedded = _embed(head, next_ids, dtype)  # (B, T, H)
+        if isinstance(head, Eagle3Head):
+            hidden = hidden.to(dtype)
+            mid = self.layers[0]  # its attention reads cat(norm(embedded), norm(hidden)) (B, T, 2H)
+            attn_in = [(_sub(mid, "input_layernorm"), embedded), (_sub(mid, "hidden_norm"), hidden)]
+        else:
+            hidden = _linear(_sub(head, "fc"), torch.cat([embedded, hidden.to(dtype)], dim=-1))
+            attn_in = None
+        mask: Tensor | None = attention_mask4d
+        # one query under the causal default sees every key its cache returns: no mask at all, where
+        # the cache's views end at the write (not a fixed-size buffer's whole length)
+        causal = mask is None and (hidden.shape[1] > 1 or not _views_end_at_write(past_key_values))
+        if position_ids is None or causal:  # (drafting passes positions and masks: no cache length read)
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = default_positions(hidden, past) if position_ids is None else position_ids
+            mask = causal_mask4d(hidden, None, past) if causal else mask
+        if mask is not None and mask.dtype != dtype:  # (`to` costs even as a no-op)
+            mask = mask.to(dtype)
+        cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, T, 1, D) each; sin signed
+        return self._layers(hidden, attn_in, cos, sin, mask, past_key_values)
 
 
 def _signed(sin: Tensor) -> Tensor:

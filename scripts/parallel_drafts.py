@@ -60,10 +60,14 @@ def time_peagle(
     root: int,
     timer: Timer,
     compile: bool | str = False,
+    fused: bool = True,
 ) -> dict:
     """{draft_ms, accept_ms, drafts, nodes}: one pass (ACCEPTED new positions + the block) after the prompt,
-    the draft compiled by `compile` (`use_compile`; False: eager)."""
+    the draft compiled by `compile` (`use_compile`; False: eager); fused=False: through the head's modules
+    instead of heads/fused.py's chain (an A/B: bench_fused_drafts.py)."""
     drafter, sampling = PEagleDrafter(head), [SamplingParams()]
+    if not fused:
+        drafter.head_step, drafter.head_logits = head.step, head.logits
     drafter.use_compile(compile)
     drafter.start([prompt], [hidden], [root])
     drafter.propose([root], sampling, [None])  # the whole prompt written
@@ -83,10 +87,13 @@ def time_dflash(
     root: int,
     timer: Timer,
     compile: bool | str = False,
+    fused: bool = True,
 ) -> dict:
-    """{draft_ms, accept_ms, drafts, nodes}: the block forward after the prompt (compiled by `compile`); an
-    accept of ACCEPTED."""
+    """{draft_ms, accept_ms, drafts, nodes}: the block forward after the prompt (compiled by `compile`; fused
+    as `time_peagle`'s); an accept of ACCEPTED."""
     drafter, sampling = DFlashDrafter(head), [SamplingParams()]
+    if not fused:
+        drafter.head_forward = head
     drafter.use_compile(compile)
     drafter.start([prompt], [hidden], [root])
     committed = drafter.lengths[0]

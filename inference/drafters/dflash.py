@@ -28,6 +28,7 @@ from torch import Tensor
 
 from spechead.heads.decoder_layer import additive_mask
 from spechead.heads.dflash import MASK, DFlashHead
+from spechead.heads.fused_block import fused_block
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, paths_states
@@ -48,6 +49,9 @@ class DFlashDrafter(ParallelDrafter):
             raise ValueError(f"a DFlash drafter's tree is 'chain' or a list of rank paths, got tree={tree!r}")
         self.block_size = head.config.block_size
         super().__init__(head, BlockTree(None if isinstance(tree, str) else tree, self.block_size - 1))
+        # the block forward as a short chain of ops on the head's weights where its layer kind allows
+        # (heads/fused.py): on a CPU the layer modules' overhead is as large as their arithmetic
+        self.head_forward = fused_block(head) or head
         self.kv: list[tuple[Tensor, Tensor]] = []  # per layer, keys / values [B, kv, S, D]
         self.lengths: list[int] = []  # row b's committed context positions (host)
         self.lengths_t: Tensor | None = None  # [B] the same on the head's device
@@ -127,7 +131,9 @@ class DFlashDrafter(ParallelDrafter):
         span = self.kv[0][0].shape[2]
         seen = torch.arange(span, device=device)[None] < lengths[:, None]  # [B, S] committed slots
         allowed = torch.cat([seen, seen.new_ones(batch, size)], dim=1)[:, None].expand(-1, size, -1)
-        hidden = self.head(block, positions, self.kv, additive_mask(allowed, self.head.fc.weight.dtype))
+        hidden = self.head_forward(
+            block, positions, self.kv, additive_mask(allowed, self.head.fc.weight.dtype)
+        )
         top = self.head.logits(hidden[:, 1:]).topk(self.tree.width, dim=-1).indices  # [B, bs-1, width]
         return self.tree.tokens(roots, top)  # [B, N]
 

@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.nn.functional import pad
 
 from spechead.heads.decoder_layer import additive_mask
+from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
@@ -61,6 +62,10 @@ class PEagleDrafter(ParallelDrafter):
 
     def __init__(self, head: PEagleHead, choices: list[list[int]] | None = None):
         super().__init__(head, BlockTree(choices, head.block_size))
+        # the head's step and logits as short chains of ops on its own weights where its layer kind allows
+        # (heads/fused.py, as EAGLE drafts): on a CPU the modules' overhead is as large as the arithmetic
+        self.head_step = fused_step(head) or head.step
+        self.head_logits = fused_logits(head) or head.logits
         self.cache: RowCache | None = None
         self.lengths_t: Tensor | None = None  # [B] committed lengths on the head's device
         # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
@@ -160,7 +165,7 @@ class PEagleDrafter(ParallelDrafter):
         allowed = keys[None, None, :] <= slots[:, :, None]  # [B, Q, S]: causal by slot
         cache.write_slots, cache.view_length = slots, view
         try:
-            out = head.step(
+            out = self.head_step(
                 torch.cat([fused, future_hidden], dim=1),
                 torch.cat([next_ids, future_ids], dim=1),
                 additive_mask(allowed, fused.dtype),
@@ -171,12 +176,19 @@ class PEagleDrafter(ParallelDrafter):
             cache.write_slots = None
         anchor = (counts - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.shape[-1])  # [B, 1, H] (idle: 0)
         block = torch.cat([out.gather(1, anchor), out[:, width:]], dim=1)  # [B, K, H]
-        top = head.logits(block).topk(self.tree.width, dim=-1).indices  # [B, K, width] draft ids
+        top = self.head_logits(block).topk(self.tree.width, dim=-1).indices  # [B, K, width] draft ids
         return self.tree.tokens(roots, head.draft_to_target(top))  # [B, N] target ids
 
     def _graph_state(self) -> tuple:
-        """What the compiled pass reads besides its arguments: the head cache's buffers and the tree."""
-        return (self.cache.generation if self.cache is not None else None), tuple(map(tuple, self.choices))
+        """What the compiled pass reads besides its arguments: the head cache's buffers, the tree and the
+        fused step's rotary table (made again when a grown cache asks)."""
+        table = getattr(self.head_step, "table", None)
+        angles = None if table is None else table[0].data_ptr()
+        return (
+            (self.cache.generation if self.cache is not None else None),
+            tuple(map(tuple, self.choices)),
+            angles,
+        )
 
     @inference_mode
     def accept(

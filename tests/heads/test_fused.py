@@ -30,17 +30,19 @@ CONFIGS = {
             "original_max_position_embeddings": 16,
         },
     ),  # fmt: skip
+    "qwen3-own": dict(num_key_value_heads=2, head_dim=8),  # the target's own layer: per-head q/k norms
 }
 
 
 def make_head(model_type: str, family: str, **kw):
     extra = CONFIGS[model_type]
     cfg = AutoConfig.for_model(model_type.split("-")[0], **COMMON, **extra)
+    layer = "target" if model_type.endswith("-own") else "llama"
     torch.manual_seed(0)
     if family == "eagle3":
-        head = Eagle3Head(Eagle3Config.from_target(cfg, draft_vocab_size=V))
+        head = Eagle3Head(Eagle3Config.from_target(cfg, layer, draft_vocab_size=V))
     else:
-        head = EagleHead(EagleConfig.from_target(cfg, **kw))
+        head = EagleHead(EagleConfig.from_target(cfg, layer, **kw))
     for p in head.parameters():  # away from the identity-like init: every weight matters
         p.data.add_(0.2 * torch.randn_like(p))
     embed = torch.nn.Embedding(V, H)
@@ -187,8 +189,6 @@ def test_angles_follow_a_grown_cache() -> None:
 
 
 def test_other_layer_kinds_are_left_to_the_module_step() -> None:
-    cfg = AutoConfig.for_model("qwen3", num_key_value_heads=2, head_dim=8, **COMMON)  # q/k norms
-    assert fused_step(EagleHead(EagleConfig.from_target(cfg, draft_layer="target"))) is None
     cfg = AutoConfig.for_model("llama", num_key_value_heads=2, hidden_act="gelu", **COMMON)
     assert fused_step(EagleHead(EagleConfig.from_target(cfg))) is None
     assert fused_step(torch.nn.Linear(2, 2)) is None

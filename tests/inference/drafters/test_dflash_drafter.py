@@ -96,3 +96,17 @@ def test_kept_rows_draft_as_before_without_a_second_buffer(model):
     drafter.keep([1, 0])  # another order: gathered
     again = drafter.propose([roots[kept[1]], roots[kept[0]]], greedy[:2], [None] * 2).tokens
     assert torch.equal(again, before[[kept[1], kept[0]]])
+
+
+def test_parallel_drafters_draft_through_the_fused_chain(tiny_llama, chatml_tokenizer):
+    """P-EAGLE's step and DFlash's block forward run as heads/fused.py's chains where the layer kind
+    allows (the default draft layers: Llama for P-EAGLE, Qwen3 for DFlash); their equality with the
+    modules is tests/heads/test_fused*.py's, the drafters' losslessness test_parallel_lossless.py's."""
+    from spechead.heads.fused import _FusedStep
+    from spechead.heads.fused_block import _FusedBlock
+
+    from .parallel_heads import dflash_head, parallel_drafter, peagle_head
+
+    model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
+    assert isinstance(parallel_drafter(peagle_head(model, None), "peagle_chain").head_step, _FusedStep)
+    assert isinstance(parallel_drafter(dflash_head(model, None), "dflash_chain").head_forward, _FusedBlock)
