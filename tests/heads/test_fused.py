@@ -281,3 +281,29 @@ def test_fused_medusa_logits_equal_the_module_logits(shared) -> None:
         for k in (1, 2):
             assert torch.equal(fused(k, hidden), head.head_logits(k, hidden)), k
     assert fused_medusa_logits(head) is None  # a head made with another block kind keeps its modules
+
+
+def test_a_peagle_heads_future_positions_embed_as_its_step() -> None:
+    """P-EAGLE's fused step (EAGLE-3's) embeds its future positions' MASK_ID with the head's learned mask
+    embedding, as `head.step` does (the plain embedding table has no such row)."""
+    from spechead.heads.peagle import MASK_ID, PEagleConfig, PEagleHead
+
+    cfg = AutoConfig.for_model("llama", **COMMON, **CONFIGS["llama"])
+    torch.manual_seed(0)
+    head = PEagleHead(PEagleConfig.from_target(cfg, draft_vocab_size=V, block_size=4))
+    for p in head.parameters():
+        p.data.add_(0.2 * torch.randn_like(p))
+    head.attach_target_modules(
+        lm_head=torch.nn.Linear(H, V, bias=False), embed_tokens=torch.nn.Embedding(V, H)
+    )
+    fused = fused_step(head.eval())
+    assert fused is not None
+    gen = torch.Generator().manual_seed(3)
+    future_hidden, future_ids = head.future_inputs(1, 3)
+    feats = torch.cat([torch.randn(1, 5, H, generator=gen), future_hidden], dim=1)  # (1, 8, H)
+    ids = torch.cat([torch.randint(0, V, (1, 5), generator=gen), future_ids], dim=1)  # MASK_ID at 5..7
+    assert (ids[0, 5:] == MASK_ID).all()
+    with torch.no_grad():
+        ref = head.step(feats, ids, None, None, DynamicCache())
+        new = fused(feats, ids, None, None, DynamicCache())
+    torch.testing.assert_close(new, ref, atol=1e-6, rtol=1e-6)
