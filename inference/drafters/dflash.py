@@ -50,7 +50,7 @@ class DFlashDrafter(ParallelDrafter):
         self.block_size = head.config.block_size
         super().__init__(head, BlockTree(None if isinstance(tree, str) else tree, self.block_size - 1))
         # the block forward as a short chain of ops on the head's weights where its layer kind allows
-        # (heads/fused.py): on a CPU the layer modules' overhead is as large as their arithmetic
+        # (heads/fused_block.py): on a CPU the layer modules' overhead is as large as their arithmetic
         self.head_forward = fused_block(head) or head
         self.kv: list[tuple[Tensor, Tensor]] = []  # per layer, keys / values [B, kv, S, D]
         self.lengths: list[int] = []  # row b's committed context positions (host)
