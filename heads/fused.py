@@ -277,16 +277,9 @@ class _FusedLayers:
         angles cos / signed sin, appending K/V to `cache` layer i. rotate_half(x) * sin = x.roll(D / 2) *
         signed sin: one op, not four."""
         batch, length = normed[0][1].shape[:2]
-        dim = cast(int, attn.head_dim)
         q, k, v = _normed_linears([_sub(attn, "q_proj"), _sub(attn, "k_proj"), _sub(attn, "v_proj")], normed)
-        q = q.view(batch, length, -1, dim)  # (B, T, nh, D)
-        k = k.view(batch, length, -1, dim)  # (B, T, kv, D)
-        if "q_norm" in attn._modules:  # per-head norms before the rotation (Qwen3)
-            q, k = _norm(_sub(attn, "q_norm"), q), _norm(_sub(attn, "k_norm"), k)
-        v = v.view(batch, length, -1, dim).transpose(1, 2)  # (B, kv, T, D)
-        half = dim // 2  # rotary before the heads move to dim 1: the angles (B, T, 1, D) need no unsqueeze
-        q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh, T, D), (B, kv, T, D)
+        q, k = rotated(attn, "q_norm", q, cos, sin), rotated(attn, "k_norm", k, cos, sin)  # (B, n, T, D)
+        v = v.view(batch, length, -1, cast(int, attn.head_dim)).transpose(1, 2)  # (B, kv, T, D)
         if cache is not None:
             k, v = cache.update(k, v, i)  # (B, kv, S, D): the cache's view after writing
         if self.attends_as_matmuls(q.device) and length <= FEW_QUERIES:
@@ -359,6 +352,17 @@ class _FusedStep(_FusedLayers):
             mask = mask.to(dtype)
         cos, sin = self._angles(hidden, position_ids, past_key_values)  # (B, T, 1, D) each; sin signed
         return self._layers(hidden, attn_in, cos, sin, mask, past_key_values)
+
+
+def rotated(attn: nn.Module, norm: str, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """A query / key projection's output (B, T, n * D) -> heads (B, n, T, D): the layer's per-head norm
+    `norm` first where it has one (Qwen3's q_norm / k_norm), then rotated by cos / signed sin (B, T, 1, D)
+    before the heads move to dim 1 (the angles need no unsqueeze)."""
+    dim = cast(int, attn.head_dim)
+    x = x.view(*x.shape[:2], -1, dim)  # (B, T, n, D)
+    if norm in attn._modules:
+        x = _norm(_sub(attn, norm), x)
+    return (x * cos + x.roll(dim // 2, -1) * sin).transpose(1, 2)
 
 
 def _signed(sin: Tensor) -> Tensor:

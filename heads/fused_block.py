@@ -4,18 +4,17 @@ block's. `DFlashHead.forward` stays the reference (training, export); tests chec
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import cast
 
 import torch
 from torch import Tensor, nn
 
 from spechead.heads.dflash import DFlashHead
-from spechead.heads.fused import _FusedLayers, _is_norm, _norm, _supported
+from spechead.heads.fused import _FusedLayers, _is_norm, _linears, _norm, _sub, _supported, rotated
 from spechead.heads.grad import no_grad
 
 
-def fused_block(head: nn.Module) -> Callable[..., Tensor] | None:
+def fused_block(head: nn.Module) -> _FusedBlock | None:
     """A drop-in for a DFlash head's `forward(block_ids, positions, context_kv, attention_mask4d)` -> normed
     block states (B, Q, H) (no autograd: drafting only), or None when its layers or final norm are not of a
     supported kind."""
@@ -27,7 +26,7 @@ def fused_block(head: nn.Module) -> Callable[..., Tensor] | None:
 
 class _FusedBlock(_FusedLayers):
     """A DFlash head's block forward through the fused layers (`fused_block`): each layer attends over its
-    context keys / values placed before the block's."""
+    context keys / values placed before the block's; `inject` makes those keys / values (a commit)."""
 
     @no_grad
     def __call__(
@@ -47,6 +46,20 @@ class _FusedBlock(_FusedLayers):
         cos, sin = self._angles(hidden, positions, None)  # (B, Q, 1, D) each; sin signed
         hidden = self._layers(hidden, None, cos, sin, mask, _Prefixes(context_kv))
         return _norm(head.norm, hidden)
+
+    @no_grad
+    def inject(self, context: Tensor, positions: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """As `DFlashHead.inject`: context features (B, T, H) at positions (B, T) -> every layer's (keys,
+        values), each (B, kv, T, D), the keys normed and rotated as the layer's attention does them."""
+        context = context.to(cast(DFlashHead, self.head).fc.weight.dtype)
+        cos, sin = self._angles(context, positions, None)  # (B, T, 1, D) each; sin signed
+        out = []
+        for layer in self.layers:
+            attn = _sub(layer, "self_attn")
+            keys, values = _linears([_sub(attn, "k_proj"), _sub(attn, "v_proj")], context)
+            values = values.view(*context.shape[:2], -1, cast(int, attn.head_dim)).transpose(1, 2)
+            out.append((rotated(attn, "k_norm", keys, cos, sin), values))  # (B, kv, T, D) each
+        return out
 
 
 class _Prefixes:

@@ -6,7 +6,7 @@ what drafting runs) beside the same heads through their modules, at one target's
 Random-weight heads of the target's width and dtype (times are real, acceptance is not): P-EAGLE of K
 --blocks (a pass writes the positions accepted since the last, then the block) and DFlash of those blocks
 with --dflash-layers layers (Qwen3 layers: the default), each drafted after a --context-token prompt as
-scripts/parallel_drafts.py times it. The two paths alternate for --rounds rounds (load changes hit both
+scripts/parallel_drafts.py times it, and its accept (DFlash: the accepted positions' keys / values). The two paths alternate for --rounds rounds (load changes hit both
 alike); the table gives each path's median over the rounds of its median draft time, and module / fused.
 """
 
@@ -57,18 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     hidden, root = target_states(model, prompt)
     heads = parallel_heads(model, 32000, blocks, args.dflash_layers)
     timer = Timer(torch.device("cpu"), args.iters, 10)
-    times: dict[tuple[str, bool], list[float]] = {(name, f): [] for name in heads for f in (True, False)}
+    times: dict[tuple[str, bool, str], list[float]] = {
+        (name, f, part): [] for name in heads for f in (True, False) for part in ("draft_ms", "accept_ms")
+    }
     for _ in range(args.rounds):
         for name, head in heads.items():
             layers = {layer: hidden[layer] for layer in head.config.target_layers}
             timed = time_peagle if isinstance(head, PEagleHead) else time_dflash
             for fused in (True, False):
-                times[(name, fused)].append(timed(head, prompt, layers, root, timer, fused=fused)["draft_ms"])
+                row = timed(head, prompt, layers, root, timer, fused=fused)
+                for part in ("draft_ms", "accept_ms"):
+                    times[(name, fused, part)].append(row[part])
     print(f"{args.target}, {torch.get_num_threads()} threads, {args.rounds} rounds x {args.iters} drafts")
-    print("| drafter | fused ms | modules ms | modules / fused |\n|---|---:|---:|---:|")
+    print("| drafter | part | fused ms | modules ms | modules / fused |\n|---|---|---:|---:|---:|")
     for name in heads:
-        fused, modules = (statistics.median(times[(name, f)]) for f in (True, False))
-        print(f"| {name} | {fused:.3f} | {modules:.3f} | {modules / fused:.2f}x |")
+        for part in ("draft_ms", "accept_ms"):
+            fused, modules = (statistics.median(times[(name, f, part)]) for f in (True, False))
+            print(f"| {name} | {part[:-3]} | {fused:.3f} | {modules:.3f} | {modules / fused:.2f}x |")
     return 0
 
 

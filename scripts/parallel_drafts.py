@@ -93,7 +93,7 @@ def time_dflash(
     as `time_peagle`'s); an accept of ACCEPTED."""
     drafter, sampling = DFlashDrafter(head), [SamplingParams()]
     if not fused:
-        drafter.head_forward = head
+        drafter.head_forward, drafter.head_inject = head, head.inject
     drafter.use_compile(compile)
     drafter.start([prompt], [hidden], [root])
     committed = drafter.lengths[0]

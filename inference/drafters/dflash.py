@@ -51,7 +51,9 @@ class DFlashDrafter(ParallelDrafter):
         super().__init__(head, BlockTree(None if isinstance(tree, str) else tree, self.block_size - 1))
         # the block forward as a short chain of ops on the head's weights where its layer kind allows
         # (heads/fused_block.py): on a CPU the layer modules' overhead is as large as their arithmetic
-        self.head_forward = fused_block(head) or head
+        fused = fused_block(head)
+        self.head_forward = fused or head
+        self.head_inject = fused.inject if fused is not None else head.inject  # (a commit's keys / values)
         self.kv: list[tuple[Tensor, Tensor]] = []  # per layer, keys / values [B, kv, S, D]
         self.lengths: list[int] = []  # row b's committed context positions (host)
         self.lengths_t: Tensor | None = None  # [B] the same on the head's device
@@ -85,7 +87,7 @@ class DFlashDrafter(ParallelDrafter):
         assert self.lengths_t is not None
         batch, width = context.shape[:2]
         slots = self.lengths_t[:, None] + torch.arange(width, device=context.device)  # [B, W]
-        for (keys, values), (new_k, new_v) in zip(self.kv, self.head.inject(context, slots)):
+        for (keys, values), (new_k, new_v) in zip(self.kv, self.head_inject(context, slots)):
             keys.scatter_(2, slots[:, None, :, None].expand_as(new_k), new_k)  # [B, kv, S, D]
             values.scatter_(2, slots[:, None, :, None].expand_as(new_v), new_v)
         self.lengths_t = self.lengths_t + counts

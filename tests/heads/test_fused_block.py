@@ -54,6 +54,24 @@ def test_fused_block_equals_the_module_forward(tiny_llama, layer, attention):
     torch.testing.assert_close(new, ref, **tol)
 
 
+@pytest.mark.parametrize("layer", ["qwen3", "llama"])
+def test_fused_inject_equals_the_modules(tiny_llama, layer):
+    """A commit's context keys / values through the chain: `DFlashHead.inject`'s, every layer (the keys
+    normed per head where the layer does, then rotated at the context's own positions)."""
+    head = _head(tiny_llama, layer)
+    fused = fused_block(head)
+    assert fused is not None
+    gen = torch.Generator().manual_seed(3)
+    context = torch.randn(2, 5, H, generator=gen)
+    positions = torch.tensor([[4, 5, 6, 7, 8], [0, 1, 2, 3, 4]])
+    with torch.no_grad():
+        ref, new = head.inject(context, positions), fused.inject(context, positions)
+    assert len(new) == len(ref) == 2
+    for (k, v), (rk, rv) in zip(new, ref):
+        torch.testing.assert_close(k, rk, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(v, rv, atol=1e-6, rtol=1e-5)
+
+
 def test_other_kinds_are_left_to_the_module_forward(tiny_llama):
     head = _head(tiny_llama, "qwen3")
     head.layers[1].mlp.act_fn = torch.nn.GELU()  # (a layer the chain does not write out)

@@ -8,10 +8,12 @@ def test_both_paths_of_every_head_are_timed(script, capsys, tiny_target_dir):
     args = ["--target", str(tiny_target_dir), "--blocks", "4", "--dflash-layers", "1", "--context", "16"]
     assert script("bench_fused_drafts").main([*args, "--rounds", "1", "--iters", "2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[1] == "| drafter | fused ms | modules ms | modules / fused |"
+    assert lines[1] == "| drafter | part | fused ms | modules ms | modules / fused |"
     rows = [line.strip("|").split(" | ") for line in lines[3:]]
-    assert [r[0].strip() for r in rows] == ["peagle-4", "dflash-4"]
-    for _, fused, modules, ratio in rows:
+    assert [(r[0].strip(), r[1]) for r in rows] == [
+        ("peagle-4", "draft"), ("peagle-4", "accept"), ("dflash-4", "draft"), ("dflash-4", "accept")
+    ]  # fmt: skip
+    for _, _, fused, modules, ratio in rows:
         assert float(fused) > 0 and float(modules) > 0
         assert abs(float(ratio.strip().rstrip("x")) - float(modules) / float(fused)) < 0.01
 
