@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from collections.abc import Sequence
 from importlib.resources import files
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spechead.heads import DraftHead, directory, load_head
-from spechead.heads.families import family_of
+from spechead.heads.families import Family, family_of
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DraftModelDrafter
@@ -93,11 +94,7 @@ def make_drafter(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
         return drafter_for_head(head, spec, **options)
-    unknown = sorted(set(options) - set(DRAFT_MODEL_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"draft model {spec}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(DRAFT_MODEL_OPTIONS)}"
-        )
+    _check_names(f"draft model {spec}", options, DRAFT_MODEL_OPTIONS)
     # (straight onto the device, as the target: `load_generator`)
     model = AutoModelForCausalLM.from_pretrained(
         spec, revision=revision, dtype=dtype, device_map=torch.device(device)
@@ -107,12 +104,12 @@ def make_drafter(
 
 def _builtin(name: str, options: dict) -> RowDrafter:
     """A weightless drafter by name; unknown options raise ValueError naming the valid ones."""
-    cls = BUILTIN_DRAFTERS[name]
-    valid = [k for k in inspect.signature(cls).parameters]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(f"{name}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
-    return cls(**options)
+    return BUILTIN_DRAFTERS[name](**_builtin_options(name, options))
+
+
+def _builtin_options(name: str, options: dict) -> dict:
+    _check_names(name, options, list(inspect.signature(BUILTIN_DRAFTERS[name]).parameters))
+    return options
 
 
 def is_cascade(spec: str) -> bool:
@@ -135,11 +132,7 @@ def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> RowDr
     """A CascadeDrafter from "cascade" (the demo pair) or "cascade:TINY+MEDIUM"; options: CASCADE_OPTIONS."""
     from spechead.inference.drafters.cascade import CascadeDrafter
 
-    unknown = sorted(set(options) - set(CASCADE_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"cascade drafter: unknown option(s) {', '.join(unknown)}; valid: {', '.join(CASCADE_OPTIONS)}"
-        )
+    _check_names("cascade drafter", options, CASCADE_OPTIONS)
     tiny, medium = (
         AutoModelForCausalLM.from_pretrained(
             path, revision=revision, dtype=dtype, device_map=torch.device(device)
@@ -156,19 +149,54 @@ def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) ->
     (EAGLE: instead of the dynamic tree unless tree/top_k/depth/total_tokens are given).
     """
     fam = family_of(head.config)
-    build = fam.load("drafter")
-    valid = [name for name in inspect.signature(build).parameters if name != "head"]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:  # one line naming what this family's drafter takes (a static tree's option differs)
-        raise ValueError(
-            f"{fam.name} head: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)} "
-            f"(a static tree goes in {fam.tree_option}=)"
-        )
+    options = head_options(fam, options)
     tree = directory.read_tree(head_dir) if head_dir is not None else None
     saved = tree["choices"] if tree else None
     if saved is not None and not set(TREE_OPTIONS) & set(options):
         options = {**options, fam.tree_option: saved}
-    return build(head, **options)
+    return fam.load("drafter")(head, **options)
+
+
+def head_options(fam: Family, options: dict) -> dict:
+    """`options` as a `fam` head's drafter takes them: a static tree given as `tree=` or `choices=` goes in the
+    family's own option (every head takes HEAD/tree.json the same way); ValueError naming the valid ones
+    for any other option."""
+    valid = [name for name in inspect.signature(fam.load("drafter")).parameters if name != "head"]
+    given = [name for name in ("tree", "choices") if name in options]
+    if len(given) == 2:
+        raise ValueError(f"{fam.name} head: a static tree goes in tree= or choices=, not both")
+    if given and given[0] not in valid and fam.tree_option in valid:
+        options = {**options, fam.tree_option: options[given[0]]}
+        del options[given[0]]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:  # one line naming what this family's drafter takes
+        raise ValueError(
+            f"{fam.name} head: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
+        )
+    return options
+
+
+def check_spec(spec: str, revision: str | None = None) -> None:
+    """Check a drafter spec's options against what its drafter takes, before any weights load (a script
+    measuring several drafters checks them all first, not after the first ones' runs): ValueError, one
+    line, naming the valid options. A layer-skip spec is checked against its target when it loads."""
+    path, options = drafter_options(spec)
+    if path in BUILTIN_DRAFTERS:
+        _builtin_options(path, options)
+    elif is_cascade(path):
+        _check_names("cascade drafter", options, CASCADE_OPTIONS)
+    elif not is_self_spec(path):
+        config = config_of(path, revision)
+        if not is_head_dir(config, path):
+            _check_names(f"draft model {path}", options, DRAFT_MODEL_OPTIONS)
+        elif "family" in config:  # (a reference layout's family is known once it loads)
+            head_options(family_of(config), options)
+
+
+def _check_names(what: str, options: dict, valid: Sequence[str]) -> None:
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"{what}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
 
 
 WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option values passed as strings
@@ -177,7 +205,7 @@ WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option val
 def drafter_options(spec: str) -> tuple[str, dict]:
     """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, a draft-model rule
     (`iid`, `without_replacement`, `deterministic`), a width per depth like `4x2x2x1`, or a tree file
-    (tree.json or a JSON list of rank paths) for `tree=` (EAGLE, draft model) / `choices=` (Medusa)."""
+    (tree.json or a JSON list of rank paths) for `tree=` (any head: `head_options`; a draft model) or `choices=`."""
     path, _, opts = spec.partition("@")
     options: dict = {}
     for item in filter(None, opts.split(",")):

@@ -33,7 +33,7 @@ from spechead.data.prompt_sets import load_prompt_set
 from spechead.heads.files import unwritable_reason
 from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP
-from spechead.inference.drafter_specs import drafter_options
+from spechead.inference.drafter_specs import check_spec, drafter_options
 from spechead.inference.generator import SpeculativeGenerator
 
 
@@ -145,6 +145,13 @@ def main(argv=None) -> int:
     chats = [[{"role": "user", "content": p.turns[0]}] for p in prompts]
     specs = [d.split("=", 1) for d in args.drafter] or [("plain", None)]
     rows = []
+    for name, spec in specs:  # every drafter's options, before the first one's runs
+        try:
+            if spec:
+                check_spec(spec)
+        except (ValueError, OSError) as err:
+            print(f"bench_batch.py: error: --drafter {name}={spec}: {err}", file=sys.stderr)
+            return 2
     for name, spec in specs:
         try:
             path, options = (

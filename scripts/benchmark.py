@@ -35,7 +35,7 @@ from spechead.heads.files import unwritable_reason
 from spechead.inference.compiling import AUTO, compile_option, resolve_compile_args
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
-from spechead.inference.drafter_specs import drafter_options
+from spechead.inference.drafter_specs import check_spec, drafter_options
 from spechead.inference.drafters.layer_skip_file import read_drafter_file
 from spechead.inference.evaluation.measure import (
     DEFINITIONS,
@@ -84,7 +84,7 @@ def parse(argv=None) -> argparse.Namespace:
         help="NAME=SPEC[@key=value,...]: a head dir/Hub id, a draft model, a cascade, prompt_lookup or lookahead; "
         "options go to the drafter, e.g. eagle3=outputs/eagle3-demo/head@top_k=8,depth=6,total_tokens=48 or "
         "la=lookahead@window=5,ngram=4,candidates=5 or "
-        "eagle3=HEAD@tree=tree.json (static tree; Medusa: choices=tree.json) or "
+        "eagle3=HEAD@tree=tree.json (a static tree, any head) or "
         "draft=DRAFT_MODEL@width=4x2x2x1,rule=without_replacement or casc=cascade:TINY+MEDIUM@num_draft=8,tiny_draft=4 "
         "(plain `cascade`: the demo tiny+medium pair) or the target itself with layers skipped: "
         "skip=layer_skip@skip=2+3+6, exit=early_exit@layer=4, skip=outputs/skip.json (scripts/search_skip.py) "
@@ -348,6 +348,12 @@ def main(argv=None) -> int:
         "prompt_lookup": "prompt_lookup",
         **{name: path for name, path in DEMO_HEADS.items() if Path(path).is_dir()},
     }
+    for name, spec in specs.items():  # every drafter's options, before the first one's long run
+        try:
+            check_spec(spec)
+        except (ValueError, OSError) as err:
+            print(f"error: drafter {name}={spec}: {str(err).splitlines()[0]}", file=sys.stderr)
+            return 2
     unwritable = unwritable_reason(args.out)  # before the long run, not when its results are written
     if unwritable:
         print(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
-from spechead.inference.drafter_specs import drafter_for_head, make_drafter
+from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead, PEagleConfig, PEagleHead
+from spechead.inference.drafter_specs import check_spec, drafter_for_head, make_drafter
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 
@@ -28,17 +28,43 @@ def test_a_heads_drafter_options_are_checked_in_one_line(target):
     assert isinstance(drafter_for_head(medusa), MedusaDrafter)
     built = drafter_for_head(medusa)  # a drafter batched itself, given built: taken as it is
     assert make_drafter(built, target, device="cpu", dtype=torch.float32) is built
-    # a static tree in the other family's option: the message names the right one
+    # a static tree under either name goes in the family's own option (HEAD/tree.json the same way for all)
+    assert drafter_for_head(medusa, tree=[[0], [1]]).choices == [[0], [1]]
+    assert drafter_for_head(eagle3, choices=[[0], [0, 0]]).choices == [[0], [0, 0]]
+    with pytest.raises(ValueError, match=r"^medusa head: a static tree goes in tree= or choices=, not both$"):
+        drafter_for_head(medusa, tree=[[0]], choices=[[0]])
     with pytest.raises(
         ValueError,
-        match=r"^medusa head: unknown option\(s\) tree; valid: choices \(a static tree goes in choices=\)$",
-    ):
-        drafter_for_head(medusa, tree=[[0]])
-    with pytest.raises(
-        ValueError,
-        match=r"eagle3 head: unknown option\(s\) bogus, choices; valid: tree, top_k, depth, total_tokens",
+        match=r"^eagle3 head: unknown option\(s\) bogus; valid: tree, top_k, depth, total_tokens, rule$",
     ):
         drafter_for_head(eagle3, choices=[[0]], bogus=3)
+
+
+def test_a_specs_options_are_checked_before_anything_loads(tmp_path, target):
+    """check_spec: every kind of spec's options against what its drafter takes, from config.json alone
+    (the head directories hold no weights here: a load would fail)."""
+    peagle = PEagleHead(
+        PEagleConfig.from_target(target.config, target_layers=[0, 1, 2], block_size=4)
+    ).save_pretrained(tmp_path / "p")
+    medusa = MedusaHead(MedusaConfig(hidden_size=32, vocab_size=64, num_heads=2)).save_pretrained(
+        tmp_path / "m"
+    )
+    for head in (peagle, medusa):
+        (head / "model.safetensors").unlink()
+    tree = tmp_path / "tree.json"
+    tree.write_text('{"choices": [[0], [0, 0]]}')
+    for spec in (f"{peagle}@tree={tree}", f"{peagle}@choices={tree}", f"{medusa}@tree={tree}",
+                 "prompt_lookup@max_ngram=2", "layer_skip@skip=1+2"):  # fmt: skip
+        check_spec(spec)
+    for spec, message in [
+        (f"{peagle}@bogus=1", r"^peagle head: unknown option\(s\) bogus; valid: choices$"),
+        (f"{medusa}@top_k=2", r"^medusa head: unknown option\(s\) top_k; valid: choices$"),
+        ("prompt_lookup@depth=2", r"^prompt_lookup: unknown option\(s\) depth; valid: "),
+        ("cascade@width=2", r"^cascade drafter: unknown option\(s\) width; valid: num_draft, tiny_draft$"),
+        (f"{tmp_path}@bogus=1", r"^draft model .*: unknown option\(s\) bogus; valid: num_draft, "),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            check_spec(spec)
 
 
 def test_a_target_without_sdpa_loads_eager_and_decodes_exactly(gemma2_target_dir, tiny_target_dir):

@@ -195,3 +195,14 @@ def test_bad_arguments_are_one_line_before_anything_loads(script, tmp_path, caps
         script("bench_batch").parse([a.format(file=blocker) for a in argv])
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines() == [line.format(file=blocker)]
+
+
+def test_every_drafters_options_are_checked_before_the_first_run(script, tmp_path, capsys):
+    """A bad option of the last drafter: one line before anything loads (the target does not even exist)."""
+    argv = ["--target", str(tmp_path / "no-target"), "--drafter", "p=prompt_lookup", "--drafter",
+            "x=prompt_lookup@depth=2"]  # fmt: skip
+    assert script("bench_batch").main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "bench_batch.py: error: --drafter x=prompt_lookup@depth=2: prompt_lookup: unknown option(s) depth; "
+        "valid: max_ngram, min_ngram, num_draft"
+    ]

@@ -339,3 +339,17 @@ def test_an_unwritable_out_is_refused_before_the_run(script, tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"error: --out {blocker / 'out'} is not a writable directory ({blocker} is a file, "
                      "not a directory): choose another"]  # fmt: skip
+
+
+def test_every_drafters_options_are_checked_before_the_first_run(script, medusa_dir, tmp_path, capsys):
+    """A bad option of the LAST drafter ends the run before anything is measured: here the target does not
+    even exist, and the error is still that drafter's (a static tree goes in tree= for every head)."""
+    tree = tmp_path / "tree.json"
+    tree.write_text('{"choices": [[0], [0, 0]]}')
+    bad = f"{medusa_dir}@top_k=3"
+    argv = ["--target", str(tmp_path / "no-target"), "--out", str(tmp_path), "--drafter",
+            f"m={medusa_dir}@tree={tree}", "--drafter", "p=prompt_lookup", "--drafter", f"x={bad}"]  # fmt: skip
+    assert script("benchmark").main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: drafter x={bad}: medusa head: unknown option(s) top_k; valid: choices"
+    ]
