@@ -165,17 +165,20 @@ class PEagleHead(Eagle3Head):
         layer = cast(DynamicLayer, cache.layers[0])  # a full-attention layer: keys/values are set
         return out, (cast(Tensor, layer.keys), cast(Tensor, layer.values))
 
-    def block_forward(self, real_kv: tuple[Tensor, Tensor], key_ok: Tensor, anchors: Tensor) -> Tensor:
-        """The K - 1 future positions of `anchors` (A,) over the real keys/values of `real_forward`:
-        -> (B, A, K - 1, H), equal to `parallel_forward`'s future outputs for those anchors.
+    def block_forward(
+        self, real_kv: tuple[Tensor, Tensor], key_ok: Tensor, anchors: Tensor, depth: int | None = None
+    ) -> Tensor:
+        """The first `depth` (default K - 1) future positions of `anchors` (A,) over the real keys/values of
+        `real_forward`: -> (B, A, depth, H), equal to `parallel_forward`'s future outputs for those anchors
+        (future position j sees positions 1..j of its block only, so a shorter block changes none of them).
 
         key_ok (B, T): real tokens (1). Gradients reach the real pass through real_kv.
         """
         batch, seq = key_ok.shape
-        depth = self.block_size - 1
+        depth = self.block_size - 1 if depth is None else depth
         anchors = anchors.to(key_ok.device).long()
         hidden, ids = self.future_inputs(batch, anchors.numel() * depth)
-        allowed = parallel_allowed(key_ok, anchors, self.block_size)[:, seq:]  # (B, A(K-1), T + A(K-1))
+        allowed = parallel_allowed(key_ok, anchors, depth + 1)[:, seq:]  # (B, A * depth, T + A * depth)
         offsets = torch.arange(1, depth + 1, device=key_ok.device)
         positions = (anchors[:, None] + offsets).flatten().expand(batch, -1)  # (B, A(K-1))
         cache = DynamicCache()

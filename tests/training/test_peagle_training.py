@@ -11,8 +11,11 @@ import torch
 
 from spechead.heads import PEagleHead, load_head
 from spechead.heads.errors import HeadError
+from spechead.training.eagle_losses import eagle3_step_loss
 from spechead.training.errors import TrainError
-from spechead.training.objectives.peagle import ParallelModel, PEagleLossConfig, PEagleObjective
+from spechead.training.objectives import peagle as objective
+from spechead.training.objectives.eagle import next_token_valid, shift_left
+from spechead.training.objectives.peagle import ParallelModel, PEagleLossConfig, PEagleObjective, shifted
 from spechead.training.trainer import train
 
 H, V, VD, K = 32, 48, 20, 4
@@ -32,7 +35,12 @@ def test_head_peagle_trains_through_the_entry_and_its_loss_falls(
     settings = training_kit.settings(
         training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **extra)
     )
-    assert settings.head.family == "peagle" and settings.head.loss == {"decay": 0.8, "partitions": 4}
+    assert settings.head.family == "peagle" and settings.head.loss == {
+        "decay": 0.8,
+        "partitions": 4,
+        "cod_ratio": 1.0,
+        "cod_min": 0.2,
+    }
     result = train(settings)
     head = load_head(result.head_dir)
     assert isinstance(head, PEagleHead) and head.block_size == K and head.config.own_embedding is own
@@ -88,6 +96,52 @@ def test_partitions_give_the_same_loss_gradients_and_counts(kit) -> None:
     assert set(g1) == set(g3) and {"mask_hidden", "mask_embedding", "fc.weight"} <= set(g1)
     for name in g1:
         torch.testing.assert_close(g3[name], g1[name], rtol=1e-4, atol=1e-6)
+
+
+def test_cod_depths_keep_a_geometric_nested_share_of_the_anchors() -> None:
+    torch.manual_seed(0)
+    depths = objective.cod_depths(20000, 7, 0.7, 0.2, torch.device("cpu"))  # (20000,) in 0..7
+    for j in range(1, 8):  # an anchor trained at depth j trains every depth below it: its depth is >= j
+        assert abs(float((depths >= j).float().mean()) - max(0.7**j, 0.2)) < 0.015, j
+    with pytest.raises(TrainError, match=r"^head.loss.cod_ratio must be a number in \(0, 1\], got 0$"):
+        PEagleLossConfig(cod_ratio=0)
+
+
+def test_cod_sampling_trains_each_anchor_up_to_its_drawn_depth(kit, monkeypatch) -> None:
+    """Training with COD: depth j's loss is the mean over the anchors drawn to reach j (the full forward's
+    logits there), its hits those of the full forward at those anchors only; evaluation keeps them all."""
+    _, head, batch, states, logits = kit
+    weights = [1.0, 0.8, 0.64, 0.512]
+    drawn = []
+
+    def fixed(count, depth, ratio, floor, device):  # depths 0..K-1 in turn: dropped anchors and every length
+        drawn.append(torch.arange(count, device=device) % (depth + 1))
+        return drawn[-1]
+
+    monkeypatch.setattr(objective, "cod_depths", fixed)
+    model = ParallelModel(head, weights, 2, (0.5, 0.2))
+    loss, _, count, hits = model(states, logits, batch)
+    loss.backward()  # (through the checkpointed groups)
+    with torch.no_grad():
+        _, _, all_count, all_hits = model(states, logits, batch)  # no COD outside training
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        drafts = head.parallel_logits(head.fuse(states), ids, torch.arange(12), mask)  # (B, T, K, Vd)
+    predicted = next_token_valid(batch) & mask.bool()  # (B, T)
+    anchors = torch.stack([shifted(predicted, j) for j in range(K)]).any(0).any(0).nonzero().squeeze(-1)
+    reach = torch.zeros(12, dtype=torch.long).index_put_(
+        (anchors,), drawn[0]
+    )  # (T,) depth each anchor trains
+    assert len(drawn) == 1 and {0, K - 1} <= set(reach[anchors].tolist())
+    expected = torch.zeros(())
+    for j in range(K):
+        ok = shifted(predicted, j) & (reach >= j if j else True)  # (B, T): depth j's trained anchors
+        expected = (
+            expected
+            + weights[j] * eagle3_step_loss(drafts[:, :, j], shifted(shift_left(logits), j), head.t2d, ok)[0]
+        )
+        assert torch.equal(hits[j], all_hits[j] & ok) and int(count[j]) == int(ok.sum()), j
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(all_count, torch.tensor([int(shifted(predicted, j).sum()) for j in range(K)]).float())
 
 
 def test_each_depth_is_scored_against_its_own_token(kit) -> None:

@@ -37,10 +37,27 @@ class PEagleLossConfig(Eagle3LossConfig):
     """`head.loss.*` for P-EAGLE: EAGLE-3's decay (depth j's loss weight is decay**j) and the partitions."""
 
     partitions: int = 1  # anchor groups recomputed one at a time in backward (1 = one forward for all)
+    # COD sampling (speculators' P-EAGLE recipe): while training, depth j >= 1 keeps about
+    # max(cod_ratio**j, cod_min) of the anchors, nested (an anchor kept at depth j is kept at j - 1: its
+    # block's earlier positions are what depth j attends to); 1.0 keeps every anchor at every depth.
+    cod_ratio: float = 1.0
+    cod_min: float = 0.2
 
     def __post_init__(self) -> None:
         if isinstance(self.partitions, bool) or self.partitions < 1:
             raise TrainError(f"head.loss.partitions must be an int >= 1, got {self.partitions!r}")
+        for name in ("cod_ratio", "cod_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise TrainError(f"head.loss.{name} must be a number in (0, 1], got {value!r}")
+
+
+def cod_depths(count: int, depth: int, ratio: float, floor: float, device: torch.device) -> Tensor:
+    """COD sampling: how many future positions each of `count` anchors trains, (count,) long in 0..depth;
+    P(>= j) = max(ratio**j, floor), so the anchors kept at depth j are a subset of those kept at j - 1."""
+    keep = torch.tensor([max(ratio**j, floor) for j in range(1, depth + 1)], device=device)  # (depth,)
+    draws = torch.rand(count, 1, device=device)  # (count, 1): one draw an anchor, compared at every depth
+    return (draws < keep).sum(-1)  # keep is non-increasing: the kept depths are a prefix 1..d
 
 
 def shifted(x: Tensor, j: int) -> Tensor:
@@ -53,11 +70,14 @@ def shifted(x: Tensor, j: int) -> Tensor:
 class ParallelModel(nn.Module):
     """The head's parallel forward with its per-depth losses inside one forward, so DDP sees every gradient."""
 
-    def __init__(self, head: PEagleHead, weights: list[float], partitions: int):
+    def __init__(
+        self, head: PEagleHead, weights: list[float], partitions: int, cod: tuple[float, float] = (1, 1)
+    ):
         super().__init__()
         self.head = head
         self.weights = weights
         self.partitions = partitions
+        self.cod = cod  # (cod_ratio, cod_min): anchors dropped per depth while training (1: none)
 
     def forward(self, states: list[Tensor], target_logits: Tensor, batch: dict):
         """states: 3 x (B, T, H); target_logits (B, T, V). Returns loss, per-depth correct (K,) and count
@@ -70,7 +90,14 @@ class ParallelModel(nn.Module):
         in_draft = head.t2d.bool()[target_top] & predicted  # (B, T): positions whose CE is counted
         # Depth j at anchor a uses row a + j of the depth-0 tables; every mean is over the whole batch.
         valid = [shifted(predicted, j) for j in range(len(weights))]
-        denom = [max(int(shifted(in_draft, j).sum()), 1) for j in range(len(weights))]
+        useful = torch.stack(valid).any(0).any(0)  # (T,): anchors with some counted depth
+        anchors = useful.nonzero().squeeze(-1)  # (A,)
+        depths = torch.full_like(anchors, len(weights) - 1)  # (A,) future positions each anchor trains
+        if torch.is_grad_enabled() and self.cod[0] < 1:  # COD sampling: training only, evaluation sees all
+            depths = cod_depths(anchors.numel(), len(weights) - 1, *self.cod, device=anchors.device)
+            reach = torch.zeros_like(useful, dtype=torch.long).index_put_((anchors,), depths)  # (T,)
+            valid = [v & (reach >= j)[None] if j else v for j, v in enumerate(valid)]
+        denom = [max(int((shifted(in_draft, j) & v).sum()), 1) for j, v in enumerate(valid)]
         real, kv = head.real_forward(head.fuse(states), ids, mask)
         logits0 = head.logits(real)  # (B, T, Vd)
         loss0, right0, n0 = eagle3_step_loss(logits0, target_next, head.t2d, valid[0])
@@ -78,31 +105,36 @@ class ParallelModel(nn.Module):
         hits = torch.zeros(len(weights), *ids.shape, dtype=torch.bool, device=ids.device)  # (K, B, T)
         hits[0] = (head.draft_to_target(logits0.argmax(-1)) == target_top) & valid[0]
         correct, count = [right0.float()], [n0.float()]
-        useful = torch.stack(valid).any(0).any(0)  # (T,): anchors with some counted depth
-        groups = [g for g in useful.nonzero().squeeze(-1).chunk(self.partitions) if g.numel()]
         part_correct = torch.zeros(len(weights) - 1, device=ids.device)
         part_count = torch.zeros_like(part_correct)
-        for anchors in groups:
-            args = (kv[0], kv[1], anchors, mask, target_next, target_top, valid, denom)
-            if torch.is_grad_enabled() and self.partitions > 1:
-                out = checkpoint(self._blocks, *args, use_reentrant=False)
-            else:
-                out = self._blocks(*args)
-            part_loss, part_right, part_n, part_hits = out
-            total = total + part_loss
-            part_correct, part_count = part_correct + part_right, part_count + part_n
-            hits[1:, :, anchors] = part_hits
+        for depth in depths.unique().tolist():  # one block length per group (all K - 1 without COD)
+            if depth == 0:
+                continue
+            for group in anchors[depths == depth].chunk(self.partitions):
+                args = (kv[0], kv[1], group, depth, mask, target_next, target_top, valid, denom)
+                if torch.is_grad_enabled() and self.partitions > 1:
+                    out = checkpoint(self._blocks, *args, use_reentrant=False)
+                else:
+                    out = self._blocks(*args)
+                part_loss, part_right, part_n, part_hits = out
+                total = total + part_loss
+                part_correct[:depth], part_count[:depth] = (
+                    part_correct[:depth] + part_right,
+                    part_count[:depth] + part_n,
+                )
+                hits[1 : depth + 1, :, group] = part_hits
         correct.extend(part_correct.unbind())
         count.extend(part_count.unbind())
         return total, torch.stack(correct), torch.stack(count), hits
 
-    def _blocks(self, keys, values, anchors, mask, target_next, target_top, valid, denom):
-        """One anchor group's blocks: (weighted loss sum, correct (K-1,), count (K-1,), hits (K-1, B, A))."""
+    def _blocks(self, keys, values, anchors, depth, mask, target_next, target_top, valid, denom):
+        """One anchor group's blocks of `depth` future positions: (weighted loss sum, correct (depth,),
+        count (depth,), hits (depth, B, A))."""
         head = self.head
-        future = head.block_forward((keys, values), mask.bool(), anchors)  # (B, A, K-1, H)
+        future = head.block_forward((keys, values), mask.bool(), anchors, depth)  # (B, A, depth, H)
         total = torch.zeros((), device=keys.device)
         right, count, hits = [], [], []
-        for j in range(1, len(self.weights)):
+        for j in range(1, depth + 1):
             rows = (anchors + j).clamp(max=target_next.shape[1] - 1)  # (A,) depth j reads row a + j
             ok = valid[j][:, anchors]  # (B, A)
             logits = head.logits(future[:, :, j - 1])  # (B, A, Vd)
@@ -122,7 +154,8 @@ class PEagleObjective(Eagle3Objective):
         self.head = head
         self.cfg = cfg
         self.partitions = cfg.partitions
-        self.model = ParallelModel(head, step_weights(head.block_size, cfg.decay), cfg.partitions)
+        weights = step_weights(head.block_size, cfg.decay)
+        self.model = ParallelModel(head, weights, cfg.partitions, (cfg.cod_ratio, cfg.cod_min))
 
     def work(self) -> tuple[int, int, int]:
         """Per trained position: the real pass (one logit set, one layer pass) plus one partition's share of
