@@ -168,11 +168,7 @@ def head_options(fam: Family, options: dict) -> dict:
     if given and given[0] not in valid and fam.tree_option in valid:
         options = {**options, fam.tree_option: options[given[0]]}
         del options[given[0]]
-    unknown = sorted(set(options) - set(valid))
-    if unknown:  # one line naming what this family's drafter takes
-        raise ValueError(
-            f"{fam.name} head: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
-        )
+    _check_names(f"{fam.name} head", options, valid)
     return options
 
 
