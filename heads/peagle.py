@@ -180,7 +180,7 @@ class PEagleHead(Eagle3Head):
         hidden, ids = self.future_inputs(batch, anchors.numel() * depth)
         allowed = parallel_allowed(key_ok, anchors, depth + 1)[:, seq:]  # (B, A * depth, T + A * depth)
         offsets = torch.arange(1, depth + 1, device=key_ok.device)
-        positions = (anchors[:, None] + offsets).flatten().expand(batch, -1)  # (B, A(K-1))
+        positions = (anchors[:, None] + offsets).flatten().expand(batch, -1)  # (B, A * depth)
         cache = DynamicCache()
         cache.update(real_kv[0], real_kv[1], 0)
         out = self.step(hidden, ids, additive_mask(allowed, hidden.dtype), positions, cache)
