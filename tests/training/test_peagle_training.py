@@ -1,6 +1,7 @@
 """P-EAGLE trains through the real entry (`head=peagle`, Hydra composition, the trainer): its loss falls on a
-tiny run, the saved head reloads, partitioned training equals the one forward, each depth's targets are
-the right tokens, and the memory plan counts K depths (fewer with partitions)."""
+tiny run, the saved head reloads, partitioned training equals the one forward, COD sampling trains each anchor
+up to its drawn depth, each depth's targets are the right tokens, and the memory plan counts K depths (fewer
+with partitions)."""
 
 from __future__ import annotations
 
