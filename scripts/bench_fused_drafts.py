@@ -1,13 +1,14 @@
-"""Draft time of the parallel drafters through their heads' fused chains (heads/fused.py, heads/fused_block.py:
-what drafting runs) beside the same heads through their modules, at one target's shape.
+"""Draft and accept time of the parallel drafters through their heads' fused chains (heads/fused.py,
+heads/fused_block.py: what drafting runs) beside the same heads through their modules, at one target's shape.
 
     python scripts/bench_fused_drafts.py --target data/demo/target --threads 1
 
 Random-weight heads of the target's width and dtype (times are real, acceptance is not): P-EAGLE of K
 --blocks (a pass writes the positions accepted since the last, then the block) and DFlash of those blocks
 with --dflash-layers layers (Qwen3 layers: the default), each drafted after a --context-token prompt as
-scripts/parallel_drafts.py times it, and its accept (DFlash: the accepted positions' keys / values). The two paths alternate for --rounds rounds (load changes hit both
-alike); the table gives each path's median over the rounds of its median draft time, and module / fused.
+scripts/parallel_drafts.py times it, and its accept (DFlash: the accepted positions' keys / values). The two
+paths alternate for --rounds rounds (load changes hit both alike); the table gives, for the draft and the
+accept, each path's median over the rounds of its median time, and module / fused.
 """
 
 from __future__ import annotations

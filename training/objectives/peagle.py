@@ -118,10 +118,8 @@ class ParallelModel(nn.Module):
                     out = self._blocks(*args)
                 part_loss, part_right, part_n, part_hits = out
                 total = total + part_loss
-                part_correct[:depth], part_count[:depth] = (
-                    part_correct[:depth] + part_right,
-                    part_count[:depth] + part_n,
-                )
+                part_correct[:depth] += part_right
+                part_count[:depth] += part_n
                 hits[1 : depth + 1, :, group] = part_hits
         correct.extend(part_correct.unbind())
         count.extend(part_count.unbind())
