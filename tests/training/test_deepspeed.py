@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "accelerate"
 EXTRA = {"head": "eagle3", "head.ttt_steps": 2, "trainer.grad_accum": 2, "trainer.grad_clip": 0.05}
 
-pytestmark = pytest.mark.slow
+# one worker runs them all (`--dist loadgroup`): the lazily made runs of `runs` are then made once, not once
+# per worker that needs them
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deepspeed")]
 
 
 def launcher(config: str, *flags: str) -> list[str]:

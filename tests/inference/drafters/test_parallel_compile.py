@@ -20,6 +20,9 @@ from .parallel_heads import KINDS, dflash_head, parallel_drafter, peagle_head
 from .test_batch_drafters import OneRowEach, propose_alike
 from .test_parallel_lossless import ProposesTwice
 
+# one worker fits the module's heads (`--dist loadgroup`), not every worker that runs one of its tests
+pytestmark = pytest.mark.xdist_group("parallel_compile")
+
 TREES = ["peagle_tree", "dflash_tree"]
 
 

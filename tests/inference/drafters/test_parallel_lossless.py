@@ -20,6 +20,9 @@ from ..test_generator import PARAMS, PROMPT, plain_greedy
 from .parallel_heads import KINDS, dflash_head, parallel_drafter, peagle_head
 from .test_batch_drafters import OneRowEach, propose_alike
 
+# one worker fits the module's heads (`--dist loadgroup`), not every worker that runs one of its tests
+pytestmark = pytest.mark.xdist_group("parallel_lossless")
+
 
 @pytest.fixture(scope="module")
 def model(tiny_llama, chatml_tokenizer):

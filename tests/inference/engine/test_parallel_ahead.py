@@ -16,6 +16,9 @@ from ..drafters.parallel_heads import KINDS, dflash_head, parallel_drafter, peag
 from ..test_batch import MAX_NEW, PROMPTS
 from ..test_generator import plain_greedy
 
+# one worker fits the module's heads (`--dist loadgroup`), not every worker that runs one of its tests
+pytestmark = pytest.mark.xdist_group("parallel_ahead")
+
 
 @pytest.fixture(scope="module")
 def model(tiny_llama, chatml_tokenizer):
