@@ -200,10 +200,14 @@ def test_batch1_decoded_row(tiny_run):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error")
-def test_cuda_without_tiny_on_a_cpu_machine_is_one_error_line(tmp_path):
-    proc = run("--device", "cuda", "--iters", "1", cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
+def test_cuda_without_tiny_on_a_cpu_machine_is_one_error_line(monkeypatch, capsys):
+    """(In this process; test_bad_numbers_are_one_error_line checks a process's exit.)"""
+    module = load_script(monkeypatch)
+    capsys.readouterr()
+    code = module.main(["--device", "cuda", "--iters", "1"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and out == ""
     assert len(lines) == 1 and lines[0].startswith("error: ") and "CUDA is not available" in lines[0]
 
 
