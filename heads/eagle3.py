@@ -1,8 +1,10 @@
 """EAGLE-3 draft head and its training-time test (TTT).
 
-The head fuses three target hidden states (low, mid, high; pre-norm) with `fc`, then runs ONE decoder
+The head fuses three target hidden states (low, mid, high; pre-norm) with `fc`, then runs a decoder
 layer (Llama-style for every target by default, as vLLM and SGLang load it) whose attention reads
-concat(input_layernorm(embed(x_{t+1})), hidden_norm(hidden)) (2H wide); its own `norm` + `lm_head` predict over a draft vocabulary of Vd
+concat(input_layernorm(embed(x_{t+1})), hidden_norm(hidden)) (2H wide), then `num_layers - 1` plain
+decoder layers (`extra_layers`; default none: one layer, as published EAGLE-3 heads; speculators builds
+several, layers.1.. in its layout); its own `norm` + `lm_head` predict over a draft vocabulary of Vd
 target tokens (target_id = draft_id + d2t[draft_id]). Parameter names match published EAGLE-3 heads
 (midlayer.*, fc, norm, lm_head, d2t, t2d); the embedding is the attached frozen target embed_tokens, or
 with `own_embedding` the head's own `embed_tokens` (V x H, trained with the head, as speculators'
@@ -91,6 +93,7 @@ class Eagle3Config(HeadConfig):
     norm_before_residual: bool = False  # the residual around attention is hidden_norm(hidden)
     norm_output: bool = False  # EAGLE-3.1: a step's output is norm(.); logits = lm_head(output)
     own_embedding: bool = False  # the head's own token embedding (V x H, saved with it), not the target's
+    num_layers: int = 1  # decoder layers: the fused first one, then num_layers - 1 plain ones
 
     def __post_init__(self) -> None:
         if not self.target_layers:
@@ -108,6 +111,8 @@ class Eagle3Config(HeadConfig):
             )
         if self.ttt_steps < 1:
             raise HeadError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise HeadError(f"head.num_layers must be an int >= 1 (decoder layers), got {self.num_layers!r}")
         check_layer_config(self.layer_config, self.hidden_size)
 
     @classmethod
@@ -122,7 +127,8 @@ class Eagle3Config(HeadConfig):
 
 @register_head
 class Eagle3Head(DraftHead):
-    """fc (3H -> H), midlayer (2H-input decoder layer + hidden_norm), norm, lm_head (H -> Vd)."""
+    """fc (3H -> H), midlayer (2H-input decoder layer + hidden_norm), extra_layers (num_layers - 1 decoder
+    layers, only when there are any), norm, lm_head (H -> Vd)."""
 
     config_class = Eagle3Config
     family = "eagle3"
@@ -133,9 +139,11 @@ class Eagle3Head(DraftHead):
     def __init__(self, config: Eagle3Config) -> None:
         super().__init__(config)
         hidden, vocab, draft_vocab = config.hidden_size, config.vocab_size, config.draft_vocab_size
-        layer_cfg = build_config(config.layer_config, config.attn_implementation)
+        layer_cfg = build_config(config.layer_config, config.attn_implementation, config.num_layers)
         self.fc = nn.Linear(3 * hidden, hidden, bias=False)
         self.midlayer = _build_midlayer(layer_cfg)
+        if config.num_layers > 1:  # only then: one-layer heads keep their published tensor names
+            self.extra_layers = nn.ModuleList(_plain_layer(layer_cfg, i) for i in range(1, config.num_layers))
         norm_class = type(cast(_MidLayer, self.midlayer).input_layernorm)
         self.norm = norm_class(hidden, eps=layer_cfg.rms_norm_eps)
         if config.norm_before_fc:  # only then: heads without it keep their published tensor names
@@ -192,6 +200,11 @@ class Eagle3Head(DraftHead):
         self.embed_tokens.weight.copy_(embedding_weight)
         return self
 
+    @property
+    def decoder_layers(self) -> list[nn.Module]:
+        """Every decoder layer in order (cache layer i is layer i's): the midlayer, then `extra_layers`."""
+        return [self.midlayer, *getattr(self, "extra_layers", ())]
+
     # ---- forward pieces ------------------------------------------------------------------------
 
     def fuse(self, hidden_states: list[Tensor]) -> Tensor:
@@ -231,15 +244,26 @@ class Eagle3Head(DraftHead):
         # unless norm_before_residual.
         normed = layer.hidden_norm(hidden)  # (B, T, H)
         attn_in = torch.cat([layer.input_layernorm(self.embed(next_ids)), normed], dim=-1)  # (B, T, 2H)
+        angles = self.rotary(hidden, position_ids)  # 2 x (B, T, head_dim)
+        mask = attention_mask4d.to(dtype)
         attn_out, _ = layer.self_attn(
             hidden_states=attn_in,  # (B, T, 2H)
-            position_embeddings=self.rotary(hidden, position_ids),
-            attention_mask=attention_mask4d.to(dtype),
+            position_embeddings=angles,
+            attention_mask=mask,
             position_ids=position_ids,
             cache=past_key_values,
         )
         hidden = (normed if self.config.norm_before_residual else hidden) + attn_out
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        for extra in getattr(self, "extra_layers", ()):  # plain layers: same mask, positions, cache
+            hidden = extra(
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                cache=past_key_values,
+                use_cache=past_key_values is not None,
+                position_embeddings=angles,
+            )
         return self.norm(hidden) if self.config.norm_output else hidden
 
     forward = step
@@ -249,15 +273,21 @@ class Eagle3Head(DraftHead):
         return self.lm_head(hidden if self.config.norm_output else self.norm(hidden))
 
 
-def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
-    """The architecture's decoder layer with q/k/v reading 2H features and an extra hidden_norm."""
-    layer = decoder_layer_class(layer_cfg)(layer_cfg, layer_idx=0)
+def _plain_layer(layer_cfg: PretrainedConfig, index: int) -> nn.Module:
+    """The architecture's decoder layer `index` (its cache layer), checked to be made of _LAYER_PARTS."""
+    layer = decoder_layer_class(layer_cfg)(layer_cfg, layer_idx=index)
     children = {name for name, _ in layer.named_children()}
     if children != _LAYER_PARTS:
         raise HeadError(
             f"{type(layer).__name__} has submodules {sorted(children)}; EAGLE-3 supports layers made of "
             f"exactly {sorted(_LAYER_PARTS)} (Llama-like): train with head.draft_layer=llama"
         )
+    return layer
+
+
+def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
+    """The architecture's decoder layer 0 with q/k/v reading 2H features and an extra hidden_norm."""
+    layer = _plain_layer(layer_cfg, 0)
     attn, hidden = layer.self_attn, layer_cfg.hidden_size
     for name in ("q_proj", "k_proj", "v_proj"):
         old = getattr(attn, name, None)
@@ -269,10 +299,11 @@ def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
 
 
 def _eagle3_work(config: HeadConfig) -> tuple[int, int, int]:
-    """Memory plan: one logit set over the draft vocabulary and one layer pass per training-time-test step."""
+    """Memory plan: one logit set over the draft vocabulary and num_layers layer passes per training-time-test
+    step."""
     cfg = cast(Eagle3Config, config)
     steps = int(cfg.ttt_steps)
-    return steps, int(cfg.draft_vocab_size), steps
+    return steps, int(cfg.draft_vocab_size), steps * int(cfg.num_layers)
 
 
 register_family(

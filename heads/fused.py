@@ -62,7 +62,7 @@ def fused_step(head: nn.Module) -> StepFn | None:
     if isinstance(head, Eagle3Head):
         if _eagle31(head):
             return None
-        layers = [head.midlayer]
+        layers = head.decoder_layers
     elif isinstance(head, EagleHead):
         layers = list(head.layers)
     else:
@@ -247,7 +247,7 @@ class _FusedLayers:
         """hidden (B, T, H) through every layer (the first's attention reads `attn_in` where given: EAGLE-3's
         two normed inputs), layer i's K/V appended to `cache` layer i -> (B, T, H)."""
         for i, layer in enumerate(self.layers):
-            normed = attn_in or [(_sub(layer, "input_layernorm"), hidden)]
+            normed = (attn_in if i == 0 else None) or [(_sub(layer, "input_layernorm"), hidden)]
             hidden = hidden + self._attention(_sub(layer, "self_attn"), i, normed, cos, sin, mask, cache)
             mlp = _sub(layer, "mlp")
             gate, up = _normed_linears(

@@ -1,7 +1,8 @@
 """P-EAGLE head (arXiv 2602.01469): an EAGLE-3 head that drafts a block of K tokens in ONE forward.
 
-The head is EAGLE-3's (fc fusion of low/mid/high target states, one decoder layer reading
-concat(norm(embed), norm(hidden)), norm + lm_head over a draft vocabulary) plus two learned vectors:
+The head is EAGLE-3's (fc fusion of low/mid/high target states, a decoder layer reading
+concat(norm(embed), norm(hidden)) and `num_layers - 1` plain ones after it, norm + lm_head over a draft
+vocabulary) plus two learned vectors:
 `mask_hidden`, the shared hidden state that stands in for the target features future positions do not
 have, and `mask_embedding`, the embedding of the token they do not know yet.
 
@@ -156,17 +157,17 @@ class PEagleHead(Eagle3Head):
 
     def real_forward(
         self, fused: Tensor, input_ids: Tensor, attention_mask: Tensor | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """The real positions alone (causal): -> out (B, T, H) and their keys/values, each
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """The real positions alone (causal): -> out (B, T, H) and every decoder layer's keys/values, each
         (B, kv_heads, T, head_dim), for `block_forward` (training splits the anchors into partitions)."""
         next_ids = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)  # (B, T): x_{t+1}
         cache = DynamicCache()
         out = self.step(fused, next_ids, causal_mask4d(fused, attention_mask), None, cache)
-        layer = cast(DynamicLayer, cache.layers[0])  # a full-attention layer: keys/values are set
-        return out, (cast(Tensor, layer.keys), cast(Tensor, layer.values))
+        layers = [cast(DynamicLayer, layer) for layer in cache.layers]  # full attention: keys/values are set
+        return out, [(cast(Tensor, layer.keys), cast(Tensor, layer.values)) for layer in layers]
 
     def block_forward(
-        self, real_kv: tuple[Tensor, Tensor], key_ok: Tensor, anchors: Tensor, depth: int | None = None
+        self, real_kv: list[tuple[Tensor, Tensor]], key_ok: Tensor, anchors: Tensor, depth: int | None = None
     ) -> Tensor:
         """The first `depth` (default K - 1) future positions of `anchors` (A,) over the real keys/values of
         `real_forward`: -> (B, A, depth, H), equal to `parallel_forward`'s future outputs for those anchors
@@ -182,7 +183,8 @@ class PEagleHead(Eagle3Head):
         offsets = torch.arange(1, depth + 1, device=key_ok.device)
         positions = (anchors[:, None] + offsets).flatten().expand(batch, -1)  # (B, A * depth)
         cache = DynamicCache()
-        cache.update(real_kv[0], real_kv[1], 0)
+        for i, (keys, values) in enumerate(real_kv):  # layer i's real keys/values (B, kv, T, D)
+            cache.update(keys, values, i)
         out = self.step(hidden, ids, additive_mask(allowed, hidden.dtype), positions, cache)
         return out.reshape(batch, anchors.numel(), depth, -1)
 
@@ -212,11 +214,12 @@ class PEagleHead(Eagle3Head):
 
 
 def _peagle_work(config: HeadConfig) -> tuple[int, int, int]:
-    """Memory plan, unpartitioned: K logit sets over the draft vocabulary and K layer positions per trained
-    position (each is the anchor of K - 1 future ones); the objective's partitions lower it (its `work`)."""
+    """Memory plan, unpartitioned: K logit sets over the draft vocabulary and K positions through num_layers
+    layers per trained position (each is the anchor of K - 1 future ones); the objective's partitions lower
+    it (its `work`)."""
     cfg = cast(PEagleConfig, config)
     k = int(cfg.block_size)
-    return k, int(cfg.draft_vocab_size), k
+    return k, int(cfg.draft_vocab_size), k * int(cfg.num_layers)
 
 
 register_family(

@@ -63,6 +63,20 @@ def renamed(tensors: dict[str, Tensor], old: str, new: str) -> dict[str, Tensor]
     return {(new + k[len(old) :] if k.startswith(old) else k): v for k, v in tensors.items()}
 
 
+def speculators_layer_names(
+    tensors: dict[str, Tensor], layers: int, to_speculators: bool
+) -> dict[str, Tensor]:
+    """An EAGLE-3 head's decoder-layer tensor names between spechead's (midlayer.*, extra_layers.{i - 1}.*)
+    and speculators' (layers.{i}.*), for `layers` decoder layers."""
+    pairs = [
+        ("midlayer.", "layers.0."),
+        *((f"extra_layers.{i - 1}.", f"layers.{i}.") for i in range(1, layers)),
+    ]
+    for ours, theirs in pairs:
+        tensors = renamed(tensors, ours, theirs) if to_speculators else renamed(tensors, theirs, ours)
+    return tensors
+
+
 def export_dtype(head: DraftHead, dtype: torch.dtype | None) -> str:
     """The dtype name ("float32", "bfloat16", ...) an export of `head` is written in."""
     chosen = dtype or next(head.parameters()).dtype

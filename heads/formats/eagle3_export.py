@@ -25,7 +25,7 @@ import torch
 
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.errors import HeadError
-from spechead.heads.formats.build import export_dtype, renamed, target_embedding_of
+from spechead.heads.formats.build import export_dtype, speculators_layer_names, target_embedding_of
 from spechead.heads.formats.llama import llama_layer_fields
 from spechead.heads.formats.weights import write_tensors
 
@@ -55,7 +55,7 @@ def export_speculators(
     embed_tokens.weight out (vLLM then shares the target's; speculators' own model cannot). A head with
     its own embedding ships it (embedding is not read; with_embedding=False is refused)."""
     config = speculators_config(head, dtype, speculative_tokens, verifier)
-    tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")  # (own_embedding: embed_tokens.weight)
+    tensors = speculators_tensors(head)  # (own_embedding: embed_tokens.weight)
     if head.config.own_embedding and not with_embedding:
         raise HeadError(
             "the head has its own trained embedding, which the export must ship (served in place of the "
@@ -64,6 +64,11 @@ def export_speculators(
     if with_embedding and not head.config.own_embedding:
         tensors["embed_tokens.weight"] = target_embedding_of(head, embedding)
     return write_export(out, config, tensors, dtype)
+
+
+def speculators_tensors(head: Eagle3Head) -> dict[str, torch.Tensor]:
+    """The head's state dict with its decoder layers named as speculators names them (layers.{i}.*)."""
+    return speculators_layer_names(head.state_dict(), head.config.num_layers, to_speculators=True)
 
 
 def speculators_config(
@@ -76,7 +81,11 @@ def speculators_config(
     config = {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
-        "transformer_layer_config": {**layer, "vocab_size": cfg.vocab_size},
+        "transformer_layer_config": {
+            **layer,
+            "vocab_size": cfg.vocab_size,
+            "num_hidden_layers": cfg.num_layers,
+        },
         "draft_vocab_size": cfg.draft_vocab_size,
         **{flag: bool(getattr(cfg, flag)) for flag in EAGLE31},
         "embed_requires_grad": bool(cfg.own_embedding),  # true: embed_tokens.weight is the head's own
@@ -106,6 +115,11 @@ def export_sglang(head: Eagle3Head, out: Path, *, dtype: torch.dtype | None = No
         raise HeadError(
             "the head has its own trained embedding, which SGLang replaces with the target's: export it "
             "with --format speculators (vLLM)"
+        )
+    if head.config.num_layers > 1:
+        raise HeadError(
+            f"the head has {head.config.num_layers} decoder layers and SGLang's EAGLE-3 layout holds one: "
+            "export it with --format speculators (vLLM)"
         )
     used = [flag for flag in EAGLE31 if getattr(head.config, flag)]
     if used:
@@ -174,19 +188,22 @@ def fused_layer_inputs(layers: list[int], depth: int) -> list[int]:
 
 
 def _llama_layer(head: Eagle3Head, allow_bias: bool) -> dict[str, Any]:
-    """Llama fields of the midlayer; HeadError unless its tensors are exactly a Llama EAGLE-3 layer's."""
+    """Llama fields of the decoder layers; HeadError unless their tensors are exactly a Llama EAGLE-3
+    head's (the midlayer's with its hidden_norm, the extra layers' without)."""
     layer = llama_layer_fields(head.config.layer_config)
     if not allow_bias and (layer["attention_bias"] or layer["mlp_bias"]):
         raise HeadError("the head's layer has attention or MLP biases, which this format's Llama layer lacks")
     expected = {f"{p}.weight" for p in (*_PROJ, *_MLP, *_NORMS)}
     expected |= {f"{p}.bias" for p in _PROJ if layer["attention_bias"]}
     expected |= {f"{p}.bias" for p in _MLP if layer["mlp_bias"]}
-    actual = {name for name, _ in head.midlayer.named_parameters()}
-    if actual != expected:
-        raise HeadError(
-            f"the head's decoder layer ({head.config.layer_config.get('model_type')}) is not a Llama layer: "
-            f"extra {sorted(actual - expected)[:4]}, missing {sorted(expected - actual)[:4]}"
-        )
+    for i, module in enumerate(head.decoder_layers):
+        actual = {name for name, _ in module.named_parameters()}
+        wanted = expected if i == 0 else expected - {"hidden_norm.weight"}
+        if actual != wanted:
+            raise HeadError(
+                f"the head's decoder layer ({head.config.layer_config.get('model_type')}) is not a Llama layer: "
+                f"extra {sorted(actual - wanted)[:4]}, missing {sorted(wanted - actual)[:4]}"
+            )
     return layer
 
 

@@ -8,7 +8,8 @@ speculators: config.json with speculators_model_type "eagle3", transformer_layer
 draft_vocab_size, EAGLE-3.1 flags, optional eagle_aux_hidden_state_layer_ids (layer INPUT ids,
 = HF hidden-state indices) and speculators_config.verifier; tensors layers.0.* instead of midlayer.*.
 Without layer ids the heads read the EAGLE-3 default [2, L//2, L-3], which needs the target's depth.
-Conventions as the engines read them: a missing norm_before_residual is true in a speculators config
+Several decoder layers (speculators layers.0.., num_hidden_layers) become `num_layers`; the official layout
+holds one. Conventions as the engines read them: a missing norm_before_residual is true in a speculators config
 (vLLM), false in the official layout; the last layer's id means its output before the final norm,
 which spechead's index L (after it) is not, so it is refused when the target's depth is known; a
 windowed draft layer (sliding_attention) is refused (spechead's layer attends to the whole context).
@@ -21,6 +22,7 @@ target's); otherwise a shipped embed_tokens.weight is the target's copy and is d
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from transformers import PretrainedConfig
 
 from spechead.heads.eagle3 import Eagle3Head, default_eagle3_layers
 from spechead.heads.errors import HeadError
-from spechead.heads.formats.build import fill_head, renamed
+from spechead.heads.formats.build import fill_head, speculators_layer_names
 from spechead.heads.formats.llama import check_fused_layers, layer_config_of, target_fields
 
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "*.safetensors")
@@ -137,10 +139,10 @@ def _eagle3_head(
     head_class: type[Eagle3Head] = Eagle3Head,
 ) -> Eagle3Head:
     """Shared EAGLE-3 conversion once the layout's config fields are found."""
-    if int(layer.get("num_hidden_layers", 1)) != 1 or any(k.startswith("layers.1.") for k in tensors):
-        raise HeadError(f"{where} has several decoder layers; spechead's EAGLE-3 head has exactly one")
+    count = _decoder_layers(where, layer, tensors)
     dropped = set(_DROPPED) - ({"embed_tokens.weight"} if known.get("own_embedding") else set())
-    tensors = renamed({k: v for k, v in tensors.items() if k not in dropped}, "layers.0.", "midlayer.")
+    kept = {k: v for k, v in tensors.items() if k not in dropped}
+    tensors = speculators_layer_names(kept, count, to_speculators=False)
     for name in ("fc.weight", "lm_head.weight"):
         if name not in tensors:
             raise HeadError(f"{where} has no {name} (tied or missing draft weights are not supported)")
@@ -164,14 +166,32 @@ def _eagle3_head(
             hidden_size=hidden,
             vocab_size=vocab,
             draft_vocab_size=draft_vocab,
-            layer_config=layer_config_of(layer, where),
+            layer_config=layer_config_of(layer, where, count),
             target_layers=layers or _default_layers(where, depth),
+            num_layers=count,
             **fields,
         )
     )
     fill_head(head, {**tensors, "d2t": d2t, "t2d": t2d}, where, **load)
     head.set_draft_vocab(head.d2t.clone(), head.t2d.clone())  # HeadError unless d2t and t2d agree
     return head
+
+
+def _decoder_layers(where: str, layer: dict[str, Any], tensors: dict[str, Tensor]) -> int:
+    """How many decoder layers the checkpoint holds: speculators' layers.0.. (its config's
+    num_hidden_layers, checked against the tensors); the official layout's midlayer is one."""
+    declared = int(layer.get("num_hidden_layers") or 1)
+    found = {int(m.group(1)) for k in tensors if (m := re.match(r"layers\.(\d+)\.", k))}
+    if any(k.startswith("midlayer.") for k in tensors):
+        if declared != 1 or found:
+            raise HeadError(f"{where} has several decoder layers; the official EAGLE-3 layout holds one")
+        return 1
+    if found != set(range(declared)):
+        raise HeadError(
+            f"{where}: config.json says num_hidden_layers {declared} but its tensors hold decoder layers "
+            f"{sorted(found)}"
+        )
+    return declared
 
 
 def _norm_options(where: str, config: dict[str, Any], residual_default: bool) -> dict[str, bool]:

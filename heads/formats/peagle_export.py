@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from spechead.heads.errors import HeadError
-from spechead.heads.formats.build import renamed, target_embedding_of
-from spechead.heads.formats.eagle3_export import speculators_config, write_export
+from spechead.heads.formats.build import target_embedding_of
+from spechead.heads.formats.eagle3_export import speculators_config, speculators_tensors, write_export
 from spechead.heads.peagle import PEagleHead
 
 ARCHITECTURE = "PEagleSpeculator"
@@ -67,7 +67,7 @@ def export_peagle_speculators(
     config["mask_token_id"] = int(mask_token_id)
     own = bool(cfg.own_embedding)
     config["embed_requires_grad"] = own  # false: every row but the mask token's is the target's
-    tensors = renamed(head.state_dict(), "midlayer.", "layers.0.")
+    tensors = speculators_tensors(head)
     tensors.pop("mask_embedding")
     tensors["mask_hidden"] = mask_hidden_input(head).to(head.fc.weight.dtype).view(1, 1, -1)  # (1, 1, 3H)
     shipped = tensors.pop("embed_tokens.weight") if own else target_embedding_of(head, embedding)

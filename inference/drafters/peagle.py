@@ -108,7 +108,7 @@ class PEagleDrafter(ParallelDrafter):
         if cache is not None and cache.batch == rows and cache.max_length >= need:
             cache.set_lengths([0] * rows)  # its buffers kept (a compiled pass replays over them)
         else:
-            self.cache = RowCache(1, batch=rows, max_length=need)
+            self.cache = RowCache(self.head.config.num_layers, batch=rows, max_length=need)
         self.lengths_t = torch.zeros(batch, dtype=torch.long, device=device)
 
     def _draft(self, roots: Tensor) -> BatchDraft:

@@ -192,6 +192,7 @@ def test_speculators_layout_with_embeddings_and_bf16(target, tmp_path) -> None:
         ("speculators", {"target_hidden_size": 2 * H}, "another width"),
         ("sglang", {"eagle_config": {"use_aux_hidden_state": False}}, "use_aux_hidden_state=false"),
         ("sglang", {"num_hidden_layers": 2}, "several decoder layers"),
+        ("speculators", {"transformer_layer_config": {"num_hidden_layers": 2}}, "num_hidden_layers 2 but"),
     ],
 )
 def test_variants_spechead_cannot_run_are_refused(target, tmp_path, fmt, change, message) -> None:
@@ -200,6 +201,9 @@ def test_variants_spechead_cannot_run_are_refused(target, tmp_path, fmt, change,
     not imported as a one-layer head reading three layers."""
     out = export_head(make_head(target), fmt, tmp_path / fmt)
     config = json.loads((out / "config.json").read_text())
+    layer = {**config.get("transformer_layer_config", {}), **change.pop("transformer_layer_config", {})}
+    if fmt == "speculators":  # (a layer config that says 2 layers where the tensors hold one)
+        change["transformer_layer_config"] = layer
     (out / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(HeadError, match=message):
         load_head(out)
@@ -212,6 +216,8 @@ def test_exports_refuse_what_engines_cannot_feed(target, tmp_path) -> None:
         export_head(make_head(target, target_layers=[4, 1, 6]), "sglang", tmp_path / "a")
     with pytest.raises(HeadError, match="formats for eagle3 heads: sglang, speculators"):
         export_head(make_head(target), "medusa", tmp_path / "b")
+    with pytest.raises(HeadError, match="2 decoder layers and SGLang's EAGLE-3 layout holds one"):
+        export_head(make_head(target, num_layers=2), "sglang", tmp_path / "c")
 
 
 def test_layout_of_config_reads_each_marker_alone() -> None:

@@ -146,7 +146,9 @@ def theirs(model, monkeypatch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "options", [{}, EAGLE31, {"own_embedding": True}], ids=["peagle", "peagle+eagle3.1", "own-embedding"]
+    "options",
+    [{}, EAGLE31, {"own_embedding": True}, {"num_layers": 3}],
+    ids=["peagle", "peagle+eagle3.1", "own-embedding", "3-layers"],
 )
 def test_real_speculators_drafts_the_same_block(target, target_dir, tmp_path, options, monkeypatch) -> None:
     peagle = pytest.importorskip("speculators.models.peagle", reason="speculators is not installed")
@@ -161,7 +163,7 @@ def test_real_speculators_drafts_the_same_block(target, target_dir, tmp_path, op
     config.transformer_layer_config._attn_implementation = "eager"
     model = peagle.PEagleDraftModel.from_pretrained(out, config=config).eval()
     assert model.mask_token_id == MASK and model.config.eagle_aux_hidden_state_layer_ids == LAYERS
-    assert model.mask_hidden.shape == (1, 1, 3 * H)
+    assert model.mask_hidden.shape == (1, 1, 3 * H) and len(model.layers) == head.config.num_layers
     if options.get("own_embedding"):  # the head's own table ships (its mask row: the mask embedding)
         assert model.config.embed_requires_grad is True
         rows = torch.arange(V) != MASK
@@ -219,6 +221,22 @@ def test_the_script_round_trips_a_head_with_its_own_embedding(target, target_dir
     assert torch.equal(shipped[MASK], head.mask_embedding.detach())
     rows = torch.arange(V) != MASK
     assert torch.equal(shipped[rows], head.embed_tokens.weight.detach()[rows])
+
+
+def test_the_script_round_trips_a_head_of_several_layers(target, target_dir, tmp_path, capsys) -> None:
+    """A 3-layer head (AWS's published P-EAGLE drafters have 4) ships layers.0..2 in speculators' names and
+    reloads with every tensor where it was."""
+    head = random_head(target, num_layers=3)
+    head.config.target_name_or_path = str(target_dir)
+    saved = head.save_pretrained(tmp_path / "head")
+    assert (
+        run_script([saved, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"]) == 0
+    )
+    assert f"{len(head.state_dict())} tensors identical" in capsys.readouterr().out
+    names = load_file(tmp_path / "o" / "model.safetensors").keys()
+    assert {n.split(".")[1] for n in names if n.startswith("layers.")} == {"0", "1", "2"}
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 3
 
 
 def test_the_round_trip_refuses_a_wrong_mask_hidden(saved_head, tmp_path, capsys, monkeypatch) -> None:

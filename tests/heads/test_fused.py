@@ -40,7 +40,7 @@ def make_head(model_type: str, family: str, **kw):
     layer = "target" if model_type.endswith("-own") else "llama"
     torch.manual_seed(0)
     if family == "eagle3":
-        head = Eagle3Head(Eagle3Config.from_target(cfg, layer, draft_vocab_size=V))
+        head = Eagle3Head(Eagle3Config.from_target(cfg, layer, draft_vocab_size=V, **kw))
     else:
         head = EagleHead(EagleConfig.from_target(cfg, layer, **kw))
     for p in head.parameters():  # away from the identity-like init: every weight matters
@@ -69,11 +69,14 @@ def run(step, cache, kind, feats, ids, mask=None, positions=None):
 
 
 @pytest.mark.parametrize("model_type", list(CONFIGS))
-@pytest.mark.parametrize("family", ["eagle3", "eagle", "eagle-2-layers"])
+@pytest.mark.parametrize("family", ["eagle3", "eagle3-3-layers", "eagle", "eagle-2-layers"])
 @pytest.mark.parametrize("kind", ["row", "dynamic", "batch"])
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])
 def test_fused_step_equals_the_module_step(model_type, family, kind, attention) -> None:
-    kw = {"num_layers": 2, "first_layer_input_norm": False} if family == "eagle-2-layers" else {}
+    kw = {
+        "eagle-2-layers": {"num_layers": 2, "first_layer_input_norm": False},
+        "eagle3-3-layers": {"num_layers": 3},  # (the fused first layer, then plain ones)
+    }.get(family, {})
     head = make_head(model_type, family.split("-")[0], **kw)
     fused = fused_step(head)
     assert fused is not None

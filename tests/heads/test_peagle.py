@@ -42,8 +42,13 @@ def test_config_and_registration(target) -> None:
     for bad in (1, 0, 2.5, True):
         with pytest.raises(HeadError, match="block_size must be an int >= 2"):
             PEagleConfig.from_target(target.config, draft_vocab_size=VD, block_size=bad)
+    for bad in (0, 1.5, True, "2"):
+        with pytest.raises(HeadError, match="num_layers must be an int >= 1"):
+            PEagleConfig.from_target(target.config, draft_vocab_size=VD, num_layers=bad)
     assert family_of(cfg) is family_named("peagle")
     assert family_named("peagle").work(cfg) == (8, VD, 8)
+    deeper = PEagleConfig.from_target(target.config, draft_vocab_size=VD, num_layers=3)
+    assert family_named("peagle").work(deeper) == (8, VD, 24)  # K positions through 3 layers each
 
 
 def test_parameters_are_eagle3_plus_the_two_mask_vectors(target) -> None:
@@ -56,6 +61,8 @@ def test_parameters_are_eagle3_plus_the_two_mask_vectors(target) -> None:
         "d2t",
         "t2d",
     }
+    deeper = {n.split(".")[1] for n in make_head(target, num_layers=3).state_dict() if n.startswith("extra_")}
+    assert deeper == {"0", "1"}  # the plain layers after the midlayer (a one-layer head has none)
 
 
 def test_embed_maps_the_mask_id_to_the_learned_embedding(target) -> None:
@@ -108,9 +115,10 @@ def test_every_anchor_block_equals_decoding_that_anchor_alone(target) -> None:
 
 
 @torch.no_grad()
-def test_draft_block_after_a_cache_equals_one_pass(target) -> None:
+@pytest.mark.parametrize("layers", [1, 3])
+def test_draft_block_after_a_cache_equals_one_pass(target, layers) -> None:
     """Decoding: the prefix committed into the cache in pieces, then the block, equals one pass."""
-    head = make_head(target)
+    head = make_head(target, num_layers=layers)
     fused, ids = inputs(seq=9, seed=3)
     next_ids = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
     whole = head.draft_block(fused, next_ids, DynamicCache())
@@ -120,10 +128,11 @@ def test_draft_block_after_a_cache_equals_one_pass(target) -> None:
     assert cache.get_seq_length() == 9 + K - 1  # the block's K - 1 entries are the caller's to drop
 
 
-def test_partitioned_forward_equals_the_one_forward(target) -> None:
-    """Training's partitions (the real pass once, then a few anchors' blocks over its keys) compute the
-    same outputs and the same gradients as the one forward over every anchor."""
-    head = make_head(target)
+@pytest.mark.parametrize("layers", [1, 3])
+def test_partitioned_forward_equals_the_one_forward(target, layers) -> None:
+    """Training's partitions (the real pass once, then a few anchors' blocks over every layer's keys)
+    compute the same outputs and the same gradients as the one forward over every anchor."""
+    head = make_head(target, num_layers=layers)
     fused, ids = inputs(seq=8, seed=5)
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0  # a padded row
@@ -133,6 +142,7 @@ def test_partitioned_forward_equals_the_one_forward(target) -> None:
     one = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
     head.zero_grad()
     real2, kv = head.real_forward(fused, ids, mask)
+    assert len(kv) == layers
     parts = [head.block_forward(kv, mask.bool(), anchors[i : i + 3]) for i in range(0, 8, 3)]
     future2 = torch.cat(parts, dim=1)
     torch.testing.assert_close(real2, real, rtol=1e-5, atol=1e-5)

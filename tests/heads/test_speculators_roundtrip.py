@@ -140,7 +140,7 @@ def load_theirs(directory, target_dir):
     return Eagle3DraftModel.from_pretrained(directory, config=config).eval()
 
 
-@pytest.mark.parametrize("options", [{}, EAGLE31], ids=["eagle3", "eagle3.1"])
+@pytest.mark.parametrize("options", [{}, EAGLE31, {"num_layers": 3}], ids=["eagle3", "eagle3.1", "3-layers"])
 def test_our_export_drafts_the_same_in_speculators(target, target_dir, tmp_path, options) -> None:
     head = random_head(target, **options)
     out = export_head(head, "speculators", tmp_path / "spec")
@@ -151,6 +151,7 @@ def test_our_export_drafts_the_same_in_speculators(target, target_dir, tmp_path,
     assert raw["speculators_config"]["verifier"]["name_or_path"] == "org/tiny"
     model = load_theirs(out, target_dir)
     cfg = model.config
+    assert len(model.layers) == raw["transformer_layer_config"]["num_hidden_layers"] == head.config.num_layers
     for flag in ("norm_before_fc", "norm_before_residual", "norm_output"):
         assert getattr(cfg, flag) is bool(options.get(flag))
     assert cfg.eagle_aux_hidden_state_layer_ids == LAYERS and cfg.draft_vocab_size == VD
@@ -171,7 +172,7 @@ def test_without_the_shipped_embedding_speculators_has_none(target, target_dir, 
     assert "embed_tokens.weight" in load_theirs(out, target_dir).state_dict()  # a parameter all the same
 
 
-def speculators_head(target_dir, layer: str, **fields):
+def speculators_head(target_dir, layer: str, num_hidden_layers: int = 1, **fields):
     """An Eagle3DraftModel built by speculators' own classes with its trainer's defaults (EAGLE-3.1 norms,
     norm_before_residual) unless `fields` say otherwise, random weights, the target's embedding."""
     from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -179,7 +180,7 @@ def speculators_head(target_dir, layer: str, **fields):
     from transformers import LlamaConfig, Qwen3Config
 
     sizes = dict(
-        vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=num_hidden_layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=512, rms_norm_eps=1e-6,
     )  # fmt: skip
     layer_config = (LlamaConfig if layer == "llama" else Qwen3Config)(**sizes)
@@ -208,12 +209,15 @@ def speculators_head(target_dir, layer: str, **fields):
     return model.eval()
 
 
-@pytest.mark.parametrize("layer", ["llama", "qwen3"])
-def test_a_head_speculators_saved_imports_the_same(target, target_dir, tmp_path, layer) -> None:
-    model = speculators_head(target_dir, layer)
+@pytest.mark.parametrize(("layer", "layers"), [("llama", 1), ("qwen3", 1), ("llama", 3)])
+def test_a_head_speculators_saved_imports_the_same(target, target_dir, tmp_path, layer, layers) -> None:
+    """Several decoder layers (speculators' layers.0.. as AWS's 4-layer P-EAGLE drafters ship them) import
+    as `num_layers`."""
+    model = speculators_head(target_dir, layer, num_hidden_layers=layers)
     model.save_pretrained(tmp_path / "theirs")
     head = load_head(tmp_path / "theirs", target_config=target.config)
     cfg = head.config
+    assert cfg.num_layers == layers == len(head.decoder_layers)
     assert cfg.norm_before_fc and cfg.norm_before_residual and cfg.norm_output
     assert cfg.target_layers == LAYERS and cfg.layer_config["model_type"] == layer
     head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())

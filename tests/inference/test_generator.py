@@ -93,14 +93,16 @@ def medusa_drafter(model, choices=None):
     return MedusaDrafter(head, choices)
 
 
-def eagle_drafter(model, family: str, **options):
-    """An EAGLE-1 or EAGLE-3 drafter with a random head (accepts little, but every code path runs)."""
+def eagle_drafter(model, family: str, num_layers: int = 1, **options):
+    """An EAGLE-1 or EAGLE-3 drafter with a random head of `num_layers` decoder layers (accepts little, but
+    every code path runs)."""
     torch.manual_seed(0)
     if family == "eagle":
-        head = EagleHead(EagleConfig.from_target(model.config))
+        head = EagleHead(EagleConfig.from_target(model.config, num_layers=num_layers))
     else:
         layers = model.config.num_hidden_layers
-        head = Eagle3Head(Eagle3Config.from_target(model.config, target_layers=[1, layers // 2 + 1, layers]))
+        fused = [1, layers // 2 + 1, layers]
+        head = Eagle3Head(Eagle3Config.from_target(model.config, target_layers=fused, num_layers=num_layers))
     head.attach_target_modules(
         lm_head=model.get_output_embeddings(), embed_tokens=model.get_input_embeddings()
     )

@@ -26,12 +26,19 @@ def _extra(**more) -> dict:
     return {"head": "peagle", "head.block_size": K, "head.draft_vocab_size": 200, **more}
 
 
-@pytest.mark.parametrize("own", [False, True], ids=["target-embedding", "own-embedding"])
+@pytest.mark.parametrize(
+    ("own", "layers"),
+    [(False, 1), (True, 1), (False, 3)],
+    ids=["target-embedding", "own-embedding", "3-layers"],
+)
 def test_head_peagle_trains_through_the_entry_and_its_loss_falls(
-    tmp_path, tiny_target_dir, chat_file, training_kit, own
+    tmp_path, tiny_target_dir, chat_file, training_kit, own, layers
 ) -> None:
-    """own: head.own_embedding=true trains the head's own embedding (from the target's), saved with it."""
+    """own: head.own_embedding=true trains the head's own embedding (from the target's), saved with it;
+    head.num_layers=3: a head of three decoder layers."""
     more = {"head.own_embedding": True} if own else {}
+    if layers > 1:
+        more["head.num_layers"] = layers
     extra = _extra(**{"trainer.lr": 0.003, "trainer.max_steps": 12, "trainer.eval_every": 12, **more})
     settings = training_kit.settings(
         training_kit.overrides(tiny_target_dir, chat_file, tmp_path / "o", **extra)
@@ -45,6 +52,7 @@ def test_head_peagle_trains_through_the_entry_and_its_loss_falls(
     result = train(settings)
     head = load_head(result.head_dir)
     assert isinstance(head, PEagleHead) and head.block_size == K and head.config.own_embedding is own
+    assert head.config.num_layers == layers == len(head.decoder_layers)
     if own:  # trained away from the target's table it started from
         from transformers import AutoModelForCausalLM
 
@@ -81,8 +89,17 @@ def kit(tiny_llama):
     return target, head, batch, states, out.logits
 
 
-def test_partitions_give_the_same_loss_gradients_and_counts(kit) -> None:
-    _, head, batch, states, logits = kit
+@pytest.mark.parametrize("layers", [1, 3])
+def test_partitions_give_the_same_loss_gradients_and_counts(kit, layers) -> None:
+    """Partitions recompute blocks over the real pass's keys/values of every decoder layer."""
+    target, head, batch, states, logits = kit
+    if layers > 1:
+        from spechead.heads import PEagleConfig
+
+        torch.manual_seed(1)
+        config = PEagleConfig.from_target(target.config, draft_vocab_size=V, block_size=K, num_layers=layers)
+        head = PEagleHead(config)
+        head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
     results = []
     for partitions in (1, 3):
         model = ParallelModel(head, [1.0, 0.8, 0.64, 0.512], partitions)
@@ -95,6 +112,7 @@ def test_partitions_give_the_same_loss_gradients_and_counts(kit) -> None:
     torch.testing.assert_close(l3, l1)
     assert torch.equal(c1, c3) and torch.equal(n1, n3) and torch.equal(h1, h3)
     assert set(g1) == set(g3) and {"mask_hidden", "mask_embedding", "fc.weight"} <= set(g1)
+    assert any(name.startswith("extra_layers.") for name in g1) is (layers > 1)  # every layer trains
     for name in g1:
         torch.testing.assert_close(g3[name], g1[name], rtol=1e-4, atol=1e-6)
 

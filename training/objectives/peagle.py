@@ -111,7 +111,7 @@ class ParallelModel(nn.Module):
             if depth == 0:
                 continue
             for group in anchors[depths == depth].chunk(self.partitions):
-                args = (kv[0], kv[1], group, depth, mask, target_next, target_top, valid, denom)
+                args = (kv, group, depth, mask, target_next, target_top, valid, denom)
                 if torch.is_grad_enabled() and self.partitions > 1:
                     out = checkpoint(self._blocks, *args, use_reentrant=False)
                 else:
@@ -125,12 +125,12 @@ class ParallelModel(nn.Module):
         count.extend(part_count.unbind())
         return total, torch.stack(correct), torch.stack(count), hits
 
-    def _blocks(self, keys, values, anchors, depth, mask, target_next, target_top, valid, denom):
-        """One anchor group's blocks of `depth` future positions: (weighted loss sum, correct (depth,),
-        count (depth,), hits (depth, B, A))."""
+    def _blocks(self, kv, anchors, depth, mask, target_next, target_top, valid, denom):
+        """One anchor group's blocks of `depth` future positions over the real pass's per-layer keys/values
+        `kv`: (weighted loss sum, correct (depth,), count (depth,), hits (depth, B, A))."""
         head = self.head
-        future = head.block_forward((keys, values), mask.bool(), anchors, depth)  # (B, A, depth, H)
-        total = torch.zeros((), device=keys.device)
+        future = head.block_forward(kv, mask.bool(), anchors, depth)  # (B, A, depth, H)
+        total = torch.zeros((), device=mask.device)
         right, count, hits = [], [], []
         for j in range(1, depth + 1):
             rows = (anchors + j).clamp(max=target_next.shape[1] - 1)  # (A,) depth j reads row a + j
@@ -156,11 +156,11 @@ class PEagleObjective(Eagle3Objective):
         self.model = ParallelModel(head, weights, cfg.partitions, (cfg.cod_ratio, cfg.cod_min))
 
     def work(self) -> tuple[int, int, int]:
-        """Per trained position: the real pass (one logit set, one layer pass) plus one partition's share of
-        the K - 1 future positions (backward recomputes one partition at a time)."""
+        """Per trained position: the real pass (one logit set, num_layers layer passes) plus one partition's
+        share of the K - 1 future positions (backward recomputes one partition at a time)."""
         cfg = cast(PEagleConfig, self.head.config)
         share = 1 + math.ceil((cfg.block_size - 1) / self.partitions)
-        return share, int(cfg.draft_vocab_size), share
+        return share, int(cfg.draft_vocab_size), share * int(cfg.num_layers)
 
     def eval_counts(self, model, target, batch):
         loss, correct, count, hits = self._run(model, target, batch)

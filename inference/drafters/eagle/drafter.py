@@ -281,7 +281,7 @@ class EagleDrafter(EagleGrowth, Drafter):
     def _start_one(self, prompt: Tensor, hidden: dict[int, Tensor], root: int) -> None:
         """Reset and commit the pairs (f_t, x_{t+1}) of the prompt [T], with x_T = root."""
         size = max(256, -(-(prompt.numel() + 128 + self._spec_slots) // 256) * 256)
-        self._cache = RowCache(1, 1, size)
+        self._cache = RowCache(self.head.config.num_layers, 1, size)  # a cache layer per decoder layer
         self._committed, self._feature = 0, None
         self._commit(prompt.tolist(), self._features(hidden, prompt.numel())[None], root)  # [1, T, H]
 

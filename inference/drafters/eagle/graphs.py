@@ -109,7 +109,7 @@ class GraphRows(EagleRows):
         need = -(-(longest + 128 + self._spec_room() + GRAPH_COMMIT) // 1024) * 1024
         rows = self._kept.get(capacity)
         if rows is None or rows.cache.max_length < need:
-            layers = len(getattr(self.head, "layers", [None]))  # EAGLE-1/2: its decoder layers; EAGLE-3: one
+            layers = self.head.config.num_layers  # the head's decoder layers: a cache layer each
             size = max(need, rows.cache.max_length if rows is not None else 0)
             width = self.head.config.hidden_size
             feature = torch.zeros(capacity, width, device=self.device, dtype=self.dtype)

@@ -88,7 +88,7 @@ class EagleRows:
 
     def _new_cache(self, batch: int, longest: int) -> None:
         """An empty head cache for `batch` rows whose prompts are at most `longest` tokens."""
-        layers = len(getattr(self.head, "layers", [None]))  # EAGLE-1/2: its decoder layers; EAGLE-3: one
+        layers = self.head.config.num_layers  # the head's decoder layers: a cache layer each
         size = max(256, -(-(longest + 128 + self._spec_room()) // 256) * 256)
         self.cache = RowCache(layers, batch, size)
         self.committed = torch.zeros(batch, dtype=torch.long, device=self.device)

@@ -39,6 +39,8 @@ def build(model, kind):
         drafter = eagle_drafter(model, "eagle", top_k=2, depth=4, total_tokens=14)  # keeps depth 3-4
     elif kind == "eagle3_dynamic":
         drafter = eagle_drafter(model, "eagle3", top_k=4, depth=3, total_tokens=12)
+    elif kind == "eagle3_layers":  # 3 decoder layers: the head caches hold a layer each
+        drafter = eagle_drafter(model, "eagle3", num_layers=3, tree=[[0], [1], [0, 0], [0, 1], [1, 0]])
     else:
         drafter = eagle_drafter(model, "eagle3", tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
     g = torch.Generator().manual_seed(5)
@@ -148,12 +150,13 @@ def test_compiled_batch_drafting_is_for_cuda_by_default(model):
     assert drafter.with_tree([[0], [1]]).batch_graphs is True
 
 
-KINDS = [("medusa", False), ("eagle_dynamic", False), ("eagle3_dynamic", False), ("eagle3_static", False)]
+KINDS = [("medusa", False), ("eagle_dynamic", False), ("eagle3_dynamic", False), ("eagle3_static", False),
+         ("eagle3_layers", False)]  # fmt: skip
 # compiled EAGLE drafting (drafters/eagle/graphs.py): "graphs" runs the fixed-shape functions as they
 # are on a CPU (what a CUDA graph captures), "eager" traces them with dynamo (one graph each: no break)
 COMPILED = [
     (kind, c) for kind in ("eagle_dynamic", "eagle3_dynamic", "eagle3_static") for c in ("graphs", "eager")
-]
+] + [("eagle3_layers", "graphs")]
 
 
 @pytest.mark.parametrize(("kind", "compile"), KINDS + COMPILED)

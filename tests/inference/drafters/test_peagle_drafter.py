@@ -1,5 +1,6 @@
 """PEagleDrafter: ONE head forward per pass drafts every row's block; decoding with it equals the target's
-own greedy decoding at batch 1 and 3 (lossless), and row b's draft at B rows is its batch-of-one draft."""
+own greedy decoding at batch 1 and 3 (lossless), and row b's draft at B rows is its batch-of-one draft;
+for heads of one and of three decoder layers."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ N = 14
 PROMPTS = [[5, 9, 14, 20, 33, 41, 7, 3, 12, 18, 25], [11, 4, 8], [30, 2, 6, 19, 27, 1]]
 
 
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory, tiny_llama, chatml_tokenizer):
-    """(target dir, head dir, target): a tiny Llama and a random P-EAGLE head (K = 4) for it."""
+@pytest.fixture(scope="module", params=[1, 3], ids=["1-layer", "3-layers"])
+def dirs(request, tmp_path_factory, tiny_llama, chatml_tokenizer):
+    """(target dir, head dir, target): a tiny Llama and a random P-EAGLE head (K = 4) for it, of one
+    decoder layer or three (the head cache then holds a layer each)."""
     root = tmp_path_factory.mktemp("peagle")
     vocab = len(chatml_tokenizer)
     target = tiny_llama(vocab, layers=4, hidden=32)
@@ -29,7 +31,10 @@ def dirs(tmp_path_factory, tiny_llama, chatml_tokenizer):
     target.save_pretrained(root / "target")
     chatml_tokenizer.save_pretrained(root / "target")
     torch.manual_seed(3)
-    head = PEagleHead(PEagleConfig.from_target(target.config, draft_vocab_size=vocab, block_size=4))
+    config = PEagleConfig.from_target(
+        target.config, draft_vocab_size=vocab, block_size=4, num_layers=request.param
+    )
+    head = PEagleHead(config)
     head.save_pretrained(root / "head")
     return root / "target", root / "head", target
 

@@ -32,7 +32,8 @@ def make_head(target, kind: str):
     if kind == "eagle":
         head = EagleHead(EagleConfig.from_target(target.config))
     else:
-        head = Eagle3Head(Eagle3Config.from_target(target.config, draft_vocab_size=VD))
+        layers = 2 if kind == "eagle3-2-layers" else 1  # (a cache layer each)
+        head = Eagle3Head(Eagle3Config.from_target(target.config, draft_vocab_size=VD, num_layers=layers))
         # A non-trivial draft vocab: VD scattered target ids, so d2t offsets matter.
         chosen = torch.randperm(V)[:VD].sort().values
         t2d = torch.zeros(V, dtype=torch.bool)
@@ -91,7 +92,7 @@ def chain_scores(
 
 
 @pytest.mark.parametrize("api", ["accept", "accept_path"])
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3-2-layers"])
 @pytest.mark.parametrize("tree", ["dynamic", "static"])
 def test_cache_stays_consistent_across_cycles(target, kind, tree, api) -> None:
     """accept_path (the decoding loop's call: every node's states, the path's indices) takes the path's
@@ -159,7 +160,7 @@ def test_a_drafter_reused_on_a_longer_sequence_accepts_as_a_fresh_one(target, ki
     assert drafter._cache.max_length == 512
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3-2-layers"])
 def test_static_chain_matches_training_unroll(target, kind) -> None:
     head = make_head(target, kind)
     depth = 5
