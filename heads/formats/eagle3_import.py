@@ -8,11 +8,11 @@ speculators: config.json with speculators_model_type "eagle3", transformer_layer
 draft_vocab_size, EAGLE-3.1 flags, optional eagle_aux_hidden_state_layer_ids (layer INPUT ids,
 = HF hidden-state indices) and speculators_config.verifier; tensors layers.0.* instead of midlayer.*.
 Without layer ids the heads read the EAGLE-3 default [2, L//2, L-3], which needs the target's depth.
-Several decoder layers (speculators layers.0.., num_hidden_layers) become `num_layers`; the official layout
-holds one. Conventions as the engines read them: a missing norm_before_residual is true in a speculators config
-(vLLM), false in the official layout; the last layer's id means its output before the final norm,
-which spechead's index L (after it) is not, so it is refused when the target's depth is known; a
-windowed draft layer (sliding_attention) is refused (spechead's layer attends to the whole context).
+Several decoder layers (speculators layers.0.., num_hidden_layers) become `num_layers`; the official
+layout holds one. Conventions as the engines read them: a missing norm_before_residual is true in a
+speculators config (vLLM), false in the official layout; the last layer's id means its output before
+the final norm, which spechead's index L (after it) is not, so it is refused when the target's depth is
+known; a windowed draft layer (sliding_attention) is refused (spechead's layer attends to the whole context).
 A speculators head that trained its embedding (embed_requires_grad true) becomes a head with
 `own_embedding`, its embed_tokens.weight loaded (vLLM, too, runs a shipped embedding instead of the
 target's); otherwise a shipped embed_tokens.weight is the target's copy and is dropped.
