@@ -231,7 +231,7 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
     """The device to run on; ValueError on bad options (no CUDA without --tiny, bad numbers)."""
     numbers = {"iters": (args.iters, 1), "warmup": (args.warmup, 0), "context": (1 if args.context is None else args.context, 1),
                "top-k": (args.top_k, 1), "depth": (args.depth, 1), "draft-vocab": (args.draft_vocab, 1),
-               "dflash-layers": (args.dflash_layers, 1)}  # fmt: skip
+               "dflash-layers": (args.dflash_layers, 1), "peagle-layers": (args.peagle_layers, 1)}  # fmt: skip
     for name, (value, low) in numbers.items():
         if value < low:
             raise ValueError(f"--{name} must be >= {low}, got {value}")
@@ -335,15 +335,17 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
 
 
 def measure_parallel_rows(model, args: argparse.Namespace, timer: Timer, kept: dict, parts: dict) -> dict:
-    """{"parallel": {name: row}, "parallel_layers"} and the goal keys (`parallel_goal_keys`): each parallel
+    """{"parallel": {name: row}, "parallel_layers" (DFlash's), "peagle_layers"} and the goal keys (`parallel_goal_keys`): each parallel
     head's draft after the measured context, its chain verified, its pass projected (parallel_drafts.py)."""
-    heads = parallel_heads(model, args.draft_vocab, args.blocks, args.dflash_layers)
+    heads = parallel_heads(model, args.draft_vocab, args.blocks, args.dflash_layers, args.peagle_layers)
     # compiled runs: each draft as "graphs", decoding's CUDA default (its eager kernels captured; no launches)
     compile = "graphs" if args.compile else False
     rows = measure_parallel(heads, kept["prompt"], kept["hidden"], kept["root"], timer, compile)
     step = parts["verify_ms"][1]
     rows = project_parallel(rows, kept["runner"], step, parts["commit_ms"], timer, TAUS)
-    return {"parallel": rows, "parallel_layers": args.dflash_layers, **parallel_goal_keys(rows)}
+    peagle = next(head for name, head in heads.items() if name.startswith("peagle"))
+    layers = {"parallel_layers": args.dflash_layers, "peagle_layers": peagle.config.num_layers}
+    return {"parallel": rows, **layers, **parallel_goal_keys(rows)}
 
 
 def main(argv: list[str] | None = None) -> int:

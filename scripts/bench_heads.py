@@ -77,14 +77,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def draft_rows(overrides: list[str], context: int, dflash_layers: int, iters: int = 10) -> list[dict]:
+def draft_rows(
+    overrides: list[str], context: int, dflash_layers: int, iters: int = 10, peagle_layers: int = 1
+) -> list[dict]:
     """The target of `overrides` (its model.*): EAGLE-3's depth-7 draft and one forward of each parallel head
     (blocks of BLOCKS), medians of `iters` on the GPU if there is one, else the CPU."""
     with initialize_config_module("spechead.configs", version_base=None):
         cfg = compose("train", overrides=["head=eagle3", *overrides])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_target(settings_from_config(cfg).model, device).model
-    return draft_table(model, Timer(device, iters, 2), context, BLOCKS, dflash_layers)
+    return draft_table(
+        model, Timer(device, iters, 2), context, BLOCKS, dflash_layers, peagle_layers=peagle_layers
+    )
 
 
 def draft_markdown(rows: list[dict]) -> str:
@@ -108,6 +112,9 @@ def main() -> None:
     parser.add_argument(
         "--dflash-layers", type=int, default=5, help="DFlash drafter layers in the draft table"
     )
+    parser.add_argument(
+        "--peagle-layers", type=int, default=1, help="P-EAGLE decoder layers in the draft table (AWS's: 4)"
+    )
     parser.add_argument("--no-draft", action="store_true", help="skip the draft-time table")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
     args = parser.parse_args()
@@ -121,7 +128,9 @@ def main() -> None:
     (args.out / "table.md").write_text(text + "\n")
     print(text)
     if not args.no_draft:
-        drafts = draft_rows(args.overrides, args.draft_context, args.dflash_layers)
+        drafts = draft_rows(
+            args.overrides, args.draft_context, args.dflash_layers, peagle_layers=args.peagle_layers
+        )
         (args.out / "draft.json").write_text(json.dumps(drafts, indent=1))
         (args.out / "draft.md").write_text(draft_markdown(drafts) + "\n")
         print(f"\ndraft time at the target's shape, random-weight heads after {args.draft_context} tokens:")

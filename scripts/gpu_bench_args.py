@@ -99,6 +99,10 @@ def parse_args(argv: list[str] | None, doc: str | None) -> argparse.Namespace:
              "one forward per pass, timed beside EAGLE-3's depth-D draft (scripts/parallel_drafts.py)",
     )  # fmt: skip
     p.add_argument("--dflash-layers", type=int, default=5, help="DFlash drafter layers (default 5)")
+    p.add_argument(
+        "--peagle-layers", type=int, default=1,
+        help="P-EAGLE decoder layers (default 1, the demo recipe's; AWS's published P-EAGLE drafters: 4)",
+    )  # fmt: skip
     p.add_argument("--no-parallel", action="store_true", help="skip the P-EAGLE / DFlash rows")
     p.add_argument(
         "--profile",

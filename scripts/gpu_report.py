@@ -85,7 +85,7 @@ def render_parallel(r: dict) -> list[str]:
     modes = sorted({str(row.get("draft_compile", "eager")) for row in rows.values()})
     lines = [
         f"parallel drafting, ONE head forward per pass (bf16 heads, draft {' / '.join(modes)}, DFlash "
-        f"{r['parallel_layers']} layers; "
+        f"{r['parallel_layers']} layers, P-EAGLE {r.get('peagle_layers', 1)}; "
         "P-EAGLE's pass also writes the 5 positions accepted since the last; chains verified):",
         f"  eagle3 depth {r['depth']} (tree {r['tree_size']}): draft {r['draft_ms']:.3f} ms = {r['draft_x_step']:.1%} "
         f"of a step; pass {r['pass_ms']:.3f} ms; tau 6: {r['projected_speedup']['6.0']:.2f}x",

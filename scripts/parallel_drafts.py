@@ -38,14 +38,22 @@ def _attached(head, model):
     return head
 
 
-def parallel_heads(model, draft_vocab: int, blocks: Sequence[int], dflash_layers: int) -> dict[str, object]:
-    """Random-weight heads of `model`'s width: {"peagle-K": PEagleHead, "dflash-K": DFlashHead} per K."""
+def parallel_heads(
+    model, draft_vocab: int, blocks: Sequence[int], dflash_layers: int, peagle_layers: int = 1
+) -> dict[str, object]:
+    """Random-weight heads of `model`'s width: {"peagle-K": PEagleHead of `peagle_layers` decoder layers,
+    "dflash-K": DFlashHead of `dflash_layers`} per K."""
     cfg, heads = model.config, {}
     vocab = min(draft_vocab, cfg.vocab_size)
     with torch.device(model.get_input_embeddings().weight.device):
         for k in blocks:
             heads[f"peagle-{k}"] = _attached(
-                PEagleHead(PEagleConfig.from_target(cfg, draft_vocab_size=vocab, block_size=k)), model
+                PEagleHead(
+                    PEagleConfig.from_target(
+                        cfg, draft_vocab_size=vocab, block_size=k, num_layers=peagle_layers
+                    )
+                ),
+                model,
             )
             heads[f"dflash-{k}"] = _attached(
                 DFlashHead(DFlashConfig.from_target(cfg, block_size=k, num_layers=dflash_layers)), model
@@ -170,7 +178,13 @@ def target_states(model, prompt: Tensor) -> tuple[dict[int, Tensor], int]:
 
 
 def draft_table(
-    model, timer: Timer, context: int, blocks: Sequence[int], dflash_layers: int, depth: int = 7
+    model,
+    timer: Timer,
+    context: int,
+    blocks: Sequence[int],
+    dflash_layers: int,
+    depth: int = 7,
+    peagle_layers: int = 1,
 ) -> list[dict]:
     """Rows {drafter, drafts, forwards, draft_ms, x_eagle3}: EAGLE-3 depth `depth`, then each parallel head,
     after a random prompt of `context` tokens (bench_heads' table at its target's shape)."""
@@ -180,10 +194,11 @@ def draft_table(
     eagle = eagle3_draft_ms(model, prompt, hidden, root, timer, depth)
     # (EAGLE-3's propose: depth 1 is the root's top-k from the accepted feature, each further depth a head call)
     rows = [{"drafter": f"eagle3 depth {depth}", "drafts": depth, "forwards": depth - 1, "draft_ms": eagle}]
-    heads = parallel_heads(model, 32000, blocks, dflash_layers)
+    heads = parallel_heads(model, 32000, blocks, dflash_layers, peagle_layers)
     for name, row in measure_parallel(heads, prompt, hidden, root, timer).items():
+        depth_of = heads[name].config.num_layers  # the head's own, as built
         label = (
-            name.replace("-", " K=")
+            name.replace("-", " K=") + (f" ({depth_of} layers)" if depth_of > 1 else "")
             if name.startswith("peagle")
             else f"{name.replace('-', ' block ')} ({dflash_layers} layers)"
         )

@@ -371,13 +371,15 @@ def test_parallel_drafts_one_forward_beside_eagle3(tmp_path, monkeypatch, capsys
     context, their chains verified and their passes projected as EAGLE-3's; the issue's parallel goals read
     K=8 P-EAGLE and block-16 DFlash; --no-parallel leaves them out; bad blocks are one error line."""
     proc = run("--tiny", "--device", "cpu", "--iters", "1", "--warmup", "0", "--sizes", "1,64", "--no-batch",
-               "--no-stream", "--dflash-layers", "2", "--out", "p.json", cwd=tmp_path)  # fmt: skip
+               "--no-stream", "--dflash-layers", "2", "--peagle-layers", "2", "--out", "p.json", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads((tmp_path / "p.json").read_text())
     assert (
         list(r["parallel"]) == ["peagle-8", "dflash-8", "peagle-16", "dflash-16"]
         and r["parallel_layers"] == 2
+        and r["peagle_layers"] == 2
     )
+    assert "DFlash 2 layers, P-EAGLE 2;" in proc.stdout
     step = r["decode_step_ms"]
     for name, row in r["parallel"].items():
         k = int(name.split("-")[1])

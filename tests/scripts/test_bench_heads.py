@@ -141,3 +141,5 @@ def test_draft_rows_time_one_parallel_forward_beside_eagle3(script, tiny_target_
     assert all(r["x_eagle3"] == r["draft_ms"] / rows[0]["draft_ms"] for r in rows)
     lines = module.draft_markdown(rows).splitlines()
     assert len(lines) == 7 and lines[4].startswith("| dflash block 8 (2 layers) | 7 | 1 | ")
+    deeper = module.draft_rows(overrides, context=16, dflash_layers=1, iters=1, peagle_layers=3)
+    assert deeper[1]["drafter"] == "peagle K=8 (3 layers)"  # (as the head was built: its config's)
