@@ -335,8 +335,9 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
 
 
 def measure_parallel_rows(model, args: argparse.Namespace, timer: Timer, kept: dict, parts: dict) -> dict:
-    """{"parallel": {name: row}, "parallel_layers" (DFlash's), "peagle_layers"} and the goal keys (`parallel_goal_keys`): each parallel
-    head's draft after the measured context, its chain verified, its pass projected (parallel_drafts.py)."""
+    """{"parallel": {name: row}, "parallel_layers" (DFlash's), "peagle_layers"} and the goal keys
+    (`parallel_goal_keys`): each parallel head's draft after the measured context, its chain verified, its pass
+    projected (parallel_drafts.py)."""
     heads = parallel_heads(model, args.draft_vocab, args.blocks, args.dflash_layers, args.peagle_layers)
     # compiled runs: each draft as "graphs", decoding's CUDA default (its eager kernels captured; no launches)
     compile = "graphs" if args.compile else False
