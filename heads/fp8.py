@@ -221,9 +221,9 @@ def per_depth_linears(head: nn.Module) -> list[tuple[nn.Module, str]]:
     """(parent module, attribute) of every `nn.Linear` a draft depth runs: EAGLE-3 its decoder layers
     and `lm_head`; EAGLE-1/2 its `layers` (the lm_head it reads is the target's). Medusa: none."""
     roots: list[nn.Module] = []
-    midlayer, layers = getattr(head, "midlayer", None), getattr(head, "layers", None)
-    if isinstance(midlayer, nn.Module):
-        roots = [midlayer, *getattr(head, "extra_layers", ())]  # EAGLE-3 its decoder layers
+    decoder_layers, layers = getattr(head, "decoder_layers", None), getattr(head, "layers", None)
+    if isinstance(decoder_layers, list):  # EAGLE-3: Eagle3Head.decoder_layers
+        roots = decoder_layers
     elif isinstance(layers, nn.ModuleList):
         roots = list(layers)
     found = [

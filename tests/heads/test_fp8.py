@@ -58,6 +58,8 @@ def test_to_fp8_swaps_the_per_depth_layers_only(tiny_llama):
         type(m) is Fp8Rows for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
     )
     assert type(eagle3.fc) is nn.Linear and type(target.lm_head) is nn.Linear
+    deeper = Eagle3Head(Eagle3Config.from_target(target.config, draft_vocab_size=128, num_layers=3))
+    assert to_fp8(deeper, stack=False) == 7 * 3 + 1  # every decoder layer's seven and the lm_head
     eagle = EagleHead(EagleConfig.from_target(target.config))
     eagle.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
     assert to_fp8(eagle, stack=False) == 7 * len(eagle.layers) and type(target.lm_head) is nn.Linear

@@ -152,9 +152,9 @@ def test_every_group_combination_composes():
         for h, head in enumerate(heads)
         for m, model in enumerate(models)
     ]
+    choices = (heads, models, datas, trainers)
     for a, b in itertools.combinations(range(4), 2):  # the set covers every pair of two groups' options
-        groups = (heads, models, datas, trainers)
-        assert {(c[a], c[b]) for c in combos} == set(itertools.product(groups[a], groups[b])), (a, b)
+        assert {(c[a], c[b]) for c in combos} == set(itertools.product(choices[a], choices[b])), (a, b)
     groups = ["head", "model", "data", "trainer"]
     with initialize_config_module("spechead.configs", version_base=None):
         for i, combo in enumerate(combos):
