@@ -1,9 +1,10 @@
-"""Where a DFlash head's validation tau and its decoded tau part ways, on the target's own greedy answers.
+"""Where a parallel head's (DFlash, P-EAGLE) validation tau and its decoded tau part ways, on the target's
+own greedy answers.
 
 For each prompt (its first turn) the target's greedy answer is decoded twice (plain, and with the head
 drafting a chain), and the head's block is computed at EVERY anchor c of the answer through the training
-path (`predict_blocks`, the call training's validation makes); a_c = its leading drafts equal to the answer. Printed (and
-written as JSON with --out):
+path (DFlash's `predict_blocks`, P-EAGLE's `parallel_logits`: the calls training's validation makes); a_c =
+its leading drafts equal to the answer. Printed (and written as JSON with --out):
 - all_anchor_tau: the mean of 1 + a_c over every anchor: what training's validation chain tau counts;
 - path_tau: 1 + a_c over the anchors decoding visits (c -> c + 1 + a_c from the prompt's last token), and
   passes_equal: the share of prompts whose decoded passes are those path lengths (the final pass aside,
@@ -14,7 +15,7 @@ written as JSON with --out):
 - root_reads: the share of anchors whose first draft changes when only the root token is swapped for a
   random one, the context kept (a head that ignores its root predicts the token after the one it expected).
 
-    python scripts/dflash_anchors.py --target data/demo/target --head outputs/dflash-demo/head --prompts 24
+    python scripts/parallel_anchors.py --target data/demo/target --head outputs/dflash-demo/head --prompts 24
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from transformers import AutoTokenizer
 
 from spechead.data.prompt_sets import load_prompt_set
 from spechead.heads.dflash import DFlashHead
+from spechead.heads.peagle import PEagleHead
 from spechead.inference import SpeculativeGenerator
+from spechead.inference.drafters.block_tree import chain_choices
 from spechead.inference.target.runner import TargetRunner
 
 
@@ -56,7 +59,7 @@ def path(right: dict[int, int], start: int) -> list[int]:
 
 
 @torch.inference_mode()
-def context_of(head: DFlashHead, runner: TargetRunner, seq: torch.Tensor) -> torch.Tensor:
+def context_of(head: DFlashHead | PEagleHead, runner: TargetRunner, seq: torch.Tensor) -> torch.Tensor:
     """The fused target states [1, T, H] over seq [T] (what every block attends to)."""
     hidden = runner.prefill([seq])[1][0]  # {layer: [T, H]}
     return head.fuse([hidden[layer][None] for layer in head.config.target_layers])
@@ -64,10 +67,13 @@ def context_of(head: DFlashHead, runner: TargetRunner, seq: torch.Tensor) -> tor
 
 @torch.inference_mode()
 def block_drafts(
-    head: DFlashHead, context: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor
+    head: DFlashHead | PEagleHead, context: torch.Tensor, ids: torch.Tensor, anchors: torch.Tensor
 ) -> torch.Tensor:
-    """Every anchor's block drafts [A, block_size - 1] (top-1), the training path: context [1, T, H], the
-    blocks' root tokens read from ids [T] (ids[c + 1] for anchor c)."""
+    """Every anchor's block drafts [A, D] (top-1, target ids), the training path: context [1, T, H], the
+    blocks' root tokens read from ids [T] (ids[c + 1] for anchor c). DFlash: D = block_size - 1 (block
+    position 0 is the root); P-EAGLE: D = K (slot 0 is the real position c, which reads x_{c+1})."""
+    if isinstance(head, PEagleHead):
+        return head.draft_to_target(head.parallel_logits(context, ids[None], anchors)[0].argmax(-1))  # [A, K]
     blocks = head.predict_blocks(context, ids[None], anchors[None])[0]  # [A, bs, H]
     return head.logits(blocks[:, 1:]).argmax(-1)  # [A, bs - 1]
 
@@ -75,10 +81,15 @@ def block_drafts(
 def analyse(target: str, head_dir: str, prompts: list[list[int]], max_new_tokens: int, seed: int = 0) -> dict:
     """The figures above for prompt ids `prompts` (lists of token ids)."""
     plain = SpeculativeGenerator.from_pretrained(target, None)
-    gen = SpeculativeGenerator.from_pretrained(target, head_dir, tree="chain")
-    head = getattr(gen.drafter, "head", None)
-    if not isinstance(head, DFlashHead):
-        raise SystemExit(f"error: {head_dir} is not a DFlash head")
+    loaded = SpeculativeGenerator.from_pretrained(target, head_dir, calibrate=False)
+    head = getattr(loaded.drafter, "head", None)
+    if not isinstance(head, (DFlashHead, PEagleHead)):
+        raise SystemExit(f"error: {head_dir} is not a parallel (DFlash or P-EAGLE) head")
+    # the chain of every block position's best draft, whatever tree the head's tree.json pins: what the walk
+    # walks
+    slots = head.block_size if isinstance(head, PEagleHead) else head.config.block_size - 1
+    chain = loaded.drafter.with_tree(chain_choices(slots))
+    gen = SpeculativeGenerator(plain.target, plain.tokenizer, chain)
     runner = TargetRunner(plain.target, tuple(head.config.target_layers))
     random = torch.Generator().manual_seed(seed)
     every, visited, decoded, equal, reads = [], [], [], [], []
@@ -124,7 +135,7 @@ def analyse(target: str, head_dir: str, prompts: list[list[int]], max_new_tokens
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--target", required=True, help="the target model (directory or Hub id)")
-    p.add_argument("--head", required=True, help="a DFlash head directory or Hub id")
+    p.add_argument("--head", required=True, help="a DFlash or P-EAGLE head directory or Hub id")
     p.add_argument("--prompt-set", default="demo", help="a built-in prompt set or a JSONL file")
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=96)

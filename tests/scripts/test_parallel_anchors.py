@@ -1,5 +1,6 @@
-"""scripts/dflash_anchors.py: a DFlash head's drafts at every anchor (the training path) walked as decoding
-walks them give exactly the engine's decoded passes, and the figures come out of the real run."""
+"""scripts/parallel_anchors.py: a parallel head's (DFlash, P-EAGLE) drafts at every anchor (the training path)
+walked as decoding walks them give exactly the engine's decoded passes, and the figures come out of the real
+run."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..inference.drafters.parallel_heads import dflash_head
+from spechead.heads.directory import write_tree
+
+from ..inference.drafters.parallel_heads import dflash_head, peagle_head
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [[5, 9, 14, 9, 5], [3, 3, 8, 21, 30, 2], [17, 4, 11]]
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("dflash_anchors", ROOT / "scripts" / "dflash_anchors.py")
+    spec = importlib.util.spec_from_file_location(
+        "parallel_anchors", ROOT / "scripts" / "parallel_anchors.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -34,19 +39,23 @@ def test_leading_right_and_the_decoding_walk():
 
 @pytest.fixture(scope="module")
 def dirs(tiny_llama, chatml_tokenizer, tmp_path_factory):
+    """The target, and a DFlash and a P-EAGLE head fitted to its greedy continuations (passes of several
+    tokens)."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
     model.generation_config.eos_token_id = None
     root = tmp_path_factory.mktemp("anchors")
     model.save_pretrained(root / "target")
     chatml_tokenizer.save_pretrained(root / "target")
-    # fitted to the target's greedy continuations: passes of several tokens
-    head = dflash_head(model, PROMPTS)
-    head.save_pretrained(root / "head")
-    return root / "target", root / "head"
+    dflash_head(model, PROMPTS).save_pretrained(root / "dflash")
+    peagle_head(model, PROMPTS).save_pretrained(root / "peagle")
+    for name in ("dflash", "peagle"):  # a tuned tree.json pins a shorter chain: the walk's is the whole block
+        write_tree(root / name, [[0], [0, 0]])
+    return root / "target", root / "dflash", root / "peagle"
 
 
-def test_the_training_path_walked_is_the_decoded_passes(dirs):
-    target, head = dirs
+@pytest.mark.parametrize("family", ["dflash", "peagle"])
+def test_the_training_path_walked_is_the_decoded_passes(dirs, family):
+    target, head = dirs[0], dirs[1 if family == "dflash" else 2]
     unfitted = [[40, 12, 33, 7], [28, 1, 19]]  # the head misses there too
     figures = script().analyse(str(target), str(head), PROMPTS + unfitted, max_new_tokens=20)
     assert figures["passes_equal"] == 1.0, figures  # decoding drafts what the training path measures
@@ -57,7 +66,7 @@ def test_the_training_path_walked_is_the_decoded_passes(dirs):
 
 
 def test_cli_writes_the_figures(dirs, tmp_path, capsys):
-    target, head = dirs
+    target, head = dirs[0], dirs[1]
     out = tmp_path / "anchors.json"
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"turns": [t]}) for t in ["hi there", "what is two"]) + "\n")
