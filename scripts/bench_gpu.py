@@ -41,7 +41,6 @@ from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
 from spechead.inference.draft_weights import check_fp8_device, fp8_by_default
 from spechead.inference.drafters.eagle import EagleDrafter
-from spechead.inference.drafters.eagle.graphs import GraphRows
 from spechead.inference.drafters.topk import resolve_chunk
 from spechead.inference.evaluation.profiling import (
     Timer,
@@ -203,18 +202,10 @@ def measure_runner(
 
 
 def restart_at(drafter: EagleDrafter, committed: int) -> None:
-    """Drop a started batch of one's entries after the first `committed` (the next accept lands there):
-    its own cache when eager, the graphs' row when compiled (`GraphRows`: the host's length and the
-    device's copy, which its graphs read)."""
-    rows = drafter._rows
-    if rows is None:
-        drafter._committed = committed
-        drafter._crop()
-        return
-    assert isinstance(rows, GraphRows)  # (a batch of one is eager or compiled)
-    state = rows._capacity
-    state.lengths[rows.rows[0]] = committed
-    state.sync()
+    """Drop a started batch of one's entries after the first `committed` (the next accept lands there): its
+    rows' lengths, eager or compiled (`GraphRows`: the host's length and the device's copy its graphs read)."""
+    assert drafter._rows is not None  # started
+    drafter._rows.rewind(committed)
 
 
 def draft_bytes(head: Eagle3Head, depth: int) -> int:

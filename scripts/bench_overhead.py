@@ -30,10 +30,11 @@ from pathlib import Path
 from spechead.configs import demo_asset
 from spechead.data.prompt_sets import load_prompt_set
 from spechead.inference.drafter_specs import drafter_options
+from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 from spechead.inference.generator import SpeculativeGenerator
 
-_DRAWN_TOP = SampledChildren.top
+_DRAWN_TOP, _ROWS_TOP = SampledChildren.top, EagleRows._top
 
 
 class Timers:
@@ -82,11 +83,11 @@ def instrument(gen: SpeculativeGenerator, timers: Timers) -> None:
         drafter, "head_step"
     ):  # EAGLE: features (EAGLE-3 fusion), head steps (commit + depths), top-k
         timers.wrap(drafter, "head_step", "draft_net")
-        timers.wrap(drafter, "_top", "draft_net")
-        timers.wrap(drafter, "_top_ids", "draft_net")  # (static trees: the top-k ids only)
+        # its rows' logits + top-k (rows made per start) and drawn children (sampling, made per propose):
+        # timed on the classes (functions there: `self` passes through)
+        timers.wrap(EagleRows, "_top", "draft_net")
         timers.wrap(drafter.head, "features", "draft_net")  # the name the drafter calls (`fuse` for EAGLE-3)
-        # drawn children (sampling, made per propose): their head calls and draws, timed on the class
-        timers.wrap(SampledChildren, "top", "draft_net")  # (a function there: `self` passes through)
+        timers.wrap(SampledChildren, "top", "draft_net")
     elif hasattr(
         drafter, "head"
     ):  # Medusa: the heads' one pass (the drafter's fused heads where it has them)
@@ -176,8 +177,9 @@ def main(argv=None) -> int:
             for name, g in (("plain", plain), ("spec", gen)):
                 for i, x in enumerate(decode(g, [ids], args.max_new_tokens, sampling(args, ids))):
                     totals[name][i] += x
-    finally:  # the class is shared: unwrapped for whoever runs next, whether or not decoding raised
+    finally:  # the classes are shared: unwrapped for whoever runs next, whether or not decoding raised
         SampledChildren.top = _DRAWN_TOP  # type: ignore[method-assign]
+        EagleRows._top = _ROWS_TOP  # type: ignore[method-assign]
     (p_wall, p_passes, p_tokens), (s_wall, s_passes, s_tokens) = totals["plain"], totals["spec"]
     step = p_wall / p_passes
     target = (spec_t.spent["target"] - spec_t.spent["prefill_target"]) / s_passes

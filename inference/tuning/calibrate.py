@@ -23,6 +23,7 @@ import torch
 
 from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
+from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner, batch_capacity
@@ -175,13 +176,12 @@ def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
     return {layer: torch.randn(length, hidden, device=device) for layer in drafter.hidden_layers}
 
 
-def _start_on_noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
-    """Start an EAGLE drafter's eager batch of one (what its steps are timed on, compiled or not) on `length`
-    random target states {layer: [length, H]}; returns them."""
-    states = _noise(drafter, length)
-    drafter._rows = None
-    drafter._start_one(torch.zeros(length, dtype=torch.long), states, 0)
-    return states
+def _rows_on_noise(drafter, length: int = 128) -> EagleRows:
+    """An EAGLE drafter's eager rows, a batch of one (what its steps are timed on, compiled or not),
+    started on `length` random target states {layer: [length, H]}."""
+    rows = EagleRows(drafter)
+    rows.start([torch.zeros(length, dtype=torch.long)], [_noise(drafter, length)], [0])
+    return rows
 
 
 def propose_timer(drafter, states: dict[int, torch.Tensor]) -> Callable[[], object]:
@@ -194,28 +194,25 @@ def propose_timer(drafter, states: dict[int, torch.Tensor]) -> Callable[[], obje
 
 
 def _drafter_ms(drafter, fn, repeats: int) -> float:
-    """Min ms of fn() over `repeats` rounds after a warm-up; the drafter's cache is dropped afterwards."""
-    try:
-        fn()
-        return min(_timed(fn, 1, drafter.head.fc.weight.device) for _ in range(repeats))
-    finally:
-        drafter._cache = None  # a fresh start() comes with the next sequence
+    """Min ms of fn() over `repeats` rounds after a warm-up."""
+    fn()
+    return min(_timed(fn, 1, drafter.head.fc.weight.device) for _ in range(repeats))
 
 
 @torch.inference_mode()
 def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
     """ms of one EAGLE draft depth (head step + logits + top-k over `width` nodes) after 128 committed."""
-    _start_on_noise(drafter)
+    rows = _rows_on_noise(drafter)
     head = drafter.head
     device, dtype = head.fc.weight.device, head.fc.weight.dtype
     feats = torch.randn(1, width, head.config.hidden_size, device=device, dtype=dtype)  # [1, E, H]
     ids = torch.zeros(1, width, dtype=torch.long, device=device)  # [1, E]
-    allowed = torch.eye(width, dtype=torch.bool, device=device)
+    own = torch.eye(width, dtype=torch.bool, device=device)[None]  # [1, E, E]: each node sees itself
+    offsets = torch.zeros(width, dtype=torch.long, device=device)  # [E]: depth 2's position C + 0
 
-    def depth() -> None:
-        out = drafter._step(feats, ids, allowed, 1)  # eager: one depth as the drafter runs it
-        drafter._top_ids(out, min(width, 4))  # (a static tree's depth: the ids, no log-probs)
-        drafter._crop()
+    def depth() -> None:  # (its speculative slots are scratch: every call writes the same ones)
+        out = rows._forward(feats, ids, own, offsets)  # eager: one depth as the rows run it
+        rows._top(out, min(width, 4), scores=False)  # (a static tree's depth: the ids, no log-probs)
 
     return _drafter_ms(drafter, depth, repeats)
 
@@ -231,24 +228,22 @@ def compiled_depth_cost_ms(drafter, compile: bool | str, depth: int = 4, repeats
         timed.use_compile(compile)
         draft = propose_timer(timed, _noise(timed))
 
-        def propose(t=timed, draft=draft) -> None:
-            t._crop()  # (every draft after the same committed entries)
-            draft()
-
-        ms.append(_drafter_ms(timed, propose, repeats))
+        ms.append(_drafter_ms(timed, draft, repeats))  # (a draft commits nothing: each after the same)
     return max(ms[1] - ms[0], 0.0) / (depth - 1)
 
 
 @torch.inference_mode()
 def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int = 9) -> float:
-    """ms of an EAGLE drafter's accept step as decoding runs it (`accept_path`: the input features of a
-    verified `nodes`-node tree, then the head on its first `tokens` nodes' pairs) after 128 committed."""
-    verified = {layer: state[None, :nodes] for layer, state in _start_on_noise(drafter).items()}  # [1, N, H]
-    path = list(range(tokens))
+    """ms of an EAGLE drafter's accept step as decoding runs it (`accept_paths`: the input features of a
+    verified `nodes`-node tree's path, then the head on its first `tokens` nodes' pairs) after 128
+    committed, on the rows the drafter keeps (compiled: its graphs')."""
+    states = _noise(drafter)
+    drafter.start([torch.zeros(128, dtype=torch.long)], [states], [0])
+    verified = {layer: state[None, :nodes] for layer, state in states.items()}  # [1, N, H]
+    path, rows = list(range(tokens)), drafter._rows
 
     def accept() -> None:
-        drafter._committed = 128  # every accept lands after the same 128 entries
-        drafter._crop()
+        rows.rewind(128)  # every accept lands after the same 128 entries
         drafter.accept_paths([[0] * tokens], verified, [path], [0])
 
     return _drafter_ms(drafter, accept, repeats)

@@ -14,6 +14,7 @@ from spechead.inference import loading as loading_module
 from spechead.inference.compiling import compile_option, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError, GraphedFunction
 from spechead.inference.drafters.eagle import EagleDrafter
+from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
@@ -117,8 +118,8 @@ def test_graphs_mode_runs_the_fixed_shape_passes_without_a_compiler(setup):
 def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama) -> None:
     """The head's fixed-shape cache and whole-buffer draft masks (a batch of one's `GraphRows`): same trees
     as eager drafting, across accept cycles (a wrong committed or speculative column changes the head's
-    top-k, and a dynamic tree's nodes are its best cumulative scores). Only eager drafting keeps the
-    scores (`last_scores`)."""
+    top-k, and a dynamic tree's nodes are its best cumulative scores). Only eager drafting keeps a dynamic
+    tree's scores (`last_scores`)."""
     target = tiny_llama(eagle_tests.V, layers=eagle_tests.L, hidden=eagle_tests.H).requires_grad_(False)
     head = eagle_tests.make_head(target, kind)
     opts = (
@@ -134,14 +135,14 @@ def test_compiled_eagle_drafting_proposes_the_eager_trees(kind, tree, tiny_llama
     root, pick, accepted_sizes = 5, torch.Generator().manual_seed(1), set()
     for drafter in (eager, compiled):
         drafter.start([stream.tokens], [stream.states], [root])
-    assert eager._rows is None and compiled._rows is compiled._graphs is not None  # (a batch of one)
+    assert type(eager._rows) is EagleRows and compiled._rows is compiled._graphs is not None  # (B = 1)
     for _ in range(4):
         mine, ref = (
             compiled.propose([root], [SamplingParams()], [None]).tree(0),
             eager.propose([root], [SamplingParams()], [None]).tree(0),
         )
         assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
-        assert compiled.last_scores is None and eager.last_scores is not None
+        assert compiled.last_scores is None and (eager.last_scores is not None) == (tree == "dynamic")
         node = int(torch.randint(ref.size, (1,), generator=pick))
         accepted = ref.tokens[path_to_node(ref.parents, node)]
         accepted_sizes.add(accepted.numel())

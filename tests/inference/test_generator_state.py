@@ -153,8 +153,8 @@ class EagleWithReferenceBranch(EagleDrafter):
         super().start(prompts, hidden, roots)
         self.done = 1
 
-    def accept_paths(self, tokens, hidden, paths, next_roots):  # EAGLE's own: fused over the tree, then
-        super().accept_paths(tokens, hidden, paths, next_roots)  # the path
+    def accept_paths(self, tokens, hidden, paths, next_roots):  # counted here, whatever `accept` it reaches
+        super().accept_paths(tokens, hidden, paths, next_roots)
         self.done += len(tokens[0])
 
     def propose(self, roots, sampling, generators):
@@ -218,7 +218,8 @@ def test_drafter_state_follows_the_accepted_rows(setup, family, options, hook):
     assert result.token_ids == reference
     assert result.stats.tau > 3  # long paths through the appended (last) rows were accepted
 
-    committed = drafter._committed  # the passes the drafter heard about (not the last one)
+    rows = drafter._rows  # (eager: `EagleRows`, a batch of one)
+    committed = rows.lengths[0]  # the passes the drafter heard about (not the last one)
     sequence = torch.tensor(prompt + result.token_ids)
     assert committed == len(prompt) + sum(result.stats.accept_lengths[:-1])
     states = TargetRunner(model, head.config.target_layers).prefill([sequence[:committed]])[1][
@@ -228,8 +229,8 @@ def test_drafter_state_follows_the_accepted_rows(setup, family, options, hook):
     features = head.fuse(inputs) if family == "eagle3" else inputs[0]
     fresh = DynamicCache()
     out = head.step(features, sequence[1 : committed + 1][None], past_key_values=fresh)  # [1, C, H]
-    assert drafter._cache.get_seq_length() == committed
-    for mine, ref in zip(drafter._cache.layers, fresh.layers):  # preallocated: the committed slots
+    assert int(rows.committed[0]) == committed == fresh.get_seq_length()
+    for mine, ref in zip(rows.cache.row_layers, fresh.layers, strict=True):  # preallocated: committed slots
         torch.testing.assert_close(mine.keys[:, :, :committed], ref.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(mine.values[:, :, :committed], ref.values, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(drafter._feature, out[:, -1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows.feature, out[:, -1], atol=1e-4, rtol=1e-4)

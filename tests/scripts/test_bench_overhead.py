@@ -78,13 +78,15 @@ def test_sampling_times_the_drawn_children_as_draft_work(
 def test_a_run_that_raises_leaves_the_class_unwrapped(
     script, tiny_target_dir, eagle3_dir, tmp_path, monkeypatch
 ):
-    """The drawn children's timer is set on the shared class: a decoding error still takes it off."""
+    """The drawn children's and the rows' top-k timers are set on the shared classes: a decoding error
+    still takes them off."""
+    from spechead.inference.drafters.eagle.rows import EagleRows
     from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 
-    top, module = SampledChildren.top, script("bench_overhead")
+    top, rows_top, module = SampledChildren.top, EagleRows._top, script("bench_overhead")
 
     def broken(*args, **kwargs):
-        assert SampledChildren.top is not top  # (instrumented by now)
+        assert SampledChildren.top is not top and EagleRows._top is not rows_top  # (instrumented by now)
         raise RuntimeError("decoding failed")
 
     monkeypatch.setattr(module, "decode", broken)
@@ -92,7 +94,7 @@ def test_a_run_that_raises_leaves_the_class_unwrapped(
             str(prompts(tmp_path / "p.jsonl")), "--max-new-tokens", "4"]  # fmt: skip
     with pytest.raises(RuntimeError, match="decoding failed"):
         module.main(argv)
-    assert SampledChildren.top is top
+    assert SampledChildren.top is top and EagleRows._top is rows_top
 
 
 @pytest.mark.parametrize("drafter", ["eagle3", "eagle3-dynamic", "prompt_lookup"])
@@ -109,7 +111,7 @@ def test_planted_times_give_exact_shares(
 
     from spechead.heads.eagle3 import Eagle3Head
     from spechead.heads.fused import _FusedStep
-    from spechead.inference.drafters.eagle import EagleDrafter
+    from spechead.inference.drafters.eagle.rows import EagleRows
     from spechead.inference.target.runner import TargetRunner
 
     now = [0.0]
@@ -127,8 +129,8 @@ def test_planted_times_give_exact_shares(
 
     ticking(LlamaForCausalLM, "forward", T)
     ticking(TargetRunner, "commit", E)
-    for cls, name in ((EagleDrafter, "_top"), (EagleDrafter, "_top_ids"), (_FusedStep, "__call__"),
-                      (Eagle3Head, "step"), (Eagle3Head, "features")):  # fmt: skip
+    for cls, name in ((EagleRows, "_top"), (_FusedStep, "__call__"), (Eagle3Head, "step"),
+                      (Eagle3Head, "features")):  # fmt: skip
         ticking(cls, name, D)
     out = tmp_path / "planted.json"
     spec, new = {
@@ -202,10 +204,12 @@ def test_every_network_call_of_the_drafter_is_timed(
 ):
     """instrument() wraps each of EAGLE's network calls (compiled: both graphs of its rows, made at its
     first start; their accept graph fuses the features), and a decode times them as draft networks."""
+    from spechead.inference.drafters.eagle.rows import EagleRows
     from spechead.inference.drafters.eagle.sampled_children import SampledChildren
     from spechead.inference.generator import SpeculativeGenerator
 
     monkeypatch.setattr(SampledChildren, "top", SampledChildren.top)  # (put back after the test)
+    monkeypatch.setattr(EagleRows, "_top", EagleRows._top)
     module = script("bench_overhead")
     gen = SpeculativeGenerator.from_pretrained(
         str(tiny_target_dir), str(eagle3_dir), draft_compile="eager" if compiled else False
@@ -219,8 +223,7 @@ def test_every_network_call_of_the_drafter_is_timed(
         assert drafter._rows is drafter._graphs is not None  # drafted and accepted as graphs
         timed = [drafter._graphs._draft, drafter._graphs._accept]
     else:
-        timed = [getattr(drafter, n) for n in ("head_step", "_top", "_top_ids")]
-        timed += [drafter.head.features, SampledChildren.top]
+        timed = [drafter.head_step, EagleRows._top, drafter.head.features, SampledChildren.top]
     timed.append(gen.runner._forward)
     assert all(getattr(f, "__qualname__", "") == "Timers.wrap.<locals>.timed" for f in timed)
     assert timers.spent["draft_net"] > timers.spent["start_draft_net"] >= 0  # the passes' drafts were timed

@@ -175,6 +175,13 @@ class GraphRows(EagleRows):
         self.rows = kept
         state.sync()
 
+    def rewind(self, length: int) -> None:
+        """Every active row back to `length` committed entries, the host's and the device's (calibration
+        times the same accept again)."""
+        state = self._capacity
+        state.lengths[self.rows] = length
+        state.sync()
+
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device ----------------------
 
     @inference_mode
@@ -225,8 +232,10 @@ class GraphRows(EagleRows):
 
     def _graph_draft(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:
         """Every physical row's tree from its feature [P, H] and root [P]: tokens, parents [P, N]."""
-        grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
-        return grow(feature, roots)
+        if self.drafter._static is not None:
+            return self._grow_static(feature, roots)
+        tokens, parents, _ = self._grow_dynamic(feature, roots)  # (the scores stay in the graph: unread)
+        return tokens, parents
 
     def _graph_accept(self, packed: Tensor, *states: Tensor) -> Tensor:
         """Commit row b's first n_b of K pairs, packed [P, K + 2] = (tokens [P, K], n_b, next root) with

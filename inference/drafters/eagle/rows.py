@@ -1,13 +1,16 @@
-"""EAGLE / EAGLE-3 rows of B > 1, eager: one head forward per depth over every row's frontier.
+"""EAGLE / EAGLE-3 rows, eager: one head forward per depth over every row's frontier, for any B (a batch of
+one is a batch).
 
-`EagleRows` is where an `EagleDrafter` keeps B rows (drafter.py says when; its cache convention holds), the
-same tree growth as a batch of one with a batch dimension: the head's preallocated cache is a `RowCache` [B, kv, S_max, D] with per-row
-committed lengths C_b (like the target runner's). Row b's committed entries sit at slots
+`EagleRows` is where an eager `EagleDrafter` keeps its rows (drafter.py; its cache convention holds): the
+head's preallocated cache is a `RowCache` [B, kv, S_max, D] with per-row committed lengths C_b (like the
+target runner's). Row b's committed entries sit at slots
 [0, C_b); a propose writes its speculative entries at C_b + 0, 1, ... and attends through an additive
 mask [B, 1, q, S] that opens slots < C_b plus the node's speculative ancestors and itself; positions
 are C_b + depth - 1. Speculative slots are scratch: the next commit overwrites them. Top-k, scores
 and frontiers are [B, ...] tensors on the head's device, and so are the trees it hands over.
-Row b's tree equals its batch-1 tree (same ties rule: stable sorts), up to float rounding.
+Row b's tree equals its batch-1 tree (same ties rule: stable sorts), up to float rounding. A batch of one
+sampling with a static tree may draw its children from the head instead (the drafter's rule C,
+sampled_children.py).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from torch import Tensor
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.positions import PositionIds
+from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.prefill import length_groups
 
@@ -50,6 +55,9 @@ class EagleRows:
         self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
         self._blocked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.feature: Tensor | None = None  # [B, H] output of each row's last committed pair
+        self.scores: Tensor | None = (
+            None  # [B, N] float64: a dynamic tree's node scores (root 0), last propose
+        )
 
     # ---- the drafter's calls ------------------------------------------------------------------------------
 
@@ -118,17 +126,33 @@ class EagleRows:
         self._commit(tokens, lengths, hidden, next_roots)
 
     @inference_mode
-    def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
-        """Every row's tree of the head's top-k children (deterministic: greedy / lossless rule A)."""
+    def propose(
+        self,
+        roots: Sequence[int],
+        sampling: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+    ) -> BatchDraft:
+        """Every row's tree of the head's top-k children (deterministic: greedy / lossless rule A), or, for
+        a batch of one sampling with a static tree and the drafter's rule C, of children drawn from it."""
         self._ensure_room(0)
         roots_t = host_to_device(torch.tensor(list(roots), dtype=torch.long), self.device)  # [B] (no wait)
-        self.drafter._map_ids(self.device)
-        grow = self._grow_static if self.drafter._static is not None else self._grow_dynamic
+        drafter = self.drafter
+        drafter._map_ids(self.device)
         assert self.feature is not None  # start made it
-        tokens, parents = grow(self.feature, roots_t)  # [B, N] each
+        self.scores = None
+        if drafter._static is None:
+            tokens, parents, self.scores = self._grow_dynamic(self.feature, roots_t)  # [B, N] each
+            return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
+        drawn = None  # children drawn from the head (rule C): a batch of one, sampling
+        if drafter.rule != "deterministic" and len(roots) == 1 and not sampling[0].is_greedy:
+            drawn = SampledChildren(drafter.head_logits, sampling[0], generators[0], drafter._vocab_out)
+        tokens, parents = self._grow_static(self.feature, roots_t, drawn)  # [B, N] each
         # the trees stay on the head's device: on a GPU the verify is queued behind the draft (no wait);
         # the acceptance reads the accepted tokens with its one transfer (engine/loop.py)
-        return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
+        if drawn is None:
+            return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
+        q = drawn.q_rows(drafter._static_plan(), drafter._d2t)  # [N, V]
+        return BatchDraft(tokens, parents, [tokens.shape[1]], "without_replacement", q[None])
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
@@ -140,6 +164,11 @@ class EagleRows:
         self.cache.keep_rows(rows, self.longest)  # (their committed entries: the rest is scratch)
 
     # ---- committed cache ---------------------------------------------------------------------------
+
+    def rewind(self, length: int) -> None:
+        """Every row back to `length` committed entries (calibration times the same accept again)."""
+        self.committed = torch.full_like(self.committed, length)
+        self.lengths, self.longest = [length] * len(self.lengths), length
 
     def _spec_room(self) -> int:
         return self.drafter._spec_slots + self.drafter.max_nodes
@@ -211,9 +240,11 @@ class EagleRows:
         values, ids = topk_rows(logits, k, self.drafter.topk_chunk)
         return (values - torch.logsumexp(logits, dim=-1, keepdim=True) if scores else values), ids
 
-    def _grow_dynamic(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:
-        """EAGLE-2 per row (see `EagleDrafter._grow_dynamic`) from each row's feature [B, H] and root [B],
-        every depth one head call over [B, k]: tokens, parents [B, N]."""
+    def _grow_dynamic(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """EAGLE-2 per row from each row's feature [B, H] and root [B]: per depth expand the `top_k`
+        frontier nodes of highest cumulative log-prob, each with its `top_k` children (one head call over
+        [B, k]), down to `depth`; keep the best `total_tokens - 1` nodes. Tokens, parents and the kept
+        nodes' cumulative log-probs (float64, root 0) [B, N]."""
         k, dev, batch = self.drafter.top_k, self.device, roots.shape[0]
         rows = torch.arange(batch, device=dev)[:, None]  # [B, 1]
         values, ids = self._top(feature[:, None], k)  # [B, 1, k]
@@ -258,11 +289,14 @@ class EagleRows:
         index.scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand(batch, -1))
         kept_parents = all_parents.gather(1, keep)  # [B, N]
         kept_parents = torch.where(kept_parents >= 0, index.gather(1, kept_parents.clamp(min=0)), -1)
-        return all_tokens.gather(1, keep), kept_parents
+        return all_tokens.gather(1, keep), kept_parents, all_scores.gather(1, keep)
 
-    def _grow_static(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:
-        """The static tree per row (see `EagleDrafter._grow_static`) from features [B, H] and roots [B],
-        one head call per depth over [B, E]: tokens, parents [B, N]."""
+    def _grow_static(
+        self, feature: Tensor, roots: Tensor, drawn: SampledChildren | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The static tree (rank paths) per row from features [B, H] and roots [B], one head call per depth
+        over [B, E]: tokens, parents [B, N]. A depth's rank-r child of a node is the head's r-th best token
+        there, or its r-th draw (`drawn`, B = 1)."""
         plan, st = self.drafter._static_plan(), self.drafter._static
         assert st is not None  # propose: a static tree
         batch, n = roots.shape[0], st.size
@@ -275,7 +309,12 @@ class EagleRows:
                 run = step["run"]  # [E]
                 out[:, run] = self._run_static(out[:, step["run_parent"]], tokens[:, run], step, spec, every)
                 spec += run.numel()
-            _, ids = self._top(out[:, step["expand"]], step["need"], scores=False)  # [B, E, need]
+            expand = out[:, step["expand"]]  # [B, E, H]
+            ids = (
+                self._top(expand, step["need"], False)[1]
+                if drawn is None
+                else drawn.top(expand, step["need"])
+            )
             tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
         return tokens[:, plan.order], plan.parents.expand(batch, -1)  # emitted depth-first (see the plan)
 

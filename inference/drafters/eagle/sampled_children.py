@@ -19,10 +19,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from spechead.inference.drafters.base import Draft
 from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.sampling import SamplingParams, inverse_cdf
-from spechead.inference.tree import TokenTree
 
 FLOOR = 1e-30  # every id's least draft probability (fp32 keeps it; Vd * FLOOR is no mass at all)
 RULES = ("deterministic", "without_replacement")  # EagleDrafter's rules: top-k children, or drawn ones
@@ -58,8 +56,8 @@ def draw_without_replacement(
 
 
 class SampledChildren:
-    """The `top_fn` of eager static drafting (static_eager.py) that draws each depth's children instead of
-    taking the head's top-k; it keeps each depth's q for `q_rows`."""
+    """Each depth's children of an eager static draft (rows.py, a batch of one) drawn from the head instead
+    of its top-k; it keeps each depth's q for `q_rows`."""
 
     def __init__(
         self,
@@ -73,19 +71,13 @@ class SampledChildren:
         self.vocab = vocab  # V: the target's vocabulary, which q rows span
         self.q_by_depth: list[Tensor] = []  # per depth: q [1, E, Vd] of the nodes it expanded
 
-    def top(self, features: Tensor, k: int, out: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """Output features [1, E, H] -> the head's logits [1, E, Vd] and k drawn head-vocab ids per row,
-        written into out[1] [1, E, k] (the kept buffer eager drafting maps and gathers from)."""
+    def top(self, features: Tensor, k: int) -> Tensor:
+        """Output features [1, E, H] -> k drawn head-vocab ids per node [1, E, k], in draw order."""
         logits = self.head_logits(features)  # [1, E, Vd]
         q = draft_probs(logits, self.temperature, floor=k > 1)  # [1, E, Vd]
         generator = self.generator if self.generator is None or self.generator.device == q.device else None
-        draw_without_replacement(q, k, generator, out=out[1])  # (the batch dim kept: no view, no copy)
         self.q_by_depth.append(q)
-        return logits, out[1]
-
-    def draft(self, tree: TokenTree, plan: StaticPlan, d2t: Tensor | None) -> Draft:
-        """The drafted static tree with its children's rule (C) and q [N, V] (`q_rows`)."""
-        return Draft(tree=tree, rule="without_replacement", q=self.q_rows(plan, d2t))
+        return draw_without_replacement(q, k, generator)  # [1, E, k]
 
     def q_rows(self, plan: StaticPlan, d2t: Tensor | None) -> Tensor:
         """q [N, V] over the target's vocabulary for the emitted tree: row i = the distribution node i's

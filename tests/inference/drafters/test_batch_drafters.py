@@ -11,7 +11,6 @@ import torch
 from spechead.heads.fused import grouped_attention as fused_attention
 from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.drafters.eagle import graphs as eagle_graphs
-from spechead.inference.drafters.eagle import growth as eagle_growth_module
 from spechead.inference.drafters.eagle import rows as eagle_rows_module
 from spechead.inference.drafters.eagle.graphs import GraphRows
 from spechead.inference.drafters.eagle.rows import EagleRows
@@ -131,11 +130,12 @@ def start_rows(drafter, batch: int) -> None:
 
 
 def test_compiled_batch_drafting_is_for_cuda_by_default(model):
-    """A compiled drafter drafts a batch of one as graphs; B > 1 rows on a CPU eagerly, the faster there
-    (see `EagleDrafter.batch_graphs`); the graphs' rows are kept with their graphs."""
+    """An eager drafter keeps any number of rows in `EagleRows` (a batch of one is a batch); a compiled
+    one drafts a batch of one as graphs, B > 1 rows on a CPU eagerly, the faster there (see
+    `EagleDrafter.batch_graphs`); the graphs' rows are kept with their graphs."""
     drafter = build(model, "eagle3_static")
     start_rows(drafter, 1)
-    assert drafter._rows is None  # eager: a batch of one in the drafter itself
+    assert type(drafter._rows) is EagleRows
     start_rows(drafter, 2)
     assert type(drafter._rows) is EagleRows
     drafter.use_compile("graphs")
@@ -197,7 +197,6 @@ def test_a_chunked_topk_proposes_the_same_trees(model, kind, compile, batch, mon
         chunks.append(chunk)
         return topk_rows(x, k, chunk)
 
-    monkeypatch.setattr(eagle_growth_module, "topk_rows", counted)
     monkeypatch.setattr(eagle_rows_module, "topk_rows", counted)
     propose_alike(model, drafter if batch else OneRowEach(drafter), reference)
     assert 20 in chunks

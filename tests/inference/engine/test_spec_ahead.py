@@ -125,10 +125,10 @@ def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, k
         host.accept_paths([[int(t) for t in tokens[0, path]]], hidden, [path], [nxt])
         padded = torch.tensor([path + [path[-1]] * (max(n, 8) - len(path))])  # [1, >= P]
         queued.accept_queued(hidden, tokens, padded, torch.tensor([len(path)]), torch.tensor([nxt]))
-        torch.testing.assert_close(rows.feature, host._feature, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rows.feature, host._rows.feature, atol=1e-5, rtol=1e-5)
         drafts = [host.propose([nxt], greedy, [None]), queued.propose_queued(torch.tensor([nxt]))]
         queued.settle([len(path)], [nxt])  # (after the draft, as the engine reads the acceptance)
-        assert rows.lengths.tolist() == [host._committed]
+        assert rows.lengths.tolist() == host._rows.lengths
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
 
 

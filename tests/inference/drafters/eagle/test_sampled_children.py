@@ -67,7 +67,7 @@ def test_q_rows_put_each_depth_on_the_nodes_it_expanded():
     """A tree with branches and a head vocab mapped onto the target's: row i of q is the distribution
     node i's children were drawn from (the emitted, depth-first order), leaves are zero."""
     choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
-    plan = build_static_plan(tree_from_choices(choices), torch.device("cpu"), torch.float32)
+    plan = build_static_plan(tree_from_choices(choices), torch.device("cpu"))
     parents = plan.host_parents.tolist()
     drawn = SampledChildren(lambda x: x, SamplingParams(temperature=1.0), None, 5)
     rows = {1: torch.tensor([[0.5, 0.5, 0.0]]), 2: torch.tensor([[0.1, 0.2, 0.7], [0.3, 0.3, 0.4]]),
@@ -105,8 +105,9 @@ def test_drafts_carry_their_draws_and_greedy_keeps_the_top_k(setup, shape):  # n
     head = support_head(model, list(range(5, 45)), PEAK)  # 40 ids, peaked: a wrong temperature shows
     drafter = EagleDrafter(head, tree=CHOICES[shape], rule="without_replacement")
     gen = SpeculativeGenerator(model, tok, drafter)
-    gen.generate(input_ids=PROMPT, max_new_tokens=1)  # start: the drafter holds the prompt
-    params, root = SamplingParams(temperature=1.3), drafter._root
+    # start: the drafter holds the prompt, its root the answer's first token
+    root = gen.generate(input_ids=PROMPT, max_new_tokens=1).token_ids[0]
+    params = SamplingParams(temperature=1.3)
     greedy = OneRow(drafter).propose(root, SamplingParams(), None)
     assert greedy.rule == "deterministic" and greedy.q is None
     firsts = []
