@@ -9,8 +9,7 @@ Loads the target and head as `SpeculativeGenerator.from_pretrained` does (the ta
 head its embeddings and lm_head), then for each mode and batch size B: `start` on B random prompts of
 --context tokens (random target states), then --iters passes of `propose` (every row's static tree,
 --choices) and `accept` of 2 tokens per row, after --warmup untimed passes (compiling and capturing).
-Modes: eager (one head call per depth over all rows: the drafter's own state for B = 1, `EagleRows` for
-B > 1), and any `compile` value (graphs, inductor = True, or a torch.compile backend): `GraphRows`, every
+Modes: eager (one head call per depth over all rows: `EagleRows`, a batch of one too), and any `compile` value (graphs, inductor = True, or a torch.compile backend): `GraphRows`, every
 row's draft and accept as fixed-shape graphs (forced here on a CPU too for B > 1, where generate_batch
 keeps the eager rows: `EagleDrafter.batch_graphs`). Prints one line per (mode, B), naming where the rows
 lived (`rows_kind`), and writes OUT/bench_batch_draft.json.
@@ -80,10 +79,8 @@ def pass_ms(
 
 
 def rows_kind(drafter: EagleDrafter) -> str:
-    """Where the started drafter keeps its rows: "GraphRows" (compiled), "EagleRows" (B > 1, eager) or
-    "EagleDrafter" (an eager batch of one: its own state)."""
-    rows = drafter._rows
-    return type(rows).__name__ if rows is not None else type(drafter).__name__
+    """Where the started drafter keeps its rows: "GraphRows" (compiled) or "EagleRows" (eager)."""
+    return type(drafter._rows).__name__
 
 
 def main(argv=None) -> None:
