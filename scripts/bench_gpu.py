@@ -150,7 +150,7 @@ def measure_runner(
     drafter.topk_chunk, drafter.head_step.attention = args.topk_chunk, args.draft_attention  # (a fused step)
     draft_status = "eager"
 
-    def propose() -> None:  # a batch of one (compiled: the graphs' rows; eager: the drafter's own state)
+    def propose() -> None:  # a batch of one (compiled: the graphs' rows; eager: `EagleRows`)
         drafter.propose([root], [sampling], [None])
 
     if compile:
@@ -168,8 +168,8 @@ def measure_runner(
         drafter.depth = depth
         propose_ms[depth] = timer.ms(propose)
     # the accept as decoding reading each acceptance first runs it (`accept_paths`): the verified tree's
-    # states {l: [1, N, H]} and the path of its first ACCEPTED nodes (eager, EAGLE-3 fuses all N rows, then
-    # takes the path's; compiled, the path's rows are gathered for the accept graph)
+    # states {l: [1, N, H]} and the path of its first ACCEPTED nodes (the path's rows are gathered, then
+    # fused and committed: eagerly, or by the accept graph when compiled)
     tree_states = {layer: h[None, : args.tree_size] for layer, h in hidden.items()}
     accepted = ([prompt[0, :ACCEPTED].tolist()], tree_states, [list(range(ACCEPTED))], [root])
 
