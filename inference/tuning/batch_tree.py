@@ -16,9 +16,18 @@ import torch
 
 from spechead.heads.families import family_of
 from spechead.heads.medusa import MedusaHead
-from spechead.inference.drafters.per_row import rows_drafter
-from spechead.inference.sampling import SamplingParams
-from spechead.inference.tuning.calibrate import EAGER, SIZES, TimedAs, _timed, best_for_costs, verify_cost_ms
+from spechead.inference.tuning.calibrate import (
+    EAGER,
+    SIZES,
+    TimedAs,
+    _drafter_ms,
+    _noise,
+    best_for_costs,
+    compiled_depth_cost_ms,
+    eagle_depth_cost_ms,
+    propose_timer,
+    verify_cost_ms,
+)
 from spechead.inference.tuning.pass_timing import in_situ_choice
 
 if TYPE_CHECKING:
@@ -42,41 +51,11 @@ def batch_draft_cost_ms(
     that pay at batch > 1 are narrow; the commit of the accepted tokens costs about one such step)}.
     compile (EAGLE): the drafter compiled so (its whole batch draft one graph on CUDA): a depth is what a
     chain of 4 adds to a chain of 1, / 3."""
-    head = drafter.head
-    param = next(head.parameters())
-    hidden = head.config.hidden_size
-    states = [
-        {layer: torch.randn(128, hidden, device=param.device) for layer in drafter.hidden_layers}
-    ] * batch
-    prompts = [torch.zeros(128, dtype=torch.long)] * batch
-
-    def propose_ms(rows) -> float:
-        rows.start(prompts, states, [0] * batch)
-        propose = lambda: rows.propose([0] * batch, [SamplingParams()] * batch, [None] * batch)  # noqa: E731
-        propose()
-        return min(_timed(propose, 1, param.device) for _ in range(repeats))
-
-    if not family_of(head.config).drafts_per_depth:
-        return {"draft_ms": propose_ms(rows_drafter(drafter))}
+    if not family_of(drafter.head.config).drafts_per_depth:
+        return {"draft_ms": _drafter_ms(drafter, propose_timer(drafter, _noise(drafter), batch), repeats)}
     if compile:
-        chains = [drafter.with_tree([[0] * (i + 1) for i in range(depth)]) for depth in (1, 4)]
-        for chain in chains:
-            chain.use_compile(compile)
-        short, long = (propose_ms(rows_drafter(chain)) for chain in chains)
-        return {"draft_ms_per_depth": max(long - short, 0.0) / 3}
-    drafter.start(prompts, states, [0] * batch)
-    rows = drafter._rows  # its B > 1 rows, eager (drafters/eagle/rows.py)
-    assert rows is not None, "a batch draft's cost is timed for B > 1 rows"
-    feats = torch.randn(batch, 1, hidden, device=param.device, dtype=param.dtype)
-    ids = torch.zeros(batch, 1, dtype=torch.long, device=param.device)
-    own = torch.ones(batch, 1, 1, dtype=torch.bool, device=param.device)
-    offsets = torch.zeros(1, dtype=torch.long, device=param.device)
-
-    def depth() -> None:
-        rows._top(rows._forward(feats, ids, own, offsets), 1)
-
-    depth()
-    return {"draft_ms_per_depth": min(_timed(depth, 1, param.device) for _ in range(repeats))}
+        return {"draft_ms_per_depth": compiled_depth_cost_ms(drafter, compile, 4, repeats, 1, batch)}
+    return {"draft_ms_per_depth": eagle_depth_cost_ms(drafter, 1, repeats, batch)}
 
 
 def choices_for_batch(

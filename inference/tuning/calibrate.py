@@ -170,65 +170,62 @@ def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, 
 
 
 def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
-    """`length` random target states {layer: [length, H]} for an EAGLE drafter."""
+    """`length` random target states {layer: [length, H]} for a drafter reading target states."""
     head = drafter.head
-    device, hidden = head.fc.weight.device, head.config.hidden_size
-    return {layer: torch.randn(length, hidden, device=device) for layer in drafter.hidden_layers}
+    device = next(head.parameters()).device
+    return {
+        layer: torch.randn(length, head.config.hidden_size, device=device) for layer in drafter.hidden_layers
+    }
 
 
-def _rows_on_noise(drafter, length: int = 128) -> EagleRows:
-    """An EAGLE drafter's eager rows, a batch of one (what its steps are timed on, compiled or not),
-    started on `length` random target states {layer: [length, H]}."""
-    rows = EagleRows(drafter)
-    rows.start([torch.zeros(length, dtype=torch.long)], [_noise(drafter, length)], [0])
-    return rows
-
-
-def propose_timer(drafter, states: dict[int, torch.Tensor]) -> Callable[[], object]:
-    """One draft of any drafter as decoding runs it, a batch of one (`rows_drafter(drafter)` and the
-    batched API), started on states {layer: [T, H]}: what calibration times."""
+def propose_timer(drafter, states: dict[int, torch.Tensor], batch: int = 1) -> Callable[[], object]:
+    """One draft of any drafter as decoding runs it (`rows_drafter(drafter)` and the batched API), over
+    `batch` rows started on the same states {layer: [T, H]}: what calibration times."""
     rows = rows_drafter(drafter)
     length = next(iter(states.values())).shape[0] if states else 1
-    rows.start([torch.zeros(length, dtype=torch.long)], [states], [0])
-    return lambda: rows.propose([0], [SamplingParams()], [None])
+    rows.start([torch.zeros(length, dtype=torch.long)] * batch, [states] * batch, [0] * batch)
+    return lambda: rows.propose([0] * batch, [SamplingParams()] * batch, [None] * batch)
 
 
 def _drafter_ms(drafter, fn, repeats: int) -> float:
     """Min ms of fn() over `repeats` rounds after a warm-up."""
     fn()
-    return min(_timed(fn, 1, drafter.head.fc.weight.device) for _ in range(repeats))
+    return min(_timed(fn, 1, next(drafter.head.parameters()).device) for _ in range(repeats))
 
 
 @torch.inference_mode()
-def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9) -> float:
-    """ms of one EAGLE draft depth (head step + logits + top-k over `width` nodes) after 128 committed."""
-    rows = _rows_on_noise(drafter)
-    head = drafter.head
-    device, dtype = head.fc.weight.device, head.fc.weight.dtype
-    feats = torch.randn(1, width, head.config.hidden_size, device=device, dtype=dtype)  # [1, E, H]
-    ids = torch.zeros(1, width, dtype=torch.long, device=device)  # [1, E]
-    own = torch.eye(width, dtype=torch.bool, device=device)[None]  # [1, E, E]: each node sees itself
-    offsets = torch.zeros(width, dtype=torch.long, device=device)  # [E]: depth 2's position C + 0
+def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9, batch: int = 1) -> float:
+    """ms of one EAGLE draft depth (head step + logits + top-k over `width` nodes a row, `batch` rows) after
+    128 committed, eager: on the rows decoding drafts with (`EagleRows`)."""
+    rows = EagleRows(drafter)
+    rows.start([torch.zeros(128, dtype=torch.long)] * batch, [_noise(drafter)] * batch, [0] * batch)
+    weight = drafter.head.fc.weight
+    feats = torch.randn(
+        batch, width, drafter.head.config.hidden_size, device=weight.device, dtype=weight.dtype
+    )
+    ids = torch.zeros(batch, width, dtype=torch.long, device=weight.device)  # [B, E]
+    own = torch.eye(width, dtype=torch.bool, device=weight.device).expand(batch, width, width)  # itself
+    offsets = torch.zeros(width, dtype=torch.long, device=weight.device)  # [E]: depth 2's position C + 0
 
     def depth() -> None:  # (its speculative slots are scratch: every call writes the same ones)
-        out = rows._forward(feats, ids, own, offsets)  # eager: one depth as the rows run it
+        out = rows._forward(feats, ids, own, offsets)
         rows._top(out, min(width, 4), scores=False)  # (a static tree's depth: the ids, no log-probs)
 
     return _drafter_ms(drafter, depth, repeats)
 
 
 @torch.inference_mode()
-def compiled_depth_cost_ms(drafter, compile: bool | str, depth: int = 4, repeats: int = 9) -> float:
-    """ms a depth adds to the compiled whole draft (`use_compile(compile)`): the static trees of 4 nodes
-    a depth (the eager depth's width) to depth 1 and to `depth`, each drafted as one graph; their
-    difference / (depth - 1). (Compiled, the depths are one graph: none can be timed alone.)"""
+def compiled_depth_cost_ms(
+    drafter, compile: bool | str, depth: int = 4, repeats: int = 9, width: int = 4, batch: int = 1
+) -> float:
+    """ms a depth adds to the compiled whole draft of `batch` rows (`use_compile(compile)`): the static
+    trees of `width` nodes a depth to depth 1 and to `depth`, each drafted as one graph; their difference /
+    (depth - 1). (Compiled, the depths are one graph: none can be timed alone.)"""
     ms = []
     for d in (1, depth):
-        timed = drafter.with_tree([[0] * level + [rank] for level in range(d) for rank in range(4)])
+        timed = drafter.with_tree([[0] * level + [rank] for level in range(d) for rank in range(width)])
         timed.use_compile(compile)
-        draft = propose_timer(timed, _noise(timed))
-
-        ms.append(_drafter_ms(timed, draft, repeats))  # (a draft commits nothing: each after the same)
+        ms.append(_drafter_ms(timed, propose_timer(timed, _noise(timed), batch), repeats))
     return max(ms[1] - ms[0], 0.0) / (depth - 1)
 
 
