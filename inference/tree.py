@@ -138,24 +138,6 @@ def path_to_node(parents: torch.Tensor, node: int) -> list[int]:
     return path[::-1]
 
 
-def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
-    """Root-to-leaf paths: LongTensor [paths, max_depth + 1], one row per leaf (leaves in ascending
-    node index), each row the path's node indices right-padded with -1. A root-only tree gives [[0]]."""
-    par = _parent_list(parents)
-    has_child = [False] * len(par)
-    for p in par[1:]:
-        has_child[p] = True
-    rows = []
-    for leaf in (i for i, c in enumerate(has_child) if not c):
-        path = [leaf]
-        while par[path[-1]] >= 0:
-            path.append(par[path[-1]])
-        rows.append(path[::-1])
-    width = max(len(r) for r in rows)
-    out = [r + [-1] * (width - len(r)) for r in rows]
-    return torch.tensor(out, dtype=torch.long, device=parents.device)
-
-
 @dataclass
 class StaticTree:
     """A static tree shape: `parents` [N], `depth` [N] (root 0), `rank` [N] (root -1).
@@ -279,17 +261,6 @@ def tree_inputs_after(
     mask = torch.zeros(batch, 1, n, max_len, dtype=dtype, device=parents.device)  # [B, 1, N, S]
     mask[:, 0].masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask, positions, anc
-
-
-def causal_inputs_static(
-    length: int, past_len: int, max_len: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask [1, 1, T, max_len] and positions [1, T] for T = `length` tokens in a row after `past_len`."""
-    rows = torch.arange(past_len, past_len + length, device=device)  # [T] each token's slot
-    cols = torch.arange(max_len, device=device)  # [S]
-    mask = torch.zeros(1, 1, length, max_len, dtype=dtype, device=device)
-    mask.masked_fill_(cols[None, :] > rows[:, None], torch.finfo(dtype).min)
-    return mask, rows[None]
 
 
 def select_best(parents: list[int], scores: list[float], budget: int) -> list[int]:

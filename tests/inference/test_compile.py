@@ -18,12 +18,7 @@ from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import (
-    causal_inputs_static,
-    path_to_node,
-    tree_inputs_after,
-    tree_inputs_on_device,
-)
+from spechead.inference.tree import path_to_node, tree_inputs_after, tree_inputs_on_device
 
 from . import test_generator as generator_tests  # the drafters, prompts and reference of the lossless tests
 from .drafters.eagle import test_drafter as eagle_tests  # make_head, Stream, the static tree
@@ -42,10 +37,6 @@ def test_static_tree_inputs_are_the_dynamic_ones_padded_with_blocked_slots():
         assert torch.equal(mask[b : b + 1, ..., : past + 6], dyn_mask)
         assert torch.equal(pos[b : b + 1], dyn_pos) and torch.equal(anc[b : b + 1], dyn_anc)
         assert (mask[b, ..., past + 6 :] == torch.finfo(torch.float32).min).all()
-    causal, positions = causal_inputs_static(3, 2, 8, torch.float32, torch.device("cpu"))
-    visible = causal[0, 0] == 0  # [T, S]
-    assert visible.tolist() == [[j <= i + 2 for j in range(8)] for i in range(3)]
-    assert positions.tolist() == [[2, 3, 4]]
 
 
 def test_the_dynamic_cache_is_refused_in_one_line(setup):

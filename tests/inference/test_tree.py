@@ -12,12 +12,31 @@ from spechead.inference.tree import (
     depth_first,
     depths,
     path_to_node,
-    retrieve_indices,
     select_best,
     tree_attention_mask,
     tree_from_choices,
     tree_position_ids,
 )
+
+
+def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
+    """Root-to-leaf paths (a test oracle): LongTensor [paths, max_depth + 1], one row per leaf (leaves in
+    ascending node index), each row the path's node indices right-padded with -1. A root-only tree gives
+    [[0]]."""
+    par = parents.tolist()
+    has_child = [False] * len(par)
+    for p in par[1:]:
+        has_child[p] = True
+    rows = []
+    for leaf in (i for i, c in enumerate(has_child) if not c):
+        path = [leaf]
+        while par[path[-1]] >= 0:
+            path.append(par[path[-1]])
+        rows.append(path[::-1])
+    width = max(len(r) for r in rows)
+    out = [r + [-1] * (width - len(r)) for r in rows]
+    return torch.tensor(out, dtype=torch.long, device=parents.device)
+
 
 #        0
 #      /   \
