@@ -195,15 +195,13 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     return drawn
 
 
-def inverse_cdf(
-    weights: torch.Tensor, generator: torch.Generator | None = None, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """One draw from each row of weights [..., V] (>= 0, need not be normalised) as ids [..., 1] (into
-    `out` when given): the first id whose cumulative mass exceeds u * total, u ~ U[0, 1) (fp64 sums: an
-    id of zero mass is never drawn); V for a row without a positive finite mass."""
+def inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw from each row of weights [..., V] (>= 0, need not be normalised) as ids [..., 1]: the first
+    id whose cumulative mass exceeds u * total, u ~ U[0, 1) (fp64 sums: an id of zero mass is never drawn);
+    V for a row without a positive finite mass."""
     cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # [..., V]
     u = torch.rand((*weights.shape[:-1], 1), dtype=torch.float64, device=weights.device, generator=generator)
-    return torch.searchsorted(cdf, u.mul_(cdf[..., -1:]), right=True, out=out)  # [..., 1]
+    return torch.searchsorted(cdf, u.mul_(cdf[..., -1:]), right=True)  # [..., 1]
 
 
 def argmax_ids(logits: torch.Tensor) -> Any:

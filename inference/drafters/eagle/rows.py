@@ -55,9 +55,8 @@ class EagleRows:
         self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
         self._blocked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.feature: Tensor | None = None  # [B, H] output of each row's last committed pair
-        self.scores: Tensor | None = (
-            None  # [B, N] float64: a dynamic tree's node scores (root 0), last propose
-        )
+        # [B, N] float64: the last propose's node scores (root 0), a dynamic tree's (a static one keeps none)
+        self.scores: Tensor | None = None
 
     # ---- the drafter's calls ------------------------------------------------------------------------------
 
@@ -310,11 +309,10 @@ class EagleRows:
                 out[:, run] = self._run_static(out[:, step["run_parent"]], tokens[:, run], step, spec, every)
                 spec += run.numel()
             expand = out[:, step["expand"]]  # [B, E, H]
-            ids = (
-                self._top(expand, step["need"], False)[1]
-                if drawn is None
-                else drawn.top(expand, step["need"])
-            )
+            if drawn is None:
+                ids = self._top(expand, step["need"], scores=False)[1]  # [B, E, need] the head's best
+            else:
+                ids = drawn.top(expand, step["need"])  # [1, E, need] drawn (rule C)
             tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
         return tokens[:, plan.order], plan.parents.expand(batch, -1)  # emitted depth-first (see the plan)
 

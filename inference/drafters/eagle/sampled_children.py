@@ -41,18 +41,14 @@ def draft_probs(logits: Tensor, temperature: float, floor: bool = True) -> Tenso
     return q.clamp_min_(FLOOR) if floor else q
 
 
-def draw_without_replacement(
-    q: Tensor, k: int, generator: torch.Generator | None, out: Tensor | None = None
-) -> Tensor:
+def draw_without_replacement(q: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
     """[..., k] ids: k draws without replacement from each row of q [..., Vd] (weights > 0, need not sum
-    to 1), in draw order: one draw by inverse CDF; k > 1 the ids of the k largest q / Exp(1) keys (fp64).
-    Written into `out` [..., k] when given (and returned)."""
+    to 1), in draw order: one draw by inverse CDF; k > 1 the ids of the k largest q / Exp(1) keys (fp64)."""
     if k == 1:  # (a chain's every depth: a quarter of the ops over [E, Vd] that the races take)
-        return inverse_cdf(q, generator, out=out)  # [..., 1]
+        return inverse_cdf(q, generator)  # [..., 1]
     uniform = torch.rand(q.shape, dtype=torch.float64, device=q.device, generator=generator)  # [..., Vd]
     races = uniform.log_().neg_()  # Exp(1) (a U of 0 gives inf: that id's key 0, odds 2**-53 an id)
-    ids = torch.topk(q.double() / races, k, dim=-1).indices  # (exponential_ costs 4x this on a CPU)
-    return ids if out is None else out.copy_(ids)
+    return torch.topk(q.double() / races, k, dim=-1).indices  # (exponential_ costs 4x this on a CPU)
 
 
 class SampledChildren:
