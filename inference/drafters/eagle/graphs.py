@@ -1,9 +1,9 @@
 """EAGLE / EAGLE-3 rows with fixed shapes: every row's whole draft as ONE captured graph.
 
 `GraphRows` is where a compiled `EagleDrafter` keeps its rows (drafter.py says when): `EagleRows` whose
-calls take one of a few shapes, the drafter's counterpart of the compiled target runner (target/runner.py, target/graphs.py): on CUDA a pass drafts every row's tree with one
-graph replay (every depth's head step, top-k and the final selection, as the batch-1 drafter's graph and
-SGLang's) and commits the accepted tokens with another, instead of tens of small host-launched kernels
+calls take one of a few shapes, the drafter's counterpart of the compiled target runner (target/runner.py,
+target/graphs.py): on CUDA a pass drafts every row's tree with one graph replay (every depth's head step,
+top-k and the final selection, as SGLang captures EAGLE's draft) and commits the accepted tokens with another, instead of tens of small host-launched kernels
 per depth. `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` compiles the drafter; it keeps
 its `GraphRows`, so its graphs serve every later call (for B > 1 rows on a CPU the eager `EagleRows` is the
 faster, see `EagleDrafter.batch_graphs`).
