@@ -274,32 +274,3 @@ def typical_accept(
     keep = pi[best] > threshold[best]  # [V]
     keep[pi[best].argmax()] = True
     return Acceptance(path=path_to_node(tree.parents, best), next_token=sample(pi[best] * keep, generator))
-
-
-def greedy_accept_batch(
-    tokens: torch.Tensor, parents: torch.Tensor, ancestors: torch.Tensor, target_logits: torch.Tensor
-) -> list[Acceptance]:
-    """`greedy_accept` for a batch of trees, computed on their device with ONE host transfer at the end
-    (which brings the trees' tokens along: each Acceptance has its `path_tokens`).
-
-    tokens / parents [B, N], ancestors [B, N, N] (`tree.ancestors_on_device`), logits [B, N, V].
-    A node is accepted iff every node on its root path (root excluded) equals the argmax at its parent;
-    the deepest accepted node wins (ties: lowest index), next_token = the argmax there.
-    """
-    best = target_logits.argmax(-1)  # [B, N], first max on ties
-    at_parent = torch.gather(best, 1, parents.clamp(min=0))  # [B, N]
-    match = tokens == at_parent  # [B, N]
-    match[:, 0] = True
-    ok = ~(ancestors & ~match[:, None, :]).any(-1)  # [B, N]: the whole root path matches
-    depth = ancestors.sum(-1)  # [B, N] (root 1)
-    deepest = torch.where(ok, depth, 0).argmax(-1)  # [B] first (lowest index) among the deepest
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-    on_path = ancestors[rows, deepest]  # [B, N]
-    nxt = best[rows, deepest]  # [B]
-    n = tokens.shape[1]
-    packed = torch.cat([nxt[:, None], on_path.long(), tokens], dim=1).tolist()  # the one host round trip
-    out = []
-    for row in packed:  # [next token, on_path [N], tokens [N]]
-        path = [i for i, x in enumerate(row[1 : n + 1]) if x]
-        out.append(Acceptance(path, int(row[0]), [row[n + 1 + i] for i in path]))
-    return out

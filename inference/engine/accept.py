@@ -1,6 +1,6 @@
 """Acceptance of every row's verified tree: read on the host now (`accept_rows`), or left on the device
 for a read later (`accept_queued`: the loop queues the commits and the next draft first). The rules
-themselves are pure functions (acceptance.py, device_sampling.py, queued_acceptance.py)."""
+themselves are pure functions (acceptance.py on the host, queued_acceptance.py on the device)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,11 @@ from collections.abc import Sequence
 
 import torch
 
-from spechead.inference.acceptance import (
-    Acceptance,
-    greedy_accept,
-    greedy_accept_batch,
-    greedy_walk,
-    sample_accept,
-)
-from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_walk, sample_accept
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.engine.rows import Row, row_probs
-from spechead.inference.queued_acceptance import QueuedAcceptance
+from spechead.inference.queued_acceptance import QueuedAcceptance, greedy_accept_batch, sample_accept_batch
 from spechead.inference.sampling import TargetRows, argmax_ids, pick
 
 

@@ -11,12 +11,11 @@ import torch
 from spechead.inference.acceptance import (
     Acceptance,
     greedy_accept,
-    greedy_accept_batch,
     sample_accept,
     typical_accept,
     walk,
 )
-from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.queued_acceptance import greedy_accept_batch, sample_accept_batch
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
 from spechead.inference.tree import TokenTree, ancestors_on_device
 
@@ -251,7 +250,7 @@ def _tv_to_exact(draft_mode: str, rule: str, seed: int) -> tuple[float, float]:
         q = torch.stack([Q_TAB[c] for c in ctx])  # [N, V_S]
         if rule == "accept_all":
             acc = _accept_all(tree, p, g)
-        elif rule == "device":  # rule A as batched tensor ops (device_sampling.py), coins drawn there
+        elif rule == "device":  # rule A as batched tensor ops (queued_acceptance.py), coins drawn there
             anc = ancestors_on_device(tree.parents[None])
             acc = sample_accept_batch(tree.tokens[None], tree.parents[None], anc, p[None], [g])[0]
         else:

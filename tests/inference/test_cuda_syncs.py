@@ -58,7 +58,7 @@ def test_one_wait_for_the_gpu_per_pass(tiny_llama, chatml_tokenizer, tree, sampl
     graph), each next draft queued before the
     acceptance is read (engine/loop.py). Eager, transformers' own forward may wait too: not counted.
     Sampled (temperature and top-k; top-p reads its two flags back once a guess): rule A as batched
-    tensor ops (device_sampling.py), whose packed result is the pass's one wait as greedy's is."""
+    tensor ops (queued_acceptance.py), whose packed result is the pass's one wait as greedy's is."""
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=64, seed=1).to("cuda")
     choices = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
     if tree == "medusa":

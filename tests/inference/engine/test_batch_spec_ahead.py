@@ -1,5 +1,5 @@
 """Batched speculative decoding one draft ahead (engine/loop.py, depth 1), forced on a CPU (the default on CUDA
-only): the acceptance of B rows on the device is `greedy_accept_batch`'s / `sample_accept_batch`'s; the
+only): the acceptance of B rows on the device is each row's host `greedy_accept`, or its rule A as alone; the
 batch drafters' queued accept and draft equal `accept` and `propose` (paths off the main path, rows of
 different K, rows leaving); decoding equals the loop that reads first row by row (tokens, accepted lengths,
 drafted counts), greedy and sampled, with mixed prompt lengths, per-row budgets and a row stopping at an
@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
-from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.acceptance import greedy_accept
 from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
@@ -52,7 +51,10 @@ def test_the_queued_rows_acceptance_is_the_host_rules():
         tokens, parents, anc, sizes, gen = rows_of_trees(seed)
         logits = torch.randn(*tokens.shape, 6, generator=gen) * 3
         queued = QueuedAcceptance.greedy(tokens, parents, anc, logits, size=16)
-        expected = greedy_accept_batch(tokens, parents, anc, logits)
+        expected = [
+            greedy_accept(TokenTree(t[:size], p[:size]), x[:size])
+            for t, p, x, size in zip(tokens, parents, logits, sizes)
+        ]  # each row's host walk over its real nodes
         got = queued.result()
         assert got == expected and [a.path_tokens for a in got] == [a.path_tokens for a in expected]
         assert queued.k.tolist() == [len(a.path) for a in expected] and queued.path.shape == (3, 16)
@@ -61,8 +63,11 @@ def test_the_queued_rows_acceptance_is_the_host_rules():
         probs = torch.softmax(logits, -1)
         gens = [torch.Generator().manual_seed(seed + b) for b in range(3)]
         sampled = QueuedAcceptance.sampled(tokens, parents, anc, probs, gens, 16, sizes).result()
-        gens = [torch.Generator().manual_seed(seed + b) for b in range(3)]
-        assert sampled == sample_accept_batch(tokens, parents, anc, probs, gens, sizes)
+        for b, size in enumerate(sizes):  # each row as it draws alone
+            t, p = tokens[b : b + 1, :size], parents[b : b + 1, :size]
+            gen = torch.Generator().manual_seed(seed + b)
+            alone = QueuedAcceptance.sampled(t, p, ancestors_on_device(p), probs[b : b + 1, :size], [gen])
+            assert [sampled[b]] == alone.result()
 
 
 def test_the_queued_greedy_rule_takes_each_rows_own_tree():

@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.acceptance import greedy_accept_batch
-from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.acceptance import greedy_accept
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.engine import loop as loop_module
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import ancestors_on_device, tree_from_choices
+from spechead.inference.tree import TokenTree, ancestors_on_device, tree_from_choices
 
 from ..test_generator import eagle_drafter, medusa_drafter, plain_greedy
 from ..test_graph_replay import replayed_graphs  # noqa: F401 - the fixture
@@ -48,7 +47,8 @@ def model(tiny_llama, chatml_tokenizer):
 
 def test_the_queued_acceptance_is_the_greedy_rule():
     """Trees whose target argmaxes accept a chosen node (off the main path too): the host form equals
-    greedy_accept_batch, and the device path is its nodes ascending, then the deepest repeated."""
+    the host walk's `greedy_accept`, and the device path is its nodes ascending, then the deepest
+    repeated."""
     gen = torch.Generator().manual_seed(0)
     tree = tree_from_choices(CHOICES)
     parents = tree.parents  # [N]
@@ -60,7 +60,7 @@ def test_the_queued_acceptance_is_the_greedy_rule():
         for node in anc[target].nonzero().flatten().tolist()[1:]:  # the target node's path is the argmax
             logits[parents[node], tokens[node]] = 10.0
         queued = QueuedAcceptance.greedy(tokens[None], parents[None], anc[None], logits[None], size=16)
-        expected = greedy_accept_batch(tokens[None], parents[None], anc[None], logits[None])[0]
+        expected = greedy_accept(TokenTree(tokens, parents), logits)
         (got,) = queued.result()
         assert got == expected and got.path_tokens == expected.path_tokens
         k = len(expected.path)
@@ -70,8 +70,9 @@ def test_the_queued_acceptance_is_the_greedy_rule():
 
 
 def test_the_queued_sampled_acceptance_draws_what_rule_a_draws():
-    """Rule A's device ops with the same generator: the same path, next token and draws as
-    sample_accept_batch; probs without mass are refused when read."""
+    """Rule A's device path (its draws are the host walk's coin for coin: test_queued_acceptance.py):
+    its nodes ascending, then the deepest repeated, as the host form reads it; probs without mass are
+    refused when read."""
     tree = tree_from_choices(CHOICES)
     parents, n = tree.parents, tree.parents.shape[0]
     anc = ancestors_on_device(parents[None])[0]  # [N, N]
@@ -82,12 +83,10 @@ def test_the_queued_sampled_acceptance_draws_what_rule_a_draws():
         queued = QueuedAcceptance.sampled(
             tokens[None], parents[None], anc[None], probs[None], [torch.Generator().manual_seed(seed)], 16
         )
-        expected = sample_accept_batch(
-            tokens[None], parents[None], anc[None], probs[None], [torch.Generator().manual_seed(seed)]
-        )[0]
         (got,) = queued.result()
-        assert got == expected and got.path_tokens == expected.path_tokens
-        assert queued.path[0].tolist()[: len(got.path)] == got.path and int(queued.k) == len(got.path)
+        k = len(got.path)
+        assert got.path_tokens == tokens[got.path].tolist() and int(queued.next_token) == got.next_token
+        assert queued.path[0].tolist() == got.path + [got.path[-1]] * (16 - k) and int(queued.k) == k
     empty = QueuedAcceptance.sampled(
         tokens[None], parents[None], anc[None], torch.zeros(1, n, 6), [torch.Generator()], 16
     )

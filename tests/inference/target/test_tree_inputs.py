@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spechead.inference.acceptance import greedy_accept, greedy_accept_batch
+from spechead.inference.acceptance import greedy_accept
+from spechead.inference.queued_acceptance import greedy_accept_batch
 from spechead.inference.tree import (
     TokenTree,
     ancestor_mask,

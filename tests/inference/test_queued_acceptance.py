@@ -1,4 +1,4 @@
-"""Rule A on the device (`sample_accept_batch`): coin for coin the walk's path and next token, rows of a
+"""Rule A on the device (`sample_accept_batch`, `QueuedAcceptance.sampled` read now): coin for coin the walk's path and next token, rows of a
 padded batch each as if alone, and the one-line error for probs without mass."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 import spechead.inference.acceptance as acceptance
 from spechead.inference.acceptance import walk
-from spechead.inference.device_sampling import sample_accept_batch
+from spechead.inference.queued_acceptance import sample_accept_batch
 from spechead.inference.sampling import make_generator
 from spechead.inference.tree import TokenTree, ancestors_on_device
 
