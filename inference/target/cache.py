@@ -241,11 +241,6 @@ class RowCache(Cache):
 
     # ---- storage -------------------------------------------------------------------------------
 
-    @property
-    def storage(self) -> Tensor | None:
-        """The one buffer [L, 2, B, kv, S_max, D] (see `LayerBuffer`), if made."""
-        return self.buffer.storage
-
     def shared_storage(self) -> Tensor | None:
         """The one buffer [L, 2, B, kv, S_max, D] when every layer's buffers are views of it, else None."""
         return self.buffer.whole()

@@ -32,12 +32,12 @@ class RowGraphs:
 
     def verify(self, cache: RowCache, tokens: Tensor, parents: Tensor, size: int) -> tuple[Tensor, dict]:
         """The active rows' trees tokens / parents [B, N], padded to `size`, verified in one pass: logits
-        [B, N, V] (fp32) and {l: [B, N, H]}; sets the runner's last ancestors and parents."""
+        [B, N, V] (fp32) and {l: [B, N, H]}; sets the runner's last ancestors."""
         runner = self.runner
         n, dev = tokens.shape[1], runner.device
         all_tokens, all_parents, rows = pack_rows(tokens, parents, runner.rows, cache.batch, size, dev)
         logits, anc, states = self._verify(all_tokens, all_parents)  # [P, N', V], [P, N', N']
-        runner.last_ancestors, runner.last_parents = anc[rows, :n, :n], all_parents[rows, :n]  # (views)
+        runner.last_ancestors = anc[rows, :n, :n]  # (a view)
         return logits[rows, :n], {k: v[rows, :n] for k, v in zip(runner.layers, states)}
 
     def commit(self, cache: RowCache, paths: list[list[int]]) -> None:

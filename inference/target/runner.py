@@ -95,12 +95,11 @@ class TargetRunner:
         self.use_layers(hidden_layers)
         self.cache: RowCache | None = None
         self.rows: list[int] = []  # the physical row of each active row, in the caller's order
-        self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify
-        self.last_parents: Tensor | None = None  # [B, N] of the last verify, on the device
+        self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify (on the device)
         self._graphs = RowGraphs(self, compile) if compile else None  # compiled: verify and commit
         self._inputs = TreeInputs(self.dtype, self.device)  # a batch of one's per-shape masks
         self._positions = PositionIds()  # the plain step's position [1, 1]: a view, not a new tensor
-        self._single: tuple[Tensor, Tensor] | None = None  # a one-node tree's ancestors [1, 1, 1], parents
+        self._single: Tensor | None = None  # a one-node tree's ancestors [1, 1, 1]
 
     def use_layers(self, hidden_layers: Sequence[int]) -> None:
         """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
@@ -236,7 +235,7 @@ class TargetRunner:
         """ONE target forward over every active row's tree tokens [B, N] / parents [B, N] (host or device),
         row b after its own committed entries. Returns logits [B, N, V] (fp32; node i's = the target's
         output as if its root-to-node path ran as a plain sequence) and {l: [B, N, H]}; sets
-        `last_ancestors` [B, N, N] and `last_parents` [B, N] (on the device). Rows of fewer real nodes
+        `last_ancestors` [B, N, N] (on the device). Rows of fewer real nodes
         pad with children of earlier nodes nobody descends from (their outputs are garbage). Follow
         with `commit` (an uncommitted verify's entries are dropped by the next one)."""
         cache = self.cache
@@ -266,9 +265,8 @@ class TargetRunner:
             if tokens.device != dev:  # (`to` costs even as a no-op)
                 tokens = host_to_device(tokens, dev)
             if self._single is None:  # one node is its own ancestor: the same [1, 1, 1] every step
-                alone = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
-                self._single = (alone, torch.full((1, 1), -1, device=dev))
-            self.last_ancestors, self.last_parents = self._single
+                self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
+            self.last_ancestors = self._single
             positions = self._positions(past, 1, dev)  # [1, 1]
             # an explicit all-visible mask: transformers then skips building its own causal mask,
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
@@ -296,9 +294,9 @@ class TargetRunner:
             masks = layer_masks(self.sliding, full, positions, keys)
         logits, hidden = self._forward(cache, input_ids=tokens, attention_mask=masks, position_ids=positions)
         if size == n:  # unpadded: no slicing (ops cost on a CPU)
-            self.last_ancestors, self.last_parents = anc, parents
+            self.last_ancestors = anc
             return _fp32(logits), hidden
-        self.last_ancestors, self.last_parents = anc[:, :n, :n], parents[:, :n]
+        self.last_ancestors = anc[:, :n, :n]
         return _fp32(logits[:, :n]), {k: v[:, :n] for k, v in hidden.items()}
 
     def _verify_rows(
@@ -321,7 +319,7 @@ class TargetRunner:
             )
         finally:
             cache.write_slots = None  # (a batch of one writes in a row)
-        self.last_ancestors, self.last_parents = anc[:, :n, :n], parents[:, :n]
+        self.last_ancestors = anc[:, :n, :n]
         return logits[:, :n].float(), {k: v[:, :n] for k, v in hidden.items()}  # [B, N, V]
 
     def _bucket(self, n: int, room: int) -> int:
