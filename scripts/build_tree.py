@@ -29,13 +29,14 @@ from spechead.data.prompt_sets import EvalPrompt, load_prompt_set
 from spechead.heads.directory import write_tree
 from spechead.heads.errors import HeadError
 from spechead.heads.families import family_of
+from spechead.inference.evaluation.measure import DecodeSettings, decode_prompts
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tuning.tree_search import (
     best_choices,
     best_choices_for_cost,
     expected_accept_length,
 )
-from spechead.inference.tuning.tree_tuning import continue_prompts, measure_accuracy
+from spechead.inference.tuning.tree_tuning import measure_accuracy
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -109,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             args.target, args.head, device=args.device, dtype=args.dtype, **fam.default_tree
         )
         default = gen.drafter.choices  # the default tree's rank paths (None: EAGLE's dynamic tree)
-        answers = continue_prompts(gen, prompts, args.max_new_tokens)
-        tau_default, draft_ms = answers.tau, answers.draft_ms_per_pass
+        settings = DecodeSettings(max_new_tokens=args.max_new_tokens, fit_context=True)
+        answers = decode_prompts(gen, prompts, settings)
+        tau_default, draft_ms = answers.total.tau, answers.total.draft_ms_per_pass
         accuracy = measure_accuracy(gen.target, gen.drafter.head, answers, args.depth, args.topk)
     except (ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
@@ -136,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     expected = expected_accept_length(accuracy, choices)
     fits = default is not None and all(len(c) <= accuracy.shape[0] and max(c) < args.topk for c in default)
     expected_default = expected_accept_length(accuracy, default) if fits else float("nan")
-    positions = answers.generated_tokens
+    positions = answers.total.new_tokens
     print(f"top-{args.topk} accuracy by depth ({fam.name}) over {positions} generated tokens "
-          f"({len(prompts)} prompts, {len(answers.sequences)} turns, {source}):")  # fmt: skip
+          f"({len(prompts)} prompts, {len(answers.outputs)} turns, {source}):")  # fmt: skip
     print(format_table(accuracy))
     print(f"\nchosen tree ({len(choices)} nodes, depth {max(map(len, choices))}): {json.dumps(choices)}")
     if fits:
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_new_tokens": args.max_new_tokens, "generated_tokens": positions, "topk": args.topk}  # fmt: skip
     if not args.no_check:  # the chosen tree's real tau: loading scales the table to it (calibrate.py)
         gen.drafter = gen.drafter.with_tree(choices)
-        tau_chosen = continue_prompts(gen, prompts, args.max_new_tokens).tau
+        tau_chosen = decode_prompts(gen, prompts, settings).total.tau
         print(f"measured tau, chosen tree: {tau_chosen:.3f} (same prompts)")
         extra["measured_tau"] = round(tau_chosen, 4)
     path = write_tree(

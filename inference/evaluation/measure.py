@@ -81,14 +81,33 @@ class Tally:
     def tokens_per_s(self) -> float:
         return self.new_tokens / max(self.wall, 1e-9)
 
+    @property
+    def draft_ms_per_pass(self) -> float:
+        return 1e3 * self.draft / max(self.target_passes, 1)
+
 
 @dataclass
 class PromptSetRun:
-    """One pass over a prompt set: totals, per-category totals, and the generated ids per turn."""
+    """One pass over a prompt set: totals, per-category totals, and per turn its generated ids and the
+    ids of the prompt it answered."""
 
     total: Tally
     by_category: dict[str, Tally]
     outputs: list[list[int]]
+    prompt_ids: list[list[int]] = field(default_factory=list)
+
+    @property
+    def sequences(self) -> list[torch.Tensor]:
+        """One [T] per turn: its prompt ids, then its generated ids."""
+        return [
+            torch.tensor([*p, *o], dtype=torch.long)
+            for p, o in zip(self.prompt_ids, self.outputs, strict=True)
+        ]
+
+    @property
+    def starts(self) -> list[int]:
+        """Index of each turn's first generated token in `sequences` (its prompt length)."""
+        return [len(p) for p in self.prompt_ids]
 
 
 def decode_prompts(
@@ -97,18 +116,24 @@ def decode_prompts(
     settings: DecodeSettings,
     desc: str | None = None,
 ) -> PromptSetRun:
-    """Decode every prompt turn by turn (each answer fed back before the next turn).
+    """Decode every prompt turn by turn (each answer fed back before the next turn; without a chat
+    template every turn is a prompt of its own).
 
     A progress bar over prompts is shown on a terminal when `desc` is given.
     """
-    total, outputs = Tally(), []
+    tok = gen.tokenizer
+    chat = bool(getattr(tok, "chat_template", None))
+    total, outputs, prompt_ids = Tally(), [], []
     by_category: dict[str, Tally] = {}
     turn_index = 0
     for prompt in tqdm(prompts, desc=desc, unit="prompt", leave=False, disable=None if desc else True):
         messages: list[dict[str, str]] = []
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
-            ids = gen.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+            ids = (
+                tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+                if chat else tok(turn, add_special_tokens=True)["input_ids"]
+            )  # fmt: skip
             room = answer_room(gen, len(ids), settings.max_new_tokens) if settings.fit_context else None
             if room == 0:  # the conversation fills the context: its later turns are not decoded
                 break
@@ -123,9 +148,10 @@ def decode_prompts(
             turn_index += 1
             messages.append({"role": "assistant", "content": r.text})
             outputs.append(r.token_ids)
+            prompt_ids.append(list(ids))
             total.add(r.stats)
             by_category.setdefault(prompt.category, Tally()).add(r.stats)
-    return PromptSetRun(total, by_category, outputs)
+    return PromptSetRun(total, by_category, outputs, prompt_ids)
 
 
 def answer_room(gen: SpeculativeGenerator, prompt_len: int, max_new_tokens: int) -> int:
@@ -159,7 +185,7 @@ def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], sett
     speedups = [r.total.tokens_per_s / p.total.tokens_per_s for r, p in zip(runs, plains, strict=True)]
     passes = max(res.target_passes, 1)
     t_step = base.verify / max(base.target_passes, 1)
-    t_verify, t_draft = res.verify / passes, res.draft / passes
+    t_verify, t_draft = res.verify / passes, res.draft_ms_per_pass / 1e3
     return {
         "tau": res.tau,
         "tau_distribution": {str(k): res.lengths.count(k) for k in sorted(set(res.lengths))},

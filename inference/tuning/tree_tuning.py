@@ -19,7 +19,6 @@ Used by scripts/build_tree.py and by the end of a training run (train.py wires i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -28,67 +27,16 @@ from spechead.heads import DraftHead
 from spechead.heads.families import family_of
 from spechead.inference.draft_weights import as_drafted
 from spechead.inference.drafter_specs import drafter_for_head
-from spechead.inference.evaluation.measure import Prompt, answer_room
+from spechead.inference.evaluation.measure import DecodeSettings, Prompt, PromptSetRun, decode_prompts
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import decoded_choice
-from spechead.inference.stats import pooled_tau
 from spechead.inference.tuning.calibrate import best_for_costs, calibrated_choices, fit_accuracy
 from spechead.inference.tuning.tree_search import expected_accept_length
 
 
-@dataclass
-class Continuations:
-    """Every turn the generator answered: prompt + answer ids, where the answer starts, how it decoded."""
-
-    sequences: list[torch.Tensor]  # one [T] per turn: the turn's prompt ids, then the generated ids
-    starts: list[int]  # index of each turn's first generated token (its prompt length)
-    accept_lengths: list[int]  # tokens emitted per target pass, over every turn
-    draft_time: float  # seconds spent drafting, over every turn
-
-    @property
-    def tau(self) -> float:
-        return pooled_tau(self.accept_lengths)
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(len(s) - start for s, start in zip(self.sequences, self.starts))
-
-    @property
-    def draft_ms_per_pass(self) -> float:
-        return 1e3 * self.draft_time / max(len(self.accept_lengths), 1)
-
-
-def continue_prompts(
-    gen: SpeculativeGenerator, prompts: Sequence[Prompt], max_new_tokens: int
-) -> Continuations:
-    """Greedy answers to every prompt, turn by turn with each answer fed back (as the benchmark decodes);
-    without a chat template every turn is a prompt of its own."""
-    tok = gen.tokenizer
-    chat = bool(getattr(tok, "chat_template", None))
-    out = Continuations([], [], [], 0.0)
-    for prompt in prompts:
-        messages: list[dict[str, str]] = []
-        for turn in prompt.turns:
-            messages.append({"role": "user", "content": turn})
-            ids = (
-                tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-                if chat else tok(turn, add_special_tokens=True)["input_ids"]
-            )  # fmt: skip
-            room = answer_room(gen, len(ids), max_new_tokens)  # (the target's context may end it sooner)
-            if room == 0:
-                break
-            r = gen.generate(input_ids=ids, max_new_tokens=room)
-            messages.append({"role": "assistant", "content": r.text})
-            out.sequences.append(torch.tensor(list(ids) + r.token_ids, dtype=torch.long))
-            out.starts.append(len(ids))
-            out.accept_lengths += r.stats.accept_lengths
-            out.draft_time += r.stats.draft_time
-    return out
-
-
-def measure_accuracy(target: PreTrainedModel, head: DraftHead, answers: Continuations, depth: int, topk: int):
-    """The head's top-k accuracy [depth, topk] on the target's own answers (the family's measure;
-    a Medusa head measures its num_heads depths whatever `depth` says)."""
+def measure_accuracy(target: PreTrainedModel, head: DraftHead, answers: PromptSetRun, depth: int, topk: int):
+    """The head's top-k accuracy [depth, topk] on the target's own answers (`decode_prompts`' turns; the
+    family's measure: a Medusa head measures its num_heads depths whatever `depth` says)."""
     measure = family_of(head.config).load("accuracy")
     return measure(target, head, answers.sequences, depth=depth, topk=topk, starts=answers.starts)
 
@@ -113,23 +61,26 @@ def tune_tree(
     # costs and decoding with the head as loading will draft with it (on a CPU a Medusa head in int8)
     trained, head = head, as_drafted(head, next(target.parameters()).device)
     try:
-        answers = continue_prompts(SpeculativeGenerator(target, tokenizer, None), prompts, max_new_tokens)
+        answers = _decode_with(target, tokenizer, None, prompts, max_new_tokens)
         accuracy = measure_accuracy(target, trained, answers, depth, topk)  # [depth, topk] (as trained)
         _, costs = calibrated_choices(target, drafter_for_head(head), accuracy.double(), max_nodes)
         choices, measured = decoded_choice(target, head, accuracy.double(), costs.pop("ranked"))
-        tuned = _decode_with(target, tokenizer, head, choices, prompts, max_new_tokens)
+        tuned = _decode_with(target, tokenizer, _tree(head, choices), prompts, max_new_tokens)
         # the raw table over-promises deep trees: choose again from the table scaled to the real tau
-        fitted = fit_accuracy(accuracy.double(), choices, tuned.tau)
+        fitted = fit_accuracy(accuracy.double(), choices, tuned.total.tau)
         best_for_costs(fitted, costs, max_nodes)  # costs["ranked"] again, for the fitted table
         refined, measured = decoded_choice(target, head, fitted, costs.pop("ranked"), keep=choices)
         if refined != choices:
-            choices, tuned = refined, _decode_with(target, tokenizer, head, refined, prompts, max_new_tokens)
+            choices, tuned = (
+                refined,
+                _decode_with(target, tokenizer, _tree(head, refined), prompts, max_new_tokens),
+            )
     finally:
         trained.train(was_training)
     return {
         "choices": choices,
         "expected_accept_length": float(expected_accept_length(accuracy, choices)),
-        "measured_tau": round(tuned.tau, 4),
+        "measured_tau": round(tuned.total.tau, 4),
         "expected_speedup": round(float(measured["expected_speedup"]), 4),  # decoded here (pass_timing.py)
         "family": head.config.family,
         "device": str(next(target.parameters()).device),
@@ -138,16 +89,21 @@ def tune_tree(
         },
         "measured_on": {
             "prompts": len(prompts),
-            "turns": len(answers.sequences),
+            "turns": len(answers.outputs),
             "max_new_tokens": max_new_tokens,
-            "generated_tokens": answers.generated_tokens,
+            "generated_tokens": answers.total.new_tokens,
             "topk": topk,
         },
         "accuracy": [[round(x, 6) for x in row] for row in accuracy.tolist()],
     }
 
 
-def _decode_with(target, tokenizer, head: DraftHead, choices, prompts, max_new_tokens: int) -> Continuations:
-    """The prompts' answers decoded with `head` drafting the static tree `choices` (its tau is measured)."""
-    tree = drafter_for_head(head, None, **{family_of(head.config).tree_option: choices})
-    return continue_prompts(SpeculativeGenerator(target, tokenizer, tree), prompts, max_new_tokens)
+def _tree(head: DraftHead, choices: list[list[int]]):
+    """`head`'s drafter with the static tree `choices`."""
+    return drafter_for_head(head, None, **{family_of(head.config).tree_option: choices})
+
+
+def _decode_with(target, tokenizer, drafter, prompts: Sequence[Prompt], max_new_tokens: int) -> PromptSetRun:
+    """Greedy answers to every turn with `drafter` (None: plain), each ending at the target's context."""
+    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
+    return decode_prompts(SpeculativeGenerator(target, tokenizer, drafter), prompts, settings)

@@ -42,13 +42,13 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
     # (inference/tuning/calibrate.py); calibrate=False uses the saved choices as they are.
     calibrated = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir))
     assert calibrated.calibration["accuracy_source"] == "tree.json"
-    assert calibrated.drafter.static.size == len(calibrated.calibration["choices"]) + 1
+    assert calibrated.drafter.tree.size == len(calibrated.calibration["choices"]) + 1
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), calibrate=False)
     saved_tree = depth_first(tree_from_choices(choices))  # drafters number static trees depth-first
-    assert gen.drafter.static.parents.tolist() == saved_tree.parents.tolist()
-    assert gen.drafter.static.rank.tolist() == saved_tree.rank.tolist()
+    assert gen.drafter.tree.static.parents.tolist() == saved_tree.parents.tolist()
+    assert gen.drafter.tree.static.rank.tolist() == saved_tree.rank.tolist()
     forced = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), choices=[[0]])
-    assert forced.drafter.static.size == 2  # an explicit `choices` option wins over tree.json
+    assert forced.drafter.tree.size == 2  # an explicit `choices` option wins over tree.json
 
     # With a hardware cost profile (scripts/benchmark.py's JSON) the node count is chosen for speed.
     profile = tmp_path / "decoding.json"
@@ -171,8 +171,8 @@ def test_build_tree_compares_with_the_default_tree_and_measures_the_chosen_one(
     saved. The saved and printed taus are the chosen tree's and the default tree's own, on every prompt of
     the file (fewer than --prompts)."""
     from spechead.inference.drafters.medusa import DEFAULT_MEDUSA_CHOICES
+    from spechead.inference.evaluation.measure import DecodeSettings, decode_prompts
     from spechead.inference.tuning.tree_search import expected_accept_length
-    from spechead.inference.tuning.tree_tuning import continue_prompts
 
     prompts_file = tmp_path / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("Hello", "Add 2 and 3.")))
@@ -205,7 +205,9 @@ def test_build_tree_compares_with_the_default_tree_and_measures_the_chosen_one(
         gen = SpeculativeGenerator.from_pretrained(
             str(tiny_target_dir), str(head_dir), calibrate=False, **options
         )
-        taus[tree] = continue_prompts(gen, prompts, 8).tau
+        taus[tree] = decode_prompts(
+            gen, prompts, DecodeSettings(max_new_tokens=8, fit_context=True)
+        ).total.tau
     assert taus["chosen"] != pytest.approx(taus["default"])  # so the two are told apart
     assert saved["measured_tau"] == round(taus["chosen"], 4)
     assert f"measured tau, default tree (static): {taus['default']:.3f}" in out

@@ -9,10 +9,11 @@ from spechead.data.prompt_sets import EvalPrompt
 from spechead.heads import Eagle3Config, Eagle3Head, directory
 from spechead.heads.families import family_of
 from spechead.inference.drafter_specs import drafter_for_head
+from spechead.inference.evaluation.measure import DecodeSettings, decode_prompts
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tuning.calibrate import saved_accuracy
 from spechead.inference.tuning.tree_search import expected_accept_length
-from spechead.inference.tuning.tree_tuning import continue_prompts, measure_accuracy, tune_tree
+from spechead.inference.tuning.tree_tuning import measure_accuracy, tune_tree
 
 PROMPTS = [
     EvalPrompt("a", "qa", ["Hello there"]),
@@ -37,17 +38,32 @@ def _head(kind: str, model, medusa_for):
     return head.eval()
 
 
+def _answers(gen: SpeculativeGenerator, max_new_tokens: int):
+    return decode_prompts(gen, PROMPTS, DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True))
+
+
 def test_answers_are_decoded_turn_by_turn(target):
     model, tok = target
-    answers = continue_prompts(SpeculativeGenerator(model, tok, None), PROMPTS, max_new_tokens=12)
+    answers = _answers(SpeculativeGenerator(model, tok, None), 12)
     assert len(answers.sequences) == len(answers.starts) == 3  # every turn of every prompt
     first_answer = tok.decode(answers.sequences[1][answers.starts[1] :], skip_special_tokens=True)
     second_prompt = tok.decode(answers.sequences[2][: answers.starts[2]])
     assert (
         "Add 2 and 3." in second_prompt and first_answer in second_prompt and "And 4 and 5?" in second_prompt
     )
-    assert answers.generated_tokens == sum(len(s) - st for s, st in zip(answers.sequences, answers.starts))
-    assert answers.tau == 1.0  # plain decoding: one token per pass
+    assert answers.total.new_tokens == sum(len(s) - st for s, st in zip(answers.sequences, answers.starts))
+    assert answers.total.tau == 1.0  # plain decoding: one token per pass
+
+
+def test_without_a_chat_template_every_turn_is_a_prompt_of_its_own(target):
+    model, tok = target
+    template, tok.chat_template = tok.chat_template, None  # (a session's tokenizer: restored after)
+    try:
+        answers = _answers(SpeculativeGenerator(model, tok, None), 6)
+    finally:
+        tok.chat_template = template
+    turns = [t for p in PROMPTS for t in p.turns]
+    assert answers.prompt_ids == [tok(t, add_special_tokens=True)["input_ids"] for t in turns]
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle3"])
@@ -59,11 +75,11 @@ def test_tune_tree_measures_chooses_and_decodes_its_tree(target, medusa_for, tmp
     assert head.training
 
     # the accuracy is the family's measure on the target's own (plain greedy) answers to every turn
-    answers = continue_prompts(SpeculativeGenerator(model, tok, None), PROMPTS, max_new_tokens=16)
+    answers = _answers(SpeculativeGenerator(model, tok, None), 16)
     accuracy = measure_accuracy(model, head, answers, depth=3, topk=4)
     assert fields["accuracy"] == [[round(x, 6) for x in row] for row in accuracy.tolist()]
     assert fields["measured_on"] == {"prompts": 2, "turns": 3, "max_new_tokens": 16,
-                                     "generated_tokens": answers.generated_tokens, "topk": 4}  # fmt: skip
+                                     "generated_tokens": answers.total.new_tokens, "topk": 4}  # fmt: skip
     choices = fields["choices"]
     assert choices and all(len(c) <= 3 and max(c) < 4 for c in choices)
     assert fields["expected_accept_length"] == pytest.approx(expected_accept_length(accuracy, choices))
@@ -72,8 +88,8 @@ def test_tune_tree_measures_chooses_and_decodes_its_tree(target, medusa_for, tmp
 
     # measured_tau is the chosen tree's own tau on the same prompts (not the plain run's 1.0)
     tree = drafter_for_head(head, **{family_of(head.config).tree_option: choices})
-    tuned = continue_prompts(SpeculativeGenerator(model, tok, tree), PROMPTS, max_new_tokens=16)
-    assert fields["measured_tau"] == round(tuned.tau, 4)
+    tuned = _answers(SpeculativeGenerator(model, tok, tree), 16)
+    assert fields["measured_tau"] == round(tuned.total.tau, 4)
     assert [s.tolist() for s in tuned.sequences] == [s.tolist() for s in answers.sequences]  # lossless
 
     # saved, it is what loading calibrates from: the table scaled to the measured tau
