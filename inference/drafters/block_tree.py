@@ -22,14 +22,14 @@ def chain_choices(slots: int) -> list[list[int]]:
 
 
 class BlockTree:
-    """A static tree over a block of `slots` slots: parents [N] (depth-first: the rank-0 chain is nodes
-    0..d), each node's slot and rank, and `pick` [N - 1], node i >= 1's index into the slots' top ids
-    flattened [slots * width]."""
+    """A static tree over a block of `slots` slots: `static` (parents, depth, rank [N], depth-first: the
+    rank-0 chain is nodes 0..d) and `pick` [N - 1], node i >= 1's index into the slots' top ids flattened
+    [slots * width]."""
 
     def __init__(self, choices: list[list[int]] | None, slots: int) -> None:
         kept = [c for c in (choices or chain_choices(slots)) if len(c) <= slots]
         self.choices: list[list[int]] = kept
-        static = depth_first(tree_from_choices(kept))  # parents, depth, rank [N]
+        static = self.static = depth_first(tree_from_choices(kept))  # parents, depth, rank [N]
         depth, rank = static.depth, static.rank
         self.parents = static.parents  # [N]
         self.depth = int(depth.max())  # the deepest node: the longest accepted path is depth + 1 tokens

@@ -23,9 +23,9 @@ from spechead.heads.grad import inference_mode
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.devices import host_ids, host_to_device
 from spechead.inference.drafters.base import BatchDraft, Drafter
+from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.topk import Chunk, resolve_chunk, topk_rows
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import depth_first, tree_from_choices
 
 # A 24-node default (plus the root): wide near the root, a long greedy spine for easy text.
 DEFAULT_MEDUSA_CHOICES: list[list[int]] = [
@@ -49,18 +49,11 @@ class MedusaDrafter(Drafter):
         self.head = head.eval()
         # head k's logits (B, T, H) -> (B, T, V), without module calls where the blocks allow
         self.head_logits = fused_medusa_logits(head) or head.head_logits
-        depth_limit = head.config.num_heads
-        choices = [c for c in (choices or DEFAULT_MEDUSA_CHOICES) if len(c) <= depth_limit]
-        # parents [N], depth [N], rank [N]; depth-first: the greedy main path is nodes 0..d (contiguous)
-        self.static = depth_first(tree_from_choices(choices))
-        self.choices: list[list[int]] = choices
-        # Precomputed once: which heads run, how many candidates each gives, where they go.
-        depth, rank = self.static.depth, self.static.rank  # [N], [N]
-        self._width = int(rank.max()) + 1 if len(rank) > 1 else 1
-        # node i >= 1's candidate among the heads' [K * width] (head depth - 1, its rank-th best), on
-        # the heads' device (moved by `fill` when they move)
-        self._pick = (depth[1:] - 1) * self._width + rank[1:]  # [N - 1]
-        self._used_heads = int(depth.max())  # heads deeper than the tree never run
+        # head k is block slot k: which heads run (`tree.depth`: deeper ones never do), how many
+        # candidates each gives (`tree.width`) and where they go (`tree.pick`); depth-first, the greedy
+        # main path is nodes 0..d (contiguous)
+        self.tree = BlockTree(choices or DEFAULT_MEDUSA_CHOICES, head.config.num_heads)
+        self.choices: list[list[int]] = self.tree.choices
         self.hidden_layers = (head.config.target_layers[0],)
         # the heads' device and dtype: a kept Parameter follows head.to() and load_state_dict, and
         # `next(head.parameters())` walks every submodule (each pass); heads without ResBlocks whose
@@ -71,8 +64,7 @@ class MedusaDrafter(Drafter):
         # the static tree's parents: a batch of one's ONE kept [1, N] on the host (the target runner
         # knows the very tensor again without reading it: target/tree_inputs.py), and [1, N] on the
         # tokens' device that B rows' expand (the verify packs both on the device)
-        self._parents_one = self.static.parents[None]  # [1, N]
-        self._parents_rows = self._parents_one  # [1, N]
+        self._parents_one = self.tree.static.parents[None]  # [1, N]
         # one row's kept buffers (`_one_row`): ids [1 + K * width] (the root's slot, then the heads' top
         # ids), top values [1, K, width], the ids' views [1] (root) and [1, K, width] (top ids), and pick
         # [N] into ids
@@ -178,16 +170,14 @@ class MedusaDrafter(Drafter):
         expanded."""
         batch = states.shape[0]
         if batch == 1:
-            if self._used_heads:
+            if self.tree.depth:
                 root = roots[:1] if isinstance(roots, torch.Tensor) else roots[0]
                 tokens = self._one_row(states, root)[None]  # [1, N]
             else:  # a root-only tree
                 tokens = self.fill(states, roots)  # [1, 1]
             return BatchDraft(tokens, self._parents_one, [tokens.shape[1]])
-        tokens = self.fill(states, roots)  # [B, N]
-        if self._parents_rows.device != tokens.device:  # (on a GPU, the verify packs both on the device)
-            self._parents_rows = self._parents_rows.to(tokens.device)
-        return BatchDraft(tokens, self._parents_rows.expand(batch, -1), [tokens.shape[1]] * batch)
+        tokens = self.fill(states, roots)  # [B, N] (on a GPU the verify packs them with the parents there)
+        return BatchDraft(tokens, self.tree.batch_parents(batch, tokens.device), [tokens.shape[1]] * batch)
 
     @inference_mode
     def fill(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -201,14 +191,11 @@ class MedusaDrafter(Drafter):
             root_ids = roots.to(weight.device)[:, None]  # [B, 1]
         else:
             root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
-        if not self._used_heads:  # a root-only tree
+        if not self.tree.depth:  # a root-only tree
             return root_ids.clone()
-        logits = [self.head_logits(k, state)[:, 0] for k in range(self._used_heads)]  # K x [B, V]
-        candidates = topk_rows(torch.stack(logits, 1), self._width, self.topk_chunk)[1]  # [B, K, width]
-        if self._pick.device != weight.device:
-            self._pick = self._pick.to(weight.device)
-        # node i >= 1 (depth-first: the root is the only node at depth 0) carries candidate pick[i - 1]
-        return torch.cat([root_ids, candidates.flatten(1).index_select(1, self._pick)], dim=1)  # [B, N]
+        logits = [self.head_logits(k, state)[:, 0] for k in range(self.tree.depth)]  # K x [B, V]
+        candidates = topk_rows(torch.stack(logits, 1), self.tree.width, self.topk_chunk)[1]  # [B, K, width]
+        return self.tree.tokens(root_ids[:, 0], candidates)  # [B, N]
 
     def _one_row(self, state: torch.Tensor, root: int | torch.Tensor) -> torch.Tensor:
         """`fill` for one row, its last target state [1, H] (at least one head runs) and the root (an int,
@@ -220,20 +207,20 @@ class MedusaDrafter(Drafter):
         if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
             state = state.to(weight.device, weight.dtype)
         x = state.view(1, 1, -1)  # [1, 1, H]
-        logits = torch.cat([self.head_logits(k, x) for k in range(self._used_heads)], 1)  # [1, K, V]
-        row = self._row
+        logits = torch.cat([self.head_logits(k, x) for k in range(self.tree.depth)], 1)  # [1, K, V]
+        row, width = self._row, self.tree.width
         if row is None or row[1].dtype != logits.dtype or row[0].device != logits.device:
-            k, width, device = self._used_heads, self._width, logits.device
+            k, pick, device = self.tree.depth, self.tree.pick, logits.device
             ids = torch.zeros(1 + k * width, dtype=torch.long, device=device)
             values = torch.empty(1, k, width, dtype=logits.dtype, device=device)
-            pick = torch.cat([self._pick.new_zeros(1), self._pick + 1]).to(device)  # [N], root first
+            pick = torch.cat([pick.new_zeros(1), pick + 1]).to(device)  # [N], root first
             row = self._row = (ids, values, ids[:1], ids[1:].view(1, k, width), pick)
         ids, values, root_slot, top, pick = row
         chunk = resolve_chunk(self.topk_chunk, logits.device.type, logits.shape[-1])
         if chunk is None:
-            torch.topk(logits, self._width, dim=-1, out=(values, top))
+            torch.topk(logits, width, dim=-1, out=(values, top))
         else:  # long rows: the chunked search's ids, copied in
-            top.copy_(topk_rows(logits, self._width, chunk)[1])
+            top.copy_(topk_rows(logits, width, chunk)[1])
         if isinstance(root, torch.Tensor):  # still on the device: copied there, no wait
             root_slot.copy_(root.view(1))
         else:

@@ -151,7 +151,7 @@ def test_a_medusa_head_without_resblocks_drafts_in_int8(tiny_target_dir, tmp_pat
         [torch.tensor(PROMPTS[0])], [{config.num_hidden_layers: torch.randn(4, config.hidden_size)}], [3]
     )
     draft = drafter.propose([3], [SamplingParams()], [None])  # a batch of one
-    assert draft.tokens.shape == draft.parents.shape == (1, drafter.static.size)
+    assert draft.tokens.shape == draft.parents.shape == (1, drafter.tree.size)
 
 
 def test_auto_is_off_on_cpus_it_was_not_measured_on(tiny_llama, medusa_for, monkeypatch):

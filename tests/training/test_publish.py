@@ -106,7 +106,7 @@ def test_dry_run_folder_loads_the_same_head_tree_and_adapter(run, tmp_path, tiny
         assert torch.equal(value, published.state_dict()[key]), key
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(out))
     ref = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(run[0].head_dir))
-    assert gen.drafter.static.size == ref.drafter.static.size == len(TREE["choices"]) + 1  # tree.json used
+    assert gen.drafter.tree.size == ref.drafter.tree.size == len(TREE["choices"]) + 1  # tree.json used
     ids = torch.tensor([[1, 5, 9, 20, 33]])
     with torch.no_grad():
         torch.testing.assert_close(
@@ -171,7 +171,7 @@ def test_head_loads_by_hub_id_with_tree_and_adapter(run, fake_hub, online, tmp_p
         ids = torch.tensor([1, 5, 9, 20, 33])
         with torch.no_grad():
             logits = gen.target(ids[None]).logits
-        print(json.dumps({{"tree": gen.drafter.static.size, "logits": logits.sum().item(),
+        print(json.dumps({{"tree": gen.drafter.tree.size, "logits": logits.sum().item(),
                            "ids": gen.generate(input_ids=ids, max_new_tokens=8).token_ids,
                            "weights": sum(v.double().sum().item() for v in gen.drafter.head.state_dict().values())}}))
     """)

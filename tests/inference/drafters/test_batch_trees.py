@@ -35,7 +35,7 @@ def test_tree_follows_the_batch(model, chatml_tokenizer):
     batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
     info = gen.batch_calibration[len(PROMPTS)]
     used = gen._batch_drafters[len(PROMPTS)]
-    assert used.static.size == len(info["choices"]) + 1 <= 64 // len(PROMPTS) + 1
+    assert used.tree.size == len(info["choices"]) + 1 <= 64 // len(PROMPTS) + 1
     assert max(info["verify_ms_by_size"]) == 64 // len(PROMPTS) + 1 and info["expected_speedup"] > 0
     for b, (prompt, n) in enumerate(zip(PROMPTS, MAX_NEW)):
         assert batch[b].token_ids == plain_greedy(model, prompt, n)
@@ -60,7 +60,7 @@ def test_batch_tree_is_the_one_decoded_fastest_at_that_size(model, chatml_tokeni
     seen = []
 
     def timed(target, drafters, prompt, new_tokens=32, batch=1, timed_as=None):
-        seen.append((batch, [d.static.size if d else 1 for d in drafters]))
+        seen.append((batch, [d.tree.size if d else 1 for d in drafters]))
         return [5.0] * (len(drafters) - 1) + [0.5]
 
     monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", timed)
@@ -71,7 +71,7 @@ def test_batch_tree_is_the_one_decoded_fastest_at_that_size(model, chatml_tokeni
     ((batch, sizes),) = seen
     assert batch == len(PROMPTS) and sizes[0] == 1 and len(sizes) >= 3  # plain decoding, then the trees
     assert info["in_situ"]["candidates"][-1] == info["choices"]
-    assert gen._batch_drafters[len(PROMPTS)].static.size == sizes[-1]
+    assert gen._batch_drafters[len(PROMPTS)].tree.size == sizes[-1]
 
 
 def test_batch_decodes_plain_when_no_tree_pays(model, chatml_tokenizer, monkeypatch):

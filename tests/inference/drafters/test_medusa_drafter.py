@@ -110,7 +110,7 @@ def test_b_rows_each_propose_their_batch_of_one_tree():
     assert draft.tokens.tolist() == [alone(b, roots[b], rows[b]) for b in range(3)]
     assert draft.tokens[0].tolist() == expected_tokens(choices, rankings[0], 4)
     assert draft.tokens[1].tolist() == expected_tokens(choices, rankings[1], 5)
-    assert all(draft.parents[b].tolist() == batch.static.parents.tolist() for b in range(3))
+    assert all(draft.parents[b].tolist() == batch.tree.static.parents.tolist() for b in range(3))
     # accept: row b's lengths[b]-th token's state; row 0 moves to e_1, row 1 to the mix, row 2 to e_0
     accepted = torch.stack(
         [torch.stack([mix, states[1]]), torch.stack([mix, mix]), torch.stack([states[0], mix])]
