@@ -29,7 +29,6 @@ from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.tuning.tree_search import (
     expected_accept_length,
-    expected_speedup,
     ranked_choices_for_cost,
 )
 
@@ -37,12 +36,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-# A saved tree tuned on this kind of device stays unless another is expected this much faster: trees of
-# a few percent apart in expected speedup trade places with the timing noise of one load to the next, and
-# the tuned tree was decoded while the other is extrapolated from the table (docs/PERFORMANCE.md, "Tree
-# choice at load"). The in-situ stage that follows (pass_timing.py) decodes every candidate alike and keeps
-# the tree with a smaller margin of its own.
-KEEP_MARGIN = 0.10
 # The best trees of the part-by-part model that pass_timing.py then decodes with (its cost grows with them),
 # of different size classes where the ranking allows (`spread`)
 CANDIDATES = 3
@@ -271,12 +264,10 @@ def calibrated_choices(
     drafter,
     accuracy: torch.Tensor,
     max_nodes: int = 64,
-    keep: list[list[int]] | None = None,
     timed_as: TimedAs = EAGER,
 ) -> tuple[list[list[int]], dict]:
-    """The static tree with the best expected speedup measured on this device (or `keep`, a tree tuned
-    for this kind of device, when within KEEP_MARGIN of it), and what was measured; the target's passes
-    and the draft run as `timed_as` says (eager by default)."""
+    """The static tree with the best expected speedup measured on this device, and what was measured; the
+    target's passes and the draft run as `timed_as` says (eager by default)."""
     sizes = tuple(s for s in SIZES if s <= max_nodes + 1)
     verify = verify_cost_ms(model, sizes, compile=timed_as.target)
     info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
@@ -297,7 +288,7 @@ def calibrated_choices(
         propose = propose_timer(drafter, state)
         propose()
         info["draft_ms"] = min(_timed(propose, 1, device) for _ in range(7))
-    return best_for_costs(accuracy, info, max_nodes, keep), info
+    return best_for_costs(accuracy, info, max_nodes), info
 
 
 def covers(accuracy: torch.Tensor, choices: list[list[int]]) -> bool:
@@ -322,14 +313,11 @@ def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:
     return taken + rest[: count - len(taken)]
 
 
-def best_for_costs(
-    accuracy: torch.Tensor, info: dict, max_nodes: int, keep: list[list[int]] | None = None
-) -> list[list[int]]:
+def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[list[int]]:
     """The static tree with the best expected speedup for the costs measured in `info` (verify_ms_by_size,
-    step_ms, draft_ms or draft_ms_per_depth, pass_ms), or `keep` when it is expected within KEEP_MARGIN
-    of that (and fits the table); adds to `info` the chosen tree's expected speedup (expected_speedup,
-    and kept_saved_tree when `keep` was given) and `ranked`: the CANDIDATES best trees, best first (what
-    loading.decoded_choice then decodes)."""
+    step_ms, draft_ms or draft_ms_per_depth, pass_ms); adds to `info` its expected_speedup and `ranked`:
+    the CANDIDATES best trees, best first (what loading.decoded_choice then decodes). A saved tree is kept
+    or not by the decoded passes alone (pass_timing.IN_SITU_KEEP_MARGIN)."""
     costs = dict(
         draft_ms=info.get("draft_ms", 0.0),
         draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
@@ -339,10 +327,5 @@ def best_for_costs(
     ranked = ranked_choices_for_cost(table, verify, step, max_nodes=max_nodes, **costs)
     choices, speedup = ranked[0] if ranked else ([], 0.0)
     info["ranked"] = spread([c for c, _ in ranked], CANDIDATES)  # what pass_timing.py decodes with
-    if keep is not None:
-        kept_speedup = expected_speedup(table, keep, verify, step, **costs) if covers(table, keep) else 0.0
-        info["kept_saved_tree"] = kept_speedup * (1 + KEEP_MARGIN) >= speedup
-        if info["kept_saved_tree"]:
-            choices, speedup = keep, kept_speedup
     info["expected_speedup"] = speedup
     return choices
