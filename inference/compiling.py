@@ -16,9 +16,9 @@ from spechead.inference.cuda_graphs import GraphedFunction, copy_outputs
 AUTO = "auto"  # from_pretrained's default compile: see resolve_compile
 
 
-def resolve_compile(compile: bool | str, device: torch.device, cache: str | None = None) -> bool | str:
-    """`compile` with "auto" made concrete for a target on `device`: "graphs" on CUDA with the static cache
-    (None: the default, static), else False; any other value as it is.
+def resolve_compile(compile: bool | str, device: torch.device) -> bool | str:
+    """`compile` with "auto" made concrete for a target on `device`: "graphs" on CUDA, else False; any
+    other value as it is.
 
     On CUDA an eager batch-1 step pays a launch per kernel from the host, several times its GPU time on an
     8B target (docs/PERFORMANCE.md, "Compile timings"). "graphs" captures the eager passes in seconds
@@ -29,7 +29,7 @@ def resolve_compile(compile: bool | str, device: torch.device, cache: str | None
     check_compile(compile)
     if compile != AUTO:
         return compile
-    return "graphs" if device.type == "cuda" and (cache or "static") == "static" else False
+    return "graphs" if device.type == "cuda" else False
 
 
 MODES = ("auto", "graphs", "inductor", "max-autotune", "reduce-overhead")  # ours, beside torch's backends

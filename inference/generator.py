@@ -58,13 +58,10 @@ class SpeculativeGenerator:
     cache: "static" (the default and only back-end: preallocated KV slots, a row per sequence).
     max_cache_len: a fixed KV cache size, checked against every row's prompt + max_new_tokens; None =
     sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
-    compile: the target's verify and commit passes as fixed-shape graphs (True = inductor, on CUDA with
-    CUDA graphs of our own (cuda_graphs.py); "max-autotune": the same, GEMMs autotuned by inductor;
-    "graphs": no compiler, the eager passes captured as our CUDA graphs (ready in seconds);
-    "reduce-overhead": torch.compile's CUDA graphs; or a torch.compile backend name), one graph per
-    tree-size bucket and row capacity, and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole
-    draft as one graph). "auto" (`from_pretrained`'s default): "graphs" on CUDA, else False
-    (compiling.resolve_compile); `self.compile` holds what it resolved to.
+    compile: the target's verify and commit passes as fixed-shape graphs, one per tree-size bucket and
+    row capacity, and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole draft as one graph);
+    the modes are `compiling.compile_function`'s, "auto" `compiling.resolve_compile`'s (from_pretrained's
+    default); `self.compile` holds what it resolved to.
     draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU
     the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
     cache), while the draft's many small ops per depth gain from one compiled graph.
@@ -73,8 +70,6 @@ class SpeculativeGenerator:
     CUDA, where the host's work then overlaps the device's. device_accept: accept on the target's device
     (an accelerator's default; a CPU walks host lists, cheaper there).
     """
-
-    default_cache = "static"
 
     def __init__(
         self,
@@ -99,7 +94,7 @@ class SpeculativeGenerator:
         cfg = target.config.get_text_config()
         self.context = getattr(cfg, "max_position_embeddings", None)
         device = next(target.parameters()).device
-        compile = resolve_compile(compile, device, "static")
+        compile = resolve_compile(compile, device)
         if draft_compile is not None:  # ("auto" here: "graphs" on CUDA, else eager)
             draft_compile = resolve_compile(draft_compile, device)
         if drafter is not None:

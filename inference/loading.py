@@ -86,9 +86,8 @@ def load_generator(
     EAGLE head on a CPU, a typical assumed one), time verify and draft costs on this device now and use
     the static tree with the best expected speedup here (`gen.calibration` says what was measured).
     compile, draft_compile: see SpeculativeGenerator (the target's verify pass and the drafter under
-    torch.compile; draft_compile alone: the drafter only, the fastest on a CPU). The default "auto" is
-    "graphs" on CUDA (the eager passes captured as CUDA graphs: an eager GPU step is bound by its
-    launches) and False elsewhere (compiling.resolve_compile); compile=False decodes eagerly anywhere.
+    torch.compile; draft_compile alone: the drafter only, the fastest on a CPU); the default "auto" is
+    `compiling.resolve_compile`'s; compile=False decodes eagerly anywhere.
     Graphs that "auto" chose are proven here on a two-token answer: a model whose passes cannot be
     captured (a host read inside its forward) then decodes eagerly, with a RuntimeWarning saying why.
     draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
@@ -141,7 +140,7 @@ def load_generator(
     model = model.eval()
     on = next(model.parameters()).device
     auto = compile == AUTO
-    compile = resolve_compile(compile, on, cache or cls.default_cache)
+    compile = resolve_compile(compile, on)
     draft_compile = None if draft_compile is None else resolve_compile(draft_compile, on)
     tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)
     built = make_drafter(

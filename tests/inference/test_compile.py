@@ -179,11 +179,9 @@ def test_draft_compile_compiles_the_drafter_only(tiny_llama, chatml_tokenizer) -
     assert off.drafter._compile is False and off.runner.static_shapes
 
 
-def test_auto_compile_is_graphs_on_cuda_with_the_static_cache_and_off_elsewhere():
+def test_auto_compile_is_graphs_on_cuda_and_off_elsewhere():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_compile("auto", cpu) is False and resolve_compile("auto", cpu, "static") is False
-    assert resolve_compile("auto", cuda) == "graphs" and resolve_compile("auto", cuda, "static") == "graphs"
-    assert resolve_compile("auto", cuda, "dynamic") is False  # (compiled passes need fixed shapes)
+    assert resolve_compile("auto", cpu) is False and resolve_compile("auto", cuda) == "graphs"
     for given in (False, True, "graphs", "max-autotune", "eager"):  # a value given is kept as it is
         assert resolve_compile(given, cuda) is given and resolve_compile(given, cpu) is given
     for bad in ("foo", "Graphs", 3):  # one line, before anything is loaded (the target path is not read)
@@ -206,9 +204,9 @@ def test_auto_compile_is_graphs_on_cuda_with_the_static_cache_and_off_elsewhere(
     ]
 
 
-def _as_on_cuda(compile, device, cache=None):
+def _as_on_cuda(compile, device):
     """resolve_compile as it decides for a target on CUDA (the passes then still run here, on a CPU)."""
-    return resolve_compile(compile, torch.device("cuda"), cache)
+    return resolve_compile(compile, torch.device("cuda"))
 
 
 def test_a_generator_resolves_auto_for_its_targets_device_and_cache(
