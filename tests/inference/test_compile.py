@@ -209,11 +209,9 @@ def _as_on_cuda(compile, device):
     return resolve_compile(compile, torch.device("cuda"))
 
 
-def test_a_generator_resolves_auto_for_its_targets_device_and_cache(
-    tiny_llama, chatml_tokenizer, monkeypatch
-):
+def test_a_generator_resolves_auto_for_its_targets_device(tiny_llama, chatml_tokenizer, monkeypatch):
     """compile="auto": eager on this CPU; where resolve_compile says "graphs" (CUDA), the target's fixed-shape
-    passes and the drafter's graph are made and decode like plain decoding; the dynamic cache stays eager."""
+    passes and the drafter's graph are made and decode like plain decoding."""
     target = tiny_llama(eagle_tests.V, layers=eagle_tests.L, hidden=eagle_tests.H).requires_grad_(False)
     target.generation_config.eos_token_id = None
     head = eagle_tests.make_head(target, "eagle3")
