@@ -3,8 +3,9 @@ cascade.py) and for the target's prefill groups (target/prefill.py); the target'
 preallocated row cache (target/cache.py).
 
 A tree pass appends the N tree nodes' keys/values at cache positions past_len..past_len+N-1 (in node
-order). After acceptance only the accepted path's entries must stay, contiguous after the prefix, so that
-the cache again equals that of a plain sequential run over prefix + path (`keep_positions`).
+order). Afterwards only committed tokens may stay, so that the cache again equals that of a plain
+sequential run: every caller keeps a prefix (a draft model drops its whole tree; a cascade's medium keeps
+its accepted chain, the first entries), so `crop` is all the bookkeeping there is.
 
 Supported: caches whose layers are full-attention `DynamicLayer`s (`cache.layers[i].keys/.values`
 [B, kv_heads, S, D]), i.e. `DynamicCache` for dense decoders. NOT supported (NotImplementedError):
@@ -15,10 +16,8 @@ position, and every pass applies the window in its sliding layers' masks (slidin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import cast
 
-import torch
 from transformers.cache_utils import (
     BaseQuantizedLayer,
     Cache,
@@ -27,12 +26,11 @@ from transformers.cache_utils import (
     DynamicLayer,
 )
 
-from spechead.inference.devices import host_to_device
 from spechead.inference.sliding import sliding_layout
 
 
 def croppable_cache(model) -> DynamicCache:
-    """A fresh DynamicCache for `model` whose layers `keep_positions` can crop: for a sliding-window model
+    """A fresh DynamicCache for `model` whose layers `crop` can cut: for a sliding-window model
     plain full layers (they keep every position; the window is applied in the masks, sliding.py), else
     `DynamicCache(config=model.config)`."""
     return DynamicCache() if sliding_layout(model) else DynamicCache(config=model.config)
@@ -52,48 +50,24 @@ def _dynamic_layer(i: int, layer: object) -> DynamicLayer:
     )
     if bad:
         raise NotImplementedError(
-            f"keep_positions supports full-attention DynamicLayer caches only; layer {i} is "
+            f"crop supports full-attention DynamicLayer caches only; layer {i} is "
             f"{type(layer).__name__} (StaticCache, sliding-window, quantized and indexed layers are not supported yet)"
         )
     return cast(DynamicLayer, layer)  # the isinstance check above
 
 
-def keep_positions(cache: Cache, past_len: int, keep: torch.Tensor | Sequence[int]) -> None:
-    """Keep the prefix [0, past_len) plus the tree entries of nodes `keep` [K], dropping the rest.
-
-    `keep` holds tree NODE indices (entry past_len + k for node k), in the order they must end up
-    (ascending root-to-leaf path order, e.g. Acceptance.path). Afterwards every layer holds
-    past_len + K positions. An empty `keep` crops the cache back to past_len. In place, all layers.
-    """
-    keep_list = [int(k) for k in (keep.tolist() if isinstance(keep, torch.Tensor) else keep)]
-    if any(k < 0 for k in keep_list):
-        raise ValueError(f"keep must hold node indices >= 0, got {keep_list}")
-    if past_len < 0:
-        raise ValueError(f"past_len must be >= 0, got {past_len}")
-    contiguous = keep_list == list(range(len(keep_list)))  # e.g. a chain: a plain crop, no copy
-    indices: dict[torch.device, torch.Tensor] = {}  # [K] per device (layers may sit on several GPUs)
+def crop(cache: Cache, length: int) -> None:
+    """Keep the first `length` positions of every layer (keys/values [B, kv_heads, S, D] -> [..., length, :]),
+    in place: a tree pass's speculative entries dropped, or an accepted chain's kept (they are the first
+    ones after the prefix). ValueError when a layer holds fewer than `length` positions."""
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
     for i, cache_layer in enumerate(cache.layers):
         layer = _dynamic_layer(i, cache_layer)
         keys, values = layer.keys, layer.values
         if not layer.is_initialized or keys is None or keys.numel() == 0:
             continue  # layer without its own K/V (e.g. shared KV)
         assert values is not None  # a DynamicLayer sets keys and values together
-        seq = keys.shape[-2]
-        if keep_list and past_len + max(keep_list) >= seq:
-            raise ValueError(
-                f"layer {i} holds {seq} positions; cannot keep node {max(keep_list)} after past_len={past_len}"
-            )
-        if past_len > seq:
-            raise ValueError(f"layer {i} holds {seq} positions < past_len={past_len}")
-        end = past_len + len(keep_list)
-        if contiguous:
-            layer.keys = keys[..., :end, :]
-            layer.values = values[..., :end, :]
-            continue
-        idx = indices.get(keys.device)
-        if idx is None:  # (copied once per device, without waiting for the GPU's queued work)
-            idx = indices[keys.device] = host_to_device(
-                torch.tensor(keep_list) + past_len, keys.device
-            )  # [K]
-        layer.keys = torch.cat([keys[..., :past_len, :], keys.index_select(-2, idx)], dim=-2)
-        layer.values = torch.cat([values[..., :past_len, :], values.index_select(-2, idx)], dim=-2)
+        if length > keys.shape[-2]:
+            raise ValueError(f"layer {i} holds {keys.shape[-2]} positions < length={length}")
+        layer.keys, layer.values = keys[..., :length, :], values[..., :length, :]

@@ -27,7 +27,7 @@ from spechead.inference.acceptance import greedy_accept, sample_accept
 from spechead.inference.drafters.base import Draft, chain
 from spechead.inference.drafters.draft_model import DraftModelDrafter
 from spechead.inference.drafters.per_row import RowDrafter
-from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
+from spechead.inference.kv_cache import cache_length, crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.stops import eos_ids, until_stop
 
@@ -80,7 +80,7 @@ class CascadeDrafter(RowDrafter):
         self.context += tokens.tolist()  # root + accepted drafts: a prefix of the proposed chain
         # Both caches hold a prefix of context + chain: keep what the target accepted, drop the rest.
         assert self.cache is not None  # start made it
-        keep_positions(self.cache, min(cache_length(self.cache), len(self.context)), [])
+        crop(self.cache, min(cache_length(self.cache), len(self.context)))
         self.tiny.rewind([*self.context, next_root])
 
     @torch.inference_mode()
@@ -126,7 +126,7 @@ class CascadeDrafter(RowDrafter):
             p = target_probs(logits, sampling)  # [n, V]: what the medium would sample from
             acc = sample_accept(draft.tree, p, draft.rule, draft.q, generator)
         # The medium keeps the inner root and its accepted drafts (a chain: the first entries).
-        keep_positions(cache, len(seq) - 1, list(range(len(acc.path))))
+        crop(cache, len(seq) - 1 + len(acc.path))
         accepted = draft.tree.tokens[acc.path]  # [a + 1], the inner root first
         self.tiny.accept(accepted, {}, acc.next_token)
         self.medium_passes += 1

@@ -21,7 +21,7 @@ temperature/top-k/top-p as the target) is returned per node for rules B/C.
 
 Draft cache: the committed tokens (the root last, at position C - 1); the speculative nodes of a
 `propose` are appended depth by depth under an additive tree mask (`tree_attention_mask`) with
-position ids C - 1 + depth (`tree_position_ids`), then cropped away (`keep_positions`).
+position ids C - 1 + depth (`tree_position_ids`), then cropped away (`crop`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from transformers import DynamicCache, PreTrainedModel
 from spechead.heads.hybrid import check_attention_only
 from spechead.inference.drafters.base import Draft
 from spechead.inference.drafters.per_row import RowDrafter
-from spechead.inference.kv_cache import cache_length, croppable_cache, keep_positions
+from spechead.inference.kv_cache import cache_length, crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, sample, target_probs
 from spechead.inference.sliding import layer_masks, sliding_layout
 from spechead.inference.tree import (
@@ -169,7 +169,7 @@ class DraftModelDrafter(RowDrafter):
         if self.cache is None:
             raise RuntimeError("DraftModelDrafter.rewind called before start")
         keep = min(cache_length(self.cache), len(sequence) - 1)
-        keep_positions(self.cache, keep, torch.empty(0, dtype=torch.long))
+        crop(self.cache, keep)
         self.pending = list(sequence[keep:])
 
     @torch.inference_mode()
@@ -194,7 +194,7 @@ class DraftModelDrafter(RowDrafter):
                 keep = list(range(len(grower.tok)))
         finally:
             # Drop the speculative entries: only committed tokens stay in the draft cache.
-            keep_positions(self.cache, grower.committed, torch.empty(0, dtype=torch.long))
+            crop(self.cache, grower.committed)
         index = {node: i for i, node in enumerate(keep)}  # keep is ascending, so topological
         tree = TokenTree(
             tokens=torch.tensor([grower.tok[n] for n in keep], dtype=torch.long),

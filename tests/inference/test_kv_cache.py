@@ -1,5 +1,5 @@
-"""keep_positions (a draft model's own DynamicCache): keep the prefix plus an accepted path's tree entries,
-contiguously, in every layer. (The target's row cache: tests/inference/target/test_cache.py.)"""
+"""crop (a draft model's own DynamicCache): keep the first positions (committed tokens) in every
+layer. (The target's row cache: tests/inference/target/test_cache.py.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, StaticCache
 
-from spechead.inference.kv_cache import cache_length, keep_positions
+from spechead.inference.kv_cache import cache_length, crop
 
 PAST, N, LAYERS = 3, 6, 3
 
@@ -29,49 +29,38 @@ def positions(cache: DynamicCache, layer: int) -> list[int]:
     return [int(x) - 100 * layer for x in keys[0, 0, :, 0].tolist()]
 
 
-@pytest.mark.parametrize(
-    ("keep", "expected"),
-    [
-        ([0, 2, 5], [0, 1, 2, 3, 5, 8]),  # a branch: gather
-        (torch.tensor([0, 1, 2]), [0, 1, 2, 3, 4, 5]),  # a chain prefix: plain crop
-        ([0], [0, 1, 2, 3]),  # nothing drafted accepted: only the root
-        ([], [0, 1, 2]),  # crop back to the prefix
-    ],
-)
-def test_keep_positions_every_layer(keep, expected):
+@pytest.mark.parametrize("length", [PAST + N, PAST + 3, PAST + 1, PAST, 0])
+def test_crop_keeps_the_first_positions_of_every_layer(length):
+    """The whole cache (a no-op), an accepted chain of 3 after the prefix, the root only, the prefix, none."""
     cache = filled_cache()
     assert cache_length(cache) == PAST + N
-    keep_positions(cache, PAST, keep)
-    assert cache_length(cache) == len(expected)
+    crop(cache, length)
+    assert cache_length(cache) == length
     for layer in range(LAYERS):
-        assert positions(cache, layer) == expected
-        assert cache.layers[layer].keys.shape == (1, 2, len(expected), 4)
+        assert positions(cache, layer) == list(range(length))
+        assert cache.layers[layer].keys.shape == (1, 2, length, 4)
     # the cache keeps growing normally afterwards
     cache.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), 0)
-    assert cache.layers[0].keys.shape[-2] == len(expected) + 1
+    assert cache.layers[0].keys.shape[-2] == length + 1
 
 
-def test_keep_positions_errors():
-    cache = filled_cache()
-    with pytest.raises(ValueError, match="cannot keep node"):
-        keep_positions(cache, PAST, [0, N])
+def test_crop_errors():
     with pytest.raises(ValueError, match=">= 0"):
-        keep_positions(cache, PAST, [-1])
+        crop(filled_cache(), -1)
     cfg = LlamaConfig(
         vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
     )
     with pytest.raises(NotImplementedError, match="StaticCache"):
-        keep_positions(StaticCache(config=cfg, max_cache_len=16), 0, [0])
+        crop(StaticCache(config=cfg, max_cache_len=16), 0)
     cfg.sliding_window, cfg.layer_types = 4, ["sliding_attention", "full_attention"]
     with pytest.raises(NotImplementedError, match="DynamicSlidingWindowLayer"):
-        keep_positions(DynamicCache(config=cfg), 0, [0])
+        crop(DynamicCache(config=cfg), 0)
 
 
-def test_a_past_len_beyond_a_layer_is_refused_at_the_boundary():
-    """One position past what a layer holds is refused (not silently cropped to nothing)."""
-    with pytest.raises(ValueError, match=r"holds 9 positions < past_len=10"):
-        keep_positions(filled_cache(), PAST + N + 1, [])
-    keep_positions(filled_cache(), PAST + N, [])  # (exactly what it holds: a no-op crop)
+def test_a_length_beyond_a_layer_is_refused_at_the_boundary():
+    """One position past what a layer holds is refused (not silently kept short)."""
+    with pytest.raises(ValueError, match=r"holds 9 positions < length=10"):
+        crop(filled_cache(), PAST + N + 1)
 
 
 def test_empty_cache_length():
