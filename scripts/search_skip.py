@@ -35,6 +35,7 @@ from spechead.inference.devices import check_device
 from spechead.inference.drafters.layer_skip import LayerSkipDrafter, skip_view
 from spechead.inference.drafters.layer_skip_file import save_drafter_file
 from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.tuning.calibrate import verify_cost_ms
 from spechead.inference.tuning.skip_search import (
     Candidate,
     Costs,
@@ -43,7 +44,6 @@ from spechead.inference.tuning.skip_search import (
     draft_matches,
     linear_fit,
     time_draft,
-    time_verify,
 )
 
 
@@ -85,7 +85,7 @@ def reference_outputs(gen: SpeculativeGenerator, prompts, max_new: int) -> tuple
 
 def measure_costs(target, num_layers: int, max_draft: int, rounds: int = 3) -> Costs:
     """Target step and verify passes, and a drafter pass per (kept layers, chain length): see Costs.
-    Timed in interleaved rounds (medians), drafter passes smoothed by a line over kept layers per k
+    Timed in interleaved rounds (medians over them), drafter passes smoothed by a line over kept layers per k
     (shared CPUs are noisy). Which layers are kept hardly matters (equal layers): early exits stand in."""
     samples: dict = {}
     drafters = {
@@ -94,8 +94,9 @@ def measure_costs(target, num_layers: int, max_draft: int, rounds: int = 3) -> C
         for k in range(1, max_draft + 1)
     }
     for _ in range(rounds):
+        verify_ms = verify_cost_ms(target, sizes=tuple(range(1, max_draft + 2)), repeats=3)  # {k + 1: ms}
         for k in range(max_draft + 1):  # k = 0: the plain step (1 token)
-            samples.setdefault(("verify", k), []).append(time_verify(target, k + 1, repeats=3))
+            samples.setdefault(("verify", k), []).append(verify_ms[k + 1] / 1e3)
         for key, drafter in drafters.items():
             samples.setdefault(key, []).append(time_draft(drafter, repeats=3))
     median = {key: statistics.median(v) for key, v in samples.items()}

@@ -82,8 +82,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def wall_ms(fn: Callable[[], object], device: torch.device, iters: int) -> float:
-    """Median wall milliseconds of fn() with the device synchronised before and after each call."""
+def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 0) -> float:
+    """Median wall milliseconds of fn() over `iters` calls after `warmup` untimed ones, the device
+    synchronised before and after each call. Wall time, what decoding pays: torch spreads a CPU op over
+    its intra-op threads, whose share the calling thread's CPU time would leave out."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(iters):
         _sync(device)
@@ -99,8 +103,7 @@ def profile_part(
 ) -> PartProfile:
     """Profile `iters` calls of fn() (after one untimed call) -> its PartProfile (per call; its `top`
     most expensive kernels kept: a JSON report holds them all, `render_profiles` prints the first few)."""
-    fn()
-    wall = wall_ms(fn, device, iters)
+    wall = wall_ms(fn, device, iters, warmup=1)
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     _sync(device)

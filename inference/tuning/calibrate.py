@@ -12,8 +12,6 @@ loading.py decodes with the best few of them (pass_timing.py) to pick the one a 
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from spechead.heads.directory import read_tree
 from spechead.heads.families import family_of
 from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.per_row import rows_drafter
+from spechead.inference.evaluation.profiling import wall_ms
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.tuning.tree_search import (
@@ -104,25 +103,6 @@ def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau:
     return accuracy * low
 
 
-def _timed(fn, repeats: int, device: torch.device) -> float:
-    """Median wall-clock milliseconds of fn() over `repeats` runs (CUDA: around synchronisations).
-
-    Wall time, what decoding pays, not the thread's CPU time: torch spreads a CPU op over its intra-op
-    threads, and the calling thread's CPU time leaves out the other threads' share. Callers keep the
-    minimum of several rounds, which filters what other processes add."""
-    cuda = device.type == "cuda"
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize(device)
-        times.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(times)
-
-
 @torch.inference_mode()
 def verify_cost_ms(
     model: PreTrainedModel,
@@ -141,10 +121,10 @@ def verify_cost_ms(
     runner = TargetRunner(model, compile=compile, capacity=batch_capacity(batch) if compile else None)
     runner.reserve([context] * batch, [max(sizes) + 1] * batch)
     vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (batch, context), generator=torch.Generator().manual_seed(0))
-    runner.prefill(list(ids))
+    ids = torch.randint(0, vocab, (batch, context + max(sizes)), generator=torch.Generator().manual_seed(0))
+    runner.prefill(list(ids[:, :context]))
     chain = lambda n: torch.arange(-1, n - 1)[None].expand(batch, n)  # noqa: E731  (parents [B, n])
-    calls = {n: (lambda n=n: runner.verify(ids[:, :n], chain(n))) for n in sizes}
+    calls = {n: (lambda n=n: runner.verify(ids[:, context : context + n], chain(n))) for n in sizes}
     return size_costs_ms(calls, repeats, runner.device)
 
 
@@ -154,7 +134,7 @@ def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, 
     times: dict[int, list[float]] = {n: [] for n in calls}
     for _ in range(repeats):
         for n, call in calls.items():
-            times[n].append(_timed(call, 1, device))
+            times[n].append(wall_ms(call, device, 1))
     out, floor = {}, 0.0
     for n in sorted(calls):
         floor = max(floor, min(times[n]))
@@ -183,7 +163,7 @@ def propose_timer(drafter, states: dict[int, torch.Tensor], batch: int = 1) -> C
 def _drafter_ms(drafter, fn, repeats: int) -> float:
     """Min ms of fn() over `repeats` rounds after a warm-up."""
     fn()
-    return min(_timed(fn, 1, next(drafter.head.parameters()).device) for _ in range(repeats))
+    return min(wall_ms(fn, next(drafter.head.parameters()).device, 1) for _ in range(repeats))
 
 
 @torch.inference_mode()
@@ -255,7 +235,7 @@ def commit_cost_ms(
     for _ in range(repeats):
         runner.lengths = [context]  # (the last commit dropped: every pass after the same context)
         runner.verify(ids[:, :4], parents)
-        times.append(_timed(lambda: runner.commit([path]), 1, runner.device))
+        times.append(wall_ms(lambda: runner.commit([path]), runner.device, 1))
     return min(times)
 
 
@@ -287,7 +267,7 @@ def calibrated_choices(
         state = {layer: torch.randn(1, width, device=device) for layer in drafter.hidden_layers}  # [1, H]
         propose = propose_timer(drafter, state)
         propose()
-        info["draft_ms"] = min(_timed(propose, 1, device) for _ in range(7))
+        info["draft_ms"] = min(wall_ms(propose, device, 1) for _ in range(7))
     return best_for_costs(accuracy, info, max_nodes), info
 
 

@@ -11,8 +11,6 @@ the passes of a chain of `k` drafts on those matches, as GenerationStats counts 
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,8 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
+from spechead.inference.evaluation.profiling import wall_ms
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.target.runner import TargetRunner
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.draft_model import DraftModelDrafter
@@ -70,41 +68,11 @@ def pooled_tau(matches: Sequence[torch.Tensor], k: int) -> float:
     return sum(lengths) / max(len(lengths), 1)
 
 
-def _median_seconds(run: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats + 1):  # the first run warms up
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
-
-
-@torch.inference_mode()
-def time_verify(target: PreTrainedModel, nodes: int, context: int = 128, repeats: int = 9) -> float:
-    """Median seconds of the generator's verification pass over a chain of `nodes` tokens (root
-    included) after `context` committed ones (the one-row runner, as SpeculativeGenerator decodes)."""
-    runner = TargetRunner(target)
-    runner.reserve([context], [1], tree_room=nodes)
-    runner.prefill(
-        list(
-            torch.randint(
-                5, target.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0)
-            )
-        )
-    )
-    tokens = torch.arange(5, 5 + nodes).unsqueeze(0)  # [1, N]
-    parents = torch.arange(-1, nodes - 1).unsqueeze(0)  # [1, N]: a chain
-
-    def run() -> None:
-        runner.verify(tokens, parents)[0].argmax(-1).tolist()  # .tolist() waits for the device
-
-    return _median_seconds(run, repeats)
-
-
 @torch.inference_mode()
 def time_draft(drafter: DraftModelDrafter, context: int = 128, repeats: int = 9) -> float:
     """Median seconds of one drafter pass (accept one draft token + the bonus, then propose) after
-    `context` committed tokens, greedy: the drafter's forwards AND its Python/cache work."""
+    `context` committed tokens, greedy, after a warm-up pass: the drafter's forwards AND its Python/cache
+    work. (A verify pass is timed by calibrate.verify_cost_ms.)"""
     vocab = drafter.model.config.vocab_size
     prompt = torch.randint(5, vocab, (context,), generator=torch.Generator().manual_seed(0))
     drafter.start(prompt, {}, 7)
@@ -116,7 +84,7 @@ def time_draft(drafter: DraftModelDrafter, context: int = 128, repeats: int = 9)
         drafter.accept(draft.tree.tokens[:2], {}, 9)
         draft = drafter.propose(9, greedy, None)
 
-    return _median_seconds(run, repeats)
+    return wall_ms(run, drafter.model.device, repeats, warmup=1) / 1e3
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> list[float]:

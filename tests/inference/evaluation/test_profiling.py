@@ -76,6 +76,13 @@ def test_wall_ms_is_the_median_call_in_milliseconds():
     assert 5.0 <= ms < 30.0  # the median call slept 6 ms: not the 50 ms one, not seconds nor microseconds
 
 
+def test_wall_ms_leaves_the_warm_up_calls_out():
+    durations = iter([0.1, 0.004, 0.004, 0.004])
+    calls = []
+    ms = wall_ms(lambda: calls.append(1) or time.sleep(next(durations)), torch.device("cpu"), 3, warmup=1)
+    assert ms < 50.0 and len(calls) == 4  # the 100 ms first call ran untimed, then the 3 timed ones
+
+
 def test_profile_part_times_after_an_untimed_first_call():
     """The first call (compilation, caches) is run untimed: the single timed call here is a fast one."""
     calls = []

@@ -293,6 +293,15 @@ def test_the_verify_costs_reach_the_largest_tree_with_its_root(tiny_target_dir, 
     assert list(info["verify_ms_by_size"]) == [1, 2, 4, 8]
 
 
+def test_a_verify_longer_than_the_default_tree_room_is_timed(tiny_llama):
+    """scripts/search_skip.py times chains of any length: 128 + 151 positions need more than the 256 a
+    64-position tree room would round to."""
+    from spechead.inference.tuning.calibrate import verify_cost_ms
+
+    target = tiny_llama(256, layers=1, hidden=32, seed=0)
+    assert verify_cost_ms(target, sizes=(150,), context=128, repeats=1)[150] > 0
+
+
 def test_an_eagle_pass_pays_the_commit_and_the_accept(tiny_target_dir, tmp_path, monkeypatch):
     """pass_ms = the target's commit + the head's accept step (both paid by every pass, whatever the
     tree); the part times are planted, the calibration around them real."""

@@ -1,16 +1,12 @@
-"""inference/tuning/skip_search.py's arithmetic and timing helpers: the expected speedup of a chain (its draft
-cost included), the chain length best_chain picks, the warm-up left out of a median, and a timed verify
-of a chain longer than the runner's default tree room."""
+"""inference/tuning/skip_search.py's arithmetic: the expected speedup of a chain (its draft cost included) and
+the chain length best_chain picks."""
 
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
 
-import spechead.inference.tuning.skip_search as skip_search
-from spechead.inference.tuning.skip_search import Costs, best_chain, time_verify
+from spechead.inference.tuning.skip_search import Costs, best_chain
 
 
 def test_speedup_is_tau_steps_over_verify_plus_draft():
@@ -30,18 +26,3 @@ def test_best_chain_takes_the_chain_length_of_the_highest_speedup_with_its_tau()
     # one layer kept: k = 3's draft costs 9 s, k = 1 wins (2 / 1.0), with its own tau
     fast = best_chain((0, 1, 2), matches, costs, num_layers=4)
     assert (fast.num_draft, fast.tau, fast.speedup) == (1, 2.0, pytest.approx(2.0))
-
-
-def test_the_median_leaves_the_warm_up_run_out(monkeypatch):
-    ticks = itertools.accumulate(
-        [0.0, 100.0, 0.0, 1.0, 0.0, 3.0, 0.0, 2.0]
-    )  # starts and ends: 100, 1, 3, 2 s
-    monkeypatch.setattr(skip_search.time, "perf_counter", lambda: next(ticks))
-    calls = []
-    assert skip_search._median_seconds(lambda: calls.append(1), 3) == 2.0
-    assert len(calls) == 4  # the warm-up and the 3 timed runs
-
-
-def test_time_verify_makes_room_for_a_chain_longer_than_the_default_tree_room(tiny_llama):
-    target = tiny_llama(256, layers=1, hidden=32, seed=0)  # (the chain's ids run to 5 + nodes)
-    assert time_verify(target, nodes=150, context=128, repeats=1) > 0  # 129 + 150 > the 256 a 64 room gives
