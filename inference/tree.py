@@ -6,8 +6,9 @@ which is NOT yet in the target's KV cache; nodes 1..N-1 are drafted tokens.
 - `tokens`  : LongTensor [N]
 - `parents` : LongTensor [N], parents[0] = -1 and 0 <= parents[i] < i for i >= 1.
 
-Trees are small (tens to a few hundred nodes), so structure is computed with Python loops on CPU lists;
-the tensors returned are put on `parents.device` (or the requested device).
+Trees are small (tens to a few hundred nodes), so structure (children, paths, static shapes) is computed
+with Python loops on CPU lists; attention masks and position ids are built batched on the parents' device
+(`tree_inputs_on_device`, `tree_inputs_after`).
 """
 
 from __future__ import annotations
@@ -76,55 +77,6 @@ def children(parents: torch.Tensor) -> list[list[int]]:
     for i, p in enumerate(par[1:], start=1):
         kids[p].append(i)
     return kids
-
-
-def _depth_list(par: list[int]) -> list[int]:
-    d = [0] * len(par)
-    for i, p in enumerate(par[1:], start=1):
-        d[i] = d[p] + 1
-    return d
-
-
-def depths(parents: torch.Tensor) -> torch.Tensor:
-    """Depth of each node: LongTensor [N], root depth 0."""
-    return torch.tensor(_depth_list(_parent_list(parents)), dtype=torch.long, device=parents.device)
-
-
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """BoolTensor [N, N]: [i, j] is True iff j is i or an ancestor of i."""
-    par = _parent_list(parents)
-    n = len(par)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(par):
-        if p >= 0:
-            mask[i] = mask[p]
-        mask[i, i] = True
-    return mask.to(parents.device)
-
-
-def tree_attention_mask(
-    parents: torch.Tensor, past_len: int, dtype: torch.dtype, device: torch.device | str | None = None
-) -> torch.Tensor:
-    """ADDITIVE float mask [1, 1, N, past_len + N]: 0 = attend, `finfo(dtype).min` = blocked.
-
-    Every node attends to the whole prefix (the first `past_len` columns) and, in the last N columns,
-    to itself and its ancestors ([N, N] block = `ancestor_mask`). Never pass a bool or 0/1 mask to HF
-    (silently wrong under eager attention).
-    """
-    if not dtype.is_floating_point:
-        raise ValueError(f"the additive mask needs a floating dtype, got {dtype}")
-    if past_len < 0:
-        raise ValueError(f"past_len must be >= 0, got {past_len}")
-    anc = ancestor_mask(parents).cpu()  # [N, N]
-    n = anc.shape[0]
-    mask = torch.zeros(n, past_len + n, dtype=dtype)
-    mask[:, past_len:].masked_fill_(~anc, torch.finfo(dtype).min)
-    return mask.to(parents.device if device is None else device)[None, None]
-
-
-def tree_position_ids(parents: torch.Tensor, past_len: int) -> torch.Tensor:
-    """Position ids LongTensor [1, N] = past_len + depth (the root sits at position past_len)."""
-    return (depths(parents) + past_len)[None]
 
 
 def path_to_node(parents: torch.Tensor, node: int) -> list[int]:
@@ -226,7 +178,8 @@ def tree_inputs_on_device(
     """Additive mask [B, 1, N, past_len + N], position ids [B, N] and ancestors [B, N, N] for parents [B, N].
 
     Built on parents' device: every node sees the prefix and, in the last N columns, its ancestors and
-    itself (0 = attend, finfo(dtype).min = blocked); position = past_len + depth.
+    itself (0 = attend, finfo(dtype).min = blocked: additive, as a bool or 0/1 mask would be silently
+    wrong under eager attention); position = past_len + depth.
     """
     anc = ancestors_on_device(parents)  # [B, N, N]
     return tree_mask(anc, past_len, dtype), anc.sum(-1) - 1 + past_len, anc

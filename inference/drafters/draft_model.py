@@ -20,8 +20,8 @@ Default rule: "iid" for chains, "without_replacement" for trees. q (the distribu
 temperature/top-k/top-p as the target) is returned per node for rules B/C.
 
 Draft cache: the committed tokens (the root last, at position C - 1); the speculative nodes of a
-`propose` are appended depth by depth under an additive tree mask (`tree_attention_mask`) with
-position ids C - 1 + depth (`tree_position_ids`), then cropped away (`crop`).
+`propose` are appended depth by depth under an additive tree mask with position ids C - 1 + depth
+(`tree_inputs_on_device`), then cropped away (`crop`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ from spechead.inference.tree import (
     StaticTree,
     TokenTree,
     select_best,
-    tree_attention_mask,
     tree_from_choices,
-    tree_position_ids,
+    tree_inputs_on_device,
 )
 
 SAMPLING_RULES = ("iid", "without_replacement", "deterministic")
@@ -300,9 +299,8 @@ class _Grower:
         if len(nodes) > 1 or not torch.equal(parents, torch.arange(-1, len(parents) - 1)):
             past = self.committed - 1  # the root is fed node 0, at column C - 1
             dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
-            positions = tree_position_ids(parents, past).to(device)  # [1, M]
-            full = tree_attention_mask(parents, past, dtype, device)[:, :, -len(nodes) :]
-            rows = positions[:, -len(nodes) :]  # [1, n]
+            every, positions, _ = tree_inputs_on_device(parents[None].to(device), past, dtype)  # [1, M]
+            full, rows = every[:, :, -len(nodes) :], positions[:, -len(nodes) :]  # the new nodes' [1, n]
             mask: torch.Tensor | dict[str, torch.Tensor] = full
             if self.sliding:  # keys at positions 0..past-1, then the fed nodes' [C - 1 + M]
                 mask = layer_masks(

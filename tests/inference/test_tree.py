@@ -1,4 +1,4 @@
-"""Tree structure: depths, ancestor masks, additive attention masks, positions, paths, static trees."""
+"""Tree structure: children, ancestors, additive attention masks, positions, paths, static trees."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import torch
 
 from spechead.inference.tree import (
     TokenTree,
-    ancestor_mask,
+    ancestors_on_device,
     children,
     depth_first,
-    depths,
     path_to_node,
     select_best,
-    tree_attention_mask,
     tree_from_choices,
-    tree_position_ids,
+    tree_inputs_on_device,
 )
+
+from .trees import ancestor_mask, depths
 
 
 def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
@@ -57,13 +57,13 @@ def test_depths_children_paths():
         path_to_node(PARENTS, 7)
 
 
-def test_ancestor_mask():
-    m = ancestor_mask(PARENTS)  # [N, N]
+def test_ancestors_on_device():
+    m = ancestors_on_device(PARENTS[None])[0]  # [N, N]
     assert m.dtype == torch.bool and m.shape == (7, 7)
     expected = torch.zeros(7, 7, dtype=torch.bool)
     for i in range(7):
         expected[i, path_to_node(PARENTS, i)] = True
-    assert torch.equal(m, expected)
+    assert torch.equal(m, expected) and torch.equal(ancestor_mask(PARENTS), expected)  # (the oracle too)
     assert m[6].nonzero().flatten().tolist() == [0, 1, 3, 6]
     assert not m[5, 1] and m[5, 2] and m[5, 0]
 
@@ -71,18 +71,16 @@ def test_ancestor_mask():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_tree_attention_mask_is_additive_with_prefix(dtype):
     past = 3
-    mask = tree_attention_mask(PARENTS, past, dtype)  # [1, 1, N, past + N]
+    mask, _, _ = tree_inputs_on_device(PARENTS[None], past, dtype)  # [1, 1, N, past + N]
     assert mask.shape == (1, 1, 7, past + 7) and mask.dtype == dtype
     assert (mask[0, 0, :, :past] == 0).all()  # every node sees the whole prefix
     blocked = mask[0, 0, :, past:] == torch.finfo(dtype).min  # [N, N]
     assert torch.equal(~blocked, ancestor_mask(PARENTS))
     assert set(mask.unique().tolist()) == {0.0, torch.finfo(dtype).min}
-    with pytest.raises(ValueError, match="floating"):
-        tree_attention_mask(PARENTS, past, torch.bool)
 
 
 def test_position_ids():
-    pos = tree_position_ids(PARENTS, 10)  # [1, N]
+    _, pos, _ = tree_inputs_on_device(PARENTS[None], 10, torch.float32)  # [1, N]
     assert pos.shape == (1, 7) and pos.dtype == torch.long
     assert pos.tolist() == [[10, 11, 11, 12, 12, 12, 13]]
 

@@ -13,9 +13,10 @@ from spechead.inference.drafter_specs import drafter_options
 from spechead.inference.drafters.draft_model import DraftModelDrafter, parse_width, width_tree
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, target_probs
-from spechead.inference.tree import children, depths, path_to_node
+from spechead.inference.tree import children, path_to_node
 
 from ..distributions import sampling_tv
+from ..trees import depths
 
 SHAPES = {
     "chain": {"num_draft": 4},

@@ -22,10 +22,11 @@ from spechead.inference.drafters.per_row import hears_verified
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, target_probs
-from spechead.inference.tree import ancestor_mask, depths, path_to_node
+from spechead.inference.tree import path_to_node
 
 from ..distributions import sampling_tv
 from ..test_generator import PARAMS, PROMPT, plain_greedy, prompts
+from ..trees import ancestor_mask, depths
 
 OPTIONS = {
     "default": {},

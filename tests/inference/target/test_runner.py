@@ -14,9 +14,10 @@ from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.inference.acceptance import greedy_accept
 from spechead.inference.target.runner import TargetRunner
 from spechead.inference.target.tree_inputs import TreeInputs
-from spechead.inference.tree import TokenTree, ancestor_mask, path_to_node
+from spechead.inference.tree import TokenTree, path_to_node
 
 from ..test_tree import retrieve_indices
+from ..trees import ancestor_mask
 
 VOCAB = 64
 HIDDEN = (0, 2, -1)

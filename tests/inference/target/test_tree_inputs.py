@@ -1,5 +1,5 @@
-"""The tree inputs built on the device (ancestors, masks, positions) equal the Python ones, and the batched
-greedy acceptance over them equals the per-tree walk."""
+"""The tree inputs built on the device (ancestors, masks, positions) equal the Python oracles'
+(tests/inference/trees.py), and the batched greedy acceptance over them equals the per-tree walk."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ import torch
 
 from spechead.inference.acceptance import greedy_accept
 from spechead.inference.queued_acceptance import greedy_accept_batch
-from spechead.inference.tree import (
-    TokenTree,
-    ancestor_mask,
-    ancestors_on_device,
-    depths,
-    tree_attention_mask,
-    tree_inputs_on_device,
-)
+from spechead.inference.tree import TokenTree, ancestors_on_device, tree_inputs_on_device
 
+from ..trees import ancestor_mask, depths
 from .test_runner import random_tree
 
 
@@ -27,7 +21,8 @@ def test_device_tree_inputs_equal_python_ones(n):
         anc = ancestors_on_device(parents[None])[0]
         assert torch.equal(anc, ancestor_mask(parents))
         mask, positions, _ = tree_inputs_on_device(parents[None], 7, torch.float32)
-        assert torch.equal(mask, tree_attention_mask(parents, 7, torch.float32))
+        assert mask.shape == (1, 1, n, 7 + n) and (mask[..., :7] == 0).all()  # the prefix: visible
+        assert torch.equal(mask[0, 0, :, 7:] == 0, ancestor_mask(parents))  # the tree: ancestors + self
         assert torch.equal(positions[0], depths(parents) + 7)
 
 

@@ -13,8 +13,9 @@ from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.unroll import ttt_forward
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import TokenTree, depths, path_to_node
+from spechead.inference.tree import TokenTree, path_to_node
 
+from ...trees import depths
 from ..one_row import OneRow
 
 H, V, L, VD = 32, 64, 4, 40
