@@ -25,7 +25,7 @@ from spechead.training.settings import TrainerConfig
 
 class DecodeEval(Protocol):
     """Decode `prompts` with `head` on `target` (with the static tree of `tree`: tree.json fields, when
-    given); return (metrics, plot files). See evaluate_head."""
+    given); return (metrics, plot files). See evaluation.measure.decode_eval_hook."""
 
     def __call__(
         self,

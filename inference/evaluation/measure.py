@@ -224,16 +224,13 @@ DEFINITIONS = {
 
 
 @torch.inference_mode()
-def evaluate_head(
-    target: PreTrainedModel,
-    tokenizer,
-    head: DraftHead,
-    prompts: Sequence[Prompt],
-    settings: DecodeSettings,
-    plot_dir: Path | None = None,
-    tree: dict | None = None,
-) -> tuple[dict[str, float], dict[str, Path]]:
-    """Real decoding with a head being trained: (metrics, plots) from one plain and one drafted pass.
+def decode_eval_hook(
+    target: PreTrainedModel, tokenizer, head: DraftHead, prompts: Sequence[Prompt], max_new_tokens: int,
+    plot_dir: Path | None, tree: dict | None = None,
+) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
+    """The trainer's DecodeEval (spechead.training.decode_eval): (metrics, plots) from one plain and one
+    greedy drafted pass over `prompts` with the head being trained, answers ending at the target's
+    context length (a run's decode eval never stops its training).
 
     The head drafts the tree that loading it would give on this device (`loading.calibrated_drafter`):
     the best one for the costs measured here and the accuracy of `tree` (tree.json fields, e.g. from
@@ -243,6 +240,7 @@ def evaluate_head(
     acceptance_depth_{d}, greedy_mismatches, tree_nodes (drafted nodes of the calibrated tree; 0: the
     family's default tree).
     """
+    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
     was_training = head.training
     head.eval()
     try:
@@ -261,21 +259,10 @@ def evaluate_head(
     metrics.update(
         {f"acceptance_depth_{d}": a for d, a in enumerate(row["acceptance_by_depth"][:8], start=1)}
     )
-    if row["greedy_mismatches"] is not None:
-        metrics["greedy_mismatches"] = float(row["greedy_mismatches"])
+    metrics["greedy_mismatches"] = float(row["greedy_mismatches"])  # (greedy: always compared)
     plots = {}
     if plot_dir is not None:
         row["drafter"] = head.config.family
         plots["acceptance_by_depth"] = plot_acceptance_by_depth([row], plot_dir / "acceptance_by_depth.png")
         plots["speedup_by_category"] = plot_speedup_by_category([row], plot_dir / "speedup_by_category.png")
     return metrics, plots
-
-
-def decode_eval_hook(
-    target: PreTrainedModel, tokenizer, head: DraftHead, prompts: Sequence[Prompt], max_new_tokens: int,
-    plot_dir: Path | None, tree: dict | None = None,
-) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
-    """The trainer's DecodeEval (spechead.training.decode_eval): greedy evaluate_head, answers ending at the
-    target's context length (a run's decode eval never stops its training)."""
-    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
-    return evaluate_head(target, tokenizer, head, prompts, settings, plot_dir, tree)
