@@ -33,8 +33,8 @@ from spechead.inference.evaluation.measure import DecodeSettings, decode_prompts
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tuning.tree_search import (
     best_choices,
-    best_choices_for_cost,
     expected_accept_length,
+    ranked_choices_for_cost,
 )
 from spechead.inference.tuning.tree_tuning import measure_accuracy
 
@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             if fam.drafts_per_depth
             else {"draft_ms": draft_ms}
         )
-        choices, speedup = best_choices_for_cost(
+        choices, speedup = ranked_choices_for_cost(
             accuracy, profile["verify_ms_by_size"], profile["t_step_ms"], **per_pass
-        )
+        )[0]
         extra = {"expected_speedup": speedup, "cost_profile": str(args.cost_profile), **per_pass}
         print(
             f"cost profile {args.cost_profile}: {len(choices)} nodes give the best expected speedup {speedup:.2f}x"

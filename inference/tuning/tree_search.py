@@ -224,17 +224,6 @@ def expected_speedup(
     return expected_accept_length(accuracy, choices) * step_ms / cost
 
 
-def best_choices_for_cost(
-    accuracy: torch.Tensor, verify_ms_by_size: dict[int, float], step_ms: float, **costs: float
-) -> tuple[list[list[int]], float]:
-    """The static tree with the highest `expected_speedup` on measured hardware, and that speedup
-    (trees of 1..max_nodes nodes, each the best of its size for `accuracy`, are compared; costs: the
-    keywords of `ranked_choices_for_cost`)."""
-    # (max_nodes, an int, travels among the float costs)
-    ranked = ranked_choices_for_cost(accuracy, verify_ms_by_size, step_ms, **costs)  # type: ignore[arg-type]
-    return ranked[0] if ranked else ([], 0.0)
-
-
 def ranked_choices_for_cost(
     accuracy: torch.Tensor,
     verify_ms_by_size: dict[int, float],

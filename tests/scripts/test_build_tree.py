@@ -68,12 +68,12 @@ def test_build_tree_end_to_end(script, tiny_target_dir, head_dir, tmp_path, caps
         saved["draft_ms"] > 0 and "draft_ms_per_depth" not in saved
     )  # Medusa: one draft pass for all depths
     from spechead.inference.tuning.tree_search import (
-        best_choices_for_cost,
+        ranked_choices_for_cost,
     )  # the speedup counts the draft's cost
 
     accuracy = torch.tensor(saved["accuracy"])
-    _, speedup = best_choices_for_cost(accuracy, {"1": 4.0, "2": 400.0}, 4.0, draft_ms=saved["draft_ms"])
-    _, free = best_choices_for_cost(accuracy, {"1": 4.0, "2": 400.0}, 4.0, draft_ms=0.0)
+    _, speedup = ranked_choices_for_cost(accuracy, {"1": 4.0, "2": 400.0}, 4.0, draft_ms=saved["draft_ms"])[0]
+    _, free = ranked_choices_for_cost(accuracy, {"1": 4.0, "2": 400.0}, 4.0, draft_ms=0.0)[0]
     assert saved["expected_speedup"] == pytest.approx(speedup, rel=1e-4) != pytest.approx(free, rel=1e-4)
 
 

@@ -22,15 +22,15 @@ from spechead.inference.tuning.calibrate import (
     saved_accuracy,
     spread,
 )
-from spechead.inference.tuning.tree_search import best_choices_for_cost, expected_accept_length
+from spechead.inference.tuning.tree_search import expected_accept_length, ranked_choices_for_cost
 
 
 def test_expensive_verification_gives_a_small_tree():
     accuracy = torch.tensor([[0.6, 0.2, 0.1], [0.5, 0.2, 0.1], [0.5, 0.1, 0.1]])
     flat = {1: 10.0, 64: 10.5}  # a GPU: 64 nodes cost about one step
     steep = {1: 10.0, 2: 11.0, 4: 13.0, 8: 20.0, 16: 40.0, 64: 160.0}  # a CPU
-    big, _ = best_choices_for_cost(accuracy, flat, 10.0, draft_ms_per_depth=1.0)
-    small, _ = best_choices_for_cost(accuracy, steep, 10.0, draft_ms_per_depth=1.0)
+    big, _ = ranked_choices_for_cost(accuracy, flat, 10.0, draft_ms_per_depth=1.0)[0]
+    small, _ = ranked_choices_for_cost(accuracy, steep, 10.0, draft_ms_per_depth=1.0)[0]
     assert len(small) < len(big)
 
 
@@ -63,8 +63,8 @@ def test_from_pretrained_calibrates_the_saved_tree(tiny_target_dir, tmp_path):
     assert info["draft_ms_per_depth"] > 0 and info["expected_speedup"] > 0
     # every pass also pays the target's commit and the head's accept step: in the expected speedup
     assert info["pass_ms"] > 0
-    _, again = best_choices_for_cost(torch.tensor(accuracy).float(), info["verify_ms_by_size"], info["step_ms"],
-                                     draft_ms_per_depth=info["draft_ms_per_depth"], pass_ms=info["pass_ms"])  # fmt: skip
+    _, again = ranked_choices_for_cost(torch.tensor(accuracy).float(), info["verify_ms_by_size"], info["step_ms"],
+                                     draft_ms_per_depth=info["draft_ms_per_depth"], pass_ms=info["pass_ms"])[0]  # fmt: skip
     assert again == pytest.approx(info["model_speedup"])  # the part-by-part costs; pass_timing.py decodes
     tree_from_choices(info["choices"])  # a valid tree, and the one the drafter uses
     assert gen.drafter._static.size == len(info["choices"]) + 1
@@ -127,7 +127,9 @@ def test_a_measured_tau_makes_the_cpu_tree_shallow(tmp_path):
     tree at 0.95x plain); scaled to the tau decoding really reached, a 4-node chain (measured 1.07x)."""
     accuracy = torch.tensor(DEMO_ACCURACY, dtype=torch.float64)
     costs = {k: v for k, v in CPU_COSTS.items() if k != "verify_ms_by_size"}
-    optimistic, _ = best_choices_for_cost(accuracy, CPU_COSTS["verify_ms_by_size"], max_nodes=64, **costs)
+    optimistic, _ = ranked_choices_for_cost(accuracy, CPU_COSTS["verify_ms_by_size"], max_nodes=64, **costs)[
+        0
+    ]
     assert max(map(len, optimistic)) == 7 and len(optimistic) > 10
     (tmp_path / "tree.json").write_text(json.dumps({"choices": DEMO_TREE, "accuracy": DEMO_ACCURACY}))
     assert torch.equal(saved_accuracy(tmp_path), accuracy)  # no measured tau: the table as saved
@@ -136,7 +138,7 @@ def test_a_measured_tau_makes_the_cpu_tree_shallow(tmp_path):
     )
     realistic = saved_accuracy(tmp_path)
     assert expected_accept_length(realistic, DEMO_TREE) == pytest.approx(3.65, abs=1e-4)
-    chain, _ = best_choices_for_cost(realistic, CPU_COSTS["verify_ms_by_size"], max_nodes=64, **costs)
+    chain, _ = ranked_choices_for_cost(realistic, CPU_COSTS["verify_ms_by_size"], max_nodes=64, **costs)[0]
     assert chain == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
     assert best_for_costs(realistic, dict(CPU_COSTS), 64) == chain  # what loading picks
 

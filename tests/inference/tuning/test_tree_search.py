@@ -12,10 +12,10 @@ from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.tree import tree_from_choices
 from spechead.inference.tuning.tree_search import (
     best_choices,
-    best_choices_for_cost,
     expected_accept_length,
     interpolate_cost,
     measure_topk_accuracy,
+    ranked_choices_for_cost,
 )
 
 # exact binary fractions: products are exact, so ties are real ties
@@ -154,18 +154,18 @@ def test_measure_counts_generated_positions_only(model_and_head):
 
 
 def test_interpolated_cost_and_best_tree_for_cost():
-    from spechead.inference.tuning.tree_search import best_choices_for_cost, interpolate_cost
+    from spechead.inference.tuning.tree_search import interpolate_cost, ranked_choices_for_cost
 
     costs = {1: 4.0, 2: 5.0, 4: 6.0, 8: 8.0}
     assert interpolate_cost(costs, 3) == pytest.approx(5.5)
     assert interpolate_cost(costs, 12) == pytest.approx(10.0)  # the last slope, extrapolated
     accuracy = torch.tensor([[0.9, 0.05], [0.8, 0.05], [0.7, 0.05]])
-    choices, speedup = best_choices_for_cost(accuracy, costs, step_ms=4.0)
+    choices, speedup = ranked_choices_for_cost(accuracy, costs, step_ms=4.0)[0]
     # Cheap verification: the long greedy spine pays, the 0.05 siblings never do.
     assert choices == [[0], [0, 0], [0, 0, 0]]
     assert speedup == pytest.approx((1 + 0.9 + 0.72 + 0.504) * 4.0 / interpolate_cost(costs, 4))
     # Expensive verification: drafting nothing extra is not allowed, the smallest tree wins.
-    choices, _ = best_choices_for_cost(accuracy, {1: 4.0, 2: 40.0}, step_ms=4.0)
+    choices, _ = ranked_choices_for_cost(accuracy, {1: 4.0, 2: 40.0}, step_ms=4.0)[0]
     assert choices == [[0]]
 
 
@@ -173,8 +173,8 @@ def test_cost_per_draft_depth_favours_shallow_trees():
     """An EAGLE head runs once per depth: a dear draft step makes the best tree shallower."""
     accuracy = torch.tensor([[0.9, 0.05], [0.9, 0.05], [0.9, 0.05], [0.9, 0.05]])
     costs = {1: 10.0, 2: 10.0, 64: 10.0}
-    deep, _ = best_choices_for_cost(accuracy, costs, step_ms=10.0, draft_ms_per_depth=0.1)
-    shallow, speedup = best_choices_for_cost(accuracy, costs, step_ms=10.0, draft_ms_per_depth=20.0)
+    deep, _ = ranked_choices_for_cost(accuracy, costs, step_ms=10.0, draft_ms_per_depth=0.1)[0]
+    shallow, speedup = ranked_choices_for_cost(accuracy, costs, step_ms=10.0, draft_ms_per_depth=20.0)[0]
     assert max(map(len, deep)) == 4 and max(map(len, shallow)) == 1
     assert speedup == pytest.approx(expected_accept_length(accuracy, shallow) * 10.0 / (10.0 + 20.0))
 
@@ -183,7 +183,7 @@ def test_per_pass_cost_counts_in_every_tree():
     """pass_ms (commit + accept step) is paid by every pass: the expected speedup divides by it too."""
     accuracy = torch.tensor([[0.9, 0.05], [0.8, 0.05], [0.7, 0.05]])
     costs = {1: 4.0, 2: 5.0, 4: 6.0, 8: 8.0}
-    choices, speedup = best_choices_for_cost(accuracy, costs, step_ms=4.0, pass_ms=2.0)
+    choices, speedup = ranked_choices_for_cost(accuracy, costs, step_ms=4.0, pass_ms=2.0)[0]
     cost = interpolate_cost(costs, len(choices) + 1) + 2.0
     assert speedup == pytest.approx(expected_accept_length(accuracy, choices) * 4.0 / cost)
 
