@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spechead.inference.acceptance import RULES
-from spechead.inference.devices import host_ids, host_to_device
+from spechead.inference.devices import host_to_device
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
 
@@ -82,14 +82,6 @@ class DrafterBase:
         it; default: nothing to compile)."""
 
 
-def path_index(path: list[int], device: torch.device) -> slice | torch.Tensor:
-    """How to take a path's rows along a node dim, for a path [K] of ascending node indices (0 first): a
-    slice when it is nodes 0..K-1 (a chain's: views, no copy), else the indices [K] on `device` (copied
-    there without waiting for its queued work) for one gather."""
-    k = len(path)
-    return slice(0, k) if path[-1] == k - 1 else host_ids(path, device)
-
-
 def paths_states(states: dict[int, torch.Tensor], paths: torch.Tensor) -> dict[int, torch.Tensor]:
     """Each row's path rows of per-node states {layer: [B, N, H]}: paths [B, K] of node indices (host or
     device) -> {layer: [B, K, H]}, one gather a layer."""
@@ -98,14 +90,6 @@ def paths_states(states: dict[int, torch.Tensor], paths: torch.Tensor) -> dict[i
         at = host_to_device(paths, state.device)[:, :, None].expand(-1, -1, state.shape[-1])  # [B, K, H]
         out[layer] = state.gather(1, at)
     return out
-
-
-def path_states(states: dict[int, torch.Tensor], path: list[int]) -> dict[int, torch.Tensor]:
-    """The rows of a path [K] (see `path_index`) of per-node states {layer: [1, N, H]} -> {layer: [K, H]}."""
-    if not states:
-        return {}
-    index = path_index(path, next(iter(states.values())).device)
-    return {layer: v[0, index] for layer, v in states.items()}
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from spechead.heads.grad import inference_mode
-from spechead.inference.drafters.base import BatchDraft, Draft, Drafter, DrafterBase, path_states
+from spechead.inference.drafters.base import BatchDraft, Draft, Drafter, DrafterBase
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.tree import TokenTree
 
@@ -37,27 +37,10 @@ class RowDrafter(DrafterBase, ABC):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         """tokens [K] (root + accepted drafts) joined the target cache with states {layer: [K, H]}."""
 
-    def accept_path(
-        self, tokens: list[int], hidden: dict[int, torch.Tensor], path: list[int], next_root: int
-    ) -> None:
-        """`accept` as the decoding loop calls it: the path's tokens [K] as a host list (root first), the
-        target's states at EVERY node of the verified tree {layer: [1, N, H]} and the path's node indices
-        [K] (ascending, 0 first). By default the path's rows are taken and `accept` is called; a drafter
-        that reads them more cheaply another way overrides it. Either way what it learns is `accept`'s."""
-        self.accept(torch.tensor(tokens), path_states(hidden, path), next_root)
-
     def verified(self, tree: TokenTree, logits: torch.Tensor) -> None:  # noqa: B027
         """Optional (default: nothing): the target's logits [N, V] at every node of `tree`, the tree as
         verified (the proposed one, or its first nodes when cut to fit a fixed cache). Called once per
         pass, before `accept`, only when decoding goes on; logits stay on the target's device."""
-
-
-def hears_verified(drafter: Drafter | RowDrafter) -> bool:
-    """Whether the decoding loop must call `drafter.verified` (it reads the verified tree's logits: its
-    class overrides the hook of its interface, or the instance was given one); the loop skips the call
-    and its [N, V] view for every other drafter."""
-    hook = Drafter.verified if isinstance(drafter, Drafter) else RowDrafter.verified
-    return type(drafter).verified is not hook or "verified" in getattr(drafter, "__dict__", {})
 
 
 def rows_drafter(drafter: Drafter | RowDrafter) -> Drafter:
@@ -89,8 +72,9 @@ class RowLoopDrafter(Drafter):
     def __init__(self, drafter: RowDrafter) -> None:
         self.drafter = drafter
         self.rows: list[RowDrafter] = []
-        self._hears = hears_verified(drafter)
-        self._parents: tuple[torch.Tensor, torch.Tensor] | None = None  # a static tree's [N] and [1, N]
+        # only a drafter that reads the verified logits (its class overrides the hook, or the instance was
+        # given one) is handed each row's [N, V] view: the others skip the views and the calls
+        self._hears = type(drafter).verified is not RowDrafter.verified or "verified" in vars(drafter)
 
     @inference_mode
     def start(
@@ -112,18 +96,11 @@ class RowLoopDrafter(Drafter):
             row.propose(root, params, generator)
             for row, root, params, generator in zip(self.rows, roots, sampling, generators)
         ]
-        if len(drafts) == 1:
-            return self._one(drafts[0])
+        if len(drafts) == 1:  # a batch of one: views, no copies
+            tree, q = drafts[0].tree, drafts[0].q
+            return BatchDraft(tree.tokens[None], tree.parents[None], [tree.size], drafts[0].rule,
+                              q[None] if q is not None else None)  # fmt: skip
         return BatchDraft.of(drafts)
-
-    def _one(self, draft: Draft) -> BatchDraft:
-        """A batch of one draft: views, no copies (a static tree's parents: the same [1, N] view each
-        pass, which the target runner recognises without reading it)."""
-        tree = draft.tree
-        if self._parents is None or self._parents[0] is not tree.parents:
-            self._parents = (tree.parents, tree.parents[None])
-        q = draft.q[None] if draft.q is not None else None
-        return BatchDraft(tree.tokens[None], self._parents[1], [tree.size], draft.rule, q)
 
     @inference_mode
     def accept(
@@ -135,19 +112,6 @@ class RowLoopDrafter(Drafter):
     ) -> None:
         for b, (row, k) in enumerate(zip(self.rows, lengths)):
             row.accept(tokens[b, :k], {layer: h[b, :k] for layer, h in hidden.items()}, next_roots[b])
-
-    @inference_mode
-    def accept_paths(
-        self,
-        tokens: Sequence[list[int]],
-        hidden: dict[int, torch.Tensor],
-        paths: Sequence[list[int]],
-        next_roots: Sequence[int],
-    ) -> None:
-        """Each row's `RowDrafter.accept_path` with its states over the whole tree {layer: [1, N, H]}."""
-        for b, row in enumerate(self.rows):
-            states = {layer: h[b : b + 1] for layer, h in hidden.items()} if len(self.rows) > 1 else hidden
-            row.accept_path(tokens[b], states, paths[b], next_roots[b])
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:

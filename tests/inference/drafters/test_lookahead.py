@@ -18,7 +18,7 @@ from spechead.inference.drafters.lookahead import (
     window_ngrams,
     window_nodes,
 )
-from spechead.inference.drafters.per_row import hears_verified
+from spechead.inference.drafters.per_row import RowLoopDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams, target_probs
@@ -191,7 +191,8 @@ def test_a_verified_hook_given_to_an_instance_is_called_too(setup):
     passes = result.stats.target_passes
     assert len(heard) == passes - 1, (len(heard), passes)  # every pass but the last (decoding stopped)
     assert all(shape == (n, model.config.vocab_size) for n, shape in heard)
-    assert hears_verified(LookaheadDrafter()) and not hears_verified(PromptLookupDrafter())
+    assert RowLoopDrafter(drafter)._hears and RowLoopDrafter(LookaheadDrafter())._hears  # (its class's hook)
+    assert not RowLoopDrafter(PromptLookupDrafter())._hears  # no hook: no [N, V] views, no calls
 
 
 def test_greedy_stops_at_eos_and_max_new_tokens_inside_a_draft(setup):

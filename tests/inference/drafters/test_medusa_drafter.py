@@ -247,20 +247,13 @@ def test_each_draft_is_its_own_tensor_and_the_heads_may_change_dtype():
 def test_the_engine_takes_it_as_it_is_with_every_knob_the_generator_reads():
     """A `Drafter` itself: `rows_drafter` hands it back (its `start` resets it), and it carries what the
     generator reads of any drafter (DrafterBase)."""
-    from spechead.inference.drafters.per_row import hears_verified, rows_drafter
+    from spechead.inference.drafters.per_row import rows_drafter
 
     head, _, states = controlled_head()
     choices = [[0], [1], [0, 0]]
     drafter = MedusaDrafter(head, choices)
     assert rows_drafter(drafter) is drafter
     assert drafter.hidden_layers == (LAYER,) and drafter.choices == choices and drafter.max_nodes == 64
-    assert not hears_verified(drafter)
-
-    class Hears(MedusaDrafter):
-        def verified(self, draft, logits) -> None:
-            pass
-
-    assert hears_verified(Hears(head, choices))
     drafter.use_compile("graphs")  # (nothing of its own to compile)
     with pytest.raises(ValueError, match="hidden_size"):
         drafter.check_target(H + 1, V, LAYER)
