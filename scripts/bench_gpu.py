@@ -27,6 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 
 import torch
 from gpu_batch_rows import batch_row, decoded_or_error, project_batch, random_parents
@@ -42,11 +43,7 @@ from spechead.heads.fp8 import to_fp8
 from spechead.inference.draft_weights import check_fp8_device, fp8_by_default
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.topk import resolve_chunk
-from spechead.inference.evaluation.profiling import (
-    Timer,
-    copy_bandwidth,
-    profile_parts,
-)
+from spechead.inference.evaluation.profiling import Timer, copy_bandwidth, profile_part
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.stacked import stack_projections
 from spechead.inference.target.runner import CUDA_BUCKETS, TargetRunner
@@ -197,7 +194,7 @@ def measure_runner(
             eager.topk_chunk, eager.head_step.attention = args.topk_chunk, args.draft_attention
             eager.start([prompt[0]], [hidden], [root])
             parts["draft eager"] = lambda: eager.propose([root], [sampling], [None])
-        out["profile"] = {name: p.as_dict() for name, p in profile_parts(parts, device).items()}
+        out["profile"] = {name: asdict(profile_part(fn, device)) for name, fn in parts.items()}
     return out
 
 

@@ -13,7 +13,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from torch.autograd import DeviceType
@@ -73,9 +73,6 @@ class PartProfile:
     host_ops: float
     top: list[tuple[str, float, float]] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -127,13 +124,6 @@ def profile_part(
         host_ops=host_ops,
         top=[(e.key[:80], cost[e.key] / 1e3 / iters, e.count / iters) for e in ranked],
     )
-
-
-def profile_parts(
-    parts: dict[str, Callable[[], object]], device: torch.device, iters: int = 5
-) -> dict[str, PartProfile]:
-    """profile_part of each named part, in order."""
-    return {name: profile_part(fn, device, iters) for name, fn in parts.items()}
 
 
 def render_profiles(profiles: dict[str, PartProfile], top: int = 8) -> list[str]:

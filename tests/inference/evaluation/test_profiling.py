@@ -12,7 +12,6 @@ from spechead.inference.evaluation.profiling import (
     copy_bandwidth,
     count_syncs,
     profile_part,
-    profile_parts,
     render_profiles,
     wall_ms,
 )
@@ -52,7 +51,10 @@ def test_profile_counts_host_ops_per_call_and_ranks_them():
 def test_render_has_a_row_and_a_top_line_per_part():
     x = torch.randn(8, 8)
     lines = render_profiles(
-        profile_parts({"a": lambda: x + 1, "b": lambda: x * 2}, torch.device("cpu"), iters=2)
+        {
+            name: profile_part(fn, torch.device("cpu"), iters=2)
+            for name, fn in (("a", lambda: x + 1), ("b", lambda: x * 2))
+        }
     )
     assert lines[0].startswith("profile (per call) | wall ms | kernel ms")
     assert lines[1].startswith("a ") and lines[2].startswith("b ")
@@ -60,7 +62,7 @@ def test_render_has_a_row_and_a_top_line_per_part():
     # Python scalar made a tensor of x's dtype), which once ranked above the add in a full CI run
     assert lines[3].startswith("  a top: ") and "aten::add " in lines[3]
     assert lines[4].startswith("  b top: ") and "aten::mul " in lines[4]
-    many = profile_parts({"c": lambda: (x @ x).relu().sum() * 2}, torch.device("cpu"), iters=1)
+    many = {"c": profile_part(lambda: (x @ x).relu().sum() * 2, torch.device("cpu"), iters=1)}
     assert len(many["c"].top) > 2 and render_profiles(many, top=2)[2].count(" ms x") == 2  # kept, printed
 
 
@@ -113,13 +115,6 @@ def test_profile_part_reports_per_call_op_time_ranked_and_aten_ops_only():
     # one matmul's time per call over 16 calls is about one call's (summed over the 16 it is 16 times it;
     # a loose bound, as the two are timed apart on a shared machine)
     assert 0 < costs[0] < 4 * one.top[0][1]
-
-
-def test_profile_parts_profiles_each_part_with_its_iterations():
-    calls = {"a": 0, "b": 0}
-    parts = {name: (lambda name=name: calls.__setitem__(name, calls[name] + 1)) for name in calls}
-    profiles = profile_parts(parts, torch.device("cpu"), iters=2)
-    assert list(profiles) == ["a", "b"] and calls == {"a": 5, "b": 5}  # 1 untimed + 2 timed + 2 profiled
 
 
 def test_render_a_device_part_shows_kernel_idle_ms_and_kernel_count():
