@@ -60,8 +60,6 @@ class CascadeDrafter(RowDrafter):
         self.eos = eos_ids(medium)  # the chain stops there: tokens after an EOS are never emitted
         self.cache: DynamicCache | None = None  # the medium's: a prefix of context + chain
         self.context: list[int] = []  # tokens in the target's cache (the root not yet)
-        self.medium_passes = 0  # medium forwards, for diagnostics (tokens per medium pass)
-        self.medium_tokens = 0
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         mine = self.medium.get_output_embeddings().weight.shape[0]
@@ -129,7 +127,5 @@ class CascadeDrafter(RowDrafter):
         crop(cache, len(seq) - 1 + len(acc.path))
         accepted = draft.tree.tokens[acc.path]  # [a + 1], the inner root first
         self.tiny.accept(accepted, {}, acc.next_token)
-        self.medium_passes += 1
-        self.medium_tokens += len(acc.path)
         rows = [] if p is None else [p[i] for i in acc.path]
         return [*accepted[1:].tolist(), acc.next_token], rows
