@@ -91,10 +91,11 @@ def in_situ_choice(
     batch: int = 1,
     timed_as: TimedAs = EAGER,
 ) -> tuple[Choices, dict]:
-    """The candidate tree (`drafter_for(choices)` builds its drafter) with the best expected speedup when
-    decoded here, or `keep` (one of the candidates, a tree tuned for this kind of device) unless another
-    is expected more than `keep_margin` faster; and what was measured: plain_pass_ms, pass_ms and
-    expected_speedup per candidate (in the candidates' order), the chosen tree's expected_speedup.
+    """The candidate tree (`drafter_for(choices)` builds its drafter) with the best expected speedup
+    (expected accept length x plain pass / its pass) when decoded here, or `keep` (one of the candidates,
+    a tree tuned for this kind of device) unless another is expected more than `keep_margin` faster; and
+    what was measured: plain_pass_ms, pass_ms and expected_speedups per candidate (in the candidates'
+    order), the chosen tree's expected_speedup and, with `keep`, kept_saved_tree.
     batch > 1: passes of `batch` rows (a batch's tokens/s against plain batched decoding). timed_as: the
     parts compiled as the generator will run them."""
     if not candidates:
@@ -105,27 +106,18 @@ def in_situ_choice(
     prompt, new_tokens = self_written_prompt(target, length), max(1, min(new_tokens, context - length))
     drafters: list[Drafter | RowDrafter | None] = [None, *(drafter_for(c) for c in candidates)]
     plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens, batch=batch, timed_as=timed_as)
-    accept = [float(expected_accept_length(accuracy, c)) for c in candidates]
-    kept = candidates.index(keep) if keep is not None and keep in candidates else None
-    best, info = pick_by_speedup(accept, plain, passes, kept, keep_margin)
-    return candidates[best], {"candidates": candidates, **info}
-
-
-def pick_by_speedup(
-    accept_lengths: list[float],
-    plain_pass_ms: float,
-    pass_ms: list[float],
-    kept: int | None = None,
-    keep_margin: float = 0.10,
-) -> tuple[int, dict]:
-    """The index of the candidate with the best expected speedup accept_length * plain / pass (ties: the
-    earlier one), or `kept` unless another is expected more than keep_margin faster; and the numbers."""
-    speedups = [a * plain_pass_ms / ms for a, ms in zip(accept_lengths, pass_ms)]
-    best = max(range(len(speedups)), key=lambda i: speedups[i])
-    info: dict = {"plain_pass_ms": plain_pass_ms, "pass_ms": pass_ms, "expected_speedups": speedups}
-    if kept is not None:
+    speedups = [float(expected_accept_length(accuracy, c)) * plain / ms for c, ms in zip(candidates, passes)]
+    best = max(range(len(speedups)), key=lambda i: speedups[i])  # (ties: the earlier candidate)
+    info: dict = {
+        "candidates": candidates,
+        "plain_pass_ms": plain,
+        "pass_ms": passes,
+        "expected_speedups": speedups,
+    }
+    if keep is not None and keep in candidates:
+        kept = candidates.index(keep)
         info["kept_saved_tree"] = speedups[kept] * (1 + keep_margin) >= speedups[best]
         if info["kept_saved_tree"]:
             best = kept
     info["expected_speedup"] = speedups[best]
-    return best, info
+    return candidates[best], info

@@ -13,22 +13,33 @@ from spechead.heads import Eagle3Config, Eagle3Head
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tuning.calibrate import TimedAs
-from spechead.inference.tuning.pass_timing import pass_ms_by_drafter, pick_by_speedup, self_written_prompt
+from spechead.inference.tuning.pass_timing import pass_ms_by_drafter, self_written_prompt
 
 
-def test_the_best_expected_speedup_wins_unless_the_kept_tree_is_close():
-    accept, plain = [2.0, 3.0, 4.0], 5.0
-    passes = [6.0, 7.5, 12.0]  # speedups 1.667, 2.0, 1.667
-    best, info = pick_by_speedup(accept, plain, passes)
-    assert best == 1 and info["expected_speedup"] == pytest.approx(2.0)
+def test_the_best_expected_speedup_wins_unless_the_kept_tree_is_close(tiny_llama, monkeypatch):
+    """expected speedup = expected accept length x plain pass / the tree's pass (the table makes the accept
+    lengths 2, 3 and 4; the decoded passes are planted: plain 5 ms, then 6, 7.5 and 12 ms)."""
+    import spechead.inference.tuning.pass_timing as pass_timing
+
+    target = tiny_llama(64, layers=2, hidden=32).eval()
+    accuracy = torch.ones(2, 2)
+    candidates = [[[0]], [[0], [1]], [[0], [1], [0, 0]]]
+    planted = [5.0, 6.0, 7.5, 12.0]  # plain, then each candidate: speedups 1.667, 2.0, 1.667
+    monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", lambda *a, **kw: planted)
+    choose = lambda **kw: pass_timing.in_situ_choice(target, lambda c: None, accuracy, candidates, **kw)  # noqa: E731
+    best, info = choose()
+    assert best == candidates[1] and info["expected_speedup"] == pytest.approx(2.0)
     assert info["expected_speedups"] == pytest.approx([5 / 3, 2.0, 5 / 3])
-    assert "kept_saved_tree" not in info
+    assert (info["plain_pass_ms"], info["pass_ms"]) == (5.0, planted[1:]) and "kept_saved_tree" not in info
     # a kept tree within the margin stays (1.667 * 1.25 >= 2.0); beyond it, the best wins
-    kept, info = pick_by_speedup(accept, plain, passes, kept=0, keep_margin=0.25)
-    assert kept == 0 and info["kept_saved_tree"] and info["expected_speedup"] == pytest.approx(5 / 3)
-    best, info = pick_by_speedup(accept, plain, passes, kept=2, keep_margin=0.10)
-    assert best == 1 and not info["kept_saved_tree"]
-    assert pick_by_speedup([2.0, 2.0], plain, [6.0, 6.0])[0] == 0  # ties: the earlier candidate
+    kept, info = choose(keep=candidates[0], keep_margin=0.25)
+    assert (
+        kept == candidates[0] and info["kept_saved_tree"] and info["expected_speedup"] == pytest.approx(5 / 3)
+    )
+    best, info = choose(keep=candidates[2], keep_margin=0.10)
+    assert best == candidates[1] and not info["kept_saved_tree"]
+    planted[1:] = [6.0, 9.0, 12.0]  # every speedup 5/3
+    assert choose()[0] == candidates[0]  # ties: the earlier candidate
 
 
 def test_the_timing_prompt_is_the_target_writing_on(tiny_llama):
