@@ -1,10 +1,7 @@
 """Decode a prompt set with a generator and measure it: tau, acceptance by depth, tokens/s, time split.
 
 Shared by scripts/benchmark.py and the trainer's decode evaluation (wired in by train.py), so the
-numbers a training run logs are computed exactly as the benchmark computes them.
-
-tau is POOLED: total emitted tokens / total target passes over every pass of a prompt set (or of a
-category), as vLLM and SGLang count acceptance length, never a mean of per-prompt taus.
+numbers a training run logs are computed exactly as the benchmark computes them (DEFINITIONS).
 """
 
 from __future__ import annotations

@@ -51,9 +51,8 @@ class TimedAs:
     def of(cls, device: torch.device, compile: bool | str, draft_compile: bool | str | None) -> TimedAs:
         """For a generator built with these settings (`SpeculativeGenerator`'s): each part it compiles is
         timed as "graphs", the fixed-shape passes without a compiler, captured as CUDA graphs on CUDA:
-        there most of what compiling buys is the launches a graph removes (an 8B target's eager step
-        7.5 ms against 5.4 compiled; an eager depth-7 EAGLE-3 draft 20 ms of host time for 2.6 ms of
-        kernels), so eager costs would size trees for drafting several times dearer than it is. The
+        there most of what compiling buys is the launches a graph removes, so eager costs would size
+        trees for drafting several times dearer than it is. The
         draft on a CPU stays eager: there compiling gains by fusing ops (inductor, tens of seconds a
         tree), and its fixed shapes alone cost more than eager. The target on a CPU: its fixed-shape
         passes attend over the whole cache, what a compiled target pays."""
@@ -88,9 +87,9 @@ def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau:
     """accuracy [depth, k] times the one factor f that makes `choices`' expected accept length equal the
     measured tau (bisection; f keeps every depth's total <= 1).
 
-    The table's product-of-accuracies estimate runs ahead of real decoding (on the demo heads too:
-    docs/PERFORMANCE.md, "Tree choice at load"). One factor per depth step shrinks a node's
-    acceptance by f**depth, so the correction weighs most on deep trees, the ones it over-promised."""
+    The table's product-of-accuracies estimate runs ahead of real decoding. One factor per depth step
+    shrinks a node's acceptance by f**depth, so the correction weighs most on deep trees, the ones it
+    over-promised."""
     if not choices or any(len(c) > accuracy.shape[0] or max(c) >= accuracy.shape[1] for c in choices):
         return accuracy  # a table that does not cover its own tree: nothing to fit
     expected = lambda f: float(expected_accept_length(accuracy * f, choices))  # noqa: E731
@@ -281,8 +280,7 @@ def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:
     """`count` trees of `ranked` (best first) for decoding in situ: the best, then the best of each size
     class not yet taken (N verified nodes in (2^(c-1), 2^c]: a padded verify's bucket), then the next best.
     Neighbouring sizes cost about alike (the same verify bucket), so decoding three of them tells little,
-    and a misranked bucket (one noisy verify time) would go unchecked (it happened on the demo Medusa-2
-    head: docs/PERFORMANCE.md, "Tree choice at load")."""
+    and a misranked bucket (one noisy verify time) would go unchecked."""
     taken: list[list[list[int]]] = []
     classes: set[int] = set()
     for choices in ranked:  # one a size class, best first

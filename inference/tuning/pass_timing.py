@@ -3,12 +3,10 @@
 calibrate.py times the parts of a pass one at a time, each in a tight loop: verification by tree size, a
 draft depth, the accept step, the commit. That ranks trees well but misjudges a whole pass: its parts
 evict each other's weights and state from the caches, the engine's own work between them (acceptance,
-bookkeeping) is not timed, and an EAGLE depth is timed over four nodes whatever the tree expands. On the
-demo target on a CPU the parts gave a 15-node Medusa-2 tree's pass 1.40 plain steps where decoding paid 1.69,
-and an EAGLE-3 4-node chain 2.21 steps where decoding paid 1.77. So the best few trees of that model
-(and a tree the head was tuned with) are decoded here for a few dozen tokens each, round-robin with plain
-decoding through the same engine, and each is scored by its expected accept length (the head's accuracy
-table) x the plain pass / its own pass.
+bookkeeping) is not timed, and an EAGLE depth is timed over four nodes whatever the tree expands. So the
+best few trees of that model (and a tree the head was tuned with) are decoded here for a few dozen tokens
+each, round-robin with plain decoding through the same engine, and each is scored by its expected accept
+length (the head's accuracy table) x the plain pass / its own pass.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ if TYPE_CHECKING:
 Choices = list[list[int]]
 # A tree tuned with the head (decoded first) stays unless another candidate is expected this much faster.
 # Every candidate is decoded and scored alike here, so the margin only has to cover near-ties, which trade
-# places with this stage's noise (then either tree decodes about as fast); 10% kept trees that decoding
-# measured slower (docs/PERFORMANCE.md, "Tree choice at load").
+# places with this stage's noise (then either tree decodes about as fast); a wider margin keeps trees that
+# decode slower.
 IN_SITU_KEEP_MARGIN = 0.02
 
 
