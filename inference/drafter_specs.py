@@ -24,14 +24,12 @@ from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.families import Family, family_of
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
-from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.draft_model import DRAFT_MODEL_OPTIONS, DraftModelDrafter
 from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
 from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 
-# DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule.
-DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 # Drafters without weights, by name (options are their constructor's keyword arguments).
 BUILTIN_DRAFTERS = {"prompt_lookup": PromptLookupDrafter, "lookahead": LookaheadDrafter}
 CASCADE_OPTIONS = ("num_draft", "tiny_draft")
@@ -76,8 +74,9 @@ def make_drafter(
         return _builtin(spec, options)
     if is_cascade(spec):
         return load_cascade(spec, device=device, dtype=dtype, revision=revision, **options)
-    if is_self_spec(spec):
-        return make_self_drafter(spec, target, **options)
+    if is_self_spec(spec):  # (the one spec that may come with its @options here: `layer_skip@skip=2+3`)
+        name, inline = drafter_options(spec)
+        return make_self_drafter(name, target, **{**inline, **options})
     if is_head_dir(config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
         # what a reference layout leaves implicit comes from the target: EAGLE-3's default layers from its
         # config, a z-lab DFlash drafter's mask token from its tokenizer
@@ -205,7 +204,7 @@ def drafter_options(spec: str) -> tuple[str, dict]:
     path, _, opts = spec.partition("@")
     options: dict = {}
     for item in filter(None, opts.split(",")):
-        key, sep, value = item.partition("=")
+        key, sep, value = (part.strip() for part in item.partition("="))
         if not sep:
             raise ValueError(f"drafter option {item!r}: use key=value, e.g. top_k=8 or tree=tree.json")
         if value.lstrip("-").isdigit():

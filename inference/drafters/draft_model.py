@@ -47,6 +47,9 @@ from spechead.inference.tree import (
 )
 
 SAMPLING_RULES = ("iid", "without_replacement", "deterministic")
+# DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule
+# (a LayerSkipDrafter, a DraftModelDrafter over the target's own layers, takes them too).
+DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 MAX_NODES = 1024  # drafted nodes of a static shape (a width per depth multiplies quickly)
 
 

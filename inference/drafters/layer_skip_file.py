@@ -9,7 +9,8 @@
 
 The file is JSON: {"drafter": "layer_skip", "skip_layers": [...], "num_layers": L, "num_draft": k}
 or {"drafter": "early_exit", "exit_layer": k, ...}; other keys (the search's measurements) are kept
-for the reader and ignored here. Options given with the spec override the file's.
+for the reader and ignored here. Options given with the spec (parsed by `drafter_specs.drafter_options`,
+as every spec's) override the file's.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from spechead.inference.drafters.draft_model import DRAFT_MODEL_OPTIONS
 from spechead.inference.drafters.layer_skip import KINDS, LayerSkipDrafter, num_layers_of
 
-SHAPE_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 ALIASES = {"skip": "skip_layers", "layer": "exit_layer"}  # short inline names -> constructor names
 
 
@@ -46,21 +47,9 @@ def is_self_spec(spec: object) -> bool:
     )
 
 
-def _inline(options: str) -> dict:
-    """'skip=2+3,num_draft=4' -> {"skip": "2+3", "num_draft": 4} (integers become ints)."""
-    out: dict = {}
-    for item in filter(None, options.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"drafter option {item!r}: use key=value, e.g. skip=2+3 or layer=4")
-        out[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
-    return out
-
-
-def make_self_drafter(spec: str, target: PreTrainedModel, **options) -> LayerSkipDrafter:
-    """A LayerSkipDrafter on `target` from a spec (see the module doc) and keyword options."""
-    name, _, inline = spec.partition("@")
-    given = {**_inline(inline), **options}
+def make_self_drafter(name: str, target: PreTrainedModel, **options) -> LayerSkipDrafter:
+    """A LayerSkipDrafter on `target` from a kind or drafter file `name` (a spec without its @options,
+    which `drafter_specs.drafter_options` parses) and options (they override the file's)."""
     settings: dict = {}
     if name in KINDS:
         kind = name
@@ -73,16 +62,16 @@ def make_self_drafter(spec: str, target: PreTrainedModel, **options) -> LayerSki
                 f"drafter file {name} was made for a target with {layers} layers, this one has "
                 f"{num_layers_of(target)}: run scripts/search_skip.py on this target"
             )
-        settings = {k: data[k] for k in ("skip_layers", "exit_layer", *SHAPE_OPTIONS) if k in data}
-    for key, value in given.items():
+        settings = {k: data[k] for k in ("skip_layers", "exit_layer", *DRAFT_MODEL_OPTIONS) if k in data}
+    for key, value in options.items():
         settings[ALIASES.get(key, key)] = value
     layer_key = "skip_layers" if kind == "layer_skip" else "exit_layer"
-    valid = (layer_key, *SHAPE_OPTIONS)
+    valid = (layer_key, *DRAFT_MODEL_OPTIONS)
     unknown = sorted(set(settings) - set(valid))
     if unknown:
         short = {v: k for k, v in ALIASES.items()}[layer_key]
         raise ValueError(
-            f"{kind} drafter: unknown option(s) {', '.join(unknown)}; valid: {short}, {', '.join(SHAPE_OPTIONS)}"
+            f"{kind} drafter: unknown option(s) {', '.join(unknown)}; valid: {short}, {', '.join(DRAFT_MODEL_OPTIONS)}"
         )
     if kind == "early_exit":
         settings.setdefault("exit_layer", num_layers_of(target) // 2)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from spechead.inference.drafter_specs import make_drafter
 from spechead.inference.drafters.layer_skip import LayerSkipDrafter
 from spechead.inference.drafters.layer_skip_file import (
     is_self_spec,
@@ -42,9 +43,15 @@ def test_keyword_options_override_inline_ones_which_override_the_files(target, t
                                 "tau": 1.9}))  # fmt: skip
     from_file = make_self_drafter(str(file), target)
     assert from_file.skip_layers == (1, 2) and from_file.num_draft == 2  # the file's chain length, too
-    inline = make_self_drafter(f"{file}@skip=3,num_draft=5", target)
+
+    def make(spec: str, **options) -> LayerSkipDrafter:  # as from_pretrained builds it: one spec string
+        drafter = make_drafter(spec, target, device="cpu", dtype=None, **options)
+        assert isinstance(drafter, LayerSkipDrafter)
+        return drafter
+
+    inline = make(f"{file}@skip=3, num_draft=5")  # (spaces around an option are fine)
     assert inline.skip_layers == (3,) and inline.num_draft == 5
-    both = make_self_drafter("layer_skip@skip=1,num_draft=2", target, num_draft=3, skip_layers=[2])
+    both = make("layer_skip@skip=1,num_draft=2", num_draft=3, skip_layers=[2])
     assert both.skip_layers == (2,) and both.num_draft == 3
 
 
