@@ -111,7 +111,8 @@ def time_dflash(
     lengths_t = drafter.lengths_t
 
     def restart() -> None:  # every accept after the prompt (host and device lengths)
-        drafter.lengths, drafter.lengths_t = [committed], lengths_t
+        drafter.cache.set_lengths([committed])
+        drafter.lengths_t = lengths_t
 
     accept = timer.ms(lambda: drafter.accept(tokens, [ACCEPTED], states, [root]), setup=restart)
     size = head.config.block_size

@@ -2,21 +2,19 @@
 block_size - 1 tokens).
 
 Each row keeps its context keys / values per drafter layer for the positions in the target cache (the
-fused target states injected, `DFlashHead.inject`), in one buffer per layer [B, kv, S, D] with each row's
-committed length L_b (`lengths_t` on the device, `lengths` on the host). A proposal runs the block [root,
-MASK, ...] of every row at positions L_b .. L_b + block_size - 1 against its own committed context (a
-mask hides the slots at and past L_b); block position j scores the token j steps after the root.
+fused target states injected, `DFlashHead.inject`) in the head's `RowCache` [B, kv, S, D] a layer, with
+each row's committed length L_b (`lengths_t` on the device, `lengths` on the host). A proposal runs the
+block [root, MASK, ...] of every row at positions L_b .. L_b + block_size - 1 against its own committed
+context (a mask hides the slots at and past L_b); block position j scores the token j steps after the root.
 
 The tree (`block_tree.BlockTree`, `tree`: "chain" or rank paths): a node at depth d with rank r carries
 block position d's r-th best token; children are deterministic (lossless rule A when sampling too).
 
 A commit writes W positions of every row at slots L_b .. L_b + W - 1 (one scatter per layer, a fixed
 shape) and moves L_b by the row's count k_b <= W: the slots past k_b are scratch, masked, overwritten by
-the next commit. Queued (engine/loop.py depth 1): `accept_queued` commits each row's path padded to
+the next commit. The head's forward reads the context K/V as a prefix and never writes the block's, so
+nothing is ever cropped. Queued (engine/loop.py depth 1): `accept_queued` commits each row's path padded to
 P = `commit_width` (the tree's depth + 1) with k_b on the device; `settle` moves the host's lengths.
-
-Why its own buffer, not a RowCache: the head's forward takes the context K/V as a prefix, never writes
-the block's, so a commit is one scatter of the accepted positions' K/V and nothing is cropped.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
-from spechead.inference.target.cache import ascending, move_rows_up_
 from spechead.inference.target.runner import TargetRunner
 
 
@@ -54,43 +51,33 @@ class DFlashDrafter(ParallelDrafter):
         fused = fused_block(head)
         self.head_forward = fused or head
         self.head_inject = fused.inject if fused is not None else head.inject  # (a commit's keys / values)
-        self.kv: list[tuple[Tensor, Tensor]] = []  # per layer, keys / values [B, kv, S, D]
-        self.lengths: list[int] = []  # row b's committed context positions (host)
-        self.lengths_t: Tensor | None = None  # [B] the same on the head's device
-        self._allocation = 0  # a new number whenever the buffers are allocated anew
 
     def _context(self, hidden: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [B, W, H]} -> fused context features [B, W, H] on the head's device."""
         return self.head.fuse([hidden[layer].to(self._device()) for layer in self.hidden_layers])
 
-    def _room(self, batch: int, need: int) -> None:
-        """Buffers of at least `need` slots (doubling: rare; the slots past each row's length are masked)."""
-        if self.kv and self.kv[0][0].shape[2] >= need:
-            return
-        if not self.kv:  # the first commit: every layer's shape from one injected position
-            probe = self.head.inject(self.head.fc.weight.new_zeros(batch, 1, self.head.config.hidden_size),
-                                     torch.zeros(batch, 1, dtype=torch.long, device=self._device()))  # fmt: skip
-            self.kv = [(k.new_zeros(*k.shape[:2], 0, k.shape[3]), v.new_zeros(*v.shape[:2], 0, v.shape[3]))
-                       for k, v in probe]  # fmt: skip
-        size = max(need, 2 * self.kv[0][0].shape[2])
-        self._allocation += 1
-        grown = []
-        for keys, values in self.kv:
-            pad = size - keys.shape[2]
-            grown.append((torch.cat([keys, keys.new_zeros(*keys.shape[:2], pad, keys.shape[3])], dim=2),
-                          torch.cat([values, values.new_zeros(*values.shape[:2], pad, values.shape[3])], dim=2)))  # fmt: skip
-        self.kv = grown
+    def _kv(self) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's context keys / values [B, kv, S, D] (the cache's buffers, read in place)."""
+        assert self.cache is not None
+        return [(layer.keys, layer.values) for layer in self.cache.row_layers]
 
     def _commit(self, context: Tensor, counts: Tensor) -> None:
         """Write every row's W context positions (context [B, W, H]) at slots L_b .. L_b + W - 1 and move
-        L_b by counts [B] (device; the slots past a row's count are scratch)."""
-        assert self.lengths_t is not None
-        batch, width = context.shape[:2]
-        slots = self.lengths_t[:, None] + torch.arange(width, device=context.device)  # [B, W]
-        for (keys, values), (new_k, new_v) in zip(self.kv, self.head_inject(context, slots)):
-            keys.scatter_(2, slots[:, None, :, None].expand_as(new_k), new_k)  # [B, kv, S, D]
-            values.scatter_(2, slots[:, None, :, None].expand_as(new_v), new_v)
-        self.lengths_t = self.lengths_t + counts
+        L_b by counts [B] (device; the slots past a row's count are scratch). The cache grows (doubling:
+        rare) when a row's slots would pass its end."""
+        cache, lengths = self.cache, self.lengths_t
+        assert cache is not None and lengths is not None
+        width = context.shape[1]
+        need = max(cache.lengths) + width  # (host lengths >= device ones before this commit)
+        if need > cache.max_length:
+            cache.grow(max(need, 2 * cache.max_length))
+        slots = lengths[:, None] + torch.arange(width, device=context.device)  # [B, W]
+        for layer, (keys, values) in zip(cache.row_layers, self.head_inject(context, slots)):  # [B, kv, W, D]
+            if not layer.is_initialized:  # (its buffers hold the cache's rows, compiled more than B)
+                layer.lazy_initialization(keys, values)
+            layer.keys.scatter_(2, slots[:, None, :, None].expand_as(keys), keys)
+            layer.values.scatter_(2, slots[:, None, :, None].expand_as(values), values)
+        self.lengths_t = lengths + counts
 
     @inference_mode
     def start(
@@ -104,44 +91,37 @@ class DFlashDrafter(ParallelDrafter):
             padded[layer] = torch.stack(
                 [torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in states]
             )  # [B, T, H]
-        rows, need = self._capacity(batch), 2 * (width + self.tree.depth + 1)  # (room to grow into)
-        if not self._compile or not self.kv or self.kv[0][0].shape[0] != rows:  # compiled: kept per capacity
-            self.kv = []  # (the lengths hide what the kept buffers held)
-        self.lengths = [len(p) for p in prompts]
-        self.lengths_t = torch.zeros(batch, dtype=torch.long, device=self._device())
-        self._room(rows, need)
-        counts = host_to_device(torch.tensor(self.lengths), self._device())
-        self._commit(self._context(padded), counts)
+        self._new_rows(batch, 2 * (width + self.tree.depth + 1))  # (room to grow into)
+        lengths = [len(p) for p in prompts]
+        self._commit(self._context(padded), host_to_device(torch.tensor(lengths), self._device()))
+        self._move_lengths(lengths)
 
     def _draft(self, roots: Tensor) -> BatchDraft:
         """Every row's tree from its root [B] (device) and its committed context (`_tokens`, compiled
         when `use_compile` asked)."""
-        assert self.lengths_t is not None
+        assert self.cache is not None and self.lengths_t is not None
         device, batch = self._device(), roots.shape[0]
         self.tree.to(device)
-        tokens = self._over_rows(
-            self._draft_fn, self.kv[0][0].shape[0], batch, roots, self.lengths_t
-        )  # [B, N]
+        tokens = self._over_rows(self._draft_fn, self.cache.batch, batch, roots, self.lengths_t)  # [B, N]
         return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
 
     def _tokens(self, roots: Tensor, lengths: Tensor) -> Tensor:
-        """The fixed-shape draft: roots [B] and committed lengths [B] over the context buffers (`kv`, read
-        as they are) -> every row's tree tokens [B, N]."""
+        """The fixed-shape draft: roots [B] and committed lengths [B] over the context buffers (the cache's,
+        read as they are) -> every row's tree tokens [B, N]."""
         device, size, batch = roots.device, self.block_size, roots.shape[0]
+        kv = self._kv()
         block = torch.cat([roots[:, None], torch.full((batch, size - 1), MASK, device=device)], dim=1)
         positions = lengths[:, None] + torch.arange(size, device=device)  # [B, bs]
-        span = self.kv[0][0].shape[2]
+        span = kv[0][0].shape[2]
         seen = torch.arange(span, device=device)[None] < lengths[:, None]  # [B, S] committed slots
         allowed = torch.cat([seen, seen.new_ones(batch, size)], dim=1)[:, None].expand(-1, size, -1)
-        hidden = self.head_forward(
-            block, positions, self.kv, additive_mask(allowed, self.head.fc.weight.dtype)
-        )
+        hidden = self.head_forward(block, positions, kv, additive_mask(allowed, self.head.fc.weight.dtype))
         top = self.head.logits(hidden[:, 1:]).topk(self.tree.width, dim=-1).indices  # [B, bs-1, width]
         return self.tree.tokens(roots, top)  # [B, N]
 
     def _graph_state(self) -> tuple:
         """What the compiled draft reads besides its arguments: the buffers' allocation and the tree."""
-        return self._allocation, tuple(map(tuple, self.choices))
+        return (self.cache.generation if self.cache is not None else None), tuple(map(tuple, self.choices))
 
     @inference_mode
     def accept(
@@ -149,28 +129,13 @@ class DFlashDrafter(ParallelDrafter):
     ) -> None:
         """Row b's first lengths[b] states {layer: [B, K, H]} (root + accepted drafts) join its context."""
         context = self._context(hidden)  # [B, K, H]
-        self._room(context.shape[0], max(n + context.shape[1] for n in self.lengths))
         self._commit(context, host_to_device(torch.tensor(list(lengths)), context.device))
-        self.lengths = [n + k for n, k in zip(self.lengths, lengths)]
+        self._move_lengths(lengths)
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
-        """Only these rows, in this order. Finished rows dropped (the kept ones ascending): in place, each
-        moved row copied up to its new place (no second buffer, as `RowCache.keep_rows`), the buffers cut
-        to their first B' rows, or compiled kept whole (the rows past B' idle: the same graph); another
-        order: one gather."""
-        assert self.lengths_t is not None
-        rows = list(rows)
-        size = self.kv[0][0].shape[0] if self._compile else len(rows)  # the buffers' rows after
-        if ascending(rows):
-            move_rows_up_((t for pair in self.kv for t in pair), rows)  # [B, kv, S, D] each
-            self.kv = [(k[:size], v[:size]) for k, v in self.kv]
-        else:  # (idle rows: copies of row 0, hidden by their length 0)
-            pick = host_to_device(torch.tensor(rows + [0] * (size - len(rows))), self._device())
-            self.kv = [(k[pick], v[pick]) for k, v in self.kv]
-            self._allocation += 1  # (new buffers: a compiled draft is captured again)
-        self.lengths = [self.lengths[r] for r in rows]
-        self.lengths_t = self.lengths_t[host_to_device(torch.tensor(rows), self._device())]
+        """Only these rows, in this order (`RowCache.keep_rows`: compiled, the buffers kept whole)."""
+        self._keep_rows(rows)
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
@@ -185,12 +150,11 @@ class DFlashDrafter(ParallelDrafter):
         width = self.commit_width
         read = {layer: hidden[layer] for layer in self.hidden_layers}  # {l: [B, N, H]}
         context = self._context(paths_states(read, paths[:, :width]))  # [B, P, H]
-        self._room(context.shape[0], max(self.lengths) + width)
         self._commit(context, ks.to(context.device))
 
     def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
-        self.lengths = [n + k for n, k in zip(self.lengths, ks)]
+        self._move_lengths(ks)
 
 
 def assumed_dflash_accuracy(head: DFlashHead) -> Tensor:

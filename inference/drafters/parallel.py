@@ -1,6 +1,7 @@
 """What the parallel drafters share (P-EAGLE, DFlash: ONE head forward per pass drafts every row's block):
-the block tree over the head's slots, the target check, a propose from host or device roots, the queued
-form's commit width, and the compiled draft.
+the block tree over the head's slots, the target check, the head's own KV cache of committed positions (a
+`RowCache`, with each row's committed length on the host and on the device), a propose from host or device
+roots, the queued form's commit width, and the compiled draft.
 
 Compiled (`use_compile`): a drafter's `_tokens` is its draft as ONE fixed-shape function (device tensors
 in, every row's tree tokens [B, N] out; it reads its buffers in place and writes them only by device
@@ -29,6 +30,7 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
+from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import batch_capacity
 
 if TYPE_CHECKING:
@@ -49,6 +51,40 @@ class ParallelDrafter(Drafter):
         self.hidden_layers = tuple(head.config.target_layers)
         self._compile: bool | str = False  # what `use_compile` was given
         self._draft_fn: Callable[..., Tensor] = self._tokens  # `_tokens`, compiled when asked
+        self.cache: RowCache | None = None  # the head's keys / values of committed positions
+        self.lengths_t: Tensor | None = None  # [B] committed lengths on the head's device
+
+    @property
+    def lengths(self) -> list[int]:
+        """Every active row's committed length on the host (compiled, the cache's idle rows left out)."""
+        assert self.cache is not None and self.lengths_t is not None
+        return self.cache.lengths[: self.lengths_t.shape[0]]
+
+    def _new_rows(self, batch: int, need: int) -> None:
+        """B new rows at length 0 in a cache of >= `need` slots: the kept one when its rows fit (compiled,
+        a pass replays over its buffers), else a new one."""
+        cache, rows = self.cache, self._capacity(batch)
+        if cache is not None and cache.batch == rows and cache.max_length >= need:
+            cache.set_lengths([0] * rows)
+        else:
+            self.cache = RowCache(self.head.config.num_layers, batch=rows, max_length=need)
+        self.lengths_t = torch.zeros(batch, dtype=torch.long, device=self._device())
+
+    def _move_lengths(self, counts: Sequence[int]) -> None:
+        """Active row b's host length moves by counts[b] (the cache's idle rows stay at 0)."""
+        assert self.cache is not None
+        lengths = self.cache.lengths
+        moved = [n + c for n, c in zip(lengths, counts)]
+        self.cache.set_lengths(moved + [0] * (len(lengths) - len(moved)))
+
+    def _keep_rows(self, rows: Sequence[int]) -> Tensor:
+        """Only these active rows, in this order, in the cache (compiled: kept whole, the rows past B'
+        idle) and the device lengths; the rows as a device index [B']."""
+        assert self.cache is not None and self.lengths_t is not None
+        self.cache.keep_rows(list(rows), capacity=self.cache.batch if self._compile else None)
+        pick = host_to_device(torch.tensor(list(rows)), self._device())
+        self.lengths_t = self.lengths_t[pick]
+        return pick
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)

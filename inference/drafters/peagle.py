@@ -42,7 +42,6 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
-from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import TargetRunner
 
 
@@ -66,20 +65,12 @@ class PEagleDrafter(ParallelDrafter):
         # (heads/fused.py, as EAGLE drafts): on a CPU the modules' overhead is as large as the arithmetic
         self.head_step = fused_step(head) or head.step
         self.head_logits = fused_logits(head) or head.logits
-        self.cache: RowCache | None = None
-        self.lengths_t: Tensor | None = None  # [B] committed lengths on the head's device
         # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
         self.pending: tuple[Tensor, Tensor, Tensor] | None = None
         self.host_counts: list[int] | None = None  # read first: k per row on the host (queued: `settle`)
         # the state before the last pass (pending, device lengths): a propose again without an accept
         # (rows may have left between) drafts that pass again
         self._redo: tuple[tuple[Tensor, Tensor, Tensor], Tensor] | None = None
-
-    @property
-    def lengths(self) -> list[int]:
-        """Every active row's committed length on the host (compiled, the cache's idle rows left out)."""
-        assert self.cache is not None and self.lengths_t is not None
-        return self.cache.lengths[: self.lengths_t.shape[0]]
 
     def _fused(self, states: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [..., n, H]} -> fused [..., n, H] in the head's dtype and device."""
@@ -104,12 +95,7 @@ class PEagleDrafter(ParallelDrafter):
         ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
         self.pending = (self._fused(padded), ids.to(device), host_to_device(counts, device))
         self.host_counts, self._redo = counts.tolist(), None
-        need, cache, rows = 2 * (longest + self.head.block_size), self.cache, self._capacity(batch)
-        if cache is not None and cache.batch == rows and cache.max_length >= need:
-            cache.set_lengths([0] * rows)  # its buffers kept (a compiled pass replays over them)
-        else:
-            self.cache = RowCache(self.head.config.num_layers, batch=rows, max_length=need)
-        self.lengths_t = torch.zeros(batch, dtype=torch.long, device=device)
+        self._new_rows(batch, 2 * (longest + self.head.block_size))
 
     def _draft(self, roots: Tensor) -> BatchDraft:
         """The pending positions into the head cache and every row's tree from its roots [B] (device):
@@ -209,10 +195,8 @@ class PEagleDrafter(ParallelDrafter):
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Only these rows, in this order."""
-        assert self.cache is not None and self.lengths_t is not None and self.pending is not None
-        self.cache.keep_rows(list(rows), capacity=self.cache.batch if self._compile else None)
-        pick = host_to_device(torch.tensor(list(rows)), self._device())
-        self.lengths_t = self.lengths_t[pick]
+        assert self.pending is not None
+        pick = self._keep_rows(rows)
         fused, ids, counts = self.pending
         self.pending = (fused[pick], ids[pick], counts[pick])
         if self.host_counts is not None:
@@ -243,13 +227,6 @@ class PEagleDrafter(ParallelDrafter):
     def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
         self._move_lengths(ks)
-
-    def _move_lengths(self, counts: Sequence[int]) -> None:
-        """Active row b's host length moves by counts[b] (the cache's idle rows stay at 0)."""
-        assert self.cache is not None
-        lengths = self.cache.lengths
-        moved = [n + c for n, c in zip(lengths, counts)]
-        self.cache.set_lengths(moved + [0] * (len(lengths) - len(moved)))
 
 
 def assumed_peagle_accuracy(head: PEagleHead) -> torch.Tensor:
