@@ -85,8 +85,43 @@ class QueuedAcceptance:
         rows cost about what one does), one generator per row (on probs' device, or None); sizes: each
         row's real nodes (None: N). A row of size s draws its s - 1 coins from its generator, then its
         next token: a row decodes as it would alone. `coins` [B, N] replaces the drawn uniforms (tests)."""
-        nxt, on_path, last = rule_a_on_device(tokens, parents, ancestors, probs, generators, sizes, coins)
-        return cls(tokens, on_path, last, nxt, size, probs.shape[-1])
+        batch, n, vocab = probs.shape
+        device = probs.device
+        sizes = [n] * batch if sizes is None else list(sizes)
+        idx = torch.arange(n, device=device)
+        is_real = idx[None, :] < host_to_device(torch.tensor(sizes), device)[:, None]  # [B, N]
+        if coins is None:  # [B, N]: the root's and the padding's never read (1: never below a chance)
+            coins = torch.ones(batch, n, device=device)
+            for b, (real, g) in enumerate(zip(sizes, generators)):
+                if real > 1:  # (no call for a lone root: its generator is left as a plain step leaves it)
+                    coins[b, 1:real] = torch.rand(real - 1, generator=g, device=device)
+        ids = tokens.clamp(min=0)  # [B, N] (padding's -1 read as 0, then masked)
+        up = parents.clamp(min=0)  # [B, N]
+        # p at the parent for each node's token, and each parent's total mass: [B, N]
+        flat = probs.reshape(batch, n * vocab)
+        at_parent = torch.gather(flat, 1, up * vocab + ids)  # [B, N]
+        total = torch.gather(probs.sum(-1), 1, up)  # [B, N]
+        earlier = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None, :] < idx[None, :, None])
+        earlier &= is_real[:, None, :]  # [B, N, N]: [b, j, i] iff i is a real sibling tried before j
+        same = earlier & (ids[:, :, None] == ids[:, None, :])  # [B, N, N]: an earlier sibling holds j's token
+        repeat = same.any(-1)  # [B, N]: j's token was rejected before it (r(x) = 0)
+        distinct = earlier & ~repeat[:, None, :]  # [B, N, N]: earlier siblings, each token counted once
+        left = total - (distinct * at_parent[:, None, :]).sum(-1)  # [B, N] residual mass when j is tried
+        chance = torch.where(left > 0, at_parent / left, at_parent)  # (left <= 0: rounding only)
+        chance = torch.where(repeat | ~is_real, 0.0, chance)  # [B, N]
+        passed = coins < chance  # [B, N]: accepted if tried
+        first = passed & ~(earlier & passed[:, None, :]).any(-1)  # [B, N]: the first sibling that passes
+        first[:, 0] = True  # (the root)
+        on_path = ~(ancestors & ~first[:, None, :]).any(-1)  # [B, N]: every node from the root passed first
+        last = torch.where(on_path, ancestors.sum(-1), 0).argmax(-1)  # [B] the deepest (one chain)
+        rows = torch.arange(batch, device=device)
+        kids = (parents == last[:, None]) & is_real  # [B, N]: the last node's children, all rejected
+        hit = torch.zeros_like(probs[:, 0]).scatter_add_(1, ids, kids.to(probs.dtype)) > 0  # [B, V]
+        end = probs[rows, last]  # [B, V]
+        residual = end.masked_fill(hit, 0.0)  # [B, V]
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, end)  # (rounding only)
+        nxt = torch.cat([inverse_cdf(residual[b], g) for b, g in enumerate(generators)])  # [B]
+        return cls(tokens, ancestors[rows, last], last, nxt, size, vocab)
 
     @classmethod
     def plain(
@@ -123,73 +158,3 @@ class QueuedAcceptance:
             path = [i for i, x in enumerate(row[1 : n + 1]) if x]
             out.append(Acceptance(path, int(row[0]), [row[n + 1 + i] for i in path]))
         return out
-
-
-def greedy_accept_batch(
-    tokens: Tensor, parents: Tensor, ancestors: Tensor, logits: Tensor
-) -> list[Acceptance]:
-    """`QueuedAcceptance.greedy` read now: each row's `greedy_accept` of its tree (with `path_tokens`)."""
-    return QueuedAcceptance.greedy(tokens, parents, ancestors, logits).result()
-
-
-def sample_accept_batch(
-    tokens: Tensor,
-    parents: Tensor,
-    ancestors: Tensor,
-    probs: Tensor,
-    generators: Sequence[torch.Generator | None],
-    sizes: Sequence[int] | None = None,
-    coins: Tensor | None = None,
-) -> list[Acceptance]:
-    """`QueuedAcceptance.sampled` read now: each row's rule A acceptance of its tree."""
-    return QueuedAcceptance.sampled(tokens, parents, ancestors, probs, generators, 0, sizes, coins).result()
-
-
-def rule_a_on_device(
-    tokens: Tensor,
-    parents: Tensor,
-    ancestors: Tensor,
-    probs: Tensor,
-    generators: Sequence[torch.Generator | None],
-    sizes: Sequence[int] | None = None,
-    coins: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Rule A (`QueuedAcceptance.sampled`'s arguments): each row's next token [B] (V when its probs hold
-    no positive finite mass), its path as a mask over the nodes [B, N] and its last accepted node [B]."""
-    batch, n, vocab = probs.shape
-    device = probs.device
-    sizes = [n] * batch if sizes is None else list(sizes)
-    idx = torch.arange(n, device=device)
-    is_real = idx[None, :] < host_to_device(torch.tensor(sizes), device)[:, None]  # [B, N]
-    if coins is None:  # [B, N]: the root's and the padding's never read (1: never below a chance)
-        coins = torch.ones(batch, n, device=device)
-        for b, (size, g) in enumerate(zip(sizes, generators)):
-            if size > 1:  # (no call for a lone root: its generator is left as a plain step leaves it)
-                coins[b, 1:size] = torch.rand(size - 1, generator=g, device=device)
-    ids = tokens.clamp(min=0)  # [B, N] (padding's -1 read as 0, then masked)
-    up = parents.clamp(min=0)  # [B, N]
-    # p at the parent for each node's token, and each parent's total mass: [B, N]
-    flat = probs.reshape(batch, n * vocab)
-    at_parent = torch.gather(flat, 1, up * vocab + ids)  # [B, N]
-    total = torch.gather(probs.sum(-1), 1, up)  # [B, N]
-    earlier = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None, :] < idx[None, :, None])
-    earlier &= is_real[:, None, :]  # [B, N, N]: [b, j, i] iff i is a real sibling tried before j
-    same = earlier & (ids[:, :, None] == ids[:, None, :])  # [B, N, N]: an earlier sibling holds j's token
-    repeat = same.any(-1)  # [B, N]: j's token was rejected before it (r(x) = 0)
-    distinct = earlier & ~repeat[:, None, :]  # [B, N, N]: earlier siblings, each token counted once
-    left = total - (distinct * at_parent[:, None, :]).sum(-1)  # [B, N] residual mass when j is tried
-    chance = torch.where(left > 0, at_parent / left, at_parent)  # (left <= 0: rounding only)
-    chance = torch.where(repeat | ~is_real, 0.0, chance)  # [B, N]
-    passed = coins < chance  # [B, N]: accepted if tried
-    first = passed & ~(earlier & passed[:, None, :]).any(-1)  # [B, N]: the first sibling that passes
-    first[:, 0] = True  # (the root)
-    on_path = ~(ancestors & ~first[:, None, :]).any(-1)  # [B, N]: every node from the root passed first
-    last = torch.where(on_path, ancestors.sum(-1), 0).argmax(-1)  # [B] the deepest (one chain)
-    rows = torch.arange(batch, device=device)
-    kids = (parents == last[:, None]) & is_real  # [B, N]: the last node's children, all rejected
-    hit = torch.zeros_like(probs[:, 0]).scatter_add_(1, ids, kids.to(probs.dtype)) > 0  # [B, V]
-    end = probs[rows, last]  # [B, V]
-    residual = end.masked_fill(hit, 0.0)  # [B, V]
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, end)  # (rounding only)
-    nxt = torch.cat([inverse_cdf(residual[b], g) for b, g in enumerate(generators)])  # [B]
-    return nxt, ancestors[rows, last], last  # [B], [B, N], [B]

@@ -12,7 +12,7 @@ from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_walk
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.engine.rows import Row, row_probs
-from spechead.inference.queued_acceptance import QueuedAcceptance, greedy_accept_batch, sample_accept_batch
+from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import TargetRows, argmax_ids, pick
 
 
@@ -38,15 +38,8 @@ def accept_rows(
     if greedy and not on_device:
         best, trees, links = argmax_ids(logits), draft.tokens.tolist(), draft.parents.tolist()  # [B, N]
         return [greedy_walk(t[:size], p[:size], b) for t, p, b, size in zip(trees, links, best, draft.sizes)]
-    if greedy:
-        tokens = host_to_device(draft.masked_tokens(), logits.device)  # [B, N], padding -1
-        return greedy_accept_batch(tokens, host_to_device(draft.parents, logits.device), ancestors, logits)
-    if on_device and draft.rule == "deterministic" and not any(r.params.is_greedy for r in rows):
-        every = row_probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A batched)
-        tokens, parents = (host_to_device(x, logits.device) for x in (draft.tokens, draft.parents))
-        return sample_accept_batch(
-            tokens, parents, ancestors, every, [r.generator for r in rows], draft.sizes
-        )
+    if on_device and queues(rows, draft.rule):  # the one device result, read now
+        return accept_queued(draft, logits, ancestors, rows, 0).result()
     out = []
     for b, row in enumerate(rows):
         tree, row_logits = draft.tree(b), logits[b, : draft.sizes[b]]  # [N_b, V]

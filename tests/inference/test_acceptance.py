@@ -15,7 +15,7 @@ from spechead.inference.acceptance import (
     typical_accept,
     walk,
 )
-from spechead.inference.queued_acceptance import greedy_accept_batch, sample_accept_batch
+from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import SamplingParams, make_generator, sample, target_probs
 from spechead.inference.tree import TokenTree, ancestors_on_device
 
@@ -71,7 +71,7 @@ def test_greedy_tie_prefers_lowest_index_at_equal_depth():
     assert greedy_accept(tree, one_hot_logits([2, 0, 3, 0])).path == [0, 2, 3]  # deeper wins
 
 
-def test_greedy_accept_batch_takes_each_rows_own_tree():
+def test_the_device_greedy_rule_takes_each_rows_own_tree():
     """Rows of one size but different shapes (a chain, a star, a branching tree): each row's path is
     its own tree's, as greedy_accept finds it alone (not row 0's ancestors of the same node)."""
     shapes = [[-1, 0, 1, 2, 3], [-1, 0, 0, 0, 0], [-1, 0, 0, 2, 1]]
@@ -83,7 +83,7 @@ def test_greedy_accept_batch_takes_each_rows_own_tree():
         tokens = best.gather(1, parents.clamp(min=0))  # every node its parent's argmax: deep paths
         tokens[:, 0] = 7
         tokens[torch.rand(3, 5, generator=g) < 0.25] = V - 1  # some misses (unless it is the argmax)
-        got = greedy_accept_batch(tokens, parents, ancestors_on_device(parents), logits)
+        got = QueuedAcceptance.greedy(tokens, parents, ancestors_on_device(parents), logits).result()
         for b in range(3):
             want = greedy_accept(TokenTree(tokens[b], parents[b]), logits[b])
             assert got[b] == want and got[b].path_tokens == want.path_tokens, f"trial {trial}, row {b}"
@@ -252,7 +252,9 @@ def _tv_to_exact(draft_mode: str, rule: str, seed: int) -> tuple[float, float]:
             acc = _accept_all(tree, p, g)
         elif rule == "device":  # rule A as batched tensor ops (queued_acceptance.py), coins drawn there
             anc = ancestors_on_device(tree.parents[None])
-            acc = sample_accept_batch(tree.tokens[None], tree.parents[None], anc, p[None], [g])[0]
+            acc = QueuedAcceptance.sampled(tree.tokens[None], tree.parents[None], anc, p[None], [g]).result()[
+                0
+            ]
         else:
             acc = sample_accept(tree, p, rule, q, g)
         emitted = tokens[acc.path[1:]].tolist() + [acc.next_token]

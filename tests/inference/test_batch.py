@@ -97,13 +97,13 @@ def test_sampling_rows_accepted_on_the_device_equal_their_batch1_draws(setup, ki
         raise AssertionError("a sampled tree was walked on the device path")
 
     monkeypatch.setattr(accept_module, "sample_accept", no_walk)
-    sizes, accept = [], accept_module.sample_accept_batch
+    sizes, accept = [], accept_module.accept_queued
 
-    def recorded(*args, **kwargs):
-        sizes.append(tuple(args[5]))
-        return accept(*args, **kwargs)
+    def recorded(draft, *args, **kwargs):  # (the device's rule A, read at once)
+        sizes.append(tuple(draft.sizes))
+        return accept(draft, *args, **kwargs)
 
-    monkeypatch.setattr(accept_module, "sample_accept_batch", recorded)
+    monkeypatch.setattr(accept_module, "accept_queued", recorded)
     model, tok = setup
     drafter = (
         PromptLookupDrafter(num_draft=3, max_ngram=1)

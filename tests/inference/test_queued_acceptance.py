@@ -1,5 +1,5 @@
-"""Rule A on the device (`sample_accept_batch`, `QueuedAcceptance.sampled` read now): coin for coin the walk's path and next token, rows of a
-padded batch each as if alone, and the one-line error for probs without mass."""
+"""Rule A on the device (`QueuedAcceptance.sampled`, read now): coin for coin the walk's path and next
+token, rows of a padded batch each as if alone, and the one-line error for probs without mass."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 import spechead.inference.acceptance as acceptance
 from spechead.inference.acceptance import walk
-from spechead.inference.queued_acceptance import sample_accept_batch
+from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.sampling import make_generator
 from spechead.inference.tree import TokenTree, ancestors_on_device
 
@@ -42,6 +42,13 @@ def walk_coins(parents: list[int], path: list[int], coins: list[float]) -> list[
             if child == nxt:
                 break
     return read
+
+
+def sample_accept_batch(
+    tokens, parents, anc, probs, gens, sizes=None, coins=None
+) -> list[acceptance.Acceptance]:
+    """Rule A's device acceptance of B trees (`QueuedAcceptance.sampled`), read now."""
+    return QueuedAcceptance.sampled(tokens, parents, anc, probs, gens, 0, sizes, coins).result()
 
 
 def one(tree: TokenTree, p: torch.Tensor, seed: int, coins: torch.Tensor) -> acceptance.Acceptance:

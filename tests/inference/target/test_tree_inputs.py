@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spechead.inference.acceptance import greedy_accept
-from spechead.inference.queued_acceptance import greedy_accept_batch
+from spechead.inference.queued_acceptance import QueuedAcceptance
 from spechead.inference.tree import TokenTree, ancestors_on_device, tree_inputs_on_device
 
 from ..trees import ancestor_mask, depths
@@ -26,7 +26,7 @@ def test_device_tree_inputs_equal_python_ones(n):
         assert torch.equal(positions[0], depths(parents) + 7)
 
 
-def test_greedy_accept_batch_equals_greedy_accept():
+def test_the_device_greedy_rule_equals_greedy_accept():
     g = torch.Generator().manual_seed(0)
     for seed in range(30):
         tree = random_tree(1 + seed % 13, seed)
@@ -36,6 +36,6 @@ def test_greedy_accept_batch_equals_greedy_accept():
             best = logits.argmax(-1)
             tree = TokenTree(torch.cat([tree.tokens[:1], best[tree.parents[1:]]]), tree.parents)
         anc = ancestors_on_device(tree.parents[None])
-        got = greedy_accept_batch(tree.tokens[None], tree.parents[None], anc, logits[None])[0]
+        got = QueuedAcceptance.greedy(tree.tokens[None], tree.parents[None], anc, logits[None]).result()[0]
         assert got == greedy_accept(tree, logits)
         assert got.path_tokens == tree.tokens[got.path].tolist()  # brought back in the same transfer
