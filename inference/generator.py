@@ -154,12 +154,11 @@ class SpeculativeGenerator:
     ) -> GenerationResult:
         """Generate from a prompt string, chat messages (chat template) or token ids (a generator without
         a tokenizer takes ids only and returns no text)."""
-        ids = self._prompt_ids(prompt, messages, input_ids)
-        self._check_lengths(len(ids), max_new_tokens)
-        params = SamplingParams(temperature, top_k, top_p, seed)
-        stats = GenerationStats()
+        stats, passes = self._one_passes(
+            prompt, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed
+        )
         out: list[int] = []
-        for emitted in self._passes([ids], [max_new_tokens], [params], [stats], self.drafter):
+        for emitted in passes:
             for _, chunk in emitted:
                 out.extend(chunk)
         return GenerationResult(self._text(out), out, stats)
@@ -210,7 +209,33 @@ class SpeculativeGenerator:
         given = inspect.signature(self.generate_batch).bind(prompts, **kwargs)  # (unknown names: TypeError)
         given.apply_defaults()
         stats, passes = self._batch_passes(**given.arguments)
-        texts = [TextStream(self.tokenizer) for _ in stats]
+        yield from self._pieces(passes, len(stats))
+        self.last_batch_stats = stats
+
+    def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
+        """Yield text as tokens are accepted (same arguments as generate); afterwards `last_stats` holds
+        its GenerationStats."""
+        given = inspect.signature(self.generate).bind(prompt, **kwargs)  # (unknown names: TypeError)
+        given.apply_defaults()
+        stats, passes = self._one_passes(**given.arguments)
+        yield from (piece for _, piece in self._pieces(passes, 1))
+        self.last_stats = stats
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _one_passes(
+        self, prompt, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed
+    ) -> tuple[GenerationStats, Iterator[Emitted]]:
+        """The row's stats and the engine's passes for generate / stream's arguments (checked first)."""
+        ids = self._prompt_ids(prompt, messages, input_ids)
+        self._check_lengths(len(ids), max_new_tokens)
+        params, stats = SamplingParams(temperature, top_k, top_p, seed), GenerationStats()
+        return stats, self._passes([ids], [max_new_tokens], [params], [stats], self.drafter)
+
+    def _pieces(self, passes: Iterator[Emitted], batch: int) -> Iterator[tuple[int, str]]:
+        """(row, text) as the passes emit each row's tokens, never half a character; each row's held-back
+        rest at the end."""
+        texts = [TextStream(self.tokenizer) for _ in range(batch)]
         for emitted in passes:
             for b, ids in emitted:
                 piece = texts[b].push(ids)
@@ -220,34 +245,6 @@ class SpeculativeGenerator:
             piece = text.flush()  # whatever was held back for a partial character
             if piece:
                 yield b, piece
-        self.last_batch_stats = stats
-
-    def stream(self, prompt: str | None = None, **kwargs) -> Iterator[str]:
-        """Yield text as tokens are accepted (same arguments as generate)."""
-        stats = GenerationStats()
-        params = SamplingParams(
-            kwargs.pop("temperature", 0.0),
-            kwargs.pop("top_k", 0),
-            kwargs.pop("top_p", 1.0),
-            kwargs.pop("seed", None),
-        )
-        max_new = kwargs.pop("max_new_tokens", 128)
-        ids = self._prompt_ids(prompt, kwargs.pop("messages", None), kwargs.pop("input_ids", None))
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        self._check_lengths(len(ids), max_new)
-        text = TextStream(self.tokenizer)
-        for emitted in self._passes([ids], [max_new], [params], [stats], self.drafter):
-            for _, chunk in emitted:
-                piece = text.push(chunk)
-                if piece:
-                    yield piece
-        piece = text.flush()  # whatever was held back for a partial character
-        if piece:
-            yield piece
-        self.last_stats = stats
-
-    # ---- internals -------------------------------------------------------------------------------
 
     def _batch_passes(
         self, prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
