@@ -239,8 +239,8 @@ class Drafter(DrafterBase, ABC):
         """Queue every row's next tree from the next tokens [B] on the device."""
         raise NotImplementedError
 
-    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:  # noqa: B027
-        """The host has read each row's K and next token: bookkeeping follows (default: nothing)."""
+    def settle(self, ks: Sequence[int]) -> None:  # noqa: B027
+        """The host has read each row's K: bookkeeping follows (default: nothing)."""
 
 
 def chain(tokens: list[int], root: int) -> TokenTree:

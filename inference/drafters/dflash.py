@@ -152,7 +152,7 @@ class DFlashDrafter(ParallelDrafter):
         context = self._context(paths_states(read, paths[:, :width]))  # [B, P, H]
         self._commit(context, ks.to(context.device))
 
-    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
+    def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
         self._move_lengths(ks)
 

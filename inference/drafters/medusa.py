@@ -159,9 +159,6 @@ class MedusaDrafter(Drafter):
         assert self.last_hidden is not None  # accept_queued set it
         return self._draft(self.last_hidden, nexts)
 
-    def settle(self, ks, nexts) -> None:
-        """Nothing: the heads keep no count of their own."""
-
     # ---- the draft ----------------------------------------------------------------------------------------
 
     def _draft(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> BatchDraft:

@@ -224,7 +224,7 @@ class PEagleDrafter(ParallelDrafter):
         self.pending = (self._fused(states), ids, counts)
         self.host_counts, self._redo = None, None
 
-    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
+    def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
         self._move_lengths(ks)
 

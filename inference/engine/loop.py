@@ -201,7 +201,7 @@ def _read(
         if flight.advance:
             runner.advance(ks)
         if drafter is not None:
-            drafter.settle(ks, [a.next_token for a in accs])
+            drafter.settle(ks)
     emitted, tokens = [], []
     draft = flight.draft
     for b, (row, acc) in enumerate(zip(flight.rows, accs)):

@@ -219,9 +219,9 @@ class EagleDrafter(Drafter):
         assert isinstance(self._rows, GraphRows)  # `queues` held: the graphs' rows
         return self._rows.propose_queued(nexts)
 
-    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
+    def settle(self, ks: Sequence[int]) -> None:
         assert isinstance(self._rows, GraphRows)  # `queues` held: the graphs' rows
-        self._rows.settle(ks, nexts)
+        self._rows.settle(ks)
 
     # ---- what the rows share: the head's input features, its id map, the static plan ------------------
 

@@ -223,7 +223,7 @@ class GraphRows(EagleRows):
         return self._active_trees(tokens, parents)
 
     @inference_mode
-    def settle(self, ks: Sequence[int], nexts: Sequence[int]) -> None:
+    def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (active row b: ks[b] pairs)."""
         rows = self._capacity
         rows.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))

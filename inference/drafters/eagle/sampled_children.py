@@ -81,7 +81,7 @@ class SampledChildren:
         same). Summed where two head ids map to one target id."""
         many = len(self.q_by_depth) > 1
         rows = (torch.cat(self.q_by_depth, dim=1) if many else self.q_by_depth[0])[0]  # [sum E, Vd]
-        q = rows.new_zeros(len(plan.host_parents), rows.shape[1])  # [N, Vd]
+        q = rows.new_zeros(len(plan.order), rows.shape[1])  # [N, Vd]
         q[plan.expanded] = rows
         if d2t is None and rows.shape[1] == self.vocab:
             return q

@@ -21,8 +21,8 @@ class StaticPlan:
     """steps: one dict per depth d >= 1 with the tensors below, over the tree's nodes in depth order
     (`StaticTree` ids: a depth's nodes are contiguous). The tree a draft EMITS is in depth-first order
     (`tree.depth_first_order`: the greedy main path is nodes 0..d, so accepting along it commits a
-    contiguous prefix); order [N]: emitted node -> depth-order id (on the device); parents [N] on the
-    device and host_parents [N] on the CPU, both of the emitted tree.
+    contiguous prefix); order [N] (emitted node -> depth-order id) and parents [N] (of the emitted
+    tree), both on the device.
 
     A step: depth, nodes [n_d] (contiguous ids), expand [E] (their parents), need (top-k width), pick
     [n_d] (each node's candidate in the depth's [E * need] block) and, for d >= 2, run [E], run_parent [E]
@@ -38,7 +38,6 @@ class StaticPlan:
     steps: list[dict]
     order: Tensor
     parents: Tensor
-    host_parents: Tensor
     spec_allowed: Tensor
     spec_offsets: Tensor
     expanded: Tensor  # [sum E] the emitted ids of every depth's expanded nodes, depth by depth
@@ -73,9 +72,7 @@ def build_static_plan(st: StaticTree, device: torch.device) -> StaticPlan:
     spec_offsets = as_long([step["depth"] - 2 for step in ran for _ in range(len(step["run"]))])  # [Q]
     where = {node: i for i, node in enumerate(order)}  # depth-order id -> emitted id
     expanded = as_long([where[node] for step in steps for node in step["expand"].tolist()])
-    return StaticPlan(
-        steps, as_long(order), emitted.to(device), emitted, spec_allowed, spec_offsets, expanded
-    )
+    return StaticPlan(steps, as_long(order), emitted.to(device), spec_allowed, spec_offsets, expanded)
 
 
 def _allowed(expand: list[int], parents: list[int], slot: dict[int, int]) -> Tensor:

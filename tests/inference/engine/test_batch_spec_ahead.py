@@ -139,7 +139,7 @@ def test_the_queued_batch_accept_and_draft_equal_accept_and_propose(model, kind)
         host.accept(host_tokens, [len(p) for p in paths], gathered, nexts.tolist())
         queued.accept_queued(hidden, tokens, padded, torch.tensor([len(p) for p in paths]), nexts)
         drafts = [queued.propose_queued(nexts), host.propose(nexts.tolist(), sampling, sampling)]
-        queued.settle([len(p) for p in paths], nexts.tolist())
+        queued.settle([len(p) for p in paths])
         if kind != "medusa":
             assert torch.equal(queued._graphs._capacity.lengths, host._graphs._capacity.lengths)
         if r in (0, 2):  # the middle row leaves, then the first

@@ -89,7 +89,7 @@ def test_the_queued_accept_and_draft_equal_accept_paths_and_propose(model, kind,
         ks = [len(p) for p in paths]
         queued.accept_queued(hidden, tokens, padded, torch.tensor(ks), torch.tensor(nexts))
         drafts = [host.propose(nexts, greedy, [None] * 3), queued.propose_queued(torch.tensor(nexts))]
-        queued.settle(ks, nexts)  # (after the draft, as the engine reads the acceptance)
+        queued.settle(ks)  # (after the draft, as the engine reads the acceptance)
         assert queued.lengths == host.lengths == queued.lengths_t.tolist()  # device = host
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
     for d in (host, queued):  # rows leave; a propose again: the kept rows' last trees

@@ -126,7 +126,7 @@ def test_the_queued_head_commit_and_draft_equal_accept_path_and_propose(model, k
         queued.accept_queued(hidden, tokens, padded, torch.tensor([len(path)]), torch.tensor([nxt]))
         torch.testing.assert_close(rows.feature, host._rows.feature, atol=1e-5, rtol=1e-5)
         drafts = [host.propose([nxt], greedy, [None]), queued.propose_queued(torch.tensor([nxt]))]
-        queued.settle([len(path)], [nxt])  # (after the draft, as the engine reads the acceptance)
+        queued.settle([len(path)])  # (after the draft, as the engine reads the acceptance)
         assert rows.lengths.tolist() == host._rows.lengths
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
 
@@ -159,7 +159,7 @@ def test_the_queued_medusa_accept_and_draft_equal_accept_path_and_propose(model,
         queued.accept_queued(hidden, tokens, padded, torch.tensor([len(path)]), torch.tensor([nxt]))
         torch.testing.assert_close(queued.last_hidden, host.last_hidden)
         drafts = [host.propose([nxt], greedy, [None]), queued.propose_queued(torch.tensor([nxt]))]
-        queued.settle([len(path)], [nxt])
+        queued.settle([len(path)])
         assert drafts[1].parents.tolist() == drafts[0].parents.tolist()
         assert drafts[1].parents is kept  # read first or queued: the one kept [1, N]
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
@@ -355,7 +355,7 @@ def test_after_settle_the_drafter_goes_on_from_the_host_as_one_that_heard_the_pa
         hidden, tokens, torch.tensor([path + [path[-1]] * 8]), torch.tensor([3]), torch.tensor([nxt])
     )
     queued.propose_queued(torch.tensor([nxt]))
-    queued.settle([3], [nxt])
+    queued.settle([3])
     drafts = [d.propose([nxt], greedy, [None]) for d in (host, queued)]  # from the host now
     assert drafts[1].tokens.tolist() == drafts[0].tokens.tolist()
     assert queued._graphs._capacity.lengths.tolist() == host._graphs._capacity.lengths.tolist() == [12 + 3]

@@ -68,7 +68,7 @@ def test_q_rows_put_each_depth_on_the_nodes_it_expanded():
     node i's children were drawn from (the emitted, depth-first order), leaves are zero."""
     choices = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
     plan = build_static_plan(tree_from_choices(choices), torch.device("cpu"))
-    parents = plan.host_parents.tolist()
+    parents = plan.parents.tolist()
     drawn = SampledChildren(lambda x: x, SamplingParams(temperature=1.0), None, 5)
     rows = {1: torch.tensor([[0.5, 0.5, 0.0]]), 2: torch.tensor([[0.1, 0.2, 0.7], [0.3, 0.3, 0.4]]),
             3: torch.tensor([[0.6, 0.4, 0.0]])}  # fmt: skip
