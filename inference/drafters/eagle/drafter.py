@@ -228,12 +228,8 @@ class EagleDrafter(Drafter):
     def _features(self, hidden: dict[int, Tensor], length: int | None = None) -> Tensor:
         """Target states {layer: [..., K, H]} -> the head's input features [..., K, H] (fused for EAGLE-3);
         length: K, checked when given."""
-        missing = [layer for layer in self.hidden_layers if layer not in hidden]
-        if missing:
-            raise KeyError(f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})")
         weight, states = self._weight, []
-        for layer in self.hidden_layers:
-            state = hidden[layer]  # [..., K, H]
+        for layer, state in zip(self.hidden_layers, self._states(hidden)):  # [..., K, H] each
             if length is not None and state.shape[-2] != length:
                 raise ValueError(f"hidden[{layer}] has {state.shape[-2]} positions, expected {length}")
             if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
@@ -241,6 +237,17 @@ class EagleDrafter(Drafter):
             states.append(state)
         # EAGLE-3: fused (over any leading dims: a caller's one unsqueeze after, not three)
         return self.head.features(states)  # [..., K, H]
+
+    def _states(self, hidden: dict[int, Tensor]) -> list[Tensor]:
+        """The states of `hidden_layers`, in order, from hidden {layer: [..., K, H]}; a KeyError names the
+        missing layers."""
+        try:
+            return [hidden[layer] for layer in self.hidden_layers]
+        except KeyError:
+            missing = [layer for layer in self.hidden_layers if layer not in hidden]
+            raise KeyError(
+                f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})"
+            ) from None
 
     def _to_target(self, ids: Tensor) -> Tensor:
         """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""

@@ -117,16 +117,8 @@ class GraphRows(EagleRows):
         self._state, self.cache, self.rows = rows, rows.cache, list(range(batch))
         rows.lengths.zero_()
         rows.sync()
-        tokens = torch.zeros(batch, longest, dtype=torch.long)  # [B, T] padded
-        for b, p in enumerate(prompts):
-            tokens[b, : p.numel()] = p
+        tokens, states = self._padded(prompts, hidden)  # [B, T], {l: [B, T, H]}
         lengths = torch.tensor([p.numel() for p in prompts])  # [B]
-        states = {}
-        for layer in self.drafter.hidden_layers:  # {l: [B, T, H]} padded with zeros
-            per_row = [h[layer] for h in hidden]
-            states[layer] = per_row[0].new_zeros(batch, longest, per_row[0].shape[-1])
-            for b, h in enumerate(per_row):
-                states[layer][b, : h.shape[0]] = h
         # in blocks of PROMPT_BLOCK positions: a block's mask is [P, 1, block, S_max], not the prompt's
         for start in range(0, longest, PROMPT_BLOCK):
             block = tokens[:, start : start + PROMPT_BLOCK]  # [B, K]
@@ -144,15 +136,8 @@ class GraphRows(EagleRows):
     @inference_mode
     def propose(self, roots: Sequence[int], sampling, generators) -> BatchDraft:
         """Every row's tree of the head's top-k children in one graph call (greedy / lossless rule A)."""
-        rows, drafter = self._capacity, self.drafter
         self._ensure_room(0)
-        drafter._map_ids(self.device)
-        if drafter._static is not None:
-            drafter._static_plan()  # built eagerly (host loops), read by the graph
-        all_roots = torch.zeros(rows.cache.batch, dtype=torch.long)  # [P] idle rows: token 0
-        all_roots[self.rows] = torch.tensor(list(roots), dtype=torch.long)
-        tokens, parents = self._draft(rows.feature, host_to_device(all_roots, self.device))  # [P, N] each
-        return self._active_trees(tokens, parents)
+        return self.propose_queued(host_to_device(torch.tensor(list(roots), dtype=torch.long), self.device))
 
     def _active_trees(self, tokens: Tensor, parents: Tensor) -> BatchDraft:
         """The active rows' trees of every physical row's tokens / parents [P_rows, N]. They stay on the
@@ -192,22 +177,12 @@ class GraphRows(EagleRows):
         active row's path [B, >= P] (ascending, the last node repeated), its length K [B] and the next
         token [B]; the same pairs as `accept` of the path's tokens (the pairs past K_b land in scratch).
         The device lengths move by K_b in the graph; the host's copy waits for `settle`."""
-        rows, width = self._capacity, self.drafter.commit_width
+        rows, width, dev = self._capacity, self.drafter.commit_width, self.device
         self._ensure_room(2 * width)  # (this commit, and the next draft before `settle` counts it)
         paths = paths[:, :width]  # [B, P]
-        capacity, dev = rows.cache.batch, self.device
-        active = host_to_device(torch.tensor(self.rows), dev)  # [B] physical rows
-        packed = torch.zeros(capacity, width + 2, dtype=torch.long, device=dev)  # [P_rows, P + 2]
-        packed[active, :width] = tokens.to(dev).gather(1, paths)  # the pairs' own tokens
-        packed[active, width] = ks.to(dev)
-        packed[active, width + 1] = nexts.to(dev)
         read = paths_states({layer: hidden[layer] for layer in self.drafter.hidden_layers}, paths)
-        states = []
-        for layer in self.drafter.hidden_layers:
-            picked = read[layer]  # [B, P, H]
-            full = torch.zeros(capacity, width, picked.shape[-1], device=dev, dtype=self.dtype)
-            full[active] = picked.to(dev, self.dtype)
-            states.append(full)  # [P_rows, P, H]
+        # the pairs' own tokens [B, P], K and next token [B]: packed on the device
+        packed, states = self._pack(tokens.to(dev).gather(1, paths), ks.to(dev), nexts.to(dev), read, width)
         rows.feature = self._accept(packed, *states)  # [P_rows, H]
 
     @inference_mode
@@ -216,8 +191,8 @@ class GraphRows(EagleRows):
         rows, drafter = self._capacity, self.drafter
         drafter._map_ids(self.device)
         if drafter._static is not None:
-            drafter._static_plan()
-        all_roots = torch.zeros(rows.cache.batch, dtype=torch.long, device=self.device)  # [P_rows]
+            drafter._static_plan()  # built eagerly (host loops), read by the graph
+        all_roots = torch.zeros(rows.cache.batch, dtype=torch.long, device=self.device)  # [P] idle: token 0
         all_roots[host_to_device(torch.tensor(self.rows), self.device)] = nexts.to(self.device)
         tokens, parents = self._draft(rows.feature, all_roots)  # [P_rows, N] each
         return self._active_trees(tokens, parents)
@@ -268,37 +243,39 @@ class GraphRows(EagleRows):
         after) into its physical row: as the accept graph when K <= GRAPH_COMMIT (padded to a power of
         2), otherwise (or `eager`) the same function run eagerly."""
         rows, k = self._capacity, tokens.shape[1]
-        missing = [layer for layer in self.drafter.hidden_layers if layer not in hidden]
-        if missing:
-            raise KeyError(
-                f"hidden states of layers {missing} missing (drafter reads {self.drafter.hidden_layers})"
-            )
         graph = not eager and k <= GRAPH_COMMIT
         width = 1 << max(k - 1, 0).bit_length() if graph else k  # K' >= K: a few graph shapes
         self._ensure_room(width)
-        capacity, active = rows.cache.batch, torch.tensor(self.rows)
-        packed = torch.zeros(capacity, width + 2, dtype=torch.long)  # [P, K' + 2] (idle rows: n = 0)
-        packed[active, :k] = tokens.cpu()
-        packed[active, width] = torch.tensor(list(lengths), dtype=torch.long)
-        packed[active, width + 1] = torch.tensor(list(next_roots), dtype=torch.long)
-        on_device = host_to_device(active, self.device)
-        states = []
-        for layer in self.drafter.hidden_layers:
-            state = hidden[layer]  # [B, K, H]
-            full = torch.zeros(capacity, width, state.shape[-1], device=self.device, dtype=self.dtype)
-            full[on_device, :k] = state.to(self.device, self.dtype)
-            states.append(full)  # [P, K', H]
+        n, roots = torch.tensor(list(lengths)), torch.tensor(list(next_roots))  # [B] each
+        # packed on the host: its n_b column moves the host's lengths too
+        packed, states = self._pack(tokens.cpu(), n, roots, hidden, width)
         accept = self._accept if graph else self._graph_accept
         rows.feature = accept(host_to_device(packed, self.device), *states)  # [P, H]
         rows.lengths += packed[:, width]
 
-    def _ensure_room(self, extra: int) -> None:
-        """Grow the head cache (a multiple of 1024; rare: the graphs are captured again) so every row's
-        committed entries + extra + a whole draft fit."""
-        rows = self._capacity
-        need = int(rows.lengths.max()) + extra + self._spec_room()
-        if need > rows.cache.max_length:
-            rows.cache.grow(-(-max(need, 2 * rows.cache.max_length) // 1024) * 1024)
+    def _pack(
+        self, tokens: Tensor, ks: Tensor, nexts: Tensor, hidden: dict[int, Tensor], width: int
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The accept graph's inputs from the active rows' tokens [B, K], pair counts n_b [B] and next
+        roots [B] (all on one device) and states {l: [B, K, H]}, K <= W: packed [P, W + 2] on that
+        device and each captured layer's states [P, W, H] on the head's, zero in the idle rows (n = 0)."""
+        capacity, k, dev = self._capacity.cache.batch, tokens.shape[1], self.device
+        active = host_to_device(torch.tensor(self.rows), tokens.device)  # [B] physical rows
+        packed = torch.zeros(capacity, width + 2, dtype=torch.long, device=tokens.device)
+        packed[active, :k], packed[active, width], packed[active, width + 1] = tokens, ks, nexts
+        on_device = host_to_device(active, dev)
+        states = []
+        for state in self.drafter._states(hidden):  # [B, K, H] each
+            full = torch.zeros(capacity, width, state.shape[-1], device=dev, dtype=self.dtype)
+            full[on_device, :k] = state.to(dev, self.dtype)
+            states.append(full)
+        return packed, states
+
+    _ROOM_STEP = 1024  # (growing is rare: every graph is captured again)
+
+    def _longest(self) -> int:
+        """max_b C_b of the physical rows, from the host's copy."""
+        return int(self._capacity.lengths.max())
 
     def _static_inputs(self, plan: StaticPlan, batch: int) -> None:
         """None: inside a graph each depth builds its own mask (`_run_static`), over the fixed-size cache."""
@@ -318,14 +295,7 @@ class GraphRows(EagleRows):
         [C_b, C_b + spec + q) where own [P, q, spec + q] is True; C_b [P] is the device length."""
         cache = self.cache
         assert cache is not None and cache.lengths_t is not None  # start made them
-        batch, q = ids.shape
-        c, span, dev = cache.lengths_t, cache.max_length, ids.device  # [P], S_max
-        width = own.shape[-1]  # spec + q
-        block = c[:, None] + torch.arange(width, device=dev)  # [P, spec + q] slots of the block
-        seen = (torch.arange(span, device=dev)[None, :] < c[:, None])[:, None, :].expand(batch, q, span)
-        seen = seen.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [P, q, S_max]
-        mask = torch.zeros(batch, 1, q, span, dtype=self.dtype, device=dev)
-        mask[:, 0].masked_fill_(~seen, torch.finfo(self.dtype).min)  # [P, 1, q, S_max]
+        # the mask [P, 1, q, S_max] and positions [P, q]; the cache finds the slots from its device lengths
+        mask, positions, _, _ = self._inputs(own, offsets, spec, cache.lengths_t, cache.max_length)
         cache.write_offset = spec  # these q queries write after the spec speculative slots so far
-        positions = c[:, None] + offsets[None, :]  # [P, q]
         return self.drafter.head_step(features, ids, mask, positions, cache)

@@ -105,18 +105,26 @@ class EagleRows:
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
         """`start` in one causal head pass over every row, padded to the longest prompt."""
+        tokens, states = self._padded(prompts, hidden)
+        self._new_cache(len(prompts), tokens.shape[1])
+        self._commit(tokens, [p.numel() for p in prompts], states, roots)
+
+    def _padded(
+        self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]]
+    ) -> tuple[Tensor, dict[int, Tensor]]:
+        """Prompts [T_b] and their states {l: [T_b, H]} as tokens [B, T] and states {l: [B, T, H]}
+        (T the longest T_b), padded with zeros."""
         longest = max(p.numel() for p in prompts)
-        self._new_cache(len(prompts), longest)
-        tokens = torch.zeros(len(prompts), longest, dtype=torch.long)  # [B, T] padded
+        tokens = torch.zeros(len(prompts), longest, dtype=torch.long)
         for b, p in enumerate(prompts):
             tokens[b, : p.numel()] = p
         states = {}
-        for layer in self.drafter.hidden_layers:  # {l: [B, T, H]} padded with zeros
+        for layer in self.drafter.hidden_layers:
             rows = [h[layer] for h in hidden]
             states[layer] = rows[0].new_zeros(len(rows), longest, rows[0].shape[-1])
             for b, h in enumerate(rows):
                 states[layer][b, : h.shape[0]] = h
-        self._commit(tokens, [p.numel() for p in prompts], states, roots)
+        return tokens, states
 
     @inference_mode
     def accept(
@@ -172,11 +180,20 @@ class EagleRows:
     def _spec_room(self) -> int:
         return self.drafter._spec_slots + self.drafter.max_nodes
 
+    _ROOM_STEP = 1  # the head cache grows to a multiple of this many slots
+
+    def _longest(self) -> int:
+        """max_b C_b on the host."""
+        return self.longest
+
     def _ensure_room(self, extra: int) -> None:
-        need, cache = self.longest + extra + self._spec_room(), self.cache
+        """Grow the head cache (to twice its size at least) so every row's committed entries + extra + a
+        whole draft fit."""
+        need, cache = self._longest() + extra + self._spec_room(), self.cache
         assert cache is not None  # start made it
         if need > cache.max_length:
-            cache.grow(max(need, 2 * cache.max_length))
+            step = self._ROOM_STEP
+            cache.grow(-(-max(need, 2 * cache.max_length) // step) * step)
 
     def _commit(self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots) -> None:
         """Step the head on row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} at
@@ -208,13 +225,21 @@ class EagleRows:
         block [C_b, C_b + spec + q) where own [B, q, spec + q] is True. Returns features [B, q, H]."""
         return self._run(features, ids, self._inputs(own, offsets, spec))
 
-    def _inputs(self, own: Tensor, offsets: Tensor, spec: int = 0) -> tuple[Tensor, Tensor, Tensor, int]:
+    def _inputs(
+        self,
+        own: Tensor,
+        offsets: Tensor,
+        spec: int = 0,
+        committed: Tensor | None = None,
+        view: int | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
         """What `_forward` hands the head for q queries (see there): the additive mask [B, 1, q, S], the
-        positions [B, q], the slots they write [B, q] and S (the slots they attend over)."""
+        positions [B, q], the slots they write [B, q] and S (the slots they attend over). committed: C_b
+        [B] (default: the rows'), view: S (default: the longest C_b + spec + q; GraphRows: the whole cache)."""
         batch, q = own.shape[0], own.shape[1]
-        dev, c = self.device, self.committed  # [B]
+        dev, c = self.device, self.committed if committed is None else committed  # [B]
         width = own.shape[-1]  # spec + q
-        view = self.longest + width  # S
+        view = self.longest + width if view is None else view  # S
         block = c[:, None] + torch.arange(width, device=dev)  # [B, spec + q] slots of the block
         allowed = (torch.arange(view, device=dev)[None, :] < c[:, None])[:, None, :].expand(batch, q, view)
         allowed = allowed.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [B, q, S]

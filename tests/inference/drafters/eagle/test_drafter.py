@@ -185,6 +185,34 @@ def test_a_drafter_reused_on_a_longer_sequence_accepts_as_a_fresh_one(target, ki
     assert drafter._rows.cache.max_length == 512
 
 
+@pytest.mark.parametrize("compile", [False, "eager"])
+def test_the_head_cache_grows_as_the_rows_outgrow_it(target, compile) -> None:
+    """An accept past the room `start` made grows the head cache first (eager rows: to twice its size at
+    least; the graphs' rows: a multiple of 1024), keeping every committed entry: the next tree is a fresh
+    drafter's on the whole sequence."""
+    head = make_head(target, "eagle")
+    drafter = EagleDrafter(head, tree=STATIC)
+    drafter.use_compile(compile)
+    stream, root = Stream(head, 7, seed=4), 5
+    OneRow(drafter).start(stream.tokens, stream.states, root)
+    sizes = [drafter._rows.cache.max_length]
+    room = drafter._spec_slots + drafter.max_nodes  # (a whole draft's slots)
+    for k in (300, 2100, 3):  # (K > 16 runs the graphs' accept eagerly; K = 3 as a graph)
+        accepted = torch.cat([torch.tensor([root]), torch.randint(V, (k - 1,), generator=stream.gen)])
+        hidden = stream.extend(accepted)
+        root = 7
+        OneRow(drafter).accept(accepted, hidden, root)
+        sizes.append(drafter._rows.cache.max_length)
+    # eager: 256 (start), doubled, the need itself, doubled; graphs: 1024, the need rounded up (room left)
+    need = 7 + 300 + 2100 + room
+    assert sizes == ([256, 512, need, 2 * need] if not compile else [1024, 1024, 3072, 3072])
+    mine = OneRow(drafter).propose(root, GREEDY, None).tree
+    fresh = EagleDrafter(head, tree=STATIC)
+    OneRow(fresh).start(stream.tokens, stream.states, root)
+    ref = OneRow(fresh).propose(root, GREEDY, None).tree
+    assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
+
+
 @pytest.mark.parametrize("tree", ["static", "dynamic"])
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "eagle3-2-layers"])
 def test_chain_matches_training_unroll(target, kind, tree) -> None:
@@ -320,6 +348,10 @@ def test_arguments_and_check_target(target) -> None:
     with pytest.raises(RuntimeError, match="start first"):
         OneRow(drafter).propose(0, GREEDY, None)
     stream = Stream(head, 4, seed=9)
+    OneRow(drafter).start(stream.tokens, stream.states, 1)
+    with pytest.raises(KeyError, match="missing"):
+        OneRow(drafter).accept(torch.tensor([1]), {}, 3)
+    drafter.use_compile("eager")  # the fixed-shape rows (GraphRows) check the same way
     OneRow(drafter).start(stream.tokens, stream.states, 1)
     with pytest.raises(KeyError, match="missing"):
         OneRow(drafter).accept(torch.tensor([1]), {}, 3)
