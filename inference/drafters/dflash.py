@@ -91,6 +91,8 @@ class DFlashDrafter(ParallelDrafter):
             padded[layer] = torch.stack(
                 [torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in states]
             )  # [B, T, H]
+        if not self._compile:  # eager, the draft attends over the whole cache: sized for these rows
+            self.cache = None
         self._new_rows(batch, 2 * (width + self.tree.depth + 1))  # (room to grow into)
         lengths = [len(p) for p in prompts]
         self._commit(self._context(padded), host_to_device(torch.tensor(lengths), self._device()))
