@@ -78,8 +78,7 @@ def torch_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def host_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """`target_probs` of logits [..., V] (fp32, temperature > 0) through numpy, one row at a time: on a
-    CPU numpy's calls cost a fraction of torch's (one row of V = 2048 in about a third of the time;
-    V = 128256 with a wide nucleus: sorts 6x faster), and a decoding step reads one to a few rows."""
+    CPU numpy's calls cost a fraction of torch's, and a decoding step reads one to a few rows."""
     out = np.empty_like(logits)  # [..., V]
     if logits.ndim == 1:  # (an acceptance walk's row: no views to make)
         return _host_row(logits, params, out)
@@ -158,9 +157,8 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     >= top_p (at least the argmax; ties at the edge: lowest ids first, as a stable sort orders them).
 
     Only the kept values' order matters, so it reads the largest few values (top-k) and sorts the whole
-    row only when a row's nucleus may not fit in them: on a CPU a sort of one row [V] costs 8-30x a top-k
-    of 64 (V = 2048: 56 against 7 us; V = 128256: 7.6 against 0.23 ms). The path a guess takes is read
-    to the host once per guess (on a GPU: one wait), both of its flags together."""
+    row only when a row's nucleus may not fit in them (a sort of [V] costs many times a top-k of 64).
+    The path a guess takes is read to the host once per guess (on a GPU: one wait)."""
     vocab = probs.shape[-1]
     for k in (*(k for k in NUCLEUS_GUESSES if k < vocab), vocab):
         if k < vocab:
@@ -184,9 +182,8 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token id from probs [V] (need not be normalised; generator on probs' device) by
-    `inverse_cdf`: on a CPU a fraction of torch.multinomial's cost (V = 2048: 11 against 47 us; 128256:
-    0.22 against 2.3 ms, scripts/bench_sampling.py; numpy's is slower: 15 us and 0.45 ms). ValueError
-    when probs hold no positive finite mass."""
+    `inverse_cdf`, on a CPU a fraction of torch.multinomial's cost (scripts/bench_sampling.py).
+    ValueError when probs hold no positive finite mass."""
     drawn = int(inverse_cdf(probs, generator))
     if drawn >= len(probs):
         raise ValueError(
@@ -207,7 +204,7 @@ def inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None = None)
 def argmax_ids(logits: torch.Tensor) -> Any:
     """The argmax over the last dim of logits [..., V] as a host int or (nested) list of ints (first max on
     ties; a NaN counts as the max, as in torch). On a CPU through numpy: its argmax over a decoding
-    step's few rows costs a fraction of torch's (9 x 2048 fp32: 4 against 19 us; one row 2 against 6)."""
+    step's few rows costs a fraction of torch's."""
     if logits.is_cpu and logits.dtype in _NUMPY_FLOATS and not logits.requires_grad:  # (no device object)
         return logits.numpy().argmax(-1).tolist()
     return logits.argmax(-1).tolist()
