@@ -1,11 +1,17 @@
 """Drafter specs: a head, draft model or method named by a string, and the drafter it builds.
 
-A spec is a name ("prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]", `layer_skip[@skip=2+3]`, a head
-directory or Hub id, a draft LM) with options after "@" as `key=value` words (`drafter_options`: integers,
-`dynamic`, a draft-model rule, a width per depth like 4x2x2x1, layers like 2+3+6 or a tree file for
-`tree=` / `choices=`). `make_drafter` builds the drafter a spec names, `drafter_for_head` a loaded head's
-(its tree.json the default tree). The loading layer (loading.py) calls these for
-`SpeculativeGenerator.from_pretrained`; the scripts parse their --drafter argument with `drafter_options`.
+A spec is a name with options after "@" as `key=value` words (`drafter_options`): "prompt_lookup",
+"lookahead", "cascade[:TINY+MEDIUM]", a head directory or Hub id, a draft LM, or the target itself:
+
+    layer_skip                      default skip set (`layer_skip.default_skip`)
+    layer_skip@skip=2+3+6           skip layers 2, 3 and 6 ("4-7": a range)
+    early_exit@layer=4              the first 4 layers, then the final norm and lm_head (default L // 2)
+    outputs/skip.json               a drafter file from scripts/search_skip.py (options override its own)
+    ...@num_draft=4,width=2x1       any DraftModelDrafter shape option as well
+
+`make_drafter` builds the drafter a spec names (for `SpeculativeGenerator.from_pretrained`, loading.py),
+`drafter_for_head` a loaded head's (its tree.json the default tree); `check_spec` checks a spec's options
+before any weights load.
 """
 
 from __future__ import annotations
@@ -18,14 +24,14 @@ from importlib.resources import files
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from spechead.heads import DraftHead, directory, load_head
 from spechead.heads.families import Family, family_of
 from spechead.heads.formats import is_head_dir
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.draft_model import DRAFT_MODEL_OPTIONS, DraftModelDrafter
-from spechead.inference.drafters.layer_skip_file import is_self_spec, make_self_drafter
+from spechead.inference.drafters.layer_skip import KINDS, LayerSkipDrafter, read_drafter_file
 from spechead.inference.drafters.lookahead import LookaheadDrafter
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
@@ -71,9 +77,13 @@ def make_drafter(
     if spec is None or isinstance(spec, (Drafter, RowDrafter)):
         return spec
     if spec in BUILTIN_DRAFTERS:
-        return _builtin(spec, options)
+        return BUILTIN_DRAFTERS[spec](**_builtin_options(spec, options))
     if is_cascade(spec):
-        return load_cascade(spec, device=device, dtype=dtype, revision=revision, **options)
+        from spechead.inference.drafters.cascade import CascadeDrafter
+
+        _check_names("cascade drafter", options, CASCADE_OPTIONS)
+        tiny, medium = (_load_lm(path, revision, device, dtype) for path in cascade_models(spec))
+        return CascadeDrafter(tiny, medium, **options)
     if is_self_spec(spec):  # (the one spec that may come with its @options here: `layer_skip@skip=2+3`)
         name, inline = drafter_options(spec)
         return make_self_drafter(name, target, **{**inline, **options})
@@ -94,19 +104,18 @@ def make_drafter(
         )
         return drafter_for_head(head, spec, **options)
     _check_names(f"draft model {spec}", options, DRAFT_MODEL_OPTIONS)
-    # (straight onto the device, as the target: `load_generator`)
-    model = AutoModelForCausalLM.from_pretrained(
-        spec, revision=revision, dtype=dtype, device_map=torch.device(device)
+    return DraftModelDrafter(_load_lm(spec, revision, device, dtype), **options)
+
+
+def _load_lm(name: str, revision: str | None, device, dtype) -> PreTrainedModel:
+    """A draft LM straight onto the device, as the target (`loading.load_generator`)."""
+    return AutoModelForCausalLM.from_pretrained(
+        name, revision=revision, dtype=dtype, device_map=torch.device(device)
     )
-    return DraftModelDrafter(model, **options)
-
-
-def _builtin(name: str, options: dict) -> RowDrafter:
-    """A weightless drafter by name; unknown options raise ValueError naming the valid ones."""
-    return BUILTIN_DRAFTERS[name](**_builtin_options(name, options))
 
 
 def _builtin_options(name: str, options: dict) -> dict:
+    """`options` when the weightless drafter `name` takes them, else ValueError naming the valid ones."""
     _check_names(name, options, list(inspect.signature(BUILTIN_DRAFTERS[name]).parameters))
     return options
 
@@ -127,18 +136,34 @@ def cascade_models(spec: str) -> tuple[str, str]:
     return tiny, medium
 
 
-def load_cascade(spec: str, *, device, dtype, revision=None, **options) -> RowDrafter:
-    """A CascadeDrafter from "cascade" (the demo pair) or "cascade:TINY+MEDIUM"; options: CASCADE_OPTIONS."""
-    from spechead.inference.drafters.cascade import CascadeDrafter
+def is_self_spec(spec: object) -> bool:
+    """True for `layer_skip` / `early_exit` (with or without @options) and their drafter files."""
+    if not isinstance(spec, str):
+        return False
+    name = spec.partition("@")[0]
+    return name in KINDS or read_drafter_file(Path(name).expanduser()) is not None
 
-    _check_names("cascade drafter", options, CASCADE_OPTIONS)
-    tiny, medium = (
-        AutoModelForCausalLM.from_pretrained(
-            path, revision=revision, dtype=dtype, device_map=torch.device(device)
+
+def make_self_drafter(name: str, target: PreTrainedModel, **options) -> LayerSkipDrafter:
+    """A LayerSkipDrafter on `target` from a kind or drafter file `name` (a spec without its @options)
+    and options (short names `skip` / `layer` too; they override the file's)."""
+    total = len(target.get_decoder().layers)
+    data: dict | None = {"drafter": name} if name in KINDS else read_drafter_file(Path(name).expanduser())
+    assert data is not None  # the caller's is_self_spec(spec) read it
+    if data.get("num_layers") not in (None, total):
+        raise ValueError(
+            f"drafter file {name} was made for a target with {data['num_layers']} layers, this one has "
+            f"{total}: run scripts/search_skip.py on this target"
         )
-        for path in cascade_models(spec)
-    )
-    return CascadeDrafter(tiny, medium, **options)
+    kind = data["drafter"]
+    short, layer_key = ("skip", "skip_layers") if kind == "layer_skip" else ("layer", "exit_layer")
+    settings = {k: data[k] for k in (layer_key, *DRAFT_MODEL_OPTIONS) if k in data}
+    valid = (short, *DRAFT_MODEL_OPTIONS)
+    _check_names(f"{kind} drafter", {k: v for k, v in options.items() if k != layer_key}, valid)
+    settings.update({layer_key if k == short else k: v for k, v in options.items()})
+    if kind == "early_exit":
+        settings.setdefault("exit_layer", total // 2)
+    return LayerSkipDrafter(target, **settings)
 
 
 def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter | RowDrafter:

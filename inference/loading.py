@@ -34,10 +34,10 @@ from spechead.inference.drafter_specs import (
     config_of,
     drafter_for_head,
     is_cascade,
+    is_self_spec,
     make_drafter,
 )
 from spechead.inference.drafters.base import Drafter
-from spechead.inference.drafters.layer_skip_file import is_self_spec
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.generator import PLUGINS

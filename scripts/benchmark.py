@@ -36,7 +36,7 @@ from spechead.inference.compiling import AUTO, compile_option, resolve_compile_a
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import DTYPE_CHOICES, DTYPE_HELP, check_device
 from spechead.inference.drafter_specs import check_spec, drafter_options
-from spechead.inference.drafters.layer_skip_file import read_drafter_file
+from spechead.inference.drafters.layer_skip import read_drafter_file
 from spechead.inference.evaluation.measure import (
     DEFINITIONS,
     DecodeSettings,

@@ -32,8 +32,7 @@ from spechead.configs import demo_asset
 from spechead.data.errors import DataError
 from spechead.data.prompt_sets import load_prompt_set
 from spechead.inference.devices import check_device
-from spechead.inference.drafters.layer_skip import LayerSkipDrafter, skip_view
-from spechead.inference.drafters.layer_skip_file import save_drafter_file
+from spechead.inference.drafters.layer_skip import LayerSkipDrafter, save_drafter_file, skip_view
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.tuning.calibrate import verify_cost_ms
 from spechead.inference.tuning.skip_search import (

@@ -1,35 +1,27 @@
-"""Self-speculative drafting: the target drafts for itself with some of its decoder layers skipped
-(Draft & Verify) or by exiting early through its own final norm and lm_head (LayerSkip-style). No
-extra weights.
+"""Self-speculative drafting: the target drafts for itself with some decoder layers skipped (Draft &
+Verify) or by exiting early through its own final norm and lm_head (LayerSkip-style); no extra weights.
 
 The draft model is a VIEW of the target (`skip_view`): shallow copies of the causal-LM wrapper, the
-decoder, the kept decoder layers and their attention modules, sharing every parameter with the
-target. The copies carry no hooks (the target runner's capture hooks never fire for a draft pass),
-the kept layers' attention modules are renumbered 0..K-1 (`layer_idx` indexes the cache) and the
-view's config says K layers. The target's modules are never modified. Early exit at layer k is the
-skip set {k, ..., L-1}: the first k layers, then the final norm and lm_head.
+decoder, the kept layers and their attention modules, sharing every parameter with the target and never
+modifying it. The copies carry no hooks (the runner's capture never fires for a draft pass), the kept
+layers' attention is renumbered 0..K-1 (`layer_idx` indexes the draft cache) and the view's config says
+K layers. Early exit at layer k is the skip set {k, ..., L-1}. On the view, `LayerSkipDrafter` is a
+`DraftModelDrafter` (its shapes and lossless rules) with its OWN cache of committed tokens: the target's
+cache layout belongs to the runner, and reusing its first-k-layer K/V would save only the prompt's
+prefill through the kept layers.
 
-On top of the view, `LayerSkipDrafter` is a `DraftModelDrafter` (chains, static or dynamic trees and
-their lossless rules come from there), with defaults for a draft that costs a sizeable share of a
-target pass (short chains).
-
-Cache, and what is reused: the draft keeps its OWN `DynamicCache` (K layers, committed tokens only;
-speculative nodes are cropped after each propose), so it never touches the target's cache. Shared
-exactly: all weights (embeddings, kept layers, final norm, lm_head). NOT reused, although for early
-exit the target's first-k-layer K/V at accepted positions equal the draft's up to float rounding:
-(1) the drafter interface hands over hidden states, not the target's cache, whose layout (static
-slots, per-row batch slots) and compaction belong to the runner, and reading it would couple the
-two and risk the draft's tree entries landing in the target's cache; (2) the saving is small: the
-accepted tokens ride along in the draft's first forward of the next propose (one pass, a few more
-query tokens), so the only extra work is the prompt's prefill through the K kept layers, once per
-sequence.
+A drafter file (`save_drafter_file`, from scripts/search_skip.py) is JSON: {"drafter": "layer_skip",
+"skip_layers": [...], "num_layers": L, "num_draft": k} or {"drafter": "early_exit", "exit_layer": k, ...};
+other keys (the search's measurements) are kept for the reader and ignored.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from torch import nn
@@ -40,11 +32,6 @@ from spechead.inference.drafters.draft_model import DraftModelDrafter
 
 KINDS = ("layer_skip", "early_exit")
 M = TypeVar("M", bound=nn.Module)
-
-
-def num_layers_of(target: PreTrainedModel) -> int:
-    """The number of decoder layers of `target`."""
-    return len(target.get_decoder().layers)
 
 
 def default_skip(num_layers: int) -> list[int]:
@@ -148,10 +135,8 @@ class LayerSkipDrafter(DraftModelDrafter):
         num_draft: int = 3,
         **shape,
     ):
-        check_attention_only(
-            target.config, "self-drafting"
-        )  # (before its view: its layers are not all attention)
-        total = num_layers_of(target)
+        check_attention_only(target.config, "self-drafting")  # (before its view: not all attention)
+        total = len(target.get_decoder().layers)
         if exit_layer is not None:
             if skip_layers is not None:
                 raise ValueError("give skip_layers (layer skip) or exit_layer (early exit), not both")
@@ -171,18 +156,6 @@ class LayerSkipDrafter(DraftModelDrafter):
     def kind(self) -> str:
         return "layer_skip" if self.exit_layer is None else "early_exit"
 
-    def describe(self) -> dict:
-        """What the drafter file stores: kind, the layers, the target's layer count, the chain length."""
-        layers = (
-            {"exit_layer": self.exit_layer} if self.exit_layer else {"skip_layers": list(self.skip_layers)}
-        )
-        return {
-            "drafter": self.kind,
-            **layers,
-            "num_layers": self.num_target_layers,
-            "num_draft": self.num_draft,
-        }
-
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         super().check_target(hidden_size, vocab_size, num_layers)
         if num_layers != self.num_target_layers:
@@ -190,3 +163,28 @@ class LayerSkipDrafter(DraftModelDrafter):
                 f"this {self.kind} drafter was built on a target with {self.num_target_layers} layers, "
                 f"not {num_layers}: build it from the generator's own target"
             )
+
+
+def read_drafter_file(path: Path) -> dict | None:
+    """The drafter file's dict, or None when `path` is not a self-speculative drafter file."""
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("drafter") in KINDS else None
+
+
+def save_drafter_file(path: str | Path, drafter: LayerSkipDrafter, **info) -> Path:
+    """Write `drafter` (kind, layers, target layer count, chain length) and extra `info` as a drafter file."""
+    path = Path(path)
+    if path.suffix != ".json":
+        raise ValueError(f"a drafter file ends in .json, got {path}")
+    exit_layer = drafter.exit_layer
+    layers = {"exit_layer": exit_layer} if exit_layer else {"skip_layers": list(drafter.skip_layers)}
+    about = {"drafter": drafter.kind, **layers, "num_layers": drafter.num_target_layers}
+    about["num_draft"] = drafter.num_draft
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**about, **info}, indent=1) + "\n")
+    return path

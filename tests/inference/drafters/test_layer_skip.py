@@ -11,9 +11,14 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM
 
-from spechead.inference.drafter_specs import drafter_options
-from spechead.inference.drafters.layer_skip import LayerSkipDrafter, default_skip, parse_layers, skip_view
-from spechead.inference.drafters.layer_skip_file import is_self_spec, save_drafter_file
+from spechead.inference.drafter_specs import drafter_options, is_self_spec
+from spechead.inference.drafters.layer_skip import (
+    LayerSkipDrafter,
+    default_skip,
+    parse_layers,
+    save_drafter_file,
+    skip_view,
+)
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner
@@ -242,7 +247,7 @@ def test_specs_and_drafter_files(tiny_target_dir, tmp_path):
         == plain.generate("hello", max_new_tokens=8).token_ids
     )
     exit_gen = SpeculativeGenerator.from_pretrained(target, "early_exit@layer=3")  # generate.py: one string
-    assert exit_gen.drafter.skip_layers == (3,) and exit_gen.drafter.describe()["exit_layer"] == 3
+    assert exit_gen.drafter.skip_layers == (3,) and exit_gen.drafter.exit_layer == 3
     assert SpeculativeGenerator.from_pretrained(target, "early_exit").drafter.exit_layer == 2  # L // 2
     file = save_drafter_file(tmp_path / "skip.json", gen.drafter, tau=2.0)
     assert json.loads(file.read_text()) == {

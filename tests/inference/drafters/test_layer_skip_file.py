@@ -1,4 +1,4 @@
-"""Self-speculative drafter specs and files (layer_skip_file.py) without decoding: which paths are drafter
+"""Self-speculative drafter specs and files (drafter_specs.py, layer_skip.py) without decoding: which paths are drafter
 files, inline options against keyword ones and the file's, and where a file may be written."""
 
 from __future__ import annotations
@@ -7,14 +7,8 @@ import json
 
 import pytest
 
-from spechead.inference.drafter_specs import make_drafter
-from spechead.inference.drafters.layer_skip import LayerSkipDrafter
-from spechead.inference.drafters.layer_skip_file import (
-    is_self_spec,
-    make_self_drafter,
-    read_drafter_file,
-    save_drafter_file,
-)
+from spechead.inference.drafter_specs import is_self_spec, make_drafter, make_self_drafter
+from spechead.inference.drafters.layer_skip import LayerSkipDrafter, read_drafter_file, save_drafter_file
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +54,7 @@ def test_a_drafter_file_is_a_json_file_written_where_asked(target, tmp_path):
     with pytest.raises(ValueError, match="ends in .json"):
         save_drafter_file(tmp_path / "skip.txt", drafter)
     file = save_drafter_file(tmp_path / "new" / "dir" / "skip.json", drafter, tau=2.5)  # folders made
-    assert read_drafter_file(file) == {**drafter.describe(), "tau": 2.5}
+    assert read_drafter_file(file) == {"drafter": "layer_skip", "skip_layers": [1], "num_layers": 4, "num_draft": 3,
+                                      "tau": 2.5}  # fmt: skip
     again = make_self_drafter(str(file), target)
     assert again.skip_layers == (1,) and again.num_draft == 3
