@@ -7,19 +7,17 @@ from dataclasses import dataclass, field
 
 
 def pooled_tau(accept_lengths: Sequence[int]) -> float:
-    """tau: emitted tokens per target verification pass (accepted drafts + 1 each), POOLED: all
-    emitted tokens over all passes, as vLLM and SGLang count acceptance length (not a mean of taus)."""
+    """tau: emitted tokens per target pass, POOLED over all passes (as vLLM and SGLang count it)."""
     return sum(accept_lengths) / max(len(accept_lengths), 1)
 
 
 @dataclass
 class GenerationStats:
-    """What one generate() call did. tau = emitted tokens per target pass after the prefill."""
+    """What one generate() call did."""
 
     drafted_tokens: int = 0
-    # Tokens each verification pass emitted: accepted drafts + 1 (the correction or bonus); the last
-    # pass's count stops at EOS / max_new_tokens. sum(accept_lengths) == new_tokens - 1 (the prefill
-    # emits the first token).
+    # tokens each verification pass emitted (accepted drafts + 1, the last cut at EOS / max_new_tokens);
+    # sum(accept_lengths) == new_tokens - 1 (the prefill emits the first token)
     accept_lengths: list[int] = field(default_factory=list)
     new_tokens: int = 0
     wall_time: float = 0.0
@@ -30,9 +28,7 @@ class GenerationStats:
     def take_times(self, spent: dict[str, float]) -> None:
         """The times of a decode's phases, seconds by name (`PhaseClock.totals`), at its end."""
         self.prefill_time, self.draft_time, self.verify_time = (
-            spent["prefill"],
-            spent["draft"],
-            spent["verify"],
+            spent[k] for k in ("prefill", "draft", "verify")
         )
         self.wall_time = sum(spent.values())
 

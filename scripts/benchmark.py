@@ -300,7 +300,7 @@ def write(args, prompts, base: PromptSetRun, rows, hf_rows, costs) -> str:
     import transformers
 
     args.out.mkdir(parents=True, exist_ok=True)
-    t_step = base.total.verify / max(base.total.target_passes, 1)
+    t_step = base.total.verify_time / max(base.total.target_passes, 1)
     header = (
         f"plain decoding: {base.total.tokens_per_s:,.1f} tokens/s, {1e3 * t_step:.2f} ms per step "
         f"({len(prompts)} prompts, {len(base.outputs)} turns, max_new_tokens={args.max_new_tokens}, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Protocol
 
@@ -22,7 +22,7 @@ from spechead.inference.drafter_specs import drafter_for_head
 from spechead.inference.evaluation.report import plot_acceptance_by_depth, plot_speedup_by_category
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import calibrated_drafter
-from spechead.inference.stats import GenerationStats, pooled_tau
+from spechead.inference.stats import GenerationStats
 
 
 class Prompt(Protocol):
@@ -49,30 +49,17 @@ class DecodeSettings:
 
 
 @dataclass
-class Tally:
-    """Sums over generate() calls. `wall` excludes the prefill (the same for every method)."""
-
-    new_tokens: int = 0
-    wall: float = 0.0
-    draft: float = 0.0
-    verify: float = 0.0
-    lengths: list[int] = field(default_factory=list)  # accept length (accepted drafts + 1) per target pass
+class Tally(GenerationStats):
+    """GenerationStats summed over generate() calls; its `wall` and tokens/s leave the prefill out (the
+    same for every method)."""
 
     def add(self, stats: GenerationStats) -> None:
-        self.new_tokens += stats.new_tokens
-        self.wall += stats.wall_time - stats.prefill_time
-        self.draft += stats.draft_time
-        self.verify += stats.verify_time
-        self.lengths += stats.accept_lengths
+        for f in fields(GenerationStats):  # (numbers add, accept lengths concatenate)
+            setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
 
     @property
-    def target_passes(self) -> int:
-        return len(self.lengths)
-
-    @property
-    def tau(self) -> float:
-        """Emitted tokens per target verification pass, pooled over every pass of every call added."""
-        return pooled_tau(self.lengths)
+    def wall(self) -> float:
+        return self.wall_time - self.prefill_time
 
     @property
     def tokens_per_s(self) -> float:
@@ -80,7 +67,7 @@ class Tally:
 
     @property
     def draft_ms_per_pass(self) -> float:
-        return 1e3 * self.draft / max(self.target_passes, 1)
+        return 1e3 * self.draft_time / max(self.target_passes, 1)
 
 
 @dataclass
@@ -173,20 +160,19 @@ def mismatches(outputs: Sequence[list[int]], reference: Sequence[list[int]]) -> 
 def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], settings: DecodeSettings) -> dict:
     """Every number for one method: its runs against plain decoding runs of the same prompts.
 
-    Speedups are per repeat (run i against plain run i), reported as median [min, max]; acceptance
-    statistics come from the last run. `tau` and `tau_by_category` are pooled over passes (see
-    DEFINITIONS). Greedy outputs are compared with plain decoding's; sampled
-    ones cannot be (they are checked for losslessness by the tests, not per run).
+    Speedups are per repeat (run i against plain run i), reported as median [min, max]; the rest comes
+    from the last run; tau is pooled over passes (DEFINITIONS). Only greedy outputs can be compared
+    with plain decoding's (sampled ones are checked for losslessness by the tests).
     """
     res, base = runs[-1].total, plains[-1].total
     speedups = [r.total.tokens_per_s / p.total.tokens_per_s for r, p in zip(runs, plains, strict=True)]
-    passes = max(res.target_passes, 1)
-    t_step = base.verify / max(base.target_passes, 1)
-    t_verify, t_draft = res.verify / passes, res.draft_ms_per_pass / 1e3
+    passes, lengths = max(res.target_passes, 1), res.accept_lengths
+    t_step = base.verify_time / max(base.target_passes, 1)
+    t_verify, t_draft = res.verify_time / passes, res.draft_time / passes
     return {
         "tau": res.tau,
-        "tau_distribution": {str(k): res.lengths.count(k) for k in sorted(set(res.lengths))},
-        "acceptance_by_depth": acceptance_by_depth(res.lengths, max(res.lengths, default=1) - 1),
+        "tau_distribution": {str(k): lengths.count(k) for k in sorted(set(lengths))},
+        "acceptance_by_depth": acceptance_by_depth(lengths, max(lengths, default=1) - 1),
         "passes_per_token": res.target_passes / max(res.new_tokens, 1),
         "new_tokens": res.new_tokens,
         "tokens_per_s": res.tokens_per_s,
@@ -226,22 +212,18 @@ def decode_eval_hook(
     plot_dir: Path | None, tree: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
     """The trainer's DecodeEval (spechead.training.decode_eval): (metrics, plots) from one plain and one
-    greedy drafted pass over `prompts` with the head being trained, answers ending at the target's
-    context length (a run's decode eval never stops its training).
+    greedy drafted pass over `prompts` with the head being trained (its target modules attached; its
+    mode restored after), answers ending at the target's context length so the eval never stops a run.
 
-    The head drafts the tree that loading it would give on this device (`loading.calibrated_drafter`):
-    the best one for the costs measured here and the accuracy of `tree` (tree.json fields, e.g. from
-    tree_tuning.tune_tree) or, without one, the family's default or assumed table. `head` needs its
-    target modules attached (training does that). Its mode is restored afterwards.
-    Metrics: tau (pooled over all passes, see DEFINITIONS), speedup, tokens_per_s, passes_per_token,
-    acceptance_depth_{d}, greedy_mismatches, tree_nodes (drafted nodes of the calibrated tree; 0: the
+    The head drafts as loading it would on this device (`as_drafted`, `loading.calibrated_drafter`
+    with the accuracy of `tree`, tree.json fields, or the family's default). Metrics: tau, speedup,
+    tokens_per_s, passes_per_token, acceptance_depth_{d}, greedy_mismatches, tree_nodes (0: the
     family's default tree).
     """
     settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
     was_training = head.training
     head.eval()
     try:
-        # (a Medusa head in int8 on a CPU, an EAGLE head in FP8 on a GPU with FP8 tensor cores)
         drafting = as_drafted(head, next(target.parameters()).device)
         drafter, calibration, _ = calibrated_drafter(target, drafter_for_head(drafting), tree)
         gen = SpeculativeGenerator(target, tokenizer, drafter)

@@ -90,7 +90,9 @@ def test_benchmark_sampling(script, tiny_target_dir, medusa_dir, tmp_path):
 
 
 def _run(outputs: list[list[int]], lengths: list[int]) -> PromptSetRun:
-    tally = Tally(new_tokens=sum(lengths), wall=1.0, draft=0.1, verify=0.5, lengths=lengths)
+    tally = Tally(
+        new_tokens=sum(lengths), wall_time=1.0, draft_time=0.1, verify_time=0.5, accept_lengths=lengths
+    )
     return PromptSetRun(tally, {"qa": tally}, outputs)
 
 
@@ -243,7 +245,7 @@ def test_the_report_header_times_a_plain_step_by_its_verify_pass(script, tmp_pat
     """decoding.md / decoding.json's plain step time is plain decoding's verification time per pass
     (the t_step every row's ideal speedup uses), not its wall time per pass."""
     args = script("benchmark").parse(["--out", str(tmp_path)])
-    plain = Tally(new_tokens=10, wall=2.0, verify=1.0, lengths=[1] * 10)
+    plain = Tally(new_tokens=10, wall_time=2.0, verify_time=1.0, accept_lengths=[1] * 10)
     base = PromptSetRun(plain, {"qa": plain}, [])
     text = script("benchmark").write(args, [], base, [], [], {})
     payload = json.loads((tmp_path / "decoding.json").read_text())

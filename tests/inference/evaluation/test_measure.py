@@ -136,21 +136,26 @@ def test_repeats_and_categories_are_each_divided_by_their_own_plain_run():
     draft; a category's speedup divides by THAT category's plain tokens/s, not the whole set's."""
     plain_speeds, run_speeds = [10.0, 5.0, 20.0], [20.0, 15.0, 26.0]  # speedups 2, 3 and 1.3
     plains = [
-        PromptSetRun(Tally(new_tokens=int(s), wall=1.0, verify=0.5, lengths=[1] * 10), {}, [])
+        PromptSetRun(
+            Tally(new_tokens=int(s), wall_time=1.0, verify_time=0.5, accept_lengths=[1] * 10), {}, []
+        )
         for s in plain_speeds
     ]
-    runs = [PromptSetRun(Tally(new_tokens=int(s), wall=1.0, lengths=[1, 1]), {}, []) for s in run_speeds]
+    runs = [
+        PromptSetRun(Tally(new_tokens=int(s), wall_time=1.0, accept_lengths=[1, 1]), {}, [])
+        for s in run_speeds
+    ]
     # the last repeats: two categories whose plain speeds differ (qa 12.5, math 50 tokens/s)
     plains[-1] = PromptSetRun(
-        Tally(new_tokens=20, wall=1.0, verify=0.8, lengths=[1] * 20),
-        {"qa": Tally(new_tokens=10, wall=0.8), "math": Tally(new_tokens=10, wall=0.2)},
+        Tally(new_tokens=20, wall_time=1.0, verify_time=0.8, accept_lengths=[1] * 20),
+        {"qa": Tally(new_tokens=10, wall_time=0.8), "math": Tally(new_tokens=10, wall_time=0.2)},
         [],
     )
     runs[-1] = PromptSetRun(
-        Tally(new_tokens=26, wall=1.0, draft=0.2, verify=0.6, lengths=[2, 4]),
+        Tally(new_tokens=26, wall_time=1.0, draft_time=0.2, verify_time=0.6, accept_lengths=[2, 4]),
         {
-            "qa": Tally(new_tokens=10, wall=0.5, lengths=[2]),
-            "math": Tally(new_tokens=16, wall=0.5, lengths=[4]),
+            "qa": Tally(new_tokens=10, wall_time=0.5, accept_lengths=[2]),
+            "math": Tally(new_tokens=16, wall_time=0.5, accept_lengths=[4]),
         },
         [],
     )

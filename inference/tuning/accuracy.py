@@ -1,0 +1,201 @@
+"""A head's top-k accuracy by depth on the target's own greedy continuations (each family's registered
+`accuracy`), and the typical tables assumed when none was measured (`assumed_accuracy`).
+
+accuracy[d, r] = share of anchors c whose depth-(d + 1) draft's r-th candidate is token c + 2 + d (the
+draft continuing the context 0..c from the root token c + 1). The sequences [T] must be the target's OWN
+greedy continuations of prompts: then token c + 1 is the root a decoding step starts from and token
+c + 2 + d exactly what a drafted node at depth d + 1 must equal. `starts[i]` = index of sequence i's first
+generated token: only anchors c >= starts[i] - 1 count, so prompt tokens never serve as references
+(default 0: all count), and depth d counts c only when token c + 2 + d exists. Counts are pooled over all
+sequences. A family gives only its drafts' logits [A, D, V] for a chunk of anchors; tokens outside an
+EAGLE-3 / P-EAGLE draft vocab are misses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from spechead.heads.base import DraftHead
+from spechead.heads.dflash import DFlashHead
+from spechead.heads.eagle import EagleHead
+from spechead.heads.eagle3 import Eagle3Head
+from spechead.heads.grad import inference_mode
+from spechead.heads.medusa import MedusaHead
+from spechead.heads.peagle import PEagleHead
+from spechead.heads.unroll import ttt_forward
+from spechead.inference.target.runner import TargetRunner
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# logits rows [A * D, V] computed at a time (a DFlash forward's mask is [A * bs, T + A * bs])
+LOGIT_ROWS = 4096
+# (sequence [T], its target states {layer: [T, H]}) -> (anchors [A] -> the drafts' logits [A, D, V])
+Drafts = Callable[[Tensor, dict[int, Tensor]], Callable[[Tensor], Tensor]]
+
+
+def topk_accuracy(
+    model: PreTrainedModel,
+    head: DraftHead,
+    sequences: list[Tensor],
+    starts: Sequence[int] | None,
+    depth: int,
+    topk: int,
+    drafts: Drafts,
+) -> Tensor:
+    """accuracy [depth, topk] of the drafts `drafts` gives per sequence (see the module doc); each
+    sequence runs once through the target (the runner's prefill, capturing the head's layers)."""
+    if topk < 1 or depth < 1:
+        raise ValueError(f"topk and depth must be >= 1, got topk={topk}, depth={depth}")
+    starts = [0] * len(sequences) if starts is None else list(starts)
+    if len(starts) != len(sequences):
+        raise ValueError(f"got {len(starts)} starts for {len(sequences)} sequences")
+    device = next(head.parameters()).device
+    to_draft = getattr(head, "target_to_draft", lambda ids: ids)  # -1 outside a draft vocab: never a hit
+    per_call = max(LOGIT_ROWS // depth, 1)
+    hits = torch.zeros(depth, topk, dtype=torch.long)
+    counts = torch.zeros(depth, dtype=torch.long)
+    runner = TargetRunner(model, tuple(head.config.target_layers))
+    for seq, start in zip(sequences, starts):
+        seq = seq.reshape(-1).long().cpu()  # [T]
+        first, end = max(start - 1, 0), len(seq) - 2  # anchors c in [first, end) have token c + 2
+        if end <= first:
+            continue
+        logits_of = drafts(seq, runner.prefill([seq])[1][0])
+        refs = to_draft(seq.to(device)).cpu()  # [T] head-vocab ids
+        for lo in range(first, end, per_call):
+            anchors = torch.arange(lo, min(lo + per_call, end))  # [A]
+            cand = logits_of(anchors).topk(topk, dim=-1).indices.cpu()  # [A, D, topk]
+            for d in range(depth):
+                n = min(len(anchors), end - d - lo)  # the first n anchors have token c + 2 + d
+                if n > 0:
+                    hits[d] += (cand[:n, d] == refs[lo + 2 + d : lo + 2 + d + n, None]).sum(0)
+                    counts[d] += n
+    if int(counts.min()) == 0:
+        missing = [d + 1 for d in range(depth) if counts[d] == 0]
+        raise ValueError(
+            f"sequences too short: depth(s) {missing} have no generated reference token; generate more "
+            "tokens (or lower --depth)"
+        )
+    return hits.double().div(counts[:, None]).float()
+
+
+@inference_mode
+def measure_medusa_accuracy(
+    model: PreTrainedModel,
+    head: MedusaHead,
+    sequences: list[Tensor],
+    depth: int | None = None,
+    topk: int = 4,
+    starts: Sequence[int] | None = None,
+) -> Tensor:
+    """accuracy [num_heads, topk]: head k at position c (the target's state of token c) guesses token
+    c + 2 + k. (`depth` is not read: a Medusa head set drafts num_heads depths.)"""
+    layer, dtype = head.config.target_layers[0], next(head.parameters()).dtype
+
+    def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
+        state = hidden[layer].to(dtype)  # [T, H]
+        return lambda a: torch.stack(
+            [head.head_logits(k, state[None, a])[0] for k in range(head.num_heads)], 1
+        )
+
+    return topk_accuracy(model, head, sequences, starts, head.num_heads, topk, drafts)
+
+
+@inference_mode
+def measure_eagle_accuracy(
+    model: PreTrainedModel,
+    head: EagleHead | Eagle3Head,
+    sequences: list[Tensor],
+    depth: int,
+    topk: int,
+    starts: Sequence[int] | None = None,
+) -> Tensor:
+    """accuracy [depth, topk] of an EAGLE head, unrolled `depth` steps over all positions at once on its
+    own features (heads.unroll.ttt_forward: the attention a depth-d tree node has when decoding). Step j at
+    position c + j continues the context ending at c and guesses token c + 2 + j."""
+    weight, layers = head.fc.weight, head.config.target_layers
+
+    def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
+        fused = head.features([hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers])
+        outputs = ttt_forward(head, fused, seq[None].to(weight.device), None, depth)  # depth x [1, T, H]
+        steps = torch.stack(outputs, 2)[0]  # [T, D, H]
+        ahead = torch.arange(depth)  # (positions past T have no token: clamped, never counted)
+        return lambda a: head.logits(steps[(a[:, None] + ahead).clamp(max=len(seq) - 1), ahead])
+
+    return topk_accuracy(model, head, sequences, starts, depth, topk, drafts)
+
+
+@inference_mode
+def measure_peagle_accuracy(
+    model: PreTrainedModel,
+    head: PEagleHead,
+    sequences: list[Tensor],
+    depth: int | None = None,
+    topk: int = 4,
+    starts: Sequence[int] | None = None,
+) -> Tensor:
+    """accuracy [K, topk] of a P-EAGLE head: block slot d of anchor c guesses token c + 2 + d (every
+    anchor's block in one parallel forward; `depth` is not read: a block has K slots)."""
+    weight, layers = head.fc.weight, head.config.target_layers
+
+    def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
+        fused = head.fuse([hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers])
+        return lambda a: head.parallel_logits(fused, seq[None].to(weight.device), a)[0]  # [A, K, Vd]
+
+    return topk_accuracy(model, head, sequences, starts, head.block_size, topk, drafts)
+
+
+@inference_mode
+def measure_dflash_accuracy(
+    model: PreTrainedModel,
+    head: DFlashHead,
+    sequences: list[Tensor],
+    depth: int | None = None,
+    topk: int = 4,
+    starts: Sequence[int] | None = None,
+) -> Tensor:
+    """accuracy [block_size - 1, topk] of a DFlash head: block position d + 1 after the context 0..c
+    (rooted at token c + 1) guesses token c + 2 + d (many anchors' blocks a forward; `depth` is not read:
+    a block has block_size - 1 drafts)."""
+    device, layers = head.fc.weight.device, head.config.target_layers
+
+    def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
+        context = head.fuse([hidden[layer].to(device)[None] for layer in layers])  # [1, T, H]
+        ids = seq[None].to(device)  # [1, T]
+        return lambda a: head.logits(head.predict_blocks(context, ids, a[None].to(device))[0][:, 1:])
+
+    return topk_accuracy(model, head, sequences, starts, head.config.block_size - 1, topk, drafts)
+
+
+def _typical(ranks: Sequence[float], decay: float, depth: int) -> Tensor:
+    """A typical trained head's accuracy [depth, len(ranks)]: `ranks` at depth 1, times `decay` a depth."""
+    first = torch.tensor(ranks, dtype=torch.float64)
+    return torch.stack([first * decay**d for d in range(depth)])
+
+
+def assumed_medusa_accuracy(head: MedusaHead) -> Tensor:
+    """A typical trained Medusa head set's accuracy [heads, 4], to size trees without a measured table
+    (scripts/build_tree.py measures the real one into HEAD/tree.json)."""
+    return _typical([0.60, 0.10, 0.05, 0.03], 0.75, head.num_heads)
+
+
+def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) -> Tensor:
+    """A typical trained EAGLE head's accuracy [depth, 4] (any head): sizes its tree on a CPU when it comes
+    without a measured table (an EAGLE-2 60-node tree costs several decode steps there)."""
+    return _typical([0.70, 0.08, 0.03, 0.02], 0.97, depth)
+
+
+def assumed_peagle_accuracy(head: PEagleHead) -> Tensor:
+    """A typical trained P-EAGLE head's accuracy [K, 4] (parallel slots lose more per depth than EAGLE's
+    steps), to size batch trees without a measured table."""
+    return _typical([0.70, 0.08, 0.03, 0.02], 0.85, head.block_size)
+
+
+def assumed_dflash_accuracy(head: DFlashHead) -> Tensor:
+    """A typical trained DFlash head's accuracy [block_size - 1, 4], to size trees without a measured table."""
+    return _typical([0.80, 0.06, 0.02, 0.01], 0.93, head.config.block_size - 1)
