@@ -10,14 +10,12 @@ import torch
 
 
 class PhaseClock:
-    """Time between marks, attributed to the named phase. CPU: perf_counter. CUDA: events, resolved
-    once at the end (no synchronisation inside the decoding loop)."""
+    """Time between marks, attributed to the named phase (the later mark's), read once at the end."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.marks: list[tuple[str, Any]] = []  # (phase, an event or a float)
-        # a stamp: a recorded CUDA event, or on a CPU perf_counter itself (no Python call in between)
-        self._stamp: Callable[[], Any] = _event if self.cuda else time.perf_counter
+        self.marks: list[tuple[str, Any]] = []  # (phase, its stamp)
+        self._stamp = stamper(device)
         self.start: Any = self._stamp()
 
     def mark(self, phase: str) -> None:
@@ -31,13 +29,23 @@ class PhaseClock:
         out = dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0)
         last = self.start
         for phase, stamp in self.marks:
-            out[phase] += last.elapsed_time(stamp) / 1e3 if self.cuda else stamp - last
+            out[phase] += seconds_between(last, stamp)
             last = stamp
         return out
 
 
+def stamper(device: torch.device) -> Callable[[], Any]:
+    """What stamps a moment on `device`: CUDA, an event recorded on the current stream (resolved after one
+    synchronisation, so timing never stalls the device); a CPU, perf_counter itself (no call between)."""
+    return _event if device.type == "cuda" else time.perf_counter
+
+
+def seconds_between(start: Any, end: Any) -> float:
+    """Seconds from one stamp to a later one (CUDA events: after a synchronisation)."""
+    return start.elapsed_time(end) / 1e3 if isinstance(start, torch.cuda.Event) else end - start
+
+
 def _event() -> torch.cuda.Event:
-    """A CUDA event recorded now on the current stream (timed)."""
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event

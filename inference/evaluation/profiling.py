@@ -1,10 +1,8 @@
 """Where a part of a pass spends its time: wall clock against the device's kernels (torch.profiler).
 
-A decoding pass on a GPU is fast only if the device never waits for the host. For each part (a decode
-step, a verify, a draft, an accept, a commit) this reports its wall time (synchronised, median), the time
-the device spent in kernels during it and how many kernels it launched: wall - kernels is what host work,
-launches and synchronisation cost (what CUDA graphs remove), kernels is what only fewer bytes or fewer,
-fused kernels make shorter. On a CPU there are no device kernels: the host ops are counted instead.
+Per part (a decode step, a verify, a draft, ...): wall ms, kernel ms and kernel count. wall - kernels is
+what host work, launches and syncs cost (what CUDA graphs remove); kernels shrink only with fewer bytes or
+fused kernels. On a CPU (no device kernels) the host ops are counted instead.
 """
 
 from __future__ import annotations
@@ -19,39 +17,30 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from spechead.inference.phase_clock import seconds_between, stamper
+
 
 class Timer:
-    """Median ms of fn() over `iters` runs after `warmup` ones; `setup` runs untimed before each. CUDA:
-    events around each call, read after ONE synchronisation at the end (no sync between calls)."""
+    """Median ms of fn() over `iters` runs after `warmup` ones; `setup` runs untimed before each. Stamps
+    around each call (`phase_clock.stamper`: CUDA events) read after the last: no sync between calls."""
 
     def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
-        self.cuda, self.iters, self.warmup = device.type == "cuda", iters, warmup
+        self.device, self.iters, self.warmup = device, iters, warmup
 
     def ms(self, fn: Callable[[], object], setup: Callable[[], object] | None = None) -> float:
         setup = setup or (lambda: None)
         for _ in range(self.warmup):
             setup()
             fn()
-        cuda = self.cuda
-        events: list[torch.cuda.Event] = []  # CUDA: start, end, start, end, ... read after one sync
-        seconds: list[float] = []  # CPU: the same, perf_counter
-
-        def mark() -> None:
-            if cuda:
-                events.append(torch.cuda.Event(enable_timing=True))
-                events[-1].record()
-            else:
-                seconds.append(time.perf_counter())
-
+        stamp, spans = stamper(self.device), []
         for _ in range(self.iters):
             setup()
-            mark()
+            start = stamp()
             fn()
-            mark()
-        if cuda:
-            torch.cuda.synchronize()
-            return statistics.median(a.elapsed_time(b) for a, b in zip(events[::2], events[1::2]))
-        return statistics.median(1e3 * (b - a) for a, b in zip(seconds[::2], seconds[1::2]))
+            spans.append((start, stamp()))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # (the events were recorded on the current device)
+        return statistics.median(1e3 * seconds_between(start, end) for start, end in spans)
 
 
 def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
@@ -80,9 +69,8 @@ def _sync(device: torch.device) -> None:
 
 
 def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 0) -> float:
-    """Median wall milliseconds of fn() over `iters` calls after `warmup` untimed ones, the device
-    synchronised before and after each call. Wall time, what decoding pays: torch spreads a CPU op over
-    its intra-op threads, whose share the calling thread's CPU time would leave out."""
+    """Median wall ms of fn() over `iters` calls after `warmup` untimed ones, the device synchronised
+    around each call. Wall time is what decoding pays (CPU time would miss torch's intra-op threads)."""
     for _ in range(warmup):
         fn()
     times = []
