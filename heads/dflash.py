@@ -303,8 +303,8 @@ register_family(
         drafter="spechead.inference.drafters.dflash:DFlashDrafter",
         tree_option="tree",  # "chain" or a static tree of rank paths over the block's positions
         default_tree={"tree": "chain"},
-        accuracy="spechead.inference.drafters.dflash:measure_dflash_accuracy",
-        assumed_accuracy="spechead.inference.drafters.dflash:assumed_dflash_accuracy",
+        accuracy="spechead.inference.tuning.accuracy:measure_dflash_accuracy",
+        assumed_accuracy="spechead.inference.tuning.accuracy:assumed_dflash_accuracy",
         calibrate_assumed=False,
         drafts_per_depth=False,
         work=_dflash_work,

@@ -180,8 +180,8 @@ EAGLE_DRAFTING: dict[str, Any] = dict(  # how EAGLE-1/2 and EAGLE-3 heads draft 
     drafter="spechead.inference.drafters.eagle:EagleDrafter",
     tree_option="tree",
     default_tree={"tree": "dynamic"},
-    accuracy="spechead.inference.tuning.tree_search:measure_eagle_accuracy",
-    assumed_accuracy="spechead.inference.tuning.calibrate:assumed_eagle_accuracy",
+    accuracy="spechead.inference.tuning.accuracy:measure_eagle_accuracy",
+    assumed_accuracy="spechead.inference.tuning.accuracy:assumed_eagle_accuracy",
     calibrate_assumed=True,
     drafts_per_depth=True,
 )

@@ -235,8 +235,8 @@ register_family(
         drafter="spechead.inference.drafters.peagle:PEagleDrafter",
         tree_option="choices",  # a static tree of rank paths over the block's slots (default: the chain)
         default_tree={"choices": None},
-        accuracy="spechead.inference.drafters.peagle:measure_peagle_accuracy",
-        assumed_accuracy="spechead.inference.drafters.peagle:assumed_peagle_accuracy",
+        accuracy="spechead.inference.tuning.accuracy:measure_peagle_accuracy",
+        assumed_accuracy="spechead.inference.tuning.accuracy:assumed_peagle_accuracy",
         calibrate_assumed=False,
         drafts_per_depth=False,  # one forward drafts every depth
     )

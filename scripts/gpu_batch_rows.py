@@ -12,7 +12,7 @@ from spechead.inference.evaluation.profiling import Timer
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.target.cache import RowCache
 from spechead.inference.tree import tree_inputs_on_device
-from spechead.inference.tuning.calibrate import assumed_eagle_accuracy
+from spechead.inference.tuning.accuracy import assumed_eagle_accuracy
 from spechead.inference.tuning.tree_search import best_choices
 
 

@@ -32,7 +32,6 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
-from spechead.inference.target.runner import TargetRunner
 
 
 class DFlashDrafter(ParallelDrafter):
@@ -157,50 +156,3 @@ class DFlashDrafter(ParallelDrafter):
     def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
         self._move_lengths(ks)
-
-
-def assumed_dflash_accuracy(head: DFlashHead) -> Tensor:
-    """A typical trained DFlash head's accuracy [block_size - 1, 4] (top-1 0.8 at the first draft, x0.93
-    a position), to size trees without a measured table."""
-    ranks = torch.tensor([0.80, 0.06, 0.02, 0.01], dtype=torch.float64)
-    return torch.stack([ranks * 0.93**d for d in range(head.config.block_size - 1)])
-
-
-ANCHOR_QUERIES = 4096  # block queries per forward when measuring (the mask is [queries, T + queries])
-
-
-@inference_mode
-def measure_dflash_accuracy(
-    model,
-    head: DFlashHead,
-    sequences: list[Tensor],
-    depth: int | None = None,
-    topk: int = 4,
-    starts: Sequence[int] | None = None,
-) -> Tensor:
-    """accuracy [block_size - 1, topk] of a DFlash head: accuracy[d, r] = share of anchors c whose block
-    position d + 1's r-th candidate is the sequence's token at c + 2 + d (the block after context
-    0..c, rooted at token c + 1; blocks of many anchors per forward). An anchor counts when it is
-    >= starts[i] - 1 (references generated, not prompt) and the token exists. `depth` is ignored: a
-    block has block_size - 1 drafts."""
-    starts = [0] * len(sequences) if starts is None else list(starts)
-    size, device = head.config.block_size, head.fc.weight.device
-    hits = torch.zeros(size - 1, topk, dtype=torch.long)
-    counts = torch.zeros(size - 1, dtype=torch.long)
-    layers = tuple(head.config.target_layers)
-    runner = TargetRunner(model, layers)
-    chunk = max(ANCHOR_QUERIES // size, 1)
-    for seq, start in zip(sequences, starts):
-        seq = seq.reshape(-1).long().cpu()  # [T]
-        hidden = runner.prefill([seq])[1][0]  # {l: [T, H]}
-        context = head.fuse([hidden[layer].to(device)[None] for layer in layers])  # [1, T, H]
-        ids = seq[None].to(device)  # [1, T]
-        for first in range(max(start - 1, 0), len(seq) - 2, chunk):
-            anchors = torch.arange(first, min(first + chunk, len(seq) - 2))  # [A]: c + 1 is the root
-            blocks = head.predict_blocks(context, ids, anchors[None].to(device))[0]  # [A, bs, H]
-            cand = head.logits(blocks[:, 1:]).topk(topk, dim=-1).indices.cpu()  # [A, bs - 1, topk]
-            for d in range(size - 1):
-                ok = anchors + 2 + d < len(seq)  # [A]
-                hits[d] += (cand[ok, d] == seq[(anchors + 2 + d)[ok]][:, None]).sum(0)
-                counts[d] += int(ok.sum())
-    return hits.double().div(counts.clamp(min=1)[:, None]).float()

@@ -42,7 +42,6 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
-from spechead.inference.target.runner import TargetRunner
 
 
 def next_ids_of(tokens: Tensor, counts: Tensor, roots: Tensor) -> Tensor:
@@ -227,48 +226,3 @@ class PEagleDrafter(ParallelDrafter):
     def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
         self._move_lengths(ks)
-
-
-def assumed_peagle_accuracy(head: PEagleHead) -> torch.Tensor:
-    """A typical trained P-EAGLE head's accuracy [K, 4] (block slot 0 top-1 0.7, each later slot x0.85:
-    parallel slots lose more per depth than EAGLE's steps), to size batch trees without a measured table."""
-    ranks = torch.tensor([0.70, 0.08, 0.03, 0.02], dtype=torch.float64)
-    return torch.stack([ranks * 0.85**d for d in range(head.block_size)])
-
-
-@inference_mode
-def measure_peagle_accuracy(
-    model,
-    head: PEagleHead,
-    sequences: list[torch.Tensor],
-    depth: int,
-    topk: int,
-    starts: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """accuracy [K, topk] of a P-EAGLE head: accuracy[d, r] = share of anchors whose block slot d's r-th
-    candidate is the sequence's token at anchor + 2 + d (one parallel forward per sequence, every anchor;
-    `depth` is ignored: a block has K slots). An anchor counts when it is >= starts[i] - 1 (references
-    generated, not prompt) and the token exists; tokens outside the draft vocab are misses."""
-    starts = [0] * len(sequences) if starts is None else list(starts)
-    k, weight = head.block_size, head.fc.weight
-    hits = torch.zeros(k, topk, dtype=torch.long)
-    counts = torch.zeros(k, dtype=torch.long)
-    runner = TargetRunner(model, tuple(head.config.target_layers))
-    for seq, start in zip(sequences, starts):
-        seq = seq.reshape(-1).long().cpu()  # [T]
-        hidden = runner.prefill([seq])[1][0]  # {l: [T, H]}
-        fused = head.fuse(
-            [hidden[layer].to(weight.device, weight.dtype)[None] for layer in head.config.target_layers]
-        )
-        anchors = torch.arange(max(start - 1, 0), max(len(seq) - 2, 0))  # (A,): anchor a drafts a + 2 ..
-        if not anchors.numel():
-            continue
-        cand = (
-            head.parallel_logits(fused, seq[None].to(weight.device), anchors)[0].topk(topk, -1).indices.cpu()
-        )
-        for d in range(k):
-            ok = anchors + 2 + d < len(seq)  # (A,)
-            ref = head.target_to_draft(seq[(anchors + 2 + d)[ok]].to(weight.device)).cpu()  # -1: outside
-            hits[d] += (cand[ok, d] == ref[:, None]).sum(0)
-            counts[d] += int(ok.sum())
-    return hits.double().div(counts.clamp(min=1)[:, None]).float()

@@ -14,7 +14,7 @@ EAGLE-3 / P-EAGLE draft vocab are misses.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -43,8 +43,8 @@ def topk_accuracy(
     head: DraftHead,
     sequences: list[Tensor],
     starts: Sequence[int] | None,
-    depth: int,
     topk: int,
+    depth: int,
     drafts: Drafts,
 ) -> Tensor:
     """accuracy [depth, topk] of the drafts `drafts` gives per sequence (see the module doc); each
@@ -84,17 +84,27 @@ def topk_accuracy(
     return hits.double().div(counts[:, None]).float()
 
 
-@inference_mode
-def measure_medusa_accuracy(
-    model: PreTrainedModel,
-    head: MedusaHead,
-    sequences: list[Tensor],
-    depth: int | None = None,
-    topk: int = 4,
-    starts: Sequence[int] | None = None,
-) -> Tensor:
-    """accuracy [num_heads, topk]: head k at position c (the target's state of token c) guesses token
-    c + 2 + k. (`depth` is not read: a Medusa head set drafts num_heads depths.)"""
+def _measured(drafts_for: Callable[[Any, int | None], tuple[int, Drafts]]) -> Callable[..., Tensor]:
+    """A family's registered measure `(model, head, sequences, depth=, topk=, starts=) -> [D, topk]` from
+    `drafts_for(head, depth)`: its D depths and the drafts of a sequence."""
+
+    @inference_mode
+    def measure(
+        model: PreTrainedModel,
+        head: Any,
+        sequences: list[Tensor],
+        depth: int | None = None,
+        topk: int = 4,
+        starts: Sequence[int] | None = None,
+    ) -> Tensor:
+        return topk_accuracy(model, head, sequences, starts, topk, *drafts_for(head, depth))
+
+    return measure
+
+
+def _medusa(head: MedusaHead, depth: int | None) -> tuple[int, Drafts]:
+    """Head k at position c (the target's state of token c) guesses token c + 2 + k; `depth` is not read
+    (a Medusa head set drafts num_heads depths)."""
     layer, dtype = head.config.target_layers[0], next(head.parameters()).dtype
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
@@ -103,65 +113,41 @@ def measure_medusa_accuracy(
             [head.head_logits(k, state[None, a])[0] for k in range(head.num_heads)], 1
         )
 
-    return topk_accuracy(model, head, sequences, starts, head.num_heads, topk, drafts)
+    return head.num_heads, drafts
 
 
-@inference_mode
-def measure_eagle_accuracy(
-    model: PreTrainedModel,
-    head: EagleHead | Eagle3Head,
-    sequences: list[Tensor],
-    depth: int,
-    topk: int,
-    starts: Sequence[int] | None = None,
-) -> Tensor:
-    """accuracy [depth, topk] of an EAGLE head, unrolled `depth` steps over all positions at once on its
-    own features (heads.unroll.ttt_forward: the attention a depth-d tree node has when decoding). Step j at
-    position c + j continues the context ending at c and guesses token c + 2 + j."""
-    weight, layers = head.fc.weight, head.config.target_layers
+def _eagle(head: EagleHead | Eagle3Head, depth: int | None) -> tuple[int, Drafts]:
+    """The head unrolled `depth` steps over all positions at once on its own features (heads.unroll.
+    ttt_forward: the attention a depth-d tree node has when decoding): step j at position c + j continues
+    the context ending at c and guesses token c + 2 + j."""
+    weight, layers, steps = head.fc.weight, head.config.target_layers, int(depth or 0)
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
         fused = head.features([hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers])
-        outputs = ttt_forward(head, fused, seq[None].to(weight.device), None, depth)  # depth x [1, T, H]
-        steps = torch.stack(outputs, 2)[0]  # [T, D, H]
-        ahead = torch.arange(depth)  # (positions past T have no token: clamped, never counted)
-        return lambda a: head.logits(steps[(a[:, None] + ahead).clamp(max=len(seq) - 1), ahead])
+        out = torch.stack(ttt_forward(head, fused, seq[None].to(weight.device), None, steps), 2)[
+            0
+        ]  # [T, D, H]
+        ahead = torch.arange(steps)  # (positions past T have no token: clamped, never counted)
+        return lambda a: head.logits(out[(a[:, None] + ahead).clamp(max=len(seq) - 1), ahead])
 
-    return topk_accuracy(model, head, sequences, starts, depth, topk, drafts)
+    return steps, drafts
 
 
-@inference_mode
-def measure_peagle_accuracy(
-    model: PreTrainedModel,
-    head: PEagleHead,
-    sequences: list[Tensor],
-    depth: int | None = None,
-    topk: int = 4,
-    starts: Sequence[int] | None = None,
-) -> Tensor:
-    """accuracy [K, topk] of a P-EAGLE head: block slot d of anchor c guesses token c + 2 + d (every
-    anchor's block in one parallel forward; `depth` is not read: a block has K slots)."""
+def _peagle(head: PEagleHead, depth: int | None) -> tuple[int, Drafts]:
+    """Block slot d of anchor c guesses token c + 2 + d (the anchors' blocks in one parallel forward);
+    `depth` is not read (a block has K slots)."""
     weight, layers = head.fc.weight, head.config.target_layers
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
         fused = head.fuse([hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers])
         return lambda a: head.parallel_logits(fused, seq[None].to(weight.device), a)[0]  # [A, K, Vd]
 
-    return topk_accuracy(model, head, sequences, starts, head.block_size, topk, drafts)
+    return head.block_size, drafts
 
 
-@inference_mode
-def measure_dflash_accuracy(
-    model: PreTrainedModel,
-    head: DFlashHead,
-    sequences: list[Tensor],
-    depth: int | None = None,
-    topk: int = 4,
-    starts: Sequence[int] | None = None,
-) -> Tensor:
-    """accuracy [block_size - 1, topk] of a DFlash head: block position d + 1 after the context 0..c
-    (rooted at token c + 1) guesses token c + 2 + d (many anchors' blocks a forward; `depth` is not read:
-    a block has block_size - 1 drafts)."""
+def _dflash(head: DFlashHead, depth: int | None) -> tuple[int, Drafts]:
+    """Block position d + 1 after the context 0..c (rooted at token c + 1) guesses token c + 2 + d (the
+    anchors' blocks in one forward); `depth` is not read (a block has block_size - 1 drafts)."""
     device, layers = head.fc.weight.device, head.config.target_layers
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
@@ -169,33 +155,26 @@ def measure_dflash_accuracy(
         ids = seq[None].to(device)  # [1, T]
         return lambda a: head.logits(head.predict_blocks(context, ids, a[None].to(device))[0][:, 1:])
 
-    return topk_accuracy(model, head, sequences, starts, head.config.block_size - 1, topk, drafts)
+    return head.config.block_size - 1, drafts
 
 
-def _typical(ranks: Sequence[float], decay: float, depth: int) -> Tensor:
-    """A typical trained head's accuracy [depth, len(ranks)]: `ranks` at depth 1, times `decay` a depth."""
+measure_medusa_accuracy = _measured(_medusa)
+measure_eagle_accuracy = _measured(_eagle)
+measure_peagle_accuracy = _measured(_peagle)
+measure_dflash_accuracy = _measured(_dflash)
+
+
+def _typical(ranks: list[float], decay: float, depth_of: Callable[[Any], int]) -> Callable[[Any], Tensor]:
+    """A family's `assumed_accuracy`: head -> a typical trained head's table [D, len(ranks)], `ranks` at
+    depth 1 times `decay` a depth (D = depth_of(head)); sizes trees when a head comes without a measured
+    one (scripts/build_tree.py measures the real one into HEAD/tree.json)."""
     first = torch.tensor(ranks, dtype=torch.float64)
-    return torch.stack([first * decay**d for d in range(depth)])
+    return lambda head: torch.stack([first * decay**d for d in range(depth_of(head))])
 
 
-def assumed_medusa_accuracy(head: MedusaHead) -> Tensor:
-    """A typical trained Medusa head set's accuracy [heads, 4], to size trees without a measured table
-    (scripts/build_tree.py measures the real one into HEAD/tree.json)."""
-    return _typical([0.60, 0.10, 0.05, 0.03], 0.75, head.num_heads)
-
-
-def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) -> Tensor:
-    """A typical trained EAGLE head's accuracy [depth, 4] (any head): sizes its tree on a CPU when it comes
-    without a measured table (an EAGLE-2 60-node tree costs several decode steps there)."""
-    return _typical([0.70, 0.08, 0.03, 0.02], 0.97, depth)
-
-
-def assumed_peagle_accuracy(head: PEagleHead) -> Tensor:
-    """A typical trained P-EAGLE head's accuracy [K, 4] (parallel slots lose more per depth than EAGLE's
-    steps), to size batch trees without a measured table."""
-    return _typical([0.70, 0.08, 0.03, 0.02], 0.85, head.block_size)
-
-
-def assumed_dflash_accuracy(head: DFlashHead) -> Tensor:
-    """A typical trained DFlash head's accuracy [block_size - 1, 4], to size trees without a measured table."""
-    return _typical([0.80, 0.06, 0.02, 0.01], 0.93, head.config.block_size - 1)
+assumed_medusa_accuracy = _typical([0.60, 0.10, 0.05, 0.03], 0.75, lambda head: head.num_heads)
+# any EAGLE head, 7 deep: sizes its tree on a CPU (an EAGLE-2 60-node tree costs several decode steps there)
+assumed_eagle_accuracy = _typical([0.70, 0.08, 0.03, 0.02], 0.97, lambda head: 7)
+# parallel slots lose more per depth than EAGLE's steps
+assumed_peagle_accuracy = _typical([0.70, 0.08, 0.03, 0.02], 0.85, lambda head: head.block_size)
+assumed_dflash_accuracy = _typical([0.80, 0.06, 0.02, 0.01], 0.93, lambda head: head.config.block_size - 1)

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from spechead.heads.families import family_of
-from spechead.heads.medusa import MedusaHead
 from spechead.inference.tuning.calibrate import (
     EAGER,
     SIZES,
@@ -32,14 +31,6 @@ from spechead.inference.tuning.pass_timing import in_situ_choice
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-def assumed_medusa_accuracy(head: MedusaHead) -> torch.Tensor:
-    """A typical trained Medusa head set's accuracy [heads, 4] (head 0 top-1 0.6, each further head
-    x0.75): used to size batch trees when a head comes without a measured table (scripts/build_tree.py
-    measures the real one into HEAD/tree.json)."""
-    ranks = torch.tensor([0.60, 0.10, 0.05, 0.03], dtype=torch.float64)
-    return torch.stack([ranks * 0.75**k for k in range(head.num_heads)])
 
 
 @torch.inference_mode()

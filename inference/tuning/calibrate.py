@@ -63,14 +63,6 @@ class TimedAs:
 EAGER = TimedAs()  # every part eager (the default)
 
 
-def assumed_eagle_accuracy(head: torch.nn.Module | None = None, depth: int = 7) -> torch.Tensor:
-    """A typical trained EAGLE head's accuracy [depth, 4] (top-1 0.7, decaying 3% per depth; any head): used on a
-    CPU when a head comes without a measured table, so its tree is sized for the CPU's costs (an
-    EAGLE-2 60-node tree costs several decode steps there). scripts/build_tree.py measures the real one."""
-    ranks = torch.tensor([0.70, 0.08, 0.03, 0.02], dtype=torch.float64)
-    return torch.stack([ranks * 0.97**d for d in range(depth)])
-
-
 def saved_accuracy(saved: str | Path | dict | None) -> torch.Tensor | None:
     """accuracy [depth, k] from HEAD_DIR/tree.json or its fields as a dict (None when there is none), made
     realistic: when the tree also holds the tau measured by decoding with it (`measured_tau`,

@@ -10,11 +10,11 @@ import torch
 
 from spechead.heads import MedusaConfig, MedusaHead
 from spechead.inference.tree import tree_from_choices
+from spechead.inference.tuning.accuracy import measure_eagle_accuracy, measure_medusa_accuracy
 from spechead.inference.tuning.tree_search import (
     best_choices,
     expected_accept_length,
     interpolate_cost,
-    measure_topk_accuracy,
     ranked_choices_for_cost,
 )
 
@@ -117,11 +117,11 @@ def planted(model, prefix: list[int], length: int, lag: int, rank_at) -> torch.T
     return torch.tensor(ids)
 
 
-def test_measure_topk_accuracy_by_hand(model_and_head):
+def test_measure_medusa_accuracy_by_hand(model_and_head):
     model, head = model_and_head
     # head 1 (lm_head on position t's state, reference t+3) finds token t+3 as its 3rd candidate everywhere
     seqs = [planted(model, p, n, lag=3, rank_at=lambda t: 2) for p, n in (([7, 1, 30], 9), ([5, 5, 60], 14))]
-    acc = measure_topk_accuracy(model, head, seqs, topk=4)
+    acc = measure_medusa_accuracy(model, head, seqs, topk=4)
     assert acc.shape == (3, 4) and ((acc >= 0) & (acc <= 1)).all()
     assert acc[1].tolist() == [0.0, 0.0, 1.0, 0.0]
     # every entry against a plain forward of the target
@@ -143,14 +143,14 @@ def test_measure_counts_generated_positions_only(model_and_head):
     start, length = 6, 16
     # head 0 (reference t+2): rank 0 inside the prompt, rank 1 in the generated part
     seq = planted(model, [11, 4], length, lag=2, rank_at=lambda t: 0 if t + 2 < start else 1)
-    acc = measure_topk_accuracy(model, head, [seq], topk=2, starts=[start])
+    acc = measure_medusa_accuracy(model, head, [seq], topk=2, starts=[start])
     assert acc[0].tolist() == [0.0, 1.0]  # positions 5..13, references 7..15: all rank 1
-    everything = measure_topk_accuracy(model, head, [seq], topk=2)  # positions 0..13
+    everything = measure_medusa_accuracy(model, head, [seq], topk=2)  # positions 0..13
     assert everything[0].tolist() == pytest.approx([4 / 14, 10 / 14])
     with pytest.raises(ValueError, match="too short"):
-        measure_topk_accuracy(model, head, [seq], topk=2, starts=[length - 2])  # heads 1, 2: no position
+        measure_medusa_accuracy(model, head, [seq], topk=2, starts=[length - 2])  # heads 1, 2: no position
     with pytest.raises(ValueError, match="starts"):
-        measure_topk_accuracy(model, head, [seq], topk=2, starts=[1, 2])
+        measure_medusa_accuracy(model, head, [seq], topk=2, starts=[1, 2])
 
 
 def test_interpolated_cost_and_best_tree_for_cost():
@@ -194,7 +194,7 @@ def test_measure_counts_the_last_prompt_position(model_and_head):
     start, length = 6, 16
     # head 0 (reference t+2): rank 0 at position start - 1 only, rank 1 at the later positions
     seq = planted(model, [11, 4], length, lag=2, rank_at=lambda t: 0 if t < start else 1)
-    acc = measure_topk_accuracy(model, head, [seq], topk=2, starts=[start])
+    acc = measure_medusa_accuracy(model, head, [seq], topk=2, starts=[start])
     assert acc[0].tolist() == pytest.approx([1 / 9, 8 / 9])  # positions 5..13
 
 
@@ -208,7 +208,6 @@ def test_measure_eagle_accuracy_by_hand(tiny_llama, kind):
     from spechead.heads.eagle import EagleConfig, EagleHead
     from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
     from spechead.inference.target.runner import TargetRunner
-    from spechead.inference.tuning.tree_search import measure_eagle_accuracy
 
     model = tiny_llama(64, layers=4, hidden=32, seed=5)
     torch.manual_seed(1)
