@@ -1,20 +1,16 @@
 """Cascade drafting (tiny -> medium -> target): a drafter that is itself a speculative decoder.
 
-A tiny draft LM (a `DraftModelDrafter` chain) drafts for a medium LM, which verifies with the same
-lossless rules as the target (`acceptance.greedy_accept` / `sample_accept`, rule "iid" on the tiny's q)
-on its own KV cache, until the medium has produced `num_draft` tokens. Those tokens go to the target
-as ONE chain.
+A tiny draft LM (a `DraftModelDrafter` chain) drafts for a medium LM, which verifies it with the target's
+lossless rules (`greedy_accept` / `sample_accept`, rule "iid" on the tiny's q) on its own KV cache until
+it has produced `num_draft` tokens; those go to the target as ONE chain.
 
-Why this is lossless at both levels: the inner loop is exact speculative sampling, so the chain is
-distributed exactly like sampling from the medium itself, token by token (greedy: the medium's own
-greedy continuation). The target therefore sees children drawn from q = the medium's per-node
-distribution (after the same temperature/top-k/top-p), which is rule "iid" (B) with that q. Handing
-the target the tiny's q, or the tiny's proposal before the medium verified it, would be biased: a
-medium-level rejection must never leak into the target's distribution (tests/inference/drafters/test_cascade.py).
+Lossless at both levels: the inner loop is exact speculative sampling, so the chain is distributed
+exactly like sampling from the medium (greedy: its greedy continuation), and the target verifies it
+with rule "iid" (B) on q = the medium's per-node distribution. The tiny's q, or its proposal before the
+medium verified it, would be biased (tests/inference/drafters/test_cascade.py).
 
-Caches: each level keeps the tokens it has run (a prefix of the sequence). During `propose` the
-medium's cache grows with its verified chain; `accept` crops the medium's and the tiny's caches back
-to what the target accepted, so accepted chain tokens are not recomputed.
+Caches: each level keeps a prefix of the sequence; `accept` crops the medium's and the tiny's caches to
+what the target accepted, so accepted chain tokens are not recomputed.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from transformers import DynamicCache, PreTrainedModel
 from spechead.heads.hybrid import check_attention_only
 from spechead.inference.acceptance import greedy_accept, sample_accept
 from spechead.inference.drafters.base import Draft, chain
-from spechead.inference.drafters.draft_model import DraftModelDrafter
+from spechead.inference.drafters.draft_model import DraftModelDrafter, at_least, check_vocab
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.kv_cache import cache_length, crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, target_probs
@@ -41,17 +37,12 @@ class CascadeDrafter(RowDrafter):
     def __init__(
         self, tiny: PreTrainedModel, medium: PreTrainedModel, num_draft: int = 8, tiny_draft: int = 4
     ):
-        for name, value in (("num_draft", num_draft), ("tiny_draft", tiny_draft)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        at_least("num_draft", num_draft)
+        at_least("tiny_draft", tiny_draft)
         check_attention_only(medium.config, "drafting with it", "use an attention-only medium model")
-        tiny_vocab = tiny.get_output_embeddings().weight.shape[0]
         medium_vocab = medium.get_output_embeddings().weight.shape[0]
-        if tiny_vocab != medium_vocab:
-            raise ValueError(
-                f"cascade: the tiny model has a vocabulary of {tiny_vocab} tokens, the medium {medium_vocab}: "
-                "both must use the target's tokenizer"
-            )
+        fix = "both must use the target's tokenizer"
+        check_vocab(tiny, medium_vocab, "cascade: the tiny model", fix, other="the medium")
         # Both models are attributes of this object so per-row clones share them (drafters/base.clone_drafter).
         self.tiny_model, self.medium = tiny.eval(), medium.eval()
         self.tiny = DraftModelDrafter(tiny, tiny_draft)  # a chain, rule "iid" under sampling
@@ -62,12 +53,8 @@ class CascadeDrafter(RowDrafter):
         self.context: list[int] = []  # tokens in the target's cache (the root not yet)
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
-        mine = self.medium.get_output_embeddings().weight.shape[0]
-        if mine != vocab_size:
-            raise ValueError(
-                f"cascade: the medium and tiny models have a vocabulary of {mine} tokens, the target {vocab_size}: "
-                "use cascade:TINY+MEDIUM with models that share the target's tokenizer"
-            )
+        fix = "use cascade:TINY+MEDIUM with models that share the target's tokenizer"
+        check_vocab(self.medium, vocab_size, "cascade: the medium model", fix)
 
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
         self.cache = croppable_cache(self.medium)

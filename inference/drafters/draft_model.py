@@ -1,27 +1,22 @@
 """An independent small draft model (any HF causal LM sharing the target's tokenizer) drafting chains or
-token trees (SpecInfer).
+token trees (SpecInfer), one draft forward per depth over the whole frontier (never one per node).
 
-Shapes (one draft forward per depth over the whole frontier, never one per node):
-- chain (default): `num_draft` (or `depth`) tokens, one child per node;
-- static: `width` children per node at every depth (an int, or one int per depth: `[4, 2, 2, 1]` or
-  the string "4x2x2x1"), or `tree=[[0], [1], [0, 0], ...]` paths of child ranks (`tree_from_choices`);
-- dynamic (`tree="dynamic"`, EAGLE-2 style): per depth expand the `top_k` frontier nodes of highest
-  cumulative draft log-prob with their `top_k` children, down to `depth`; keep the best
-  `total_tokens - 1` nodes.
+Shapes:
+- chain (default): `num_draft` (or `depth`) tokens;
+- static: `width` children per node at every depth (an int, or one per depth: `[4, 2, 2, 1]` or
+  "4x2x2x1"), or `tree=[[0], [1], [0, 0], ...]` paths of child ranks (`tree_from_choices`);
+- dynamic (`tree="dynamic"`, EAGLE-2 style): per depth the `top_k` frontier nodes of highest cumulative
+  draft log-prob expand their `top_k` children, down to `depth`; the best `total_tokens - 1` nodes stay.
 
-Children and the lossless rule that verifies them (`acceptance.sample_accept`):
-- greedy decoding: the draft's top-k children (rank r = r-th most likely), verified greedily;
-- sampling, rule "iid" (B): a node's c children are c i.i.d. draws from its draft distribution q;
-- sampling, rule "without_replacement" (C): c draws from q without replacement (the i-th child is the
-  i-th draw; fewer children when q has fewer than c tokens);
-- sampling, rule "deterministic" (A): top-k children as under greedy (the only rule for dynamic trees:
-  keeping the best-scored sampled nodes would bias the draws).
-Default rule: "iid" for chains, "without_replacement" for trees. q (the distribution after the same
-temperature/top-k/top-p as the target) is returned per node for rules B/C.
+Children and the lossless rule that verifies them (`acceptance.sample_accept`): greedy decoding and rule
+"deterministic" (A) take the draft's top-k children; under sampling, rule "iid" (B, the chain default)
+draws a node's c children i.i.d. from its draft distribution q, "without_replacement" (C, the tree
+default) without replacement (fewer children when q has fewer than c tokens). Dynamic trees take rule A
+only: keeping the best-scored sampled nodes would bias the draws. q (after the target's
+temperature/top-k/top-p) is returned per node for rules B/C.
 
-Draft cache: the committed tokens (the root last, at position C - 1); the speculative nodes of a
-`propose` are appended depth by depth under an additive tree mask with position ids C - 1 + depth
-(`tree_inputs_on_device`), then cropped away (`crop`).
+Draft cache: the committed tokens (the root last, at position C - 1); a `propose` appends its nodes depth
+by depth under a tree mask with positions C - 1 + depth (`tree_inputs_on_device`), then crops them away.
 """
 
 from __future__ import annotations
@@ -51,6 +46,21 @@ SAMPLING_RULES = ("iid", "without_replacement", "deterministic")
 # (a LayerSkipDrafter, a DraftModelDrafter over the target's own layers, takes them too).
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 MAX_NODES = 1024  # drafted nodes of a static shape (a width per depth multiplies quickly)
+
+
+def at_least(name: str, value: object, low: int = 1) -> None:
+    """ValueError unless `value` is an int (not a bool) >= `low`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def check_vocab(
+    model: PreTrainedModel, vocab_size: int, what: str, fix: str, other: str = "the target"
+) -> None:
+    """ValueError (one line) when `model`'s output vocabulary is not `other`'s `vocab_size`."""
+    mine = model.get_output_embeddings().weight.shape[0]
+    if mine != vocab_size:
+        raise ValueError(f"{what} has a vocabulary of {mine} tokens, {other} {vocab_size}: {fix}")
 
 
 def parse_width(width: int | str | Sequence[int]) -> list[int]:
@@ -101,10 +111,9 @@ class DraftModelDrafter(RowDrafter):
         top_k: int = 10,
         total_tokens: int = 60,
     ):
-        if not isinstance(num_draft, int) or num_draft < 1:
-            raise ValueError(f"num_draft must be an int >= 1, got {num_draft!r}")
-        if depth is not None and (not isinstance(depth, int) or depth < 1):
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        at_least("num_draft", num_draft)
+        if depth is not None:
+            at_least("depth", depth)
         if rule is not None and rule not in SAMPLING_RULES:
             raise ValueError(f"rule must be one of {SAMPLING_RULES}, got {rule!r}")
         # (its tree drafts and crops would corrupt a recurrent state: one line, not a wrong draft cache)
@@ -114,35 +123,32 @@ class DraftModelDrafter(RowDrafter):
         self.dynamic = tree == "dynamic"
         self.shape: StaticTree | None = None
         if self.dynamic:
-            for name, value, low in (("top_k", top_k, 1), ("total_tokens", total_tokens, 2)):
-                if not isinstance(value, int) or value < low:
-                    raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            at_least("top_k", top_k)
+            at_least("total_tokens", total_tokens, 2)
             if rule not in (None, "deterministic"):
                 raise ValueError(
                     f'tree="dynamic" keeps the best-scored nodes, which biases sampled children: '
                     f"use rule=deterministic (top-k children, lossless rule A), not {rule!r}"
                 )
-            rule = "deterministic"
-            self.depth = depth or num_draft
-        elif tree is not None:
+            rule, self.depth = "deterministic", depth or num_draft
+            _check_attention(model)
+        else:
             if isinstance(tree, str):
                 raise ValueError(f'tree must be "dynamic" or a list of rank paths, got {tree!r}')
-            self.shape = tree_from_choices(tree)
-        else:
-            widths = parse_width(width)
-            if len(widths) == 1:
-                widths = widths * (depth or num_draft)
-            elif depth is not None and depth != len(widths):
-                raise ValueError(f"width {widths} has {len(widths)} depths but depth={depth}")
-            self.shape = width_tree(widths)
-        if self.shape is not None:
+            if tree is not None:
+                self.shape = tree_from_choices(tree)
+            else:
+                widths = parse_width(width)
+                if len(widths) == 1:
+                    widths = widths * (depth or num_draft)
+                elif depth is not None and depth != len(widths):
+                    raise ValueError(f"width {widths} has {len(widths)} depths but depth={depth}")
+                self.shape = width_tree(widths)
             self.depth = int(self.shape.depth.max())
-            branching = torch.bincount(self.shape.parents[1:], minlength=self.shape.size).max()
-            rule = rule or ("iid" if int(branching) == 1 else "without_replacement")
-            if int(branching) > 1:
+            branching = int(torch.bincount(self.shape.parents[1:], minlength=self.shape.size).max())
+            rule = rule or ("iid" if branching == 1 else "without_replacement")
+            if branching > 1:
                 _check_attention(model)
-        else:
-            _check_attention(model)
         assert rule is not None  # every branch above picked one
         self.rule = rule  # how sampled decoding picks and verifies children
         self.num_draft = self.depth  # (the old name: the chain length)
@@ -151,11 +157,7 @@ class DraftModelDrafter(RowDrafter):
         self.pending: list[int] = []  # committed tokens not yet in the draft cache
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
-        mine = self.model.get_output_embeddings().weight.shape[0]
-        if mine != vocab_size:
-            raise ValueError(
-                f"draft model has a vocabulary of {mine} tokens, the target {vocab_size}: use a draft model with the target's tokenizer"
-            )
+        check_vocab(self.model, vocab_size, "draft model", "use a draft model with the target's tokenizer")
 
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
         self.cache = croppable_cache(self.model)
