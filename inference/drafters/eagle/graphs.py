@@ -36,7 +36,6 @@ from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft, paths_states
 from spechead.inference.drafters.eagle.rows import EagleRows
-from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import batch_capacity
 
@@ -276,26 +275,3 @@ class GraphRows(EagleRows):
     def _longest(self) -> int:
         """max_b C_b of the physical rows, from the host's copy."""
         return int(self._capacity.lengths.max())
-
-    def _static_inputs(self, plan: StaticPlan, batch: int) -> None:
-        """None: inside a graph each depth builds its own mask (`_run_static`), over the fixed-size cache."""
-        return None
-
-    def _run_static(
-        self, features: Tensor, ids: Tensor, step: dict, spec: int, every: tuple | None
-    ) -> Tensor:
-        """A depth's E queries through `_forward` (features [B, E, H], tokens [B, E]) -> [B, E, H]."""
-        batch, run = ids.shape
-        offsets = torch.full((run,), step["depth"] - 2, device=self.device)  # position C_b + depth - 2
-        return self._forward(features, ids, step["allowed"].expand(batch, -1, -1), offsets, spec)
-
-    def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
-        """`EagleRows._forward` over the whole fixed-size cache: query i of row b writes slot
-        C_b + spec + i, sits at position C_b + offsets[i] and sees slots < C_b plus the block
-        [C_b, C_b + spec + q) where own [P, q, spec + q] is True; C_b [P] is the device length."""
-        cache = self.cache
-        assert cache is not None and cache.lengths_t is not None  # start made them
-        # the mask [P, 1, q, S_max] and positions [P, q]; the cache finds the slots from its device lengths
-        mask, positions, _, _ = self._inputs(own, offsets, spec, cache.lengths_t, cache.max_length)
-        cache.write_offset = spec  # these q queries write after the spec speculative slots so far
-        return self.drafter.head_step(features, ids, mask, positions, cache)

@@ -25,7 +25,6 @@ from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.eagle.sampled_children import SampledChildren
-from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
@@ -223,23 +222,21 @@ class EagleRows:
         """One head call on q queries per row: features [B, q, H], tokens [B, q]. Query i of row b
         writes slot C_b + spec + i, sits at position C_b + offsets[i] and sees slots < C_b plus the
         block [C_b, C_b + spec + q) where own [B, q, spec + q] is True. Returns features [B, q, H]."""
-        return self._run(features, ids, self._inputs(own, offsets, spec))
+        return self._run(features, ids, self._inputs(own, offsets, spec), spec)
 
-    def _inputs(
-        self,
-        own: Tensor,
-        offsets: Tensor,
-        spec: int = 0,
-        committed: Tensor | None = None,
-        view: int | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, int]:
+    def _inputs(self, own: Tensor, offsets: Tensor, spec: int = 0) -> tuple[Tensor, Tensor, Tensor, int]:
         """What `_forward` hands the head for q queries (see there): the additive mask [B, 1, q, S], the
-        positions [B, q], the slots they write [B, q] and S (the slots they attend over). committed: C_b
-        [B] (default: the rows'), view: S (default: the longest C_b + spec + q; GraphRows: the whole cache)."""
+        positions [B, q], the slots they write [B, q] and S. C_b and S: the host-tracked lengths and the
+        longest C_b + spec + q, or with a fixed-shape cache (GraphRows) its device lengths and all its slots."""
         batch, q = own.shape[0], own.shape[1]
-        dev, c = self.device, self.committed if committed is None else committed  # [B]
-        width = own.shape[-1]  # spec + q
-        view = self.longest + width if view is None else view  # S
+        width, cache = own.shape[-1], self.cache  # spec + q
+        assert cache is not None  # start made it
+        if cache.static_shapes:
+            assert cache.lengths_t is not None  # GraphRows.start made it
+            c, view = cache.lengths_t, cache.max_length  # [B], S
+        else:
+            c, view = self.committed, self.longest + width
+        dev = self.device
         block = c[:, None] + torch.arange(width, device=dev)  # [B, spec + q] slots of the block
         allowed = (torch.arange(view, device=dev)[None, :] < c[:, None])[:, None, :].expand(batch, q, view)
         allowed = allowed.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [B, q, S]
@@ -247,12 +244,18 @@ class EagleRows:
         mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)  # [B, 1, q, S]
         return mask, c[:, None] + offsets[None, :], block[:, spec:], view
 
-    def _run(self, features: Tensor, ids: Tensor, inputs: tuple[Tensor, Tensor, Tensor, int]) -> Tensor:
-        """The head on features [B, q, H] and tokens [B, q] with `_inputs`' mask, positions, slots and S."""
+    def _run(
+        self, features: Tensor, ids: Tensor, inputs: tuple[Tensor, Tensor, Tensor, int], spec: int = 0
+    ) -> Tensor:
+        """The head on features [B, q, H] and tokens [B, q] with `_inputs`' mask, positions, slots and S,
+        after `spec` speculative slots (a fixed-shape cache finds the slots from its device lengths)."""
         mask, positions, slots, view = inputs
         cache = self.cache
         assert cache is not None  # start made it
-        cache.write_slots, cache.view_length = slots, view
+        if cache.static_shapes:
+            cache.write_offset = spec
+        else:
+            cache.write_slots, cache.view_length = slots, view
         return self.drafter.head_step(features, ids, mask, positions, cache)
 
     # ---- tree growth -------------------------------------------------------------------------------
@@ -327,11 +330,18 @@ class EagleRows:
         tokens = roots[:, None].repeat(1, n)  # [B, N]
         out = feature.new_empty(batch, n, feature.shape[-1])  # [B, N, H]
         out[:, 0] = feature
-        spec, every = 0, self._static_inputs(plan, batch)
+        # every speculative query's inputs at once (the plan's stacked masks and offsets), each depth's as
+        # views of them: on a CPU each op costs (a mask a depth was about ten)
+        q = plan.spec_offsets.numel()
+        every = self._inputs(plan.spec_allowed.expand(batch, q, q), plan.spec_offsets) if q else None
+        spec = 0
         for step in plan.steps:
             if step["run"] is not None:  # the parents to expand at depth d - 1 >= 1 run on the head
-                run = step["run"]  # [E]
-                out[:, run] = self._run_static(out[:, step["run_parent"]], tokens[:, run], step, spec, every)
+                assert every is not None  # (a depth that runs: the plan has speculative queries)
+                run, (mask, positions, slots, view) = step["run"], every  # run [E]
+                at = slice(spec, spec + run.numel())
+                inputs = (mask[:, :, at], positions[:, at], slots[:, at], view)
+                out[:, run] = self._run(out[:, step["run_parent"]], tokens[:, run], inputs, spec)
                 spec += run.numel()
             expand = out[:, step["expand"]]  # [B, E, H]
             if drawn is None:
@@ -340,20 +350,3 @@ class EagleRows:
                 ids = drawn.top(expand, step["need"])  # [1, E, need] drawn (rule C)
             tokens[:, step["nodes"]] = self.drafter._to_target(ids.reshape(batch, -1)[:, step["pick"]])
         return tokens[:, plan.order], plan.parents.expand(batch, -1)  # emitted depth-first (see the plan)
-
-    def _static_inputs(self, plan: StaticPlan, batch: int) -> tuple[Tensor, Tensor, Tensor, int] | None:
-        """`_inputs` of every speculative query of a static draft [B, Q] at once (the plan's stacked
-        masks and offsets): each depth's are views of them (on a CPU each op costs; a mask a depth was
-        about ten). S covers all Q slots: a depth's query sees the later ones' as blocked columns."""
-        q = plan.spec_offsets.numel()
-        return self._inputs(plan.spec_allowed.expand(batch, q, q), plan.spec_offsets) if q else None
-
-    def _run_static(
-        self, features: Tensor, ids: Tensor, step: dict, spec: int, every: tuple | None
-    ) -> Tensor:
-        """The head on a depth's E queries (features [B, E, H], tokens [B, E]) after `spec` speculative
-        slots, through views of `every` (`_static_inputs`) -> features [B, E, H]."""
-        assert every is not None  # (a depth that runs: the plan has speculative queries)
-        mask, positions, slots, view = every
-        rows = slice(spec, spec + ids.shape[1])
-        return self._run(features, ids, (mask[:, :, rows], positions[:, rows], slots[:, rows], view))
