@@ -79,30 +79,24 @@ def load_generator(
     draft_int8: bool | str = AUTO,
     **drafter_options,
 ):
-    """SpeculativeGenerator for `target` with `drafter` (see make_drafter); options go to the drafter.
+    """SpeculativeGenerator for `target` with `drafter` (see drafter_specs.make_drafter); options go to
+    the drafter.
 
-    cache / max_cache_len: the target's KV cache back-end (see SpeculativeGenerator). calibrate: when
-    no tree option is given and the head directory's tree.json holds an accuracy table (or, for an
-    EAGLE head on a CPU, a typical assumed one), time verify and draft costs on this device now and use
-    the static tree with the best expected speedup here (`gen.calibration` says what was measured).
-    compile, draft_compile: see SpeculativeGenerator (the target's verify pass and the drafter under
-    torch.compile; draft_compile alone: the drafter only, the fastest on a CPU); the default "auto" is
-    `compiling.resolve_compile`'s; compile=False decodes eagerly anywhere.
-    Graphs that "auto" chose are proven here on a two-token answer: a model whose passes cannot be
-    captured (a host read inside its forward) then decodes eagerly, with a RuntimeWarning saying why.
-    draft_fp8: an EAGLE / EAGLE-3 head's per-depth layers in FP8 e4m3 (heads/fp8.py: half the bytes a
-    draft depth reads; still lossless), before any calibration, so the tree is measured as it will
-    draft; the default "auto" is on for such a head on a GPU with FP8 tensor cores (draft_weights.py).
-    draft_int8: on a CPU, the head's big per-pass layers in int8 (heads/int8.py: a quarter of the bytes
-    float32 reads; EAGLE / EAGLE-3 per-depth layers, Medusa projections; still lossless); the default
-    "auto" is on for a Medusa head on an AVX512 CPU (`int8_by_default`: its projections are bound by the
-    bytes they read), off otherwise (an EAGLE-3 draft there is bound by its op count, not its bytes).
-    Measured: docs/PERFORMANCE.md.
-    dtype: the target's and the head's weights; "auto" (the default): float32 on a CPU, else the
-    checkpoint's own dtype (bfloat16 when it names none; devices.load_dtype). attn_implementation:
-    the target's; by default "spechead_sdpa" (heads/attention.py: transformers' sdpa, with grouped
-    key/value heads inside the kernel for tree passes on a CPU), or "eager" for a model class that
-    cannot run sdpa (Gemma-2).
+    dtype: the target's and the head's weights; "auto": float32 on a CPU, else the checkpoint's own
+    (bfloat16 when it names none; devices.load_dtype). attn_implementation: the target's; by default
+    "spechead_sdpa" (heads/attention.py: sdpa with grouped key/value heads inside the kernel for tree
+    passes on a CPU), "eager" for a model class that cannot run sdpa (Gemma-2).
+    cache / max_cache_len: the target's KV cache back-end (see SpeculativeGenerator).
+    calibrate: when no tree option is given and the head's tree.json holds an accuracy table (or, for an
+    EAGLE head on a CPU, an assumed one), time this device now and use the static tree of the best
+    expected speedup here (`gen.calibration` says what was measured).
+    compile, draft_compile: the target's verify pass and the drafter under torch.compile (draft_compile
+    alone: the drafter only); "auto" is `compiling.resolve_compile`'s, False decodes eagerly. Graphs
+    that "auto" chose are proven on a two-token answer: a model whose passes cannot be captured then
+    decodes eagerly, with a RuntimeWarning saying why.
+    draft_fp8 / draft_int8: the head's big draft layers in FP8 (a GPU with FP8 tensor cores) or int8 (a
+    CPU), still lossless, before any calibration so the tree is measured as it will draft; "auto" picks
+    them where they pay (draft_weights.py).
     """
     check_compile(compile)  # (before anything loads: one line in a second)
     check_compile(draft_compile, "draft_compile")
@@ -153,9 +147,8 @@ def load_generator(
         built = built.with_tree(built.choices)
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     calibrating = calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree
-    saved = None
-    if calibrating and isinstance(drafter, str):  # (a head directory: its tree.json, if any)
-        saved = directory.read_tree(directory.resolve(drafter, revision))
+    # a head directory's tree.json, if any
+    saved = directory.read_tree(directory.resolve(str(drafter), revision)) if calibrating else None
 
     def build(compile: bool | str, draft_compile: bool | str | None):
         """The generator over `built`, its tree calibrated here (when asked) as it will run."""
@@ -190,14 +183,12 @@ def calibrated_drafter(
     """A head's drafter with the static tree of the best expected speedup measured on the target's device,
     what was measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
 
-    The table is the saved tree's (`saved`: HEAD/tree.json's fields) or, without one, the family's assumed
-    table: calibrated from on a CPU where the family asks for it (EAGLE: its default dynamic tree is
-    sized for a GPU), else kept only for batch trees while the default tree stays. A saved tree tuned on
-    this kind of device (its "device", written by tree_tuning.tune_tree) stays unless another tree is
-    expected clearly faster: near-equal trees would trade places with noise. The part-by-part costs
-    (calibrate.py) rank the trees; the best few are then decoded here (pass_timing.py) and the tree whose
-    passes pay best is used, the tuned one unless another pays pass_timing.IN_SITU_KEEP_MARGIN more.
-    timed_as: the parts compiled as the generator will compile them (calibrate.TimedAs; None: eager).
+    The table is the saved tree's (`saved`: HEAD/tree.json's fields) or the family's assumed one:
+    calibrated from on a CPU where the family asks for it (EAGLE's default dynamic tree is sized for a
+    GPU), else kept only for batch trees. The part-by-part costs (calibrate.py) rank the trees, the best
+    few are decoded here (`decoded_choice`); a saved tree tuned on this kind of device stays unless
+    another is clearly faster, so near-equal trees do not trade places with noise. timed_as: the parts
+    compiled as the generator will compile them (None: eager).
     """
     head, device = drafter.head, next(target.parameters()).device
     fam = family_of(head.config)
@@ -239,10 +230,9 @@ def decoded_choice(
     keep: list[list[int]] | None = None,
     timed_as: TimedAs | None = None,
 ) -> tuple[list[list[int]], dict]:
-    """Of the trees `ranked` (calibrate's best few by part-by-part costs) and `keep` (a tree tuned for this
-    kind of device, decoded first and kept unless another is expected IN_SITU_KEEP_MARGIN faster), the one
-    whose passes pay best when the head decodes with it here (pass_timing.py; compiled as `timed_as`
-    says, None: eager), and what was measured."""
+    """Of the trees `ranked` (calibrate's best few) and `keep` (a tree tuned for this kind of device, kept
+    unless another pays IN_SITU_KEEP_MARGIN more), the one whose passes pay best when the head decodes
+    with it here (pass_timing.py; compiled as `timed_as` says), and what was measured."""
     option = family_of(head.config).tree_option
     candidates = [c for c in ranked if c != keep]
     if keep is not None and covers(accuracy, keep):
