@@ -1,31 +1,21 @@
 """Lookahead decoding (Fu et al. 2024): Jacobi iterations over a 2D window + an n-gram pool, no draft model.
 
-Each pass sends ONE tree to the target with two branches under the root (the last emitted token):
+Each pass sends ONE tree with two branches under the root (the last emitted token):
+- verification: up to `candidates` pool n-grams starting with the root, merged into a trie, newest first;
+- lookahead: the window, `ngram - 1` levels x `window` columns of guessed tokens; cell (l, c) sits at
+  offset c + l + 1 after the root: level 0 is a chain off the root, each column's higher levels a chain
+  off its level-0 cell.
+That is the paper's lookahead mask exactly: cell (l, c) attends to the level-0 cells of columns <= c and
+its own column below l, which are its tree ancestors at consecutive offsets (position = depth).
+Verifying the window too stays lossless: every node is a deterministic function of past passes (rule A).
 
-- verification branch: up to `candidates` n-grams from the pool whose first token is the root, merged
-  into a trie (their N-1 continuation tokens), most recent first;
-- lookahead branch: the window, `ngram - 1` levels x `window` columns of guessed tokens. Cell (l, c)
-  sits at offset c + l + 1 after the root. Level 0 is a chain off the root (root -> (0,0) -> (0,1) ...),
-  and each column's higher levels are a chain hanging off its level-0 cell ((l-1, c) -> (l, c)).
-
-Why this is the paper's lookahead mask and not an approximation: there, cell (l, c) attends to the
-level-0 cells of columns <= c and to the cells of its own column below level l. Those are exactly its
-ancestors in the tree above, at consecutive offsets, so the tree mask with position = depth (what the
-engine builds from `parents`) reproduces it unchanged. Verifying the lookahead nodes too is still
-lossless: greedy keeps a node only when it equals the target's argmax on its own path, and under
-sampling every child is a deterministic function of past passes (rule A), whichever branch it is in.
-
-After the pass, `verified` reads the target's argmax at the top level: for column c that is the next
-Jacobi guess, and (window[0][c], ..., window[L-1][c], output) is an N-gram for the pool. `accept`
-shifts the window by the emitted tokens (the new root sits k tokens further: new (l, c) = old
-(l + 1, c + k - 1), the new top level = the outputs; columns that fall off are refilled from the
-sequence) and adds the N-grams of the prompt (`pool_from_prompt`) and of the emitted text to the pool.
-The pool is a dict first token -> recent continuations, bounded per key; it lives for one sequence.
-
-Choices of this version (none affects losslessness): the window cells are verified too (a right guess
-is accepted like any candidate); the window starts full of prompt tokens (fixed seed) and its n-grams
-enter the pool from the first pass, with no level-by-level warm-up; the Jacobi outputs are the target's
-argmax also when sampling, so the tree stays deterministic.
+`verified` reads the target's argmax at the top level: column c's next Jacobi guess, and with the
+column an N-gram for the pool. `accept` shifts the window by the emitted tokens (new (l, c) = old
+(l + 1, c + k - 1), the new top level = the outputs, vacated cells refilled from the sequence) and adds
+the emitted text's N-grams to the pool (a dict first token -> recent continuations, bounded per key,
+for one sequence; seeded with the prompt's by `pool_from_prompt`). The window starts from prompt
+tokens (fixed seed), and the Jacobi outputs are argmax also when sampling, so the tree stays
+deterministic.
 """
 
 from __future__ import annotations
@@ -105,20 +95,14 @@ def candidate_trie(conts: list[tuple[int, ...]], offset: int) -> tuple[list[int]
 def window_nodes(window: Window, offset: int) -> tuple[list[int], list[int], list[list[int]]]:
     """The lookahead branch below the root: (tokens, parents, node index [L][W]) with nodes numbered from
     `offset`, level by level. Level 0 is a chain off the root, (l, c) hangs off (l - 1, c)."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    at: list[list[int]] = []
-    for level, row in enumerate(window):
-        at.append([])
-        for c, token in enumerate(row):
-            if level == 0:
-                parent = 0 if c == 0 else at[0][c - 1]
-            else:
-                parent = at[level - 1][c]
-            at[level].append(offset + len(tokens))
-            tokens.append(token)
-            parents.append(parent)
-    return tokens, parents, at
+    width = len(window[0])
+    at = [[offset + level * width + c for c in range(width)] for level in range(len(window))]
+    parents = [
+        (at[0][c - 1] if c else 0) if level == 0 else at[level - 1][c]
+        for level in range(len(window))
+        for c in range(width)
+    ]
+    return [token for row in window for token in row], parents, at
 
 
 class LookaheadDrafter(RowDrafter):

@@ -1,9 +1,7 @@
-"""Drafters that are per row by nature (prompt lookup, lookahead, draft models, ...): what they implement
-(`RowDrafter`, one row's timeline) and the adapter that puts them behind the engine's one interface
-(`base.Drafter`): a per-row clone of the drafter each (own state, the SAME modules: weights shared, not
-copied) making exactly the calls of a batch-1 run, so row b proposes its batch-1 trees and draws only
-from its own generator; a batch of one uses the drafter itself. A `Drafter` (EAGLE, Medusa, P-EAGLE,
-DFlash) needs none of this: `rows_drafter` hands it back as it is."""
+"""Drafters that are per row by nature (prompt lookup, lookahead, draft models, ...): `RowDrafter`, one
+row's timeline, and `RowLoopDrafter`, which puts one per-row clone per row (own state, the SAME modules)
+behind the engine's `Drafter` interface, making exactly the calls of a batch-1 run: row b proposes its
+batch-1 trees and draws only from its own generator."""
 
 from __future__ import annotations
 
@@ -21,9 +19,7 @@ from spechead.inference.tree import TokenTree
 
 
 class RowDrafter(DrafterBase, ABC):
-    """What a drafter that is per row by nature implements (the engine runs it through `rows_drafter`):
-    it proposes token trees for one row; keeps whatever state (caches) it needs consistent with what was
-    accepted."""
+    """Token trees for one row; keeps its state (caches) consistent with what was accepted."""
 
     @abstractmethod
     def start(self, prompt: torch.Tensor, hidden: dict[int, torch.Tensor], root: int) -> None:
@@ -66,8 +62,7 @@ def clone_drafter(drafter: RowDrafter) -> RowDrafter:
 
 
 class RowLoopDrafter(Drafter):
-    """A `RowDrafter` behind the engine's `Drafter` interface: B per-row clones (a batch of one: the
-    drafter itself)."""
+    """A `RowDrafter` behind the engine's `Drafter` interface: B per-row clones (a batch of one: itself)."""
 
     def __init__(self, drafter: RowDrafter) -> None:
         self.drafter = drafter
