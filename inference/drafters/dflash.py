@@ -29,7 +29,7 @@ from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.fused_block import fused_block
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, paths_states
+from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -50,10 +50,6 @@ class DFlashDrafter(ParallelDrafter):
         fused = fused_block(head)
         self.head_forward = fused or head
         self.head_inject = fused.inject if fused is not None else head.inject  # (a commit's keys / values)
-
-    def _context(self, hidden: dict[int, Tensor]) -> Tensor:
-        """Target states {layer: [B, W, H]} -> fused context features [B, W, H] on the head's device."""
-        return self.head.fuse([hidden[layer].to(self._device()) for layer in self.hidden_layers])
 
     def _kv(self) -> list[tuple[Tensor, Tensor]]:
         """Every layer's context keys / values [B, kv, S, D] (the cache's buffers, read in place)."""
@@ -84,17 +80,13 @@ class DFlashDrafter(ParallelDrafter):
     ) -> None:
         """New rows: each prompt's states {layer: [T_b, H]} become its committed context."""
         batch, width = len(prompts), max(len(p) for p in prompts)
-        padded = {}
-        for layer in self.hidden_layers:
-            states = [h[layer] for h in hidden]  # [T_b, H] each
-            padded[layer] = torch.stack(
-                [torch.cat([r, r.new_zeros(width - r.shape[0], r.shape[1])]) for r in states]
-            )  # [B, T, H]
         if not self._compile:  # eager, the draft attends over the whole cache: sized for these rows
             self.cache = None
         self._new_rows(batch, 2 * (width + self.tree.depth + 1))  # (room to grow into)
         lengths = [len(p) for p in prompts]
-        self._commit(self._context(padded), host_to_device(torch.tensor(lengths), self._device()))
+        self._commit(
+            self._fused(self._padded(hidden, width)), host_to_device(torch.tensor(lengths), self._device())
+        )
         self._move_lengths(lengths)
 
     def _draft(self, roots: Tensor) -> BatchDraft:
@@ -120,23 +112,14 @@ class DFlashDrafter(ParallelDrafter):
         top = self.head.logits(hidden[:, 1:]).topk(self.tree.width, dim=-1).indices  # [B, bs-1, width]
         return self.tree.tokens(roots, top)  # [B, N]
 
-    def _graph_state(self) -> tuple:
-        """What the compiled draft reads besides its arguments: the buffers' allocation and the tree."""
-        return (self.cache.generation if self.cache is not None else None), tuple(map(tuple, self.choices))
-
     @inference_mode
     def accept(
         self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
     ) -> None:
         """Row b's first lengths[b] states {layer: [B, K, H]} (root + accepted drafts) join its context."""
-        context = self._context(hidden)  # [B, K, H]
+        context = self._fused(hidden)  # [B, K, H]
         self._commit(context, host_to_device(torch.tensor(list(lengths)), context.device))
         self._move_lengths(lengths)
-
-    @inference_mode
-    def keep(self, rows: Sequence[int]) -> None:
-        """Only these rows, in this order (`RowCache.keep_rows`: compiled, the buffers kept whole)."""
-        self._keep_rows(rows)
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
@@ -148,11 +131,5 @@ class DFlashDrafter(ParallelDrafter):
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
         """`accept` from device tensors: the verified trees' states {l: [B, N, H]}, each row's path
         [B, >= P] (ascending, the last node repeated) and its K [B]: P positions written, L_b moves by K_b."""
-        width = self.commit_width
-        read = {layer: hidden[layer] for layer in self.hidden_layers}  # {l: [B, N, H]}
-        context = self._context(paths_states(read, paths[:, :width]))  # [B, P, H]
+        context = self._path_fused(hidden, paths[:, : self.commit_width])  # [B, P, H]
         self._commit(context, ks.to(context.device))
-
-    def settle(self, ks: Sequence[int]) -> None:
-        """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
-        self._move_lengths(ks)

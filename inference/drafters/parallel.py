@@ -16,18 +16,19 @@ finish leave idle rows behind instead of smaller buffers, and every pass runs ov
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+from torch.nn.functional import pad
 
 from spechead.heads.dflash import DFlashHead
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, Drafter
+from spechead.inference.drafters.base import BatchDraft, Drafter, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.cache import RowCache
@@ -77,14 +78,39 @@ class ParallelDrafter(Drafter):
         moved = [n + c for n, c in zip(lengths, counts)]
         self.cache.set_lengths(moved + [0] * (len(lengths) - len(moved)))
 
+    @inference_mode
+    def keep(self, rows: Sequence[int]) -> None:
+        """Only these rows, in this order (`_keep_rows`)."""
+        self._keep_rows(rows)
+
     def _keep_rows(self, rows: Sequence[int]) -> Tensor:
         """Only these active rows, in this order, in the cache (compiled: kept whole, the rows past B'
-        idle) and the device lengths; the rows as a device index [B']."""
+        idle) and the device lengths; the rows as a device index [B'] (a subclass keeps its own state)."""
         assert self.cache is not None and self.lengths_t is not None
         self.cache.keep_rows(list(rows), capacity=self.cache.batch if self._compile else None)
         pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.lengths_t = self.lengths_t[pick]
         return pick
+
+    def settle(self, ks: Sequence[int]) -> None:
+        """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
+        self._move_lengths(ks)
+
+    def _fused(self, states: dict[int, Tensor]) -> Tensor:
+        """Target states {layer: [..., n, H]} -> fused [..., n, H] on the head's device, in its dtype."""
+        weight = self.head.fc.weight
+        return self.head.fuse([states[layer].to(weight.device, weight.dtype) for layer in self.hidden_layers])
+
+    def _path_fused(self, hidden: dict[int, Tensor], paths: Tensor) -> Tensor:
+        """Fused states [B, P, H] of each row's path paths [B, P] in the verified trees' {l: [B, N, H]}."""
+        return self._fused(paths_states({layer: hidden[layer] for layer in self.hidden_layers}, paths))
+
+    def _padded(self, hidden: Sequence[dict[int, Tensor]], width: int) -> dict[int, Tensor]:
+        """Each row's prompt states {layer: [T_b, H]} padded with zeros to {layer: [B, width, H]}."""
+        return {
+            layer: torch.stack([pad(h[layer], (0, 0, 0, width - h[layer].shape[0])) for h in hidden])
+            for layer in self.hidden_layers
+        }
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
@@ -145,9 +171,9 @@ class ParallelDrafter(Drafter):
     def _tokens(self, *args: Any, **kwargs: Any) -> Tensor:
         """The fixed-shape draft: device tensors (and ints fixed per buffer) -> the trees' tokens [B, N]."""
 
-    @abstractmethod
-    def _graph_state(self) -> Hashable:
-        """What the compiled draft reads besides its arguments (its buffers' allocation, the tree)."""
+    def _graph_state(self) -> tuple:
+        """What the compiled draft reads besides its arguments: the buffers' allocation and the tree."""
+        return (self.cache.generation if self.cache is not None else None), tuple(map(tuple, self.choices))
 
     def use_compile(self, compile: bool | str) -> None:
         """Draft through `_tokens` as ONE fixed-shape function (`compiling.compile_function`: True inductor,

@@ -39,7 +39,7 @@ from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, paths_states
+from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -71,11 +71,6 @@ class PEagleDrafter(ParallelDrafter):
         # (rows may have left between) drafts that pass again
         self._redo: tuple[tuple[Tensor, Tensor, Tensor], Tensor] | None = None
 
-    def _fused(self, states: dict[int, Tensor]) -> Tensor:
-        """Target states {layer: [..., n, H]} -> fused [..., n, H] in the head's dtype and device."""
-        weight = self.head.fc.weight
-        return self.head.fuse([states[layer].to(weight.device, weight.dtype) for layer in self.hidden_layers])
-
     @inference_mode
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
@@ -83,16 +78,11 @@ class PEagleDrafter(ParallelDrafter):
         """New rows: every prompt position is pending (its next token: the prompt's, the root after the last)."""
         device, batch = self._device(), len(prompts)
         longest = max(p.numel() for p in prompts)
-        tokens = torch.zeros(batch, longest, dtype=torch.long)  # [B, T] padded
-        padded = {layer: hidden[0][layer].new_zeros(batch, longest, hidden[0][layer].shape[-1])
-                  for layer in self.hidden_layers}  # fmt: skip
-        for b, (prompt, states) in enumerate(zip(prompts, hidden)):
-            tokens[b, : prompt.numel()] = prompt.reshape(-1)
-            for layer in self.hidden_layers:
-                padded[layer][b, : prompt.numel()] = states[layer]
+        tokens = torch.stack([pad(p.reshape(-1).long(), (0, longest - p.numel())) for p in prompts])  # [B, T]
         counts = torch.tensor([p.numel() for p in prompts])  # [B]
         ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
-        self.pending = (self._fused(padded), ids.to(device), host_to_device(counts, device))
+        fused = self._fused(self._padded(hidden, longest))  # [B, T, H]
+        self.pending = (fused, ids.to(device), host_to_device(counts, device))
         self.host_counts, self._redo = counts.tolist(), None
         self._new_rows(batch, 2 * (longest + self.head.block_size))
 
@@ -168,12 +158,7 @@ class PEagleDrafter(ParallelDrafter):
         """What the compiled pass reads besides its arguments: the head cache's buffers, the tree and the
         fused step's rotary table (made again when a grown cache asks)."""
         table = getattr(self.head_step, "table", None)
-        angles = None if table is None else table[0].data_ptr()
-        return (
-            (self.cache.generation if self.cache is not None else None),
-            tuple(map(tuple, self.choices)),
-            angles,
-        )
+        return (*super()._graph_state(), None if table is None else table[0].data_ptr())
 
     @inference_mode
     def accept(
@@ -191,11 +176,10 @@ class PEagleDrafter(ParallelDrafter):
         self.pending = (self._fused(hidden), ids.to(device), host_to_device(counts, device))
         self.host_counts, self._redo = counts.tolist(), None
 
-    @inference_mode
-    def keep(self, rows: Sequence[int]) -> None:
-        """Only these rows, in this order."""
+    def _keep_rows(self, rows: Sequence[int]) -> Tensor:
+        """The pending positions and the redo state of these rows too."""
         assert self.pending is not None
-        pick = self._keep_rows(rows)
+        pick = super()._keep_rows(rows)
         fused, ids, counts = self.pending
         self.pending = (fused[pick], ids[pick], counts[pick])
         if self.host_counts is not None:
@@ -203,6 +187,7 @@ class PEagleDrafter(ParallelDrafter):
         if self._redo is not None:  # (a propose again drafts the kept rows' last pass)
             (fused, ids, counts), lengths = self._redo
             self._redo = (fused[pick], ids[pick], counts[pick]), lengths[pick]
+        return pick
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
@@ -217,12 +202,7 @@ class PEagleDrafter(ParallelDrafter):
         positions, the first K real."""
         device, width = self._device(), self.commit_width
         paths = paths[:, :width].to(device)  # [B, P]
-        states = paths_states({layer: hidden[layer] for layer in self.hidden_layers}, paths)  # {l: [B, P, H]}
         counts = ks.to(device)
         ids = next_ids_of(tokens.to(device).gather(1, paths), counts, nexts.to(device))  # [B, P]
-        self.pending = (self._fused(states), ids, counts)
+        self.pending = (self._path_fused(hidden, paths), ids, counts)
         self.host_counts, self._redo = None, None
-
-    def settle(self, ks: Sequence[int]) -> None:
-        """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
-        self._move_lengths(ks)
