@@ -17,15 +17,12 @@ AUTO = "auto"  # from_pretrained's default compile: see resolve_compile
 
 
 def resolve_compile(compile: bool | str, device: torch.device) -> bool | str:
-    """`compile` with "auto" made concrete for a target on `device`: "graphs" on CUDA, else False; any
-    other value as it is.
+    """`compile` with "auto" made concrete for a target on `device`; any other value as it is.
 
-    On CUDA an eager batch-1 step pays a launch per kernel from the host, several times its GPU time on an
-    8B target (docs/PERFORMANCE.md, "Compile timings"). "graphs" captures the eager passes in seconds
-    where inductor compiles for minutes, so it is the default there.
-    A CPU has no launches to save and its eager passes are the fastest verifiers (compile=False).
-    A pass that cannot be captured fails in one line naming compile=False (cuda_graphs.GraphCaptureError);
-    from_pretrained, when "auto" chose the graphs, proves them at load and falls back to eager instead."""
+    CUDA: "graphs" (an eager step pays a host launch per kernel; the graphs capture the eager passes in
+    seconds where inductor compiles for minutes: docs/PERFORMANCE.md, "Compile timings"). A CPU has no
+    launches to save: False. A pass that cannot be captured fails in one line
+    (cuda_graphs.GraphCaptureError); from_pretrained then falls back to eager where "auto" chose."""
     check_compile(compile)
     if compile != AUTO:
         return compile
@@ -71,23 +68,22 @@ def compile_function(
     fullgraph: bool = False,
     state: Callable[[], Hashable] | None = None,
 ):
-    """torch.compile of `fn` for fixed shapes. True / "inductor": inductor; on CUDA each call signature
-    then captured once as a CUDA graph of our own (`GraphedFunction`: a call is input copies and one
-    replay, no guards; `state` names what else the graph reads, see cuda_graphs.py). "graphs": no
-    compiler: on CUDA the eager function itself captured as our CUDA graphs (eager kernels, the host's
-    launches gone; ready in seconds where inductor takes minutes on an 8B target), elsewhere `fn` as it
-    is (the fixed-shape passes, eager). "max-autotune": the
-    same with inductor's mode "max-autotune-no-cudagraphs" (each GEMM shape benchmarked against
-    generated kernels: a longer compile, for the skinny decode GEMMs). "reduce-overhead":
-    inductor with torch.compile's own CUDA graphs (guards and graph-tree checks every call). Another
-    string: that torch.compile backend ("cudagraphs": CUDA graphs without inductor, compiled in seconds;
-    "eager", "aot_eager" trace without code generation: what the CPU tests use to check the graph
-    count). On CUDA every call returns copies of the graph's outputs (see `_replay`). fullgraph: a graph
-    break is an error (one graph or none)."""
+    """`fn` compiled for fixed shapes as `compile` says:
+
+    - True / "inductor": inductor; on CUDA each call signature then captured as our own CUDA graph
+      (`GraphedFunction`: input copies and one replay, no guards; `state`: see cuda_graphs.py).
+    - "graphs": no compiler: on CUDA the eager `fn` captured as our graphs, elsewhere `fn` itself.
+    - "max-autotune": inductor's "max-autotune-no-cudagraphs" (GEMMs benchmarked against generated
+      kernels: a longer compile), then our graphs.
+    - "reduce-overhead": inductor with torch.compile's own CUDA graphs (guards checked every call).
+    - another string: that torch.compile backend ("cudagraphs"; "eager" / "aot_eager": what the CPU
+      tests use to count graphs).
+
+    On CUDA every call returns copies of the graph's outputs. fullgraph: a graph break is an error."""
     # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
     # function would silently send the rest back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    if compile == "graphs":  # (the raw function: what test_graph_replay's stand-in graphs check on a CPU)
+    if compile == "graphs":
         return GraphedFunction(fn, state) if cuda else fn
     if compile is True or compile in ("inductor", "max-autotune"):
         mode = "max-autotune-no-cudagraphs" if compile == "max-autotune" else None  # (graphs: ours)
@@ -104,9 +100,8 @@ def compile_function(
 
 
 def _replay(compiled):
-    """A CUDA graph writes its outputs into the same buffers at every replay, so an output kept from
-    one call (the draft loop feeds each depth's features to the next) would be overwritten by the next
-    call. Mark each call as a new step and hand out copies: a few small tensors per pass."""
+    """Each call a new step, its outputs copies: a CUDA graph rewrites its output buffers at every
+    replay, and the draft loop keeps each depth's outputs for the next."""
 
     def run(*args, **kwargs):
         torch.compiler.cudagraph_mark_step_begin()

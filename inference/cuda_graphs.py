@@ -1,9 +1,8 @@
 """Fixed-shape functions captured once as CUDA graphs and replayed with no Python in between.
 
-torch.compile's mode "reduce-overhead" also replays CUDA graphs, but every call first evaluates dynamo's
-guards and the CUDA-graph trees' bookkeeping on the host, time the device spends idle when the pass
-synchronises anyway (`scripts/bench_gpu.py --compare reduce-overhead` measures it). SGLang
-compiles without CUDA graphs and captures each fixed-shape call itself; so does `GraphedFunction`:
+torch.compile's "reduce-overhead" replays CUDA graphs too, but evaluates dynamo's guards and its graph
+trees' bookkeeping on the host every call while the device idles; like SGLang, `GraphedFunction` captures
+each fixed-shape call itself:
 
     graphed = GraphedFunction(torch.compile(fn, dynamic=False), state=lambda: cache.generation)
     out = graphed(x, mask=m)    # first call of this signature: runs fn for real, then captures it
@@ -26,17 +25,6 @@ import torch
 from torch import Tensor
 
 
-def _flatten(args: tuple, kwargs: dict) -> list[Any]:
-    """The arguments in a fixed order: positional ones, then keyword ones by name."""
-    return [*args, *(kwargs[name] for name in sorted(kwargs))]
-
-
-def _signature(values: list[Any], names: tuple[str, ...]) -> tuple:
-    """What decides the graph: tensor shapes / dtypes / devices, other values as they are."""
-    sig = tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, Tensor) else v for v in values)
-    return (sig, names)
-
-
 def copy_outputs(x: Any) -> Any:
     """Tensors (also inside tuples) copied; anything else as it is."""
     if isinstance(x, Tensor):
@@ -50,13 +38,10 @@ def copy_outputs(x: Any) -> Any:
 def collection_paused() -> Iterator[None]:
     """Python's automatic garbage collection off inside the block (restored as it was after it).
 
-    A capture must not meet a collection: a dead generator's graphs sit in reference cycles (a runner
-    holds its GraphedFunction, whose fn is the runner's own method), so a collection frees them, and
-    destroying a CUDA graph while a stream captures is an operation CUDA refuses. It invalidates the
-    capture under way, whose next kernel then fails ("operation not permitted when stream is capturing",
-    then CUBLAS_STATUS_EXECUTION_FAILED, in a capture after earlier tests' generators). torch.cuda.graph no longer collects
-    before capturing (torch.compiler.config.force_cudagraph_gc, off by default), so the pause is ours.
-    The dead graphs go at the next collection after the capture."""
+    A dead generator's graphs sit in reference cycles (a runner holds its GraphedFunction, whose fn is
+    the runner's method); a collection during a capture destroys them, which CUDA refuses while a stream
+    captures: the capture under way then fails ("operation not permitted when stream is capturing").
+    torch.cuda.graph no longer collects before capturing, so the pause is ours."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -101,12 +86,16 @@ class GraphedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         names = tuple(sorted(kwargs))
-        values = _flatten(args, kwargs)
+        values = [*args, *(kwargs[name] for name in names)]  # positional, then keywords by name
         state = self.state() if self.state is not None else None
         if state != self._state:  # the buffers the graphs read moved: none of them may replay
             self._graphs.clear()
             self._state = state
-        key = _signature(values, names)
+        # the graph's key: tensor shapes / dtypes / devices, other values as they are
+        key = (
+            tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, Tensor) else v for v in values),
+            names,
+        )
         entry = self._graphs.get(key)
         if entry is None:
             out, self._graphs[key] = self._run_and_capture(values, len(args), names)

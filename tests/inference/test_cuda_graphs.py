@@ -49,6 +49,12 @@ def test_replays_read_each_calls_inputs_and_hand_out_copies():
     assert third is not second and third.tolist() == second.tolist()
 
 
+def test_keyword_arguments_bind_by_name_whatever_order_they_come_in():
+    f = Recorded(lambda *, b, a: a - b)
+    assert f(b=torch.ones(2), a=torch.full((2,), 5.0)).tolist() == [4.0, 4.0]
+    assert f(a=torch.full((2,), 7.0), b=torch.ones(2)).tolist() == [6.0, 6.0] and f.captures == 1
+
+
 def test_a_new_shape_dtype_or_plain_value_is_a_new_graph():
     f = Recorded(lambda x, k: x[:k] * 2)
     f(torch.ones(4), 2)
