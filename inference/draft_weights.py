@@ -1,13 +1,11 @@
 """How a head's draft weights are quantized when `from_pretrained` loads it: the defaults ("auto") and the
 checks behind `draft_fp8` and `draft_int8`. Either only changes which tokens are proposed: the target
-verifies every one, so decoding stays lossless.
+verifies every one, so decoding stays lossless. Measured: docs/PERFORMANCE.md.
 
-- FP8 e4m3 (heads/fp8.py) on a GPU with FP8 tensor cores (compute capability >= 8.9: Ada, Hopper and
-  later): an EAGLE / EAGLE-3 head's per-depth layers, half the bytes a draft depth reads. On by default
-  there (`fp8_by_default`): a draft depth reads half the bytes, with the same acceptance on the demo head
-  (docs/PERFORMANCE.md).
+- FP8 e4m3 (heads/fp8.py): an EAGLE / EAGLE-3 head's per-depth layers, half the bytes a draft depth
+  reads; by default on a GPU with FP8 tensor cores (`fp8_by_default`).
 - int8 (heads/int8.py) on a CPU: a Medusa head's projections by default (`int8_by_default`), a quarter of
-  float32's bytes, same tau (docs/PERFORMANCE.md, "int8 drafts"); EAGLE heads when asked.
+  float32's bytes; EAGLE heads when asked.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ from spechead.heads.int8 import K_MULTIPLE, int8_linears, to_int8
 AUTO = "auto"
 # the compute capability FP8 tensor cores start at (Ada 8.9, Hopper 9.0)
 FP8_CAPABILITY = (8, 9)
-# CPUs whose torch kernels the int8 default was measured on (AVX512, an AMD EPYC: docs/PERFORMANCE.md);
-# elsewhere (AVX2, ARM) `_weight_int8pack_mm` runs other code, unmeasured: draft_int8=True asks for it
+# CPUs whose torch int8 kernels the default was measured on; elsewhere (AVX2, ARM) `_weight_int8pack_mm`
+# runs other, unmeasured code: draft_int8=True asks for it
 INT8_AUTO_CPUS = ("AVX512",)
 
 
@@ -63,12 +61,10 @@ def fp8_by_default(head: object, device: torch.device) -> bool:
     """Whether draft_fp8="auto" puts `head` in FP8 on `device`: a head with a per-depth layer FP8 can take
     (`per_depth_linears`: an EAGLE / EAGLE-3 head's; features multiples of 16) on a GPU with FP8 tensor
     cores."""
-    linears = per_depth_linears(head) if isinstance(head, nn.Module) else []
-    return any(_fp8_sized(getattr(parent, name)) for parent, name in linears) and has_fp8_tensor_cores(device)
-
-
-def _fp8_sized(linear: nn.Linear) -> bool:
-    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0  # (`to_fp8`'s rule)
+    if not (isinstance(head, nn.Module) and has_fp8_tensor_cores(device)):
+        return False
+    layers = [getattr(parent, name) for parent, name in per_depth_linears(head)]
+    return any(x.in_features % 16 == 0 and x.out_features % 16 == 0 for x in layers)  # (`to_fp8`'s rule)
 
 
 def int8_by_default(head: object, device: torch.device) -> TypeGuard[MedusaHead]:
@@ -119,16 +115,11 @@ def quantize_draft(
 
 
 def as_drafted(head: DraftHead, device: torch.device) -> DraftHead:
-    """`head` as from_pretrained's defaults draft with it on `device`: where `fp8_by_default` or
-    `int8_by_default`, a copy with those layers quantized (the target modules it shares stay shared, the
-    head itself keeps training), else the head itself. Decode evals and tree tuning time the draft that
-    loading will run."""
-    fp8 = fp8_by_default(head, device)
-    if not (fp8 or int8_by_default(head, device)):
+    """`head` as from_pretrained's defaults draft with it on `device` (what decode evals and tree tuning
+    time): where a default quantizes it, a quantized copy (sharing the target's modules; the head itself
+    keeps training), else the head itself."""
+    if not (fp8_by_default(head, device) or int8_by_default(head, device)):
         return head
     drafted = copy.deepcopy(head, {id(m): m for m in head._target_modules.values()})
-    if fp8:
-        to_fp8(drafted)
-    else:
-        to_int8(drafted)
+    quantize_draft(drafted, device, AUTO, AUTO, None)
     return drafted
