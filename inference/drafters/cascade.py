@@ -21,7 +21,12 @@ from transformers import DynamicCache, PreTrainedModel
 from spechead.heads.hybrid import check_attention_only
 from spechead.inference.acceptance import greedy_accept, sample_accept
 from spechead.inference.drafters.base import Draft, chain
-from spechead.inference.drafters.draft_model import DraftModelDrafter, at_least, check_vocab
+from spechead.inference.drafters.draft_model import (
+    DraftModelDrafter,
+    at_least,
+    check_vocab,
+    run_model,
+)
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.kv_cache import cache_length, crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, target_probs
@@ -98,13 +103,7 @@ class CascadeDrafter(RowDrafter):
         done = cache_length(cache)
         n = draft.tree.size  # the inner root (seq[-1]) + the tiny's drafts
         fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet
-        out = self.medium(
-            input_ids=torch.tensor([fed], device=self.medium.device),
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=n,
-        )
-        logits = out.logits[0].float()  # [n, V] at the inner root and each draft
+        logits = run_model(self.medium, cache, fed, logits_to_keep=n)  # [n, V]: inner root, each draft
         if sampling.is_greedy:
             acc, p = greedy_accept(draft.tree, logits), None
         else:

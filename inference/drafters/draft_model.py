@@ -63,6 +63,14 @@ def check_vocab(
         raise ValueError(f"{what} has a vocabulary of {mine} tokens, {other} {vocab_size}: {fix}")
 
 
+def run_model(
+    model: PreTrainedModel, cache: DynamicCache | None, tokens: list[int], **kwargs
+) -> torch.Tensor:
+    """`model`'s float logits [n, V] over `tokens` appended to `cache` (n: logits_to_keep, else all)."""
+    ids = torch.tensor([tokens], device=model.device)
+    return model(input_ids=ids, cache=cache, use_cache=True, **kwargs).logits[0].float()
+
+
 def parse_width(width: int | str | Sequence[int]) -> list[int]:
     """Children per node at each depth: 4 -> [4], "4x2x2x1" -> [4, 2, 2, 1], [4, 2] -> [4, 2]."""
     if isinstance(width, str):
@@ -180,15 +188,10 @@ class DraftModelDrafter(RowDrafter):
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         if self.cache is None:
             raise RuntimeError("DraftModelDrafter.propose called before start")
-        device = self.model.device
-        out = self.model(
-            input_ids=torch.tensor([self.pending], device=device),
-            cache=self.cache,
-            use_cache=True,
-            logits_to_keep=1,  # the prompt's [T, V] logits would be wasted (and large)
-        )
+        # (logits_to_keep=1: the prompt's [T, V] logits would be wasted, and large)
+        logits = run_model(self.model, self.cache, self.pending, logits_to_keep=1)
         self.pending = []
-        grower = _Grower(self, int(root), out.logits[0, -1].float())
+        grower = _Grower(self, int(root), logits[-1])
         rule = "deterministic" if sampling.is_greedy else self.rule
         try:
             if self.dynamic:
@@ -313,14 +316,9 @@ class _Grower:
                 )
             kwargs = {"attention_mask": mask, "position_ids": rows}
             # mask [1, 1, n, C - 1 + M], positions [1, n]; a chain runs as a plain causal step
-        out = self.model(
-            input_ids=torch.tensor([[self.tok[n] for n in nodes]], device=device),
-            cache=self.cache,
-            use_cache=True,
-            **kwargs,
-        )
+        logits = run_model(self.model, self.cache, [self.tok[n] for n in nodes], **kwargs)
         for i, node in enumerate(nodes):
-            self.logits[node] = out.logits[0, i].float()  # [V]
+            self.logits[node] = logits[i]  # [V]
 
 
 def _check_attention(model: PreTrainedModel) -> None:
