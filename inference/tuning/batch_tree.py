@@ -33,22 +33,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-@torch.inference_mode()
-def batch_draft_cost_ms(
-    drafter, batch: int, repeats: int = 7, compile: bool | str = False
-) -> dict[str, float]:
-    """The batched drafter's cost at `batch` rows after 128 committed tokens: Medusa {"draft_ms": one
-    propose}; EAGLE {"draft_ms_per_depth": one head step + top-k over one node per row (the trees
-    that pay at batch > 1 are narrow; the commit of the accepted tokens costs about one such step)}.
-    compile (EAGLE): the drafter compiled so (its whole batch draft one graph on CUDA): a depth is what a
-    chain of 4 adds to a chain of 1, / 3."""
-    if not family_of(drafter.head.config).drafts_per_depth:
-        return {"draft_ms": _drafter_ms(drafter, propose_timer(drafter, _noise(drafter), batch), repeats)}
-    if compile:
-        return {"draft_ms_per_depth": compiled_depth_cost_ms(drafter, compile, 4, repeats, 1, batch)}
-    return {"draft_ms_per_depth": eagle_depth_cost_ms(drafter, 1, repeats, batch)}
-
-
 def choices_for_batch(
     model: PreTrainedModel,
     drafter,
@@ -59,13 +43,21 @@ def choices_for_batch(
 ) -> tuple[list[list[int]], dict]:
     """The static tree with the best expected speedup at `batch` rows on this device, and what was
     measured (the parts compiled as `timed_as` says). Trees are compared up to max(4, max_tokens // batch)
-    nodes per row."""
+    nodes per row. The draft is timed after 128 committed tokens: Medusa one propose (draft_ms); EAGLE
+    one depth over one node a row (draft_ms_per_depth: the trees that pay at batch > 1 are narrow, and
+    the commit of the accepted tokens costs about one such step), compiled: what a chain of 4 adds to a
+    chain of 1, / 3."""
     max_nodes = max(4, max_tokens // batch)
     sizes = sorted({s for s in SIZES if s <= max_nodes} | {max_nodes + 1})
     verify = verify_cost_ms(model, sizes, repeats=5, compile=timed_as.target, batch=batch)
     info: dict = {"batch": batch, "verify_ms_by_size": verify, "step_ms": verify[1]}
     info["timed_as"] = {"target": timed_as.target, "draft": timed_as.draft}
-    info.update(batch_draft_cost_ms(drafter, batch, compile=timed_as.draft))
+    if not family_of(drafter.head.config).drafts_per_depth:
+        info["draft_ms"] = _drafter_ms(drafter, propose_timer(drafter, _noise(drafter), batch), 7)
+    elif timed_as.draft:
+        info["draft_ms_per_depth"] = compiled_depth_cost_ms(drafter, timed_as.draft, 4, 7, 1, batch)
+    else:
+        info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, 1, 7, batch)
     return best_for_costs(accuracy, info, max_nodes), info
 
 

@@ -83,30 +83,6 @@ def interpolate_cost(cost_by_size: dict[int, float], size: int) -> float:
     return y0 + (y1 - y0) * (size - x0) / (x1 - x0)  # beyond the last point: the last slope
 
 
-def expected_speedup(
-    accuracy: torch.Tensor,
-    choices: Sequence[Sequence[int]],
-    verify_ms_by_size: dict[int, float],
-    step_ms: float,
-    draft_ms: float = 0.0,
-    draft_ms_per_depth: float = 0.0,
-    pass_ms: float = 0.0,
-) -> float:
-    """Expected speedup of the static tree `choices` (N nodes, depth D) on measured hardware:
-    expected_accept_length * step_ms / (verify(N + 1) + draft_ms + draft_ms_per_depth * D + pass_ms),
-    verify() interpolated from `verify_ms_by_size` (tree sizes counting the root, as scripts/benchmark.py
-    measures them). Medusa drafts every depth in one pass (draft_ms); an EAGLE head runs once per depth
-    (draft_ms_per_depth); pass_ms is what every pass costs whatever the tree (the target's commit of the
-    accepted path, an EAGLE head's accept step)."""
-    cost = (
-        interpolate_cost(verify_ms_by_size, len(choices) + 1)
-        + draft_ms
-        + draft_ms_per_depth * max(map(len, choices), default=0)
-        + pass_ms
-    )
-    return expected_accept_length(accuracy, choices) * step_ms / cost
-
-
 def ranked_choices_for_cost(
     accuracy: torch.Tensor,
     verify_ms_by_size: dict[int, float],
@@ -116,13 +92,19 @@ def ranked_choices_for_cost(
     draft_ms_per_depth: float = 0.0,
     pass_ms: float = 0.0,
 ) -> list[tuple[list[list[int]], float]]:
-    """The best tree of every size 1..max_nodes for `accuracy` with its `expected_speedup` on measured
-    hardware, best first (equal speedups: the smaller tree first)."""
+    """The best tree of every size 1..max_nodes for `accuracy` with its expected speedup on measured
+    hardware, best first (equal speedups: the smaller tree first). A tree of N nodes and depth D is expected
+    at expected_accept_length * step_ms / (verify(N + 1) + draft_ms + draft_ms_per_depth * D + pass_ms),
+    verify() interpolated from `verify_ms_by_size` (tree sizes counting the root, as scripts/benchmark.py
+    measures them). Medusa drafts every depth in one pass (draft_ms); an EAGLE head runs once per depth
+    (draft_ms_per_depth); pass_ms is what every pass costs whatever the tree (the target's commit of the
+    accepted path, an EAGLE head's accept step)."""
     ranked = []
-    costs = (verify_ms_by_size, step_ms, draft_ms, draft_ms_per_depth, pass_ms)
     for n in range(1, max_nodes + 1):
         choices = best_choices(accuracy, n)
         if len(choices) < n:  # the accuracy table allows no bigger tree
             break
-        ranked.append((choices, expected_speedup(accuracy, choices, *costs)))
+        depth = max(map(len, choices))
+        cost = interpolate_cost(verify_ms_by_size, n + 1) + draft_ms + draft_ms_per_depth * depth + pass_ms
+        ranked.append((choices, expected_accept_length(accuracy, choices) * step_ms / cost))
     return sorted(ranked, key=lambda pair: -pair[1])  # stable: ties keep the smaller tree first
