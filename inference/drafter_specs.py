@@ -70,9 +70,7 @@ def make_drafter(
     tokenizer=None,
     **options,
 ) -> Drafter | RowDrafter | None:
-    """A drafter from a name: None (plain decoding), "prompt_lookup", "lookahead", "cascade[:TINY+MEDIUM]",
-    the target itself with layers skipped (`layer_skip[@skip=2+3]`, `early_exit[@layer=4]`, a drafter file
-    from scripts/search_skip.py), a head directory/id, or a draft LM. tokenizer: the target's (it names a
+    """The drafter a spec names (module doc; None: plain decoding). tokenizer: the target's (it names a
     z-lab DFlash drafter's mask token when its config gives no id)."""
     if spec is None or isinstance(spec, (Drafter, RowDrafter)):
         return spec
@@ -223,9 +221,8 @@ WORDS = ("dynamic", "iid", "without_replacement", "deterministic")  # option val
 
 
 def drafter_options(spec: str) -> tuple[str, dict]:
-    """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, a draft-model rule
-    (`iid`, `without_replacement`, `deterministic`), a width per depth like `4x2x2x1`, or a tree file
-    (tree.json or a JSON list of rank paths) for `tree=` (any head: `head_options`; a draft model) or `choices=`."""
+    """'PATH@key=value,...' -> (PATH, options). Values: integers, `dynamic`, a draft-model rule, a width
+    per depth like `4x2x2x1`, layers like 2+3+6, or a tree file (tree.json or a JSON list of rank paths)."""
     path, _, opts = spec.partition("@")
     options: dict = {}
     for item in filter(None, opts.split(",")):

@@ -80,10 +80,8 @@ def parse_width(width: int | str | Sequence[int]) -> list[int]:
         values = [int(p) for p in parts]
     elif isinstance(width, int) and not isinstance(width, bool):
         values = [width]
-    elif isinstance(width, Sequence):
-        values = list(cast(Sequence[int], width))  # (mypy keeps str in the union here)
-    else:  # a bool, a float, None: one clear error, never a TypeError from list()
-        raise ValueError(f"width must be ints >= 1 (one per depth), got {width!r}")
+    else:  # a bool, a float, None: the one clear error below, never a TypeError from list()
+        values = list(cast(Sequence[int], width)) if isinstance(width, Sequence) else []
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
         raise ValueError(f"width must be ints >= 1 (one per depth), got {width!r}")
     return values
