@@ -1,5 +1,5 @@
-"""Devices: check a device name before loading anything onto it (one clear message instead of a
-traceback); copy small host tensors to a GPU without waiting for its queued work."""
+"""Devices: check a device name before loading anything onto it (one clear message, not a traceback),
+the dtype to load in, and small host tensors copied to a GPU without waiting for its queued work."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ from spechead.heads.dtypes import DTYPES
 
 
 def check_device(name: str, flag: str = "--device") -> torch.device:
-    """`torch.device(name)` when this machine has it; ValueError saying what to use otherwise.
-
-    `flag` names the option in the message (a script's `--device`).
-    """
+    """`torch.device(name)` when this machine has it; ValueError saying what to use otherwise (`flag`
+    names the option in the message)."""
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
@@ -38,9 +36,8 @@ DTYPE_HELP = "the target's and the head's weights; auto: float32 on a CPU, else 
 
 def load_dtype(dtype: str | torch.dtype, device: str | torch.device, saved: object = None) -> torch.dtype:
     """The dtype to load a target in: `dtype` itself (a name in DTYPES or a torch.dtype) or, for "auto",
-    float32 on a CPU (its bf16 / fp16 matmuls are slow, and the demo's target is float32) and elsewhere
-    the checkpoint's own dtype (`saved`: its config's `dtype`, a name or a torch.dtype) when it is one of
-    DTYPES, else bfloat16. An 8B target in float32 on a GPU reads twice the bytes a token of bf16."""
+    float32 on a CPU (its bf16 / fp16 matmuls are slow) and elsewhere the checkpoint's own dtype (`saved`:
+    its config's `dtype`) when it is one of DTYPES, else bfloat16 (half float32's bytes per token)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype != "auto":
@@ -56,13 +53,10 @@ def load_dtype(dtype: str | torch.dtype, device: str | torch.device, saved: obje
 def host_to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     """x (a small host tensor: ids, a path) on `device` without waiting for the work queued there.
 
-    A blocking copy to a GPU (`x.to("cuda")`, `torch.tensor(..., device="cuda")`) first waits for every
-    kernel queued on the stream, so each one in a decoding pass leaves the GPU idle while the host
-    prepares the next launch; and the driver may wait likewise in a non-blocking copy from pageable
-    memory. So on CUDA: through pinned memory (PyTorch keeps that buffer until the copy has run) with a
-    non-blocking copy (of a contiguous `x`: pinning keeps strides, and an expanded view's stride 0 makes
-    its pinned copy write one element many times, which PyTorch refuses). Elsewhere (a CPU: the same
-    memory) `x` itself or `to`."""
+    A blocking copy to a GPU waits for every kernel queued on the stream (the GPU idles while the host
+    prepares the next launch), and a non-blocking one from pageable memory may too. So on CUDA: a
+    non-blocking copy through pinned memory, of a contiguous `x` (PyTorch refuses to pin an expanded
+    view, stride 0). Elsewhere `x` itself or `to`."""
     if x.device == device:
         return x
     if device.type != "cuda" or x.device.type != "cpu":
@@ -71,8 +65,6 @@ def host_to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def host_ids(ids: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
-    """A long tensor of host ints ([K] or [1, K]: ids, a path) on `device` (`host_to_device`).
-
-    Made through numpy: on a CPU `torch.tensor` of a short list costs several times numpy's array
-    and a `from_numpy` (2.8 against 0.8 us on the 2-core CI machine), once or twice every pass."""
+    """A long tensor of host ints ([K] or [1, K]: ids, a path) on `device` (`host_to_device`), made
+    through numpy: `torch.tensor` of a short list costs several times as much, once or twice a pass."""
     return host_to_device(torch.from_numpy(np.array(ids, dtype=np.int64)), device)

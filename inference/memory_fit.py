@@ -1,9 +1,6 @@
-"""Does a target fit its device? Checked from its config before any weight is read, so a target too
-large for one device (Llama-3-70B in bfloat16 is 141 GB: no single 80 GB GPU holds it) is one line in
-a second instead of minutes of loading and an out-of-memory traceback.
-
-spechead decodes with the whole target on one device (the verify pass, the KV cache, the captured
-hidden states and the CUDA graphs all live there); a target split over several GPUs is not supported.
+"""Does a target fit its device? Checked from its config before any weight is read: a target too large
+for one device (Llama-3-70B in bfloat16: 141 GB) is one line in a second, not minutes of loading and an
+out-of-memory traceback. spechead decodes with the whole target on one device (not split over GPUs).
 """
 
 from __future__ import annotations
@@ -17,9 +14,8 @@ GB = 1e9
 
 
 def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int | None:
-    """Bytes of the target's weights in `dtype`, counted on the meta device (no memory, ~0.6 s for
-    70B); None when it cannot be counted: a quantized checkpoint (its weights are not `dtype`-sized)
-    or a model class transformers cannot build from the config alone."""
+    """Bytes of the target's weights in `dtype`, counted on the meta device (no memory); None when they
+    cannot be counted: a quantized checkpoint or a model class transformers cannot build from its config."""
     if getattr(config, "quantization_config", None) is not None:
         return None
     try:
@@ -32,10 +28,8 @@ def weight_bytes(config: PretrainedConfig, dtype: torch.dtype) -> int | None:
 
 
 def device_memory(device: torch.device) -> tuple[int, str] | None:
-    """(bytes a target's weights may take on `device`, how that was measured), or None when unknown.
-
-    CUDA: the GPU's free memory now. CPU: the machine's physical memory (a target larger than all
-    of it cannot decode, even from a memory-mapped checkpoint)."""
+    """(bytes a target's weights may take on `device`, how that was measured), or None when unknown:
+    on CUDA the GPU's free memory now, on a CPU the machine's physical memory."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return free, f"{device} has {free / GB:.1f} GB free of {total / GB:.1f} GB"

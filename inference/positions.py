@@ -1,6 +1,5 @@
-"""Position ids as views of one kept arange: eager decoding asks for a few positions per call, and on a
-CPU making a tensor (`torch.full`, `torch.arange`) costs several times a view of one already made, and
-a view made ahead costs nothing at all."""
+"""Position ids as views of one kept arange: on a CPU making a tensor (`torch.arange`) costs several times
+a view of one already made, and eager decoding asks for a few positions every call."""
 
 from __future__ import annotations
 
@@ -10,9 +9,8 @@ from torch import Tensor
 
 class PositionIds:
     """`ids(start, count, device)` -> positions start..start + count - 1 as [1, count], a view of a kept
-    arange [1, S] (made again, twice as long, when a position outgrows it or the device changes); a
-    single position's [1, 1] view is kept once made (no op when asked again: decoding asks for the same
-    few positions pass after pass). Read-only views: a caller must not write into them."""
+    arange [1, S] (made again, twice as long, when outgrown or on another device); a single position's
+    [1, 1] view is kept once made. Read-only views: a caller must not write into them."""
 
     def __init__(self) -> None:
         self.row: Tensor | None = None  # [1, S] 0..S-1

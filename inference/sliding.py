@@ -1,18 +1,13 @@
 """Sliding-window attention in tree passes: the window lives in the MASKS, not in the cache.
 
-Every cache back-end keeps every position in every layer (plain full layers: a tree's entries and the
-accepted path's copies need fixed slots). A sliding layer must still see only the last `window`
-positions, so each target pass hands the model the mask of its full layers AND, for its sliding layers,
-the same mask with keys too far behind each query blocked (`window_mask`). transformers 5 models with
-per-layer attention types (Gemma-2/3, GPT-OSS, Qwen2, ...) take `attention_mask` as a dict keyed by
-layer type ({"full_attention": m, "sliding_attention": m'}); models whose every layer slides
-(`sliding_window` without `layer_types`: Mistral, Mixtral, Phi-3, ...) take the windowed mask itself
-(`layer_masks`).
+Every cache keeps every position in every layer (a tree's entries and the accepted path's copies need
+fixed slots), so a target pass hands a sliding layer the full mask with keys too far behind each query
+blocked (`window_mask`; `layer_masks`: a dict keyed by layer type for models with per-layer attention
+types, Gemma-2/3, GPT-OSS, Qwen2; the windowed mask itself where every layer slides, Mistral, Phi-3).
 
 transformers' convention (masking_utils.sliding_window_overlay): a key at POSITION p is visible to a
-query at position q iff it is causally visible and p > q - window, i.e. q - p < window. Tree nodes sit at
-position past_len + depth while their entries sit at slot past_len + node index, so the window is
-measured in positions (`slot_positions` gives a slot layout's key positions), never in slots.
+query at position q iff it is causally visible and q - p < window. Tree nodes sit at position past_len +
+depth but at slot past_len + node index, so the window is measured in positions (`slot_positions`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """Stacked projections for a transformers target: in each decoder layer, the linear layers that read one
 input (attention's q/k/v, the MLP's gate/up) run as ONE GEMM each, through the model's own forward.
 
-Why: at batch 1 a decode step reads every weight once, and a GEMM is fast only if it is wide enough to
-keep the memory busy. A grouped-query model's key and value projections are narrow (Llama-3-8B: 1024 rows
-of 4096 beside the query's 4096); each is a kernel of its own that runs well below the bandwidth a wide
-one reaches. vLLM and gpt-fast keep q/k/v and gate/up stacked for this reason.
+Why: at batch 1 a GEMM reaches the memory bandwidth only when it is wide, and a grouped-query model's
+key and value projections are narrow (Llama-3-8B: 1024 rows beside the query's 4096); vLLM and gpt-fast
+stack them too.
 
-How, with no model file of our own: the first layer of a group (q_proj, gate_proj) becomes a
-`StackedLinear` that runs the whole stack's GEMM and keeps the other rows' outputs beside the input tensor
-it was called on; the others (k_proj, v_proj, up_proj) become `StackedRows` that return their kept output
-when called on that same tensor (released as it is taken), and run their own rows' GEMM otherwise.
-transformers' attention and MLP call them in that order on one tensor, so a step runs one GEMM per group;
-any other order stays exact, a GEMM each. The weights live once, in the stack (the state dict changes:
-stack a model loaded for decoding, not one to save or train).
+How, with no model file of our own: a group's first layer (q_proj, gate_proj) becomes a `StackedLinear`
+that runs the whole stack's GEMM and keeps the other rows' outputs for the tensor it was called on; the
+others become `StackedRows` that take their kept output when called on that same tensor, and run their
+own rows' GEMM otherwise (any call order stays exact). The weights live once, in the stack (the state
+dict changes: stack a model loaded for decoding, not one to save or train).
 """
 
 from __future__ import annotations
