@@ -7,14 +7,10 @@ each row's committed length L_b (`lengths_t` on the device, `lengths` on the hos
 block [root, MASK, ...] of every row at positions L_b .. L_b + block_size - 1 against its own committed
 context (a mask hides the slots at and past L_b); block position j scores the token j steps after the root.
 
-The tree (`block_tree.BlockTree`, `tree`: "chain" or rank paths): a node at depth d with rank r carries
-block position d's r-th best token; children are deterministic (lossless rule A when sampling too).
-
-A commit writes W positions of every row at slots L_b .. L_b + W - 1 (one scatter per layer, a fixed
-shape) and moves L_b by the row's count k_b <= W: the slots past k_b are scratch, masked, overwritten by
-the next commit. The head's forward reads the context K/V as a prefix and never writes the block's, so
-nothing is ever cropped. Queued (engine/loop.py depth 1): `accept_queued` commits each row's path padded to
-P = `commit_width` (the tree's depth + 1) with k_b on the device; `settle` moves the host's lengths.
+The tree (`tree`): "chain" or rank paths over the block's positions (parallel.py). A commit writes W
+positions of every row at slots L_b .. L_b + W - 1 (one scatter per layer, a fixed shape) and moves L_b by
+the row's count k_b <= W: the slots past k_b are scratch, masked, overwritten by the next commit. The
+head's forward reads the context K/V as a prefix and never writes the block's, so nothing is cropped.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@ the block tree over the head's slots, the target check, the head's own KV cache 
 `RowCache`, with each row's committed length on the host and on the device), a propose from host or device
 roots, the queued form's commit width, and the compiled draft.
 
+The tree (`block_tree.BlockTree`): static rank paths (`choices`, as Medusa's): a node at depth d with rank
+r carries the r-th best token of the block's d-th draft; children are deterministic (rule A when sampling).
+Queued (engine/loop.py depth 1): `accept_queued` takes each row's path padded to P = `commit_width` (the
+tree's depth + 1) and its count k_b on the device, the device lengths move by k_b; `settle` moves the host's.
+
 Compiled (`use_compile`): a drafter's `_tokens` is its draft as ONE fixed-shape function (device tensors
 in, every row's tree tokens [B, N] out; it reads its buffers in place and writes them only by device
 index), called through `compiling.compile_function` as every compiled path of the engine is. On CUDA the

@@ -10,20 +10,14 @@ Slot s of row b is target position s, so rotary positions are the slots. The new
 the longest row's P; row b's first k_b are real, its padding is written AFTER its block (scratch slots no
 real query sees): real j at L_b + j (j < k_b), future i at L_b + k_b + i, padding j at L_b + K - 1 + j.
 
-The tree (`block_tree.BlockTree`): a static tree of rank paths (`choices`, as Medusa's): a node at depth
-d with rank r carries the r-th best token of block slot d - 1. The default is the chain of the K best
-tokens (the paper's draft).
+The default tree is the chain of the K best tokens (the paper's draft). Queued, the next draft writes all
+P accepted positions (those past K_b as padding).
 
-Queued (engine/loop.py depth 1): `accept_queued` takes each row's path padded to P = `commit_width` (the
-tree's depth + 1) pairs and its K on the device; the next draft writes all P (those past K_b as padding)
-and the device lengths move by K_b; `settle` moves the host's (room checks, `keep`).
-
-Compiled (`use_compile`, parallel.py): a pass is `_tokens`, ONE function of fixed shapes: the pending
-positions padded to P = `commit_width`, every write at slots from the device lengths and counts, the
-queries attending over the cache's whole buffer (S_max slots) behind a mask built on the device. Passes of
-more pending positions (the prompt's, an accept longer than the tree) and the first one (the cache has no
-buffers yet) run the same function eagerly. Eager, a pass attends over the slots up to the longest row's
-last write only (the fewest a CPU computes).
+Compiled (parallel.py): `_tokens` with the pending positions padded to P = `commit_width`, every write at
+slots from the device lengths and counts, the queries attending over the cache's whole buffer (S_max
+slots) behind a mask built on the device. Passes of more pending positions (the prompt's, an accept
+longer than the tree) and the first one (no buffers yet) run it eagerly. Eager, a pass attends over the
+slots up to the longest row's last write only (the fewest a CPU computes).
 """
 
 from __future__ import annotations

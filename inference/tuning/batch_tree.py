@@ -1,11 +1,7 @@
 """The tree follows the batch: at batch B every row's tree is verified in one target forward of B x N
-tokens, so a tree that is nearly free at batch 1 can cost several decode steps at batch 8 on a
-compute-bound device (a CPU). `choices_for_batch` times the target's batched verify pass by tree size
-and the batched drafter's cost at B on this device, then picks the static tree with the best expected
-speedup for the head's accuracy table (`calibrate.best_for_costs`, as calibration does
-at load time for batch 1). `SpeculativeGenerator.generate_batch` calls it once per batch size (through
-`drafter_for_generator`, which loading.py plugs into the engine) and decodes plain when no tree is
-expected to beat plain batched decoding.
+tokens, so a tree nearly free at batch 1 can cost several decode steps at batch 8 on a compute-bound
+device. `drafter_for_generator` (plugged in by loading.py) picks generate_batch's tree once per batch
+size, as calibrate.py does at load time for batch 1, or none when no tree beats plain batched decoding.
 """
 
 from __future__ import annotations

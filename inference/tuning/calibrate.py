@@ -1,13 +1,8 @@
-"""The tree follows the hardware: measure verification and drafting costs on the device at load time
-and pick the static tree with the best expected speedup for a head's measured accuracy table.
-
-A head directory's tree.json (scripts/build_tree.py) stores `accuracy` [depth, k] (acceptance by depth
-and child rank, a property of the head and the data, not of the machine). What a tree costs is a property
-of the machine: on a GPU at batch 1 a 60-node tree costs about one decode step; on a CPU it costs
-several. `calibrated_choices` times the target's verify pass by tree size and the drafter's per-depth
-(EAGLE) or per-pass (Medusa) cost here, eager or as the generator will compile them (`TimedAs`), then
-ranks trees with `tree_search.ranked_choices_for_cost`;
-loading.py decodes with the best few of them (pass_timing.py) to pick the one a whole pass favours.
+"""The tree follows the hardware: a head's accuracy table [depth, k] (HEAD/tree.json) is a property of the
+head and the data, what a tree costs one of the machine (a 60-node tree costs about one decode step on a
+GPU at batch 1, several on a CPU). `calibrated_choices` times the target's verify pass by tree size and
+the drafter's per-depth (EAGLE) or per-pass cost here, as the generator will compile them (`TimedAs`),
+and ranks trees by expected speedup; loading.py decodes the best few (pass_timing.py) to pick one.
 """
 
 from __future__ import annotations
@@ -49,13 +44,10 @@ class TimedAs:
 
     @classmethod
     def of(cls, device: torch.device, compile: bool | str, draft_compile: bool | str | None) -> TimedAs:
-        """For a generator built with these settings (`SpeculativeGenerator`'s): each part it compiles is
-        timed as "graphs", the fixed-shape passes without a compiler, captured as CUDA graphs on CUDA:
-        there most of what compiling buys is the launches a graph removes, so eager costs would size
-        trees for drafting several times dearer than it is. The
-        draft on a CPU stays eager: there compiling gains by fusing ops (inductor, tens of seconds a
-        tree), and its fixed shapes alone cost more than eager. The target on a CPU: its fixed-shape
-        passes attend over the whole cache, what a compiled target pays."""
+        """For a generator built with these settings: each part it compiles is timed as "graphs" (the
+        fixed-shape passes, CUDA graphs on CUDA: most of what compiling buys there is the launches a graph
+        removes). The draft on a CPU stays eager: compiling gains there by fusing ops, too slow to compile
+        per tree, and its fixed shapes alone cost more than eager."""
         draft = compile if draft_compile is None else draft_compile
         return cls("graphs" if compile else False, "graphs" if draft and device.type == "cuda" else False)
 

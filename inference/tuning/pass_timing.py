@@ -1,12 +1,10 @@
 """Decode with a few candidate trees, as decoding runs them, to pick the one this device is fastest with.
 
-calibrate.py times the parts of a pass one at a time, each in a tight loop: verification by tree size, a
-draft depth, the accept step, the commit. That ranks trees well but misjudges a whole pass: its parts
-evict each other's weights and state from the caches, the engine's own work between them (acceptance,
-bookkeeping) is not timed, and an EAGLE depth is timed over four nodes whatever the tree expands. So the
-best few trees of that model (and a tree the head was tuned with) are decoded here for a few dozen tokens
-each, round-robin with plain decoding through the same engine, and each is scored by its expected accept
-length (the head's accuracy table) x the plain pass / its own pass.
+calibrate.py times the parts of a pass one at a time in tight loops: that ranks trees well but misjudges
+a whole pass (its parts evict each other from the caches, the engine's work between them is not timed).
+So the best few trees of that model (and a tree the head was tuned with) are decoded here for a few dozen
+tokens each, round-robin with plain decoding through the same engine, each scored by its expected accept
+length x the plain pass / its own pass.
 """
 
 from __future__ import annotations
@@ -26,10 +24,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 Choices = list[list[int]]
-# A tree tuned with the head (decoded first) stays unless another candidate is expected this much faster.
-# Every candidate is decoded and scored alike here, so the margin only has to cover near-ties, which trade
-# places with this stage's noise (then either tree decodes about as fast); a wider margin keeps trees that
-# decode slower.
+# A tree tuned with the head stays unless another candidate is expected this much faster: only near-ties,
+# which trade places with this stage's noise, need covering (a wider margin keeps trees that decode slower).
 IN_SITU_KEEP_MARGIN = 0.02
 
 

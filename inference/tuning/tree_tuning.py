@@ -3,17 +3,12 @@
     fields = tune_tree(target, tokenizer, head, load_prompt_set("demo-tune", 32))
     directory.write_tree(head_dir, **fields)  # HEAD/tree.json: what loading calibrates from
 
-Measured steps, nothing assumed: (1) the target greedily answers every prompt turn by turn (the
-continuations are the target's own, so a draft is right exactly when it equals them); (2) the head's
-top-k accuracy by depth is measured on those continuations (the family's `accuracy` part); (3) the
-verify, draft and per-pass costs are timed on this device, the trees ranked by expected speedup
-(calibrate.py) and the best few decoded for a few dozen tokens each, the one whose passes pay best
-chosen (pass_timing.py, as loading does), then decoded on the same prompts for its real tau; (4) the
-table's product-of-accuracies estimate runs ahead of real decoding, so it is scaled to that tau
-(`calibrate.fit_accuracy`, as loading does) and the trees ranked and decoded again (the first choice
-stays unless another is expected clearly faster); a changed tree is decoded again. The saved tau
-(`measured_tau`) is the saved tree's own, which loading scales the table to.
-Used by scripts/build_tree.py and by the end of a training run (train.py wires it in).
+Measured, nothing assumed: (1) the target greedily answers every prompt turn by turn; (2) the head's
+top-k accuracy by depth is measured on those answers (tuning/accuracy.py); (3) trees are ranked by the
+costs timed here (calibrate.py), the best few decoded (pass_timing.py, as loading does) and the chosen
+one decoded on the prompts for its real tau; (4) the table over-promises, so it is scaled to that tau
+(`calibrate.fit_accuracy`, as loading does) and the trees ranked and decoded again. The saved
+`measured_tau` is the saved tree's own. Used by scripts/build_tree.py and at the end of a training run.
 """
 
 from __future__ import annotations
