@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel
 
+from spechead.inference import stats
 from spechead.inference.evaluation.profiling import wall_ms
 from spechead.inference.sampling import SamplingParams
 
@@ -64,8 +65,7 @@ def chain_accept_lengths(match: torch.Tensor, k: int) -> list[int]:
 
 def pooled_tau(matches: Sequence[torch.Tensor], k: int) -> float:
     """Emitted tokens per target pass over every pass of every sequence (as the benchmark pools it)."""
-    lengths = [x for m in matches for x in chain_accept_lengths(m, k)]
-    return sum(lengths) / max(len(lengths), 1)
+    return stats.pooled_tau([x for m in matches for x in chain_accept_lengths(m, k)])
 
 
 @torch.inference_mode()
