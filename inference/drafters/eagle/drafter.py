@@ -4,20 +4,13 @@
 Cache convention (as in training, spechead.heads.unroll): the head's cache holds one COMMITTED entry per
 position t whose pair (target feature f_t, token x_{t+1}) is known, at rotary position t; C = number of
 committed entries = the target's cached length. The output of the last pair (position C - 1, token x_C =
-the root) predicts its children.
-
-Drafting a tree rooted at x_C: a node at depth d >= 1 (token x_{C+d}) is run as TTT step d at position
+the root) predicts its children. A node at depth d >= 1 (token x_{C+d}) is run as TTT step d at position
 C + d - 1: it reads its parent's output feature and its own token, and attends to the C committed entries,
-the entries of its ancestors at depths 1..d-1 and itself (exactly `ttt_allowed`). Growth runs on the head's
-device: one head call per depth over every row's frontier, top-k and cumulative scores kept as tensors.
+its ancestors' entries and itself (exactly `ttt_allowed`). One head call per depth over every row.
 
-Where the rows live is a setting of the one drafter, chosen at `start`:
-- eager: `EagleRows` (rows.py), any B (a batch of one is a batch), per-row committed lengths in one
-  `RowCache` [B, ...]; a batch of one sampling with a static tree may draw its children (rule C);
-- compiled (`use_compile`): `GraphRows` (graphs.py), the same growth code with fixed shapes, every row's
-  whole draft and accept one captured graph each, kept per row capacity; its accept and next draft also
-  run from an acceptance still on the device (`queues`: the engine's depth 1).
-Row b's tree is the tree its batch of one proposes (up to float rounding of batched matmuls).
+Where the rows live is chosen at `start`: eager `EagleRows` (rows.py), or, compiled, `GraphRows`
+(graphs.py: the same growth code with fixed shapes, whose accept and next draft also run from an acceptance
+still on the device: `queues`). Row b's tree is its batch-1 tree (up to float rounding of batched matmuls).
 """
 
 from __future__ import annotations
@@ -42,17 +35,14 @@ from spechead.inference.tree import StaticTree, tree_from_choices
 
 
 class EagleDrafter(Drafter):
-    """Drafts token trees for B rows with an EagleHead (EAGLE-1/2) or Eagle3Head; children are the head's
-    top-k.
+    """Drafts token trees for B rows with an EagleHead (EAGLE-1/2) or Eagle3Head.
 
     tree: "dynamic" (EAGLE-2: per depth expand the `top_k` frontier nodes of highest cumulative
     log-prob, each with its `top_k` children, down to `depth`; keep the best `total_tokens - 1`
     nodes) or static paths of child ranks, e.g. [[0], [1], [0, 0]] (see `tree_from_choices`).
     rule: when sampling, children are the head's top-k ("deterministic", rule A) or, for a static tree
     drafted eagerly for a batch of one, draws from the head ("without_replacement", rule C:
-    sampled_children.py; more accepted at temperatures near 1, for more draft work a depth). Greedy takes
-    the top-k. After an eager `propose` of a dynamic tree, `last_scores` [N] holds the first row's nodes'
-    cumulative draft log-probs (root 0).
+    sampled_children.py; more accepted at temperatures near 1). Greedy takes the top-k.
     """
 
     tunes_tree = True  # `with_tree` swaps its static tree
@@ -105,9 +95,8 @@ class EagleDrafter(Drafter):
         )
         self._compile: bool | str = False  # what `use_compile` was given
         self._graphs: GraphRows | None = None  # compiled: the kept fixed-shape rows (their graphs), once made
-        # compiled drafting of B > 1 rows: None = on CUDA only (on a CPU the eager batch draft measured
-        # faster: docs/PERFORMANCE.md, scripts/bench_batch_draft.py); True: wherever compiled; False: never.
-        # (A compiled batch of one always drafts as a graph.)
+        # compiled drafting of B > 1 rows: None = on CUDA only (on a CPU the eager batch draft is faster:
+        # docs/PERFORMANCE.md); True: wherever compiled; False: never. (A compiled batch of one always is.)
         self.batch_graphs: bool | None = None
         self.topk_chunk: Chunk = "auto"  # each depth's top-k over chunks of this many ids (topk.py)
         self._d2t: Tensor | None = None  # [Vd] target id of every head-vocab id (one gather maps ids)
@@ -124,11 +113,9 @@ class EagleDrafter(Drafter):
         return other
 
     def use_compile(self, compile: bool | str) -> None:
-        """Draft and accept as fixed-shape graphs (`GraphRows`: every depth's head step, top-k and the
-        final selection as ONE torch.compile graph; on CUDA one CUDA graph replay per propose, as SGLang
-        captures EAGLE's draft): a batch of one always, B > 1 rows where `batch_graphs` says.
-        compile: True (inductor; CUDA graphs on CUDA), "graphs" (no compiler: the eager draft captured as a
-        CUDA graph on CUDA) or a torch.compile backend name; False: eager."""
+        """Draft and accept as fixed-shape graphs (`GraphRows`): a batch of one always, B > 1 rows where
+        `batch_graphs` says. compile: True (inductor; CUDA graphs on CUDA), "graphs" (the eager draft
+        captured as a CUDA graph on CUDA) or a torch.compile backend name; False: eager."""
         self._compile, self._graphs = compile, None  # (the graphs are made at the next start)
 
     def _shared_state(self) -> tuple:
@@ -148,7 +135,7 @@ class EagleDrafter(Drafter):
         wanted = self._weight.device.type == "cuda" if self.batch_graphs is None else self.batch_graphs
         return batch == 1 or wanted
 
-    # ---- Drafter: read first ----------------------------------------------------------------
+    # ---- Drafter: the rows' (their methods run under inference mode) -----------------------------
 
     @inference_mode
     def start(
@@ -168,28 +155,20 @@ class EagleDrafter(Drafter):
             self._rows = EagleRows(self)
         self._rows.start(prompts, hidden, roots)
 
-    @inference_mode
     def propose(
         self,
         roots: Sequence[int],
         sampling: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
     ) -> BatchDraft:
-        """Every row's tree of the head's top-k children (rule A; greedy), or for an eager batch of one of
-        children drawn from it (`rule`)."""
         return self._started().propose(roots, sampling, generators)
 
-    @inference_mode
     def accept(
         self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
     ) -> None:
-        """Commit row b's first lengths[b] pairs of tokens [B, K] (root + accepted drafts) with the target's
-        states {layer: [B, K, H]}, one head step."""
         self._started().accept(tokens, lengths, hidden, next_roots)
 
-    @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
-        """Keep only these rows (in this order)."""
         self._started().keep(rows)
 
     def _started(self) -> EagleRows:
@@ -212,16 +191,17 @@ class EagleDrafter(Drafter):
         return 1 << depth.bit_length()
 
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
-        assert isinstance(self._rows, GraphRows)  # `queues` held: the graphs' rows
-        self._rows.accept_queued(hidden, tokens, paths, ks, nexts)
+        self._queued().accept_queued(hidden, tokens, paths, ks, nexts)
 
     def propose_queued(self, nexts: Tensor) -> BatchDraft:
-        assert isinstance(self._rows, GraphRows)  # `queues` held: the graphs' rows
-        return self._rows.propose_queued(nexts)
+        return self._queued().propose_queued(nexts)
 
     def settle(self, ks: Sequence[int]) -> None:
+        self._queued().settle(ks)
+
+    def _queued(self) -> GraphRows:
         assert isinstance(self._rows, GraphRows)  # `queues` held: the graphs' rows
-        self._rows.settle(ks)
+        return self._rows
 
     # ---- what the rows share: the head's input features, its id map, the static plan ------------------
 
@@ -265,10 +245,3 @@ class EagleDrafter(Drafter):
             assert self._static is not None  # only a static tree has a plan
             self._plan = build_static_plan(self._static, self._weight.device)
         return self._plan
-
-    @property
-    def last_scores(self) -> Tensor | None:
-        """The first row's nodes' cumulative draft log-probs [N] (float64, root 0) of the last eager
-        `propose` of a dynamic tree, on the host (None for static trees and graphs)."""
-        scores = None if self._rows is None else self._rows.scores
-        return None if scores is None else scores[0].cpu()

@@ -127,7 +127,7 @@ class GraphRows(EagleRows):
             nexts = torch.where(ends, after, torch.tensor(list(roots)))  # [B]
             before = rows.feature
             part = {layer: x[:, start : start + PROMPT_BLOCK] for layer, x in states.items()}
-            self._commit(block, n.tolist(), part, nexts.tolist(), eager=True)
+            self.accept(block, n.tolist(), part, nexts.tolist(), eager=True)
             going = torch.zeros(capacity, dtype=torch.bool)  # rows with pairs here: the others keep theirs
             going[:batch] = n > 0
             rows.feature = torch.where(host_to_device(going, self.device)[:, None], rows.feature, before)
@@ -230,7 +230,8 @@ class GraphRows(EagleRows):
 
     # ---- committed cache ---------------------------------------------------------------------------
 
-    def _commit(
+    @inference_mode
+    def accept(
         self,
         tokens: Tensor,
         lengths: Sequence[int],

@@ -54,8 +54,6 @@ class EagleRows:
         self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
         self._blocked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.feature: Tensor | None = None  # [B, H] output of each row's last committed pair
-        # [B, N] float64: the last propose's node scores (root 0), a dynamic tree's (a static one keeps none)
-        self.scores: Tensor | None = None
 
     # ---- the drafter's calls ------------------------------------------------------------------------------
 
@@ -106,7 +104,7 @@ class EagleRows:
         """`start` in one causal head pass over every row, padded to the longest prompt."""
         tokens, states = self._padded(prompts, hidden)
         self._new_cache(len(prompts), tokens.shape[1])
-        self._commit(tokens, [p.numel() for p in prompts], states, roots)
+        self.accept(tokens, [p.numel() for p in prompts], states, roots)
 
     def _padded(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]]
@@ -126,12 +124,6 @@ class EagleRows:
         return tokens, states
 
     @inference_mode
-    def accept(
-        self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots: Sequence[int]
-    ) -> None:
-        self._commit(tokens, lengths, hidden, next_roots)
-
-    @inference_mode
     def propose(
         self,
         roots: Sequence[int],
@@ -145,9 +137,8 @@ class EagleRows:
         drafter = self.drafter
         drafter._map_ids(self.device)
         assert self.feature is not None  # start made it
-        self.scores = None
         if drafter._static is None:
-            tokens, parents, self.scores = self._grow_dynamic(self.feature, roots_t)  # [B, N] each
+            tokens, parents, _ = self._grow_dynamic(self.feature, roots_t)  # [B, N] each
             return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
         drawn = None  # children drawn from the head (rule C): a batch of one, sampling
         if drafter.rule != "deterministic" and len(roots) == 1 and not sampling[0].is_greedy:
@@ -194,7 +185,8 @@ class EagleRows:
             step = self._ROOM_STEP
             cache.grow(-(-max(need, 2 * cache.max_length) // step) * step)
 
-    def _commit(self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots) -> None:
+    @inference_mode
+    def accept(self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots) -> None:
         """Step the head on row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} at
         positions C_b.. (causal within the block); padded queries write scratch slots after them."""
         batch, k = tokens.shape

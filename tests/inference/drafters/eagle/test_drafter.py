@@ -67,6 +67,14 @@ class Stream:
         return head.fuse(states) if isinstance(head, Eagle3Head) else states[0]
 
 
+def dynamic_scores(drafter, root: int) -> torch.Tensor:
+    """The cumulative draft log-probs [N] (float64, root 0) of the nodes of the dynamic tree a batch of one
+    proposes from `root` now (the growth run again: it writes scratch slots only)."""
+    rows = drafter._rows
+    with torch.inference_mode():  # (its cache is an inference tensor)
+        return rows._grow_dynamic(rows.feature, torch.tensor([root]))[2][0]
+
+
 def committed(drafter) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
     """A batch of one's committed state in its rows: C, every head layer's keys / values [1, kv, C, D] and
     the last committed pair's output feature [1, H]."""
@@ -154,15 +162,13 @@ def test_cache_stays_consistent_across_cycles(target, kind, tree, api) -> None:
         torch.testing.assert_close(feature, out[:, -1], atol=2e-4, rtol=1e-4)
     # The next tree equals the one a drafter started on the whole committed sequence proposes.
     mine = OneRow(drafter).propose(root, GREEDY, None).tree
-    scores = drafter.last_scores
     other = EagleDrafter(head, **opts)
     OneRow(other).start(stream.tokens, stream.states, root)
     ref = OneRow(other).propose(root, GREEDY, None).tree
     assert torch.equal(mine.tokens, ref.tokens) and torch.equal(mine.parents, ref.parents)
-    if tree == "dynamic":  # (a static tree's ranks need no scores: none are kept)
-        torch.testing.assert_close(scores, other.last_scores, atol=1e-4, rtol=0)
-    else:
-        assert scores is None
+    if tree == "dynamic":  # (a static tree's ranks need no scores)
+        scores = dynamic_scores(drafter, root)
+        torch.testing.assert_close(scores, dynamic_scores(other, root), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
@@ -236,7 +242,7 @@ def test_chain_matches_training_unroll(target, kind, tree) -> None:
     scores, argmax = chain_scores(head, stream, 11, path)
     assert argmax.tolist() == path  # greedy step by step, as training unrolls the head
     if tree == "dynamic":
-        torch.testing.assert_close(drafter.last_scores[1:], scores, atol=1e-4, rtol=0)
+        torch.testing.assert_close(dynamic_scores(drafter, 11)[1:], scores, atol=1e-4, rtol=0)
     # The check is sensitive to the convention: drafted nodes one position off give other scores.
     for shift in (1, -1):
         wrong = chain_scores(head, stream, 11, path, shift=shift)[0]
@@ -279,10 +285,11 @@ def test_dynamic_tree_shape_and_path_scores(target, kind) -> None:
     if kind == "eagle3":
         assert all(head.t2d[t] for t in tokens[1:])
     # Every node's score is the training unroll's cumulative log-prob of its root-to-node path.
+    got = dynamic_scores(drafter, 3)
     for node in range(1, tree.size):
         path = [tokens[i] for i in path_to_node(tree.parents, node)[1:]]
         scores, _ = chain_scores(head, stream, 3, path)
-        assert abs(float(scores[-1]) - float(drafter.last_scores[node])) < 1e-4
+        assert abs(float(scores[-1]) - float(got[node])) < 1e-4
 
 
 def eagle2_oracle(table: torch.Tensor, root: int, top_k: int, depth: int, keep: int) -> dict[tuple, float]:
@@ -322,11 +329,9 @@ def test_dynamic_keeps_highest_cumulative_probability(target, monkeypatch) -> No
     OneRow(drafter).start(stream.tokens, stream.states, 2)
     tree = OneRow(drafter).propose(2, GREEDY, None).tree
     TokenTree(tree.tokens, tree.parents)  # a valid tree (the drafter hands it over unchecked)
-    got = {}
+    got, scores = {}, dynamic_scores(drafter, 2)
     for node in range(1, tree.size):
-        got[tuple(int(tree.tokens[i]) for i in path_to_node(tree.parents, node)[1:])] = float(
-            drafter.last_scores[node]
-        )
+        got[tuple(int(tree.tokens[i]) for i in path_to_node(tree.parents, node)[1:])] = float(scores[node])
     expected = eagle2_oracle(table, 2, top_k, depth, total - 1)
     assert tree.size == total and set(got) == set(expected)
     for path, score in got.items():
