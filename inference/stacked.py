@@ -32,11 +32,8 @@ class StackedLinear(nn.Module):
         first = layers[0]
         weight = torch.cat([layer.weight.detach() for layer in layers])  # (sum out, in)
         self.weight = nn.Parameter(weight, requires_grad=False)
-        self.bias = None
-        if first.bias is not None:
-            self.bias = nn.Parameter(
-                torch.cat([layer.bias.detach() for layer in layers]), requires_grad=False
-            )
+        bias = None if first.bias is None else torch.cat([layer.bias.detach() for layer in layers])
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.sizes = [layer.out_features for layer in layers]
         self.in_features, self.out_features = first.in_features, first.out_features
         self._input: Tensor | None = None  # the tensor the kept outputs were computed from
@@ -84,14 +81,7 @@ class StackedRows(nn.Module):
 
 def stackable(layers: list[nn.Linear]) -> bool:
     """One input width, device and dtype, and biases on all or none."""
-    first = layers[0]
-    return all(
-        layer.in_features == first.in_features
-        and layer.weight.dtype == first.weight.dtype
-        and layer.weight.device == first.weight.device
-        and (layer.bias is None) == (first.bias is None)
-        for layer in layers
-    )
+    return len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in layers}) == 1
 
 
 def stack_projections(model: PreTrainedModel) -> int:

@@ -109,6 +109,17 @@ def test_layers_it_cannot_stack_stay_as_they_are(tiny_llama):
     assert isinstance(model.model.layers[1].self_attn.q_proj, StackedLinear)
 
 
+def test_layers_of_another_width_dtype_or_bias_stay_as_they_are(tiny_llama):
+    """`stackable`: one input width, one dtype and biases on all or none, else the group is left out."""
+    model = tiny_llama(64, layers=4, hidden=32, seed=2)
+    attn = [layer.self_attn for layer in model.model.layers]
+    attn[0].k_proj = nn.Linear(16, attn[0].k_proj.out_features, bias=False)  # another input width
+    attn[1].k_proj = attn[1].k_proj.double()
+    attn[2].k_proj = nn.Linear(attn[2].k_proj.in_features, attn[2].k_proj.out_features, bias=True)
+    assert stack_projections(model) == 5  # 4 MLP groups and the last layer's attention
+    assert [type(a.q_proj) for a in attn] == [nn.Linear] * 3 + [StackedLinear]
+
+
 def test_greedy_decoding_is_unchanged(tiny_llama):
     """Plain and EAGLE-3 decoding (prefill, tree passes, single-token steps) of the stacked target emit
     exactly the unstacked target's tokens."""
