@@ -101,15 +101,11 @@ def decode_prompts(
     desc: str | None = None,
 ) -> PromptSetRun:
     """Decode every prompt turn by turn (each answer fed back before the next turn; without a chat
-    template every turn is a prompt of its own).
-
-    A progress bar over prompts is shown on a terminal when `desc` is given.
-    """
+    template every turn is a prompt of its own); a progress bar on a terminal when `desc` is given."""
     tok = gen.tokenizer
     chat = bool(getattr(tok, "chat_template", None))
     total, outputs, prompt_ids = Tally(), [], []
     by_category: dict[str, Tally] = {}
-    turn_index = 0
     for prompt in tqdm(prompts, desc=desc, unit="prompt", leave=False, disable=None if desc else True):
         messages: list[dict[str, str]] = []
         for turn in prompt.turns:
@@ -127,9 +123,8 @@ def decode_prompts(
                 temperature=settings.temperature,
                 top_p=settings.top_p,
                 top_k=settings.top_k,
-                seed=settings.seed + turn_index,
+                seed=settings.seed + len(outputs),  # (one per turn decoded so far)
             )
-            turn_index += 1
             messages.append({"role": "assistant", "content": r.text})
             outputs.append(r.token_ids)
             prompt_ids.append(list(ids))
@@ -235,9 +230,8 @@ def decode_eval_hook(
         head.train(was_training)
     metrics = {k: float(row[k]) for k in ("tau", "speedup", "tokens_per_s", "passes_per_token")}
     metrics["tree_nodes"] = float(len(calibration["choices"]) if calibration else 0)
-    metrics.update(
-        {f"acceptance_depth_{d}": a for d, a in enumerate(row["acceptance_by_depth"][:8], start=1)}
-    )
+    for d, a in enumerate(row["acceptance_by_depth"][:8], start=1):
+        metrics[f"acceptance_depth_{d}"] = a
     metrics["greedy_mismatches"] = float(row["greedy_mismatches"])  # (greedy: always compared)
     plots = {}
     if plot_dir is not None:
