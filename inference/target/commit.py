@@ -9,61 +9,37 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from spechead.inference.devices import host_ids, host_to_device
+from spechead.inference.devices import host_ids
 from spechead.inference.target.cache import RowCache
 
 Path = Tensor | Sequence[int]  # one row's accepted nodes [K] (ascending, [0] = 0)
 
 
-def commit_row(cache: RowCache, path: Path, device: torch.device) -> None:
+def commit_row(cache: RowCache, path: list[int], device: torch.device) -> None:
     """A batch of one's commit: a path in place (0..K-1) moves the length only; another is one gather and
     one copy of every layer (`device`: the cache's)."""
-    past = cache.lengths[0]
-    if isinstance(path, list):  # the generator's plain list: no tensor when the path is in place
-        k = len(path)
-        if k and path[-1] == k - 1:  # ascending from 0, ends at K-1: 0..K-1
-            cache.set_length(past + k)
-            return
-        nodes = host_ids(path, torch.device("cpu"))
-    else:
-        nodes = torch.as_tensor(path, dtype=torch.long).reshape(-1)
-        k = int(nodes.numel())
-        if k and int(nodes[-1]) == k - 1:
-            cache.set_length(past + k)
-            return
-    src = host_to_device(nodes, device) + past  # [K] the slots the verify wrote them at
-    shared = cache.shared_storage()  # [L, 2, 1, kv, S_max, D]
-    if shared is not None:  # every layer at once
-        shared[..., past : past + k, :] = shared.index_select(-2, src)
-    else:
-        for layer in cache.row_layers:
-            layer.keys[:, :, past : past + k] = layer.keys.index_select(2, src)
-            layer.values[:, :, past : past + k] = layer.values.index_select(2, src)
+    past, k = cache.lengths[0], len(path)
+    if path[-1] != k - 1:  # ascending from 0 and ending at K-1 is 0..K-1: in place
+        src = host_ids(path, device) + past  # [K] the slots the verify wrote them at
+        shared = cache.shared_storage()  # [L, 2, 1, kv, S_max, D]
+        if shared is not None:  # every layer at once
+            shared[..., past : past + k, :] = shared.index_select(-2, src)
+        else:
+            for layer in cache.row_layers:
+                layer.keys[:, :, past : past + k] = layer.keys.index_select(2, src)
+                layer.values[:, :, past : past + k] = layer.values.index_select(2, src)
     cache.set_length(past + k)
 
 
-def commit_rows(cache: RowCache, paths: Sequence[Path], device: torch.device) -> None:
+def commit_rows(cache: RowCache, paths: Sequence[list[int]], device: torch.device) -> None:
     """B rows' commits, paths[b] for row b: each padded to the longest by repeating its last node
     (duplicate writes of one value), gathered and scattered into place."""
-    if all(isinstance(p, list) and p == list(range(len(p))) for p in paths):  # already in place
-        cache.set_lengths([n + len(p) for n, p in zip(cache.lengths, paths)])
-        return
-    nodes = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in paths]
-    ks = torch.tensor([p.numel() for p in nodes], dtype=torch.long)  # [B]
-    kmax, lengths = int(ks.max()), torch.tensor(cache.lengths)
-    src = torch.stack([torch.cat([p, p[-1:].expand(kmax - p.numel())]) for p in nodes])  # [B, Kmax]
-    dst = torch.minimum(torch.arange(kmax)[None, :], ks[:, None] - 1)  # [B, Kmax]
-    src, dst = src + lengths[:, None], dst + lengths[:, None]
-    if not torch.equal(src, dst):  # some row's path is not already in place
-        src, dst = host_to_device(src, device), host_to_device(dst, device)
-        shared = cache.shared_storage()  # [L, 2, B, kv, S_max, D]
-        layers = cache.row_layers
-        buffers = [shared] if shared is not None else [b for x in layers for b in (x.keys, x.values)]
-        for buf in buffers:  # [..., B, kv, S_max, D]: the gather copies first, so overlaps are fine
-            s_idx = src[:, None, :, None].expand(*buf.shape[:-2], kmax, buf.shape[-1])
-            d_idx = dst[:, None, :, None].expand(*buf.shape[:-2], kmax, buf.shape[-1])
-            buf.scatter_(-2, d_idx, buf.gather(-2, s_idx))
-    cache.set_lengths((lengths + ks).tolist())
+    lengths, kmax = cache.lengths, max(len(p) for p in paths)
+    src = [[n + i for i in p + p[-1:] * (kmax - len(p))] for n, p in zip(lengths, paths)]  # [B, Kmax]
+    dst = [[n + min(i, len(p) - 1) for i in range(kmax)] for n, p in zip(lengths, paths)]  # [B, Kmax]
+    if src != dst:  # some row's path is not already in place
+        _move(cache, host_ids(src, device), host_ids(dst, device))
+    cache.set_lengths([n + len(p) for n, p in zip(lengths, paths)])
 
 
 def padded_paths(paths: Sequence[list[int]], rows: Sequence[int], capacity: int) -> Tensor | None:
@@ -85,11 +61,21 @@ def move_fixed(cache: RowCache, nodes: Tensor) -> None:
     land past the new length (scratch), clamped to the last slot where the cache ends (the same value)."""
     lengths = cache.lengths_t
     assert lengths is not None  # a static-shape cache after its first write
-    rows, k = nodes.shape
     src = lengths[:, None] + nodes  # [P, K] slots the verify wrote these nodes at
-    dst = (lengths[:, None] + torch.arange(k, device=nodes.device)).clamp(max=cache.max_length - 1)
-    for layer in cache.row_layers:
-        for buf in (layer.keys, layer.values):
-            _, heads, _, dim = buf.shape
-            moved = buf.gather(2, src[:, None, :, None].expand(rows, heads, k, dim))  # copies first
-            buf.scatter_(2, dst[:, None, :, None].expand(rows, heads, k, dim), moved)
+    dst = (lengths[:, None] + torch.arange(nodes.shape[1], device=nodes.device)).clamp(
+        max=cache.max_length - 1
+    )
+    _move(cache, src, dst)
+
+
+def _move(cache: RowCache, src: Tensor, dst: Tensor) -> None:
+    """Copy every row's slots src [B, K] to slots dst [B, K] in every layer's keys and values (the one
+    shared buffer's, else each layer's); the gather copies first, so overlaps are fine."""
+    shared = cache.shared_storage()  # [L, 2, B, kv, S_max, D]
+    layers = cache.row_layers
+    buffers = [shared] if shared is not None else [b for x in layers for b in (x.keys, x.values)]
+    k = src.shape[1]
+    for buf in buffers:  # [..., B, kv, S_max, D]
+        s_idx = src[:, None, :, None].expand(*buf.shape[:-2], k, buf.shape[-1])
+        d_idx = dst[:, None, :, None].expand(*buf.shape[:-2], k, buf.shape[-1])
+        buf.scatter_(-2, d_idx, buf.gather(-2, s_idx))

@@ -334,18 +334,18 @@ class TargetRunner:
     @inference_mode
     def commit(self, paths: Sequence[Path]) -> None:
         """Active row b keeps the accepted nodes paths[b] [K_b] (ascending, paths[b][0] = 0) of the last
-        verify after its prefix; a host list that is already in place (0..K-1) moves the length only."""
+        verify after its prefix; a path already in place (0..K-1) moves the length only."""
         cache = self.cache
         if len(paths) != len(self.rows) or cache is None:
             raise ValueError(f"need one path per row ({len(self.rows)}), got {len(paths)}")
+        nodes = [p.reshape(-1).tolist() if isinstance(p, Tensor) else list(p) for p in paths]
         if self._graphs is not None:
-            nodes = [p.tolist() if isinstance(p, Tensor) else list(p) for p in paths]
             self._graphs.commit(cache, nodes)
             self.advance([len(p) for p in nodes])
-        elif len(paths) == 1:
-            commit_row(cache, paths[0], self.device)
+        elif len(nodes) == 1:
+            commit_row(cache, nodes[0], self.device)
         else:
-            commit_rows(cache, paths, self.device)
+            commit_rows(cache, nodes, self.device)
 
     @property
     def queues_commits(self) -> bool:
@@ -363,11 +363,7 @@ class TargetRunner:
     @inference_mode
     def advance(self, ks: Sequence[int]) -> None:
         """The second half of `commit_queued`: active row b committed ks[b] entries (host and device)."""
-        assert self.cache is not None  # (after a prefill)
-        every = list(self.cache.lengths)
-        for row, k in zip(self.rows, ks):
-            every[row] += int(k)
-        self.cache.set_lengths(every)
+        self.lengths = [n + int(k) for n, k in zip(self.lengths, ks)]
 
 
 def _fp32(logits: Tensor) -> Tensor:

@@ -96,15 +96,15 @@ def test_row_drops_with_a_capacity_keep_the_buffers_rows(dims):
 @pytest.mark.parametrize("dims", [[4, 4, 4], [4, 6, 4]], ids=["one-buffer", "own-buffers"])
 def test_a_batch_of_ones_commit_moves_an_off_path_node_or_only_its_length(dims):
     """Past 3, tree nodes at slots 3..8: a path off the first branch is copied into place in every layer
-    (one gather of the shared buffer, or layer by layer); a path in place (a host list 0..K-1, or a
-    tensor) only moves the length: the slots keep what they held."""
+    (one gather of the shared buffer, or layer by layer); a path in place (0..K-1) only moves the
+    length: the slots keep what they held."""
     cache = filled(dims, batch=1, lengths=[3])
-    commit_row(cache, torch.tensor([0, 2, 5]), CPU)
+    commit_row(cache, [0, 2, 5], CPU)
     assert cache.lengths == [6] and [layer.length for layer in cache.row_layers] == [6] * LAYERS
     assert slots(cache, 0, 6, 0) == [[0, 1, 2, 3, 5, 8]] * LAYERS
     before = [layer.keys.clone() for layer in cache.row_layers]
     commit_row(cache, [0, 1], CPU)  # in place: nothing moves
-    commit_row(cache, torch.tensor([0]), CPU)
+    commit_row(cache, [0], CPU)
     assert cache.lengths == [9] and all(torch.equal(a, b.keys) for a, b in zip(before, cache.row_layers))
 
 
