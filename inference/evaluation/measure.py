@@ -104,7 +104,8 @@ def decode_prompts(
     template every turn is a prompt of its own); a progress bar on a terminal when `desc` is given."""
     tok = gen.tokenizer
     chat = bool(getattr(tok, "chat_template", None))
-    total, outputs, prompt_ids = Tally(), [], []
+    total, prompt_ids = Tally(), []
+    outputs: list[list[int]] = []  # (its length: the turns decoded so far)
     by_category: dict[str, Tally] = {}
     for prompt in tqdm(prompts, desc=desc, unit="prompt", leave=False, disable=None if desc else True):
         messages: list[dict[str, str]] = []
