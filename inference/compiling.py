@@ -1,8 +1,6 @@
 """torch.compile and CUDA graphs for the engine's fixed-shape functions (the runners' passes, the drafters'
-graphs): one entry point, `compile_function`, that every compiled path goes through.
-
-Callers look it up here (`compiling.compile_function`) when they compile, so tests can swap in stand-in
-graphs on a CPU (tests/inference/test_graph_replay.py).
+graphs): one entry point, `compile_function`, looked up here at each compile so tests can swap in
+stand-in graphs on a CPU (tests/inference/test_graph_replay.py).
 """
 
 from __future__ import annotations

@@ -113,10 +113,9 @@ class GraphedFunction:
     def _run_and_capture(
         self, values: list[Any], n_args: int, names: tuple[str, ...]
     ) -> tuple[Any, Captured]:
-        """The first call of a signature: fn runs for real on copies of the call's tensors (the graph's
-        inputs from now on; dense, so a later call's expanded view copies in), which also warms up what
-        must not happen inside a capture (compilation, kernel autotuning, lazy allocations); then fn is
-        captured on the same copies (capturing runs no kernel, and the guards see the same tensors)."""
+        """A signature's first call: fn runs for real on dense copies of the call's tensors (the graph's
+        inputs from now on), which warms up what must not happen inside a capture (compilation,
+        autotuning, lazy allocations), then is captured on the same copies."""
         static = [v.clone() if isinstance(v, Tensor) else v for v in values]
 
         def call() -> Any:

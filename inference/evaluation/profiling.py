@@ -86,8 +86,8 @@ def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: 
 def profile_part(
     fn: Callable[[], object], device: torch.device, iters: int = 5, top: int = 30
 ) -> PartProfile:
-    """Profile `iters` calls of fn() (after one untimed call) -> its PartProfile (per call; its `top`
-    most expensive kernels kept: a JSON report holds them all, `render_profiles` prints the first few)."""
+    """Profile `iters` calls of fn() (after one untimed call) -> its PartProfile per call, with its `top`
+    most expensive kernels."""
     wall = wall_ms(fn, device, iters, warmup=1)
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -132,8 +132,8 @@ def render_profiles(profiles: dict[str, PartProfile], top: int = 8) -> list[str]
 
 
 def count_syncs(device: torch.device, fn: Callable[[], object]) -> tuple[object, int]:
-    """fn() and how many times it made the host wait for the GPU (PyTorch's sync debug mode: each
-    synchronising call warns; counted, not shown); 0 off CUDA."""
+    """fn() and how many times it made the host wait for the GPU (counted from PyTorch's sync debug mode
+    warnings); 0 off CUDA."""
     if device.type != "cuda":
         return fn(), 0
     previous = torch.cuda.get_sync_debug_mode()
