@@ -4,10 +4,8 @@ Head k at position t predicts token t+2+k; the root (token t+1) comes from the t
 node at depth d (root = 0) with child rank r carries head (d-1)'s r-th best token. All branches at one
 depth share that head's candidates, as in the reference design.
 
-ONE class for any number of rows (a batch of one is a batch): B rows run each head once over every
-row's last target state (`fill`); a batch of one takes a faster path on the same kept buffers each pass
-(`_one_row`: on a CPU each op costs about as much as the heads' small GEMMs). Nothing of the heads is
-cached, only each row's last target state, so the queued form (engine/loop.py, depth 1) is the same
+ONE class for any number of rows (a batch of one is a batch): each head runs once over every row's last
+target state (`fill`). Only that state is kept, so the queued form (engine/loop.py, depth 1) is the same
 draft from a path and a next token still on the device: no shape depends on the path, nothing to settle.
 """
 
@@ -49,25 +47,22 @@ class MedusaDrafter(Drafter):
         self.head = head.eval()
         # head k's logits (B, T, H) -> (B, T, V), without module calls where the blocks allow
         self.head_logits = fused_medusa_logits(head) or head.head_logits
-        # head k is block slot k: which heads run (`tree.depth`: deeper ones never do), how many
-        # candidates each gives (`tree.width`) and where they go (`tree.pick`); depth-first, the greedy
-        # main path is nodes 0..d (contiguous)
+        # head k is block slot k: which heads run (`tree.depth`), how many candidates each gives
+        # (`tree.width`) and where they go (`tree.pick`); depth-first, the greedy path is nodes 0..d
         self.tree = BlockTree(choices or DEFAULT_MEDUSA_CHOICES, head.config.num_heads)
         self.choices: list[list[int]] = self.tree.choices
         self.hidden_layers = (head.config.target_layers[0],)
-        # the heads' device and dtype: a kept Parameter follows head.to() and load_state_dict, and
-        # `next(head.parameters())` walks every submodule (each pass); heads without ResBlocks whose
-        # projections are int8 (heads/int8.py) have no parameter left: their first floating buffer
+        # the heads' device and dtype from a kept Parameter (no module walk each pass); int8 heads
+        # without ResBlocks (heads/int8.py) have no parameter left: their first floating buffer
         floating = (b for b in head.buffers() if b.is_floating_point())
         self._weight = next(itertools.chain(head.parameters(), floating))
         self.last_hidden: torch.Tensor | None = None  # [B, H] target state of each row's last cached token
-        # the static tree's parents: a batch of one's ONE kept [1, N] on the host (the target runner
-        # knows the very tensor again without reading it: target/tree_inputs.py), and [1, N] on the
-        # tokens' device that B rows' expand (the verify packs both on the device)
+        # a batch of one's parents: ONE kept [1, N] on the host (the target runner knows the very tensor
+        # again without reading it: target/tree_inputs.py); B rows' are expanded on the tokens' device
         self._parents_one = self.tree.static.parents[None]  # [1, N]
-        # one row's kept buffers (`_one_row`): ids [1 + K * width] (the root's slot, then the heads' top
-        # ids), top values [1, K, width], the ids' views [1] (root) and [1, K, width] (top ids), and pick
-        # [N] into ids
+        # `fill`'s kept buffers for B rows: ids [B, 1 + K * width] (the root's slot, then the heads' top
+        # ids), top values [B, K, width], the ids' views [B, 1] (roots) and [B, K, width] (top ids), and
+        # pick [N] into a row of ids
         self._row: tuple[torch.Tensor, ...] | None = None
         # each head's best ids: over the chunks with the largest maxima for long rows (topk.py; None:
         # one torch.topk); Medusa heads score the target's whole vocabulary
@@ -163,66 +158,44 @@ class MedusaDrafter(Drafter):
 
     def _draft(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> BatchDraft:
         """The rows' static trees from their last states [B, H] and roots [B] (host ints or a device
-        tensor): a batch of one by `_one_row` with the kept [1, N] parents, B rows by `fill` with them
-        expanded."""
-        batch = states.shape[0]
-        if batch == 1:
-            if self.tree.depth:
-                root = roots[:1] if isinstance(roots, torch.Tensor) else roots[0]
-                tokens = self._one_row(states, root)[None]  # [1, N]
-            else:  # a root-only tree
-                tokens = self.fill(states, roots)  # [1, 1]
-            return BatchDraft(tokens, self._parents_one, [tokens.shape[1]])
-        tokens = self.fill(states, roots)  # [B, N] (on a GPU the verify packs them with the parents there)
-        return BatchDraft(tokens, self.tree.batch_parents(batch, tokens.device), [tokens.shape[1]] * batch)
+        tensor); a batch of one's parents are the kept [1, N], B rows' expanded on the tokens' device."""
+        tokens, batch = self.fill(states, roots), states.shape[0]  # [B, N]
+        parents = self._parents_one if batch == 1 else self.tree.batch_parents(batch, tokens.device)
+        return BatchDraft(tokens, parents, [tokens.shape[1]] * batch)
 
-    @inference_mode
     def fill(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """The static tree's tokens [B, N] for rows with last target states [B, H] and roots [B] (ints, or
-        a device tensor: engine/loop.py): each head runs ONCE over all rows. The tokens stay on the
-        heads' device: on a GPU the verify is queued behind the heads, no wait (the acceptance reads the
-        accepted tokens with its transfer)."""
-        weight = self._weight
-        state = states.to(weight.device, weight.dtype)[:, None]  # [B, 1, H] (the target may run elsewhere)
-        if isinstance(roots, torch.Tensor):
-            root_ids = roots.to(weight.device)[:, None]  # [B, 1]
-        else:
-            root_ids = host_to_device(torch.tensor(list(roots))[:, None], weight.device)  # [B, 1] (no wait)
-        if not self.tree.depth:  # a root-only tree
-            return root_ids.clone()
-        logits = [self.head_logits(k, state)[:, 0] for k in range(self.tree.depth)]  # K x [B, V]
-        candidates = topk_rows(torch.stack(logits, 1), self.tree.width, self.topk_chunk)[1]  # [B, K, width]
-        return self.tree.tokens(root_ids[:, 0], candidates)  # [B, N]
-
-    def _one_row(self, state: torch.Tensor, root: int | torch.Tensor) -> torch.Tensor:
-        """`fill` for one row, its last target state [1, H] (at least one head runs) and the root (an int,
-        or a one-element device tensor: the queued draft): the heads' top ids written after the root's
-        slot of a kept buffer, the tree's tokens [N] taken by ONE gather (a new tensor). On a CPU every op
-        costs after the heads' forwards: no tensor from a host list, no concatenation with the root, no
-        per-head views."""
-        weight = self._weight
-        if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
-            state = state.to(weight.device, weight.dtype)
-        x = state.view(1, 1, -1)  # [1, 1, H]
-        logits = torch.cat([self.head_logits(k, x) for k in range(self.tree.depth)], 1)  # [1, K, V]
-        row, width = self._row, self.tree.width
-        if row is None or row[1].dtype != logits.dtype or row[0].device != logits.device:
-            k, pick, device = self.tree.depth, self.tree.pick, logits.device
-            ids = torch.zeros(1 + k * width, dtype=torch.long, device=device)
-            values = torch.empty(1, k, width, dtype=logits.dtype, device=device)
-            pick = torch.cat([pick.new_zeros(1), pick + 1]).to(device)  # [N], root first
-            row = self._row = (ids, values, ids[:1], ids[1:].view(1, k, width), pick)
+        a device tensor: engine/loop.py): each head runs ONCE over all rows, their top ids are written
+        after each row's root slot of a kept buffer and the tokens taken by ONE gather (a new tensor; on a
+        CPU every op costs about as much as the heads' small GEMMs). The tokens stay on the heads' device:
+        on a GPU the verify is queued behind the heads, no wait."""
+        weight, batch, depth, width = self._weight, states.shape[0], self.tree.depth, self.tree.width
+        if states.dtype != weight.dtype or states.device != weight.device:  # (`to` costs even as a no-op)
+            states = states.to(weight.device, weight.dtype)  # (the target may run elsewhere)
+        logits = None  # [B, K, V] (a root-only tree runs no head)
+        if depth:
+            x = states[:, None]  # [B, 1, H]
+            logits = torch.cat([self.head_logits(k, x) for k in range(depth)], 1)
+        dtype, row = weight.dtype if logits is None else logits.dtype, self._row
+        if row is None or row[1].dtype != dtype or row[0].shape[0] != batch or row[0].device != states.device:
+            ids = torch.zeros(batch, 1 + depth * width, dtype=torch.long, device=states.device)
+            values = torch.empty(batch, depth, width, dtype=dtype, device=states.device)
+            pick = torch.cat([self.tree.pick.new_zeros(1), self.tree.pick + 1]).to(states.device)  # [N]
+            row = self._row = (ids, values, ids[:, :1], ids[:, 1:].view(batch, depth, width), pick)
         ids, values, root_slot, top, pick = row
-        chunk = resolve_chunk(self.topk_chunk, logits.device.type, logits.shape[-1])
-        if chunk is None:
-            torch.topk(logits, width, dim=-1, out=(values, top))
-        else:  # long rows: the chunked search's ids, copied in
-            top.copy_(topk_rows(logits, width, chunk)[1])
-        if isinstance(root, torch.Tensor):  # still on the device: copied there, no wait
-            root_slot.copy_(root.view(1))
+        if logits is not None:
+            chunk = resolve_chunk(self.topk_chunk, logits.device.type, logits.shape[-1])
+            if chunk is None:
+                torch.topk(logits, width, dim=-1, out=(values, top))
+            else:  # long rows: the chunked search's ids, copied in
+                top.copy_(topk_rows(logits, width, chunk)[1])
+        if isinstance(roots, torch.Tensor):  # still on the device: copied there, no wait
+            root_slot.copy_(roots.view(batch, 1))
+        elif batch == 1:
+            root_slot.fill_(roots[0])  # (an item assignment makes a tensor of the int first)
         else:
-            root_slot.fill_(root)  # (an item assignment makes a tensor of the int first)
-        return ids.index_select(0, pick)  # [N]
+            root_slot.copy_(host_to_device(torch.tensor(list(roots))[:, None], weight.device))  # (no wait)
+        return ids.index_select(1, pick)  # [B, N]
 
 
 def _take(states: torch.Tensor, last: list[int]) -> torch.Tensor:

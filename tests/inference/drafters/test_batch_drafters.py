@@ -86,7 +86,7 @@ def fitted_medusa(model, prompts, new_tokens: int = 24, choices=None, decoy: boo
 class OneRowEach(Drafter):
     """The batch-1 reference of a drafter over B rows: a batch of one per row (a clone each: its own state
     over the same heads), so row b proposes the trees its batch of one does (EAGLE's eager or compiled
-    batch of one, Medusa's `_one_row`)."""
+    batch of one, Medusa's)."""
 
     def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter

@@ -89,7 +89,7 @@ def test_depth_d_nodes_carry_head_d_minus_1_ranked_candidates():
 
 def test_b_rows_each_propose_their_batch_of_one_tree():
     """The class at B rows (`fill`: one head call over every row) proposes row b's batch-of-one tree
-    (`_one_row`) through every call: start, accept, accept_paths, keep and the queued form."""
+    (`fill`'s kept buffers) through every call: start, accept, accept_paths, keep and the queued form."""
     head, rankings, states = controlled_head(seed=3)
     choices = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
     # row b's states: e_0 or e_1, and a mix that is neither (the heads' ranking then is the float result)
@@ -181,7 +181,7 @@ def test_a_large_vocabulary_ranks_through_the_chunked_topk(chunk, monkeypatch):
     batch.start([torch.tensor([3]), torch.tensor([4])], [{LAYER: states[1:]}, {LAYER: states[:1]}], [5, 6])
     rows = batch.propose([5, 6], [SamplingParams()] * 2, [None, None]).tokens.tolist()
     assert rows == [expected_tokens(choices, rankings[1], 5), expected_tokens(choices, rankings[0], 6)]
-    assert calls == ([64, "auto"] if chunk == "auto" else [100, 100] if chunk == 100 else [None])
+    assert calls == ([64, 64] if chunk == "auto" else [100, 100] if chunk == 100 else [])  # (None: topk)
     assert MedusaDrafter(head).topk_chunk == "auto"  # the default
 
 
