@@ -32,7 +32,6 @@ from spechead.inference.drafter_specs import (
     BUILTIN_DRAFTERS,
     TREE_OPTIONS,
     config_of,
-    drafter_for_head,
     is_cascade,
     is_self_spec,
     make_drafter,
@@ -42,9 +41,9 @@ from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.generator import PLUGINS
 from spechead.inference.memory_fit import check_target_fits
-from spechead.inference.tuning.batch_tree import drafter_for_generator
-from spechead.inference.tuning.calibrate import EAGER, TimedAs, calibrated_choices, covers, saved_accuracy
-from spechead.inference.tuning.pass_timing import IN_SITU_KEEP_MARGIN, in_situ_choice
+from spechead.inference.tuning.batch_tree import drafter_for_batch
+from spechead.inference.tuning.calibrate import EAGER, TimedAs, calibrated_choices, saved_accuracy
+from spechead.inference.tuning.pass_timing import decoded_choice
 
 
 def merge_head_adapter(target, head_dir: str):
@@ -178,7 +177,7 @@ def load_generator(
 
 
 def calibrated_drafter(
-    target, drafter, saved: dict | None, timed_as: TimedAs | None = None
+    target, drafter, saved: dict | None, timed_as: TimedAs = EAGER
 ) -> tuple[Drafter | RowDrafter, dict | None, torch.Tensor | None]:
     """A head's drafter with the static tree of the best expected speedup measured on the target's device,
     what was measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
@@ -188,7 +187,7 @@ def calibrated_drafter(
     GPU), else kept only for batch trees. The part-by-part costs (calibrate.py) rank the trees, the best
     few are decoded here (`decoded_choice`); a saved tree tuned on this kind of device stays unless
     another is clearly faster, so near-equal trees do not trade places with noise. timed_as: the parts
-    compiled as the generator will compile them (None: eager).
+    compiled as the generator will compile them (default: eager).
     """
     head, device = drafter.head, next(target.parameters()).device
     fam = family_of(head.config)
@@ -203,14 +202,9 @@ def calibrated_drafter(
     # a tree tuned on this kind of device (tree_tuning.py saves where) is kept unless clearly beaten
     tuned_here = saved is not None and str(saved.get("device", "")).split(":")[0] == device.type
     keep = saved["choices"] if saved is not None and tuned_here else None
-    timed_as = timed_as or EAGER
     _, info = calibrated_choices(target, drafter, accuracy, timed_as=timed_as)
     # the model's best few trees (and the tuned one) decoded here: the pass as decoding pays it
-    choices, info["in_situ"] = decoded_choice(target, head, accuracy, info.pop("ranked"), keep, timed_as)
-    info["model_speedup"] = info["expected_speedup"]  # what the part-by-part costs expected of their best
-    info["expected_speedup"] = info["in_situ"]["expected_speedup"]
-    if "kept_saved_tree" in info["in_situ"]:
-        info["kept_saved_tree"] = info["in_situ"]["kept_saved_tree"]
+    choices, info = decoded_choice(target, drafter, accuracy, info, keep, timed_as=timed_as)
     if info["expected_speedup"] < 1.0:  # the best tree is expected to lose to plain decoding here
         warnings.warn(
             f"on {device}, the best tree for this head is expected at "
@@ -222,33 +216,6 @@ def calibrated_drafter(
     return calibrated, {"choices": choices, **info, "accuracy_source": source}, accuracy
 
 
-def decoded_choice(
-    target,
-    head,
-    accuracy: torch.Tensor,
-    ranked: list[list[list[int]]],
-    keep: list[list[int]] | None = None,
-    timed_as: TimedAs | None = None,
-) -> tuple[list[list[int]], dict]:
-    """Of the trees `ranked` (calibrate's best few) and `keep` (a tree tuned for this kind of device, kept
-    unless another pays IN_SITU_KEEP_MARGIN more), the one whose passes pay best when the head decodes
-    with it here (pass_timing.py; compiled as `timed_as` says), and what was measured."""
-    option = family_of(head.config).tree_option
-    candidates = [c for c in ranked if c != keep]
-    if keep is not None and covers(accuracy, keep):
-        candidates.insert(0, keep)
-    build = lambda choices: drafter_for_head(head, None, **{option: choices})  # noqa: E731
-    return in_situ_choice(
-        target,
-        build,
-        accuracy,
-        candidates,
-        keep=keep,
-        keep_margin=IN_SITU_KEEP_MARGIN,
-        timed_as=timed_as or EAGER,
-    )
-
-
 # The engine's plug-ins (generator.PLUGINS): spechead.inference imports this module, so they are in place
 # before any generator is built.
-PLUGINS.load, PLUGINS.batch_tree = load_generator, drafter_for_generator
+PLUGINS.load, PLUGINS.batch_tree = load_generator, drafter_for_batch

@@ -1,6 +1,6 @@
 """The tree follows the batch: at batch B every row's tree is verified in one target forward of B x N
 tokens, so a tree nearly free at batch 1 can cost several decode steps at batch 8 on a compute-bound
-device. `drafter_for_generator` (plugged in by loading.py) picks generate_batch's tree once per batch
+device. `drafter_for_batch` (plugged in by loading.py) picks generate_batch's tree once per batch
 size, as calibrate.py does at load time for batch 1, or none when no tree beats plain batched decoding.
 """
 
@@ -23,7 +23,7 @@ from spechead.inference.tuning.calibrate import (
     propose_timer,
     verify_cost_ms,
 )
-from spechead.inference.tuning.pass_timing import in_situ_choice
+from spechead.inference.tuning.pass_timing import decoded_choice
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -58,33 +58,20 @@ def choices_for_batch(
 
 
 def drafter_for_batch(
-    model: PreTrainedModel, drafter, accuracy: torch.Tensor, batch: int, timed_as: TimedAs = EAGER
-) -> tuple:
-    """(the drafter with the tree measured best for `batch` rows here, or None when no tree is expected to
-    beat plain batched decoding; what was measured). The part-by-part costs rank the trees
-    (`choices_for_batch`), the best few are then decoded at this batch size (pass_timing.py), each part
-    compiled as generate_batch will run it (`timed_as`, calibrate.TimedAs)."""
-    _, info = choices_for_batch(model, drafter, accuracy, batch, timed_as=timed_as)
-    ranked, info["model_speedup"] = info.pop("ranked"), info["expected_speedup"]
-    choices, info["in_situ"] = in_situ_choice(
-        model, drafter.with_tree, accuracy, ranked, batch=batch, timed_as=timed_as
-    )
-    info["expected_speedup"] = info["in_situ"]["expected_speedup"]
-    pays = info["expected_speedup"] > 1  # drafting must beat plain batched decoding to be worth it
-    return (drafter.with_tree(choices) if pays else None), {"choices": choices if pays else [], **info}
-
-
-def drafter_for_generator(
     model: PreTrainedModel,
     drafter,
     accuracy: torch.Tensor,
     batch: int,
     compile: bool | str,
-    draft_compile: bool | str,
+    draft_compile: bool | str | None,
 ) -> tuple:
-    """`drafter_for_batch` with the parts timed as a generator with these compile settings decodes them
-    (`TimedAs.of`): what SpeculativeGenerator.generate_batch calls per batch size (generator.BatchTreePicker,
-    plugged in by loading.py)."""
-    return drafter_for_batch(
-        model, drafter, accuracy, batch, TimedAs.of(model.device, compile, draft_compile)
-    )
+    """(the drafter with the tree measured best for `batch` rows here, or None when no tree is expected to
+    beat plain batched decoding; what was measured): generator.BatchTreePicker, plugged in by loading.py.
+    The part-by-part costs rank the trees (`choices_for_batch`), the best few are then decoded at this
+    batch size (pass_timing.decoded_choice), each part timed as a generator with these compile settings
+    runs it (`TimedAs.of`)."""
+    timed_as = TimedAs.of(model.device, compile, draft_compile)
+    _, info = choices_for_batch(model, drafter, accuracy, batch, timed_as=timed_as)
+    choices, info = decoded_choice(model, drafter, accuracy, info, batch=batch, timed_as=timed_as)
+    pays = info["expected_speedup"] > 1  # drafting must beat plain batched decoding to be worth it
+    return (drafter.with_tree(choices) if pays else None), {"choices": choices if pays else [], **info}

@@ -74,7 +74,7 @@ def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau:
     The table's product-of-accuracies estimate runs ahead of real decoding. One factor per depth step
     shrinks a node's acceptance by f**depth, so the correction weighs most on deep trees, the ones it
     over-promised."""
-    if not choices or any(len(c) > accuracy.shape[0] or max(c) >= accuracy.shape[1] for c in choices):
+    if not covers(accuracy, choices):
         return accuracy  # a table that does not cover its own tree: nothing to fit
     expected = lambda f: float(expected_accept_length(accuracy * f, choices))  # noqa: E731
     low, high = 0.0, 1.0 / max(float(accuracy.sum(-1).max()), 1e-9)
@@ -248,9 +248,7 @@ def calibrated_choices(
         device = next(model.parameters()).device  # the target's states live where the target runs
         width = model.config.get_text_config().hidden_size
         state = {layer: torch.randn(1, width, device=device) for layer in drafter.hidden_layers}  # [1, H]
-        propose = propose_timer(drafter, state)
-        propose()
-        info["draft_ms"] = min(wall_ms(propose, device, 1) for _ in range(7))
+        info["draft_ms"] = _drafter_ms(drafter, propose_timer(drafter, state), 7)
     return best_for_costs(accuracy, info, max_nodes), info
 
 

@@ -17,7 +17,7 @@ import torch
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.tuning.calibrate import EAGER, TimedAs
+from spechead.inference.tuning.calibrate import EAGER, TimedAs, covers
 from spechead.inference.tuning.tree_search import expected_accept_length
 
 if TYPE_CHECKING:
@@ -115,3 +115,30 @@ def in_situ_choice(
             best = kept
     info["expected_speedup"] = speedups[best]
     return candidates[best], info
+
+
+def decoded_choice(
+    target: PreTrainedModel,
+    drafter: Drafter | RowDrafter,
+    accuracy: torch.Tensor,
+    costs: dict,
+    keep: Choices | None = None,
+    batch: int = 1,
+    timed_as: TimedAs = EAGER,
+) -> tuple[Choices, dict]:
+    """Of the trees the part-by-part costs ranked best (`costs["ranked"]`, popped: calibrate.py) and `keep`
+    (a tree tuned for this kind of device, kept unless another pays IN_SITU_KEEP_MARGIN more), the one
+    whose passes pay best when `drafter.with_tree(choices)` decodes `batch` rows here (`in_situ_choice`);
+    and `costs` with model_speedup (what the costs expected of their best), in_situ (what was decoded),
+    expected_speedup (the chosen tree's, decoded) and, with `keep`, kept_saved_tree."""
+    candidates = [c for c in costs.pop("ranked") if c != keep]
+    if keep is not None and covers(accuracy, keep):
+        candidates.insert(0, keep)
+    choices, in_situ = in_situ_choice(
+        target, drafter.with_tree, accuracy, candidates, keep=keep, batch=batch, timed_as=timed_as
+    )
+    costs.update(model_speedup=costs["expected_speedup"], in_situ=in_situ)
+    costs["expected_speedup"] = in_situ["expected_speedup"]
+    if "kept_saved_tree" in in_situ:
+        costs["kept_saved_tree"] = in_situ["kept_saved_tree"]
+    return choices, costs

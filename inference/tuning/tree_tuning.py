@@ -24,8 +24,8 @@ from spechead.inference.draft_weights import as_drafted
 from spechead.inference.drafter_specs import drafter_for_head
 from spechead.inference.evaluation.measure import DecodeSettings, Prompt, PromptSetRun, decode_prompts
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.loading import decoded_choice
 from spechead.inference.tuning.calibrate import best_for_costs, calibrated_choices, fit_accuracy
+from spechead.inference.tuning.pass_timing import decoded_choice
 from spechead.inference.tuning.tree_search import expected_accept_length
 
 
@@ -58,25 +58,24 @@ def tune_tree(
     try:
         answers = _decode_with(target, tokenizer, None, prompts, max_new_tokens)
         accuracy = measure_accuracy(target, trained, answers, depth, topk)  # [depth, topk] (as trained)
-        _, costs = calibrated_choices(target, drafter_for_head(head), accuracy.double(), max_nodes)
-        choices, measured = decoded_choice(target, head, accuracy.double(), costs.pop("ranked"))
-        tuned = _decode_with(target, tokenizer, _tree(head, choices), prompts, max_new_tokens)
+        drafter = drafter_for_head(head)
+        _, costs = calibrated_choices(target, drafter, accuracy.double(), max_nodes)
+        choices, costs = decoded_choice(target, drafter, accuracy.double(), costs)
+        tuned = _decode_with(target, tokenizer, drafter.with_tree(choices), prompts, max_new_tokens)
         # the raw table over-promises deep trees: choose again from the table scaled to the real tau
         fitted = fit_accuracy(accuracy.double(), choices, tuned.total.tau)
         best_for_costs(fitted, costs, max_nodes)  # costs["ranked"] again, for the fitted table
-        refined, measured = decoded_choice(target, head, fitted, costs.pop("ranked"), keep=choices)
+        refined, costs = decoded_choice(target, drafter, fitted, costs, keep=choices)
         if refined != choices:
-            choices, tuned = (
-                refined,
-                _decode_with(target, tokenizer, _tree(head, refined), prompts, max_new_tokens),
-            )
+            tuned = _decode_with(target, tokenizer, drafter.with_tree(refined), prompts, max_new_tokens)
+            choices = refined
     finally:
         trained.train(was_training)
     return {
         "choices": choices,
         "expected_accept_length": float(expected_accept_length(accuracy, choices)),
         "measured_tau": round(tuned.total.tau, 4),
-        "expected_speedup": round(float(measured["expected_speedup"]), 4),  # decoded here (pass_timing.py)
+        "expected_speedup": round(float(costs["expected_speedup"]), 4),  # decoded here (pass_timing.py)
         "family": head.config.family,
         "device": str(next(target.parameters()).device),
         "costs_ms": {
@@ -91,11 +90,6 @@ def tune_tree(
         },
         "accuracy": [[round(x, 6) for x in row] for row in accuracy.tolist()],
     }
-
-
-def _tree(head: DraftHead, choices: list[list[int]]):
-    """`head`'s drafter with the static tree `choices`."""
-    return drafter_for_head(head, None, **{family_of(head.config).tree_option: choices})
 
 
 def _decode_with(target, tokenizer, drafter, prompts: Sequence[Prompt], max_new_tokens: int) -> PromptSetRun:

@@ -127,7 +127,7 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
     if compiled:  # generate_batch's trees at 4 rows, timed as it compiles them (batch_tree.py)
         from spechead.inference.tuning.batch_tree import drafter_for_batch
 
-        _, batch_info = drafter_for_batch(model, drafter, accuracy, 4, timed_as=timed_as)
+        _, batch_info = drafter_for_batch(model, drafter, accuracy, 4, True, None)
         assert batch_info["timed_as"] == info["timed_as"] and batch_info["in_situ"]["pass_ms"]
     tree = drafter.with_tree(choices)
     prompt = list(range(5, 15))

@@ -147,7 +147,7 @@ def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tok
     assert runners == ["graphs"] and compiled == ["graphs", "graphs"]  # the verify; the chains of 1 and 4
     assert info["timed_as"] == {"target": "graphs", "draft": "graphs"} and info["draft_ms_per_depth"] >= 0
     runners.clear()
-    found, info = drafter_for_batch(model, build(model, "eagle3_static"), accuracy, 4, timed_as=graphs)
+    found, info = drafter_for_batch(model, build(model, "eagle3_static"), accuracy, 4, "graphs", "graphs")
     # the verify; the in-situ passes of plain decoding and of the trees (one kept runner per layers)
     assert runners == ["graphs"] * 3 and info["in_situ"]["pass_ms"]
     runners.clear()

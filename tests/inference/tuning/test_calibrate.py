@@ -318,6 +318,21 @@ def test_an_eagle_pass_pays_the_commit_and_the_accept(tiny_target_dir, tmp_path,
     assert info["pass_ms"] == 5.0 and info["draft_ms_per_depth"] == 0.5
 
 
+def test_a_one_pass_draft_is_timed_as_a_propose(tiny_llama, medusa_for, monkeypatch):
+    """Medusa (P-EAGLE, DFlash alike): draft_ms = what `_drafter_ms` measures of one propose of a batch
+    of one from a one-token start (planted: 4 ms), the same for every tree."""
+    from spechead.inference.drafters.medusa import MedusaDrafter
+    from spechead.inference.tuning import calibrate
+
+    model = tiny_llama(64, layers=2, hidden=32, seed=1)
+    medusa = MedusaDrafter(medusa_for(model, num_heads=3).eval(), [[0]])
+    drafts = []
+    monkeypatch.setattr(calibrate, "_drafter_ms", lambda drafter, fn, repeats: drafts.append(fn()) or 4.0)
+    _, info = calibrated_choices(model, medusa, torch.tensor(ACCURACY), max_nodes=4)
+    assert info["draft_ms"] == 4.0 and "draft_ms_per_depth" not in info
+    assert len(drafts) == 1 and drafts[0].tokens.shape[0] == 1
+
+
 def test_one_path_times_any_drafters_draft(tiny_llama, medusa_for):
     """`propose_timer`: a batch of one through `rows_drafter` and the batched API, whether the drafter is
     batched itself (Medusa) or a batch-1 drafter (prompt lookup): each draft a tree rooted at 0, the

@@ -138,9 +138,9 @@ def test_the_second_choice_ranks_trees_by_the_fitted_table(target, medusa_for, m
         timed.append({k: v for k, v in info.items() if k != "ranked"})
         return choices, info
 
-    def decoded_kept(target, head, accuracy, ranked, keep=None):
-        offers.append((accuracy.clone(), ranked))
-        return decoded(target, head, accuracy, ranked, keep=keep)
+    def decoded_kept(target, drafter, accuracy, costs, keep=None):
+        offers.append((accuracy.clone(), costs["ranked"]))
+        return decoded(target, drafter, accuracy, costs, keep=keep)
 
     monkeypatch.setattr(tree_tuning, "calibrated_choices", calibrated_kept)
     monkeypatch.setattr(tree_tuning, "decoded_choice", decoded_kept)
