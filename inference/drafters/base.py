@@ -95,11 +95,10 @@ def paths_states(states: dict[int, torch.Tensor], paths: torch.Tensor) -> dict[i
 @dataclass
 class BatchDraft:
     """Trees for B rows padded to one size N: tokens [B, N], parents [B, N], both on the host or both on
-    the drafter's device (the compiled EAGLE batch drafter leaves them on the GPU for the verify).
-
-    Row b's tree is its first sizes[b] nodes; nodes after them are padding (children of the root
-    that no real node descends from; the verify pass computes and ignores them). rule as `Draft`;
-    q [B, N, V] (zeros on padding) for the sampled rules, None for deterministic children.
+    the drafter's device (a GPU draft stays there for the verify). Row b's tree is its first sizes[b]
+    nodes; the padding nodes after them are children of the root that no real node descends from (the
+    verify computes and ignores them). rule as `Draft`; q [B, N, V] (zeros on padding) for the sampled
+    rules, None for deterministic children.
     """
 
     tokens: torch.Tensor
@@ -116,7 +115,7 @@ class BatchDraft:
         parents = torch.stack([_pad(d.tree.parents, n, 0) for d in drafts])  # [B, N]
         q = None
         if drafts[0].q is not None:
-            like = drafts[0].q  # [B, N, V] where the rows' q are (a GPU draft's: no round trip to the host)
+            like = drafts[0].q  # [N_0, V]: made where the rows' q are (no round trip to the host)
             q = torch.zeros(len(drafts), n, like.shape[-1], dtype=like.dtype, device=like.device)
             for b, d in enumerate(drafts):
                 assert d.q is not None  # every row's draft has the same rule
@@ -158,12 +157,8 @@ class BatchDraft:
 
 
 class Drafter(DrafterBase, ABC):
-    """Drafts for B rows at once, a batch of one too (see the module doc): a drafter with heads itself
-    (EAGLE, Medusa, P-EAGLE, DFlash), or per-row drafters behind `per_row.RowLoopDrafter`.
-
-    Rows are indexed 0..B-1 in the decoding loop's current order; `keep` drops finished rows; `start`
-    begins new sequences (whatever rows came before).
-    """
+    """Drafts for B rows at once, a batch of one too (see the module doc); rows are indexed 0..B-1 in the
+    decoding loop's current order."""
 
     @abstractmethod
     def start(

@@ -59,11 +59,10 @@ class EagleDrafter(Drafter):
     ) -> None:
         self.rule = check_rule(rule)  # how a static tree's children are chosen when sampling
         self.head = head
-        # the head's device and dtype from one kept Parameter (head.to() moves it in place; no module lookup)
-        self._weight = head.fc.weight
-        # the head's step as a short chain of ops on its own weights where its layer kind allows
+        self._weight = head.fc.weight  # the head's device and dtype (head.to() moves it in place)
+        # the head's step and logits as short chains of ops on its own weights where its layer kind allows
         self.head_step = fused_step(head) or head.step
-        self.head_logits = fused_logits(head) or head.logits  # (B, T, H) -> (B, T, Vd), the same way
+        self.head_logits = fused_logits(head) or head.logits  # (B, T, H) -> (B, T, Vd)
         self.hidden_layers = tuple(head.config.target_layers)
         self._vocab = getattr(head.config, "draft_vocab_size", head.config.vocab_size)  # Vd
         self._vocab_out = head.config.vocab_size  # V: the target's
@@ -205,13 +204,10 @@ class EagleDrafter(Drafter):
 
     # ---- what the rows share: the head's input features, its id map, the static plan ------------------
 
-    def _features(self, hidden: dict[int, Tensor], length: int | None = None) -> Tensor:
-        """Target states {layer: [..., K, H]} -> the head's input features [..., K, H] (fused for EAGLE-3);
-        length: K, checked when given."""
+    def _features(self, hidden: dict[int, Tensor]) -> Tensor:
+        """Target states {layer: [..., K, H]} -> the head's input features [..., K, H] (fused for EAGLE-3)."""
         weight, states = self._weight, []
-        for layer, state in zip(self.hidden_layers, self._states(hidden)):  # [..., K, H] each
-            if length is not None and state.shape[-2] != length:
-                raise ValueError(f"hidden[{layer}] has {state.shape[-2]} positions, expected {length}")
+        for state in self._states(hidden):  # [..., K, H] each
             if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
                 state = state.to(weight.device, weight.dtype)  # a bf16 target may feed an fp32 head
             states.append(state)
@@ -231,11 +227,10 @@ class EagleDrafter(Drafter):
 
     def _to_target(self, ids: Tensor) -> Tensor:
         """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""
-        # the whole map, made by `propose` before drafting (eager: a compiled draft reads it): one gather
         return self.head.draft_to_target(ids) if self._d2t is None else self._d2t[ids]
 
     def _map_ids(self, device: torch.device) -> None:
-        """Make `_d2t` (EAGLE-3 with a reduced draft vocab; EAGLE-1/2 ids are the target's already)."""
+        """Make `_d2t`, the whole map (one gather a depth; a compiled draft reads it), before drafting."""
         if self._vocab != self.head.config.vocab_size and (self._d2t is None or self._d2t.device != device):
             self._d2t = self.head.draft_to_target(torch.arange(self._vocab, device=device))  # [Vd]
 

@@ -1,25 +1,19 @@
 """EAGLE / EAGLE-3 rows with fixed shapes: every row's whole draft as ONE captured graph.
 
-`GraphRows` is where a compiled `EagleDrafter` keeps its rows (drafter.py says when): `EagleRows` whose
-calls take one of a few shapes, the drafter's counterpart of the compiled target runner (target/runner.py,
-target/graphs.py): on CUDA a pass drafts every row's tree with one graph replay (every depth's head step,
-top-k and the final selection, as SGLang captures EAGLE's draft) and commits the accepted tokens with another, instead of tens of small host-launched kernels
-per depth. `SpeculativeGenerator(..., compile=...)` / `draft_compile=...` compiles the drafter; it keeps
-its `GraphRows`, so its graphs serve every later call (for B > 1 rows on a CPU the eager `EagleRows` is the
-faster, see `EagleDrafter.batch_graphs`).
+`GraphRows` is where a compiled `EagleDrafter` keeps its rows: `EagleRows` (the same growth code, so row
+b's tree is its batch-1 tree) whose calls take one of a few shapes, so that on CUDA a pass drafts every
+row's tree with one graph replay and commits the accepted tokens with another, instead of tens of small
+host-launched kernels a depth (as SGLang captures EAGLE's draft). The drafter keeps its `GraphRows`, so
+the graphs serve every later call.
 - rows: `capacity` PHYSICAL rows (the batch's next power of 2), kept per capacity; a call's B rows take
   rows 0..B-1 and `keep` only remaps active -> physical rows (no data moves, no new shape). An idle row
-  (finished, or never used) drafts along at committed length 0 from token 0: its tree is dropped and its
-  writes land in its own row.
-- the head cache: one `RowCache(static_shapes=True)` per capacity, S_max a multiple of 1024
-  (grown rarely: then every graph is captured again). Row b's committed entries sit at slots [0, C_b)
-  with C_b a device tensor (`lengths_t`); a draft writes its speculative entries at C_b + spec + i
-  (`write_offset`) and attends over all S_max slots behind a [P, 1, q, S_max] mask built in the graph.
-- accepts: K accepted tokens padded to a power of 2 (<= GRAPH_COMMIT; longer blocks such as the prompt
-  run the same function eagerly); the device lengths move inside the graph, the host keeps a copy for
-  the room checks only.
-The trees are `EagleRows`' (the same growth code), so row b's tree is its batch-1 tree. The engine one draft
-ahead (engine/loop.py, depth 1) queues the accept of each row's path and the next draft from an
+  drafts along at committed length 0 from token 0: its tree is dropped, its writes land in its own row.
+- the head cache: one `RowCache(static_shapes=True)` per capacity, S_max a multiple of 1024 (grown
+  rarely: then every graph is captured again); C_b is its device `lengths_t`, a draft writes at
+  C_b + spec + i and attends over all S_max slots behind a mask built in the graph.
+- accepts: K tokens padded to a power of 2 (<= GRAPH_COMMIT; longer blocks such as the prompt run the
+  same function eagerly); the device lengths move inside the graph, the host's copy serves room checks.
+One draft ahead (engine/loop.py) the accept of each row's path and the next draft are queued from an
 acceptance still on the device (`accept_queued`, `propose_queued`; `settle` once the host has read it).
 """
 
@@ -138,17 +132,6 @@ class GraphRows(EagleRows):
         self._ensure_room(0)
         return self.propose_queued(host_to_device(torch.tensor(list(roots), dtype=torch.long), self.device))
 
-    def _active_trees(self, tokens: Tensor, parents: Tensor) -> BatchDraft:
-        """The active rows' trees of every physical row's tokens / parents [P_rows, N]. They stay on the
-        device (the verify is queued behind the draft, no wait here); the host reads the accepted tokens
-        with the acceptance's one transfer (engine/loop.py)."""
-        if self.rows == list(range(len(self.rows))):  # the active rows come first: views
-            tokens, parents = tokens[: len(self.rows)], parents[: len(self.rows)]
-        else:
-            picked = host_to_device(torch.tensor(self.rows), self.device)  # [B] physical rows
-            tokens, parents = tokens[picked], parents[picked]
-        return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
-
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these active rows (in this order); the others' physical rows go idle (length 0)."""
@@ -186,7 +169,8 @@ class GraphRows(EagleRows):
 
     @inference_mode
     def propose_queued(self, nexts: Tensor) -> BatchDraft:
-        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
+        """`propose` from the next tokens [B] on the device (after `accept_queued`): the active rows' trees,
+        left on the device (the verify is queued behind the draft, no wait here)."""
         rows, drafter = self._capacity, self.drafter
         drafter._map_ids(self.device)
         if drafter._static is not None:
@@ -194,7 +178,12 @@ class GraphRows(EagleRows):
         all_roots = torch.zeros(rows.cache.batch, dtype=torch.long, device=self.device)  # [P] idle: token 0
         all_roots[host_to_device(torch.tensor(self.rows), self.device)] = nexts.to(self.device)
         tokens, parents = self._draft(rows.feature, all_roots)  # [P_rows, N] each
-        return self._active_trees(tokens, parents)
+        if self.rows == list(range(len(self.rows))):  # the active rows come first: views
+            tokens, parents = tokens[: len(self.rows)], parents[: len(self.rows)]
+        else:
+            picked = host_to_device(torch.tensor(self.rows), self.device)  # [B] physical rows
+            tokens, parents = tokens[picked], parents[picked]
+        return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
 
     @inference_mode
     def settle(self, ks: Sequence[int]) -> None:

@@ -1,16 +1,12 @@
-"""EAGLE / EAGLE-3 rows, eager: one head forward per depth over every row's frontier, for any B (a batch of
-one is a batch).
+"""EAGLE / EAGLE-3 rows, eager: one head forward per depth over every row's frontier, for any B.
 
-`EagleRows` is where an eager `EagleDrafter` keeps its rows (drafter.py; its cache convention holds): the
-head's preallocated cache is a `RowCache` [B, kv, S_max, D] with per-row committed lengths C_b (like the
-target runner's). Row b's committed entries sit at slots
-[0, C_b); a propose writes its speculative entries at C_b + 0, 1, ... and attends through an additive
-mask [B, 1, q, S] that opens slots < C_b plus the node's speculative ancestors and itself; positions
-are C_b + depth - 1. Speculative slots are scratch: the next commit overwrites them. Top-k, scores
-and frontiers are [B, ...] tensors on the head's device, and so are the trees it hands over.
-Row b's tree equals its batch-1 tree (same ties rule: stable sorts), up to float rounding. A batch of one
-sampling with a static tree may draw its children from the head instead (the drafter's rule C,
-sampled_children.py).
+`EagleRows` is where an eager `EagleDrafter` keeps its rows (drafter.py's cache convention holds): the
+head's cache is a `RowCache` [B, kv, S_max, D] with per-row committed lengths C_b at slots [0, C_b). A
+propose writes its speculative entries at C_b + 0, 1, ... (scratch: the next commit overwrites them) and
+attends through an additive mask [B, 1, q, S] that opens slots < C_b plus the node's speculative
+ancestors and itself, at positions C_b + depth - 1. Row b's tree equals its batch-1 tree (same ties rule:
+stable sorts), up to float rounding. A batch of one sampling with a static tree may draw its children
+from the head instead (rule C, sampled_children.py).
 """
 
 from __future__ import annotations
