@@ -154,14 +154,9 @@ class SpeculativeGenerator:
     ) -> GenerationResult:
         """Generate from a prompt string, chat messages (chat template) or token ids (a generator without
         a tokenizer takes ids only and returns no text)."""
-        stats, passes = self._one_passes(
-            prompt, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed
-        )
-        out: list[int] = []
-        for emitted in passes:
-            for _, chunk in emitted:
-                out.extend(chunk)
-        return GenerationResult(self._text(out), out, stats)
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+        stats, passes = self._one_passes(prompt, messages, input_ids, max_new_tokens, seed, **sampling)
+        return self._results(stats, passes)[0]
 
     def generate_batch(
         self,
@@ -192,14 +187,9 @@ class SpeculativeGenerator:
         Greedy rows still equal batch 1 token for token; sampled rows are then exact samples of the
         target but not the batch-1 draws (another tree): pass False to keep the batch-1 tree and draws.
         """
-        stats, passes = self._batch_passes(
-            prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
-        )
-        out: list[list[int]] = [[] for _ in stats]
-        for emitted in passes:
-            for b, ids in emitted:
-                out[b].extend(ids)
-        return [GenerationResult(self._text(o), o, s) for o, s in zip(out, stats)]
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+        given = (prompts, messages, input_ids, max_new_tokens, seed, tree_for_batch)
+        return self._results(*self._batch_passes(*given, **sampling))
 
     def stream_batch(self, prompts: Sequence[str] | None = None, **kwargs) -> Iterator[tuple[int, str]]:
         """Yield (row, text) as each row's tokens are accepted: generate_batch one pass at a time (the same
@@ -219,18 +209,26 @@ class SpeculativeGenerator:
         given.apply_defaults()
         stats, passes = self._one_passes(**given.arguments)
         yield from (piece for _, piece in self._pieces(passes, 1))
-        self.last_stats = stats
+        self.last_stats = stats[0]
 
     # ---- internals -------------------------------------------------------------------------------
 
     def _one_passes(
-        self, prompt, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed
-    ) -> tuple[GenerationStats, Iterator[Emitted]]:
-        """The row's stats and the engine's passes for generate / stream's arguments (checked first)."""
-        ids = self._prompt_ids(prompt, messages, input_ids)
-        self._check_lengths(len(ids), max_new_tokens)
-        params, stats = SamplingParams(temperature, top_k, top_p, seed), GenerationStats()
-        return stats, self._passes([ids], [max_new_tokens], [params], [stats], self.drafter)
+        self, prompt, messages, input_ids, max_new_tokens, seed, **sampling
+    ) -> tuple[list[GenerationStats], Iterator[Emitted]]:
+        """generate / stream's arguments as a batch of one (its errors name no row)."""
+        if sum(x is not None for x in (prompt, messages, input_ids)) != 1:
+            raise ValueError("pass exactly one of prompt=, messages= or input_ids=")
+        prompts, chats, ids = (None if x is None else [x] for x in (prompt, messages, input_ids))
+        return self._batch_passes(prompts, chats, ids, max_new_tokens, seed, False, one=True, **sampling)
+
+    def _results(self, stats: list[GenerationStats], passes: Iterator[Emitted]) -> list[GenerationResult]:
+        """Each row's result once the passes ran out."""
+        out: list[list[int]] = [[] for _ in stats]
+        for emitted in passes:
+            for b, ids in emitted:
+                out[b].extend(ids)
+        return [GenerationResult(self._text(o), o, s) for o, s in zip(out, stats)]
 
     def _pieces(self, passes: Iterator[Emitted], batch: int) -> Iterator[tuple[int, str]]:
         """(row, text) as the passes emit each row's tokens, never half a character; each row's held-back
@@ -247,34 +245,28 @@ class SpeculativeGenerator:
                 yield b, piece
 
     def _batch_passes(
-        self, prompts, messages, input_ids, max_new_tokens, temperature, top_p, top_k, seed, tree_for_batch
+        self, prompts, messages, input_ids, max_new_tokens, seed, tree_for_batch, one=False, **sampling
     ) -> tuple[list[GenerationStats], Iterator[Emitted]]:
         """The rows' stats and the engine's passes for generate_batch / stream_batch's arguments, every
-        row checked first (errors name the row)."""
+        row checked first (errors name the row unless `one`: generate's prompt)."""
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
             raise ValueError("pass exactly one of prompts=, messages= or input_ids= (a list, one per row)")
-        rows_in = next(x for x in (prompts, messages, input_ids) if x is not None)
+        kind = given.index(True)  # 0 strings, 1 chats, 2 id lists
+        rows_in = (prompts, messages, input_ids)[kind]
         if isinstance(rows_in, str) or len(rows_in) == 0:
             raise ValueError("batch decoding takes a non-empty list of prompts (one per row)")
         batch = len(rows_in)
-        ids = []
-        for b, row in enumerate(rows_in):
-            slot = 0 if prompts is not None else 1 if messages is not None else 2
-            args: list[object] = [None, None, None]
-            args[slot] = row
-            try:
-                ids.append(self._prompt_ids(*args))
-            except ValueError as err:
-                raise ValueError(f"row {b}: {err}") from None
         max_new = _per_row(max_new_tokens, batch, "max_new_tokens")
         seeds = _per_row(seed, batch, "seed")
-        for b in range(batch):
+        ids = []
+        for b, row in enumerate(rows_in):
             try:
+                ids.append(self._prompt_ids(kind, row))
                 self._check_lengths(len(ids[b]), max_new[b])
             except ValueError as err:
-                raise ValueError(f"row {b}: {err}") from None
-        params = [SamplingParams(temperature, top_k, top_p, s) for s in seeds]
+                raise ValueError(str(err) if one else f"row {b}: {err}") from None
+        params = [SamplingParams(seed=s, **sampling) for s in seeds]  # (temperature, top_k, top_p)
         stats = [GenerationStats() for _ in range(batch)]
         drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
         return stats, self._passes(ids, max_new, params, stats, drafter)
@@ -335,16 +327,14 @@ class SpeculativeGenerator:
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
-    def _prompt_ids(self, prompt, messages, input_ids) -> torch.Tensor:
-        given = [x is not None for x in (prompt, messages, input_ids)]
-        if sum(given) != 1:
-            raise ValueError("pass exactly one of prompt=, messages= or input_ids=")
-        if messages is not None:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-        elif prompt is not None:
+    def _prompt_ids(self, kind: int, prompt) -> torch.Tensor:
+        """A row's ids [T] from a string (kind 0), chat messages (1) or ids (2)."""
+        if kind == 1:
+            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False)
+        elif kind == 0:
             ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         else:
-            ids = input_ids.tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
+            ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
         if len(ids) == 0:
             raise ValueError("the prompt is empty: give at least one token")
         return torch.tensor(ids, dtype=torch.long)

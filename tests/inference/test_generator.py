@@ -317,13 +317,13 @@ def test_bad_generation_arguments(setup):
     model, tok = setup
     gen = SpeculativeGenerator(model, tok, None)
     cases = [
-        (dict(input_ids=[]), "empty"),
-        (dict(input_ids=[5], max_new_tokens=0), "max_new_tokens"),
+        (dict(input_ids=[]), "^the prompt is empty"),  # (one prompt: no "row 0:" in front)
+        (dict(input_ids=[5], max_new_tokens=0), "^max_new_tokens"),
         (dict(input_ids=[5], temperature=-1.0), "temperature"),
         (dict(input_ids=[5], top_p=0.0), "top_p"),
         (dict(input_ids=[5], top_p=1.5), "top_p"),
-        (dict(input_ids=[5] * 500, max_new_tokens=20), "context"),
-        (dict(), "exactly one"),
+        (dict(input_ids=[5] * 500, max_new_tokens=20), "^prompt .* context"),
+        (dict(), "exactly one of prompt="),
     ]
     for kwargs, needle in cases:
         with pytest.raises(ValueError, match=needle):
