@@ -36,11 +36,6 @@ class Acceptance:
     next_token: int
     path_tokens: list[int] | None = field(default=None, compare=False)  # (derived: equality ignores it)
 
-    @property
-    def num_accepted(self) -> int:
-        """Drafted tokens accepted (len(path) - 1); tokens emitted this step = num_accepted + 1."""
-        return len(self.path) - 1
-
 
 def _check_rows(tree: TokenTree, x: torch.Tensor | TargetRows, name: str) -> None:
     if x.dim() != 2 or x.shape[0] != tree.size:

@@ -131,9 +131,7 @@ def depth_first_order(parents: list[int], rank: list[int]) -> list[int]:
     """Node ids of a tree (parents [N], child ranks [N]) in depth-first order, each node's children
     by rank (0 first): the rank-0 chain from the root, the greedy main path, becomes nodes 0..d, so
     a pass that accepts along it commits a contiguous prefix (no cache entries move)."""
-    kids: list[list[int]] = [[] for _ in parents]
-    for i in range(1, len(parents)):
-        kids[parents[i]].append(i)
+    kids = children(torch.tensor(parents))
     order, stack = [], [0]
     while stack:
         node = stack.pop()

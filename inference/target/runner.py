@@ -19,10 +19,8 @@ moving the length only. B > 1: every row's entries scattered to its own slots (a
 causal row mask). Trees may be padded to `buckets` sizes (children of the root nobody attends to).
 
 Compiled (compile=...): `capacity` PHYSICAL rows for the runner's life (a call's B <= capacity rows take
-rows 0..B-1; `keep` only remaps which physical row each active row is; an idle row runs along at length
-0 with a one-node tree), trees padded to a bucket, accepted paths to a power of 2, and verify and commit
-as graphs through `compiling.compile_function` (CUDA graphs of our own on CUDA) over a static-shape cache
-(row b writes after its device length, attention over the whole buffer). The prefill stays eager.
+rows 0..B-1; `keep` only remaps which physical row each active row is), trees padded to a bucket, accepted
+paths to a power of 2, verify and commit as fixed-shape graphs (graphs.py). The prefill stays eager.
 
 prefill, verify and commit run in inference mode (`heads.grad.inference_mode`).
 """
