@@ -84,11 +84,7 @@ class MedusaDrafter(Drafter):
         self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
     ) -> None:
         """New rows (whatever came before): each row's last prompt state {layer: [T_b, H]} -> [B, H]."""
-        layer = self.hidden_layers[0]
-        if len(hidden) == 1:  # a view, no copy
-            self.last_hidden = hidden[0][layer][-1:]  # [1, H]
-        else:
-            self.last_hidden = torch.stack([h[layer][-1] for h in hidden])  # [B, H]
+        self.last_hidden = torch.stack([h[self.hidden_layers[0]][-1] for h in hidden])  # [B, H]
 
     @inference_mode
     def propose(

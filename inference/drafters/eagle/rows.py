@@ -213,9 +213,8 @@ class EagleRows:
         return self._run(features, ids, self._inputs(own, offsets, spec), spec)
 
     def _inputs(self, own: Tensor, offsets: Tensor, spec: int = 0) -> tuple[Tensor, Tensor, Tensor, int]:
-        """What `_forward` hands the head for q queries (see there): the additive mask [B, 1, q, S], the
-        positions [B, q], the slots they write [B, q] and S. C_b and S: the host-tracked lengths and the
-        longest C_b + spec + q, or with a fixed-shape cache (GraphRows) its device lengths and all its slots."""
+        """`_forward`'s mask [B, 1, q, S], positions [B, q], written slots [B, q] and S: over the longest
+        C_b + spec + q, or with a fixed-shape cache (GraphRows) its device lengths and all its slots."""
         batch, q = own.shape[0], own.shape[1]
         width, cache = own.shape[-1], self.cache  # spec + q
         assert cache is not None  # start made it

@@ -18,22 +18,17 @@ from spechead.inference.tree import StaticTree, depth_first, depth_first_order
 
 @dataclass
 class StaticPlan:
-    """steps: one dict per depth d >= 1 with the tensors below, over the tree's nodes in depth order
-    (`StaticTree` ids: a depth's nodes are contiguous). The tree a draft EMITS is in depth-first order
-    (`tree.depth_first_order`: the greedy main path is nodes 0..d, so accepting along it commits a
-    contiguous prefix); order [N] (emitted node -> depth-order id) and parents [N] (of the emitted
-    tree), both on the device.
+    """steps: one dict per depth d >= 1 over the tree's nodes in depth order (`StaticTree` ids: a depth's
+    nodes are contiguous): depth, nodes [n_d], expand [E] (their parents), need (top-k width), pick [n_d]
+    (each node's candidate in the depth's [E * need] block) and, for d >= 2, run [E], run_parent [E] and
+    allowed [E, S + E] (bool: the ancestors' speculative slots and self).
 
-    A step: depth, nodes [n_d] (contiguous ids), expand [E] (their parents), need (top-k width), pick
-    [n_d] (each node's candidate in the depth's [E * need] block) and, for d >= 2, run [E], run_parent [E]
-    and allowed [E, S + E] (bool: the ancestors' speculative slots and self).
-
-    Every speculative query of a draft at once (batched eager drafting builds ONE mask a draft, not one
-    a depth): spec_allowed [Q, Q] (bool: the steps' `allowed` stacked, each row padded with False for
-    the slots of later queries) and spec_offsets [Q] (query j sits at position C + spec_offsets[j]: its
-    node's depth - 1); Q = the speculative slots a draft writes (its expanded nodes below the root).
-    expanded [sum E]: the emitted ids of the nodes every depth expands (the rows of each depth's head
-    outputs, depth by depth: where drawn children's distributions go, sampled_children.py)."""
+    The tree a draft EMITS is depth-first (`tree.depth_first_order`: the greedy path is nodes 0..d, so
+    accepting along it commits a contiguous prefix): order [N] (emitted node -> depth-order id), parents
+    [N] (of the emitted tree). One mask a draft, not one a depth: spec_allowed [Q, Q] (the steps'
+    `allowed` stacked, padded with False for later queries) and spec_offsets [Q] (query j at position
+    C + its node's depth - 1), Q the speculative slots a draft writes. expanded [sum E]: the emitted ids
+    of every depth's expanded nodes, depth by depth (where drawn children's q rows go)."""
 
     steps: list[dict]
     order: Tensor
