@@ -46,13 +46,15 @@ from spechead.inference.tuning.calibrate import EAGER, TimedAs, calibrated_choic
 from spechead.inference.tuning.pass_timing import decoded_choice
 
 
-def merge_head_adapter(target, head_dir: str):
-    """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in;
-    other heads' targets pass through."""
-    if not config_of(head_dir, None).get("lora_adapter"):
+def merge_head_adapter(target, drafter: str | Drafter | RowDrafter | None):
+    """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in; other
+    drafters' targets (a method, a drafter object, another head or draft model) pass through."""
+    # (a method's name: prompt_lookup, cascade, layer skip; or a drafter object: no config.json to read)
+    own = not isinstance(drafter, str) or drafter in BUILTIN_DRAFTERS or is_cascade(drafter)
+    if own or is_self_spec(drafter) or not config_of(drafter, None).get("lora_adapter"):
         return target
     # a Hub head: its snapshot holds the adapter files
-    adapter = directory.adapter_dir(directory.resolve(head_dir))
+    adapter = directory.adapter_dir(directory.resolve(drafter))
     from peft import PeftModel
 
     with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
@@ -125,12 +127,7 @@ def load_generator(
         attn_implementation=attn_implementation,
         device_map=where,
     )
-    own = isinstance(drafter, str) and (
-        drafter in BUILTIN_DRAFTERS or is_cascade(drafter) or is_self_spec(drafter)
-    )
-    if isinstance(drafter, str) and not own:  # a head directory may carry an adapter (Medusa-2)
-        model = merge_head_adapter(model, drafter)
-    model = model.eval()
+    model = merge_head_adapter(model, drafter).eval()
     on = next(model.parameters()).device
     auto = compile == AUTO
     compile = resolve_compile(compile, on)
