@@ -49,9 +49,10 @@ from spechead.inference.tuning.pass_timing import decoded_choice
 def merge_head_adapter(target, drafter: str | Drafter | RowDrafter | None):
     """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in; other
     drafters' targets (a method, a drafter object, another head or draft model) pass through."""
-    # (a method's name: prompt_lookup, cascade, layer skip; or a drafter object: no config.json to read)
-    own = not isinstance(drafter, str) or drafter in BUILTIN_DRAFTERS or is_cascade(drafter)
-    if own or is_self_spec(drafter) or not config_of(drafter, None).get("lora_adapter"):
+    if not isinstance(drafter, str):  # a drafter object, or None
+        return target
+    method = drafter in BUILTIN_DRAFTERS or is_cascade(drafter) or is_self_spec(drafter)  # no config.json
+    if method or not config_of(drafter, None).get("lora_adapter"):
         return target
     # a Hub head: its snapshot holds the adapter files
     adapter = directory.adapter_dir(directory.resolve(drafter))
