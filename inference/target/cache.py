@@ -36,21 +36,6 @@ from spechead.inference.devices import host_to_device
 _ALLOCATIONS = itertools.count(1)
 
 
-def ascending(rows: Sequence[int]) -> bool:
-    """Whether `rows` (kept rows, in their new order) are distinct and ascending: rows[j] >= j, so each
-    can move up in place (row j is written after it was read, never before)."""
-    return list(rows) == sorted(set(rows))
-
-
-def move_rows_up_(buffers: Iterable[Tensor], rows: Sequence[int], end: int | None = None) -> None:
-    """Copy row rows[j] of each buffer [B, kv, S, D] to row j, its first `end` slots (None: all), for
-    `ascending` rows; the caller then keeps each buffer's first len(rows) rows."""
-    for buffer in buffers:
-        for j, i in enumerate(rows):
-            if i != j:
-                buffer[j, :, :end].copy_(buffer[i, :, :end])
-
-
 class LayerBuffer:
     """One buffer `storage` [L, 2, B, kv, S_max, D] whose slices are every layer's keys and values, when
     all L layers share one shape. Layers of another shape keep buffers of their own (no L-fold copies)."""
@@ -245,6 +230,13 @@ class RowCache(Cache):
         """The one buffer [L, 2, B, kv, S_max, D] when every layer's buffers are views of it, else None."""
         return self.buffer.whole()
 
+    def buffers(self) -> list[Tensor]:
+        """Every allocated layer's keys and values: the one shared buffer [L, 2, B, kv, S_max, D] (one op
+        moves them all), else each layer's [B, kv, S_max, D]."""
+        shared = self.buffer.whole()
+        layers = [x for x in self.row_layers if x.is_initialized]
+        return [shared] if shared is not None else [b for x in layers for b in (x.keys, x.values)]
+
     def _rebind(self, storage: Tensor) -> None:
         """Point every layer at `storage` (a reshaped copy of the shared one: rows kept)."""
         self.buffer.storage = storage
@@ -263,17 +255,18 @@ class RowCache(Cache):
         if size:
             self.set_lengths([self.lengths[i] for i in rows] + [0] * (size - len(rows)))
         shared = self.shared_storage()
-        if ascending(rows):
-            if shared is not None:  # every layer at once, along its batch dim (2)
+        if rows == sorted(set(rows)):  # ascending: row j is read (rows[j] >= j) before it is written
+            for buffer in self.buffers():
+                by_row = buffer.movedim(-4, 0)  # [B, ..., S_max, D]
                 for j, i in enumerate(rows):
                     if i != j:
-                        shared[:, :, j, :, :end].copy_(shared[:, :, i, :, :end])
+                        by_row[j, ..., :end, :].copy_(by_row[i, ..., :end, :])
+            if shared is not None:
                 self._rebind(shared[:, :, :size])
                 return
             self.buffer.reset()  # (the layers' buffers are views of their first B' rows now)
             for layer in self.row_layers:
                 if layer.is_initialized:
-                    move_rows_up_((layer.keys, layer.values), rows, end)
                     layer.keys, layer.values = layer.keys[:size], layer.values[:size]
             return
         index = torch.tensor(rows + [0] * (size - len(rows)), dtype=torch.long)  # (idle rows: row 0's copy)

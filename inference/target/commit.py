@@ -69,13 +69,10 @@ def move_fixed(cache: RowCache, nodes: Tensor) -> None:
 
 
 def _move(cache: RowCache, src: Tensor, dst: Tensor) -> None:
-    """Copy every row's slots src [B, K] to slots dst [B, K] in every layer's keys and values (the one
-    shared buffer's, else each layer's); the gather copies first, so overlaps are fine."""
-    shared = cache.shared_storage()  # [L, 2, B, kv, S_max, D]
-    layers = cache.row_layers
-    buffers = [shared] if shared is not None else [b for x in layers for b in (x.keys, x.values)]
+    """Copy every row's slots src [B, K] to slots dst [B, K] in every layer's keys and values; the gather
+    copies first, so overlaps are fine."""
     k = src.shape[1]
-    for buf in buffers:  # [..., B, kv, S_max, D]
+    for buf in cache.buffers():  # [..., B, kv, S_max, D]
         s_idx = src[:, None, :, None].expand(*buf.shape[:-2], k, buf.shape[-1])
         d_idx = dst[:, None, :, None].expand(*buf.shape[:-2], k, buf.shape[-1])
         buf.scatter_(-2, d_idx, buf.gather(-2, s_idx))
