@@ -74,18 +74,18 @@ def make_drafter(
     z-lab DFlash drafter's mask token when its config gives no id)."""
     if spec is None or isinstance(spec, (Drafter, RowDrafter)):
         return spec
+    config = check_options(spec, options, revision)  # (before any weights load)
     if spec in BUILTIN_DRAFTERS:
-        return BUILTIN_DRAFTERS[spec](**_builtin_options(spec, options))
+        return BUILTIN_DRAFTERS[spec](**options)
     if is_cascade(spec):
         from spechead.inference.drafters.cascade import CascadeDrafter
 
-        _check_names("cascade drafter", options, CASCADE_OPTIONS)
         tiny, medium = (_load_lm(path, revision, device, dtype) for path in cascade_models(spec))
         return CascadeDrafter(tiny, medium, **options)
     if is_self_spec(spec):  # (the one spec that may come with its @options here: `layer_skip@skip=2+3`)
         name, inline = drafter_options(spec)
         return make_self_drafter(name, target, **{**inline, **options})
-    if is_head_dir(config_of(spec, revision), spec):  # a spechead head, or one in a reference layout
+    if is_head_dir(config, spec):  # a spechead head, or one in a reference layout
         # what a reference layout leaves implicit comes from the target: EAGLE-3's default layers from its
         # config, a z-lab DFlash drafter's mask token from its tokenizer
         head = load_head(
@@ -101,7 +101,6 @@ def make_drafter(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
         return drafter_for_head(head, spec, **options)
-    _check_names(f"draft model {spec}", options, DRAFT_MODEL_OPTIONS)
     return DraftModelDrafter(_load_lm(spec, revision, device, dtype), **options)
 
 
@@ -110,12 +109,6 @@ def _load_lm(name: str, revision: str | None, device, dtype) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(
         name, revision=revision, dtype=dtype, device_map=torch.device(device)
     )
-
-
-def _builtin_options(name: str, options: dict) -> dict:
-    """`options` when the weightless drafter `name` takes them, else ValueError naming the valid ones."""
-    _check_names(name, options, list(inspect.signature(BUILTIN_DRAFTERS[name]).parameters))
-    return options
 
 
 def is_cascade(spec: str) -> bool:
@@ -198,9 +191,13 @@ def check_spec(spec: str, revision: str | None = None) -> None:
     """Check a drafter spec's options against what its drafter takes, before any weights load (a script
     measuring several drafters checks them all first, not after the first ones' runs): ValueError, one
     line, naming the valid options. A layer-skip spec is checked against its target when it loads."""
-    path, options = drafter_options(spec)
+    check_options(*drafter_options(spec), revision)
+
+
+def check_options(path: str, options: dict, revision: str | None) -> dict:
+    """`check_spec` of a spec without its @options; the config.json it read ({}: a method's spec)."""
     if path in BUILTIN_DRAFTERS:
-        _builtin_options(path, options)
+        _check_names(path, options, list(inspect.signature(BUILTIN_DRAFTERS[path]).parameters))
     elif is_cascade(path):
         _check_names("cascade drafter", options, CASCADE_OPTIONS)
     elif not is_self_spec(path):
@@ -209,6 +206,8 @@ def check_spec(spec: str, revision: str | None = None) -> None:
             _check_names(f"draft model {path}", options, DRAFT_MODEL_OPTIONS)
         elif "family" in config:  # (a reference layout's family is known once it loads)
             head_options(family_of(config), options)
+        return config
+    return {}
 
 
 def _check_names(what: str, options: dict, valid: Sequence[str]) -> None:
