@@ -9,7 +9,6 @@ length x the plain pass / its own pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -74,31 +73,35 @@ def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0
     return torch.cat([start, torch.tensor(written, dtype=torch.long)])
 
 
-def in_situ_choice(
+def decoded_choice(
     target: PreTrainedModel,
-    drafter_for: Callable[[Choices], Drafter | RowDrafter],
+    drafter: Drafter | RowDrafter,
     accuracy: torch.Tensor,
-    candidates: list[Choices],
+    costs: dict,
     keep: Choices | None = None,
     keep_margin: float = IN_SITU_KEEP_MARGIN,
     new_tokens: int = 32,
     batch: int = 1,
     timed_as: TimedAs = EAGER,
 ) -> tuple[Choices, dict]:
-    """The candidate tree (`drafter_for(choices)` builds its drafter) with the best expected speedup
-    (expected accept length x plain pass / its pass) when decoded here, or `keep` (one of the candidates,
-    a tree tuned for this kind of device) unless another is expected more than `keep_margin` faster; and
-    what was measured: plain_pass_ms, pass_ms and expected_speedups per candidate (in the candidates'
-    order), the chosen tree's expected_speedup and, with `keep`, kept_saved_tree.
-    batch > 1: passes of `batch` rows (a batch's tokens/s against plain batched decoding). timed_as: the
-    parts compiled as the generator will run them."""
+    """Of the trees the part-by-part costs ranked best (`costs["ranked"]`, popped: calibrate.py) and `keep`
+    (a tree tuned for this kind of device, decoded first), the one with the best expected speedup
+    (expected accept length x plain pass / its pass) when `drafter.with_tree(choices)` decodes `batch`
+    rows here (batch > 1: a batch's tokens/s against plain batched decoding; the parts compiled as
+    `timed_as` says), or `keep` unless another is expected more than `keep_margin` faster. Returns it and
+    `costs` with model_speedup (what the costs expected of their best), in_situ (candidates, and per
+    candidate plain_pass_ms, pass_ms, expected_speedups; the chosen tree's expected_speedup),
+    expected_speedup (the chosen tree's, decoded) and, with `keep`, kept_saved_tree."""
+    candidates = [c for c in costs.pop("ranked") if c != keep]
+    if keep is not None and covers(accuracy, keep):
+        candidates.insert(0, keep)
     if not candidates:
-        raise ValueError("in_situ_choice needs at least one candidate tree")
+        raise ValueError("decoded_choice needs at least one candidate tree")
     # prompt + new tokens within the target's context (a short-context target gets a shorter run)
     context = getattr(target.config.get_text_config(), "max_position_embeddings", None) or 1 << 30
     length = min(64, context // 2)
     prompt, new_tokens = self_written_prompt(target, length), max(1, min(new_tokens, context - length))
-    drafters: list[Drafter | RowDrafter | None] = [None, *(drafter_for(c) for c in candidates)]
+    drafters: list[Drafter | RowDrafter | None] = [None, *(drafter.with_tree(c) for c in candidates)]
     plain, *passes = pass_ms_by_drafter(target, drafters, prompt, new_tokens, batch=batch, timed_as=timed_as)
     speedups = [float(expected_accept_length(accuracy, c)) * plain / ms for c, ms in zip(candidates, passes)]
     best = max(range(len(speedups)), key=lambda i: speedups[i])  # (ties: the earlier candidate)
@@ -108,37 +111,13 @@ def in_situ_choice(
         "pass_ms": passes,
         "expected_speedups": speedups,
     }
-    if keep is not None and keep in candidates:
+    if keep in candidates:
         kept = candidates.index(keep)
-        info["kept_saved_tree"] = speedups[kept] * (1 + keep_margin) >= speedups[best]
+        info["kept_saved_tree"] = costs["kept_saved_tree"] = (
+            speedups[kept] * (1 + keep_margin) >= speedups[best]
+        )
         if info["kept_saved_tree"]:
             best = kept
     info["expected_speedup"] = speedups[best]
-    return candidates[best], info
-
-
-def decoded_choice(
-    target: PreTrainedModel,
-    drafter: Drafter | RowDrafter,
-    accuracy: torch.Tensor,
-    costs: dict,
-    keep: Choices | None = None,
-    batch: int = 1,
-    timed_as: TimedAs = EAGER,
-) -> tuple[Choices, dict]:
-    """Of the trees the part-by-part costs ranked best (`costs["ranked"]`, popped: calibrate.py) and `keep`
-    (a tree tuned for this kind of device, kept unless another pays IN_SITU_KEEP_MARGIN more), the one
-    whose passes pay best when `drafter.with_tree(choices)` decodes `batch` rows here (`in_situ_choice`);
-    and `costs` with model_speedup (what the costs expected of their best), in_situ (what was decoded),
-    expected_speedup (the chosen tree's, decoded) and, with `keep`, kept_saved_tree."""
-    candidates = [c for c in costs.pop("ranked") if c != keep]
-    if keep is not None and covers(accuracy, keep):
-        candidates.insert(0, keep)
-    choices, in_situ = in_situ_choice(
-        target, drafter.with_tree, accuracy, candidates, keep=keep, batch=batch, timed_as=timed_as
-    )
-    costs.update(model_speedup=costs["expected_speedup"], in_situ=in_situ)
-    costs["expected_speedup"] = in_situ["expected_speedup"]
-    if "kept_saved_tree" in in_situ:
-        costs["kept_saved_tree"] = in_situ["kept_saved_tree"]
-    return choices, costs
+    costs.update(model_speedup=costs["expected_speedup"], in_situ=info, expected_speedup=speedups[best])
+    return candidates[best], costs

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,7 +27,14 @@ def test_the_best_expected_speedup_wins_unless_the_kept_tree_is_close(tiny_llama
     candidates = [[[0]], [[0], [1]], [[0], [1], [0, 0]]]
     planted = [5.0, 6.0, 7.5, 12.0]  # plain, then each candidate: speedups 1.667, 2.0, 1.667
     monkeypatch.setattr(pass_timing, "pass_ms_by_drafter", lambda *a, **kw: planted)
-    choose = lambda **kw: pass_timing.in_situ_choice(target, lambda c: None, accuracy, candidates, **kw)  # noqa: E731
+    unused = SimpleNamespace(with_tree=lambda choices: None)  # (the passes are planted)
+
+    def choose(**kw):
+        best, costs = pass_timing.decoded_choice(
+            target, unused, accuracy, {"ranked": candidates, "expected_speedup": 0}, **kw
+        )
+        return best, costs["in_situ"]
+
     best, info = choose()
     assert best == candidates[1] and info["expected_speedup"] == pytest.approx(2.0)
     assert info["expected_speedups"] == pytest.approx([5 / 3, 2.0, 5 / 3])
@@ -36,7 +44,7 @@ def test_the_best_expected_speedup_wins_unless_the_kept_tree_is_close(tiny_llama
     assert (
         kept == candidates[0] and info["kept_saved_tree"] and info["expected_speedup"] == pytest.approx(5 / 3)
     )
-    best, info = choose(keep=candidates[2], keep_margin=0.10)
+    best, info = choose(keep=candidates[0], keep_margin=0.10)
     assert best == candidates[1] and not info["kept_saved_tree"]
     planted[1:] = [6.0, 9.0, 12.0]  # every speedup 5/3
     assert choose()[0] == candidates[0]  # ties: the earlier candidate
@@ -175,17 +183,16 @@ def test_the_tuned_tree_gives_way_only_to_a_tree_decoded_clearly_faster(
 
 def test_a_short_context_target_is_timed_within_its_context(tiny_llama):
     """prompt + new tokens fit max_position_embeddings (the generator refuses more)."""
-    from spechead.inference.tuning.pass_timing import in_situ_choice
+    from spechead.inference.tuning.pass_timing import decoded_choice
 
     target = tiny_llama(64, layers=2, hidden=32).eval()
     target.config.max_position_embeddings = 40
     head = Eagle3Head(Eagle3Config.from_target(target.config, target_layers=[0, 1, 2]))
     head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
     accuracy = torch.tensor([[0.7, 0.2], [0.6, 0.2]], dtype=torch.float64)
-    chosen, info = in_situ_choice(
-        target, lambda c: EagleDrafter(head.eval(), tree=c), accuracy, [[[0]], [[0], [0, 0]]]
-    )
-    assert chosen in info["candidates"] and min(info["pass_ms"]) > 0
+    costs = {"ranked": [[[0]], [[0], [0, 0]]], "expected_speedup": 1.0}
+    chosen, costs = decoded_choice(target, EagleDrafter(head.eval(), tree=[[0]]), accuracy, costs)
+    assert chosen in costs["in_situ"]["candidates"] and min(costs["in_situ"]["pass_ms"]) > 0
 
 
 def test_a_pass_leaves_out_the_prefill(tiny_llama, monkeypatch):
