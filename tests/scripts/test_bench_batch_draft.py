@@ -77,14 +77,21 @@ def planted(monkeypatch):
         seen["propose"].append(tuple(draft.tokens.shape))
         return draft
 
-    def timed_accept(self, ids, lengths, *args):
-        now[0] += 2.0**-9
-        seen["accept"].append((tuple(ids.shape), list(lengths)))
-        return accept(self, ids, lengths, *args)
+    def timed_accept(self, ids, lengths, *args, **kwargs):
+        if not starting:  # (a start commits its prompts through the rows' accept: not a pass's)
+            now[0] += 2.0**-9
+            seen["accept"].append((tuple(ids.shape), list(lengths)))
+        return accept(self, ids, lengths, *args, **kwargs)
+
+    starting: list[bool] = []
 
     def seen_start(self, prompts, *args):
         seen["start"].append([len(p) for p in prompts])
-        return start(self, prompts, *args)
+        starting.append(True)
+        try:
+            return start(self, prompts, *args)
+        finally:
+            starting.clear()
 
     monkeypatch.setattr(EagleRows, "propose", timed_propose)
     monkeypatch.setattr(EagleRows, "accept", timed_accept)
