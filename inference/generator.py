@@ -252,8 +252,8 @@ class SpeculativeGenerator:
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
             raise ValueError("pass exactly one of prompts=, messages= or input_ids= (a list, one per row)")
-        kind = given.index(True)  # 0 strings, 1 chats, 2 id lists
-        rows_in = (prompts, messages, input_ids)[kind]
+        i = given.index(True)
+        kind, rows_in = ("text", "chat", "ids")[i], (prompts, messages, input_ids)[i]
         if isinstance(rows_in, str) or len(rows_in) == 0:
             raise ValueError("batch decoding takes a non-empty list of prompts (one per row)")
         batch = len(rows_in)
@@ -262,7 +262,7 @@ class SpeculativeGenerator:
         ids = []
         for b, row in enumerate(rows_in):
             try:
-                ids.append(self._prompt_ids(kind, row))
+                ids.append(self.prompt_ids(row, kind))
                 self._check_lengths(len(ids[b]), max_new[b])
             except ValueError as err:
                 raise ValueError(str(err) if one else f"row {b}: {err}") from None
@@ -327,11 +327,11 @@ class SpeculativeGenerator:
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
-    def _prompt_ids(self, kind: int, prompt) -> torch.Tensor:
-        """A row's ids [T] from a string (kind 0), chat messages (1) or ids (2)."""
-        if kind == 1:
+    def prompt_ids(self, prompt, kind: str = "text") -> torch.Tensor:
+        """A prompt's ids [T] as decoded: a string ("text"), chat messages ("chat": the template) or ids."""
+        if kind == "chat":
             ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=False)
-        elif kind == 0:
+        elif kind == "text":
             ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         else:
             ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)

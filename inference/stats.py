@@ -5,9 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+TAU = (
+    "emitted tokens per target pass (accepted drafts + 1), POOLED over all passes: total tokens / total "
+    "passes, as vLLM and SGLang count it (not a mean of per-prompt taus)"
+)
+
 
 def pooled_tau(accept_lengths: Sequence[int]) -> float:
-    """tau: emitted tokens per target pass, POOLED over all passes (as vLLM and SGLang count it)."""
+    """tau (`TAU`) from each pass's accept length."""
     return sum(accept_lengths) / max(len(accept_lengths), 1)
 
 

@@ -22,7 +22,7 @@ from spechead.inference.drafter_specs import drafter_for_head
 from spechead.inference.evaluation.report import plot_acceptance_by_depth, plot_speedup_by_category
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.loading import calibrated_drafter
-from spechead.inference.stats import GenerationStats
+from spechead.inference.stats import TAU, GenerationStats
 
 
 class Prompt(Protocol):
@@ -102,8 +102,7 @@ def decode_prompts(
 ) -> PromptSetRun:
     """Decode every prompt turn by turn (each answer fed back before the next turn; without a chat
     template every turn is a prompt of its own); a progress bar on a terminal when `desc` is given."""
-    tok = gen.tokenizer
-    chat = bool(getattr(tok, "chat_template", None))
+    chat = bool(getattr(gen.tokenizer, "chat_template", None))
     total, prompt_ids = Tally(), []
     outputs: list[list[int]] = []  # (its length: the turns decoded so far)
     by_category: dict[str, Tally] = {}
@@ -111,10 +110,7 @@ def decode_prompts(
         messages: list[dict[str, str]] = []
         for turn in prompt.turns:
             messages.append({"role": "user", "content": turn})
-            ids = (
-                tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-                if chat else tok(turn, add_special_tokens=True)["input_ids"]
-            )  # fmt: skip
+            ids = gen.prompt_ids(messages, "chat") if chat else gen.prompt_ids(turn)  # [T]
             room = answer_room(gen, len(ids), settings.max_new_tokens) if settings.fit_context else None
             if room == 0:  # the conversation fills the context: its later turns are not decoded
                 break
@@ -128,7 +124,7 @@ def decode_prompts(
             )
             messages.append({"role": "assistant", "content": r.text})
             outputs.append(r.token_ids)
-            prompt_ids.append(list(ids))
+            prompt_ids.append(ids.tolist())
             total.add(r.stats)
             by_category.setdefault(prompt.category, Tally()).add(r.stats)
     return PromptSetRun(total, by_category, outputs, prompt_ids)
@@ -191,9 +187,7 @@ def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], sett
 
 
 DEFINITIONS = {
-    "tau": "emitted tokens per target verification pass (accepted drafts + 1), POOLED over all passes of "
-    "the prompt set: total emitted tokens / total passes, as vLLM and SGLang count it (not a mean of "
-    "per-prompt taus)",
+    "tau": TAU,
     "tau_by_category": "tau pooled over the passes of each category's prompts",
     "tau_distribution": "number of target passes that emitted k tokens, by k",
     "acceptance_by_depth": "P(at least d drafted tokens accepted in a pass), d = 1, 2, ...",

@@ -1,17 +1,14 @@
 """Benchmark results as a Markdown table and matplotlib PNG plots (no display needed).
 
 Rows are the dicts `evaluation.summarize` returns, each with a "drafter" name added. tau is pooled
-over all target passes of the prompt set (TAU_NOTE), and every table that shows it says so.
+over all target passes of the prompt set (stats.TAU), and every table that shows it says so.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-TAU_NOTE = (
-    "tau = emitted tokens per target pass, pooled over all passes of the prompt set (total tokens / "
-    "total passes, as vLLM and SGLang count it; not a mean of per-prompt taus)."
-)
+from spechead.inference.stats import TAU
 
 
 def _same(mismatches: int | None) -> str:
@@ -48,7 +45,7 @@ def render(header: str, rows: list[dict], hf_rows: list[dict], costs: dict[int, 
             f"Draft layers quantized (lossless: the target verifies every token): {', '.join(quantized)}",
         ]
     if rows:
-        lines += ["", TAU_NOTE]
+        lines += ["", f"tau = {TAU}."]
         lines += ["", "P(at least d drafts accepted per pass), d = 1, 2, ...:", ""]
         lines += [
             f"- {r['drafter']}: " + ", ".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:8]) for r in rows

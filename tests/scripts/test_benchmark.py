@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from spechead.inference.evaluation.measure import DecodeSettings, PromptSetRun, Tally, summarize
-from spechead.inference.evaluation.report import TAU_NOTE, render
-from spechead.inference.stats import GenerationStats
+from spechead.inference.evaluation.report import render
+from spechead.inference.stats import TAU, GenerationStats
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_benchmark_writes_table_json_and_plots(
     assert script("benchmark").main(argv) == 0
     table = capsys.readouterr().out
     assert "| medusa |" in table and "| hf_assisted |" in table and "tau, pooled per category" in table
-    assert "| drafter | tau (pooled) |" in table and TAU_NOTE in table
+    assert "| drafter | tau (pooled) |" in table and f"tau = {TAU}." in table
 
     report = json.loads((out / "decoding.json").read_text())
     assert report["categories"] == ["math", "qa"]
@@ -116,7 +116,7 @@ def test_tau_is_pooled_over_passes_not_a_mean_of_prompt_means():
     assert row["tau_by_category"] == pytest.approx({"qa": 9 / 5, "math": 2.0})
     assert row["tau_distribution"] == {"1": 5, "3": 1, "5": 1}
     table = render("h", [row], [], {})
-    assert "| d | 1.86 |" in table and "| qa | 1.80 (" in table and TAU_NOTE in table
+    assert "| d | 1.86 |" in table and "| qa | 1.80 (" in table and f"tau = {TAU}." in table
 
 
 def test_greedy_mismatch_is_counted_and_shown():
