@@ -28,13 +28,7 @@ FP8_CAPABILITY = (8, 9)
 INT8_AUTO_CPUS = ("AVX512",)
 
 
-def check_setting(name: str, value: object) -> None:
-    """ValueError unless `value` is a setting draft_fp8 / draft_int8 take: "auto", True or False."""
-    if value not in (AUTO, True, False, 0, 1):
-        raise ValueError(f"{name} takes auto, True or False, got {value!r}")
-
-
-def asked(value: bool | str) -> bool:
+def _asked(value: bool | str) -> bool:
     """Whether a draft_fp8 / draft_int8 setting asks for the quantization outright (not "auto")."""
     return value != AUTO and bool(value)
 
@@ -48,13 +42,28 @@ def has_fp8_tensor_cores(device: torch.device) -> bool:
     )
 
 
-def check_fp8_device(device: torch.device) -> None:
-    """ValueError unless FP8 GEMMs run on `device`: a CPU (emulated: slow) or a GPU with FP8 tensor cores."""
-    if device.type == "cuda" and not has_fp8_tensor_cores(device):
-        name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else str(device)
+def check_draft_settings(draft_fp8: bool | str, draft_int8: bool | str, device: str | torch.device) -> None:
+    """ValueError (one line, before anything loads) unless each setting is "auto", True or False and what
+    it asks for runs on `device`: FP8 on a GPU with FP8 tensor cores or a CPU (emulated), int8 on a CPU
+    (its weight-only int8 GEMM is a CPU kernel) and not beside FP8 (one quantization per layer)."""
+    for name, value in (("draft_fp8", draft_fp8), ("draft_int8", draft_int8)):
+        if value not in (AUTO, True, False, 0, 1):
+            raise ValueError(f"{name} takes auto, True or False, got {value!r}")
+    fp8, int8 = _asked(draft_fp8), _asked(draft_int8)
+    if not (fp8 or int8):
+        return
+    where = torch.device(device)  # (only when asked: else a bad name is loading's check_device line)
+    if fp8 and where.type == "cuda" and not has_fp8_tensor_cores(where):
+        name = torch.cuda.get_device_name(where) if torch.cuda.is_available() else str(where)
         raise ValueError(
             f"draft_fp8 needs FP8 tensor cores (compute capability >= 8.9); {name} has none: drop draft_fp8"
         )
+    if int8 and fp8:
+        raise ValueError(
+            "draft_int8 and draft_fp8 both quantize the draft: pick one (int8 on a CPU, FP8 on a GPU)"
+        )
+    if int8 and where.type != "cpu":
+        raise ValueError(f"draft_int8 runs on a CPU, not {where}: on a GPU use draft_fp8")
 
 
 def fp8_by_default(head: object, device: torch.device) -> bool:
@@ -78,17 +87,6 @@ def int8_by_default(head: object, device: torch.device) -> TypeGuard[MedusaHead]
     )
 
 
-def check_int8_device(device: torch.device, fp8: bool) -> None:
-    """ValueError unless int8 drafting can run: on a CPU (its weight-only int8 GEMM is a CPU kernel),
-    and not with draft_fp8 (one quantization per layer)."""
-    if fp8:
-        raise ValueError(
-            "draft_int8 and draft_fp8 both quantize the draft: pick one (int8 on a CPU, FP8 on a GPU)"
-        )
-    if device.type != "cpu":
-        raise ValueError(f"draft_int8 runs on a CPU, not {device}: on a GPU use draft_fp8")
-
-
 def quantize_draft(
     head: object, device: torch.device, draft_fp8: bool | str, draft_int8: bool | str, drafter: object
 ) -> str | None:
@@ -96,7 +94,7 @@ def quantize_draft(
     "fp8", "int8" or None. ValueError (one line) when a setting asks for what `head` does not have."""
     module = head if isinstance(head, nn.Module) else nn.Module()  # (a drafter without a head: nothing)
     if draft_fp8 == AUTO:
-        fp8 = not asked(draft_int8) and fp8_by_default(module, device) and to_fp8(module) > 0
+        fp8 = not _asked(draft_int8) and fp8_by_default(module, device) and to_fp8(module) > 0
     elif draft_fp8 and not to_fp8(module):
         raise ValueError(
             f"draft_fp8 needs an EAGLE / EAGLE-3 head (its layers run per draft depth), got drafter {drafter!r}"

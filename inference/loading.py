@@ -21,13 +21,7 @@ from spechead.heads.hybrid import check_attention_only
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import check_device, load_dtype
-from spechead.inference.draft_weights import (
-    asked,
-    check_fp8_device,
-    check_int8_device,
-    check_setting,
-    quantize_draft,
-)
+from spechead.inference.draft_weights import check_draft_settings, quantize_draft
 from spechead.inference.drafter_specs import (
     BUILTIN_DRAFTERS,
     TREE_OPTIONS,
@@ -48,7 +42,8 @@ from spechead.inference.tuning.pass_timing import decoded_choice
 
 def merge_head_adapter(target, drafter: str | Drafter | RowDrafter | None):
     """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in; other
-    drafters' targets (a method, a drafter object, another head or draft model) pass through."""
+    drafters' targets (a method, a drafter object, another head or draft model) pass through. A Hub head
+    is read at its default branch, as make_drafter loads it (from_pretrained's `revision` is the target's)."""
     if not isinstance(drafter, str):  # a drafter object, or None
         return target
     method = drafter in BUILTIN_DRAFTERS or is_cascade(drafter) or is_self_spec(drafter)  # no config.json
@@ -84,11 +79,10 @@ def load_generator(
     """SpeculativeGenerator for `target` with `drafter` (see drafter_specs.make_drafter); options go to
     the drafter.
 
-    dtype: the target's and the head's weights; "auto": float32 on a CPU, else the checkpoint's own
-    (bfloat16 when it names none; devices.load_dtype). attn_implementation: the target's; by default
-    "spechead_sdpa" (heads/attention.py: sdpa with grouped key/value heads inside the kernel for tree
-    passes on a CPU), "eager" for a model class that cannot run sdpa (Gemma-2).
-    cache / max_cache_len: the target's KV cache back-end (see SpeculativeGenerator).
+    dtype: the target's and the head's weights (devices.load_dtype). attn_implementation: the target's;
+    by default "spechead_sdpa" (heads/attention.py), "eager" for a model class that cannot run sdpa
+    (Gemma-2). revision: the target's; a Hub head comes from its default branch (for another, pass its
+    snapshot_download folder). cache / max_cache_len: the target's KV cache (see SpeculativeGenerator).
     calibrate: when no tree option is given and the head's tree.json holds an accuracy table (or, for an
     EAGLE head on a CPU, an assumed one), time this device now and use the static tree of the best
     expected speedup here (`gen.calibration` says what was measured).
@@ -96,18 +90,12 @@ def load_generator(
     alone: the drafter only); "auto" is `compiling.resolve_compile`'s, False decodes eagerly. Graphs
     that "auto" chose are proven on a two-token answer: a model whose passes cannot be captured then
     decodes eagerly, with a RuntimeWarning saying why.
-    draft_fp8 / draft_int8: the head's big draft layers in FP8 (a GPU with FP8 tensor cores) or int8 (a
-    CPU), still lossless, before any calibration so the tree is measured as it will draft; "auto" picks
-    them where they pay (draft_weights.py).
+    draft_fp8 / draft_int8: the head's draft layers quantized, still lossless, before any calibration so
+    the tree is measured as it will draft (draft_weights.py: the defaults and what each needs).
     """
     check_compile(compile)  # (before anything loads: one line in a second)
     check_compile(draft_compile, "draft_compile")
-    check_setting("draft_fp8", draft_fp8)
-    check_setting("draft_int8", draft_int8)
-    if asked(draft_fp8):
-        check_fp8_device(torch.device(device))
-    if asked(draft_int8):
-        check_int8_device(torch.device(device), asked(draft_fp8))
+    check_draft_settings(draft_fp8, draft_int8, device)
     torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
     check_attention_only(config, "speculative decoding")  # (a hybrid target: one line before any load)
@@ -144,8 +132,7 @@ def load_generator(
         built = built.with_tree(built.choices)
     chose_tree = set(TREE_OPTIONS) & set(drafter_options)
     calibrating = calibrate and isinstance(drafter, str) and hasattr(built, "head") and not chose_tree
-    # a head directory's tree.json, if any
-    saved = directory.read_tree(directory.resolve(str(drafter), revision)) if calibrating else None
+    saved = directory.read_tree(directory.resolve(str(drafter))) if calibrating else None  # its tree.json
 
     def build(compile: bool | str, draft_compile: bool | str | None):
         """The generator over `built`, its tree calibrated here (when asked) as it will run."""

@@ -40,7 +40,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head
 from spechead.heads.fp8 import to_fp8
-from spechead.inference.draft_weights import check_fp8_device, fp8_by_default
+from spechead.inference.draft_weights import check_draft_settings, fp8_by_default
 from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.topk import resolve_chunk
 from spechead.inference.evaluation.profiling import Timer, copy_bandwidth, profile_part
@@ -341,8 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         device = resolve_device(args)
-        if args.draft_fp8 == "on":
-            check_fp8_device(device)  # (an A100 has no FP8 tensor cores)
+        check_draft_settings(args.draft_fp8 == "on", False, device)  # (an A100 has no FP8 tensor cores)
     except (ValueError, RuntimeError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -101,16 +101,16 @@ def test_draft_fp8_needs_an_eagle_head(tiny_target_dir, tmp_path):
 
 
 def test_a_gpu_without_fp8_tensor_cores_is_one_clear_error(monkeypatch):
-    from spechead.inference.draft_weights import check_fp8_device
+    from spechead.inference.draft_weights import check_draft_settings
 
-    check_fp8_device(torch.device("cpu"))  # emulated on a CPU: allowed
+    check_draft_settings(True, False, "cpu")  # emulated on a CPU: allowed
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(ValueError, match=r"FP8 tensor cores \(compute capability >= 8.9\); NVIDIA A100"):
-        check_fp8_device(torch.device("cuda"))
+        check_draft_settings(True, False, torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    check_fp8_device(torch.device("cuda"))  # an H100
+    check_draft_settings(True, False, torch.device("cuda"))  # an H100
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from spechead.heads import Eagle3Config, Eagle3Head, MedusaConfig, MedusaHead
 from spechead.heads.fused import fused_step
 from spechead.heads.int8 import Int8Linear
-from spechead.inference.draft_weights import check_int8_device
+from spechead.inference.draft_weights import check_draft_settings
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
 
@@ -100,9 +100,10 @@ def test_bad_int8_settings_are_one_line(tiny_target_dir, lm_head_heads, drafter,
 
 
 def test_int8_drafting_is_for_cpus():
-    check_int8_device(torch.device("cpu"), fp8=False)
+    check_draft_settings("auto", True, "cpu")
+    check_draft_settings("auto", "auto", "cuda")  # (the default: nothing asked for)
     with pytest.raises(ValueError, match="draft_int8 runs on a CPU, not cuda: on a GPU use draft_fp8"):
-        check_int8_device(torch.device("cuda"), fp8=False)
+        check_draft_settings(False, True, "cuda")
 
 
 def test_as_drafted_is_an_int8_copy_on_a_cpu_only(tiny_llama, medusa_for):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -96,30 +98,75 @@ def test_a_target_without_sdpa_loads_eager_and_decodes_exactly(gemma2_target_dir
     assert eager.target.config._attn_implementation == "eager"
 
 
-@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # (peft, saving the adapter)
-def test_from_pretrained_merges_a_medusa2_heads_adapter(tiny_target_dir, tmp_path):
-    """A Medusa-2 head (config `lora_adapter`) was trained with the target's LoRA: from_pretrained decodes
-    with that adapter merged into the target, not the base target (whose logits differ)."""
-    import torch
+def _medusa2_head(target_dir, head_dir):
+    """A Medusa-2 head (config `lora_adapter`) saved at `head_dir` with a random (non-zero, as if trained)
+    LoRA adapter of the target at `target_dir`; (the base target, the target with the adapter merged)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from spechead.inference.generator import SpeculativeGenerator
-
-    base = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
-    torch.manual_seed(0)  # init_lora_weights=False: a random (non-zero) adapter, as if trained
+    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    torch.manual_seed(0)
     lora = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32), lora)
-    head_dir = tmp_path / "medusa2"
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32), lora)
     cfg = base.config
     head = MedusaHead(MedusaConfig(hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, num_heads=2,
                                    lora_adapter="adapter"))  # fmt: skip
     head.save_pretrained(head_dir)
     adapted.save_pretrained(head_dir / "adapter")
-    merged = adapted.merge_and_unload().eval()
-    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(head_dir), calibrate=False)
+    return base, adapted.merge_and_unload().eval()
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")  # (peft, saving the adapter)
+def test_from_pretrained_merges_a_medusa2_heads_adapter(tiny_target_dir, tmp_path):
+    """A Medusa-2 head was trained with the target's LoRA: from_pretrained decodes with that adapter merged
+    into the target, not the base target (whose logits differ)."""
+    from spechead.inference.generator import SpeculativeGenerator
+
+    base, merged = _medusa2_head(tiny_target_dir, tmp_path / "medusa2")
+    gen = SpeculativeGenerator.from_pretrained(
+        str(tiny_target_dir), str(tmp_path / "medusa2"), calibrate=False
+    )
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
+        torch.testing.assert_close(gen.target(ids).logits, merged(ids).logits, rtol=1e-4, atol=1e-5)
+        assert (gen.target(ids).logits - base(ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+def test_a_hub_heads_files_come_from_its_own_branch_not_the_targets_revision(
+    tiny_target_dir, tmp_path, monkeypatch
+):
+    """from_pretrained's `revision` is the target's (heads/hub/card.py): a Hub head's config, weights,
+    adapter and tree.json all come from the head repo's default branch, which has no such revision. The
+    Hub here: huggingface_hub's two download calls, serving one head repo at its default branch only."""
+    import huggingface_hub
+
+    from spechead.inference.generator import SpeculativeGenerator
+
+    head_dir = tmp_path / "snapshot"
+    base, merged = _medusa2_head(tiny_target_dir, head_dir)
+    (head_dir / "tree.json").write_text('{"choices": [[0], [1], [0, 0]]}')
+    asked = []
+
+    def snapshot(repo_id, *, revision=None, **_):
+        asked.append((repo_id, revision))
+        if revision is not None:
+            raise FileNotFoundError(f"{repo_id} has no revision {revision}")
+        return str(head_dir)
+
+    def download(repo_id, filename, *, revision=None, **_):
+        file = Path(snapshot(repo_id, revision=revision)) / filename
+        if not file.is_file():
+            raise FileNotFoundError(f"{repo_id} has no {filename}")
+        return str(file)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), "me/medusa2", revision="target-v2")
+    assert asked and {revision for _, revision in asked} == {None}
+    assert gen.drafter.choices == [[0], [1], [0, 0]]  # the head's own tree.json
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():  # the adapter merged
         torch.testing.assert_close(gen.target(ids).logits, merged(ids).logits, rtol=1e-4, atol=1e-5)
         assert (gen.target(ids).logits - base(ids).logits).abs().max() > 1e-3
 
