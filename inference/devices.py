@@ -51,12 +51,9 @@ def load_dtype(dtype: str | torch.dtype, device: str | torch.device, saved: obje
 
 
 def host_to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """x (a small host tensor: ids, a path) on `device` without waiting for the work queued there.
-
-    A blocking copy to a GPU waits for every kernel queued on the stream (the GPU idles while the host
-    prepares the next launch), and a non-blocking one from pageable memory may too. So on CUDA: a
-    non-blocking copy through pinned memory, of a contiguous `x` (PyTorch refuses to pin an expanded
-    view, stride 0). Elsewhere `x` itself or `to`."""
+    """x (a small host tensor: ids, a path) on `device` without waiting for the work queued there: on CUDA
+    a non-blocking copy through pinned memory (a blocking copy, or one from pageable memory, waits for
+    every kernel queued while the GPU idles), of a contiguous `x` (PyTorch pins no expanded view)."""
     if x.device == device:
         return x
     if device.type != "cuda" or x.device.type != "cpu":

@@ -8,10 +8,6 @@ A spec is a name with options after "@" as `key=value` words (`drafter_options`)
     early_exit@layer=4              the first 4 layers, then the final norm and lm_head (default L // 2)
     outputs/skip.json               a drafter file from scripts/search_skip.py (options override its own)
     ...@num_draft=4,width=2x1       any DraftModelDrafter shape option as well
-
-`make_drafter` builds the drafter a spec names (for `SpeculativeGenerator.from_pretrained`, loading.py),
-`drafter_for_head` a loaded head's (its tree.json the default tree); `check_spec` checks a spec's options
-before any weights load.
 """
 
 from __future__ import annotations
@@ -149,8 +145,8 @@ def make_self_drafter(name: str, target: PreTrainedModel, **options) -> LayerSki
     kind = data["drafter"]
     short, layer_key = ("skip", "skip_layers") if kind == "layer_skip" else ("layer", "exit_layer")
     settings = {k: data[k] for k in (layer_key, *DRAFT_MODEL_OPTIONS) if k in data}
-    valid = (short, *DRAFT_MODEL_OPTIONS)
-    _check_names(f"{kind} drafter", {k: v for k, v in options.items() if k != layer_key}, valid)
+    given = {k: v for k, v in options.items() if k != layer_key}
+    _check_names(f"{kind} drafter", given, (short, *DRAFT_MODEL_OPTIONS))
     settings.update({layer_key if k == short else k: v for k, v in options.items()})
     if kind == "early_exit":
         settings.setdefault("exit_layer", total // 2)
@@ -158,11 +154,8 @@ def make_self_drafter(name: str, target: PreTrainedModel, **options) -> LayerSki
 
 
 def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) -> Drafter | RowDrafter:
-    """The drafter of a loaded head (target modules attached), as its family registers it.
-
-    Without tree options, a HEAD_DIR/tree.json from scripts/build_tree.py is the default tree
-    (EAGLE: instead of the dynamic tree unless tree/top_k/depth/total_tokens are given).
-    """
+    """The drafter of a loaded head (target modules attached), as its family registers it; without tree
+    options its HEAD_DIR/tree.json (scripts/build_tree.py) is the tree (for EAGLE: not the dynamic one)."""
     fam = family_of(head.config)
     options = head_options(fam, options)
     tree = directory.read_tree(head_dir) if head_dir is not None else None

@@ -144,8 +144,7 @@ def load_generator(
             model, tokenizer, chosen, cache=cache, max_cache_len=max_cache_len, compile=compile,
             draft_compile=draft_compile,
         )  # fmt: skip
-        gen.calibration, gen.tree_accuracy = calibration, accuracy
-        gen.draft_weights = weights
+        gen.calibration, gen.tree_accuracy, gen.draft_weights = calibration, accuracy, weights
         return gen
 
     if not (auto and compile):
@@ -184,11 +183,9 @@ def calibrated_drafter(
         if device.type != "cpu":
             return drafter, None, None
         accuracy, source = assumed, "assumed (no tree.json: run scripts/build_tree.py)"
-    # a tree tuned on this kind of device (tree_tuning.py saves where) is kept unless clearly beaten
     tuned_here = saved is not None and str(saved.get("device", "")).split(":")[0] == device.type
     keep = saved["choices"] if saved is not None and tuned_here else None
     _, info = calibrated_choices(target, drafter, accuracy, timed_as=timed_as)
-    # the model's best few trees (and the tuned one) decoded here: the pass as decoding pays it
     choices, info = decoded_choice(target, drafter, accuracy, info, keep, timed_as=timed_as)
     if info["expected_speedup"] < 1.0:  # the best tree is expected to lose to plain decoding here
         warnings.warn(
