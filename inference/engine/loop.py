@@ -64,11 +64,11 @@ class Heard:
 
     def rows(self, keep: Sequence[int]) -> Heard:
         """Only rows `keep` (in this order)."""
-        index = torch.tensor(list(keep))
-        hidden = {k: v[host_to_device(index, v.device)] for k, v in self.hidden.items()}
+        index = host_to_device(torch.tensor(list(keep)), self.logits.device)  # (the states' device too)
+        hidden = {k: v[index] for k, v in self.hidden.items()}
         tokens, paths = [self.tokens[i] for i in keep], [self.paths[i] for i in keep]
-        logits = self.logits[host_to_device(index, self.logits.device)]
-        return Heard(tokens, paths, hidden, [self.roots[i] for i in keep], self.draft.rows(keep), logits)
+        roots, logits = [self.roots[i] for i in keep], self.logits[index]
+        return Heard(tokens, paths, hidden, roots, self.draft.rows(keep), logits)
 
 
 def depth_for(
@@ -194,9 +194,9 @@ def _read(
 ) -> tuple[Emitted, Heard | None]:
     """The host reads a pass's acceptance (the pass's one wait): each row takes its tokens, the runner's
     and the drafter's counts follow a queued commit; read first, what the drafter is to hear next."""
-    queued = isinstance(flight.accepted, QueuedAcceptance)
-    accs = flight.accepted.result() if isinstance(flight.accepted, QueuedAcceptance) else flight.accepted
-    if queued:  # the runner's and the drafter's counts follow what was queued
+    accs = flight.accepted
+    if isinstance(accs, QueuedAcceptance):  # the runner's and the drafter's counts follow what was queued
+        accs = accs.result()
         ks = [len(a.path) for a in accs]
         if flight.advance:
             runner.advance(ks)
@@ -215,8 +215,7 @@ def _read(
         row.stats.drafted_tokens += draft.sizes[b] - 1
         row.root = acc.next_token
         emitted.append((row.index, take(row, [*ids[1:], row.root], eos)))
-    if queued or drafter is None:
+    if flight.logits is None:  # queued, or plain decoding: the drafter hears nothing now
         return emitted, None
-    assert flight.logits is not None  # read first with a drafter: kept for its `verified` hook
     paths, roots = [a.path for a in accs], [a.next_token for a in accs]
     return emitted, Heard(tokens, paths, flight.hidden, roots, draft, flight.logits)
