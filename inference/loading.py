@@ -22,14 +22,7 @@ from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import check_device, load_dtype
 from spechead.inference.draft_weights import check_draft_settings, quantize_draft
-from spechead.inference.drafter_specs import (
-    BUILTIN_DRAFTERS,
-    TREE_OPTIONS,
-    config_of,
-    is_cascade,
-    is_self_spec,
-    make_drafter,
-)
+from spechead.inference.drafter_specs import TREE_OPTIONS, check_options, make_drafter
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.per_row import RowDrafter
@@ -44,10 +37,8 @@ def merge_head_adapter(target, drafter: str | Drafter | RowDrafter | None):
     """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in; other
     drafters' targets (a method, a drafter object, another head or draft model) pass through. A Hub head
     is read at its default branch, as make_drafter loads it (from_pretrained's `revision` is the target's)."""
-    if not isinstance(drafter, str):  # a drafter object, or None
-        return target
-    method = drafter in BUILTIN_DRAFTERS or is_cascade(drafter) or is_self_spec(drafter)  # no config.json
-    if method or not config_of(drafter, None).get("lora_adapter"):
+    # (a drafter object or None; a method's config: {})
+    if not isinstance(drafter, str) or not check_options(drafter, {}, None).get("lora_adapter"):
         return target
     # a Hub head: its snapshot holds the adapter files
     adapter = directory.adapter_dir(directory.resolve(drafter))
