@@ -22,10 +22,9 @@ def test_plan_of_a_small_tree():
     assert d1["pick"].tolist() == [0, 1]  # nodes 1, 2: ranks 0 and 1 of the root's candidates
     assert d2["expand"].tolist() == [1, 2] and d2["nodes"].tolist() == [3, 4] and d2["need"] == 1
     assert d2["pick"].tolist() == [0, 1] and d2["run_parent"].tolist() == [0, 0]
-    assert d2["run"].tolist() == [1, 2] and torch.equal(d2["allowed"], torch.eye(2, dtype=torch.bool))
-    # node 3 runs at depth 3 after slots 0, 1 (nodes 1, 2): it sees its parent 1's slot and its own
-    assert d3["run"].tolist() == [3] and d3["allowed"].tolist() == [[True, False, True]]
-    # every speculative query at once: nodes 1, 2 (depth 2's run) then node 3, at positions C + 0, 0, 1
+    assert d2["run"].tolist() == [1, 2] and d3["run"].tolist() == [3]
+    # every speculative query at once: nodes 1, 2 (depth 2's run: each sees itself) then node 3, at
+    # positions C + 0, 0, 1, after slots 0, 1: it sees its parent 1's slot and its own
     assert plan.spec_allowed.tolist() == [[True, False, False], [False, True, False], [True, False, True]]
     assert plan.spec_offsets.tolist() == [0, 0, 1]
     # the expanded nodes, depth by depth, as emitted ids (where drawn children's q rows go): 0 | 1, 2 | 3
