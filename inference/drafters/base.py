@@ -109,7 +109,12 @@ class BatchDraft:
 
     @classmethod
     def of(cls, drafts: Sequence[Draft]) -> BatchDraft:
-        """Stack per-row drafts (all with the same rule), padding each to the largest."""
+        """Stack per-row drafts (all with the same rule), padding each to the largest (a batch of one:
+        views of its tensors, no copies)."""
+        if len(drafts) == 1:
+            tree, q = drafts[0].tree, drafts[0].q
+            q = q[None] if q is not None else None
+            return cls(tree.tokens[None], tree.parents[None], [tree.size], drafts[0].rule, q)
         n = max(d.tree.size for d in drafts)
         tokens = torch.stack([_pad(d.tree.tokens, n, int(d.tree.tokens[0])) for d in drafts])  # [B, N]
         parents = torch.stack([_pad(d.tree.parents, n, 0) for d in drafts])  # [B, N]
@@ -213,9 +218,9 @@ class Drafter(DrafterBase, ABC):
 
     def queues(self, batch: int) -> bool:
         """Whether this drafter, for `batch` rows, accepts and drafts from device tensors (`accept_queued`,
-        `propose_queued`, `settle`; greedy rows or rule A). Default: no, the loop reads each acceptance
-        first."""
-        return False
+        `propose_queued`, `settle`; greedy rows or rule A): when its own class defines `accept_queued` (a
+        subclass may hear paths its own way, its `accept`: the loop reads each acceptance first)."""
+        return "accept_queued" in vars(type(self))
 
     @property
     def commit_width(self) -> int:
@@ -236,6 +241,12 @@ class Drafter(DrafterBase, ABC):
 
     def settle(self, ks: Sequence[int]) -> None:  # noqa: B027
         """The host has read each row's K: bookkeeping follows (default: nothing)."""
+
+
+def at_least(name: str, value: object, low: int = 1) -> None:
+    """ValueError unless `value` is an int (not a bool) >= `low`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
 def chain(tokens: list[int], root: int) -> TokenTree:

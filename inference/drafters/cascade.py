@@ -20,10 +20,9 @@ from transformers import DynamicCache, PreTrainedModel
 
 from spechead.heads.hybrid import check_attention_only
 from spechead.inference.acceptance import greedy_accept, sample_accept
-from spechead.inference.drafters.base import Draft, chain
+from spechead.inference.drafters.base import Draft, at_least, chain
 from spechead.inference.drafters.draft_model import (
     DraftModelDrafter,
-    at_least,
     check_vocab,
     run_model,
 )

@@ -119,10 +119,6 @@ class DFlashDrafter(ParallelDrafter):
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
-    def queues(self, batch: int) -> bool:
-        """Yes, a DFlashDrafter itself (a subclass may hear paths its own way: read first)."""
-        return type(self) is DFlashDrafter
-
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
         """`accept` from device tensors: the verified trees' states {l: [B, N, H]}, each row's path

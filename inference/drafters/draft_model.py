@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from spechead.heads.hybrid import check_attention_only
-from spechead.inference.drafters.base import Draft
+from spechead.inference.drafters.base import Draft, at_least
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.kv_cache import cache_length, crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, sample, target_probs
@@ -46,12 +46,6 @@ SAMPLING_RULES = ("iid", "without_replacement", "deterministic")
 # (a LayerSkipDrafter, a DraftModelDrafter over the target's own layers, takes them too).
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 MAX_NODES = 1024  # drafted nodes of a static shape (a width per depth multiplies quickly)
-
-
-def at_least(name: str, value: object, low: int = 1) -> None:
-    """ValueError unless `value` is an int (not a bool) >= `low`."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
 def check_vocab(

@@ -132,10 +132,6 @@ class MedusaDrafter(Drafter):
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
-    def queues(self, batch: int) -> bool:
-        """Yes, a MedusaDrafter itself; a subclass may hear paths its own way (its `accept`): read first."""
-        return type(self) is MedusaDrafter
-
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
         """Each row's next state: the verified trees' states {l: [B, N, H]} at its path's last node (paths

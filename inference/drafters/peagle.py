@@ -185,10 +185,6 @@ class PEagleDrafter(ParallelDrafter):
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 
-    def queues(self, batch: int) -> bool:
-        """Yes, a PEagleDrafter itself (a subclass may hear paths its own way: read first)."""
-        return type(self) is PEagleDrafter
-
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
         """`accept` from device tensors: the verified trees' states {l: [B, N, H]} and tokens [B, N], each

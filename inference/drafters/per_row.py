@@ -87,15 +87,8 @@ class RowLoopDrafter(Drafter):
         sampling: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
     ) -> BatchDraft:
-        drafts = [
-            row.propose(root, params, generator)
-            for row, root, params, generator in zip(self.rows, roots, sampling, generators)
-        ]
-        if len(drafts) == 1:  # a batch of one: views, no copies
-            tree, q = drafts[0].tree, drafts[0].q
-            return BatchDraft(tree.tokens[None], tree.parents[None], [tree.size], drafts[0].rule,
-                              q[None] if q is not None else None)  # fmt: skip
-        return BatchDraft.of(drafts)
+        rows = zip(self.rows, roots, sampling, generators)
+        return BatchDraft.of([row.propose(root, params, generator) for row, root, params, generator in rows])
 
     @inference_mode
     def accept(

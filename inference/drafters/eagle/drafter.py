@@ -24,7 +24,7 @@ from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
-from spechead.inference.drafters.base import BatchDraft, Drafter
+from spechead.inference.drafters.base import BatchDraft, Drafter, at_least
 from spechead.inference.drafters.eagle.graphs import GRAPH_COMMIT, GraphRows
 from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.eagle.sampled_children import check_rule
@@ -70,13 +70,9 @@ class EagleDrafter(Drafter):
         if isinstance(tree, str):
             if tree != "dynamic":
                 raise ValueError(f'tree must be "dynamic" or a list of rank paths, got {tree!r}')
-            for name, value, low in (
-                ("top_k", top_k, 1),
-                ("depth", depth, 1),
-                ("total_tokens", total_tokens, 2),
-            ):
-                if not isinstance(value, int) or value < low:
-                    raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            at_least("top_k", top_k)
+            at_least("depth", depth)
+            at_least("total_tokens", total_tokens, 2)
             if top_k > self._vocab:
                 raise ValueError(f"top_k {top_k} exceeds the head's (draft) vocab size {self._vocab}")
         else:
@@ -178,10 +174,9 @@ class EagleDrafter(Drafter):
     # ---- Drafter: one draft ahead (engine/loop.py), the graphs' ---------------------------------
 
     def queues(self, batch: int) -> bool:
-        """Whether `batch` rows accept and draft from device tensors: compiled as graphs, and the commit of
-        a path fits one graph (P <= GRAPH_COMMIT); an EagleDrafter itself (a subclass may hear paths its own
-        way, its `accept`: read first)."""
-        return type(self) is EagleDrafter and self._graphed(batch) and self.commit_width <= GRAPH_COMMIT
+        """Whether `batch` rows accept and draft from device tensors (the base's rule): compiled as graphs,
+        and the commit of a path fits one graph (P <= GRAPH_COMMIT)."""
+        return super().queues(batch) and self._graphed(batch) and self.commit_width <= GRAPH_COMMIT
 
     @property
     def commit_width(self) -> int:

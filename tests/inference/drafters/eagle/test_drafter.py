@@ -348,6 +348,9 @@ def test_arguments_and_check_target(target) -> None:
         drafter.check_target(H + 1, V, L)
     with pytest.raises(ValueError, match="top_k"):
         EagleDrafter(head, top_k=VD + 1)
+    for name, bad in (("top_k", 0), ("depth", True), ("total_tokens", 1)):  # (drafters/base.at_least)
+        with pytest.raises(ValueError, match=f"{name} must be an int >="):
+            EagleDrafter(head, **{name: bad})
     with pytest.raises(ValueError, match="rank"):
         EagleDrafter(head, tree=[[VD]])
     with pytest.raises(RuntimeError, match="start first"):
