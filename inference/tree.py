@@ -56,14 +56,6 @@ class TokenTree:
                 f"and {self.parents.numel()}"
             )
 
-    @classmethod
-    def trusted(cls, tokens: torch.Tensor, parents: torch.Tensor) -> TokenTree:
-        """A tree whose parents were validated already (e.g. a static tree's, checked once when it was
-        built): skips the per-node check, which a drafter would otherwise pay on every pass."""
-        tree = cls.__new__(cls)
-        tree.tokens, tree.parents = tokens, parents
-        return tree
-
     @property
     def size(self) -> int:
         """N, the number of nodes including the root."""

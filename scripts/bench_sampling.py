@@ -73,7 +73,7 @@ def measure(
     assert torch.equal(nucleus(probs, top_p), sorted_nucleus(probs, top_p))  # the same mask
     whole = torch_probs(logits, params)  # [N, V]
     tokens = torch.cat([torch.zeros(1, dtype=torch.long, device=device), whole[:-1].argmax(-1)])  # [N]
-    chain = TokenTree.trusted(tokens, torch.arange(-1, rows - 1, device=device))  # each node's best child
+    chain = TokenTree(tokens, torch.arange(-1, rows - 1, device=device))  # each node's best child
     siblings = sibling_tree(whole)
     coins = torch.Generator(device=device).manual_seed(1)
     time_it = lambda fn: median_us(fn, repeats, device)  # noqa: E731
@@ -108,9 +108,7 @@ def sibling_tree(probs: torch.Tensor) -> TokenTree:
         parent = 1 if node == width + 1 else node - 1
         tokens.append(int(probs[parent].argmax()))
         parents.append(parent)
-    return TokenTree.trusted(
-        torch.tensor(tokens, device=probs.device), torch.tensor(parents, device=probs.device)
-    )
+    return TokenTree(torch.tensor(tokens, device=probs.device), torch.tensor(parents, device=probs.device))
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,7 @@ def random_tree(g: torch.Generator, n: int, p: torch.Tensor) -> TokenTree:
             tok = int(torch.multinomial(p[par], 1, generator=g))
         parents.append(par)
         tokens.append(tok)
-    return TokenTree.trusted(torch.tensor(tokens), torch.tensor(parents))
+    return TokenTree(torch.tensor(tokens), torch.tensor(parents))
 
 
 def walk_coins(parents: list[int], path: list[int], coins: list[float]) -> list[float]:
@@ -123,7 +123,7 @@ def test_the_rule_draws_the_target_law():
     the tree has (a 3-child root and a chain below the first)."""
     p = torch.tensor([0.5, 0.3, 0.15, 0.05])
     probs = p.expand(5, 4).clone()  # [N, V]: the same law at every node
-    tree = TokenTree.trusted(torch.tensor([0, 1, 0, 3, 2]), torch.tensor([-1, 0, 0, 0, 1]))
+    tree = TokenTree(torch.tensor([0, 1, 0, 3, 2]), torch.tensor([-1, 0, 0, 0, 1]))
     anc = ancestors_on_device(tree.parents[None])
     counts = torch.zeros(4)
     g = make_generator(0)
@@ -135,7 +135,7 @@ def test_the_rule_draws_the_target_law():
 
 
 def test_probs_without_mass_are_one_line():
-    tree = TokenTree.trusted(torch.tensor([0, 1]), torch.tensor([-1, 0]))
+    tree = TokenTree(torch.tensor([0, 1]), torch.tensor([-1, 0]))
     anc = ancestors_on_device(tree.parents[None])
     with pytest.raises(ValueError, match="no positive finite mass"):
         sample_accept_batch(tree.tokens[None], tree.parents[None], anc, torch.zeros(1, 2, V), [None])

@@ -271,7 +271,7 @@ def test_target_rows_are_the_rows_of_target_probs(seed):
     assert rows.shape == logits.shape and rows.device == logits.device and rows.dim() == 2
     for node in range(6):
         assert torch.equal(rows[node], target_probs(logits, params)[node])
-    tree = TokenTree.trusted(torch.tensor([5, 7, 9, 7, 1, 2]), torch.tensor([-1, 0, 0, 1, 3, 3]))
+    tree = TokenTree(torch.tensor([5, 7, 9, 7, 1, 2]), torch.tensor([-1, 0, 0, 1, 3, 3]))
     whole = target_probs(logits, params)
     tree.tokens[1:] = torch.stack([whole[0].argmax(), whole[0].argsort()[-2], whole[1].argmax(),
                                    whole[3].argmax(), whole[3].argsort()[-2]])  # fmt: skip
@@ -321,7 +321,7 @@ def test_host_walk_is_the_torch_walk(rule):
             node: torch.multinomial(q[node], 3, replacement=rule == "iid", generator=g) for node in (0, 1, 2)
         }
         picks = [draws[0][0], draws[0][1], draws[0][2], draws[1][0], draws[1][1], draws[2][0]]  # [N - 1]
-        tree = TokenTree.trusted(torch.stack([torch.tensor(0), *picks]), parents)
+        tree = TokenTree(torch.stack([torch.tensor(0), *picks]), parents)
         a = walk(tree, p, rule, q, make_generator(trial), host=True)
         b = walk(tree, p, rule, q, make_generator(trial), host=False)
         assert (a.path, a.next_token, a.path_tokens) == (b.path, b.next_token, b.path_tokens)
