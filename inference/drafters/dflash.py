@@ -83,7 +83,7 @@ class DFlashDrafter(ParallelDrafter):
         self._commit(
             self._fused(self._padded(hidden, width)), host_to_device(torch.tensor(lengths), self._device())
         )
-        self._move_lengths(lengths)
+        self.settle(lengths)
 
     def _draft(self, roots: Tensor) -> BatchDraft:
         """Every row's tree from its root [B] (device) and its committed context (`_tokens`, compiled
@@ -115,7 +115,7 @@ class DFlashDrafter(ParallelDrafter):
         """Row b's first lengths[b] states {layer: [B, K, H]} (root + accepted drafts) join its context."""
         context = self._fused(hidden)  # [B, K, H]
         self._commit(context, host_to_device(torch.tensor(list(lengths)), context.device))
-        self._move_lengths(lengths)
+        self.settle(lengths)
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
 

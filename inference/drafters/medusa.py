@@ -40,7 +40,6 @@ class MedusaDrafter(Drafter):
     """Static-tree drafting with Medusa heads for B rows (children deterministic: lossless rule A when
     sampling). Row b's tree is the tree a batch of one of that row proposes."""
 
-    commit_width = 1  # `accept_queued` reads each path's last entry only
     tunes_tree = True  # `with_tree` swaps its static tree
 
     def __init__(self, head: MedusaHead, choices: list[list[int]] | None = None):

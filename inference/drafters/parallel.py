@@ -76,11 +76,12 @@ class ParallelDrafter(Drafter):
             self.cache = RowCache(self.head.config.num_layers, batch=rows, max_length=need)
         self.lengths_t = torch.zeros(batch, dtype=torch.long, device=self._device())
 
-    def _move_lengths(self, counts: Sequence[int]) -> None:
-        """Active row b's host length moves by counts[b] (the cache's idle rows stay at 0)."""
+    def settle(self, ks: Sequence[int]) -> None:
+        """The host's committed lengths follow the accept: active row b's moves by ks[b] (queued: once the
+        host has read K; read first: at once), the cache's idle rows stay at 0."""
         assert self.cache is not None
         lengths = self.cache.lengths
-        moved = [n + c for n, c in zip(lengths, counts)]
+        moved = [n + k for n, k in zip(lengths, ks)]
         self.cache.set_lengths(moved + [0] * (len(lengths) - len(moved)))
 
     @inference_mode
@@ -97,10 +98,6 @@ class ParallelDrafter(Drafter):
         self.lengths_t = self.lengths_t[pick]
         return pick
 
-    def settle(self, ks: Sequence[int]) -> None:
-        """The host's committed lengths follow the queued accept (row b: ks[b] positions)."""
-        self._move_lengths(ks)
-
     def _fused(self, states: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [..., n, H]} -> fused [..., n, H] on the head's device, in its dtype."""
         weight = self.head.fc.weight
@@ -108,7 +105,7 @@ class ParallelDrafter(Drafter):
 
     def _path_fused(self, hidden: dict[int, Tensor], paths: Tensor) -> Tensor:
         """Fused states [B, P, H] of each row's path paths [B, P] in the verified trees' {l: [B, N, H]}."""
-        return self._fused(paths_states({layer: hidden[layer] for layer in self.hidden_layers}, paths))
+        return self._fused(paths_states(hidden, paths))
 
     def _padded(self, hidden: Sequence[dict[int, Tensor]], width: int) -> dict[int, Tensor]:
         """Each row's prompt states {layer: [T_b, H]} padded with zeros to {layer: [B, width, H]}."""

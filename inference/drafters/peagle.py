@@ -110,7 +110,7 @@ class PEagleDrafter(ParallelDrafter):
         )
         self.lengths_t = self.lengths_t + counts
         if self.host_counts is not None:  # read first: the host's lengths follow now (queued: `settle`)
-            self._move_lengths(self.host_counts)
+            self.settle(self.host_counts)
             self.host_counts = [0] * batch
         self.pending = (fused[:, :0], next_ids[:, :0], counts)
         return BatchDraft(tokens, self.tree.batch_parents(batch, fused.device), [tokens.shape[1]] * batch)

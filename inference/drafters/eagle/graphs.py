@@ -162,7 +162,7 @@ class GraphRows(EagleRows):
         rows, width, dev = self._capacity, self.drafter.commit_width, self.device
         self._ensure_room(2 * width)  # (this commit, and the next draft before `settle` counts it)
         paths = paths[:, :width]  # [B, P]
-        read = paths_states({layer: hidden[layer] for layer in self.drafter.hidden_layers}, paths)
+        read = paths_states(hidden, paths)  # {l: [B, P, H]}
         # the pairs' own tokens [B, P], K and next token [B]: packed on the device
         packed, states = self._pack(tokens.to(dev).gather(1, paths), ks.to(dev), nexts.to(dev), read, width)
         rows.feature = self._accept(packed, *states)  # [P_rows, H]
