@@ -58,10 +58,9 @@ class SpeculativeGenerator:
     cache: "static" (the default and only back-end: preallocated KV slots, a row per sequence).
     max_cache_len: a fixed KV cache size, checked against every row's prompt + max_new_tokens; None =
     sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
-    compile: the target's verify and commit passes as fixed-shape graphs, one per tree-size bucket and
-    row capacity, and the drafter's own steps (`Drafter.use_compile`: EAGLE's whole draft as one graph);
-    the modes are `compiling.compile_function`'s, "auto" `compiling.resolve_compile`'s (from_pretrained's
-    default); `self.compile` holds what it resolved to.
+    compile: the target's verify and commit passes as fixed-shape graphs (one per tree-size bucket and row
+    capacity) and the drafter's steps (`Drafter.use_compile`); modes: `compiling.compile_function`'s,
+    "auto" (from_pretrained's default): `compiling.resolve_compile`'s; `self.compile`: what it resolved to.
     draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU
     the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
     cache), while the draft's many small ops per depth gain from one compiled graph.
@@ -263,7 +262,13 @@ class SpeculativeGenerator:
         for b, row in enumerate(rows_in):
             try:
                 ids.append(self.prompt_ids(row, kind))
-                self._check_lengths(len(ids[b]), max_new[b])
+                if max_new[b] <= 0:
+                    raise ValueError(f"max_new_tokens must be > 0, got {max_new[b]}")
+                if self.context and len(ids[b]) + max_new[b] > self.context:
+                    raise ValueError(
+                        f"prompt ({len(ids[b])} tokens) + max_new_tokens ({max_new[b]}) exceeds the target's "
+                        f"context of {self.context} tokens: shorten the prompt or lower max_new_tokens"
+                    )
             except ValueError as err:
                 raise ValueError(str(err) if one else f"row {b}: {err}") from None
         params = [SamplingParams(seed=s, **sampling) for s in seeds]  # (temperature, top_k, top_p)
@@ -338,15 +343,6 @@ class SpeculativeGenerator:
         if len(ids) == 0:
             raise ValueError("the prompt is empty: give at least one token")
         return torch.tensor(ids, dtype=torch.long)
-
-    def _check_lengths(self, prompt_len: int, max_new_tokens: int) -> None:
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens}")
-        if self.context and prompt_len + max_new_tokens > self.context:
-            raise ValueError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
-                f"context of {self.context} tokens: shorten the prompt or lower max_new_tokens"
-            )
 
 
 def _drain(passes: Iterator[Emitted]) -> Iterator[Emitted]:
