@@ -13,10 +13,6 @@ waits for the host inside a walk:
   rejected, so untried coins are never read and the path is the walk's. The next token is drawn from p at
   the path's last node with its children's tokens zeroed (none at a leaf: the bonus token).
   Tested against `acceptance.walk` coin by coin.
-
-On the device each row's path has fixed shapes: its nodes ascending then the last one repeated [B, P], its
-length K [B] and the next token [B]. The host form is one copy into pinned memory, read after an event
-behind it (CUDA) or at once.
 """
 
 from __future__ import annotations
@@ -32,8 +28,9 @@ from spechead.inference.sampling import SamplingParams, inverse_cdf, torch_probs
 
 
 class QueuedAcceptance:
-    """Rows' accepted paths on the device: path [B, max(N, size)], k [B], next_token [B]; `result()`
-    gives them on the host. Made by `greedy` or `sampled`."""
+    """Rows' accepted paths on the device in fixed shapes: path [B, max(N, size)] (its nodes ascending,
+    then the last repeated), k [B], next_token [B]; `result()` gives them on the host (one copy into
+    pinned memory, read after an event behind it). Made by `greedy`, `sampled` or `plain`."""
 
     def __init__(
         self, tokens: Tensor, on_path: Tensor, last: Tensor, next_token: Tensor, size: int, vocab: int
@@ -81,9 +78,8 @@ class QueuedAcceptance:
         sizes: Sequence[int] | None = None,
         coins: Tensor | None = None,
     ):
-        """Rule A over deterministic children: the target's probs [B, N, V] at every node (on a GPU all N
-        rows cost about what one does), one generator per row (on probs' device, or None); sizes: each
-        row's real nodes (None: N). A row of size s draws its s - 1 coins from its generator, then its
+        """Rule A over deterministic children: the target's probs [B, N, V] at every node, one generator
+        per row (on probs' device, or None); sizes: each row's real nodes (None: N). A row of size s draws its s - 1 coins from its generator, then its
         next token: a row decodes as it would alone. `coins` [B, N] replaces the drawn uniforms (tests)."""
         batch, n, vocab = probs.shape
         device = probs.device
