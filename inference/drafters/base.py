@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from spechead.inference.acceptance import RULES
 from spechead.inference.devices import host_to_device
@@ -90,6 +91,19 @@ def paths_states(states: dict[int, torch.Tensor], paths: torch.Tensor) -> dict[i
         at = host_to_device(paths, state.device)[:, :, None].expand(-1, -1, state.shape[-1])  # [B, K, H]
         out[layer] = state.gather(1, at)
     return out
+
+
+def padded_prompts(
+    prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], layers: Sequence[int]
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """Prompts [T_b] and their states {layer: [T_b, H]} of `layers` as tokens [B, T] (on the host) and
+    states {layer: [B, T, H]}, T the longest T_b, padded with zeros (a drafter's `start` of B rows)."""
+    longest = max(p.numel() for p in prompts)
+    tokens = torch.zeros(len(prompts), longest, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        tokens[b, : p.numel()] = p
+    pad = lambda x: F.pad(x, (0, 0, 0, longest - x.shape[0]))  # noqa: E731  [T_b, H] -> [T, H]
+    return tokens, {layer: torch.stack([pad(h[layer]) for h in hidden]) for layer in layers}
 
 
 @dataclass

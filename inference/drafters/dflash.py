@@ -25,7 +25,7 @@ from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.fused_block import fused_block
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.base import BatchDraft, padded_prompts
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -80,9 +80,8 @@ class DFlashDrafter(ParallelDrafter):
             self.cache = None
         self._new_rows(batch, 2 * (width + self.tree.depth + 1))  # (room to grow into)
         lengths = [len(p) for p in prompts]
-        self._commit(
-            self._fused(self._padded(hidden, width)), host_to_device(torch.tensor(lengths), self._device())
-        )
+        states = padded_prompts(prompts, hidden, self.hidden_layers)[1]  # {l: [B, T, H]}
+        self._commit(self._fused(states), host_to_device(torch.tensor(lengths), self._device()))
         self.settle(lengths)
 
     def _draft(self, roots: Tensor) -> BatchDraft:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from torch.nn.functional import pad
 
 from spechead.heads.dflash import DFlashHead
 from spechead.heads.grad import inference_mode
@@ -106,13 +105,6 @@ class ParallelDrafter(Drafter):
     def _path_fused(self, hidden: dict[int, Tensor], paths: Tensor) -> Tensor:
         """Fused states [B, P, H] of each row's path paths [B, P] in the verified trees' {l: [B, N, H]}."""
         return self._fused(paths_states(hidden, paths))
-
-    def _padded(self, hidden: Sequence[dict[int, Tensor]], width: int) -> dict[int, Tensor]:
-        """Each row's prompt states {layer: [T_b, H]} padded with zeros to {layer: [B, width, H]}."""
-        return {
-            layer: torch.stack([pad(h[layer], (0, 0, 0, width - h[layer].shape[0])) for h in hidden])
-            for layer in self.hidden_layers
-        }
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)

@@ -33,7 +33,7 @@ from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.base import BatchDraft, padded_prompts
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -71,14 +71,12 @@ class PEagleDrafter(ParallelDrafter):
     ) -> None:
         """New rows: every prompt position is pending (its next token: the prompt's, the root after the last)."""
         device, batch = self._device(), len(prompts)
-        longest = max(p.numel() for p in prompts)
-        tokens = torch.stack([pad(p.reshape(-1).long(), (0, longest - p.numel())) for p in prompts])  # [B, T]
+        tokens, states = padded_prompts(prompts, hidden, self.hidden_layers)  # [B, T], {l: [B, T, H]}
         counts = torch.tensor([p.numel() for p in prompts])  # [B]
         ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
-        fused = self._fused(self._padded(hidden, longest))  # [B, T, H]
-        self.pending = (fused, ids.to(device), host_to_device(counts, device))
+        self.pending = (self._fused(states), ids.to(device), host_to_device(counts, device))
         self.host_counts, self._redo = counts.tolist(), None
-        self._new_rows(batch, 2 * (longest + self.head.block_size))
+        self._new_rows(batch, 2 * (tokens.shape[1] + self.head.block_size))
 
     def _draft(self, roots: Tensor) -> BatchDraft:
         """The pending positions into the head cache and every row's tree from its roots [B] (device):

@@ -28,7 +28,7 @@ from torch import Tensor
 from spechead.heads.grad import inference_mode
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, paths_states
+from spechead.inference.drafters.base import BatchDraft, padded_prompts, paths_states
 from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import batch_capacity
@@ -110,7 +110,7 @@ class GraphRows(EagleRows):
         self._state, self.cache, self.rows = rows, rows.cache, list(range(batch))
         rows.lengths.zero_()
         rows.sync()
-        tokens, states = self._padded(prompts, hidden)  # [B, T], {l: [B, T, H]}
+        tokens, states = padded_prompts(prompts, hidden, self.drafter.hidden_layers)  # [B, T], {l: [B, T, H]}
         lengths = torch.tensor([p.numel() for p in prompts])  # [B]
         # in blocks of PROMPT_BLOCK positions: a block's mask is [P, 1, block, S_max], not the prompt's
         for start in range(0, longest, PROMPT_BLOCK):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft
+from spechead.inference.drafters.base import BatchDraft, padded_prompts
 from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.positions import PositionIds
@@ -98,26 +98,9 @@ class EagleRows:
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
         """`start` in one causal head pass over every row, padded to the longest prompt."""
-        tokens, states = self._padded(prompts, hidden)
+        tokens, states = padded_prompts(prompts, hidden, self.drafter.hidden_layers)
         self._new_cache(len(prompts), tokens.shape[1])
         self.accept(tokens, [p.numel() for p in prompts], states, roots)
-
-    def _padded(
-        self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]]
-    ) -> tuple[Tensor, dict[int, Tensor]]:
-        """Prompts [T_b] and their states {l: [T_b, H]} as tokens [B, T] and states {l: [B, T, H]}
-        (T the longest T_b), padded with zeros."""
-        longest = max(p.numel() for p in prompts)
-        tokens = torch.zeros(len(prompts), longest, dtype=torch.long)
-        for b, p in enumerate(prompts):
-            tokens[b, : p.numel()] = p
-        states = {}
-        for layer in self.drafter.hidden_layers:
-            rows = [h[layer] for h in hidden]
-            states[layer] = rows[0].new_zeros(len(rows), longest, rows[0].shape[-1])
-            for b, h in enumerate(rows):
-                states[layer][b, : h.shape[0]] = h
-        return tokens, states
 
     @inference_mode
     def propose(
