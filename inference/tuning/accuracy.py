@@ -124,9 +124,8 @@ def _eagle(head: EagleHead | Eagle3Head, depth: int | None) -> tuple[int, Drafts
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
         fused = head.features([hidden[layer].to(weight.device, weight.dtype)[None] for layer in layers])
-        out = torch.stack(ttt_forward(head, fused, seq[None].to(weight.device), None, steps), 2)[
-            0
-        ]  # [T, D, H]
+        outputs = ttt_forward(head, fused, seq[None].to(weight.device), None, steps)  # D x [1, T, H]
+        out = torch.stack(outputs, 2)[0]  # [T, D, H]
         ahead = torch.arange(steps)  # (positions past T have no token: clamped, never counted)
         return lambda a: head.logits(out[(a[:, None] + ahead).clamp(max=len(seq) - 1), ahead])
 
