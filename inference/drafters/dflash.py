@@ -35,6 +35,7 @@ class DFlashDrafter(ParallelDrafter):
     number of rows. tree: "chain", or rank paths over the block's positions (see `block_tree`)."""
 
     head: DFlashHead
+    eager_reads_whole_cache = True  # (`_kv`: the cache's every slot, masked by the lengths)
 
     def __init__(self, head: DFlashHead, tree: str | list[list[int]] = "chain"):
         if isinstance(tree, str) and tree != "chain":
@@ -76,8 +77,6 @@ class DFlashDrafter(ParallelDrafter):
     ) -> None:
         """New rows: each prompt's states {layer: [T_b, H]} become its committed context."""
         batch, width = len(prompts), max(len(p) for p in prompts)
-        if not self._compile:  # eager, the draft attends over the whole cache: sized for these rows
-            self.cache = None
         self._new_rows(batch, 2 * (width + self.tree.depth + 1))  # (room to grow into)
         lengths = [len(p) for p in prompts]
         states = padded_prompts(prompts, hidden, self.hidden_layers)[1]  # {l: [B, T, H]}

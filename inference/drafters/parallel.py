@@ -47,6 +47,9 @@ class ParallelDrafter(Drafter):
     sampling). A subclass drafts in `_draft` (host bookkeeping around `_draft_fn`) and `_tokens`."""
 
     tunes_tree = True
+    # an eager draft attends over the cache's every slot (DFlash), not only up to its longest row: a start
+    # then sizes a new cache for its rows instead of keeping a larger one
+    eager_reads_whole_cache = False
 
     def __init__(self, head: PEagleHead | DFlashHead, tree: BlockTree) -> None:
         self.head = head.eval()
@@ -67,9 +70,10 @@ class ParallelDrafter(Drafter):
 
     def _new_rows(self, batch: int, need: int) -> None:
         """B new rows at length 0 in a cache of >= `need` slots: the kept one when its rows fit (compiled,
-        a pass replays over its buffers), else a new one."""
+        a pass replays over its buffers; eager, unless `eager_reads_whole_cache`), else a new one."""
         cache, rows = self.cache, self._capacity(batch)
-        if cache is not None and cache.batch == rows and cache.max_length >= need:
+        kept = self._compile or not self.eager_reads_whole_cache
+        if kept and cache is not None and cache.batch == rows and cache.max_length >= need:
             cache.set_lengths([0] * rows)
         else:
             self.cache = RowCache(self.head.config.num_layers, batch=rows, max_length=need)

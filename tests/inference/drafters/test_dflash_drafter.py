@@ -110,3 +110,17 @@ def test_parallel_drafters_draft_through_the_fused_chain(tiny_llama, chatml_toke
     model = tiny_llama(len(chatml_tokenizer), layers=2, hidden=32, seed=3)
     assert isinstance(parallel_drafter(peagle_head(model, None), "peagle_chain").head_step, _FusedStep)
     assert isinstance(parallel_drafter(dflash_head(model, None), "dflash_chain").head_forward, _FusedBlock)
+
+
+def test_an_eager_start_sizes_the_cache_for_its_rows(model):
+    """DFlash's eager draft attends over the cache's every slot, so a start after a longer one makes a cache
+    sized for its own rows (P-EAGLE keeps a fitting one: its draft reads only up to the longest row)."""
+    from spechead.inference.target.runner import TargetRunner
+
+    drafter = drafter_for(model, block_size=4)
+    runner = TargetRunner(model, drafter.hidden_layers)
+    long, short = torch.arange(3, 40), torch.arange(3, 8)
+    for prompt in (long, short):
+        drafter.start([prompt], [runner.prefill([prompt])[1][0]], [3])
+        assert drafter.cache is not None
+        assert drafter.cache.max_length == 2 * (len(prompt) + drafter.tree.depth + 1)
