@@ -37,6 +37,7 @@ class CascadeDrafter(RowDrafter):
     chains of `tiny_draft` tokens. Both models must share the target's tokenizer."""
 
     rule = "iid"  # sampled: the medium model's tokens are draws from its q (rule B)
+    cache: DynamicCache  # the medium's (made by start): a prefix of context + chain
 
     def __init__(
         self, tiny: PreTrainedModel, medium: PreTrainedModel, num_draft: int = 8, tiny_draft: int = 4
@@ -47,13 +48,11 @@ class CascadeDrafter(RowDrafter):
         medium_vocab = medium.get_output_embeddings().weight.shape[0]
         fix = "both must use the target's tokenizer"
         check_vocab(tiny, medium_vocab, "cascade: the tiny model", fix, other="the medium")
-        # Both models are attributes of this object so per-row clones share them (drafters/base.clone_drafter).
-        self.tiny_model, self.medium = tiny.eval(), medium.eval()
+        self.medium = medium.eval()
         self.tiny = DraftModelDrafter(tiny, tiny_draft)  # a chain, rule "iid" under sampling
         self.num_draft, self.tiny_draft = num_draft, tiny_draft
         self.max_nodes = num_draft + 1
         self.eos = eos_ids(medium)  # the chain stops there: tokens after an EOS are never emitted
-        self.cache: DynamicCache | None = None  # the medium's: a prefix of context + chain
         self.context: list[int] = []  # tokens in the target's cache (the root not yet)
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
@@ -68,14 +67,11 @@ class CascadeDrafter(RowDrafter):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.context += tokens.tolist()  # root + accepted drafts: a prefix of the proposed chain
         # Both caches hold a prefix of context + chain: keep what the target accepted, drop the rest.
-        assert self.cache is not None  # start made it
         crop(self.cache, min(cache_length(self.cache), len(self.context)))
         self.tiny.rewind([*self.context, next_root])
 
     @torch.inference_mode()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        if self.cache is None:
-            raise RuntimeError("CascadeDrafter.propose called before start")
         seq = [*self.context, root]  # grows with the medium's verified tokens
         start = len(seq)
         rows: list[torch.Tensor] = []  # [V] each: the medium's distribution at tree node i (sampling)
@@ -98,7 +94,6 @@ class CascadeDrafter(RowDrafter):
         correction/bonus) and its distributions [V] at the inner root and each accepted draft."""
         draft = self.tiny.propose(seq[-1], sampling, generator)  # chain rooted at seq[-1], q = tiny's
         cache = self.cache
-        assert cache is not None  # propose checked it
         done = cache_length(cache)
         n = draft.tree.size  # the inner root (seq[-1]) + the tiny's drafts
         fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet

@@ -28,6 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from spechead.heads.hybrid import check_attention_only
+from spechead.inference.acceptance import RULES
 from spechead.inference.drafters.base import Draft, at_least
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.kv_cache import cache_length, crop, croppable_cache
@@ -41,7 +42,6 @@ from spechead.inference.tree import (
     tree_inputs_on_device,
 )
 
-SAMPLING_RULES = ("iid", "without_replacement", "deterministic")
 # DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule
 # (a LayerSkipDrafter, a DraftModelDrafter over the target's own layers, takes them too).
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
@@ -99,6 +99,8 @@ def width_tree(widths: list[int]) -> StaticTree:
 class DraftModelDrafter(RowDrafter):
     """Chains or token trees from a small causal LM with its own KV cache (kept to committed tokens)."""
 
+    cache: DynamicCache  # made by start
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -114,8 +116,8 @@ class DraftModelDrafter(RowDrafter):
         at_least("num_draft", num_draft)
         if depth is not None:
             at_least("depth", depth)
-        if rule is not None and rule not in SAMPLING_RULES:
-            raise ValueError(f"rule must be one of {SAMPLING_RULES}, got {rule!r}")
+        if rule is not None and rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
         # (its tree drafts and crops would corrupt a recurrent state: one line, not a wrong draft cache)
         check_attention_only(model.config, "drafting with it", "use an attention-only draft model")
         self.model = model.eval()
@@ -130,7 +132,7 @@ class DraftModelDrafter(RowDrafter):
                     f'tree="dynamic" keeps the best-scored nodes, which biases sampled children: '
                     f"use rule=deterministic (top-k children, lossless rule A), not {rule!r}"
                 )
-            rule, self.depth = "deterministic", depth or num_draft
+            self.rule, self.depth = "deterministic", depth or num_draft
             _check_attention(model)
         else:
             if isinstance(tree, str):
@@ -146,14 +148,11 @@ class DraftModelDrafter(RowDrafter):
                 self.shape = width_tree(widths)
             self.depth = int(self.shape.depth.max())
             branching = int(torch.bincount(self.shape.parents[1:], minlength=self.shape.size).max())
-            rule = rule or ("iid" if branching == 1 else "without_replacement")
+            self.rule = rule or ("iid" if branching == 1 else "without_replacement")
             if branching > 1:
                 _check_attention(model)
-        assert rule is not None  # every branch above picked one
-        self.rule = rule  # how sampled decoding picks and verifies children
         self.num_draft = self.depth  # (the old name: the chain length)
         self.top_k, self.total_tokens = top_k, total_tokens
-        self.cache: DynamicCache | None = None
         self.pending: list[int] = []  # committed tokens not yet in the draft cache
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
@@ -170,16 +169,12 @@ class DraftModelDrafter(RowDrafter):
         """Continue from `sequence` (committed tokens, the root last) when the draft cache holds a prefix
         of it, possibly followed by tokens that were not kept (a cascade level rolled back): the cache
         is cropped to the shared prefix, the rest becomes pending."""
-        if self.cache is None:
-            raise RuntimeError("DraftModelDrafter.rewind called before start")
         keep = min(cache_length(self.cache), len(sequence) - 1)
         crop(self.cache, keep)
         self.pending = list(sequence[keep:])
 
     @torch.inference_mode()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        if self.cache is None:
-            raise RuntimeError("DraftModelDrafter.propose called before start")
         # (logits_to_keep=1: the prompt's [T, V] logits would be wasted, and large)
         logits = run_model(self.model, self.cache, self.pending, logits_to_keep=1)
         self.pending = []
@@ -253,7 +248,6 @@ class _Grower:
 
     def __init__(self, drafter: DraftModelDrafter, root: int, root_logits: torch.Tensor):
         self.model, self.cache, self.sliding = drafter.model, drafter.cache, drafter.sliding
-        assert self.cache is not None  # propose checked it
         self.committed = cache_length(self.cache)  # C
         self.tok, self.par, self.dep, self.score = [root], [-1], [0], [0.0]
         self.logits = {0: root_logits}

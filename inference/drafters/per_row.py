@@ -50,14 +50,16 @@ def clone_drafter(drafter: RowDrafter) -> RowDrafter:
     memo: dict[int, object] = {}
 
     def share(obj: object) -> None:
-        if isinstance(obj, nn.Module) and id(obj) not in memo:
+        if isinstance(obj, RowDrafter):  # and the drafters it holds (a cascade's tiny one)
+            for value in vars(obj).values():
+                share(value)
+        elif isinstance(obj, nn.Module) and id(obj) not in memo:
             for module in obj.modules():
                 memo[id(module)] = module
                 for value in vars(module).values():  # modules attached outside _modules (target lm_head)
                     share(value)
 
-    for value in vars(drafter).values():
-        share(value)
+    share(drafter)
     return copy.deepcopy(drafter, memo)
 
 

@@ -201,7 +201,7 @@ class TinyQ(CascadeDrafter):
 
     def propose(self, root, sampling, generator):
         right = super().propose(root, sampling, generator)
-        q = run_along(self.tiny_model, [*self.context, root], right.tree.tokens[1:].tolist())
+        q = run_along(self.tiny.model, [*self.context, root], right.tree.tokens[1:].tolist())
         return Draft(right.tree, rule="iid", q=q)
 
 
