@@ -228,27 +228,28 @@ def calibrated_choices(
     accuracy: torch.Tensor,
     max_nodes: int = 64,
     timed_as: TimedAs = EAGER,
+    batch: int = 1,
 ) -> tuple[list[list[int]], dict]:
-    """The static tree with the best expected speedup measured on this device, and what was measured; the
-    target's passes and the draft run as `timed_as` says (eager by default)."""
+    """The static tree with the best expected speedup for `batch` rows measured on this device, and what
+    was measured; the target's passes and the draft run as `timed_as` says (eager by default)."""
     sizes = tuple(s for s in SIZES if s <= max_nodes + 1)
-    verify = verify_cost_ms(model, sizes, compile=timed_as.target)
+    verify = verify_cost_ms(model, sizes, compile=timed_as.target, batch=batch)
     info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
     info["timed_as"] = {"target": timed_as.target, "draft": timed_as.draft}
     info["pass_ms"] = commit_cost_ms(model, compile=timed_as.target)
     if family_of(drafter.head.config).drafts_per_depth and timed_as.draft:
-        info["draft_ms_per_depth"] = compiled_depth_cost_ms(drafter, timed_as.draft)
+        info["draft_ms_per_depth"] = compiled_depth_cost_ms(drafter, timed_as.draft, batch=batch)
         compiled = drafter.with_tree([[0]])
         compiled.use_compile(timed_as.draft)
         info["pass_ms"] += eagle_accept_cost_ms(compiled)  # (its commit as one graph)
     elif family_of(drafter.head.config).drafts_per_depth:
-        info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4)
+        info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4, batch=batch)
         info["pass_ms"] += eagle_accept_cost_ms(drafter)
     else:  # Medusa, P-EAGLE, DFlash: one pass for every depth, whatever the tree
         device = next(model.parameters()).device  # the target's states live where the target runs
         width = model.config.get_text_config().hidden_size
         state = {layer: torch.randn(1, width, device=device) for layer in drafter.hidden_layers}  # [1, H]
-        info["draft_ms"] = _drafter_ms(drafter, propose_timer(drafter, state), 7)
+        info["draft_ms"] = _drafter_ms(drafter, propose_timer(drafter, state, batch), 7)
     return best_for_costs(accuracy, info, max_nodes), info
 
 

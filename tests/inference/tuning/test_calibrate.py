@@ -313,7 +313,7 @@ def test_an_eagle_pass_pays_the_commit_and_the_accept(tiny_target_dir, tmp_path,
     gen = SpeculativeGenerator.from_pretrained(str(tiny_target_dir), str(tmp_path / "head"), calibrate=False)
     monkeypatch.setattr(calibrate, "commit_cost_ms", lambda model, compile=False: 3.0)
     monkeypatch.setattr(calibrate, "eagle_accept_cost_ms", lambda drafter: 2.0)
-    monkeypatch.setattr(calibrate, "eagle_depth_cost_ms", lambda drafter, width: 0.5)
+    monkeypatch.setattr(calibrate, "eagle_depth_cost_ms", lambda drafter, width, batch: 0.5)
     _, info = calibrated_choices(gen.target, gen.drafter, torch.tensor(ACCURACY), max_nodes=4)
     assert info["pass_ms"] == 5.0 and info["draft_ms_per_depth"] == 0.5
 
