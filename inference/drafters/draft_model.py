@@ -68,17 +68,12 @@ def run_model(
 def parse_width(width: int | str | Sequence[int]) -> list[int]:
     """Children per node at each depth: 4 -> [4], "4x2x2x1" -> [4, 2, 2, 1], [4, 2] -> [4, 2]."""
     if isinstance(width, str):
-        parts = width.lower().split("x")
-        if not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"width {width!r}: give an int or one int per depth like 4x2x2x1")
-        values = [int(p) for p in parts]
-    elif isinstance(width, int) and not isinstance(width, bool):
-        values = [width]
-    else:  # a bool, a float, None: the one clear error below, never a TypeError from list()
-        values = list(cast(Sequence[int], width)) if isinstance(width, Sequence) else []
+        values: list[object] = [int(p) if p.strip().isdigit() else p for p in width.lower().split("x")]
+    else:  # a bool, a float, None: the one error below, never a TypeError from list()
+        values = list(width) if isinstance(width, Sequence) else [width]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
-        raise ValueError(f"width must be ints >= 1 (one per depth), got {width!r}")
-    return values
+        raise ValueError(f"width must be ints >= 1, one per depth (4, [4, 2] or 4x2x2x1), got {width!r}")
+    return cast(list[int], values)
 
 
 def width_tree(widths: list[int]) -> StaticTree:

@@ -42,9 +42,7 @@ def default_skip(num_layers: int) -> list[int]:
 
 def parse_layers(value: int | str | Sequence[int], num_layers: int) -> list[int]:
     """Layer indices from 3, "2+3+6", "4-7" (a range, both ends), "1+4-6" or [2, 3]; sorted, checked."""
-    if isinstance(value, bool):
-        raise ValueError(f"skip layers must be layer indices, got {value!r}")
-    if isinstance(value, int):
+    if isinstance(value, int):  # a bool too: refused as no int below
         layers = [value]
     elif isinstance(value, str):
         layers = []

@@ -77,8 +77,7 @@ class RowLoopDrafter(Drafter):
     def start(
         self, prompts: Sequence[torch.Tensor], hidden: Sequence[dict[int, torch.Tensor]], roots: Sequence[int]
     ) -> None:
-        one = len(prompts) == 1
-        self.rows = [self.drafter] if one else [clone_drafter(self.drafter) for _ in prompts]
+        self.rows = [self.drafter] if len(prompts) == 1 else [clone_drafter(self.drafter) for _ in prompts]
         for row, prompt, states, root in zip(self.rows, prompts, hidden, roots):
             row.start(prompt, states, root)
 
