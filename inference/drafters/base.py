@@ -1,19 +1,14 @@
 """The one interface the decoding engine talks to: `Drafter`, over B rows (a batch of one is a batch).
 
-Timeline of one row: the prompt is prefilled into the target's cache; the target's next token becomes
-the ROOT (emitted, not yet cached). Each pass the drafter proposes a tree rooted at each row's root
-(`propose` -> `BatchDraft`); the target verifies all nodes in one pass; the accepted path (root +
-accepted drafts) is kept in the target cache and `accept_paths` tells the drafter which tokens became
-real, with the target's hidden states, and the new roots. `keep` drops finished rows; `start` begins new
-sequences. The optional `verified` hook hands over the target's logits at EVERY node of the trees it
-verified (lookahead decoding reads its Jacobi guesses there), before the accept.
+A row's ROOT is the target's last token (emitted, not yet cached). Each pass the drafter proposes a tree
+rooted at each row's root (`propose` -> `BatchDraft`), the target verifies every node in one pass and
+keeps the accepted path (root + accepted drafts), and `accept_paths` tells the drafter which tokens
+became real, with the target's states, and the next roots.
 
-A drafter with heads implements `Drafter` itself (EAGLE, Medusa, P-EAGLE, DFlash: one head call over
-every row). A drafter that is per row by nature (prompt lookup, lookahead, draft models) implements
-`per_row.RowDrafter`, the same timeline for one row, and the engine runs it through `per_row.rows_drafter`
-(a per-row clone each, shared weights). Either way row b's tree must be the tree its batch-1 run would
-propose (up to float rounding of batched matmuls), and a drafter that samples draws only from row b's own
-generator, so every row keeps its batch-1 output. `DrafterBase` is what the generator reads of either.
+Heads implement `Drafter` (one head call over every row); a drafter that is per row by nature implements
+`per_row.RowDrafter`. Either way row b's tree is the one its batch-1 run would propose (up to float
+rounding), and a sampling drafter draws only from row b's own generator: every row keeps its batch-1
+output. `DrafterBase` is what the generator reads of any drafter.
 """
 
 from __future__ import annotations
@@ -55,14 +50,12 @@ class Draft:
 
 
 class DrafterBase:
-    """What the generator reads of any drafter, a `Drafter` or a per-row `RowDrafter`: the target layers
-    it reads, its static tree, its largest tree, the target check and compiling."""
+    """What the generator reads of any drafter, a `Drafter` or a per-row `RowDrafter`."""
 
     #: HF hidden-state indices of the target the drafter reads (captured during prefill and verify).
     hidden_layers: tuple[int, ...] = ()
     choices: list[list[int]] | None = None  # its static tree's rank paths (None: dynamic trees or none)
-    #: Optional: the most nodes (root included) a proposed tree can have; the target runner reserves
-    #: that much KV scratch after prompt + max_new_tokens (near a fixed cache's end trees are cut to fit).
+    #: the most nodes (root included) a proposed tree can have (the runner reserves that much KV scratch)
     max_nodes: int = 64
     #: whether `with_tree` swaps its tree (heads, whose trees are tuned per device and batch size)
     tunes_tree: bool = False
@@ -79,8 +72,7 @@ class DrafterBase:
         raise NotImplementedError(f"{type(self).__name__} has no tree of ranks to swap")
 
     def use_compile(self, compile: bool | str) -> None:  # noqa: B027
-        """Run the drafter's own forwards under torch.compile (SpeculativeGenerator(compile=...) calls
-        it; default: nothing to compile)."""
+        """Run the drafter's own forwards under torch.compile (default: nothing to compile)."""
 
 
 def paths_states(states: dict[int, torch.Tensor], paths: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -176,8 +168,7 @@ class BatchDraft:
 
 
 class Drafter(DrafterBase, ABC):
-    """Drafts for B rows at once, a batch of one too (see the module doc); rows are indexed 0..B-1 in the
-    decoding loop's current order."""
+    """Drafts for B rows at once; rows are indexed 0..B-1 in the decoding loop's current order."""
 
     @abstractmethod
     def start(
@@ -210,8 +201,8 @@ class Drafter(DrafterBase, ABC):
         """Keep only these rows (in this order)."""
 
     def verified(self, draft: BatchDraft, logits: torch.Tensor) -> None:  # noqa: B027
-        """Optional (default: nothing): the target's logits [B, N, V] at every node of `draft` as
-        verified, right after the pass and before the next `accept` (see `RowDrafter.verified`)."""
+        """Optional: the target's logits [B, N, V] at every node of `draft` as verified, before the next
+        `accept` (lookahead reads its Jacobi guesses there)."""
 
     def accept_paths(
         self,
@@ -231,9 +222,8 @@ class Drafter(DrafterBase, ABC):
     # ---- one draft ahead: the accepted paths still on the device (engine/loop.py) ----------------------
 
     def queues(self, batch: int) -> bool:
-        """Whether this drafter, for `batch` rows, accepts and drafts from device tensors (`accept_queued`,
-        `propose_queued`, `settle`; greedy rows or rule A): when its own class defines `accept_queued` (a
-        subclass may hear paths its own way, its `accept`: the loop reads each acceptance first)."""
+        """Whether, for `batch` rows, it accepts and drafts from device tensors (`accept_queued`,
+        `propose_queued`, `settle`; greedy rows or rule A): when its own class defines `accept_queued`."""
         return "accept_queued" in vars(type(self))
 
     @property
@@ -254,7 +244,7 @@ class Drafter(DrafterBase, ABC):
         raise NotImplementedError
 
     def settle(self, ks: Sequence[int]) -> None:  # noqa: B027
-        """The host has read each row's K: bookkeeping follows (default: nothing)."""
+        """The host has read each row's K (default: nothing to follow)."""
 
 
 def at_least(name: str, value: object, low: int = 1) -> None:
@@ -273,5 +263,4 @@ def chain(tokens: list[int], root: int) -> TokenTree:
 
 
 def _pad(x: torch.Tensor, n: int, fill: int) -> torch.Tensor:
-    """x [N_b] padded to [n] with `fill`."""
     return torch.cat([x, x.new_full((n - x.numel(),), fill)]) if x.numel() < n else x
