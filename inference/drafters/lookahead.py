@@ -1,21 +1,14 @@
 """Lookahead decoding (Fu et al. 2024): Jacobi iterations over a 2D window + an n-gram pool, no draft model.
 
-Each pass sends ONE tree with two branches under the root (the last emitted token):
-- verification: up to `candidates` pool n-grams starting with the root, merged into a trie, newest first;
-- lookahead: the window, `ngram - 1` levels x `window` columns of guessed tokens; cell (l, c) sits at
-  offset c + l + 1 after the root: level 0 is a chain off the root, each column's higher levels a chain
-  off its level-0 cell.
-That is the paper's lookahead mask exactly: cell (l, c) attends to the level-0 cells of columns <= c and
-its own column below l, which are its tree ancestors at consecutive offsets (position = depth).
-Verifying the window too stays lossless: every node is a deterministic function of past passes (rule A).
+Each pass sends ONE tree under the root (the last emitted token): up to `candidates` pool n-grams that
+start with the root, merged into a trie, and the window, `ngram - 1` levels x `window` columns of
+guesses (level 0 a chain off the root, each column's higher levels a chain off its level-0 cell). That is
+the paper's lookahead mask: cell (l, c) attends to the level-0 cells of columns <= c and its own column
+below l, its tree ancestors (position = depth). Every node is a deterministic function of past passes and
+the Jacobi outputs are argmax also when sampling, so verifying the window stays lossless (rule A).
 
-`verified` reads the target's argmax at the top level: column c's next Jacobi guess, and with the
-column an N-gram for the pool. `accept` shifts the window by the emitted tokens (new (l, c) = old
-(l + 1, c + k - 1), the new top level = the outputs, vacated cells refilled from the sequence) and adds
-the emitted text's N-grams to the pool (a dict first token -> recent continuations, bounded per key,
-for one sequence; seeded with the prompt's by `pool_from_prompt`). The window starts from prompt
-tokens (fixed seed), and the Jacobi outputs are argmax also when sampling, so the tree stays
-deterministic.
+`verified` reads the target's argmax at the top level (each column's next guess, and an n-gram for the
+pool); `accept` shifts the window by the emitted tokens (`jacobi_update`) and pools their n-grams.
 """
 
 from __future__ import annotations
@@ -57,9 +50,8 @@ def window_ngrams(window: Window, top: list[int | None]) -> list[tuple[int, ...]
 def jacobi_update(window: Window, top: list[int | None], shift: int, fill: list[int]) -> Window:
     """The window after the root moved `shift` >= 1 tokens on; top [W] = target argmax at the top level.
 
-    new[l][c] = window[l + 1][c + shift - 1] and new[L-1][c] = top[c + shift - 1] (each cell keeps its
-    absolute offset); cells whose source is gone (past the window, or a top output not computed) take
-    tokens from `fill` in order (cycled).
+    new[l][c] = window[l + 1][c + shift - 1], new[L-1][c] = top[c + shift - 1] (each cell keeps its
+    absolute offset); a cell whose source is gone takes the next token of `fill` (cycled).
     """
     levels, width = len(window), len(window[0])
     rows: list[Sequence[int | None]] = [*window[1:], top]
@@ -76,10 +68,8 @@ def jacobi_update(window: Window, top: list[int | None], shift: int, fill: list[
 
 
 def candidate_trie(conts: list[tuple[int, ...]], offset: int) -> tuple[list[int], list[int]]:
-    """Continuations merged into a trie below the root: (tokens, parents) of its nodes, in insertion order.
-
-    Parents index the whole tree: the root is 0 and the trie's first node gets index `offset`.
-    """
+    """Continuations merged into a trie below the root: (tokens, parents) of its nodes, in insertion order;
+    parents index the whole tree (the root 0, the trie's first node `offset`)."""
     tokens: list[int] = []
     parents: list[int] = []
     index: dict[tuple[int, ...], int] = {(): 0}
@@ -106,11 +96,10 @@ def window_nodes(window: Window, offset: int) -> tuple[list[int], list[int], lis
 
 
 class LookaheadDrafter(RowDrafter):
-    """Lookahead decoding: a `window` x (`ngram` - 1) Jacobi window and up to `candidates` pool n-grams.
+    """A `window` x (`ngram` - 1) Jacobi window and up to `candidates` pool n-grams (rule A).
 
-    pool_size: continuations kept per first token. pool_from_prompt: seed the pool with the prompt's
-    n-grams. seed: the fixed seed of the initial window guesses (drawn from the prompt). Children are
-    deterministic (rule A under sampling); greedy output equals plain decoding.
+    pool_size: continuations kept per first token (the pool: the prompt's n-grams if pool_from_prompt,
+    then the emitted ones). seed: of the initial window guesses, drawn from the prompt.
     """
 
     def __init__(

@@ -1,7 +1,6 @@
-"""Drafters that are per row by nature (prompt lookup, lookahead, draft models, ...): `RowDrafter`, one
-row's timeline, and `RowLoopDrafter`, which puts one per-row clone per row (own state, the SAME modules)
-behind the engine's `Drafter` interface, making exactly the calls of a batch-1 run: row b proposes its
-batch-1 trees and draws only from its own generator."""
+"""Drafters that are per row by nature (prompt lookup, lookahead, draft models): `RowDrafter`, and
+`RowLoopDrafter`, one clone per row (own state, the SAME modules) behind the engine's `Drafter`, making
+exactly the calls of a batch-1 run."""
 
 from __future__ import annotations
 
@@ -34,14 +33,12 @@ class RowDrafter(DrafterBase, ABC):
         """tokens [K] (root + accepted drafts) joined the target cache with states {layer: [K, H]}."""
 
     def verified(self, tree: TokenTree, logits: torch.Tensor) -> None:  # noqa: B027
-        """Optional (default: nothing): the target's logits [N, V] at every node of `tree`, the tree as
-        verified (the proposed one, or its first nodes when cut to fit a fixed cache). Called once per
-        pass, before `accept`, only when decoding goes on; logits stay on the target's device."""
+        """Optional: the target's logits [N, V] (on its device) at every node of `tree` as verified (its
+        first nodes when cut to fit a fixed cache); once per pass, before `accept`, while decoding goes on."""
 
 
 def rows_drafter(drafter: Drafter | RowDrafter) -> Drafter:
-    """The drafter the engine runs: a `Drafter` as it is (any B; its `start` resets it), a `RowDrafter`
-    behind per-row clones (`RowLoopDrafter`)."""
+    """The drafter the engine runs: a `Drafter` as it is (its `start` resets it), else a `RowLoopDrafter`."""
     return drafter if isinstance(drafter, Drafter) else RowLoopDrafter(drafter)
 
 
