@@ -8,7 +8,6 @@ fused kernels. On a CPU (no device kernels) the host ops are counted instead.
 from __future__ import annotations
 
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,16 +70,8 @@ def _sync(device: torch.device) -> None:
 def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 0) -> float:
     """Median wall ms of fn() over `iters` calls after `warmup` untimed ones, the device synchronised
     around each call. Wall time is what decoding pays (CPU time would miss torch's intra-op threads)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(times)
+    timer = Timer(torch.device("cpu"), iters, warmup)  # (host clock stamps around a synced call)
+    return timer.ms(lambda: (fn(), _sync(device)), setup=lambda: _sync(device))
 
 
 def profile_part(
