@@ -1,14 +1,10 @@
 """Self-speculative drafting: the target drafts for itself with some decoder layers skipped (Draft &
 Verify) or by exiting early through its own final norm and lm_head (LayerSkip-style); no extra weights.
 
-The draft model is a VIEW of the target (`skip_view`): shallow copies of the causal-LM wrapper, the
-decoder, the kept layers and their attention modules, sharing every parameter with the target and never
-modifying it. The copies carry no hooks (the runner's capture never fires for a draft pass), the kept
-layers' attention is renumbered 0..K-1 (`layer_idx` indexes the draft cache) and the view's config says
-K layers. Early exit at layer k is the skip set {k, ..., L-1}. On the view, `LayerSkipDrafter` is a
-`DraftModelDrafter` (its shapes and lossless rules) with its OWN cache of committed tokens: the target's
-cache layout belongs to the runner, and reusing its first-k-layer K/V would save only the prompt's
-prefill through the kept layers.
+The draft model is a VIEW of the target (`skip_view`) sharing every parameter and never modifying it; on
+it `LayerSkipDrafter` is a `DraftModelDrafter` with its OWN cache of committed tokens (the target's cache
+belongs to the runner; reusing its first layers' K/V would save only the prompt's prefill). Early exit
+at layer k is the skip set {k, ..., L-1}.
 
 A drafter file (`save_drafter_file`, from scripts/search_skip.py) is JSON: {"drafter": "layer_skip",
 "skip_layers": [...], "num_layers": L, "num_draft": k} or {"drafter": "early_exit", "exit_layer": k, ...};
@@ -35,8 +31,7 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def default_skip(num_layers: int) -> list[int]:
-    """Every other layer from the second to the second-to-last (first and last layers kept):
-    8 layers -> [1, 3, 5], 32 -> [1, 3, ..., 29]."""
+    """Every other layer from the second to the second-to-last: 8 layers -> [1, 3, 5]."""
     return list(range(1, num_layers - 1, 2))
 
 
@@ -78,7 +73,9 @@ def _light_copy(module: M) -> M:
 
 
 def skip_view(target: PreTrainedModel, skip: Sequence[int]) -> PreTrainedModel:
-    """The target run without the decoder layers `skip` (indices), sharing all weights (see module doc)."""
+    """The target without the decoder layers `skip`: shallow copies of the LM, its decoder, the kept layers
+    and their attention (no hooks: the runner's capture never fires for a draft pass), the kept layers'
+    attention renumbered 0..K-1 for the draft cache and the config saying K layers."""
     decoder = target.get_decoder()
     owner = next((name for name, child in target.named_children() if child is decoder), None)
     if owner is None or not isinstance(getattr(decoder, "layers", None), nn.ModuleList):
@@ -116,13 +113,9 @@ def skip_view(target: PreTrainedModel, skip: Sequence[int]) -> PreTrainedModel:
 
 
 class LayerSkipDrafter(DraftModelDrafter):
-    """The target drafting for itself through `skip_view` (chains by default; every DraftModelDrafter
-    shape option works: width, depth, tree, rule, top_k, total_tokens).
-
-    skip_layers: indices to skip (int, "2+3+6", "4-7" or a list); default `default_skip`.
-    exit_layer: instead, early exit after the first `exit_layer` layers (1..L-1).
-    num_draft: chain length (default 3: each draft token costs (L - skipped) / L of a target pass).
-    """
+    """The target drafting for itself through `skip_view` (a chain by default; DraftModelDrafter's shape
+    options too). skip_layers: `parse_layers`, default `default_skip`; exit_layer: instead, early exit
+    after the first `exit_layer` layers (1..L-1); num_draft 3: a draft token costs (L - skipped) / L."""
 
     def __init__(
         self,
