@@ -1,22 +1,19 @@
 """An independent small draft model (any HF causal LM sharing the target's tokenizer) drafting chains or
 token trees (SpecInfer), one draft forward per depth over the whole frontier (never one per node).
 
-Shapes:
-- chain (default): `num_draft` (or `depth`) tokens;
-- static: `width` children per node at every depth (an int, or one per depth: `[4, 2, 2, 1]` or
-  "4x2x2x1"), or `tree=[[0], [1], [0, 0], ...]` paths of child ranks (`tree_from_choices`);
-- dynamic (`tree="dynamic"`, EAGLE-2 style): per depth the `top_k` frontier nodes of highest cumulative
-  draft log-prob expand their `top_k` children, down to `depth`; the best `total_tokens - 1` nodes stay.
+Shapes: a chain of `num_draft` (or `depth`) tokens (default); static, `width` children per node at every
+depth (`parse_width`) or `tree` rank paths (`tree_from_choices`); or `tree="dynamic"` (EAGLE-2 style: per
+depth the `top_k` frontier nodes of highest cumulative log-prob expand `top_k` children, down to `depth`;
+the best `total_tokens - 1` nodes stay).
 
-Children and the lossless rule that verifies them (`acceptance.sample_accept`): greedy decoding and rule
-"deterministic" (A) take the draft's top-k children; under sampling, rule "iid" (B, the chain default)
-draws a node's c children i.i.d. from its draft distribution q, "without_replacement" (C, the tree
-default) without replacement (fewer children when q has fewer than c tokens). Dynamic trees take rule A
-only: keeping the best-scored sampled nodes would bias the draws. q (after the target's
-temperature/top-k/top-p) is returned per node for rules B/C.
+Children and their lossless rule (`acceptance.sample_accept`): greedy decoding and rule "deterministic"
+(A) take the draft's top-k; under sampling "iid" (B, the chain default) draws a node's c children i.i.d.
+from its draft distribution q, "without_replacement" (C, the tree default) without replacement (fewer
+when q has fewer than c tokens). Dynamic trees take rule A only: keeping the best-scored sampled nodes
+would bias the draws.
 
 Draft cache: the committed tokens (the root last, at position C - 1); a `propose` appends its nodes depth
-by depth under a tree mask with positions C - 1 + depth (`tree_inputs_on_device`), then crops them away.
+by depth under a tree mask with positions C - 1 + depth, then crops them away.
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ from spechead.inference.tree import (
     tree_inputs_on_device,
 )
 
-# DraftModelDrafter's options: chain length, static (width per depth / rank paths) or dynamic trees, rule
-# (a LayerSkipDrafter, a DraftModelDrafter over the target's own layers, takes them too).
+# DraftModelDrafter's (and so LayerSkipDrafter's) options
 DRAFT_MODEL_OPTIONS = ("num_draft", "width", "depth", "tree", "rule", "top_k", "total_tokens")
 MAX_NODES = 1024  # drafted nodes of a static shape (a width per depth multiplies quickly)
 
@@ -161,9 +157,8 @@ class DraftModelDrafter(RowDrafter):
         self.pending = [*tokens[1:].tolist(), next_root]  # the root itself was fed in propose
 
     def rewind(self, sequence: list[int]) -> None:
-        """Continue from `sequence` (committed tokens, the root last) when the draft cache holds a prefix
-        of it, possibly followed by tokens that were not kept (a cascade level rolled back): the cache
-        is cropped to the shared prefix, the rest becomes pending."""
+        """Continue from `sequence` (committed tokens, the root last) when the cache holds a prefix of it,
+        maybe followed by tokens not kept (a cascade level rolled back): crop to it, the rest pending."""
         keep = min(cache_length(self.cache), len(sequence) - 1)
         crop(self.cache, keep)
         self.pending = list(sequence[keep:])
@@ -237,9 +232,8 @@ class DraftModelDrafter(RowDrafter):
 
 
 class _Grower:
-    """A growing draft tree. Node lists tok / par / dep / score are [n] (node 0 = the root, already in
-    the draft cache at position C - 1); `logits[node]` [V] are the draft logits of node's children,
-    for the nodes run so far; `fed` lists the nodes in the cache after the C committed entries."""
+    """A growing draft tree: tok / par / dep / score [n] (node 0 the root, in the cache at C - 1);
+    logits[node] [V] the draft logits of a run node's children; fed the nodes in the cache from C - 1."""
 
     def __init__(self, drafter: DraftModelDrafter, root: int, root_logits: torch.Tensor):
         self.model, self.cache, self.sliding = drafter.model, drafter.cache, drafter.sliding
