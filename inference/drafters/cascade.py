@@ -1,16 +1,11 @@
 """Cascade drafting (tiny -> medium -> target): a drafter that is itself a speculative decoder.
 
-A tiny draft LM (a `DraftModelDrafter` chain) drafts for a medium LM, which verifies it with the target's
-lossless rules (`greedy_accept` / `sample_accept`, rule "iid" on the tiny's q) on its own KV cache until
-it has produced `num_draft` tokens; those go to the target as ONE chain.
-
-Lossless at both levels: the inner loop is exact speculative sampling, so the chain is distributed
-exactly like sampling from the medium (greedy: its greedy continuation), and the target verifies it
-with rule "iid" (B) on q = the medium's per-node distribution. The tiny's q, or its proposal before the
-medium verified it, would be biased (tests/inference/drafters/test_cascade.py).
-
-Caches: each level keeps a prefix of the sequence; `accept` crops the medium's and the tiny's caches to
-what the target accepted, so accepted chain tokens are not recomputed.
+A tiny draft LM (a `DraftModelDrafter` chain) drafts for a medium LM, which verifies it with the lossless
+rules on its own KV cache until it has produced `num_draft` tokens, handed to the target as ONE chain.
+The inner loop is exact speculative sampling, so the chain is distributed like sampling from the medium
+(greedy: its greedy continuation), and the target verifies it with rule "iid" (B) on q = the medium's
+per-node distribution (the tiny's q, or its proposal before the medium verified it, would be biased).
+Each level's cache keeps a prefix of the sequence: `accept` crops both to what the target accepted.
 """
 
 from __future__ import annotations
