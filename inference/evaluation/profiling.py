@@ -70,8 +70,14 @@ def _sync(device: torch.device) -> None:
 def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 0) -> float:
     """Median wall ms of fn() over `iters` calls after `warmup` untimed ones, the device synchronised
     around each call. Wall time is what decoding pays (CPU time would miss torch's intra-op threads)."""
-    timer = Timer(torch.device("cpu"), iters, warmup)  # (host clock stamps around a synced call)
-    return timer.ms(lambda: (fn(), _sync(device)), setup=lambda: _sync(device))
+
+    def synced() -> None:
+        fn()
+        _sync(device)
+
+    return Timer(
+        torch.device("cpu"), iters, warmup
+    )  # (the host's clock).ms(synced, setup=lambda: _sync(device))
 
 
 def profile_part(
