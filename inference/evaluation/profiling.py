@@ -69,15 +69,14 @@ def _sync(device: torch.device) -> None:
 
 def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 0) -> float:
     """Median wall ms of fn() over `iters` calls after `warmup` untimed ones, the device synchronised
-    around each call. Wall time is what decoding pays (CPU time would miss torch's intra-op threads)."""
+    around each call (timed on the host's clock). Wall time is what decoding pays (CPU time would miss
+    torch's intra-op threads)."""
 
     def synced() -> None:
         fn()
         _sync(device)
 
-    return Timer(
-        torch.device("cpu"), iters, warmup
-    )  # (the host's clock).ms(synced, setup=lambda: _sync(device))
+    return Timer(torch.device("cpu"), iters, warmup).ms(synced, setup=lambda: _sync(device))
 
 
 def profile_part(
