@@ -1,8 +1,7 @@
-"""The tree follows the hardware: a head's accuracy table [depth, k] (HEAD/tree.json) is a property of the
-head and the data, what a tree costs one of the machine (a 60-node tree costs about one decode step on a
-GPU at batch 1, several on a CPU). `calibrated_choices` times the target's verify pass by tree size and
-the drafter's per-depth (EAGLE) or per-pass cost here, as the generator will compile them (`TimedAs`),
-and ranks trees by expected speedup; loading.py decodes the best few (pass_timing.py) to pick one.
+"""The tree follows the hardware: a head's accuracy table [depth, k] (HEAD/tree.json) belongs to the head
+and the data, what a tree costs to the machine. `calibrated_choices` times the target's verify by tree
+size and the draft here, as the generator compiles them (`TimedAs`), and ranks trees by expected speedup;
+pass_timing.py decodes the best few to pick one.
 """
 
 from __future__ import annotations
@@ -30,9 +29,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-# The best trees of the part-by-part model that pass_timing.py then decodes with (its cost grows with them),
-# of different size classes where the ranking allows (`spread`)
-CANDIDATES = 3
+CANDIDATES = 3  # trees pass_timing.py decodes (its cost grows with them), of different sizes (`spread`)
 
 
 @dataclass(frozen=True)
@@ -44,10 +41,9 @@ class TimedAs:
 
     @classmethod
     def of(cls, device: torch.device, compile: bool | str, draft_compile: bool | str | None) -> TimedAs:
-        """For a generator built with these settings: each part it compiles is timed as "graphs" (the
-        fixed-shape passes, CUDA graphs on CUDA: most of what compiling buys there is the launches a graph
-        removes). The draft on a CPU stays eager: compiling gains there by fusing ops, too slow to compile
-        per tree, and its fixed shapes alone cost more than eager."""
+        """For a generator built with these settings: each part it compiles is timed as "graphs" (on CUDA
+        most of what compiling buys is the launches a graph removes). A CPU's draft stays eager: compiling
+        per tree is too slow there, and fixed shapes alone cost more than eager."""
         draft = compile if draft_compile is None else draft_compile
         return cls("graphs" if compile else False, "graphs" if draft and device.type == "cuda" else False)
 
@@ -56,9 +52,8 @@ EAGER = TimedAs()  # every part eager (the default)
 
 
 def saved_accuracy(saved: str | Path | dict | None) -> torch.Tensor | None:
-    """accuracy [depth, k] from HEAD_DIR/tree.json or its fields as a dict (None when there is none), made
-    realistic: when the tree also holds the tau measured by decoding with it (`measured_tau`,
-    tree_tuning.py), the table is scaled so that the tree's expected accept length equals it (`fit_accuracy`)."""
+    """accuracy [depth, k] from HEAD_DIR/tree.json or its fields (None without one), fitted to the tree's
+    `measured_tau` when it has one (`fit_accuracy`)."""
     tree = saved if isinstance(saved, dict) or saved is None else read_tree(saved)
     if not tree or not tree.get("accuracy"):
         return None
@@ -68,12 +63,9 @@ def saved_accuracy(saved: str | Path | dict | None) -> torch.Tensor | None:
 
 
 def fit_accuracy(accuracy: torch.Tensor, choices: list[list[int]], measured_tau: float) -> torch.Tensor:
-    """accuracy [depth, k] times the one factor f that makes `choices`' expected accept length equal the
-    measured tau (bisection; f keeps every depth's total <= 1).
-
-    The table's product-of-accuracies estimate runs ahead of real decoding. One factor per depth step
-    shrinks a node's acceptance by f**depth, so the correction weighs most on deep trees, the ones it
-    over-promised."""
+    """accuracy [depth, k] times the one factor f (bisection; every depth's total stays <= 1) that makes
+    `choices`' expected accept length equal the measured tau. The product-of-accuracies estimate runs
+    ahead of real decoding; f shrinks a node by f**depth, so deep trees, the over-promised ones, pay most."""
     if not covers(accuracy, choices):
         return accuracy  # a table that does not cover its own tree: nothing to fit
     expected = lambda f: float(expected_accept_length(accuracy * f, choices))  # noqa: E731
@@ -95,12 +87,8 @@ def verify_cost_ms(
     compile: bool | str = False,
     batch: int = 1,
 ) -> dict[int, float]:
-    """{tree size: ms} of one verification pass of `batch` rows (chains of that size) after `context`
-    tokens, the target compiled by `compile` as decoding compiles it (a compiled pass padded to its
-    bucket, over the batch's capacity of rows: what decoding pays).
-
-    Sizes are timed round-robin (load changes hit them alike), the minimum per size is kept (noise only
-    adds) and costs are made non-decreasing in size (a bigger tree never costs less)."""
+    """{tree size: ms} of one verify of `batch` rows (chains of that size) after `context` tokens, the
+    target compiled by `compile` as decoding compiles it (padded to its bucket, over the batch's capacity)."""
     runner = TargetRunner(model, compile=compile, capacity=batch_capacity(batch) if compile else None)
     runner.reserve([context] * batch, [max(sizes) + 1] * batch)
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -112,8 +100,8 @@ def verify_cost_ms(
 
 
 def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, float]:
-    """{size: ms} of `calls` {size: fn}: timed round-robin `repeats` times, the minimum per size kept,
-    made non-decreasing in size."""
+    """{size: ms} of `calls` {size: fn}: round-robin `repeats` times (load changes hit every size alike),
+    the minimum per size (noise only adds), made non-decreasing in size."""
     times: dict[int, list[float]] = {n: [] for n in calls}
     for _ in range(repeats):
         for n, call in calls.items():
@@ -135,8 +123,8 @@ def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
 
 
 def propose_timer(drafter, states: dict[int, torch.Tensor], batch: int = 1) -> Callable[[], object]:
-    """One draft of any drafter as decoding runs it (`rows_drafter(drafter)` and the batched API), over
-    `batch` rows started on the same states {layer: [T, H]}: what calibration times."""
+    """One draft of any drafter as decoding runs it (`rows_drafter`), `batch` rows started on the same
+    states {layer: [T, H]}."""
     rows = rows_drafter(drafter)
     length = next(iter(states.values())).shape[0] if states else 1
     rows.start([torch.zeros(length, dtype=torch.long)] * batch, [states] * batch, [0] * batch)
@@ -144,15 +132,15 @@ def propose_timer(drafter, states: dict[int, torch.Tensor], batch: int = 1) -> C
 
 
 def _drafter_ms(drafter, fn, repeats: int) -> float:
-    """Min ms of fn() over `repeats` rounds after a warm-up."""
+    """Min ms of fn() over `repeats` calls after a warm-up."""
     fn()
     return min(wall_ms(fn, next(drafter.head.parameters()).device, 1) for _ in range(repeats))
 
 
 @torch.inference_mode()
 def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9, batch: int = 1) -> float:
-    """ms of one EAGLE draft depth (head step + logits + top-k over `width` nodes a row, `batch` rows) after
-    128 committed, eager: on the rows decoding drafts with (`EagleRows`)."""
+    """ms of one eager EAGLE draft depth (head step, logits, top-k) over `width` nodes a row of `batch`
+    rows after 128 committed (`EagleRows`)."""
     rows = EagleRows(drafter)
     rows.start([torch.zeros(128, dtype=torch.long)] * batch, [_noise(drafter)] * batch, [0] * batch)
     weight = drafter.head.fc.weight
@@ -174,9 +162,8 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9, batch: int = 1) -
 def compiled_depth_cost_ms(
     drafter, compile: bool | str, depth: int = 4, repeats: int = 9, width: int = 4, batch: int = 1
 ) -> float:
-    """ms a depth adds to the compiled whole draft of `batch` rows (`use_compile(compile)`): the static
-    trees of `width` nodes a depth to depth 1 and to `depth`, each drafted as one graph; their difference /
-    (depth - 1). (Compiled, the depths are one graph: none can be timed alone.)"""
+    """ms a depth adds to the compiled draft of `batch` rows: static trees of `width` nodes a depth, 1 and
+    `depth` deep, their difference / (depth - 1) (compiled, the depths are one graph: none times alone)."""
     ms = []
     for d in (1, depth):
         timed = drafter.with_tree([[0] * level + [rank] for level in range(d) for rank in range(width)])
@@ -187,9 +174,8 @@ def compiled_depth_cost_ms(
 
 @torch.inference_mode()
 def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int = 9) -> float:
-    """ms of an EAGLE drafter's accept step as decoding runs it (`accept_paths`: the input features of a
-    verified `nodes`-node tree's path, then the head on its first `tokens` nodes' pairs) after 128
-    committed, on the rows the drafter keeps (compiled: its graphs')."""
+    """ms of an EAGLE drafter's accept step (`accept_paths` of a `tokens`-node path of a verified
+    `nodes`-node tree) after 128 committed, on the rows the drafter keeps."""
     states = _noise(drafter)
     drafter.start([torch.zeros(128, dtype=torch.long)], [states], [0])
     verified = {layer: state[None, :nodes] for layer, state in states.items()}  # [1, N, H]
@@ -206,8 +192,7 @@ def eagle_accept_cost_ms(drafter, tokens: int = 3, nodes: int = 8, repeats: int 
 def commit_cost_ms(
     model: PreTrainedModel, context: int = 128, repeats: int = 7, compile: bool | str = False
 ) -> float:
-    """ms of the target's commit of an accepted path [0, 2, 3] of a 4-node tree (its K/V moved into place),
-    the target compiled by `compile`."""
+    """ms of the target's commit of the path [0, 2, 3] of a 4-node tree (K/V moved), compiled by `compile`."""
     runner = TargetRunner(model, compile=compile)
     runner.reserve([context], [8])
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -254,16 +239,15 @@ def calibrated_choices(
 
 
 def covers(accuracy: torch.Tensor, choices: list[list[int]]) -> bool:
-    """Whether the table [depth, k] has an entry for every node of the tree `choices` (and it has one)."""
+    """Whether the table [depth, k] has an entry for every node of the (non-empty) tree `choices`."""
     shape = accuracy.shape
     return bool(choices) and all(len(c) <= shape[0] and max(c) < shape[1] for c in choices)
 
 
 def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:
-    """`count` trees of `ranked` (best first) for decoding in situ: the best, then the best of each size
-    class not yet taken (N verified nodes in (2^(c-1), 2^c]: a padded verify's bucket), then the next best.
-    Neighbouring sizes cost about alike (the same verify bucket), so decoding three of them tells little,
-    and a misranked bucket (one noisy verify time) would go unchecked."""
+    """`count` trees of `ranked` (best first): the best of each size class (N nodes in (2^(c-1), 2^c]: a
+    padded verify's bucket), then the next best. Neighbouring sizes cost alike, so decoding three of them
+    tells little, and a misranked bucket (one noisy verify time) would go unchecked."""
     taken: list[list[list[int]]] = []
     classes: set[int] = set()
     for choices in ranked:  # one a size class, best first
@@ -275,10 +259,9 @@ def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:
 
 
 def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[list[int]]:
-    """The static tree with the best expected speedup for the costs measured in `info` (verify_ms_by_size,
-    step_ms, draft_ms or draft_ms_per_depth, pass_ms); adds to `info` its expected_speedup and `ranked`:
-    the CANDIDATES best trees, best first (what loading.decoded_choice then decodes). A saved tree is kept
-    or not by the decoded passes alone (pass_timing.IN_SITU_KEEP_MARGIN)."""
+    """The static tree with the best expected speedup for the costs in `info` (verify_ms_by_size, step_ms,
+    draft_ms or draft_ms_per_depth, pass_ms); adds to `info` its expected_speedup and `ranked`: the
+    CANDIDATES best trees, best first (what pass_timing.decoded_choice decodes)."""
     costs = dict(
         draft_ms=info.get("draft_ms", 0.0),
         draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
@@ -287,6 +270,6 @@ def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[l
     table, verify, step = accuracy.float(), info["verify_ms_by_size"], info["step_ms"]
     ranked = ranked_choices_for_cost(table, verify, step, max_nodes=max_nodes, **costs)
     choices, speedup = ranked[0] if ranked else ([], 0.0)
-    info["ranked"] = spread([c for c, _ in ranked], CANDIDATES)  # what pass_timing.py decodes with
+    info["ranked"] = spread([c for c, _ in ranked], CANDIDATES)
     info["expected_speedup"] = speedup
     return choices
