@@ -1,7 +1,5 @@
-"""Decode a prompt set with a generator and measure it: tau, acceptance by depth, tokens/s, time split.
-
-Shared by scripts/benchmark.py and the trainer's decode evaluation (wired in by train.py), so the
-numbers a training run logs are computed exactly as the benchmark computes them (DEFINITIONS).
+"""Decode a prompt set and measure it: tau, acceptance by depth, tokens/s, time split (DEFINITIONS).
+scripts/benchmark.py and the trainer's decode evaluation share it, so both compute the same numbers.
 """
 
 from __future__ import annotations
@@ -50,8 +48,7 @@ class DecodeSettings:
 
 @dataclass
 class Tally(GenerationStats):
-    """GenerationStats summed over generate() calls; its `wall` and tokens/s leave the prefill out (the
-    same for every method)."""
+    """GenerationStats summed over generate() calls; `wall` and tokens/s leave the prefill out."""
 
     def add(self, stats: GenerationStats) -> None:
         for f in fields(GenerationStats):  # (numbers add, accept lengths concatenate)
@@ -72,8 +69,7 @@ class Tally(GenerationStats):
 
 @dataclass
 class PromptSetRun:
-    """One pass over a prompt set: totals, per-category totals, and per turn its generated ids and the
-    ids of the prompt it answered."""
+    """One pass over a prompt set: totals, per-category totals, per turn its generated and prompt ids."""
 
     total: Tally
     by_category: dict[str, Tally]
@@ -100,8 +96,8 @@ def decode_prompts(
     settings: DecodeSettings,
     desc: str | None = None,
 ) -> PromptSetRun:
-    """Decode every prompt turn by turn (each answer fed back before the next turn; without a chat
-    template every turn is a prompt of its own); a progress bar on a terminal when `desc` is given."""
+    """Decode every prompt turn by turn (each answer fed back; without a chat template every turn is a
+    prompt of its own); a progress bar on a terminal when `desc` is given."""
     chat = bool(getattr(gen.tokenizer, "chat_template", None))
     total, prompt_ids = Tally(), []
     outputs: list[list[int]] = []  # (its length: the turns decoded so far)
@@ -131,9 +127,8 @@ def decode_prompts(
 
 
 def answer_room(gen: SpeculativeGenerator, prompt_len: int, max_new_tokens: int) -> int:
-    """New tokens a turn may take: max_new_tokens, or fewer where the target's context
-    (max_position_embeddings) ends sooner (0: the prompt fills it). Plain and drafted decoding get the
-    same room, so an evaluation stays a fair comparison."""
+    """New tokens a turn may take: max_new_tokens, or fewer where the target's context ends sooner (0:
+    the prompt fills it); plain and drafted decoding get the same room."""
     context = gen.context
     return max_new_tokens if not context else max(min(max_new_tokens, context - prompt_len), 0)
 
@@ -150,12 +145,9 @@ def mismatches(outputs: Sequence[list[int]], reference: Sequence[list[int]]) -> 
 
 
 def summarize(runs: Sequence[PromptSetRun], plains: Sequence[PromptSetRun], settings: DecodeSettings) -> dict:
-    """Every number for one method: its runs against plain decoding runs of the same prompts.
-
-    Speedups are per repeat (run i against plain run i), reported as median [min, max]; the rest comes
-    from the last run; tau is pooled over passes (DEFINITIONS). Only greedy outputs can be compared
-    with plain decoding's (sampled ones are checked for losslessness by the tests).
-    """
+    """Every number for one method against plain runs of the same prompts: speedups per repeat (run i
+    against plain run i) as median [min, max], the rest from the last run; only greedy outputs are
+    compared with plain decoding's (the tests check sampled ones for losslessness)."""
     res, base = runs[-1].total, plains[-1].total
     speedups = [r.total.tokens_per_s / p.total.tokens_per_s for r, p in zip(runs, plains, strict=True)]
     passes, lengths = max(res.target_passes, 1), res.accept_lengths
@@ -201,15 +193,11 @@ def decode_eval_hook(
     target: PreTrainedModel, tokenizer, head: DraftHead, prompts: Sequence[Prompt], max_new_tokens: int,
     plot_dir: Path | None, tree: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
-    """The trainer's DecodeEval (spechead.training.decode_eval): (metrics, plots) from one plain and one
-    greedy drafted pass over `prompts` with the head being trained (its target modules attached; its
-    mode restored after), answers ending at the target's context length so the eval never stops a run.
-
-    The head drafts as loading it would on this device (`as_drafted`, `loading.calibrated_drafter`
-    with the accuracy of `tree`, tree.json fields, or the family's default). Metrics: tau, speedup,
-    tokens_per_s, passes_per_token, acceptance_depth_{d}, greedy_mismatches, tree_nodes (0: the
-    family's default tree).
-    """
+    """The trainer's DecodeEval (training/decode_eval.py): (metrics, plots) from one plain and one greedy
+    drafted pass over `prompts` with the head in training (target modules attached, mode restored), its
+    answers ending at the target's context. The head drafts as loading would here (`as_drafted`,
+    `calibrated_drafter` with `tree`'s accuracy, tree.json fields, or the family's); tree_nodes 0: the
+    family's default tree."""
     settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
     was_training = head.training
     head.eval()
