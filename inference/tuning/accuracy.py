@@ -1,14 +1,11 @@
 """A head's top-k accuracy by depth on the target's own greedy continuations (each family's registered
-`accuracy`), and the typical tables assumed when none was measured (`assumed_accuracy`).
+`accuracy`), and the tables assumed when none was measured (`assumed_accuracy`).
 
 accuracy[d, r] = share of anchors c whose depth-(d + 1) draft's r-th candidate is token c + 2 + d (the
-draft continuing the context 0..c from the root token c + 1). The sequences [T] must be the target's OWN
-greedy continuations of prompts: then token c + 1 is the root a decoding step starts from and token
-c + 2 + d exactly what a drafted node at depth d + 1 must equal. `starts[i]` = index of sequence i's first
-generated token: only anchors c >= starts[i] - 1 count, so prompt tokens never serve as references
-(default 0: all count), and depth d counts c only when token c + 2 + d exists. Counts are pooled over all
-sequences. A family gives only its drafts' logits [A, D, V] for a chunk of anchors; tokens outside an
-EAGLE-3 / P-EAGLE draft vocab are misses.
+draft continuing 0..c from the root token c + 1). The sequences [T] must be the target's OWN greedy
+continuations, so token c + 2 + d is exactly what a depth-(d + 1) node must equal. Only anchors
+c >= starts[i] - 1 count (prompt tokens are never references), pooled over all sequences. A family gives
+its drafts' logits [A, D, V] for a chunk of anchors; tokens outside a draft vocab are misses.
 """
 
 from __future__ import annotations
@@ -47,8 +44,8 @@ def topk_accuracy(
     depth: int,
     drafts: Drafts,
 ) -> Tensor:
-    """accuracy [depth, topk] of the drafts `drafts` gives per sequence (see the module doc); each
-    sequence runs once through the target (the runner's prefill, capturing the head's layers)."""
+    """accuracy [depth, topk] of the drafts `drafts` gives per sequence (see the module doc), each
+    sequence once through the target's prefill."""
     if topk < 1 or depth < 1:
         raise ValueError(f"topk and depth must be >= 1, got topk={topk}, depth={depth}")
     starts = [0] * len(sequences) if starts is None else list(starts)
@@ -86,7 +83,7 @@ def topk_accuracy(
 
 def _measured(drafts_for: Callable[[Any, int | None], tuple[int, Drafts]]) -> Callable[..., Tensor]:
     """A family's registered measure `(model, head, sequences, depth=, topk=, starts=) -> [D, topk]` from
-    `drafts_for(head, depth)`: its D depths and the drafts of a sequence."""
+    `drafts_for(head, depth)` -> (D, drafts)."""
 
     @inference_mode
     def measure(
@@ -117,9 +114,8 @@ def _medusa(head: MedusaHead, depth: int | None) -> tuple[int, Drafts]:
 
 
 def _eagle(head: EagleHead | Eagle3Head, depth: int | None) -> tuple[int, Drafts]:
-    """The head unrolled `depth` steps over all positions at once on its own features (heads.unroll.
-    ttt_forward: the attention a depth-d tree node has when decoding): step j at position c + j continues
-    the context ending at c and guesses token c + 2 + j."""
+    """The head unrolled `depth` steps over all positions at once (ttt_forward: a depth-d node's
+    attention when decoding): step j at position c + j continues 0..c and guesses token c + 2 + j."""
     weight, layers, steps = head.fc.weight, head.config.target_layers, int(depth or 0)
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
@@ -165,8 +161,7 @@ measure_dflash_accuracy = _measured(_dflash)
 
 def _typical(ranks: list[float], decay: float, depth_of: Callable[[Any], int]) -> Callable[[Any], Tensor]:
     """A family's `assumed_accuracy`: head -> a typical trained head's table [D, len(ranks)], `ranks` at
-    depth 1 times `decay` a depth (D = depth_of(head)); sizes trees when a head comes without a measured
-    one (scripts/build_tree.py measures the real one into HEAD/tree.json)."""
+    depth 1 times `decay` a depth (D = depth_of(head)), for a head without HEAD/tree.json."""
     first = torch.tensor(ranks, dtype=torch.float64)
     return lambda head: torch.stack([first * decay**d for d in range(depth_of(head))])
 

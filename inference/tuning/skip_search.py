@@ -1,12 +1,9 @@
-"""Choosing the layers a self-speculative drafter skips: acceptance from one teacher-forced pass per
-candidate, cost from timed forwards, and a beam search over skip sets (scripts/search_skip.py).
+"""Choosing the layers a self-speculative drafter skips (scripts/search_skip.py): acceptance from one
+teacher-forced pass per candidate, cost from timed forwards, a beam search over skip sets.
 
-Exact greedy acceptance without decoding: for a greedy chain drafter, a drafted token is kept only
-while every earlier one matched the target's own continuation, so the draft at every step sees the
-target's tokens. One forward of the draft (the target without the skipped layers) over prompt +
-greedy continuation therefore gives every draft prediction the decoder would see: `match[j]` = the
-draft's argmax after generated token j equals generated token j + 1. `chain_accept_lengths` replays
-the passes of a chain of `k` drafts on those matches, as GenerationStats counts them.
+Exact greedy acceptance without decoding: a greedy chain keeps a draft only while every earlier one
+matched the target's continuation, so every draft sees the target's tokens, and one forward of the draft
+over prompt + greedy continuation gives every prediction the decoder would see (`draft_matches`).
 """
 
 from __future__ import annotations
@@ -70,9 +67,8 @@ def pooled_tau(matches: Sequence[torch.Tensor], k: int) -> float:
 
 @torch.inference_mode()
 def time_draft(drafter: DraftModelDrafter, context: int = 128, repeats: int = 9) -> float:
-    """Median seconds of one drafter pass (accept one draft token + the bonus, then propose) after
-    `context` committed tokens, greedy, after a warm-up pass: the drafter's forwards AND its Python/cache
-    work. (A verify pass is timed by calibrate.verify_cost_ms.)"""
+    """Median seconds of one greedy drafter pass (accept one draft + the bonus, then propose) after
+    `context` committed tokens and a warm-up: its forwards and its Python / cache work."""
     vocab = drafter.model.config.vocab_size
     prompt = torch.randint(5, vocab, (context,), generator=torch.Generator().manual_seed(0))
     drafter.start(prompt, {}, 7)
@@ -88,8 +84,7 @@ def time_draft(drafter: DraftModelDrafter, context: int = 128, repeats: int = 9)
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
-    """Least-squares line through (xs, ys), evaluated at xs: smooths noisy timings of a cost that
-    grows linearly (a drafter pass with more kept layers)."""
+    """Least-squares line through (xs, ys), evaluated at xs (smooths a linearly growing cost's timings)."""
     x = torch.tensor(xs, dtype=torch.float64)
     design = torch.stack([torch.ones_like(x), x], 1)  # [n, 2]
     coef = torch.linalg.lstsq(design, torch.tensor(ys, dtype=torch.float64).unsqueeze(1)).solution  # [2, 1]
