@@ -1,10 +1,7 @@
-"""Decode with a few candidate trees, as decoding runs them, to pick the one this device is fastest with.
+"""Decode with a few candidate trees to pick the one this device is fastest with.
 
-calibrate.py times the parts of a pass one at a time in tight loops: that ranks trees well but misjudges
-a whole pass (its parts evict each other from the caches, the engine's work between them is not timed).
-So the best few trees of that model (and a tree the head was tuned with) are decoded here for a few dozen
-tokens each, round-robin with plain decoding through the same engine, each scored by its expected accept
-length x the plain pass / its own pass.
+calibrate.py's part-by-part timing ranks trees well but misjudges a whole pass (its parts evict each
+other from the caches; the engine's work between them is untimed), so its best few are decoded here.
 """
 
 from __future__ import annotations
@@ -23,8 +20,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 Choices = list[list[int]]
-# A tree tuned with the head stays unless another candidate is expected this much faster: only near-ties,
-# which trade places with this stage's noise, need covering (a wider margin keeps trees that decode slower).
+# A tree tuned with the head stays unless another is expected this much faster: near-ties trade places with
+# this stage's noise (a wider margin keeps trees that decode slower).
 IN_SITU_KEEP_MARGIN = 0.02
 
 
@@ -37,12 +34,10 @@ def pass_ms_by_drafter(
     batch: int = 1,
     timed_as: TimedAs = EAGER,
 ) -> list[float]:
-    """Milliseconds per decoding pass of each drafter (None: plain decoding), greedy from `prompt` [T]
-    with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (load changes hit every
-    drafter alike; the first run's one-time work, a compiled part's capture included, and noise only
-    add). The target and the drafters (in place) are compiled as `timed_as` says. batch > 1: a pass of
-    `batch` rows of that prompt through batched decoding, as generate_batch runs it
-    (compiled: the generator's fixed-shape runners, kept one per row capacity)."""
+    """ms per decoding pass of each drafter (None: plain), `batch` greedy rows of `prompt` [T] through
+    generate_batch with no stop before `new_tokens`: the minimum over `rounds` round-robin runs (one-time
+    work, a compiled part's capture included, and noise only add); the target and the drafters (in place)
+    compiled as `timed_as` says."""
     gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
     if timed_as.draft:
@@ -61,8 +56,8 @@ def pass_ms_by_drafter(
 
 
 def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0) -> torch.Tensor:
-    """A prompt [length] the target wrote itself (greedy after a few random tokens): a head drafts on
-    text like what it will decode, so the timed passes accept paths of realistic lengths."""
+    """A prompt [length] the target wrote itself (greedy after a few random tokens), so the timed passes
+    accept paths of realistic lengths."""
     vocab = target.get_output_embeddings().weight.shape[0]
     start = torch.randint(0, vocab, (min(8, length),), generator=torch.Generator().manual_seed(seed))
     if length <= start.numel():
@@ -84,13 +79,10 @@ def decoded_choice(
     batch: int = 1,
     timed_as: TimedAs = EAGER,
 ) -> tuple[Choices, dict]:
-    """Of the trees the part-by-part costs ranked best (`costs["ranked"]`, popped: calibrate.py) and `keep`
-    (a tree tuned for this kind of device, decoded first), the one with the best expected speedup
-    (expected accept length x plain pass / its pass) when `drafter.with_tree(choices)` decodes `batch`
-    rows here (batch > 1: a batch's tokens/s against plain batched decoding; the parts compiled as
-    `timed_as` says), or `keep` unless another is expected more than `keep_margin` faster. Returns it and
-    `costs` with model_speedup (what the costs expected of their best), in_situ (candidates, and per
-    candidate plain_pass_ms, pass_ms, expected_speedups; the chosen tree's expected_speedup),
+    """Of `costs["ranked"]` (popped: calibrate.py) and `keep` (a tree tuned for this kind of device), the
+    tree with the best expected speedup (expected accept length x plain pass / its pass) when decoding
+    `batch` rows here, or `keep` unless another is expected more than `keep_margin` faster. Returns it and
+    `costs` with model_speedup (the costs' own best), in_situ (what was decoded and measured),
     expected_speedup (the chosen tree's, decoded) and, with `keep`, kept_saved_tree."""
     candidates = [c for c in costs.pop("ranked") if c != keep]
     if keep is not None and covers(accuracy, keep):

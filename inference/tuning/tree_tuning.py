@@ -3,12 +3,10 @@
     fields = tune_tree(target, tokenizer, head, load_prompt_set("demo-tune", 32))
     directory.write_tree(head_dir, **fields)  # HEAD/tree.json: what loading calibrates from
 
-Measured, nothing assumed: (1) the target greedily answers every prompt turn by turn; (2) the head's
-top-k accuracy by depth is measured on those answers (tuning/accuracy.py); (3) trees are ranked by the
-costs timed here (calibrate.py), the best few decoded (pass_timing.py, as loading does) and the chosen
-one decoded on the prompts for its real tau; (4) the table over-promises, so it is scaled to that tau
-(`calibrate.fit_accuracy`, as loading does) and the trees ranked and decoded again. The saved
-`measured_tau` is the saved tree's own. Used by scripts/build_tree.py and at the end of a training run.
+Measured, nothing assumed: the target answers every prompt greedily; the head's top-k accuracy is
+measured on those answers; trees are ranked by the costs timed here and the best few decoded, as loading
+does; the chosen one's real tau scales the table (`fit_accuracy`) and the trees are ranked again. Used by
+scripts/build_tree.py and at the end of a training run.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ from spechead.inference.tuning.tree_search import expected_accept_length
 
 
 def measure_accuracy(target: PreTrainedModel, head: DraftHead, answers: PromptSetRun, depth: int, topk: int):
-    """The head's top-k accuracy [depth, topk] on the target's own answers (`decode_prompts`' turns; the
-    family's measure: a Medusa head measures its num_heads depths whatever `depth` says)."""
+    """The head's top-k accuracy [depth, topk] on the target's own answers (the family's measure: a Medusa
+    head measures its num_heads depths whatever `depth` says)."""
     measure = family_of(head.config).load("accuracy")
     return measure(target, head, answers.sequences, depth=depth, topk=topk, starts=answers.starts)
 
@@ -48,9 +46,8 @@ def tune_tree(
     topk: int = 8,
     max_nodes: int = 64,
 ) -> dict:
-    """tree.json fields (`directory.write_tree(head_dir, **fields)`) for `head` (target modules attached):
-    the tree with the best expected speedup on the target's device for the accuracy measured on `prompts`,
-    with that accuracy table [depth, topk], the costs timed here and the tau the tree measured."""
+    """tree.json fields for `head` (target modules attached): the tree with the best expected speedup on
+    the target's device for the accuracy [depth, topk] measured on `prompts`, the costs and its tau."""
     was_training = head.training
     head.eval()
     # costs and decoding with the head as loading will draft with it (on a CPU a Medusa head in int8)
