@@ -1,14 +1,9 @@
 """Accepting a verified draft tree: greedy, lossless sampling (rules A, B, C) and lossy typical acceptance.
 
-Pure functions over ONE tree (a batch is a list of trees). Conventions:
-
-- `tree.tokens` [N], `tree.parents` [N]; node 0 is the root (last emitted token).
-- `target_logits` / `p` are [N, V]: row i is the target's output AT node i, i.e. the distribution of
-  node i's CHILD tokens (and of the token emitted after node i when the path stops there).
-- `q` [N, V]: row i is the draft distribution the children of node i were SAMPLED from (rules B, C).
-
-An `Acceptance` is the accepted path (node indices, root included) and the next token (the correction
-or bonus), which becomes the next tree's root. The emitted tokens are tokens[path[1:]] + [next_token].
+Pure functions over ONE tree: tokens / parents [N], node 0 the root (the last emitted token).
+`target_logits` / `p` [N, V]: row i is the target's output AT node i, the distribution of node i's CHILD
+tokens (and of the token emitted after node i when the path stops there). `q` [N, V]: row i is the draft
+distribution node i's children were SAMPLED from (rules B, C).
 """
 
 from __future__ import annotations
@@ -28,9 +23,9 @@ Row = torch.Tensor | np.ndarray  # one row [V] of a walk: numpy on a CPU (cheap 
 
 @dataclass
 class Acceptance:
-    """`path`: accepted node indices INCLUDING the root (path[0] == 0); `next_token`: emitted after it.
-    `path_tokens`: the tokens at `path` (root first), when the rule read them on the host anyway (greedy
-    and sampled acceptance: a caller then needs no host copy of a tree that lives on a GPU); else None."""
+    """`path`: accepted nodes, root first (path[0] == 0); `next_token`: emitted after them (the correction
+    or bonus: the next tree's root); `path_tokens`: the tokens at `path` (None: a rule that did not read
+    them). The emitted tokens are tokens[path[1:]] + [next_token]."""
 
     path: list[int]
     next_token: int
@@ -43,11 +38,8 @@ def _check_rows(tree: TokenTree, x: torch.Tensor | TargetRows, name: str) -> Non
 
 
 def greedy_accept(tree: TokenTree, target_logits: torch.Tensor) -> Acceptance:
-    """Deepest path whose every child token equals the argmax of its parent's logits [N, V].
-
-    Ties between equally deep paths: lowest node index. next_token = argmax at the path's last node.
-    Output equals plain greedy decoding token for token.
-    """
+    """Deepest path whose every child token equals the argmax of its parent's logits [N, V] (ties: lowest
+    node index); next_token: the argmax at its last node. Plain greedy decoding, token for token."""
     _check_rows(tree, target_logits, "target_logits")
     return greedy_walk(tree.tokens.tolist(), tree.parents.tolist(), argmax_ids(target_logits))
 
@@ -73,12 +65,8 @@ def greedy_walk(tokens: list[int], parents: list[int], best: list[int]) -> Accep
 
 
 def _normalised(r: Row, fallback: Row) -> Row:
-    """A new r / sum(r); if the mass vanished (or is not finite) a copy of `fallback` (= p at the node).
-
-    In exact arithmetic a rejection never empties the residual (rule A: a child of mass 1 is accepted
-    with probability 1; rules B/C: r == q implies acceptance with probability 1), so this only guards
-    against rounding; p itself is a valid target there.
-    """
+    """A new r / sum(r), or a copy of `fallback` (p at the node) when the mass vanished or is not finite:
+    rounding only, since in exact arithmetic a rejection never empties the residual."""
     s = float(r.sum())
     if s > 0 and math.isfinite(s):
         return r / s
@@ -88,11 +76,6 @@ def _normalised(r: Row, fallback: Row) -> Row:
 def _copy(x: Row) -> Row:
     """A copy of a numpy or a torch row [V]."""
     return x.copy() if isinstance(x, np.ndarray) else x.clone()
-
-
-def _positive_part(x: Row) -> Row:
-    """max(x, 0) elementwise, for a numpy or a torch row [V]."""
-    return np.maximum(x, 0.0) if isinstance(x, np.ndarray) else torch.clamp(x, min=0.0)
 
 
 def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
@@ -118,11 +101,9 @@ def sample_accept(
       r = norm(max(r - q, 0)).
     - "without_replacement" (C, children sampled from q[node] without replacement): as B, then also
       q(x) = 0 and q renormalised.
-    On acceptance descend into the child (residual restarts at p[child]); if every child is rejected
-    emit y ~ r; at a leaf emit a bonus y ~ p[leaf]. Duplicate sibling tokens are handled (a rejected
-    token has r(x) = 0 afterwards, so its duplicate is rejected). Under B/C a child with q(x) = 0 cannot
-    have been sampled from q: ValueError. `generator` must live on p's device (or be None). On a CPU the
-    rows are walked as numpy arrays: each step is a few scalar reads and one or two passes over [V].
+    On acceptance descend into the child; if every child is rejected emit y ~ r; at a leaf a bonus
+    y ~ p[leaf]. A duplicate sibling token is rejected (r(x) = 0 by then). Under B/C a child with
+    q(x) = 0 cannot have been sampled from q: ValueError. `generator` lives on p's device (or is None).
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
@@ -179,9 +160,8 @@ def _rule_a(
     kids: list[int], tokens: list[int], p_node: Row, generator: torch.Generator | None, device: torch.device
 ) -> tuple[int | None, Row]:
     """Rule A at one node: the first child accepted (None: all rejected) and the residual [V] (p_node
-    itself when no child was rejected: a draw reads it, nothing writes it). Child x is accepted with
-    chance r(x) / mass(r); a rejection zeroes r(x) and takes r(x) off the running mass, so no pass over
-    [V] renormalises (a duplicate token then has r(x) = 0: rejected). One coin per child tried."""
+    itself until a rejection, which zeroes r(x) and takes it off a running mass: no pass over [V]
+    renormalises). One coin per child tried."""
     r, mass = p_node, float(p_node.sum())  # the residual (unnormalised) and its mass
     for c in kids:
         x = tokens[c]
@@ -222,7 +202,8 @@ def _rules_bc(
             )
         if u < min(1.0, float(r[x]) / qx):
             return c, r
-        r = _normalised(_positive_part(r - q_node), p_node)  # [V]
+        r = r - q_node
+        r = _normalised(np.maximum(r, 0.0) if isinstance(r, np.ndarray) else r.clamp(min=0.0), p_node)
         if rule == "without_replacement":
             q_node[x] = 0.0
             q_node = _normalised(q_node, q_node)

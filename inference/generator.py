@@ -1,10 +1,8 @@
 """SpeculativeGenerator: decode with a target and a drafter, one target pass per drafted tree.
 
-Lossless by construction: greedy decoding keeps only drafts equal to the target's argmax; sampling
-uses the rule that matches how the drafter chose its children (see acceptance.py), so the output
-distribution is exactly the target's. `generate`/`stream` decode one prompt, `generate_batch`/
-`stream_batch` B prompts at once, all through the one engine (engine/loop.py: a batch of one is a
-batch), the target's preallocated row cache and hidden-state capture in its runner.
+Lossless: greedy keeps only drafts equal to the target's argmax; sampling verifies by the rule matching
+how the drafter chose its children (acceptance.py), so the output follows the target's distribution
+exactly. One prompt or B, all through the one engine (engine/loop.py).
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids
 from spechead.inference.target.capture import check_tree_attention
 from spechead.inference.target.runner import TargetRunner, batch_capacity
-from spechead.inference.text_stream import TextStream
+from spechead.inference.text_stream import TextStream, text_of
 
 # (target, drafter, accuracy [depth, k], batch, compile, draft_compile) -> (the drafter with the static tree
 # measured best for `batch` rows on this device, or None when plain batched decoding pays best; what was
@@ -41,9 +39,8 @@ BatchTreePicker = Callable[
 
 @dataclass
 class Plugins:
-    """What the layer above the engine plugs into it. loading.py sets both when it is imported, which
-    spechead.inference does (so before any generator exists): the engine imports neither that layer nor
-    the tuning it wires in (tests/test_import_cycles.py)."""
+    """What the layer above plugs into the engine: loading.py sets both on import (spechead.inference
+    imports it), so the engine imports neither it nor tuning (tests/test_import_cycles.py)."""
 
     load: Callable[..., Any] | None = None  # `from_pretrained`: loading.load_generator
     batch_tree: BatchTreePicker | None = None  # a new generator's `batch_tree_picker` (tuning/batch_tree.py)
@@ -55,19 +52,15 @@ PLUGINS = Plugins()
 class SpeculativeGenerator:
     """A frozen target, its tokenizer and a drafter (None = plain decoding through the same engine).
 
-    cache: "static" (the default and only back-end: preallocated KV slots, a row per sequence).
-    max_cache_len: a fixed KV cache size, checked against every row's prompt + max_new_tokens; None =
-    sized per call. buckets: pad trees to these sizes (None: on CUDA only, where graphs reuse them).
-    compile: the target's verify and commit passes as fixed-shape graphs (one per tree-size bucket and row
-    capacity) and the drafter's steps (`Drafter.use_compile`); modes: `compiling.compile_function`'s,
-    "auto" (from_pretrained's default): `compiling.resolve_compile`'s; `self.compile`: what it resolved to.
-    draft_compile: compile the drafter only (same values as `compile`; None = as `compile`): on a CPU
-    the target's eager forward is the faster verifier (a compiled one attends over the whole fixed-size
-    cache), while the draft's many small ops per depth gain from one compiled graph.
-    ahead: queue work before the host reads the device (engine/loop.py: plain decoding's next step; with
-    a compiled target and a drafter that drafts from device tensors, each next draft); the default on
-    CUDA, where the host's work then overlaps the device's. device_accept: accept on the target's device
-    (an accelerator's default; a CPU walks host lists, cheaper there).
+    cache: "static" only (preallocated KV slots, a row per sequence). max_cache_len: a fixed KV cache
+    size, checked against every row's prompt + max_new_tokens; None = sized per call. buckets: pad trees
+    to these sizes (None: on CUDA only, where graphs reuse them). compile: the target's verify and commit
+    as fixed-shape graphs and the drafter's steps (`compiling.compile_function`'s modes; "auto":
+    `compiling.resolve_compile`'s). draft_compile: the drafter only (None = as `compile`): on a CPU the
+    eager target verifies faster (a compiled one attends over the whole cache), the draft's many small
+    ops gain from one graph. Attributes: `ahead` queues work before the host reads the device (the
+    loop's depth; CUDA's default, where the host's work then overlaps the device's); `device_accept`
+    accepts on the target's device (an accelerator's default; a CPU walks host lists, cheaper there).
     """
 
     def __init__(
@@ -106,16 +99,13 @@ class SpeculativeGenerator:
         self.eos = eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         self.draft_weights: str | None = None  # "int8" / "fp8": from_pretrained quantized the head's layers
-        # accuracy [depth, k] of the head, when known: generate_batch re-picks the tree per batch size
-        self.tree_accuracy: torch.Tensor | None = None
-        # what measures that tree (tuning/batch_tree.py, plugged in by loading.py); None: the tree stays
-        self.batch_tree_picker: BatchTreePicker | None = PLUGINS.batch_tree
+        self.tree_accuracy: torch.Tensor | None = None  # the head's [depth, k]: trees re-picked per batch
+        self.batch_tree_picker: BatchTreePicker | None = PLUGINS.batch_tree  # None: the tree stays
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
         self._batch_drafters: dict[int, Drafter | RowDrafter | None] = {}  # None: plain decoding pays best
         self.compile = compile
         self.max_cache_len = max_cache_len
-        # the target's runner: every batch size when eager; compiled (fixed rows), a batch of one's, and
-        # one more kept per row capacity (`_runners`: their graphs reused by every later call)
+        # eager: every batch size's; compiled: a batch of one's (one more per row capacity in `_runners`)
         self.runner = TargetRunner(
             target,
             max_length=max_cache_len,
@@ -172,29 +162,22 @@ class SpeculativeGenerator:
     ) -> list[GenerationResult]:
         """Generate for B prompts at once (one target forward per pass over all active rows).
 
-        Give exactly one of prompts (strings), messages (one chat per row) or input_ids (one id list per
-        row). max_new_tokens and seed: one value for all rows or one per row. Each row has its own tree,
-        stop and (sampling) generator seeded with its seed, so result[b] equals
-        `generate(<row b>, max_new_tokens=..., seed=seed[b])`: greedy token for token, sampling draw for
-        draw. `max_cache_len` applies to every row; a row's stats carry its own tokens and passes, with
-        the batch's wall/phase times.
+        Give exactly one of prompts, messages (one chat per row) or input_ids (one id list per row);
+        max_new_tokens and seed: one for all rows or one per row. Each row has its own tree, stop and
+        generator seeded with its seed, so result[b] equals `generate(<row b>, seed=seed[b], ...)`: greedy
+        token for token, sampling draw for draw. A row's stats: its own tokens and passes, the batch's times.
 
-        tree_for_batch: when the head's accuracy table is known (`tree_accuracy`, set by
-        from_pretrained), the static tree is re-picked for this batch size by measuring this device
-        (`batch_tree_picker`: tuning/batch_tree.py's, plugged in by loading.py; once per size;
-        `batch_calibration` says what was measured).
-        Greedy rows still equal batch 1 token for token; sampled rows are then exact samples of the
-        target but not the batch-1 draws (another tree): pass False to keep the batch-1 tree and draws.
+        tree_for_batch: with the head's accuracy known (`tree_accuracy`), re-pick the static tree for this
+        batch size by measuring this device (`batch_tree_picker`, once per size; `batch_calibration`).
+        Sampled rows are then exact samples but not the batch-1 draws: pass False to keep those.
         """
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
         given = (prompts, messages, input_ids, max_new_tokens, seed, tree_for_batch)
         return self._results(*self._batch_passes(*given, **sampling))
 
     def stream_batch(self, prompts: Sequence[str] | None = None, **kwargs) -> Iterator[tuple[int, str]]:
-        """Yield (row, text) as each row's tokens are accepted: generate_batch one pass at a time (the same
-        arguments; one target forward per pass over all active rows). Row b's pieces join to its
-        generate_batch text; a row's pieces stop when it stops while the others go on. Afterwards
-        `last_batch_stats` holds each row's GenerationStats."""
+        """Yield (row, text) as each row's tokens are accepted (generate_batch's arguments): row b's pieces
+        join to its generate_batch text. Afterwards `last_batch_stats` holds each row's GenerationStats."""
         given = inspect.signature(self.generate_batch).bind(prompts, **kwargs)  # (unknown names: TypeError)
         given.apply_defaults()
         stats, passes = self._batch_passes(**given.arguments)
@@ -227,7 +210,7 @@ class SpeculativeGenerator:
         for emitted in passes:
             for b, ids in emitted:
                 out[b].extend(ids)
-        return [GenerationResult(self._text(o), o, s) for o, s in zip(out, stats)]
+        return [GenerationResult(text_of(self.tokenizer, o), o, s) for o, s in zip(out, stats)]
 
     def _pieces(self, passes: Iterator[Emitted], batch: int) -> Iterator[tuple[int, str]]:
         """(row, text) as the passes emit each row's tokens, never half a character; each row's held-back
@@ -318,7 +301,7 @@ class SpeculativeGenerator:
         return runner
 
     def _drafter_for_batch(self, batch: int) -> Drafter | RowDrafter | None:
-        """The drafter with the tree measured best for `batch` rows here, once per size (see generate_batch)."""
+        """The drafter with the tree measured best for `batch` rows on this device, once per size."""
         drafter, accuracy, pick = self.drafter, self.tree_accuracy, self.batch_tree_picker
         if batch == 1 or drafter is None or accuracy is None or pick is None or not drafter.tunes_tree:
             return drafter
@@ -328,9 +311,6 @@ class SpeculativeGenerator:
                 found[0].use_compile(self.draft_compile)
             self._batch_drafters[batch], self.batch_calibration[batch] = found
         return self._batch_drafters[batch]
-
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def prompt_ids(self, prompt, kind: str = "text") -> torch.Tensor:
         """A prompt's ids [T] as decoded: a string ("text"), chat messages ("chat": the template) or ids."""

@@ -1,18 +1,14 @@
-"""Acceptance of B verified trees computed on their device: ONE result type (`QueuedAcceptance`) whose
-host form comes with ONE transfer, read at once (the loop that reads first) or later (the loop one draft
-ahead queues the commits and the next draft from the paths it leaves on the device, engine/loop.py).
+"""Acceptance of B verified trees on their device: ONE result type (`QueuedAcceptance`) whose host form
+comes with ONE transfer, read at once or after the loop queued the commits and the next draft from it.
 
-The rules are the host's (acceptance.py) as batched tensor ops over every node at once, so a GPU never
-waits for the host inside a walk:
-- greedy: a node is accepted iff every node on its root path equals the argmax at its parent; the deepest
-  wins (ties: lowest index); the next token is the argmax there (`greedy_accept`'s);
-- rule A over deterministic children (`sample_accept`'s walk): child j of node i (siblings tried in index
-  order) is accepted, when tried, with probability p_i(x_j) / (sum(p_i) - mass of the distinct tokens of
-  its earlier siblings), and never when an earlier sibling holds its token (its residual is 0). Every node
-  gets one coin up front; a node is tried only when its parent is accepted and every earlier sibling
-  rejected, so untried coins are never read and the path is the walk's. The next token is drawn from p at
-  the path's last node with its children's tokens zeroed (none at a leaf: the bonus token).
-  Tested against `acceptance.walk` coin by coin.
+The host's rules (acceptance.py) as batched tensor ops over every node, so a GPU never waits for the host
+inside a walk. Greedy: a node is accepted iff every node on its root path equals the argmax at its
+parent; the deepest wins (ties: lowest index). Rule A over deterministic children: child j of node i,
+when tried, passes with probability p_i(x_j) / (sum(p_i) - the mass of its earlier siblings' distinct
+tokens), never when an earlier sibling holds its token. Every node gets one coin up front, but a node is
+tried only when its parent is accepted and every earlier sibling rejected, so untried coins are never
+read and the path is the walk's (tested coin by coin). The next token is drawn from p at the path's last
+node with its children's tokens zeroed.
 """
 
 from __future__ import annotations
@@ -79,8 +75,8 @@ class QueuedAcceptance:
         coins: Tensor | None = None,
     ):
         """Rule A over deterministic children: the target's probs [B, N, V] at every node, one generator
-        per row (on probs' device, or None); sizes: each row's real nodes (None: N). A row of size s draws its s - 1 coins from its generator, then its
-        next token: a row decodes as it would alone. `coins` [B, N] replaces the drawn uniforms (tests)."""
+        per row (on probs' device, or None); sizes: each row's real nodes (None: N). A row of size s draws
+        s - 1 coins, then its next token, as it would alone. `coins` [B, N]: given uniforms (tests)."""
         batch, n, vocab = probs.shape
         device = probs.device
         sizes = [n] * batch if sizes is None else list(sizes)

@@ -48,13 +48,9 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Target distribution probs [..., V] (fp32) from logits [..., V].
-
-    Greedy (temperature 0): one-hot at the argmax (ties: lowest token id), so the sampling rules reduce
-    to greedy verification. Otherwise logits / temperature, then top-k (ties at the k-th value are
-    kept), then top-p (the smallest set of most likely tokens whose mass >= top_p; always keeps at least
-    the argmax), renormalised. On a CPU row by row through numpy (`host_probs`), else `torch_probs`.
-    """
+    """Target distribution probs [..., V] (fp32) from logits [..., V]: greedy, one-hot at the argmax (ties:
+    lowest id), so the sampling rules reduce to greedy verification; else logits / temperature, top-k
+    (ties at the k-th kept), top-p (`nucleus`), renormalised. On a CPU through numpy (`host_probs`)."""
     if logits.is_cpu and not logits.requires_grad and not params.is_greedy:  # (bf16 too, as fp32)
         return torch.from_numpy(host_probs(logits.float().numpy(), params))
     return torch_probs(logits, params)
@@ -109,9 +105,7 @@ def _host_row(x: np.ndarray, params: SamplingParams, out: np.ndarray) -> np.ndar
 
 
 def host_nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """`nucleus`'s keep mask [V] for ONE row probs [V] (numpy): the smallest set of most likely ids whose
-    mass >= top_p, at least the argmax, ties at the edge kept lowest ids first. It sorts the largest
-    64, then 1024 values (a partition each), and all of them only when the nucleus may not fit."""
+    """`nucleus`'s keep mask [V] for ONE row probs [V] through numpy, the same guesses made by partitions."""
     vocab = probs.shape[0]
     for k in (*(k for k in NUCLEUS_GUESSES if k < vocab), vocab):
         part = np.partition(probs, vocab - k)[vocab - k :] if k < vocab else probs
@@ -155,10 +149,8 @@ class TargetRows:
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Top-p's keep mask [..., V] for probs [..., V]: the smallest set of most likely tokens whose mass
     >= top_p (at least the argmax; ties at the edge: lowest ids first, as a stable sort orders them).
-
-    Only the kept values' order matters, so it reads the largest few values (top-k) and sorts the whole
-    row only when a row's nucleus may not fit in them (a sort of [V] costs many times a top-k of 64).
-    The path a guess takes is read to the host once per guess (on a GPU: one wait)."""
+    It reads the largest few values (top-k) and sorts a whole row (many times a top-k's cost) only when
+    a nucleus may not fit in them; each guess is read to the host once (on a GPU: one wait)."""
     vocab = probs.shape[-1]
     for k in (*(k for k in NUCLEUS_GUESSES if k < vocab), vocab):
         if k < vocab:

@@ -19,19 +19,21 @@ class TextStream:
     def push(self, ids: list[int]) -> str:
         """The new text after `ids` ('' while nothing new or a character is incomplete)."""
         self.ids.extend(ids)
-        text = self._decode()
+        text = text_of(self.tokenizer, self.ids)
         if len(text) <= len(self.shown) or text.endswith("\ufffd"):
             return ""
         return self._advance(text)
 
     def flush(self) -> str:
         """Whatever was held back (a partial character at the end shows as U+FFFD)."""
-        text = self._decode()
+        text = text_of(self.tokenizer, self.ids)
         return self._advance(text) if len(text) > len(self.shown) else ""
-
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def _advance(self, text: str) -> str:
         piece, self.shown = text[len(self.shown) :], text
         return piece
+
+
+def text_of(tokenizer, ids: list[int]) -> str:
+    """The text of ids, special tokens skipped ('' without a tokenizer)."""
+    return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else ""

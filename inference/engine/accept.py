@@ -43,9 +43,7 @@ def accept_rows(
     out = []
     for b, row in enumerate(rows):
         tree, row_logits = draft.tree(b), logits[b, : draft.sizes[b]]  # [N_b, V]
-        if tree.size == 1:
-            out.append(Acceptance([0], pick(row_logits[0], row.params, row.generator), [row.root]))
-        elif row.params.is_greedy:
+        if row.params.is_greedy:
             out.append(greedy_accept(tree, row_logits))
         else:
             q = draft.q[b, : tree.size] if draft.q is not None else None  # [N_b, V]

@@ -1,19 +1,14 @@
-"""The one decoding loop: a batch of one is a batch.
+"""The one decoding loop, a batch of one is a batch: prefill, then passes of draft -> verify (ONE target
+forward over every row's tree) -> accept -> commit (a row's timeline: drafters/base.py).
 
-    prefill -> every row's root -> passes of: draft -> verify (ONE target forward over every row's tree)
-    -> accept -> commit, until every row stops (an EOS, its max_new_tokens).
-
-Each row has its own tree, stop and (sampling) generator, so row b's output equals its output alone
-(greedy: token for token; sampling with its seed: the same draws). Where the loop reads the device is a
-setting, not another loop (`depth`):
-- 0, read first (a CPU's default): the acceptance is read on the host, then the commit, the drafter's
-  accept and the next draft; a CPU's cheap host walks live in `accept_rows`.
-- 1, the next draft queued (CUDA, a compiled target and a drafter that drafts from device tensors): the
-  acceptance stays on the device, the target's commit, the drafter's accept and its next draft are
-  queued from it, then the host waits for the pass's one transfer while the draft runs.
-- 2, the next step queued (plain decoding on CUDA): a step's commit is known (its one node), so the
-  next step is queued before the host reads this one's tokens; a row that stops on an EOS was in that
-  step for nothing (its token dropped), one that runs out of max_new_tokens leaves before it.
+Each row has its own tree, stop and generator, so row b decodes as it would alone. Where the loop reads
+the device is a setting (`depth`), not another loop:
+- 0, read first (a CPU's default): accept on the host, then commit, the drafter's accept, the next draft;
+- 1, the next draft queued (CUDA, a compiled target, a drafter that drafts from device tensors): the
+  commit, the drafter's accept and its next draft are queued from the acceptance left on the device,
+  then the host waits for the pass's one transfer while the draft runs;
+- 2, the next step queued (plain decoding on CUDA: a step's commit is its one node): a row that stops
+  on an EOS was in that step for nothing (its token dropped).
 Rows that stop leave the batch (the runner's, the drafter's and a queued draft's rows follow).
 """
 
@@ -75,10 +70,8 @@ def depth_for(
     runner: TargetRunner, drafter: Drafter | None, rows: Sequence[Row], ahead: bool, on_device: bool,
     rule: str = "deterministic",
 ) -> int:  # fmt: skip
-    """Where the loop reads the device (see the module): 0 read first; 1 the next draft queued where the
-    target commits as a graph, the acceptance stays on the device (rows all greedy, or sampled over
-    children chosen by `rule` = deterministic: rule A) and the drafter drafts from it; 2 plain decoding's
-    next step queued."""
+    """The module's `depth` for these rows: 1 only where the commit, the acceptance (`queues`) and the
+    drafter can all stay on the device."""
     if not ahead:
         return 0
     if drafter is None:
@@ -97,11 +90,9 @@ def decode(
     depth: int = 0,
     on_device: bool = False,
 ) -> Iterator[Emitted]:
-    """Decode every row from its prompt: yields, after the prefill and after every pass the host reads,
-    the new ids of the rows that emitted some. Fills each row's stats; the phase times (the batch's,
-    shared by its rows) once the iterator is exhausted. runner: the target's (`TargetRunner`, sized for
-    every row); drafter: None for plain decoding; depth: `depth_for`; on_device: accept on the target's
-    device (an accelerator) rather than in host lists (a CPU)."""
+    """Decode every row from its prompt, yielding the new ids of the rows that emitted some after the
+    prefill and every pass the host reads; fills each row's stats (the batch's phase times at the end).
+    runner: sized for every row; drafter: None for plain decoding; on_device: accept on the device."""
     prompts = [r.prompt for r in rows]
     logits, hiddens = runner.prefill(prompts)  # [B, V], [{l: [T_b, H]}]
     for b, row in enumerate(rows):
@@ -207,8 +198,7 @@ def _read(
     for b, (row, acc) in enumerate(zip(flight.rows, accs)):
         row.flying -= 1
         ids = acc.path_tokens
-        if ids is None:  # (a rule that did not read them: from the tree)
-            ids = [int(t) for t in draft.tokens[b, acc.path].tolist()]
+        assert ids is not None  # (every rule the engine runs reads them)
         tokens.append(ids)
         if row.done:  # stopped on an EOS while this step was queued: computed for nothing
             continue
