@@ -140,12 +140,9 @@ class LayerSkipDrafter(DraftModelDrafter):
             skip = default_skip(total) if skip_layers is None else parse_layers(skip_layers, total)
         self.skip_layers = tuple(skip)
         self.exit_layer = exit_layer
+        self.kind = "layer_skip" if exit_layer is None else "early_exit"
         self.num_target_layers = total
         super().__init__(skip_view(target, skip), num_draft, **shape)
-
-    @property
-    def kind(self) -> str:
-        return "layer_skip" if self.exit_layer is None else "early_exit"
 
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         super().check_target(hidden_size, vocab_size, num_layers)
