@@ -28,14 +28,10 @@ def _accuracy_rows(accuracy: torch.Tensor) -> list[list[float]]:
 
 
 def best_choices(accuracy: torch.Tensor, num_nodes: int) -> list[list[int]]:
-    """The `num_nodes`-node tree (root not counted) maximising the expected accept length.
-
-    Best-first on path probability: a path is never likelier than its prefix, so the `num_nodes` most
-    likely paths form a prefix-closed tree, and no other tree of that size has a larger sum. Ties go to
-    the shorter path, then the lexicographically smaller ranks (so prefixes always come first). Asking
-    for more nodes than the table's depth and width allow gives the full tree. Paths come back sorted
-    by (length, ranks), ready for `tree_from_choices`.
-    """
+    """The `num_nodes`-node tree (root not counted) maximising the expected accept length, paths sorted by
+    (length, ranks); more nodes than the table allows give the full tree. Best-first on path probability:
+    a path is never likelier than its prefix, so the most likely paths form a prefix-closed tree (ties: the
+    shorter path, then the smaller ranks, so prefixes come first)."""
     rows = _accuracy_rows(accuracy)
     if num_nodes < 0:
         raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
@@ -73,13 +69,10 @@ def interpolate_cost(cost_by_size: dict[int, float], size: int) -> float:
     points = sorted((int(k), float(v)) for k, v in cost_by_size.items())
     if not points:
         raise ValueError("the cost profile has no measured tree sizes")
-    (x0, y0), (x1, y1) = (points[0], points[1]) if len(points) > 1 else (points[0], points[0])
-    for a, b in zip(points, points[1:]):
-        (x0, y0), (x1, y1) = a, b
-        if size <= b[0]:
-            break
-    if x1 == x0:
-        return y0
+    if len(points) == 1:
+        return points[0][1]
+    i = next((i for i in range(1, len(points) - 1) if size <= points[i][0]), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
     return y0 + (y1 - y0) * (size - x0) / (x1 - x0)  # beyond the last point: the last slope
 
 
@@ -92,13 +85,11 @@ def ranked_choices_for_cost(
     draft_ms_per_depth: float = 0.0,
     pass_ms: float = 0.0,
 ) -> list[tuple[list[list[int]], float]]:
-    """The best tree of every size 1..max_nodes for `accuracy` with its expected speedup on measured
-    hardware, best first (equal speedups: the smaller tree first). A tree of N nodes and depth D is expected
-    at expected_accept_length * step_ms / (verify(N + 1) + draft_ms + draft_ms_per_depth * D + pass_ms),
-    verify() interpolated from `verify_ms_by_size` (tree sizes counting the root, as scripts/benchmark.py
-    measures them). Medusa drafts every depth in one pass (draft_ms); an EAGLE head runs once per depth
-    (draft_ms_per_depth); pass_ms is what every pass costs whatever the tree (the target's commit of the
-    accepted path, an EAGLE head's accept step)."""
+    """The best tree of every size 1..max_nodes with its expected speedup, best first (ties: the smaller
+    tree first). A tree of N nodes and depth D is expected at expected_accept_length * step_ms /
+    (verify(N + 1) + draft_ms + draft_ms_per_depth * D + pass_ms), verify() interpolated from
+    `verify_ms_by_size` (sizes count the root); draft_ms: a one-pass draft (Medusa), draft_ms_per_depth:
+    a head run per depth (EAGLE), pass_ms: what every pass costs whatever the tree (commit, accept)."""
     ranked = []
     for n in range(1, max_nodes + 1):
         choices = best_choices(accuracy, n)

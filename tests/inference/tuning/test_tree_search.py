@@ -159,6 +159,9 @@ def test_interpolated_cost_and_best_tree_for_cost():
     costs = {1: 4.0, 2: 5.0, 4: 6.0, 8: 8.0}
     assert interpolate_cost(costs, 3) == pytest.approx(5.5)
     assert interpolate_cost(costs, 12) == pytest.approx(10.0)  # the last slope, extrapolated
+    uneven = {1: 1.0, 3: 3.0, 4: 10.0}  # each segment its own slope: the right one is read
+    assert [interpolate_cost(uneven, n) for n in (1, 2, 4, 5)] == pytest.approx([1.0, 2.0, 10.0, 17.0])
+    assert interpolate_cost({4: 3.0}, 9) == 3.0  # one measured size: its cost for every size
     accuracy = torch.tensor([[0.9, 0.05], [0.8, 0.05], [0.7, 0.05]])
     choices, speedup = ranked_choices_for_cost(accuracy, costs, step_ms=4.0)[0]
     # Cheap verification: the long greedy spine pays, the 0.05 siblings never do.
