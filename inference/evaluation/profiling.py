@@ -1,8 +1,6 @@
 """Where a part of a pass spends its time: wall clock against the device's kernels (torch.profiler).
-
-Per part (a decode step, a verify, a draft, ...): wall ms, kernel ms and kernel count. wall - kernels is
-what host work, launches and syncs cost (what CUDA graphs remove); kernels shrink only with fewer bytes or
-fused kernels. On a CPU (no device kernels) the host ops are counted instead.
+wall - kernels is what host work, launches and syncs cost (what CUDA graphs remove); on a CPU the host
+ops are counted instead.
 """
 
 from __future__ import annotations
@@ -20,8 +18,8 @@ from spechead.inference.phase_clock import seconds_between, stamper
 
 
 class Timer:
-    """Median ms of fn() over `iters` runs after `warmup` ones; `setup` runs untimed before each. Stamps
-    around each call (`phase_clock.stamper`: CUDA events) read after the last: no sync between calls."""
+    """Median ms of fn() over `iters` runs after `warmup` ones, `setup` untimed before each; stamps
+    (`phase_clock.stamper`) read after the last call: no sync between calls."""
 
     def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
         self.device, self.iters, self.warmup = device, iters, warmup
@@ -82,8 +80,7 @@ def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: 
 def profile_part(
     fn: Callable[[], object], device: torch.device, iters: int = 5, top: int = 30
 ) -> PartProfile:
-    """Profile `iters` calls of fn() (after one untimed call) -> its PartProfile per call, with its `top`
-    most expensive kernels."""
+    """fn()'s PartProfile per call over `iters` calls after an untimed one, with its `top` dearest kernels."""
     wall = wall_ms(fn, device, iters, warmup=1)
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -128,8 +125,7 @@ def render_profiles(profiles: dict[str, PartProfile], top: int = 8) -> list[str]
 
 
 def count_syncs(device: torch.device, fn: Callable[[], object]) -> tuple[object, int]:
-    """fn() and how many times it made the host wait for the GPU (counted from PyTorch's sync debug mode
-    warnings); 0 off CUDA."""
+    """fn() and how many times it made the host wait for the GPU (sync debug mode warnings); 0 off CUDA."""
     if device.type != "cuda":
         return fn(), 0
     previous = torch.cuda.get_sync_debug_mode()

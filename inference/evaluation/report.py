@@ -1,7 +1,5 @@
-"""Benchmark results as a Markdown table and matplotlib PNG plots (no display needed).
-
-Rows are the dicts `evaluation.summarize` returns, each with a "drafter" name added. tau is pooled
-over all target passes of the prompt set (stats.TAU), and every table that shows it says so.
+"""Benchmark results as a Markdown table and matplotlib PNG plots (no display needed). Rows are
+`measure.summarize`'s dicts with a "drafter" name added; every table showing tau says it is pooled.
 """
 
 from __future__ import annotations
