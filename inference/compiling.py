@@ -1,7 +1,5 @@
-"""torch.compile and CUDA graphs for the engine's fixed-shape functions (the runners' passes, the drafters'
-graphs): one entry point, `compile_function`, looked up here at each compile so tests can swap in
-stand-in graphs on a CPU (tests/inference/test_graph_replay.py).
-"""
+"""torch.compile and CUDA graphs for the engine's fixed-shape functions: one entry point, `compile_function`
+(looked up here at each compile, so tests can swap in stand-in graphs on a CPU)."""
 
 from __future__ import annotations
 
@@ -15,12 +13,9 @@ AUTO = "auto"  # from_pretrained's default compile: see resolve_compile
 
 
 def resolve_compile(compile: bool | str, device: torch.device) -> bool | str:
-    """`compile` with "auto" made concrete for a target on `device`; any other value as it is.
-
-    CUDA: "graphs" (an eager step pays a host launch per kernel; the graphs capture the eager passes in
-    seconds where inductor compiles for minutes: docs/PERFORMANCE.md, "Compile timings"). A CPU has no
-    launches to save: False. A pass that cannot be captured fails in one line
-    (cuda_graphs.GraphCaptureError); from_pretrained then falls back to eager where "auto" chose."""
+    """`compile` checked, "auto" made concrete for `device`: "graphs" on CUDA (an eager step pays a host
+    launch per kernel; capturing takes seconds where inductor takes minutes), False on a CPU (no launches
+    to save). from_pretrained falls back to eager where "auto" chose graphs that cannot be captured."""
     check_compile(compile)
     if compile != AUTO:
         return compile
@@ -42,9 +37,8 @@ def check_compile(compile: bool | str | None, name: str = "compile") -> None:
 
 
 def resolve_compile_args(args) -> None:
-    """A command line's parsed --compile / --compile-draft (on an argparse Namespace with --device): both
-    checked (ValueError), `args.compile_given` the value as given (for from_pretrained, which proves the
-    graphs "auto" chose), `args.compile` resolved for the device (for what depends on it: warm-ups, notes)."""
+    """A command line's --compile / --compile-draft checked (ValueError); `args.compile_given` keeps the
+    value as given (for from_pretrained), `args.compile` is resolved for --device (warm-ups, notes)."""
     args.compile_given = args.compile
     args.compile = resolve_compile(args.compile, torch.device(args.device))
     check_compile(args.compile_draft, "--compile-draft")
@@ -66,18 +60,16 @@ def compile_function(
     fullgraph: bool = False,
     state: Callable[[], Hashable] | None = None,
 ):
-    """`fn` compiled for fixed shapes as `compile` says:
+    """`fn` compiled for fixed shapes as `compile` says (on CUDA every call returns copies of the outputs):
 
-    - True / "inductor": inductor; on CUDA each call signature then captured as our own CUDA graph
-      (`GraphedFunction`: input copies and one replay, no guards; `state`: see cuda_graphs.py).
-    - "graphs": no compiler: on CUDA the eager `fn` captured as our graphs, elsewhere `fn` itself.
-    - "max-autotune": inductor's "max-autotune-no-cudagraphs" (GEMMs benchmarked against generated
-      kernels: a longer compile), then our graphs.
-    - "reduce-overhead": inductor with torch.compile's own CUDA graphs (guards checked every call).
-    - another string: that torch.compile backend ("cudagraphs"; "eager" / "aot_eager": what the CPU
-      tests use to count graphs).
+    - True / "inductor": inductor, on CUDA then captured as our own graphs (`GraphedFunction`; `state`:
+      see cuda_graphs.py);
+    - "graphs": the eager `fn` captured as our graphs on CUDA, elsewhere `fn` itself;
+    - "max-autotune": inductor's "max-autotune-no-cudagraphs" (a longer compile), then our graphs;
+    - "reduce-overhead": inductor with torch.compile's own CUDA graphs (guards checked every call);
+    - another string: that torch.compile backend ("eager" / "aot_eager": the CPU tests count graphs).
 
-    On CUDA every call returns copies of the graph's outputs. fullgraph: a graph break is an error."""
+    fullgraph: a graph break is an error."""
     # graphs per function: buckets x (with / without hidden states); dynamo's default limit of 8 per
     # function would silently send the rest back to eager
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)

@@ -1,17 +1,15 @@
 """Fixed-shape functions captured once as CUDA graphs and replayed with no Python in between.
 
-torch.compile's "reduce-overhead" replays CUDA graphs too, but evaluates dynamo's guards and its graph
-trees' bookkeeping on the host every call while the device idles; like SGLang, `GraphedFunction` captures
-each fixed-shape call itself:
+torch.compile's "reduce-overhead" checks dynamo's guards on the host every call while the device idles;
+`GraphedFunction` captures each fixed-shape call itself (as SGLang does):
 
     graphed = GraphedFunction(torch.compile(fn, dynamic=False), state=lambda: cache.generation)
     out = graphed(x, mask=m)    # first call of this signature: runs fn for real, then captures it
     out = graphed(x2, mask=m2)  # later calls: copy the tensors into the captured inputs, one replay
 
-A call's signature is its tensors' shapes and dtypes plus every other argument's value. What the
-function reads besides its arguments (a KV cache's buffers) is baked into the graph by address, so
-`state()` must name it: when it changes (a cache reallocated), every graph is dropped and recaptured.
-Outputs come back as copies: the next replay overwrites the graph's own.
+A call's signature is its tensors' shapes and dtypes plus every other argument's value. What fn reads
+besides its arguments (a KV cache's buffers) is baked in by address: when `state()` changes (a cache
+reallocated), every graph is dropped and recaptured. Outputs come back as copies (a replay overwrites them).
 """
 
 from __future__ import annotations
@@ -36,12 +34,10 @@ def copy_outputs(x: Any) -> Any:
 
 @contextlib.contextmanager
 def collection_paused() -> Iterator[None]:
-    """Python's automatic garbage collection off inside the block (restored as it was after it).
-
-    A dead generator's graphs sit in reference cycles (a runner holds its GraphedFunction, whose fn is
-    the runner's method); a collection during a capture destroys them, which CUDA refuses while a stream
-    captures: the capture under way then fails ("operation not permitted when stream is capturing").
-    torch.cuda.graph no longer collects before capturing, so the pause is ours."""
+    """Python's garbage collection off inside the block: a collection during a capture may destroy a dead
+    generator's graphs (reference cycles: a runner holds its GraphedFunction, whose fn is the runner's
+    method), which CUDA refuses while a stream captures ("operation not permitted when stream is
+    capturing"); torch.cuda.graph no longer collects before capturing."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -72,10 +68,8 @@ class Captured:
 
 
 class GraphedFunction:
-    """fn(*args, **kwargs) replayed as one CUDA graph per call signature (see the module doc).
-
-    state: what fn reads besides its arguments, as a hashable value that changes whenever those buffers
-    are reallocated (None: nothing). `captures` counts the graphs captured so far."""
+    """fn(*args, **kwargs) replayed as one CUDA graph per call signature (module doc). state: a hashable
+    that changes whenever what fn reads besides its arguments is reallocated; `captures` counts graphs."""
 
     def __init__(self, fn: Callable[..., Any], state: Callable[[], Hashable] | None = None) -> None:
         self.fn = fn

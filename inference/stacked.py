@@ -1,15 +1,12 @@
 """Stacked projections for a transformers target: in each decoder layer, the linear layers that read one
-input (attention's q/k/v, the MLP's gate/up) run as ONE GEMM each, through the model's own forward.
+input (attention's q/k/v, the MLP's gate/up) run as ONE GEMM each, through the model's own forward. At
+batch 1 a GEMM reaches the memory bandwidth only when wide, and a grouped-query model's k/v projections
+are narrow (vLLM and gpt-fast stack them too).
 
-Why: at batch 1 a GEMM reaches the memory bandwidth only when it is wide, and a grouped-query model's
-key and value projections are narrow (Llama-3-8B: 1024 rows beside the query's 4096); vLLM and gpt-fast
-stack them too.
-
-How, with no model file of our own: a group's first layer (q_proj, gate_proj) becomes a `StackedLinear`
-that runs the whole stack's GEMM and keeps the other rows' outputs for the tensor it was called on; the
-others become `StackedRows` that take their kept output when called on that same tensor, and run their
-own rows' GEMM otherwise (any call order stays exact). The weights live once, in the stack (the state
-dict changes: stack a model loaded for decoding, not one to save or train).
+A group's first layer becomes a `StackedLinear` that runs the whole stack and keeps the other rows'
+outputs for the tensor it was called on; the others become `StackedRows` that take their kept output for
+that same tensor and run their own rows otherwise (any call order stays exact). The weights live once, in
+the stack (the state dict changes: stack a model loaded for decoding, not one to save or train).
 """
 
 from __future__ import annotations
