@@ -255,11 +255,7 @@ def at_least(name: str, value: object, low: int = 1) -> None:
 
 def chain(tokens: list[int], root: int) -> TokenTree:
     """A single-path tree: root -> tokens[0] -> tokens[1] -> ... ([N] = len(tokens) + 1)."""
-    n = len(tokens) + 1
-    return TokenTree(
-        tokens=torch.tensor([root, *tokens], dtype=torch.long),
-        parents=torch.arange(-1, n - 1, dtype=torch.long),
-    )
+    return TokenTree(torch.tensor([root, *tokens], dtype=torch.long), torch.arange(-1, len(tokens)))
 
 
 def _pad(x: torch.Tensor, n: int, fill: int) -> torch.Tensor:

@@ -18,7 +18,9 @@ by depth under a tree mask with positions C - 1 + depth, then crops them away.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from itertools import product
 from typing import cast
 
 import torch
@@ -74,17 +76,13 @@ def parse_width(width: int | str | Sequence[int]) -> list[int]:
 
 def width_tree(widths: list[int]) -> StaticTree:
     """The full static tree with widths[d] children under every node of depth d ([N] nodes)."""
-    paths: list[list[int]] = []
-    level: list[list[int]] = [[]]
-    for w in widths:
-        level = [p + [r] for p in level for r in range(w)]
-        paths += level
-        if len(paths) > MAX_NODES:
-            raise ValueError(
-                f"width {widths} makes more than {MAX_NODES} draft nodes: use smaller widths deeper down, "
-                "e.g. 4x2x2x1"
-            )
-    return tree_from_choices(paths)
+    if sum(math.prod(widths[: d + 1]) for d in range(len(widths))) > MAX_NODES:
+        raise ValueError(
+            f"width {widths} makes more than {MAX_NODES} draft nodes: use smaller widths deeper down, "
+            "e.g. 4x2x2x1"
+        )
+    levels = [product(*map(range, widths[: d + 1])) for d in range(len(widths))]  # rank paths, in order
+    return tree_from_choices([list(path) for level in levels for path in level])
 
 
 class DraftModelDrafter(RowDrafter):
