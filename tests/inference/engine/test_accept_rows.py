@@ -63,3 +63,24 @@ def test_host_and_device_batch_walks_agree():
             == [a.path_tokens for a in device]
             == [a.path_tokens for a in single]
         )
+
+
+def test_a_one_node_row_takes_the_targets_own_next_token():
+    """Rows of one node beside a bigger tree, greedy and sampled mixed (the per-row walk): each row's
+    next token is the target's own, the argmax or `pick`'s draw from its generator, its path the root."""
+    from spechead.inference.engine.accept import accept_rows
+    from spechead.inference.engine.rows import Row
+    from spechead.inference.sampling import make_generator, pick
+    from spechead.inference.tree import ancestors_on_device
+
+    draft = BatchDraft(
+        torch.tensor([[3, 3, 3], [4, 4, 4], [5, 6, 8]]), torch.tensor([[-1, 0, 0]] * 3), [1, 1, 3]
+    )
+    logits = torch.randn(3, 3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, 1:] = logits[1, 1:] = 100.0  # padding nodes: never read
+    params = [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=0.7)]
+    rows = [Row(b, torch.tensor([1]), 4, p, make_generator(b), None) for b, p in enumerate(params)]
+    accs = accept_rows(draft, logits, ancestors_on_device(draft.parents), rows, False)
+    assert [a.path for a in accs[:2]] == [[0], [0]] and [a.path_tokens for a in accs[:2]] == [[3], [4]]
+    assert accs[0].next_token == int(logits[0, 0].argmax())
+    assert accs[1].next_token == pick(logits[1, 0], params[1], make_generator(1))
