@@ -1,16 +1,12 @@
 """DFlash drafting: ONE head forward over every row's block proposes its tree (default: a chain of
 block_size - 1 tokens).
 
-Each row keeps its context keys / values per drafter layer for the positions in the target cache (the
-fused target states injected, `DFlashHead.inject`) in the head's `RowCache` [B, kv, S, D] a layer, with
-each row's committed length L_b (`lengths_t` on the device, `lengths` on the host). A proposal runs the
-block [root, MASK, ...] of every row at positions L_b .. L_b + block_size - 1 against its own committed
-context (a mask hides the slots at and past L_b); block position j scores the token j steps after the root.
-
-The tree (`tree`): "chain" or rank paths over the block's positions (parallel.py). A commit writes W
-positions of every row at slots L_b .. L_b + W - 1 (one scatter per layer, a fixed shape) and moves L_b by
-the row's count k_b <= W: the slots past k_b are scratch, masked, overwritten by the next commit. The
-head's forward reads the context K/V as a prefix and never writes the block's, so nothing is cropped.
+Each row's context keys / values (the fused target states injected, `DFlashHead.inject`) live in the
+head's `RowCache` [B, kv, S, D] a layer, row b committed to L_b. A proposal runs the block [root, MASK, ...]
+at positions L_b .. L_b + block_size - 1 against its row's context (a mask hides the slots from L_b on);
+block position j scores the token j steps after the root. A commit writes W positions at slots L_b ..
+L_b + W - 1 (one fixed-shape scatter a layer) and moves L_b by k_b <= W: the slots past k_b are scratch,
+masked and overwritten by the next commit. The forward never writes the block's K/V: nothing is cropped.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.fused_block import fused_block
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, padded_prompts
+from spechead.inference.drafters.base import BatchDraft, padded_prompts, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -35,28 +31,22 @@ class DFlashDrafter(ParallelDrafter):
     number of rows. tree: "chain", or rank paths over the block's positions (see `block_tree`)."""
 
     head: DFlashHead
-    eager_reads_whole_cache = True  # (`_kv`: the cache's every slot, masked by the lengths)
+    eager_reads_whole_cache = True  # (`_tokens`: the cache's every slot, masked by the lengths)
 
     def __init__(self, head: DFlashHead, tree: str | list[list[int]] = "chain"):
         if isinstance(tree, str) and tree != "chain":
             raise ValueError(f"a DFlash drafter's tree is 'chain' or a list of rank paths, got tree={tree!r}")
         self.block_size = head.config.block_size
         super().__init__(head, BlockTree(None if isinstance(tree, str) else tree, self.block_size - 1))
-        # the block forward as a short chain of ops on the head's weights where its layer kind allows
-        # (heads/fused_block.py): on a CPU the layer modules' overhead is as large as their arithmetic
+        # short chains of ops on the head's weights where its layer kind allows (heads/fused_block.py): on a
+        # CPU the layer modules' overhead is as large as their arithmetic
         fused = fused_block(head)
         self.head_forward = fused or head
         self.head_inject = fused.inject if fused is not None else head.inject  # (a commit's keys / values)
 
-    def _kv(self) -> list[tuple[Tensor, Tensor]]:
-        """Every layer's context keys / values [B, kv, S, D] (the cache's buffers, read in place)."""
-        assert self.cache is not None
-        return [(layer.keys, layer.values) for layer in self.cache.row_layers]
-
     def _commit(self, context: Tensor, counts: Tensor) -> None:
         """Write every row's W context positions (context [B, W, H]) at slots L_b .. L_b + W - 1 and move
-        L_b by counts [B] (device; the slots past a row's count are scratch). The cache grows (doubling:
-        rare) when a row's slots would pass its end."""
+        L_b by counts [B] (device); the cache doubles when a row's slots would pass its end."""
         cache, lengths = self.cache, self.lengths_t
         assert cache is not None and lengths is not None
         width = context.shape[1]
@@ -76,16 +66,12 @@ class DFlashDrafter(ParallelDrafter):
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
         """New rows: each prompt's states {layer: [T_b, H]} become its committed context."""
-        batch, width = len(prompts), max(len(p) for p in prompts)
-        self._new_rows(batch, 2 * (width + self.tree.depth + 1))  # (room to grow into)
-        lengths = [len(p) for p in prompts]
-        states = padded_prompts(prompts, hidden, self.hidden_layers)[1]  # {l: [B, T, H]}
-        self._commit(self._fused(states), host_to_device(torch.tensor(lengths), self._device()))
-        self.settle(lengths)
+        tokens, states = padded_prompts(prompts, hidden, self.hidden_layers)  # [B, T], {l: [B, T, H]}
+        self._new_rows(len(prompts), 2 * (tokens.shape[1] + self.tree.depth + 1))  # (room to grow into)
+        self.accept(tokens, [len(p) for p in prompts], states, roots)
 
     def _draft(self, roots: Tensor) -> BatchDraft:
-        """Every row's tree from its root [B] (device) and its committed context (`_tokens`, compiled
-        when `use_compile` asked)."""
+        """Every row's tree from its root [B] (device) and its committed context."""
         assert self.cache is not None and self.lengths_t is not None
         device, batch = self._device(), roots.shape[0]
         self.tree.to(device)
@@ -93,10 +79,11 @@ class DFlashDrafter(ParallelDrafter):
         return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
 
     def _tokens(self, roots: Tensor, lengths: Tensor) -> Tensor:
-        """The fixed-shape draft: roots [B] and committed lengths [B] over the context buffers (the cache's,
-        read as they are) -> every row's tree tokens [B, N]."""
+        """The fixed-shape draft: roots [B] and committed lengths [B] over the cache's context buffers ->
+        every row's tree tokens [B, N]."""
+        assert self.cache is not None
         device, size, batch = roots.device, self.block_size, roots.shape[0]
-        kv = self._kv()
+        kv = [(layer.keys, layer.values) for layer in self.cache.row_layers]  # [B, kv, S, D] each, in place
         block = torch.cat([roots[:, None], torch.full((batch, size - 1), MASK, device=device)], dim=1)
         positions = lengths[:, None] + torch.arange(size, device=device)  # [B, bs]
         span = kv[0][0].shape[2]
@@ -121,5 +108,5 @@ class DFlashDrafter(ParallelDrafter):
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
         """`accept` from device tensors: the verified trees' states {l: [B, N, H]}, each row's path
         [B, >= P] (ascending, the last node repeated) and its K [B]: P positions written, L_b moves by K_b."""
-        context = self._path_fused(hidden, paths[:, : self.commit_width])  # [B, P, H]
+        context = self._fused(paths_states(hidden, paths[:, : self.commit_width]))  # [B, P, H]
         self._commit(context, ks.to(context.device))

@@ -1,21 +1,15 @@
-"""What the parallel drafters share (P-EAGLE, DFlash: ONE head forward per pass drafts every row's block):
-the block tree over the head's slots, the target check, the head's own KV cache of committed positions (a
-`RowCache`, with each row's committed length on the host and on the device), a propose from host or device
-roots, the queued form's commit width, and the compiled draft.
+"""What the parallel drafters share (P-EAGLE, DFlash: ONE head forward a pass drafts every row's block):
+the static block tree (`block_tree.BlockTree`: a node at depth d with rank r carries the r-th best token
+of the block's d-th draft), the head's KV cache of committed positions (a `RowCache`, lengths on the host
+and the device), a propose from host or device roots, the queued accept's width and the compiled draft.
 
-The tree (`block_tree.BlockTree`): static rank paths (`choices`, as Medusa's): a node at depth d with rank
-r carries the r-th best token of the block's d-th draft; children are deterministic (rule A when sampling).
-Queued (engine/loop.py depth 1): `accept_queued` takes each row's path padded to P = `commit_width` (the
-tree's depth + 1) and its count k_b on the device, the device lengths move by k_b; `settle` moves the host's.
+Queued (engine/loop.py): `accept_queued` takes each row's path padded to P = `commit_width` and its count
+k_b on the device, where the lengths move by k_b; `settle` moves the host's once it has read them.
 
-Compiled (`use_compile`): a drafter's `_tokens` is its draft as ONE fixed-shape function (device tensors
-in, every row's tree tokens [B, N] out; it reads its buffers in place and writes them only by device
-index), called through `compiling.compile_function` as every compiled path of the engine is. On CUDA the
-graph bakes those buffers' addresses in, so `_graph_state` names their allocation (a new one: captured
-again). A call of another shape traces again, so the shapes stay few: compiled, the buffers hold the
-batch's capacity of rows (the next power of 2, as the target runner's and EAGLE's graphs), rows that
-finish leave idle rows behind instead of smaller buffers, and every pass runs over all of them
-(`_over_rows`); a new batch of the same capacity reuses the buffers.
+Compiled (`use_compile`): `_tokens` is the draft as ONE fixed-shape function (`compiling.compile_function`)
+that writes its buffers only by device index; a CUDA graph bakes their addresses in (`_graph_state`). So
+the shapes stay few, the buffers hold the batch's capacity of rows: finished rows stay idle, every pass
+runs over all of them (`_over_rows`) and a new batch of the same capacity reuses them.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, Drafter, paths_states
+from spechead.inference.drafters.base import BatchDraft, Drafter
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.cache import RowCache
@@ -64,7 +58,7 @@ class ParallelDrafter(Drafter):
 
     @property
     def lengths(self) -> list[int]:
-        """Every active row's committed length on the host (compiled, the cache's idle rows left out)."""
+        """Every active row's committed length on the host."""
         assert self.cache is not None and self.lengths_t is not None
         return self.cache.lengths[: self.lengths_t.shape[0]]
 
@@ -80,8 +74,7 @@ class ParallelDrafter(Drafter):
         self.lengths_t = torch.zeros(batch, dtype=torch.long, device=self._device())
 
     def settle(self, ks: Sequence[int]) -> None:
-        """The host's committed lengths follow the accept: active row b's moves by ks[b] (queued: once the
-        host has read K; read first: at once), the cache's idle rows stay at 0."""
+        """The host's committed lengths follow the accept: row b's moves by ks[b], idle rows stay at 0."""
         assert self.cache is not None
         lengths = self.cache.lengths
         moved = [n + k for n, k in zip(lengths, ks)]
@@ -89,12 +82,11 @@ class ParallelDrafter(Drafter):
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
-        """Only these rows, in this order (`_keep_rows`)."""
         self._keep_rows(rows)
 
     def _keep_rows(self, rows: Sequence[int]) -> Tensor:
-        """Only these active rows, in this order, in the cache (compiled: kept whole, the rows past B'
-        idle) and the device lengths; the rows as a device index [B'] (a subclass keeps its own state)."""
+        """Only these rows, in this order (compiled: the cache kept whole, rows past B' idle); returns them
+        as a device index [B'] for a subclass's own state."""
         assert self.cache is not None and self.lengths_t is not None
         self.cache.keep_rows(list(rows), capacity=self.cache.batch if self._compile else None)
         pick = host_to_device(torch.tensor(list(rows)), self._device())
@@ -106,17 +98,12 @@ class ParallelDrafter(Drafter):
         weight = self.head.fc.weight
         return self.head.fuse([states[layer].to(weight.device, weight.dtype) for layer in self.hidden_layers])
 
-    def _path_fused(self, hidden: dict[int, Tensor], paths: Tensor) -> Tensor:
-        """Fused states [B, P, H] of each row's path paths [B, P] in the verified trees' {l: [B, N, H]}."""
-        return self._fused(paths_states(hidden, paths))
-
     def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
         self.head.check_target(hidden_size, vocab_size, num_layers)
 
     def with_tree(self, choices: list[list[int]]) -> Self:
         """The same head with another static tree (rank paths), compiled as this one."""
-        # (every parallel drafter is made as (head, rank paths); this base, of a BlockTree)
-        other = type(self)(self.head, choices)  # type: ignore[arg-type]
+        other = type(self)(self.head, choices)  # type: ignore[arg-type]  # (a subclass: head, rank paths)
         other.use_compile(self._compile)
         return other
 
@@ -124,8 +111,7 @@ class ParallelDrafter(Drafter):
         return self.head.fc.weight.device
 
     def _capacity(self, batch: int) -> int:
-        """Rows the buffers hold for a batch of `batch`: compiled, its capacity (kept while rows finish:
-        one graph shape); eager, the batch itself (a CPU computes no idle rows)."""
+        """Rows the buffers hold: compiled, the batch's capacity; eager, the batch (no idle rows to compute)."""
         return batch_capacity(batch) if self._compile else batch
 
     @staticmethod
@@ -174,9 +160,7 @@ class ParallelDrafter(Drafter):
         return (self.cache.generation if self.cache is not None else None), tuple(map(tuple, self.choices))
 
     def use_compile(self, compile: bool | str) -> None:
-        """Draft through `_tokens` as ONE fixed-shape function (`compiling.compile_function`: True inductor,
-        "graphs" the eager function (captured as a CUDA graph on CUDA), another string that torch.compile
-        backend; False eager)."""
+        """Draft through `_tokens` compiled as `compiling.compile_function` says (False: eager)."""
         self._compile = compile
         if not compile:
             self._draft_fn = self._tokens

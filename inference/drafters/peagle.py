@@ -1,23 +1,16 @@
-"""P-EAGLE drafting: ONE head forward per pass drafts every row's block of K tokens.
+"""P-EAGLE drafting: ONE head forward per pass drafts every row's block of K tokens (default tree: the
+chain of the K best, the paper's draft).
 
-The head keeps its own KV cache of committed positions (a `RowCache`, row b holding lengths[b]
-entries). A pass writes, per row, the positions committed since the last pass (their fused target states
-and next tokens; the last one, whose next token is the root, is the anchor) and K - 1 future positions
-right after them, and attends causally by slot: each row's block sees its own prefix only. The futures'
-K/V are scratch (the committed length moves past the real entries only), overwritten next pass.
+A pass writes into the head's cache, per row, the positions committed since the last pass (fused target
+states and next tokens; the last, whose next token is the root, is the anchor) and K - 1 future positions
+after them, attending causally by slot (slot s = target position s = the rotary position). Row b's new
+positions are padded to the longest row's P and its padding written AFTER its block, where no real query
+sees it: real j at L_b + j (j < k_b), future i at L_b + k_b + i, padding j at L_b + K - 1 + j. The
+futures' and padding's K/V are scratch: the committed length moves past the real entries only.
 
-Slot s of row b is target position s, so rotary positions are the slots. The new positions are padded to
-the longest row's P; row b's first k_b are real, its padding is written AFTER its block (scratch slots no
-real query sees): real j at L_b + j (j < k_b), future i at L_b + k_b + i, padding j at L_b + K - 1 + j.
-
-The default tree is the chain of the K best tokens (the paper's draft). Queued, the next draft writes all
-P accepted positions (those past K_b as padding).
-
-Compiled (parallel.py): `_tokens` with the pending positions padded to P = `commit_width`, every write at
-slots from the device lengths and counts, the queries attending over the cache's whole buffer (S_max
-slots) behind a mask built on the device. Passes of more pending positions (the prompt's, an accept
-longer than the tree) and the first one (no buffers yet) run it eagerly. Eager, a pass attends over the
-slots up to the longest row's last write only (the fewest a CPU computes).
+Compiled, a pass pads its pending positions to P = `commit_width` and attends over the whole buffer
+behind a device mask; a pass of more (the prompt's, an accept longer than the tree) or the first one runs
+eagerly, over the slots up to the longest row's last write (the fewest a CPU computes).
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, padded_prompts
+from spechead.inference.drafters.base import BatchDraft, padded_prompts, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -47,15 +40,15 @@ def next_ids_of(tokens: Tensor, counts: Tensor, roots: Tensor) -> Tensor:
 
 
 class PEagleDrafter(ParallelDrafter):
-    """B rows' static trees (default: a chain of K) from ONE P-EAGLE head forward per pass (children
-    deterministic: rule A when sampling). Row b's tree is the tree a batch of one of that row proposes."""
+    """B rows' static trees from ONE P-EAGLE head forward per pass (children deterministic: rule A when
+    sampling); row b's tree is the one a batch of one of that row proposes."""
 
     head: PEagleHead
 
     def __init__(self, head: PEagleHead, choices: list[list[int]] | None = None):
         super().__init__(head, BlockTree(choices, head.block_size))
-        # the head's step and logits as short chains of ops on its own weights where its layer kind allows
-        # (heads/fused.py, as EAGLE drafts): on a CPU the modules' overhead is as large as the arithmetic
+        # short chains of ops on the head's weights where its layer kind allows (heads/fused.py): on a CPU
+        # the modules' overhead is as large as the arithmetic
         self.head_step = fused_step(head) or head.step
         self.head_logits = fused_logits(head) or head.logits
         # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
@@ -69,18 +62,13 @@ class PEagleDrafter(ParallelDrafter):
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
-        """New rows: every prompt position is pending (its next token: the prompt's, the root after the last)."""
-        device, batch = self._device(), len(prompts)
+        """New rows: every prompt position is pending, accepted as a path is."""
         tokens, states = padded_prompts(prompts, hidden, self.hidden_layers)  # [B, T], {l: [B, T, H]}
-        counts = torch.tensor([p.numel() for p in prompts])  # [B]
-        ids = next_ids_of(tokens, counts, torch.tensor(list(roots)))  # [B, T]
-        self.pending = (self._fused(states), ids.to(device), host_to_device(counts, device))
-        self.host_counts, self._redo = counts.tolist(), None
-        self._new_rows(batch, 2 * (tokens.shape[1] + self.head.block_size))
+        self.accept(tokens, [p.numel() for p in prompts], states, roots)
+        self._new_rows(len(prompts), 2 * (tokens.shape[1] + self.head.block_size))
 
     def _draft(self, roots: Tensor) -> BatchDraft:
-        """The pending positions into the head cache and every row's tree from its roots [B] (device):
-        `_tokens`, compiled when `use_compile` asked and the pass fits its fixed shapes."""
+        """The pending positions into the head cache and every row's tree from its roots [B] (device)."""
         assert self.cache is not None and self.lengths_t is not None and self.pending is not None
         cache, k = self.cache, self.head.block_size
         if self.pending[1].shape[1] == 0 and self._redo is not None:  # a propose again, no accept between
@@ -192,5 +180,5 @@ class PEagleDrafter(ParallelDrafter):
         paths = paths[:, :width].to(device)  # [B, P]
         counts = ks.to(device)
         ids = next_ids_of(tokens.to(device).gather(1, paths), counts, nexts.to(device))  # [B, P]
-        self.pending = (self._path_fused(hidden, paths), ids, counts)
+        self.pending = (self._fused(paths_states(hidden, paths)), ids, counts)
         self.host_counts, self._redo = None, None

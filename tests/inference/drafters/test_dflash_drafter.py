@@ -87,10 +87,11 @@ def test_kept_rows_draft_as_before_without_a_second_buffer(model):
     greedy = [SamplingParams()] * len(prompts)
     drafter.start(prompts, states, roots)
     before = drafter.propose(roots, greedy, [None] * len(prompts)).tokens  # [B, N]
-    buffers = [k.data_ptr() for k, _ in drafter._kv()]
+    buffers = [layer.keys.data_ptr() for layer in drafter.cache.row_layers]
     kept = [0, 2]  # row 2 moves up to row 1
     drafter.keep(kept)
-    assert [k.data_ptr() for k, _ in drafter._kv()] == buffers and drafter._kv()[0][0].shape[0] == len(kept)
+    layers = drafter.cache.row_layers
+    assert [layer.keys.data_ptr() for layer in layers] == buffers and layers[0].keys.shape[0] == len(kept)
     after = drafter.propose([roots[b] for b in kept], greedy[:2], [None] * 2).tokens
     assert torch.equal(after, before[kept]) and drafter.lengths == [len(prompts[b]) for b in kept]
     drafter.keep([1, 0])  # another order: gathered
