@@ -45,7 +45,7 @@ class CascadeDrafter(RowDrafter):
         check_vocab(tiny, medium_vocab, "cascade: the tiny model", fix, other="the medium")
         self.medium = medium.eval()
         self.tiny = DraftModelDrafter(tiny, tiny_draft)  # a chain, rule "iid" under sampling
-        self.num_draft, self.tiny_draft = num_draft, tiny_draft
+        self.num_draft = num_draft
         self.max_nodes = num_draft + 1
         self.eos = eos_ids(medium)  # the chain stops there: tokens after an EOS are never emitted
         self.context: list[int] = []  # tokens in the target's cache (the root not yet)
@@ -88,18 +88,17 @@ class CascadeDrafter(RowDrafter):
         """One tiny draft verified by the medium: the medium's new tokens (accepted drafts + its own
         correction/bonus) and its distributions [V] at the inner root and each accepted draft."""
         draft = self.tiny.propose(seq[-1], sampling, generator)  # chain rooted at seq[-1], q = tiny's
-        cache = self.cache
-        done = cache_length(cache)
+        done = cache_length(self.cache)
         n = draft.tree.size  # the inner root (seq[-1]) + the tiny's drafts
         fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet
-        logits = run_model(self.medium, cache, fed, logits_to_keep=n)  # [n, V]: inner root, each draft
+        logits = run_model(self.medium, self.cache, fed, logits_to_keep=n)  # [n, V]: inner root, each draft
         if sampling.is_greedy:
             acc, p = greedy_accept(draft.tree, logits), None
         else:
             p = target_probs(logits, sampling)  # [n, V]: what the medium would sample from
             acc = sample_accept(draft.tree, p, draft.rule, draft.q, generator)
         # The medium keeps the inner root and its accepted drafts (a chain: the first entries).
-        crop(cache, len(seq) - 1 + len(acc.path))
+        crop(self.cache, len(seq) - 1 + len(acc.path))
         accepted = draft.tree.tokens[acc.path]  # [a + 1], the inner root first
         self.tiny.accept(accepted, {}, acc.next_token)
         rows = [] if p is None else [p[i] for i in acc.path]
