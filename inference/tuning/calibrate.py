@@ -20,10 +20,7 @@ from spechead.inference.drafters.per_row import rows_drafter
 from spechead.inference.evaluation.profiling import wall_ms
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.runner import TargetRunner, batch_capacity
-from spechead.inference.tuning.tree_search import (
-    expected_accept_length,
-    ranked_choices_for_cost,
-)
+from spechead.inference.tuning.tree_search import covers, expected_accept_length, ranked_choices_for_cost
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -236,12 +233,6 @@ def calibrated_choices(
         state = {layer: torch.randn(1, width, device=device) for layer in drafter.hidden_layers}  # [1, H]
         info["draft_ms"] = _drafter_ms(drafter, propose_timer(drafter, state, batch), 7)
     return best_for_costs(accuracy, info, max_nodes), info
-
-
-def covers(accuracy: torch.Tensor, choices: list[list[int]]) -> bool:
-    """Whether the table [depth, k] has an entry for every node of the (non-empty) tree `choices`."""
-    shape = accuracy.shape
-    return bool(choices) and all(len(c) <= shape[0] and max(c) < shape[1] for c in choices)
 
 
 def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:

@@ -13,8 +13,8 @@ import torch
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.tuning.calibrate import EAGER, TimedAs, covers
-from spechead.inference.tuning.tree_search import expected_accept_length
+from spechead.inference.tuning.calibrate import EAGER, TimedAs
+from spechead.inference.tuning.tree_search import covers, expected_accept_length
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

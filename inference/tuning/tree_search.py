@@ -53,15 +53,19 @@ def expected_accept_length(accuracy: torch.Tensor, choices: Sequence[Sequence[in
     """1 + sum over the tree's paths of prod_d accuracy[d, rank_d] (tokens emitted per target pass)."""
     rows = _accuracy_rows(accuracy)
     tree_from_choices([list(c) for c in choices])  # validates: prefix-closed, no duplicates
+    if choices and not covers(accuracy, choices):
+        need = [max(map(len, choices)), max(map(max, choices)) + 1]
+        raise ValueError(f"the tree needs an accuracy table of at least {need}, got {list(accuracy.shape)}")
     total = 1.0
     for path in choices:
-        if len(path) > len(rows) or max(path) >= len(rows[0]):
-            raise ValueError(
-                f"path {list(path)} needs an accuracy table of at least [{len(path)}, {max(path) + 1}], "
-                f"got {list(accuracy.shape)}"
-            )
         total += math.prod(rows[d][r] for d, r in enumerate(path))
     return total
+
+
+def covers(accuracy: torch.Tensor, choices: Sequence[Sequence[int]]) -> bool:
+    """Whether the table [depth, k] has an entry for every node of the (non-empty) tree `choices`."""
+    shape = accuracy.shape
+    return bool(choices) and all(len(c) <= shape[0] and max(c) < shape[1] for c in choices)
 
 
 def interpolate_cost(cost_by_size: dict[int, float], size: int) -> float:

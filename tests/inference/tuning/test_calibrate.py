@@ -261,7 +261,7 @@ def test_size_costs_are_the_minimum_made_non_decreasing():
 
 def test_covers_needs_an_entry_for_every_node():
     """A tree as deep and as wide as the table is covered; one level deeper or one rank wider is not."""
-    from spechead.inference.tuning.calibrate import covers
+    from spechead.inference.tuning.tree_search import covers
 
     table = torch.zeros(2, 3)
     assert covers(table, [[0], [2], [0, 2]])
