@@ -32,11 +32,9 @@ if TYPE_CHECKING:  # (typing.Self from Python 3.11; torch installs typing_extens
 
 @dataclass
 class Draft:
-    """A proposed tree and how its children were chosen (which lossless rule verifies it).
-
-    tree: tokens [N], parents [N]; node 0 is the root. q: [N, V] draft distribution at each node that
-    its children were sampled from (rules iid / without_replacement), None for deterministic children.
-    """
+    """A proposed tree (tokens [N], parents [N], node 0 the root) and the lossless rule that verifies it;
+    q [N, V]: the draft distribution each node's children were drawn from (rules iid and
+    without_replacement), None for deterministic children."""
 
     tree: TokenTree
     rule: str = "deterministic"
@@ -101,11 +99,9 @@ def padded_prompts(
 @dataclass
 class BatchDraft:
     """Trees for B rows padded to one size N: tokens [B, N], parents [B, N], both on the host or both on
-    the drafter's device (a GPU draft stays there for the verify). Row b's tree is its first sizes[b]
-    nodes; the padding nodes after them are children of the root that no real node descends from (the
-    verify computes and ignores them). rule as `Draft`; q [B, N, V] (zeros on padding) for the sampled
-    rules, None for deterministic children.
-    """
+    the drafter's device. Row b's tree is its first sizes[b] nodes; the padding nodes after them are
+    children of the root that no real node descends from (verified and ignored). rule and q [B, N, V]
+    (zeros on padding) as `Draft`'s."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
