@@ -1,11 +1,8 @@
 """DynamicCache bookkeeping for a draft model's own cache (drafters/draft_model.py, cascade.py) and the
-target's prefill groups (target/prefill.py); the target's own cache is the row cache (target/cache.py).
-
-A tree pass appends its N nodes' keys/values after the committed positions; every caller then keeps a
-prefix (a draft model drops its whole tree, a cascade's medium keeps its accepted chain, the first
-entries), so `crop` is all the bookkeeping there is. Only full-attention `DynamicLayer`s can be cropped:
-a sliding-window MODEL gets plain layers from `croppable_cache` and its masks apply the window
-(sliding.py).
+target's prefill groups (target/prefill.py). After a tree pass every caller keeps a prefix (a draft model
+drops its tree, a cascade's medium keeps its accepted chain), so `crop` is all there is. Only
+full-attention `DynamicLayer`s can be cropped: a sliding-window model gets plain layers from
+`croppable_cache` and its masks apply the window (sliding.py).
 """
 
 from __future__ import annotations

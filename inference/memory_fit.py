@@ -1,6 +1,5 @@
-"""Does a target fit its device? Checked from its config before any weight is read: a target too large
-for one device (Llama-3-70B in bfloat16: 141 GB) is one line in a second, not minutes of loading and an
-out-of-memory traceback. spechead decodes with the whole target on one device (not split over GPUs).
+"""Does a target fit its device? Checked from its config before any weight is read: one line in a second,
+not minutes of loading and an out-of-memory traceback. spechead decodes with the whole target on one device.
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
 Every cache keeps every position in every layer (a tree's entries and the accepted path's copies need
 fixed slots), so a target pass hands a sliding layer the full mask with keys too far behind each query
-blocked (`window_mask`; `layer_masks`: a dict keyed by layer type for models with per-layer attention
-types, Gemma-2/3, GPT-OSS, Qwen2; the windowed mask itself where every layer slides, Mistral, Phi-3).
-
-transformers' convention (masking_utils.sliding_window_overlay): a key at POSITION p is visible to a
-query at position q iff it is causally visible and q - p < window. Tree nodes sit at position past_len +
-depth but at slot past_len + node index, so the window is measured in positions (`slot_positions`).
+blocked (`layer_masks`). As in transformers (masking_utils.sliding_window_overlay), a key at POSITION p
+is visible to a query at position q iff it is causally visible and q - p < window; tree nodes sit at
+position past_len + depth but at slot past_len + node index (`slot_positions`).
 """
 
 from __future__ import annotations
@@ -52,11 +49,9 @@ def sliding_layout(model) -> SlidingLayout | None:
 
 
 def window_mask(mask: Tensor, query_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:
-    """The additive mask [B, 1, Q, K] of a sliding layer from the full one `mask` [B, 1, Q, K] (0 =
-    attend, finfo.min = blocked): key k is blocked for query i when query_pos[i] - key_pos[k] >= window.
-
-    query_pos [B, Q] or [Q], key_pos [B, K] or [K]: POSITIONS (rotary positions), not cache slots. Keys
-    already blocked stay blocked; a new mask is returned (`mask` is not modified)."""
+    """The additive mask [B, 1, Q, K] of a sliding layer: a copy of the full `mask` [B, 1, Q, K] with key k
+    also blocked for query i when query_pos[i] - key_pos[k] >= window (query_pos [B, Q] or [Q], key_pos
+    [B, K] or [K]: rotary POSITIONS, not cache slots)."""
     far = query_pos[..., :, None] - key_pos[..., None, :] >= window  # [B, Q, K] or [Q, K]
     far = far.expand(mask.shape[0], *far.shape[-2:]) if far.dim() == 2 else far
     return mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)

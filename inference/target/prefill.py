@@ -45,12 +45,10 @@ def length_groups(lengths: Sequence[int], waste: float = 0.25, most: int = 8) ->
 def prefill_groups(
     model: PreTrainedModel, forward: Forward, prompts: Sequence[Tensor], rows: Sequence[int], cache: RowCache
 ) -> tuple[Tensor, list[dict[int, Tensor]]]:
-    """Run the prompts ids_b [T_b] (eager, any length) in `length_groups`, each group ONE `forward`
-    (forward(cache, **model arguments)) right-padded to its longest prompt, and copy prompt b's K/V into
-    the first slots of `cache` row rows[b]: logits [B, V] (fp32, last positions) and [{l: [T_b, H]}].
-
-    No mask: the causal default of a prefill. The padding sits after every real token, so causality
-    alone hides it from them; its entries land in slots past T_b (scratch)."""
+    """Run the prompts ids_b [T_b] in `length_groups`, each group ONE `forward` right-padded to its longest
+    prompt, and copy prompt b's K/V into the first slots of `cache` row rows[b]: logits [B, V] (fp32,
+    last positions) and [{l: [T_b, H]}]. No mask: the padding sits after every real token, so causality
+    alone hides it; its entries land in slots past T_b (scratch)."""
     device = next(model.parameters()).device
     all_logits: list[Tensor] = [torch.empty(0)] * len(prompts)
     hiddens: list[dict[int, Tensor]] = [{} for _ in prompts]
