@@ -11,12 +11,12 @@ its drafts' logits [A, D, V] for a chunk of anchors; tokens outside a draft voca
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from spechead.heads.base import DraftHead
 from spechead.heads.dflash import DFlashHead
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
@@ -33,19 +33,24 @@ if TYPE_CHECKING:
 LOGIT_ROWS = 4096
 # (sequence [T], its target states {layer: [T, H]}) -> (anchors [A] -> the drafts' logits [A, D, V])
 Drafts = Callable[[Tensor, dict[int, Tensor]], Callable[[Tensor], Tensor]]
+DraftsFor = Callable[[Any, int | None], tuple[int, Drafts]]  # (head, depth asked) -> (D, its drafts)
 
 
+@inference_mode
 def topk_accuracy(
     model: PreTrainedModel,
-    head: DraftHead,
+    head: Any,
     sequences: list[Tensor],
-    starts: Sequence[int] | None,
-    topk: int,
-    depth: int,
-    drafts: Drafts,
+    depth: int | None = None,
+    topk: int = 4,
+    starts: Sequence[int] | None = None,
+    *,
+    drafts_for: DraftsFor,
 ) -> Tensor:
-    """accuracy [depth, topk] of the drafts `drafts` gives per sequence (see the module doc), each
-    sequence once through the target's prefill."""
+    """accuracy [D, topk] of the drafts `drafts_for(head, depth)` -> (D, drafts) gives per sequence (see the
+    module doc), each sequence once through the target's prefill. A family registers it with its own
+    `drafts_for` bound (`measure_medusa_accuracy`, ...)."""
+    depth, drafts = drafts_for(head, depth)
     if topk < 1 or depth < 1:
         raise ValueError(f"topk and depth must be >= 1, got topk={topk}, depth={depth}")
     starts = [0] * len(sequences) if starts is None else list(starts)
@@ -79,24 +84,6 @@ def topk_accuracy(
             "tokens (or lower --depth)"
         )
     return hits.double().div(counts[:, None]).float()
-
-
-def _measured(drafts_for: Callable[[Any, int | None], tuple[int, Drafts]]) -> Callable[..., Tensor]:
-    """A family's registered measure `(model, head, sequences, depth=, topk=, starts=) -> [D, topk]` from
-    `drafts_for(head, depth)` -> (D, drafts)."""
-
-    @inference_mode
-    def measure(
-        model: PreTrainedModel,
-        head: Any,
-        sequences: list[Tensor],
-        depth: int | None = None,
-        topk: int = 4,
-        starts: Sequence[int] | None = None,
-    ) -> Tensor:
-        return topk_accuracy(model, head, sequences, starts, topk, *drafts_for(head, depth))
-
-    return measure
 
 
 def _medusa(head: MedusaHead, depth: int | None) -> tuple[int, Drafts]:
@@ -153,10 +140,10 @@ def _dflash(head: DFlashHead, depth: int | None) -> tuple[int, Drafts]:
     return head.config.block_size - 1, drafts
 
 
-measure_medusa_accuracy = _measured(_medusa)
-measure_eagle_accuracy = _measured(_eagle)
-measure_peagle_accuracy = _measured(_peagle)
-measure_dflash_accuracy = _measured(_dflash)
+measure_medusa_accuracy = partial(topk_accuracy, drafts_for=_medusa)
+measure_eagle_accuracy = partial(topk_accuracy, drafts_for=_eagle)
+measure_peagle_accuracy = partial(topk_accuracy, drafts_for=_peagle)
+measure_dflash_accuracy = partial(topk_accuracy, drafts_for=_dflash)
 
 
 def _typical(ranks: list[float], decay: float, depth_of: Callable[[Any], int]) -> Callable[[Any], Tensor]:
