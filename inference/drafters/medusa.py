@@ -1,12 +1,9 @@
 """Medusa drafting: every head's top-k at the last committed position fills a static tree.
 
-Head k at position t predicts token t+2+k; the root (token t+1) comes from the target itself, so a
-node at depth d (root = 0) with child rank r carries head (d-1)'s r-th best token. All branches at one
-depth share that head's candidates, as in the reference design.
-
-ONE class for any number of rows (a batch of one is a batch): each head runs once over every row's last
-target state (`fill`). Only that state is kept, so the queued form (engine/loop.py, depth 1) is the same
-draft from a path and a next token still on the device: no shape depends on the path, nothing to settle.
+Head k at position t predicts token t+2+k; the root (token t+1) is the target's, so a node at depth d
+with rank r carries head (d-1)'s r-th best token (all branches at one depth share that head's candidates).
+Only each row's last target state is kept, so the queued form (engine/loop.py) is the same draft from a
+path and a next token still on the device: no shape depends on the path, nothing to settle.
 """
 
 from __future__ import annotations
@@ -44,10 +41,9 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, head: MedusaHead, choices: list[list[int]] | None = None):
         self.head = head.eval()
-        # head k's logits (B, T, H) -> (B, T, V), without module calls where the blocks allow
+        # head k's logits [B, T, H] -> [B, T, V], without module calls where the blocks allow
         self.head_logits = fused_medusa_logits(head) or head.head_logits
-        # head k is block slot k: which heads run (`tree.depth`), how many candidates each gives
-        # (`tree.width`) and where they go (`tree.pick`); depth-first, the greedy path is nodes 0..d
+        # head k is block slot k; depth-first, the greedy path is nodes 0..d
         self.tree = BlockTree(choices or DEFAULT_MEDUSA_CHOICES, head.config.num_heads)
         self.choices: list[list[int]] = self.tree.choices
         self.hidden_layers = (head.config.target_layers[0],)
@@ -59,9 +55,8 @@ class MedusaDrafter(Drafter):
         # a batch of one's parents: ONE kept [1, N] on the host (the target runner knows the very tensor
         # again without reading it: target/tree_inputs.py); B rows' are expanded on the tokens' device
         self._parents_one = self.tree.static.parents[None]  # [1, N]
-        # `fill`'s kept buffers for B rows: ids [B, 1 + K * width] (the root's slot, then the heads' top
-        # ids), top values [B, K, width], the ids' views [B, 1] (roots) and [B, K, width] (top ids), and
-        # pick [N] into a row of ids
+        # `_draft`'s kept buffers: ids [B, 1 + K * width] (root, then the heads' top ids), top values
+        # [B, K, width], the ids' views [B, 1] and [B, K, width], and pick [N] into a row of ids
         self._row: tuple[torch.Tensor, ...] | None = None
         # each head's best ids: over the chunks with the largest maxima for long rows (topk.py; None:
         # one torch.topk); Medusa heads score the target's whole vocabulary
@@ -116,8 +111,7 @@ class MedusaDrafter(Drafter):
         paths: Sequence[list[int]],
         next_roots: Sequence[int],
     ) -> None:
-        """`accept` from the trees' states {layer: [B, N, H]}: each path's last node's state, read directly
-        (a batch of one: a view)."""
+        """`accept` from the trees' states {layer: [B, N, H]}: each path's last node's state."""
         if type(self).accept is not MedusaDrafter.accept:  # a subclass's own `accept` hears every path
             super().accept_paths(tokens, hidden, paths, next_roots)
             return
@@ -148,18 +142,9 @@ class MedusaDrafter(Drafter):
     # ---- the draft ----------------------------------------------------------------------------------------
 
     def _draft(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> BatchDraft:
-        """The rows' static trees from their last states [B, H] and roots [B] (host ints or a device
-        tensor); a batch of one's parents are the kept [1, N], B rows' expanded on the tokens' device."""
-        tokens, batch = self.fill(states, roots), states.shape[0]  # [B, N]
-        parents = self._parents_one if batch == 1 else self.tree.batch_parents(batch, tokens.device)
-        return BatchDraft(tokens, parents, [tokens.shape[1]] * batch)
-
-    def fill(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> torch.Tensor:
-        """The static tree's tokens [B, N] for rows with last target states [B, H] and roots [B] (ints, or
-        a device tensor: engine/loop.py): each head runs ONCE over all rows, their top ids are written
-        after each row's root slot of a kept buffer and the tokens taken by ONE gather (a new tensor; on a
-        CPU every op costs about as much as the heads' small GEMMs). The tokens stay on the heads' device:
-        on a GPU the verify is queued behind the heads, no wait."""
+        """The rows' static trees (tokens [B, N] on the heads' device) from last target states [B, H] and
+        roots [B] (ints or a device tensor): each head runs ONCE over all rows into a kept buffer, then ONE
+        gather (on a CPU every op costs about as much as the heads' small GEMMs)."""
         weight, batch, depth, width = self._weight, states.shape[0], self.tree.depth, self.tree.width
         if states.dtype != weight.dtype or states.device != weight.device:  # (`to` costs even as a no-op)
             states = states.to(weight.device, weight.dtype)  # (the target may run elsewhere)
@@ -186,7 +171,9 @@ class MedusaDrafter(Drafter):
             root_slot.fill_(roots[0])  # (an item assignment makes a tensor of the int first)
         else:
             root_slot.copy_(host_to_device(torch.tensor(list(roots))[:, None], weight.device))  # (no wait)
-        return ids.index_select(1, pick)  # [B, N]
+        tokens = ids.index_select(1, pick)  # [B, N]
+        parents = self._parents_one if batch == 1 else self.tree.batch_parents(batch, tokens.device)
+        return BatchDraft(tokens, parents, [tokens.shape[1]] * batch)
 
 
 def _take(states: torch.Tensor, last: list[int]) -> torch.Tensor:

@@ -88,8 +88,8 @@ def test_depth_d_nodes_carry_head_d_minus_1_ranked_candidates():
 
 
 def test_b_rows_each_propose_their_batch_of_one_tree():
-    """The class at B rows (`fill`: one head call over every row) proposes row b's batch-of-one tree
-    (`fill`'s kept buffers) through every call: start, accept, accept_paths, keep and the queued form."""
+    """The class at B rows (`_draft`: one head call over every row) proposes row b's batch-of-one tree
+    (`_draft`'s kept buffers) through every call: start, accept, accept_paths, keep and the queued form."""
     head, rankings, states = controlled_head(seed=3)
     choices = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1]]
     # row b's states: e_0 or e_1, and a mix that is neither (the heads' ranking then is the float result)
