@@ -230,13 +230,13 @@ class DraftModelDrafter(RowDrafter):
 
 
 class _Grower:
-    """A growing draft tree: tok / par / dep / score [n] (node 0 the root, in the cache at C - 1);
+    """A growing draft tree: tok / par / score [n] (node 0 the root, in the cache at C - 1);
     logits[node] [V] the draft logits of a run node's children; fed the nodes in the cache from C - 1."""
 
     def __init__(self, drafter: DraftModelDrafter, root: int, root_logits: torch.Tensor):
         self.model, self.cache, self.sliding = drafter.model, drafter.cache, drafter.sliding
         self.committed = cache_length(self.cache)  # C
-        self.tok, self.par, self.dep, self.score = [root], [-1], [0], [0.0]
+        self.tok, self.par, self.score = [root], [-1], [0.0]
         self.logits = {0: root_logits}
         self.vocab = int(root_logits.shape[-1])
         self.fed = [0]  # fed[j] = node at cache column C - 1 + j (the root at C - 1)
@@ -246,7 +246,6 @@ class _Grower:
     def add(self, token: int, parent: int, logp: float = 0.0) -> int:
         self.tok.append(int(token))
         self.par.append(parent)
-        self.dep.append(self.dep[parent] + 1)
         self.score.append(self.score[parent] + logp)
         return len(self.tok) - 1
 
