@@ -66,8 +66,7 @@ class RowLoopDrafter(Drafter):
     def __init__(self, drafter: RowDrafter) -> None:
         self.drafter = drafter
         self.rows: list[RowDrafter] = []
-        # only a drafter that reads the verified logits (its class overrides the hook, or the instance was
-        # given one) is handed each row's [N, V] view: the others skip the views and the calls
+        # only a drafter that reads the verified logits (its class's hook or its own) gets the [N, V] views
         self._hears = type(drafter).verified is not RowDrafter.verified or "verified" in vars(drafter)
 
     @inference_mode

@@ -10,10 +10,8 @@ from spechead.inference.sampling import SamplingParams
 
 
 def lookup(tokens: list[int], max_ngram: int, min_ngram: int, num_draft: int) -> list[int]:
-    """Continuation of the longest suffix n-gram (max_ngram..min_ngram) seen earlier in `tokens`.
-
-    The most recent earlier occurrence wins; returns up to `num_draft` tokens ([] when none matches).
-    """
+    """Up to `num_draft` tokens that followed the most recent earlier occurrence of the longest suffix
+    n-gram (max_ngram..min_ngram) of `tokens`; [] when none matches."""
     for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):  # most recent occurrence first
