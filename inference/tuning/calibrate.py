@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,11 +104,8 @@ def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, 
     for _ in range(repeats):
         for n, call in calls.items():
             times[n].append(wall_ms(call, device, 1))
-    out, floor = {}, 0.0
-    for n in sorted(calls):
-        floor = max(floor, min(times[n]))
-        out[n] = floor
-    return out
+    sizes = sorted(calls)
+    return dict(zip(sizes, accumulate((min(times[n]) for n in sizes), max)))
 
 
 def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
