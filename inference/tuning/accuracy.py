@@ -87,8 +87,7 @@ def topk_accuracy(
 
 
 def _medusa(head: MedusaHead, depth: int | None) -> tuple[int, Drafts]:
-    """Head k at position c (the target's state of token c) guesses token c + 2 + k; `depth` is not read
-    (a Medusa head set drafts num_heads depths)."""
+    """Head k at position c guesses token c + 2 + k (`depth` unread: num_heads depths)."""
     layer, dtype = head.config.target_layers[0], next(head.parameters()).dtype
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
@@ -116,8 +115,7 @@ def _eagle(head: EagleHead | Eagle3Head, depth: int | None) -> tuple[int, Drafts
 
 
 def _peagle(head: PEagleHead, depth: int | None) -> tuple[int, Drafts]:
-    """Block slot d of anchor c guesses token c + 2 + d (the anchors' blocks in one parallel forward);
-    `depth` is not read (a block has K slots)."""
+    """Block slot d of anchor c guesses token c + 2 + d, in one forward (`depth` unread: K slots)."""
     weight, layers = head.fc.weight, head.config.target_layers
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
@@ -128,8 +126,8 @@ def _peagle(head: PEagleHead, depth: int | None) -> tuple[int, Drafts]:
 
 
 def _dflash(head: DFlashHead, depth: int | None) -> tuple[int, Drafts]:
-    """Block position d + 1 after the context 0..c (rooted at token c + 1) guesses token c + 2 + d (the
-    anchors' blocks in one forward); `depth` is not read (a block has block_size - 1 drafts)."""
+    """Block position d + 1 after 0..c (root c + 1) guesses token c + 2 + d, in one forward (`depth`
+    unread: block_size - 1 drafts)."""
     device, layers = head.fc.weight.device, head.config.target_layers
 
     def drafts(seq: Tensor, hidden: dict[int, Tensor]) -> Callable[[Tensor], Tensor]:
