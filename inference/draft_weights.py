@@ -1,11 +1,8 @@
-"""How a head's draft weights are quantized when `from_pretrained` loads it: the defaults ("auto") and the
-checks behind `draft_fp8` and `draft_int8`. Either only changes which tokens are proposed: the target
-verifies every one, so decoding stays lossless. Measured: docs/PERFORMANCE.md.
-
-- FP8 e4m3 (heads/fp8.py): an EAGLE / EAGLE-3 head's per-depth layers, half the bytes a draft depth
-  reads; by default on a GPU with FP8 tensor cores (`fp8_by_default`).
-- int8 (heads/int8.py) on a CPU: a Medusa head's projections by default (`int8_by_default`), a quarter of
-  float32's bytes; EAGLE heads when asked.
+"""How `from_pretrained` quantizes a head's draft weights (`draft_fp8`, `draft_int8`: the "auto" defaults
+and the checks). Either only changes which tokens are proposed: the target verifies every one, so decoding
+stays lossless. FP8 e4m3 (heads/fp8.py): an EAGLE / EAGLE-3 head's per-depth layers, by default on a GPU
+with FP8 tensor cores; int8 (heads/int8.py) on a CPU: a Medusa head's projections by default, EAGLE heads
+when asked. Measured: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ INT8_AUTO_CPUS = ("AVX512",)
 
 
 def _asked(value: bool | str) -> bool:
-    """Whether a draft_fp8 / draft_int8 setting asks for the quantization outright (not "auto")."""
+    """Whether a setting asks for the quantization outright (not "auto")."""
     return value != AUTO and bool(value)
 
 

@@ -39,7 +39,7 @@ CASCADE_OPTIONS = ("num_draft", "tiny_draft")
 TREE_OPTIONS = ("tree", "top_k", "depth", "total_tokens", "choices")
 
 
-def config_of(name: str, revision: str | None) -> dict:
+def config_of(name: str) -> dict:
     """config.json of a local directory or Hub repo ({} when there is none)."""
     local = Path(name).expanduser()
     if local.is_dir():
@@ -48,7 +48,7 @@ def config_of(name: str, revision: str | None) -> dict:
         from huggingface_hub import hf_hub_download
 
         try:
-            file = Path(hf_hub_download(name, "config.json", revision=revision))
+            file = Path(hf_hub_download(name, "config.json"))
         except Exception as err:  # offline, missing repo: say which name could not be found
             raise ValueError(
                 f"{name!r} is not a local directory and could not be fetched from the Hub ({type(err).__name__})"
@@ -57,26 +57,19 @@ def config_of(name: str, revision: str | None) -> dict:
 
 
 def make_drafter(
-    spec: str | Drafter | RowDrafter | None,
-    target,
-    *,
-    device,
-    dtype,
-    revision=None,
-    tokenizer=None,
-    **options,
+    spec: str | Drafter | RowDrafter | None, target, *, device, dtype, tokenizer=None, **options
 ) -> Drafter | RowDrafter | None:
     """The drafter a spec names (module doc; None: plain decoding). tokenizer: the target's (it names a
     z-lab DFlash drafter's mask token when its config gives no id)."""
     if spec is None or isinstance(spec, (Drafter, RowDrafter)):
         return spec
-    config = check_options(spec, options, revision)  # (before any weights load)
+    config = check_options(spec, options)  # (before any weights load)
     if spec in BUILTIN_DRAFTERS:
         return BUILTIN_DRAFTERS[spec](**options)
     if is_cascade(spec):
         from spechead.inference.drafters.cascade import CascadeDrafter
 
-        tiny, medium = (_load_lm(path, revision, device, dtype) for path in cascade_models(spec))
+        tiny, medium = (_load_lm(path, device, dtype) for path in cascade_models(spec))
         return CascadeDrafter(tiny, medium, **options)
     if is_self_spec(spec):  # (the one spec that may come with its @options here: `layer_skip@skip=2+3`)
         name, inline = drafter_options(spec)
@@ -85,11 +78,10 @@ def make_drafter(
         # what a reference layout leaves implicit comes from the target: EAGLE-3's default layers from its
         # config, a z-lab DFlash drafter's mask token from its tokenizer
         head = load_head(
-            spec, revision=revision, device=device, dtype=dtype, target_config=target.config,
-            target_tokenizer=tokenizer,
-        )  # fmt: skip
+            spec, device=device, dtype=dtype, target_config=target.config, target_tokenizer=tokenizer
+        )
         # A Hub head becomes its local snapshot (tree.json and adapter included) for everything below.
-        spec = str(directory.resolve(spec, revision))
+        spec = str(directory.resolve(spec))
         # A head of another target: one line naming the size that differs (before attaching its modules).
         text, vocab = target.config.get_text_config(), target.get_output_embeddings().weight.shape[0]
         head.check_target(text.hidden_size, vocab, text.num_hidden_layers)
@@ -97,14 +89,12 @@ def make_drafter(
             lm_head=target.get_output_embeddings(), embed_tokens=target.get_input_embeddings()
         )
         return drafter_for_head(head, spec, **options)
-    return DraftModelDrafter(_load_lm(spec, revision, device, dtype), **options)
+    return DraftModelDrafter(_load_lm(spec, device, dtype), **options)
 
 
-def _load_lm(name: str, revision: str | None, device, dtype) -> PreTrainedModel:
+def _load_lm(name: str, device, dtype) -> PreTrainedModel:
     """A draft LM straight onto the device, as the target (`loading.load_generator`)."""
-    return AutoModelForCausalLM.from_pretrained(
-        name, revision=revision, dtype=dtype, device_map=torch.device(device)
-    )
+    return AutoModelForCausalLM.from_pretrained(name, dtype=dtype, device_map=torch.device(device))
 
 
 def is_cascade(spec: str) -> bool:
@@ -159,16 +149,14 @@ def drafter_for_head(head: DraftHead, head_dir: str | None = None, **options) ->
     fam = family_of(head.config)
     options = head_options(fam, options)
     tree = directory.read_tree(head_dir) if head_dir is not None else None
-    saved = tree["choices"] if tree else None
-    if saved is not None and not set(TREE_OPTIONS) & set(options):
-        options = {**options, fam.tree_option: saved}
+    if tree is not None and not set(TREE_OPTIONS) & set(options):
+        options = {**options, fam.tree_option: tree["choices"]}
     return fam.load("drafter")(head, **options)
 
 
 def head_options(fam: Family, options: dict) -> dict:
-    """`options` as a `fam` head's drafter takes them: a static tree given as `tree=` or `choices=` goes in the
-    family's own option (every head takes HEAD/tree.json the same way); ValueError naming the valid ones
-    for any other option."""
+    """`options` as a `fam` head's drafter takes them (a static tree as `tree=` or `choices=` goes in the
+    family's own option); ValueError naming the valid ones for any other option."""
     valid = [name for name in inspect.signature(fam.load("drafter")).parameters if name != "head"]
     given = [name for name in ("tree", "choices") if name in options]
     if len(given) == 2:
@@ -180,21 +168,20 @@ def head_options(fam: Family, options: dict) -> dict:
     return options
 
 
-def check_spec(spec: str, revision: str | None = None) -> None:
-    """Check a drafter spec's options against what its drafter takes, before any weights load (a script
-    measuring several drafters checks them all first, not after the first ones' runs): ValueError, one
-    line, naming the valid options. A layer-skip spec is checked against its target when it loads."""
-    check_options(*drafter_options(spec), revision)
+def check_spec(spec: str) -> None:
+    """ValueError (one line, naming the valid ones) unless a spec's options are what its drafter takes,
+    before any weights load; a layer-skip spec is checked against its target when it loads."""
+    check_options(*drafter_options(spec))
 
 
-def check_options(path: str, options: dict, revision: str | None) -> dict:
+def check_options(path: str, options: dict) -> dict:
     """`check_spec` of a spec without its @options; the config.json it read ({}: a method's spec)."""
     if path in BUILTIN_DRAFTERS:
         _check_names(path, options, list(inspect.signature(BUILTIN_DRAFTERS[path]).parameters))
     elif is_cascade(path):
         _check_names("cascade drafter", options, CASCADE_OPTIONS)
     elif not is_self_spec(path):
-        config = config_of(path, revision)
+        config = config_of(path)
         if not is_head_dir(config, path):
             _check_names(f"draft model {path}", options, DRAFT_MODEL_OPTIONS)
         elif "family" in config:  # (a reference layout's family is known once it loads)

@@ -1,9 +1,7 @@
 """Build a SpeculativeGenerator from names: a target (path or Hub id) and a head, draft model or method.
 
-The wiring layer above the engine: it may import the tuning (tuning/: a head's tree calibrated at load,
-re-picked per batch size) that the engine never imports, and plugs it into the engine (`PLUGINS`, at
-the end: SpeculativeGenerator.from_pretrained and each new generator's batch_tree_picker). What a
-drafter's name means and the drafter it builds: drafter_specs.py.
+The wiring above the engine: it imports the tuning (a head's tree calibrated at load, re-picked per batch
+size) that the engine never imports and plugs it in (`PLUGINS`, at the end). Spec names: drafter_specs.py.
 """
 
 from __future__ import annotations
@@ -34,11 +32,9 @@ from spechead.inference.tuning.pass_timing import decoded_choice
 
 
 def merge_head_adapter(target, drafter: str | Drafter | RowDrafter | None):
-    """A head that carries a LoRA adapter (Medusa-2) runs on the target with the adapter merged in; other
-    drafters' targets (a method, a drafter object, another head or draft model) pass through. A Hub head
-    is read at its default branch, as make_drafter loads it (from_pretrained's `revision` is the target's)."""
-    # (a drafter object or None; a method's config: {})
-    if not isinstance(drafter, str) or not check_options(drafter, {}, None).get("lora_adapter"):
+    """`target` with a head's LoRA adapter (Medusa-2) merged in; any other drafter's passes through. A Hub
+    head is read at its default branch, as make_drafter loads it (`revision` is the target's)."""
+    if not isinstance(drafter, str) or not check_options(drafter, {}).get("lora_adapter"):
         return target
     # a Hub head: its snapshot holds the adapter files
     adapter = directory.adapter_dir(directory.resolve(drafter))
@@ -67,22 +63,17 @@ def load_generator(
     draft_int8: bool | str = AUTO,
     **drafter_options,
 ):
-    """SpeculativeGenerator for `target` with `drafter` (see drafter_specs.make_drafter); options go to
-    the drafter.
+    """SpeculativeGenerator for `target` with `drafter` (drafter_specs.make_drafter), options to the drafter.
 
     dtype: the target's and the head's weights (devices.load_dtype). attn_implementation: the target's;
-    by default "spechead_sdpa" (heads/attention.py), "eager" for a model class that cannot run sdpa
-    (Gemma-2). revision: the target's; a Hub head comes from its default branch (for another, pass its
-    snapshot_download folder). cache / max_cache_len: the target's KV cache (see SpeculativeGenerator).
-    calibrate: when no tree option is given and the head's tree.json holds an accuracy table (or, for an
-    EAGLE head on a CPU, an assumed one), time this device now and use the static tree of the best
-    expected speedup here (`gen.calibration` says what was measured).
-    compile, draft_compile: the target's verify pass and the drafter under torch.compile (draft_compile
-    alone: the drafter only); "auto" is `compiling.resolve_compile`'s, False decodes eagerly. Graphs
-    that "auto" chose are proven on a two-token answer: a model whose passes cannot be captured then
-    decodes eagerly, with a RuntimeWarning saying why.
-    draft_fp8 / draft_int8: the head's draft layers quantized, still lossless, before any calibration so
-    the tree is measured as it will draft (draft_weights.py: the defaults and what each needs).
+    "spechead_sdpa" by default, "eager" for a model class that cannot run sdpa (Gemma-2). revision: the
+    target's (a Hub head comes from its default branch; for another, pass its snapshot_download folder).
+    cache / max_cache_len: the target's KV cache. calibrate: without tree options, when the head's
+    tree.json holds an accuracy table (or the family assumes one here), time this device and use the
+    static tree of the best expected speedup (`gen.calibration`). compile / draft_compile: the verify pass
+    and the drafter compiled ("auto": `compiling.resolve_compile`); graphs "auto" chose are proven on a
+    two-token answer, else decoding is eager with a RuntimeWarning. draft_fp8 / draft_int8: the draft
+    layers quantized, still lossless, before calibration (draft_weights.py).
     """
     check_compile(compile)  # (before anything loads: one line in a second)
     check_compile(draft_compile, "draft_compile")
@@ -154,15 +145,13 @@ def load_generator(
 def calibrated_drafter(
     target, drafter, saved: dict | None, timed_as: TimedAs = EAGER
 ) -> tuple[Drafter | RowDrafter, dict | None, torch.Tensor | None]:
-    """A head's drafter with the static tree of the best expected speedup measured on the target's device,
-    what was measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
+    """A head's drafter with the static tree of the best expected speedup on the target's device, what was
+    measured (None: not calibrated) and the accuracy table [depth, k] that sizes batch trees.
 
-    The table is the saved tree's (`saved`: HEAD/tree.json's fields) or the family's assumed one:
-    calibrated from on a CPU where the family asks for it (EAGLE's default dynamic tree is sized for a
-    GPU), else kept only for batch trees. The part-by-part costs (calibrate.py) rank the trees, the best
-    few are decoded here (`decoded_choice`); a saved tree tuned on this kind of device stays unless
-    another is clearly faster, so near-equal trees do not trade places with noise. timed_as: the parts
-    compiled as the generator will compile them (default: eager).
+    The table is the saved tree.json's (`saved`) or the family's assumed one, calibrated from on a CPU
+    where the family asks (EAGLE's default dynamic tree is sized for a GPU), else kept for batch trees. A
+    saved tree tuned on this kind of device stays unless another is clearly faster (no trading places on
+    noise). timed_as: the parts compiled as the generator will compile them.
     """
     head, device = drafter.head, next(target.parameters()).device
     fam = family_of(head.config)
