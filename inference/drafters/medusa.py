@@ -139,8 +139,6 @@ class MedusaDrafter(Drafter):
         assert self.last_hidden is not None  # accept_queued set it
         return self._draft(self.last_hidden, nexts)
 
-    # ---- the draft ----------------------------------------------------------------------------------------
-
     def _draft(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> BatchDraft:
         """The rows' static trees (tokens [B, N] on the heads' device) from last target states [B, H] and
         roots [B] (ints or a device tensor): each head runs ONCE over all rows into a kept buffer, then ONE

@@ -88,8 +88,7 @@ class PEagleDrafter(ParallelDrafter):
         if view > cache.max_length:
             cache.grow(2 * view)
         self.tree.to(fused.device)
-        # [B, N]; fixed: over the whole buffer (one shape), eager: its first `view` slots; compiled, over
-        # every row of the cache (idle ones: no positions, nothing they write is read)
+        # [B, N]; compiled, over every row of the cache (idle ones: nothing they write is read)
         run, view = (self._draft_fn, cache.max_length) if fixed else (self._tokens, view)
         tokens = self._over_rows(
             run, cache.batch, batch, fused, next_ids, counts, roots, self.lengths_t, view
@@ -173,9 +172,8 @@ class PEagleDrafter(ParallelDrafter):
 
     @inference_mode
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
-        """`accept` from device tensors: the verified trees' states {l: [B, N, H]} and tokens [B, N], each
-        row's path [B, >= P] (ascending, the last node repeated), its K [B] and next token [B]: P pending
-        positions, the first K real."""
+        """`accept` from device tensors: the trees' states {l: [B, N, H]} and tokens [B, N], paths [B, >= P]
+        (ascending, the last node repeated), K [B] and next tokens [B]: P pending positions, K_b real."""
         device, width = self._device(), self.commit_width
         paths = paths[:, :width].to(device)  # [B, P]
         counts = ks.to(device)
