@@ -96,8 +96,8 @@ def decode_prompts(
     settings: DecodeSettings,
     desc: str | None = None,
 ) -> PromptSetRun:
-    """Decode every prompt turn by turn (each answer fed back; without a chat template every turn is a
-    prompt of its own); a progress bar on a terminal when `desc` is given."""
+    """Decode every prompt turn by turn, answers fed back (no chat template: each turn alone); with `desc`,
+    a progress bar on a terminal."""
     chat = bool(getattr(gen.tokenizer, "chat_template", None))
     total, prompt_ids = Tally(), []
     outputs: list[list[int]] = []  # (its length: the turns decoded so far)
@@ -127,8 +127,8 @@ def decode_prompts(
 
 
 def answer_room(gen: SpeculativeGenerator, prompt_len: int, max_new_tokens: int) -> int:
-    """New tokens a turn may take: max_new_tokens, or fewer where the target's context ends sooner (0:
-    the prompt fills it); plain and drafted decoding get the same room."""
+    """New tokens a turn may take: max_new_tokens, or fewer where the target's context ends (0: it is full),
+    the same for plain and drafted decoding (a fair comparison)."""
     context = gen.context
     return max_new_tokens if not context else max(min(max_new_tokens, context - prompt_len), 0)
 
@@ -194,10 +194,9 @@ def decode_eval_hook(
     plot_dir: Path | None, tree: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Path]]:  # fmt: skip
     """The trainer's DecodeEval (training/decode_eval.py): (metrics, plots) from one plain and one greedy
-    drafted pass over `prompts` with the head in training (target modules attached, mode restored), its
-    answers ending at the target's context. The head drafts as loading would here (`as_drafted`,
-    `calibrated_drafter` with `tree`'s accuracy, tree.json fields, or the family's); tree_nodes 0: the
-    family's default tree."""
+    drafted pass over `prompts` with the head in training (target modules attached, mode restored), answers
+    ending at the target's context, the head drafting as loading would here (`tree`: tree.json fields or
+    None, the family's table); tree_nodes 0: the family's default tree."""
     settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
     was_training = head.training
     head.eval()

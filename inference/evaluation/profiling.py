@@ -66,9 +66,8 @@ def _sync(device: torch.device) -> None:
 
 
 def wall_ms(fn: Callable[[], object], device: torch.device, iters: int, warmup: int = 0) -> float:
-    """Median wall ms of fn() over `iters` calls after `warmup` untimed ones, the device synchronised
-    around each call (timed on the host's clock). Wall time is what decoding pays (CPU time would miss
-    torch's intra-op threads)."""
+    """Median wall ms (the host's clock) of fn() over `iters` calls after `warmup` untimed ones, the device
+    synchronised around each: what decoding pays (CPU time would miss torch's intra-op threads)."""
 
     def synced() -> None:
         fn()

@@ -38,10 +38,8 @@ def render(header: str, rows: list[dict], hf_rows: list[dict], costs: dict[int, 
                   f"{t['expected_speedup']:.2f}x" for r in calibrated for t in [r["calibrated_tree"]]]  # fmt: skip
     quantized = [f"{r['drafter']} {r['draft_weights']}" for r in rows if r.get("draft_weights")]
     if quantized:  # (from_pretrained's draft_int8 / draft_fp8)
-        lines += [
-            "",
-            f"Draft layers quantized (lossless: the target verifies every token): {', '.join(quantized)}",
-        ]
+        note = "Draft layers quantized (lossless: the target verifies every token)"
+        lines += ["", f"{note}: {', '.join(quantized)}"]
     if rows:
         lines += ["", f"tau = {TAU}."]
         lines += ["", "P(at least d drafts accepted per pass), d = 1, 2, ...:", ""]

@@ -118,8 +118,7 @@ def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
 
 
 def propose_timer(drafter, states: dict[int, torch.Tensor], batch: int = 1) -> Callable[[], object]:
-    """One draft of any drafter as decoding runs it (`rows_drafter`), `batch` rows started on the same
-    states {layer: [T, H]}."""
+    """One draft of any drafter as decoding runs it (`rows_drafter`), `batch` rows on states {layer: [T, H]}."""
     rows = rows_drafter(drafter)
     length = next(iter(states.values())).shape[0] if states else 1
     rows.start([torch.zeros(length, dtype=torch.long)] * batch, [states] * batch, [0] * batch)

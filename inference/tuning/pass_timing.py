@@ -56,8 +56,7 @@ def pass_ms_by_drafter(
 
 
 def self_written_prompt(target: PreTrainedModel, length: int = 64, seed: int = 0) -> torch.Tensor:
-    """A prompt [length] the target wrote itself (greedy after a few random tokens), so the timed passes
-    accept paths of realistic lengths."""
+    """A prompt [length] the target wrote itself (greedy after a few random tokens): realistic accepts."""
     vocab = target.get_output_embeddings().weight.shape[0]
     start = torch.randint(0, vocab, (min(8, length),), generator=torch.Generator().manual_seed(seed))
     if length <= start.numel():

@@ -28,8 +28,7 @@ from spechead.inference.tuning.tree_search import expected_accept_length
 
 
 def measure_accuracy(target: PreTrainedModel, head: DraftHead, answers: PromptSetRun, depth: int, topk: int):
-    """The head's top-k accuracy [depth, topk] on the target's own answers (the family's measure: a Medusa
-    head measures its num_heads depths whatever `depth` says)."""
+    """The head's top-k accuracy [depth, topk] on the target's answers (Medusa: num_heads depths)."""
     measure = family_of(head.config).load("accuracy")
     return measure(target, head, answers.sequences, depth=depth, topk=topk, starts=answers.starts)
 
