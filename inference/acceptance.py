@@ -24,12 +24,12 @@ Row = torch.Tensor | np.ndarray  # one row [V] of a walk: numpy on a CPU (cheap 
 @dataclass
 class Acceptance:
     """`path`: accepted nodes, root first (path[0] == 0); `next_token`: emitted after them (the correction
-    or bonus: the next tree's root); `path_tokens`: the tokens at `path` (None: a rule that did not read
-    them). The emitted tokens are tokens[path[1:]] + [next_token]."""
+    or bonus: the next tree's root); `path_tokens`: the tokens at `path`. The emitted tokens are
+    path_tokens[1:] + [next_token]."""
 
     path: list[int]
     next_token: int
-    path_tokens: list[int] | None = field(default=None, compare=False)  # (derived: equality ignores it)
+    path_tokens: list[int] = field(compare=False)  # (derived from path: equality ignores it)
 
 
 def _check_rows(tree: TokenTree, x: torch.Tensor | TargetRows, name: str) -> None:
@@ -249,4 +249,5 @@ def typical_accept(
             best = i
     keep = pi[best] > threshold[best]  # [V]
     keep[pi[best].argmax()] = True
-    return Acceptance(path=path_to_node(tree.parents, best), next_token=sample(pi[best] * keep, generator))
+    path = path_to_node(tree.parents, best)
+    return Acceptance(path, sample(pi[best] * keep, generator), tree.tokens[path].tolist())

@@ -50,10 +50,8 @@ class Flight:
 class Heard:
     """Read first: what the drafter has yet to hear of the last pass (only heard when decoding goes on)."""
 
-    tokens: list[list[int]]  # [B][K_b] each row's path tokens, root first
-    paths: list[list[int]]  # [B][K_b] the accepted nodes
+    accepted: list[Acceptance]
     hidden: dict[int, torch.Tensor]  # {l: [B, N, H]} the target's states at every node
-    roots: list[int]
     draft: BatchDraft  # the verified trees [B, N]
     logits: torch.Tensor  # [B, N, V] the target's at every node (the drafter's `verified` hook)
 
@@ -61,9 +59,8 @@ class Heard:
         """Only rows `keep` (in this order)."""
         index = host_to_device(torch.tensor(list(keep)), self.logits.device)  # (the states' device too)
         hidden = {k: v[index] for k, v in self.hidden.items()}
-        tokens, paths = [self.tokens[i] for i in keep], [self.paths[i] for i in keep]
-        roots, logits = [self.roots[i] for i in keep], self.logits[index]
-        return Heard(tokens, paths, hidden, roots, self.draft.rows(keep), logits)
+        accepted = [self.accepted[i] for i in keep]
+        return Heard(accepted, hidden, self.draft.rows(keep), self.logits[index])
 
 
 def depth_for(
@@ -142,8 +139,10 @@ def _propose(drafter: Drafter | None, rows: list[Row], heard: Heard | None) -> B
     if drafter is None:  # plain decoding: every tree is its root
         return BatchDraft.plain(torch.tensor(roots)[:, None])
     if heard is not None:
+        accs = heard.accepted
         drafter.verified(heard.draft, heard.logits)  # (lookahead reads its Jacobi guesses there)
-        drafter.accept_paths(heard.tokens, heard.hidden, heard.paths, heard.roots)
+        tokens, paths = [a.path_tokens for a in accs], [a.path for a in accs]
+        drafter.accept_paths(tokens, heard.hidden, paths, [a.next_token for a in accs])
     return drafter.propose(roots, [r.params for r in rows], [r.generator for r in rows])
 
 
@@ -193,19 +192,15 @@ def _read(
             runner.advance(ks)
         if drafter is not None:
             drafter.settle(ks)
-    emitted, tokens = [], []
+    emitted = []
     draft = flight.draft
     for b, (row, acc) in enumerate(zip(flight.rows, accs)):
         row.flying -= 1
-        ids = acc.path_tokens
-        assert ids is not None  # (every rule the engine runs reads them)
-        tokens.append(ids)
         if row.done:  # stopped on an EOS while this step was queued: computed for nothing
             continue
         row.stats.drafted_tokens += draft.sizes[b] - 1
         row.root = acc.next_token
-        emitted.append((row.index, take(row, [*ids[1:], row.root], eos)))
+        emitted.append((row.index, take(row, [*acc.path_tokens[1:], row.root], eos)))
     if flight.logits is None:  # queued, or plain decoding: the drafter hears nothing now
         return emitted, None
-    paths, roots = [a.path for a in accs], [a.next_token for a in accs]
-    return emitted, Heard(tokens, paths, flight.hidden, roots, draft, flight.logits)
+    return emitted, Heard(accs, flight.hidden, draft, flight.logits)

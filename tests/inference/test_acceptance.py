@@ -43,25 +43,25 @@ TOKENS = torch.tensor([9 % V, 3, 5, 4, 6, 7, 1])
 def test_greedy_deep_path():
     # argmax at root=3 (node 1), at node 1 = 4 (node 3), at node 3 = 1 (node 6), at node 6 = 2 (bonus)
     acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([3, 4, 0, 1, 0, 0, 2]))
-    assert acc == Acceptance(path=[0, 1, 3, 6], next_token=2)
+    assert acc == Acceptance([0, 1, 3, 6], 2, [9 % V, 3, 4, 1])
     assert acc.path_tokens == [9 % V, 3, 4, 1]  # the tokens at the path, root first
 
 
 def test_greedy_branch_choice_and_correction():
     # root argmax = 5 -> node 2; at node 2 argmax = 0 (node 5 holds 7) -> correction 0
     acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([5, 4, 0, 1, 0, 0, 2]))
-    assert acc == Acceptance(path=[0, 2], next_token=0)
+    assert acc == Acceptance([0, 2], 0, [9 % V, 5])
     # branch under node 1: argmax 6 -> node 4 (a leaf): bonus = argmax at node 4
     acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([3, 6, 0, 1, 2, 0, 0]))
-    assert acc == Acceptance(path=[0, 1, 4], next_token=2)
+    assert acc == Acceptance([0, 1, 4], 2, [9 % V, 3, 6])
     assert acc.path_tokens == [9 % V, 3, 6]
 
 
 def test_greedy_nothing_accepted():
     acc = greedy_accept(TokenTree(TOKENS, PARENTS), one_hot_logits([0, 4, 0, 1, 0, 0, 2]))
-    assert acc == Acceptance(path=[0], next_token=0)
+    assert acc == Acceptance([0], 0, [9 % V])
     root_only = greedy_accept(TokenTree(torch.tensor([3]), torch.tensor([-1])), one_hot_logits([6]))
-    assert root_only == Acceptance(path=[0], next_token=6)
+    assert root_only == Acceptance([0], 6, [3])
 
 
 def test_greedy_tie_prefers_lowest_index_at_equal_depth():
@@ -235,7 +235,7 @@ def _accept_all(tree: TokenTree, p: torch.Tensor, g: torch.Generator) -> Accepta
     path = [0]
     while any(int(par) == path[-1] for par in tree.parents):
         path.append(next(i for i, par in enumerate(tree.parents.tolist()) if par == path[-1]))
-    return Acceptance(path=path, next_token=sample(p[path[-1]], g))
+    return Acceptance(path, sample(p[path[-1]], g), tree.tokens[path].tolist())
 
 
 def _tv_to_exact(draft_mode: str, rule: str, seed: int) -> tuple[float, float]:
