@@ -25,14 +25,14 @@ from spechead.inference.sampling import SamplingParams, inverse_cdf, torch_probs
 
 class QueuedAcceptance:
     """Rows' accepted paths on the device in fixed shapes: path [B, max(N, size)] (its nodes ascending,
-    then the last repeated), k [B], next_token [B]; `result()` gives them on the host (one copy into
-    pinned memory, read after an event behind it). Made by `greedy`, `sampled` or `plain`."""
+    then the last repeated), k [B], next_token [B]; `result()` reads them on the host (one copy into
+    pinned memory behind an event)."""
 
     def __init__(
         self, tokens: Tensor, on_path: Tensor, last: Tensor, next_token: Tensor, size: int, vocab: int
     ):
-        """tokens [B, N] and the accepted nodes as a mask [B, N], the last of them [B] and the token after
-        it [B] (V: no token could be drawn), all on the trees' device; size: the path's length at least."""
+        """tokens [B, N], the accepted nodes as a mask [B, N], the last of them [B] and the token after it
+        [B] (V: none could be drawn), on the trees' device; size: the path's length at least."""
         batch, n = tokens.shape
         self.k = on_path.sum(-1)  # [B]
         self.next_token = next_token.clamp(max=vocab - 1)  # [B] (read as drawn: `result` refuses V)

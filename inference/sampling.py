@@ -73,8 +73,8 @@ def torch_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def host_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """`target_probs` of logits [..., V] (fp32, temperature > 0) through numpy, one row at a time: on a
-    CPU numpy's calls cost a fraction of torch's, and a decoding step reads one to a few rows."""
+    """`target_probs` of logits [..., V] (fp32, temperature > 0) through numpy, row by row: on a CPU its
+    calls cost a fraction of torch's."""
     out = np.empty_like(logits)  # [..., V]
     if logits.ndim == 1:  # (an acceptance walk's row: no views to make)
         return _host_row(logits, params, out)
@@ -124,9 +124,8 @@ def host_nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
 
 
 class TargetRows:
-    """`target_probs(logits, params)` [N, V], each row [V] computed when read: an acceptance walk reads
-    the rows of the nodes it visits (about tau of a tree's N), and a row's top-p costs a top-k or a sort
-    over the vocabulary. Indexable by a node and shaped like the probs it stands for."""
+    """`target_probs(logits, params)` [N, V], each row [V] computed when read: a walk reads about tau of
+    a tree's N rows, and a row's top-p costs a top-k or a sort over the vocabulary."""
 
     def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
         self.logits, self.params = logits, params  # [N, V]
@@ -195,8 +194,7 @@ def inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None = None)
 
 def argmax_ids(logits: torch.Tensor) -> Any:
     """The argmax over the last dim of logits [..., V] as a host int or (nested) list of ints (first max on
-    ties; a NaN counts as the max, as in torch). On a CPU through numpy: its argmax over a decoding
-    step's few rows costs a fraction of torch's."""
+    ties; a NaN counts as the max, as in torch), on a CPU through numpy (a fraction of torch's cost)."""
     if logits.is_cpu and logits.dtype in _NUMPY_FLOATS and not logits.requires_grad:  # (no device object)
         return logits.numpy().argmax(-1).tolist()
     return logits.argmax(-1).tolist()

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 
 class TextStream:
-    """The text of one row's ids as they arrive: `push(ids)` returns what is new since the last piece,
-    `flush()` what was held back at the end.
-
-    Pieces are cut from the decoded text of ALL ids so far (a tokenizer spaces tokens in context), so
-    they join to `tokenizer.decode(all ids)`. A piece ending in U+FFFD waits: a multi-byte character
-    split over tokens decodes as the replacement character until its last byte arrives."""
+    """The text of one row's ids as they arrive, cut from the decoded text of ALL ids so far (a tokenizer
+    spaces tokens in context), so the pieces join to `tokenizer.decode(all ids)`. A piece ending in U+FFFD
+    waits: a character split over tokens decodes as that until its last byte arrives."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer

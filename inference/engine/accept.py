@@ -19,13 +19,11 @@ from spechead.inference.sampling import TargetRows, argmax_ids, pick
 def accept_rows(
     draft: BatchDraft, logits: torch.Tensor, ancestors: torch.Tensor, rows: Sequence[Row], on_device: bool
 ) -> list[Acceptance]:
-    """Each row's acceptance of its tree from verify logits [B, N, V] and ancestors [B, N, N], on the host.
+    """Each row's acceptance of its tree from verify logits [B, N, V] and ancestors [B, N, N], read now.
 
-    One node (plain steps): each row's own next token. All greedy: on an accelerator (`on_device`) one
-    batched walk there (padding nodes get token -1 so they never match); on a CPU one argmax over every
-    row and a walk of each row's real nodes in host lists (a dozen tensor ops cost more there). All
-    sampled over deterministic children on an accelerator: rule A as batched tensor ops, each row
-    drawing from its generator as alone. Otherwise row by row, each with its own generator."""
+    On an accelerator (`on_device`) rows `queues` allows take the batched device walk; all greedy on a
+    CPU, one argmax and a walk of each row's real nodes in host lists (a dozen tensor ops cost more
+    there); otherwise row by row, each drawing from its own generator as it would alone."""
     n = draft.tokens.shape[1]
     greedy = all(r.params.is_greedy for r in rows)
     if n == 1:  # plain steps: each row's own next token (a draw: the row's generator)
