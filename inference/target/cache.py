@@ -3,20 +3,17 @@ the EAGLE heads' own (B = 1 is a batch of one, not another class).
 
     cache = RowCache(num_layers, batch=B, max_length=S_max)   # buffers [B, kv, S_max, D] per layer
 
-Row b's committed entries sit at slots [0, lengths[b]); later slots are scratch (a pass's tree entries,
-overwritten by the next pass unless a commit moves them into place). A layer's `update` writes a forward's
-n new entries one of three ways:
-- in a row (`write_slots` None): every row writes at slots length.. of the layer's own cursor `length`
-  (one slice copy) and attends over the views [:, :, :length + n]: a batch of one's passes (no scatter,
-  and a causal step needs no mask);
-- scattered (`write_slots` [B, n], set by the caller before a forward): row b writes at its own slots and
-  the views span `view_length` slots; the caller's mask hides what a row must not see;
-- static_shapes (compiled graphs): row b writes at lengths_t[b] + write_offset + 0..n-1 (device lengths
-  [B]) and the views are the whole buffers, so one graph serves every length.
+Row b's committed entries sit at slots [0, lengths[b]); later slots are scratch. A layer's `update` writes
+a forward's n new entries one of three ways:
+- in a row (`write_slots` None): at slots length.. of the layer's own cursor, one slice copy, the views
+  ending there (a batch of one's passes: no scatter, and a causal step needs no mask);
+- scattered (`write_slots` [B, n], set by the caller): row b at its own slots, the views `view_length`
+  slots long, the caller's mask hiding what a row must not see;
+- static_shapes (compiled graphs): row b at lengths_t[b] + write_offset + 0..n-1 (device lengths [B]),
+  the views the whole buffers, so one graph serves every length.
 
-Without static_shapes every layer's keys and values are views of ONE buffer [L, 2, B, kv, S_max, D] when
-they share a shape (`LayerBuffer`): a commit or a row drop then moves every layer's entries with one op
-instead of ops per layer (each op costs on a CPU).
+Without static_shapes, layers of one shape are views of ONE buffer [L, 2, B, kv, S_max, D] (`LayerBuffer`):
+a commit or a row drop moves every layer with one op (each op costs on a CPU).
 """
 
 from __future__ import annotations
@@ -215,70 +212,56 @@ class RowCache(Cache):
             for lengths_t in self._lengths_t.values():
                 lengths_t.copy_(host_to_device(host, lengths_t.device))
 
-    def crop_to(self, length: int) -> None:
-        """`set_length(length)`, skipped when the layers are there already: a layer written in a row moves
-        its own cursor as it writes (the first layer first), so after a kept write there is nothing to
-        drop (a loop over the layers saved, every decoding pass). With static_shapes it always sets."""
-        if self.static_shapes or self.row_layers[0].length != length:
-            self.set_length(length)
-        elif self.lengths[0] != length:  # (the layers are there: their writes moved them)
-            self.lengths = [length] * self.batch
+    def drop_scratch(self) -> None:
+        """Every layer back to the committed length of a batch of one (an uncommitted verify dropped);
+        skipped when the first layer's cursor is there already (a loop over the layers saved every pass).
+        With static_shapes it always sets (the device lengths do not move as the layers write)."""
+        if self.static_shapes or self.row_layers[0].length != self.lengths[0]:
+            self.set_length(self.lengths[0])
 
     # ---- storage -------------------------------------------------------------------------------
-
-    def shared_storage(self) -> Tensor | None:
-        """The one buffer [L, 2, B, kv, S_max, D] when every layer's buffers are views of it, else None."""
-        return self.buffer.whole()
 
     def buffers(self) -> list[Tensor]:
         """Every allocated layer's keys and values: the one shared buffer [L, 2, B, kv, S_max, D] (one op
         moves them all), else each layer's [B, kv, S_max, D]."""
         shared = self.buffer.whole()
-        layers = [x for x in self.row_layers if x.is_initialized]
-        return [shared] if shared is not None else [b for x in layers for b in (x.keys, x.values)]
-
-    def _rebind(self, storage: Tensor) -> None:
-        """Point every layer at `storage` (a reshaped copy of the shared one: rows kept)."""
-        self.buffer.storage = storage
-        for i, layer in enumerate(self.row_layers):
-            layer.keys, layer.values = storage[i, 0], storage[i, 1]
+        if shared is not None:
+            return [shared]
+        return [b for x in self.row_layers if x.is_initialized for b in (x.keys, x.values)]
 
     def keep_rows(self, rows: Sequence[int], used: int | None = None, capacity: int | None = None) -> None:
-        """Keep only rows [B'] of every layer, in this order (their lengths too). Finished rows dropped (the
-        kept ones ascending): in place, each moved row's first `used` slots (None: all; past the committed
-        lengths only scratch) copied up to its new place, no second buffer (a KV cache can hold most of a
-        device's memory); another order: one gather. capacity: the buffers keep this many rows (>= B': a
+        """Keep only rows [B'] of every layer, in this order (their lengths too). Ascending: in place, each
+        moved row's first `used` slots (None: all) copied up, no second buffer (a KV cache can hold most of
+        a device's memory); another order: one gather. capacity: the buffers keep this many rows (>= B': a
         compiled graph's shape), the rows past B' idle at length 0."""
         rows = list(rows)
         size = len(rows) if capacity is None else capacity
         self.batch, end = size, self.max_length if used is None else used
         if size:
             self.set_lengths([self.lengths[i] for i in rows] + [0] * (size - len(rows)))
-        shared = self.shared_storage()
+        shared = self.buffer.whole()
+        pick: slice | Tensor = slice(0, size)  # the kept rows' views after an in-place move, else a gather
         if rows == sorted(set(rows)):  # ascending: row j is read (rows[j] >= j) before it is written
             for buffer in self.buffers():
                 by_row = buffer.movedim(-4, 0)  # [B, ..., S_max, D]
                 for j, i in enumerate(rows):
                     if i != j:
                         by_row[j, ..., :end, :].copy_(by_row[i, ..., :end, :])
-            if shared is not None:
-                self._rebind(shared[:, :, :size])
-                return
-            self.buffer.reset()  # (the layers' buffers are views of their first B' rows now)
-            for layer in self.row_layers:
-                if layer.is_initialized:
-                    layer.keys, layer.values = layer.keys[:size], layer.values[:size]
+        else:
+            pick = torch.tensor(
+                rows + [0] * (size - len(rows)), dtype=torch.long
+            )  # (idle rows: row 0's copy)
+            self.generation = next(_ALLOCATIONS)  # (a gather: new buffers; graphs of the old must not replay)
+        if shared is not None:  # every layer at once
+            storage = self.buffer.storage = shared[:, :, _on(pick, shared.device)]
+            for i, layer in enumerate(self.row_layers):
+                layer.keys, layer.values = storage[i, 0], storage[i, 1]
             return
-        index = torch.tensor(rows + [0] * (size - len(rows)), dtype=torch.long)  # (idle rows: row 0's copy)
-        self.generation = next(_ALLOCATIONS)  # (a gather: new buffers; graphs of the old must not replay)
-        if shared is not None:  # one gather for every layer
-            self._rebind(shared.index_select(2, host_to_device(index, shared.device)))
-            return
-        self.buffer.reset()
+        self.buffer.reset()  # (the layers' buffers are their own now)
         for layer in self.row_layers:
             if layer.is_initialized:
-                idx = host_to_device(index, layer.keys.device)  # (no wait)
-                layer.keys, layer.values = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
+                at = _on(pick, layer.keys.device)
+                layer.keys, layer.values = layer.keys[at], layer.values[at]
 
     def write_rows(self, rows: Tensor, states: Iterable[tuple[Tensor, Tensor]]) -> None:
         """Copy each layer's keys and values [G, kv, T, D] (another cache's G rows, in layer order) into
@@ -298,3 +281,7 @@ class RowCache(Cache):
                 keys, values = layer.keys, layer.values
                 layer.lazy_initialization(keys, values)
                 layer.keys[:, :, :old], layer.values[:, :, :old] = keys, values
+
+
+def _on(pick: slice | Tensor, device: torch.device) -> slice | Tensor:
+    return pick if isinstance(pick, slice) else host_to_device(pick, device)  # (no wait)

@@ -21,13 +21,8 @@ def commit_row(cache: RowCache, path: list[int], device: torch.device) -> None:
     past, k = cache.lengths[0], len(path)
     if path[-1] != k - 1:  # ascending from 0 and ending at K-1 is 0..K-1: in place
         src = host_ids(path, device) + past  # [K] the slots the verify wrote them at
-        shared = cache.shared_storage()  # [L, 2, 1, kv, S_max, D]
-        if shared is not None:  # every layer at once
-            shared[..., past : past + k, :] = shared.index_select(-2, src)
-        else:
-            for layer in cache.row_layers:
-                layer.keys[:, :, past : past + k] = layer.keys.index_select(2, src)
-                layer.values[:, :, past : past + k] = layer.values.index_select(2, src)
+        for buf in cache.buffers():  # [..., 1, kv, S_max, D]
+            buf[..., past : past + k, :] = buf.index_select(-2, src)
     cache.set_length(past + k)
 
 

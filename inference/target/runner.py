@@ -8,21 +8,14 @@ hidden-state capture.
     runner.commit([path_0, path_1])                         # accepted nodes [K_b] per row (ascending, [0] = 0)
     runner.keep([1])                                        # only these rows go on
 
-Row b's tree entries are written after its own committed length and seen through an additive mask that
-opens its prefix plus each node's ancestors; positions are length_b + depth. A commit copies each row's
-accepted entries into place after its prefix: no concatenation, no reallocation.
+Row b's tree entries are written after its own committed length, seen through an additive mask that
+opens its prefix plus each node's ancestors, at positions length_b + depth; a commit copies the accepted
+entries into place after the prefix (no concatenation, no reallocation).
 
-Eager (compile=False): the cache holds the active rows (`keep` moves the kept rows up). A batch of one
-takes the CPU's fast paths: writes in a row (a slice, no scatter), a plain step's all-visible mask view,
-each tree shape's ancestors, depths and mask remembered (tree_inputs.py), a contiguous path committed by
-moving the length only. B > 1: every row's entries scattered to its own slots (a one-token step with a
-causal row mask). Trees may be padded to `buckets` sizes (children of the root nobody attends to).
-
-Compiled (compile=...): `capacity` PHYSICAL rows for the runner's life (a call's B <= capacity rows take
-rows 0..B-1; `keep` only remaps which physical row each active row is), trees padded to a bucket, accepted
-paths to a power of 2, verify and commit as fixed-shape graphs (graphs.py). The prefill stays eager.
-
-prefill, verify and commit run in inference mode (`heads.grad.inference_mode`).
+Eager: the cache holds the active rows; a batch of one takes the CPU's fast paths (writes in a row, the
+plain step's all-visible mask view, per-shape tree inputs, an in-place path committed by its length).
+Compiled (compile=...): `capacity` physical rows for the runner's life (`keep` only remaps them), trees
+padded to a bucket, verify and commit as fixed-shape graphs (graphs.py); the prefill stays eager.
 """
 
 from __future__ import annotations
@@ -214,28 +207,25 @@ class TargetRunner:
         cache = self.cache
         assert cache is not None  # reserve made it
         self.rows = list(range(batch))
+        cache.set_lengths([0] * cache.batch)
         if batch == 1 and not self.static_shapes:  # written in a row from slot 0: no copy
-            cache.set_length(0)
             logits, hidden = self._forward(
                 cache, input_ids=prompts[0][None].to(self.device), logits_to_keep=1
             )
-            cache.set_length(lengths[0])
-            return _fp32(logits[:, -1]), [{k: v[0] for k, v in hidden.items()}]
-        cache.set_lengths([0] * cache.batch)
-        logits, hiddens = prefill_groups(self.model, self._forward, prompts, self.rows, cache)  # [B, V]
+            out = _fp32(logits[:, -1]), [{k: v[0] for k, v in hidden.items()}]
+        else:
+            out = prefill_groups(self.model, self._forward, prompts, self.rows, cache)
         cache.set_lengths(lengths + [0] * (cache.batch - batch))
-        return logits, hiddens
+        return out
 
     # ---- verify ------------------------------------------------------------------------------------
 
     @inference_mode
     def verify(self, tokens: Tensor, parents: Tensor) -> tuple[Tensor, dict[int, Tensor]]:
-        """ONE target forward over every active row's tree tokens [B, N] / parents [B, N] (host or device),
-        row b after its own committed entries. Returns logits [B, N, V] (fp32; node i's = the target's
-        output as if its root-to-node path ran as a plain sequence) and {l: [B, N, H]}; sets
-        `last_ancestors` [B, N, N] (on the device). Rows of fewer real nodes
-        pad with children of earlier nodes nobody descends from (their outputs are garbage). Follow
-        with `commit` (an uncommitted verify's entries are dropped by the next one)."""
+        """ONE target forward over every active row's tree tokens [B, N] / parents [B, N] (host or device;
+        a row of fewer real nodes padded with children nobody descends from), row b after its committed
+        entries: logits [B, N, V] (fp32; node i's as if its root-to-node path ran as a plain sequence) and
+        {l: [B, N, H]}; sets `last_ancestors` [B, N, N]. The next verify drops an uncommitted one's entries."""
         cache = self.cache
         if cache is None:
             raise RuntimeError("verify before prefill")
@@ -258,10 +248,9 @@ class TargetRunner:
     def _verify_one(self, cache: RowCache, tokens: Tensor, parents: Tensor, room: int) -> tuple[Tensor, dict]:
         """`verify` of a batch of one, eager: written in a row after the committed length."""
         past, n, dev = cache.lengths[0], tokens.shape[1], self.device
-        cache.crop_to(past)  # drop an uncommitted verify's entries (after a commit: nothing to do)
+        cache.drop_scratch()  # an uncommitted verify's entries (after a commit: nothing to do)
         if n == 1:
-            if tokens.device != dev:  # (`to` costs even as a no-op)
-                tokens = host_to_device(tokens, dev)
+            tokens = host_to_device(tokens, dev)
             if self._single is None:  # one node is its own ancestor: the same [1, 1, 1] every step
                 self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
             self.last_ancestors = self._single
@@ -279,10 +268,7 @@ class TargetRunner:
         size = self._bucket(n, room)
         tokens, parents = pad_trees(tokens, parents, size)  # (where the tree is: the host, usually)
         host_parents = parents if parents.is_cpu else None  # a cache key without a sync
-        if tokens.device != dev:  # (a drafter's tree on the GPU already: no copy, no wait)
-            tokens = host_to_device(tokens, dev)
-        if parents.device != dev:
-            parents = host_to_device(parents, dev)
+        tokens, parents = host_to_device(tokens, dev), host_to_device(parents, dev)  # (no wait)
         anc, depth, block, key = self._inputs.structure(parents, host_parents)
         full = self._inputs.mask(block, key, past, cache.max_length)  # [1, 1, N, past + N]
         positions = depth + past  # [1, N]

@@ -26,10 +26,9 @@ class TreeInputs:
         self._last: tuple[Tensor, int, tuple[Tensor, Tensor, Tensor, bytes]] | None = None
 
     def structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor, Tensor, bytes | None]:
-        """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, 1, N, N] (0 = attend) of
-        parents [1, N] (on the device), remembered per tree shape when the shape is known on the host
-        (`host`: the same parents [1, N] there); and the shape's key when it was remembered from an
-        earlier pass (None the first time: dynamic trees rarely repeat)."""
+        """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, 1, N, N] of parents [1, N] (on
+        the device), remembered per shape when `host` (the same parents on the host) is given; and the
+        shape's key when remembered from an earlier pass (None the first time: dynamic trees rarely repeat)."""
         last = self._last
         if host is not None and last is not None and host is last[0] and version(host) == last[1] >= 0:
             return last[2]  # the very tensor of the last pass, unchanged (a static tree's): no key to make
@@ -48,14 +47,10 @@ class TreeInputs:
         return (*found, None)
 
     def mask(self, block: Tensor, key: bytes | None, past: int, columns: int) -> Tensor:
-        """The verify mask [1, 1, N, past + N]: every node sees the `past` committed entries, then `block`
-        [1, 1, N, N]; `columns`: how far the cache reaches (a kept mask's width).
-
-        A shape seen before (key) keeps [1, 1, N, W + N] (W >= past columns of zeros, then the block), so
-        its mask is ONE view (each op costs on a CPU); at most 4 shapes are kept (W x N each). On the CPU
-        only: CUDA's memory-efficient attention reads the mask assuming a 16-element-aligned start
-        (PyTorch pads a mask whose strides are not aligned, not one whose start is not), and a view at
-        column W - past crashed there with 'misaligned address'."""
+        """The verify mask [1, 1, N, past + N]: the `past` committed entries, then `block` [1, 1, N, N];
+        `columns`: how far the cache reaches. A shape seen before (key) keeps [1, 1, N, W + N] (W >= past
+        zeros, then the block; at most 4 shapes), so its mask is ONE view. On the CPU only: CUDA's
+        memory-efficient attention assumes a 16-element-aligned mask start ('misaligned address')."""
         size = block.shape[-1]
         key = key if block.is_cpu else None
         wide = self.wide.get(key) if key is not None else None

@@ -46,7 +46,7 @@ def slots(cache: RowCache, row: int, length: int, first_row: int) -> list[list[i
 @pytest.mark.parametrize("dims", [[4, 4, 4], [4, 6, 4]], ids=["one-buffer", "own-buffers"])
 def test_commits_and_row_drops_move_every_layer(dims):
     cache = filled(dims)
-    shared = cache.shared_storage()
+    shared = cache.buffer.whole()
     assert (shared is not None) == (len(set(dims)) == 1)
     if shared is not None:  # every layer's keys and values are views of the one buffer
         assert shared.shape == (LAYERS, 2, 3, 2, S_MAX, 4)
@@ -64,12 +64,12 @@ def test_commits_and_row_drops_move_every_layer(dims):
     assert all(layer.keys.shape[0] == 2 for layer in cache.row_layers)
     assert slots(cache, 0, 5, 0) == [[0, 1, 2, 3, 5]] * LAYERS
     assert slots(cache, 1, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
-    assert (cache.shared_storage() is not None) == (shared is not None)
+    assert (cache.buffer.whole() is not None) == (shared is not None)
     cache.keep_rows([1, 0], 5)  # another order: one gather (new buffers: graphs of the old ones dropped)
     assert cache.generation != generation
     assert slots(cache, 0, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS and cache.lengths == [5, 5]
     cache.grow(40)  # reallocated: the entries stay (one buffer again when they share a shape)
-    assert (cache.shared_storage() is not None) == (shared is not None)
+    assert (cache.buffer.whole() is not None) == (shared is not None)
     assert all(layer.keys.shape[2] == 40 for layer in cache.row_layers)
     assert slots(cache, 0, 5, 2) == [[0, 1, 2, 3, 4]] * LAYERS
 
@@ -125,23 +125,25 @@ def test_a_batch_of_one_writes_in_a_row_and_a_full_cache_is_refused_at_the_bound
         RowCache(1, 1, 4, static_shapes=True).update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2), 0)
 
 
-def test_crop_to_drops_every_layers_scratch_and_skips_only_when_the_layers_are_there():
-    """crop_to(length): every layer back to `length`; a cache whose layers wrote exactly up to it is left
-    alone (their cursors moved as they wrote), a fixed-shape one is always set (its device lengths do
-    not move as it writes)."""
+def test_drop_scratch_drops_every_layers_scratch_and_skips_only_when_the_layers_are_there():
+    """drop_scratch: every layer back to the committed length; a cache whose layers wrote exactly up to it
+    is left alone (their cursors moved as they wrote), a fixed-shape one is always set (its device
+    lengths do not move as it writes)."""
     cache = filled([4, 4, 4], batch=1, lengths=[9])
-    cache.crop_to(9)
+    cache.drop_scratch()
     assert [layer.length for layer in cache.row_layers] == [9] * LAYERS
     cache.row_layers[-1].length = 11  # a later layer ahead: only the first is read
-    cache.crop_to(9)
+    cache.drop_scratch()
     assert cache.row_layers[-1].length == 11
-    cache.crop_to(3)  # scratch past 3 dropped in every layer
+    cache.row_layers[0].length = 12  # a verify's entries past the committed 9
+    cache.lengths = [3]
+    cache.drop_scratch()  # scratch past 3 dropped in every layer
     assert [layer.length for layer in cache.row_layers] == [3] * LAYERS and cache.lengths == [3]
     fixed = RowCache(LAYERS, 1, 16, static_shapes=True)
     for layer in range(LAYERS):
         fixed.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer)
     fixed.lengths_t.fill_(5)  # the device length moved (as a graph's accept moves it)
-    fixed.crop_to(0)  # the host lengths are at 0 already: set anyway
+    fixed.drop_scratch()  # the host lengths are at 0 already: set anyway
     assert fixed.lengths_t.tolist() == [0]
 
 
@@ -151,7 +153,7 @@ def test_fixed_shapes_write_after_device_lengths_and_return_whole_buffers():
     first = torch.arange(12.0).view(1, 1, 3, 4)  # [B, kv, n, D]
     keys, _ = layer.update(first, -first)
     assert keys.shape == (1, 1, 8, 4)  # the whole buffer: one shape for every length
-    assert cache.shared_storage() is None  # (fixed addresses: buffers of their own)
+    assert cache.buffer.whole() is None  # (fixed addresses: buffers of their own)
     cache.set_length(3)
     assert cache.lengths_t.tolist() == [3] and layer.get_mask_sizes(2) == (8, 0)
     second = torch.full((1, 1, 2, 4), 7.0)
@@ -198,7 +200,7 @@ def test_a_row_copied_in_from_another_cache_and_a_grown_cache_keep_their_entries
     cache.write_rows(torch.tensor([2, 0]), [(keys, -keys), (keys + 1, -keys - 1)])
     layer = cache.row_layers[1]
     assert torch.equal(layer.keys[2, :, :5], keys[0] + 1) and torch.equal(layer.keys[0, :, :5], keys[1] + 1)
-    assert cache.shared_storage() is not None and not layer.keys[1].any()
+    assert cache.buffer.whole() is not None and not layer.keys[1].any()
     cache.grow(20)
     assert layer.keys.shape == (3, 2, 20, 4) and torch.equal(cache.row_layers[1].keys[2, :, :5], keys[0] + 1)
 
