@@ -62,8 +62,9 @@ class CascadeDrafter(RowDrafter):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.context += tokens.tolist()  # root + accepted drafts: a prefix of the proposed chain
         # Both caches hold a prefix of context + chain: keep what the target accepted, drop the rest.
-        crop(self.cache, min(cache_length(self.cache), len(self.context)))
-        self.tiny.rewind([*self.context, next_root])
+        for cache in (self.cache, self.tiny.cache):
+            crop(cache, min(cache_length(cache), len(self.context)))
+        self.tiny.pending = [*self.context, next_root][cache_length(self.tiny.cache) :]
 
     @torch.inference_mode()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:

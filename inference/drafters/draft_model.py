@@ -154,13 +154,6 @@ class DraftModelDrafter(RowDrafter):
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         self.pending = [*tokens[1:].tolist(), next_root]  # the root itself was fed in propose
 
-    def rewind(self, sequence: list[int]) -> None:
-        """Continue from `sequence` (committed tokens, the root last) when the cache holds a prefix of it,
-        maybe followed by tokens not kept (a cascade level rolled back): crop to it, the rest pending."""
-        keep = min(cache_length(self.cache), len(sequence) - 1)
-        crop(self.cache, keep)
-        self.pending = list(sequence[keep:])
-
     @torch.inference_mode()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
         # (logits_to_keep=1: the prompt's [T, V] logits would be wasted, and large)
