@@ -1,14 +1,8 @@
 """Token trees for speculative decoding: structure, attention masks, position ids, paths.
 
-A tree for one sequence has N nodes in topological order. Node 0 is the ROOT: the last emitted token,
-which is NOT yet in the target's KV cache; nodes 1..N-1 are drafted tokens.
-
-- `tokens`  : LongTensor [N]
-- `parents` : LongTensor [N], parents[0] = -1 and 0 <= parents[i] < i for i >= 1.
-
-Trees are small (tens to a few hundred nodes), so structure (children, paths, static shapes) is computed
-with Python loops on CPU lists; attention masks and position ids are built batched on the parents' device
-(`tree_inputs_on_device`, `tree_inputs_after`).
+A tree of N nodes is in topological order: `tokens` [N] and `parents` [N] (long), parents[0] = -1 and
+0 <= parents[i] < i. Node 0 is the ROOT, the last emitted token, not yet in the target's cache. Structure
+is computed with host loops (trees are small); masks and positions batched on the parents' device.
 """
 
 from __future__ import annotations
@@ -84,11 +78,8 @@ def path_to_node(parents: torch.Tensor, node: int) -> list[int]:
 
 @dataclass
 class StaticTree:
-    """A static tree shape: `parents` [N], `depth` [N] (root 0), `rank` [N] (root -1).
-
-    Node i (i >= 1) is the rank[i]-th candidate (0 = most likely) for position depth[i] among the
-    children of parents[i]; a drafter fills `tokens[i]` from its top-k at that node.
-    """
+    """A static tree shape: `parents` [N], `depth` [N] (root 0), `rank` [N] (root -1): node i >= 1 is the
+    rank[i]-th candidate (0 = most likely) among the children of parents[i]."""
 
     parents: torch.Tensor
     depth: torch.Tensor
@@ -101,22 +92,16 @@ class StaticTree:
 
 
 def tree_from_choices(choices: list[list[int]]) -> StaticTree:
-    """A static tree from Medusa-style paths of child ranks, e.g. [[0], [1], [0, 0], [0, 1]].
-
-    The root (node 0) is added; the other nodes are the paths sorted by (length, ranks), so parents
-    precede children. Every proper prefix of a path must itself be a path; no duplicates, ranks >= 0.
-    """
-    paths = tree_paths(choices)  # checked (tree.json's rule) and sorted: parents first
-    index: dict[tuple[int, ...], int] = {(): 0}
-    for i, path in enumerate(paths, start=1):
-        index[path] = i
-    parents, depth, rank = [-1], [0], [-1]
-    for path in paths:
-        parents.append(index[path[:-1]])
-        depth.append(len(path))
-        rank.append(path[-1])
+    """A static tree from Medusa-style paths of child ranks, e.g. [[0], [1], [0, 0], [0, 1]]: the root,
+    then the paths sorted by (length, ranks), so parents precede children (`tree_paths` checks them)."""
+    paths = tree_paths(choices)
+    index = {path: i for i, path in enumerate([(), *paths])}
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return StaticTree(parents=as_long(parents), depth=as_long(depth), rank=as_long(rank))
+    return StaticTree(
+        parents=as_long([-1] + [index[p[:-1]] for p in paths]),
+        depth=as_long([0] + [len(p) for p in paths]),
+        rank=as_long([-1] + [p[-1] for p in paths]),
+    )
 
 
 def depth_first_order(parents: list[int], rank: list[int]) -> list[int]:
@@ -186,24 +171,26 @@ def tree_mask(ancestors: torch.Tensor, past_len: int, dtype: torch.dtype) -> tor
 def tree_inputs_after(
     parents: torch.Tensor, lengths: torch.Tensor, max_len: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`tree_inputs_on_device` over a whole preallocated cache, after DEVICE lengths [B] (long): mask
-    [B, 1, N, max_len], positions [B, N], ancestors [B, N, N]. Fixed shapes, no host value: what a
-    captured graph computes for every length.
-
-    Column j is cache slot j: row b's prefix [0, lengths[b]) is visible, slots lengths[b].. hold its N
-    nodes (ancestors and self visible), every later slot is blocked. lengths[b] + N <= max_len is the
-    caller's to check (on the host, before the graph: the nodes' slots must exist).
-    """
-    batch, n = parents.shape
+    """`tree_inputs_on_device` over a whole preallocated cache after DEVICE lengths [B] (long), as a
+    captured graph computes it for every length: mask [B, 1, N, max_len] (`mask_after`: row b's nodes in
+    slots lengths[b]..), positions [B, N], ancestors [B, N, N]."""
     anc = ancestors_on_device(parents)  # [B, N, N]
-    positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
-    slots = lengths[:, None] + torch.arange(n, device=parents.device)  # [B, N]
-    cols = torch.arange(max_len, device=parents.device)  # [S]
-    allowed = (cols[None, :] < lengths[:, None])[:, None, :].expand(batch, n, max_len).clone()  # [B, N, S]
-    allowed.scatter_(2, slots[:, None, :].expand(batch, n, n), anc)  # own tree: ancestors + self
-    mask = torch.zeros(batch, 1, n, max_len, dtype=dtype, device=parents.device)  # [B, 1, N, S]
+    return mask_after(lengths, anc, max_len, dtype)[0], lengths[:, None] + anc.sum(-1) - 1, anc
+
+
+def mask_after(
+    lengths: torch.Tensor, own: torch.Tensor, columns: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive mask [B, 1, q, columns] and the block's slots [B, w]: row b's q queries see the slots
+    before lengths[b] [B] and those of the block lengths[b] + 0..w-1 that own [B, q, w] names; every later
+    slot is blocked (lengths[b] + w <= columns is the caller's to check, on the host)."""
+    batch, q, width = own.shape
+    slots = lengths[:, None] + torch.arange(width, device=own.device)  # [B, w]
+    allowed = (torch.arange(columns, device=own.device)[None, :] < lengths[:, None])[:, None, :]
+    allowed = allowed.expand(batch, q, columns).scatter(2, slots[:, None, :].expand(batch, q, width), own)
+    mask = torch.zeros(batch, 1, q, columns, dtype=dtype, device=own.device)  # [B, 1, q, S]
     mask[:, 0].masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask, positions, anc
+    return mask, slots
 
 
 def select_best(parents: list[int], scores: list[float], budget: int) -> list[int]:

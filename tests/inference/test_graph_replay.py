@@ -117,12 +117,12 @@ def test_replayed_graphs_decode_like_plain_decoding(
         assert gen.generate(input_ids=prompt, max_new_tokens=20).token_ids == ref, i
     by_name = {g.fn.__name__: g for g in replayed_graphs}  # (the drafter's are made at its first start)
     assert len(replayed_graphs) == 4 and set(by_name) == {
-        "_graph_draft",
+        "_grow",
         "_graph_accept",
         "_graph_verify",
         "_graph_commit",
     }  # draft, accept, runner verify, runner commit
-    draft, accept, verify = by_name["_graph_draft"], by_name["_graph_accept"], by_name["_graph_verify"]
+    draft, accept, verify = by_name["_grow"], by_name["_graph_accept"], by_name["_graph_verify"]
     for graph in (draft, accept, verify):  # captured once per shape, then replayed
         assert graph.captures >= 1 and graph.replays > graph.captures, (graph.captures, graph.replays)
 
@@ -306,7 +306,7 @@ def test_replayed_batch_draft_graphs_propose_the_traced_trees(
     for outputs in replayed[0]:
         for b, (prompt, n) in enumerate(zip(prompts, budgets)):
             assert outputs[b] == plain_greedy(model, prompt, n), b
-    draft, accept = (g for g in replayed_graphs if g.fn.__name__ in ("_graph_draft", "_graph_accept"))
+    draft, accept = (g for g in replayed_graphs if g.fn.__name__ in ("_grow", "_graph_accept"))
     assert draft.replays > draft.captures and accept.replays > accept.captures
 
 

@@ -1,20 +1,14 @@
 """EAGLE / EAGLE-3 rows with fixed shapes: every row's whole draft as ONE captured graph.
 
-`GraphRows` is where a compiled `EagleDrafter` keeps its rows: `EagleRows` (the same growth code, so row
-b's tree is its batch-1 tree) whose calls take one of a few shapes, so that on CUDA a pass drafts every
-row's tree with one graph replay and commits the accepted tokens with another, instead of tens of small
-host-launched kernels a depth (as SGLang captures EAGLE's draft). The drafter keeps its `GraphRows`, so
-the graphs serve every later call.
-- rows: `capacity` PHYSICAL rows (the batch's next power of 2), kept per capacity; a call's B rows take
-  rows 0..B-1 and `keep` only remaps active -> physical rows (no data moves, no new shape). An idle row
-  drafts along at committed length 0 from token 0: its tree is dropped, its writes land in its own row.
-- the head cache: one `RowCache(static_shapes=True)` per capacity, S_max a multiple of 1024 (grown
-  rarely: then every graph is captured again); C_b is its device `lengths_t`, a draft writes at
-  C_b + spec + i and attends over all S_max slots behind a mask built in the graph.
-- accepts: K tokens padded to a power of 2 (<= GRAPH_COMMIT; longer blocks such as the prompt run the
-  same function eagerly); the device lengths move inside the graph, the host's copy serves room checks.
-One draft ahead (engine/loop.py) the accept of each row's path and the next draft are queued from an
-acceptance still on the device (`accept_queued`, `propose_queued`; `settle` once the host has read it).
+`GraphRows` runs `EagleRows`' growth code in a few shapes, so that on CUDA a pass drafts every row's tree
+with one graph replay and commits with another, not tens of host-launched kernels a depth (as SGLang
+captures EAGLE's draft).
+- rows: `capacity` physical rows (the batch's next power of 2), kept per capacity; `keep` only remaps
+  active -> physical rows. An idle row drafts at length 0 from token 0 into its own row; its tree is dropped.
+- the head cache: a `RowCache(static_shapes=True)` per capacity, S_max a multiple of 1024 (grown rarely:
+  every graph is captured again); C_b is its device `lengths_t`, moved inside the accept graph.
+- accepts: K tokens padded to a power of 2 (<= GRAPH_COMMIT; longer blocks, such as the prompt, run the
+  same function eagerly).
 """
 
 from __future__ import annotations
@@ -60,10 +54,7 @@ class _Capacity:
 
 
 class GraphRows(EagleRows):
-    """B rows of an `EagleDrafter` drafted and committed as fixed-shape graphs (see the module doc).
-
-    compile: as `SpeculativeGenerator(compile=...)` (True: inductor and, on CUDA, our CUDA graphs;
-    "graphs": the eager functions captured as CUDA graphs; another string: that torch.compile backend)."""
+    """B rows of an `EagleDrafter` as fixed-shape graphs (the module doc); compile: as `use_compile`'s."""
 
     def __init__(self, drafter: EagleDrafter, compile: bool | str) -> None:
         super().__init__(drafter)
@@ -72,16 +63,15 @@ class GraphRows(EagleRows):
         self._state: _Capacity | None = None  # the current call's
         self.rows: list[int] = []  # the physical row of each active row, in the caller's order
         state = self._graph_state
-        self._draft = compiling.compile_function(
-            self._graph_draft, compile, cuda, fullgraph=True, state=state
-        )
+        # every physical row's tree from its feature [P, H] and root [P]: tokens, parents [P, N]
+        self._draft = compiling.compile_function(self._grow, compile, cuda, fullgraph=True, state=state)
         self._accept = compiling.compile_function(
             self._graph_accept, compile, cuda, fullgraph=True, state=state
         )
 
     def _graph_state(self) -> tuple:
-        """What the graphs read besides their arguments: every kept head cache's allocation (a graph's
-        shapes name its capacity) and what the drafter's own graphs read (`EagleDrafter._shared_state`)."""
+        """What the graphs read besides their arguments: every kept head cache's allocation and
+        `EagleDrafter._shared_state`."""
         caches = tuple((p, rows.cache.generation) for p, rows in self._kept.items())
         return caches, *self.drafter._shared_state()
 
@@ -155,10 +145,8 @@ class GraphRows(EagleRows):
     def accept_queued(
         self, hidden: dict[int, Tensor], tokens: Tensor, paths: Tensor, ks: Tensor, nexts: Tensor
     ) -> None:
-        """`accept` from device tensors: the verified trees' states {l: [B, N, H]} and tokens [B, N], each
-        active row's path [B, >= P] (ascending, the last node repeated), its length K [B] and the next
-        token [B]; the same pairs as `accept` of the path's tokens (the pairs past K_b land in scratch).
-        The device lengths move by K_b in the graph; the host's copy waits for `settle`."""
+        """`accept` of each row's path from device tensors (`Drafter.accept_queued`; the pairs past K_b land
+        in scratch): the device lengths move by K_b in the graph, the host's copy waits for `settle`."""
         rows, width, dev = self._capacity, self.drafter.commit_width, self.device
         self._ensure_room(2 * width)  # (this commit, and the next draft before `settle` counts it)
         paths = paths[:, :width]  # [B, P]
@@ -169,8 +157,7 @@ class GraphRows(EagleRows):
 
     @inference_mode
     def propose_queued(self, nexts: Tensor) -> BatchDraft:
-        """`propose` from the next tokens [B] on the device (after `accept_queued`): the active rows' trees,
-        left on the device (the verify is queued behind the draft, no wait here)."""
+        """`propose` from the next tokens [B] on the device (after `accept_queued`), the trees left there."""
         rows, drafter = self._capacity, self.drafter
         drafter._map_ids(self.device)
         if drafter._static is not None:
@@ -192,13 +179,6 @@ class GraphRows(EagleRows):
         rows.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))
 
     # ---- the graphs --------------------------------------------------------------------------------
-
-    def _graph_draft(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor]:
-        """Every physical row's tree from its feature [P, H] and root [P]: tokens, parents [P, N]."""
-        if self.drafter._static is not None:
-            return self._grow_static(feature, roots)
-        tokens, parents, _ = self._grow_dynamic(feature, roots)  # (the scores stay in the graph: unread)
-        return tokens, parents
 
     def _graph_accept(self, packed: Tensor, *states: Tensor) -> Tensor:
         """Commit row b's first n_b of K pairs, packed [P, K + 2] = (tokens [P, K], n_b, next root) with

@@ -1,12 +1,8 @@
 """EAGLE / EAGLE-3 rows, eager: one head forward per depth over every row's frontier, for any B.
 
-`EagleRows` is where an eager `EagleDrafter` keeps its rows (drafter.py's cache convention holds): the
-head's cache is a `RowCache` [B, kv, S_max, D] with per-row committed lengths C_b at slots [0, C_b). A
-propose writes its speculative entries at C_b + 0, 1, ... (scratch: the next commit overwrites them) and
-attends through an additive mask [B, 1, q, S] that opens slots < C_b plus the node's speculative
-ancestors and itself, at positions C_b + depth - 1. Row b's tree equals its batch-1 tree (same ties rule:
-stable sorts), up to float rounding. A batch of one sampling with a static tree may draw its children
-from the head instead (rule C, sampled_children.py).
+The head's cache is a `RowCache` [B, kv, S_max, D] holding row b's C_b committed entries at slots
+[0, C_b) (drafter.py's convention); a propose writes its speculative entries after them (scratch: the next
+commit overwrites them). Row b's tree is its batch-1 tree (ties: stable sorts), up to float rounding.
 """
 
 from __future__ import annotations
@@ -26,14 +22,14 @@ from spechead.inference.positions import PositionIds
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.prefill import length_groups
+from spechead.inference.tree import mask_after
 
 if TYPE_CHECKING:
     from spechead.inference.drafters.eagle.drafter import EagleDrafter
 
 
 class EagleRows:
-    """B rows of an `EagleDrafter` (its head, tree settings and static plan are shared): its `start`,
-    `propose`, `accept` and `keep` for them."""
+    """B rows of an `EagleDrafter` (whose head, tree settings and static plan they share)."""
 
     def __init__(self, drafter: EagleDrafter) -> None:
         self.drafter = drafter
@@ -57,9 +53,8 @@ class EagleRows:
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
-        """Commit every row's prompt pairs (f_t, x_{t+1}), x_T = root: rows of similar prompt lengths in
-        one causal head pass each (`length_groups`: short rows do not pay for the longest one), their
-        entries then copied into this drafter's cache."""
+        """Commit every row's prompt pairs (f_t, x_{t+1}), x_T = root: rows of similar prompt lengths in one
+        causal head pass each (`length_groups`: short rows do not pay for the longest one)."""
         lengths = [p.numel() for p in prompts]
         groups = length_groups(lengths)
         if len(groups) == 1:
@@ -109,22 +104,19 @@ class EagleRows:
         sampling: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
     ) -> BatchDraft:
-        """Every row's tree of the head's top-k children (deterministic: greedy / lossless rule A), or, for
-        a batch of one sampling with a static tree and the drafter's rule C, of children drawn from it."""
+        """Every row's tree of the head's top-k children (greedy / rule A), or of children drawn from it
+        (rule C: see `EagleDrafter`)."""
         self._ensure_room(0)
         roots_t = host_to_device(torch.tensor(list(roots), dtype=torch.long), self.device)  # [B] (no wait)
         drafter = self.drafter
         drafter._map_ids(self.device)
         assert self.feature is not None  # start made it
-        if drafter._static is None:
-            tokens, parents, _ = self._grow_dynamic(self.feature, roots_t)  # [B, N] each
-            return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
-        drawn = None  # children drawn from the head (rule C): a batch of one, sampling
-        if drafter.rule != "deterministic" and len(roots) == 1 and not sampling[0].is_greedy:
-            drawn = SampledChildren(drafter.head_logits, sampling[0], generators[0], drafter._vocab_out)
-        tokens, parents = self._grow_static(self.feature, roots_t, drawn)  # [B, N] each
-        # the trees stay on the head's device: on a GPU the verify is queued behind the draft (no wait);
-        # the acceptance reads the accepted tokens with its one transfer (engine/loop.py)
+        drawn = None  # children drawn from the head (rule C): a static tree, a batch of one, sampling
+        if drafter._static is not None and drafter.rule != "deterministic" and len(roots) == 1:
+            if not sampling[0].is_greedy:
+                drawn = SampledChildren(drafter.head_logits, sampling[0], generators[0], drafter._vocab_out)
+        # [B, N] each, left on the head's device: on a GPU the verify is queued behind the draft (no wait)
+        tokens, parents = self._grow(self.feature, roots_t, drawn)
         if drawn is None:
             return BatchDraft(tokens, parents, [tokens.shape[1]] * tokens.shape[0])
         q = drawn.q_rows(drafter._static_plan(), drafter._d2t)  # [N, V]
@@ -156,8 +148,7 @@ class EagleRows:
         return self.longest
 
     def _ensure_room(self, extra: int) -> None:
-        """Grow the head cache (to twice its size at least) so every row's committed entries + extra + a
-        whole draft fit."""
+        """Grow the head cache (to twice its size at least) to fit max_b C_b + extra + a whole draft."""
         need, cache = self._longest() + extra + self._spec_room(), self.cache
         assert cache is not None  # start made it
         if need > cache.max_length:
@@ -190,35 +181,28 @@ class EagleRows:
         self.longest = max(self.lengths)
 
     def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
-        """One head call on q queries per row: features [B, q, H], tokens [B, q]. Query i of row b
-        writes slot C_b + spec + i, sits at position C_b + offsets[i] and sees slots < C_b plus the
-        block [C_b, C_b + spec + q) where own [B, q, spec + q] is True. Returns features [B, q, H]."""
+        """The head on features [B, q, H], tokens [B, q]: query i of row b writes slot C_b + spec + i at
+        position C_b + offsets[i] and sees slots < C_b and those of [C_b, C_b + spec + q) that own
+        [B, q, spec + q] names. Returns features [B, q, H]."""
         return self._run(features, ids, self._inputs(own, offsets, spec), spec)
 
     def _inputs(self, own: Tensor, offsets: Tensor, spec: int = 0) -> tuple[Tensor, Tensor, Tensor, int]:
-        """`_forward`'s mask [B, 1, q, S], positions [B, q], written slots [B, q] and S: over the longest
-        C_b + spec + q, or with a fixed-shape cache (GraphRows) its device lengths and all its slots."""
-        batch, q = own.shape[0], own.shape[1]
-        width, cache = own.shape[-1], self.cache  # spec + q
+        """`_forward`'s mask [B, 1, q, S], positions [B, q], written slots [B, q] and S (the longest
+        C_b + spec + q, or a fixed-shape cache's S_max after its device lengths)."""
+        cache = self.cache
         assert cache is not None  # start made it
         if cache.static_shapes:
             assert cache.lengths_t is not None  # GraphRows.start made it
             c, view = cache.lengths_t, cache.max_length  # [B], S
         else:
-            c, view = self.committed, self.longest + width
-        dev = self.device
-        block = c[:, None] + torch.arange(width, device=dev)  # [B, spec + q] slots of the block
-        allowed = (torch.arange(view, device=dev)[None, :] < c[:, None])[:, None, :].expand(batch, q, view)
-        allowed = allowed.scatter(2, block[:, None, :].expand(batch, q, width), own)  # [B, q, S]
-        mask = torch.zeros(batch, 1, q, view, dtype=self.dtype, device=dev)
-        mask[:, 0].masked_fill_(~allowed, torch.finfo(self.dtype).min)  # [B, 1, q, S]
+            c, view = self.committed, self.longest + own.shape[-1]
+        mask, block = mask_after(c, own, view, self.dtype)  # block [B, spec + q]
         return mask, c[:, None] + offsets[None, :], block[:, spec:], view
 
     def _run(
         self, features: Tensor, ids: Tensor, inputs: tuple[Tensor, Tensor, Tensor, int], spec: int = 0
     ) -> Tensor:
-        """The head on features [B, q, H] and tokens [B, q] with `_inputs`' mask, positions, slots and S,
-        after `spec` speculative slots (a fixed-shape cache finds the slots from its device lengths)."""
+        """The head on features [B, q, H] and tokens [B, q] with `_inputs`' mask, positions, slots and S."""
         mask, positions, slots, view = inputs
         cache = self.cache
         assert cache is not None  # start made it
@@ -237,11 +221,17 @@ class EagleRows:
         values, ids = topk_rows(logits, k, self.drafter.topk_chunk)
         return (values - torch.logsumexp(logits, dim=-1, keepdim=True) if scores else values), ids
 
+    def _grow(
+        self, feature: Tensor, roots: Tensor, drawn: SampledChildren | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Every row's tree from its feature [B, H] and root [B]: tokens, parents [B, N]."""
+        if self.drafter._static is not None:
+            return self._grow_static(feature, roots, drawn)
+        return self._grow_dynamic(feature, roots)[:2]  # (the scores are unread)
+
     def _grow_dynamic(self, feature: Tensor, roots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """EAGLE-2 per row from each row's feature [B, H] and root [B]: per depth expand the `top_k`
-        frontier nodes of highest cumulative log-prob, each with its `top_k` children (one head call over
-        [B, k]), down to `depth`; keep the best `total_tokens - 1` nodes. Tokens, parents and the kept
-        nodes' cumulative log-probs (float64, root 0) [B, N]."""
+        """`_grow`'s EAGLE-2 tree (`EagleDrafter`), one head call a depth over [B, k]: tokens, parents and
+        the kept nodes' cumulative log-probs (float64, root 0) [B, N]."""
         k, dev, batch = self.drafter.top_k, self.device, roots.shape[0]
         rows = torch.arange(batch, device=dev)[:, None]  # [B, 1]
         values, ids = self._top(feature[:, None], k)  # [B, 1, k]
@@ -291,9 +281,8 @@ class EagleRows:
     def _grow_static(
         self, feature: Tensor, roots: Tensor, drawn: SampledChildren | None = None
     ) -> tuple[Tensor, Tensor]:
-        """The static tree (rank paths) per row from features [B, H] and roots [B], one head call per depth
-        over [B, E]: tokens, parents [B, N]. A depth's rank-r child of a node is the head's r-th best token
-        there, or its r-th draw (`drawn`, B = 1)."""
+        """`_grow`'s static tree, one head call a depth over [B, E]: a node's rank-r child is the head's
+        r-th best token there, or its r-th draw (`drawn`, B = 1)."""
         plan, st = self.drafter._static_plan(), self.drafter._static
         assert st is not None  # propose: a static tree
         batch, n = roots.shape[0], st.size
