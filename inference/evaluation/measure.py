@@ -126,6 +126,14 @@ def decode_prompts(
     return PromptSetRun(total, by_category, outputs, prompt_ids)
 
 
+def greedy_answers(
+    target, tokenizer, drafter, prompts: Sequence[Prompt], max_new_tokens: int
+) -> PromptSetRun:
+    """Greedy answers to every turn with `drafter` (None: plain), each ending at the target's context."""
+    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
+    return decode_prompts(SpeculativeGenerator(target, tokenizer, drafter), prompts, settings)
+
+
 def answer_room(gen: SpeculativeGenerator, prompt_len: int, max_new_tokens: int) -> int:
     """New tokens a turn may take: max_new_tokens, or fewer where the target's context ends (0: it is full),
     the same for plain and drafted decoding (a fair comparison)."""
@@ -197,17 +205,15 @@ def decode_eval_hook(
     drafted pass over `prompts` with the head in training (target modules attached, mode restored), answers
     ending at the target's context, the head drafting as loading would here (`tree`: tree.json fields or
     None, the family's table); tree_nodes 0: the family's default tree."""
-    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
     was_training = head.training
     head.eval()
     try:
         drafting = as_drafted(head, next(target.parameters()).device)
         drafter, calibration, _ = calibrated_drafter(target, drafter_for_head(drafting), tree)
-        gen = SpeculativeGenerator(target, tokenizer, drafter)
-        plain = SpeculativeGenerator(target, tokenizer, None)
-        row = summarize(
-            [decode_prompts(gen, prompts, settings)], [decode_prompts(plain, prompts, settings)], settings
+        drafted, plain = (
+            greedy_answers(target, tokenizer, d, prompts, max_new_tokens) for d in (drafter, None)
         )
+        row = summarize([drafted], [plain], DecodeSettings())  # (greedy: outputs compared)
     finally:
         head.train(was_training)
     metrics = {k: float(row[k]) for k in ("tau", "speedup", "tokens_per_s", "passes_per_token")}

@@ -1,12 +1,8 @@
-"""Tune a head's static tree for this device on prompts of the kind it will serve.
-
-    fields = tune_tree(target, tokenizer, head, load_prompt_set("demo-tune", 32))
-    directory.write_tree(head_dir, **fields)  # HEAD/tree.json: what loading calibrates from
-
-Measured, nothing assumed: the target answers every prompt greedily; the head's top-k accuracy is
-measured on those answers; trees are ranked by the costs timed here and the best few decoded, as loading
-does; the chosen one's real tau scales the table (`fit_accuracy`) and the trees are ranked again. Used by
-scripts/build_tree.py and at the end of a training run.
+"""Tune a head's static tree (HEAD/tree.json: what loading calibrates from) for this device on prompts of
+the kind it will serve. Measured, nothing assumed: the target answers every prompt greedily; the head's
+top-k accuracy is measured on those answers; trees are ranked by the costs timed here and the best few
+decoded, as loading does; the chosen one's real tau scales the table (`fit_accuracy`) and the trees are
+ranked again. Used by scripts/build_tree.py and at the end of a training run.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from spechead.heads import DraftHead
 from spechead.heads.families import family_of
 from spechead.inference.draft_weights import as_drafted
 from spechead.inference.drafter_specs import drafter_for_head
-from spechead.inference.evaluation.measure import DecodeSettings, Prompt, PromptSetRun, decode_prompts
-from spechead.inference.generator import SpeculativeGenerator
+from spechead.inference.evaluation.measure import Prompt, PromptSetRun, greedy_answers
 from spechead.inference.tuning.calibrate import best_for_costs, calibrated_choices, fit_accuracy
 from spechead.inference.tuning.pass_timing import decoded_choice
 from spechead.inference.tuning.tree_search import expected_accept_length
@@ -52,18 +47,18 @@ def tune_tree(
     # costs and decoding with the head as loading will draft with it (on a CPU a Medusa head in int8)
     trained, head = head, as_drafted(head, next(target.parameters()).device)
     try:
-        answers = _decode_with(target, tokenizer, None, prompts, max_new_tokens)
+        answers = greedy_answers(target, tokenizer, None, prompts, max_new_tokens)
         accuracy = measure_accuracy(target, trained, answers, depth, topk)  # [depth, topk] (as trained)
         drafter = drafter_for_head(head)
         _, costs = calibrated_choices(target, drafter, accuracy.double(), max_nodes)
         choices, costs = decoded_choice(target, drafter, accuracy.double(), costs)
-        tuned = _decode_with(target, tokenizer, drafter.with_tree(choices), prompts, max_new_tokens)
+        tuned = greedy_answers(target, tokenizer, drafter.with_tree(choices), prompts, max_new_tokens)
         # the raw table over-promises deep trees: choose again from the table scaled to the real tau
         fitted = fit_accuracy(accuracy.double(), choices, tuned.total.tau)
         best_for_costs(fitted, costs, max_nodes)  # costs["ranked"] again, for the fitted table
         refined, costs = decoded_choice(target, drafter, fitted, costs, keep=choices)
         if refined != choices:
-            tuned = _decode_with(target, tokenizer, drafter.with_tree(refined), prompts, max_new_tokens)
+            tuned = greedy_answers(target, tokenizer, drafter.with_tree(refined), prompts, max_new_tokens)
             choices = refined
     finally:
         trained.train(was_training)
@@ -86,9 +81,3 @@ def tune_tree(
         },
         "accuracy": [[round(x, 6) for x in row] for row in accuracy.tolist()],
     }
-
-
-def _decode_with(target, tokenizer, drafter, prompts: Sequence[Prompt], max_new_tokens: int) -> PromptSetRun:
-    """Greedy answers to every turn with `drafter` (None: plain), each ending at the target's context."""
-    settings = DecodeSettings(max_new_tokens=max_new_tokens, fit_context=True)
-    return decode_prompts(SpeculativeGenerator(target, tokenizer, drafter), prompts, settings)
