@@ -65,7 +65,8 @@ class ParallelDrafter(Drafter):
     def _new_rows(self, batch: int, need: int) -> None:
         """B new rows at length 0 in a cache of >= `need` slots: the kept one when its rows fit (compiled,
         a pass replays over its buffers; eager, unless `eager_reads_whole_cache`), else a new one."""
-        cache, rows = self.cache, self._capacity(batch)
+        # compiled, the batch's capacity of rows (one graph shape while rows finish); eager, no idle rows
+        cache, rows = self.cache, batch_capacity(batch) if self._compile else batch
         kept = self._compile or not self.eager_reads_whole_cache
         if kept and cache is not None and cache.batch == rows and cache.max_length >= need:
             cache.set_lengths([0] * rows)
@@ -109,10 +110,6 @@ class ParallelDrafter(Drafter):
 
     def _device(self) -> torch.device:
         return self.head.fc.weight.device
-
-    def _capacity(self, batch: int) -> int:
-        """Rows the buffers hold: compiled, the batch's capacity; eager, the batch (no idle rows to compute)."""
-        return batch_capacity(batch) if self._compile else batch
 
     @staticmethod
     def _over_rows(fn: Callable[..., Tensor], rows: int, batch: int, *args: Any) -> Tensor:
