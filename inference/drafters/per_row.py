@@ -47,7 +47,7 @@ def clone_drafter(drafter: RowDrafter) -> RowDrafter:
     memo: dict[int, object] = {}
 
     def share(obj: object) -> None:
-        if isinstance(obj, RowDrafter):  # and the drafters it holds (a cascade's tiny one)
+        if isinstance(obj, DrafterBase):  # and the drafters it holds (a cascade's tiny one)
             for value in vars(obj).values():
                 share(value)
         elif isinstance(obj, nn.Module) and id(obj) not in memo:
