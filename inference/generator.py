@@ -230,7 +230,8 @@ class SpeculativeGenerator:
         self, prompts, messages, input_ids, max_new_tokens, seed, tree_for_batch, one=False, **sampling
     ) -> tuple[list[GenerationStats], Iterator[Emitted]]:
         """The rows' stats and the engine's passes for generate_batch / stream_batch's arguments, every
-        row checked first (errors name the row unless `one`: generate's prompt)."""
+        row checked first (errors name the row unless `one`: generate's prompt). The passes run without
+        gradients, the caller's grad mode between their yields (a stream's consumer runs there)."""
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
             raise ValueError("pass exactly one of prompts=, messages= or input_ids= (a list, one per row)")
@@ -255,32 +256,19 @@ class SpeculativeGenerator:
             except ValueError as err:
                 raise ValueError(str(err) if one else f"row {b}: {err}") from None
         params = [SamplingParams(seed=s, **sampling) for s in seeds]  # (temperature, top_k, top_p)
-        stats = [GenerationStats() for _ in range(batch)]
         drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
-        return stats, self._passes(ids, max_new, params, stats, drafter)
-
-    def _passes(
-        self,
-        prompts: Sequence[torch.Tensor],
-        max_new: Sequence[int],
-        params: Sequence[SamplingParams],
-        stats: Sequence[GenerationStats],
-        drafter: Drafter | RowDrafter | None,
-    ) -> Iterator[Emitted]:
-        """The engine's passes over these rows (checked), gradients off while it runs: the caller's grad
-        mode between its yields (a stream's consumer runs there)."""
-        batch, device = len(prompts), self.target.device
-        runner = self._runner(drafter, prompts, max_new)
+        runner, device = self._runner(drafter, ids, max_new), self.target.device
         rows = [
-            Row(b, prompts[b], max_new[b], params[b], make_generator(params[b].seed, device), stats[b])
-            for b in range(batch)
+            Row(b, ids[b], max_new[b], p, make_generator(p.seed, device), GenerationStats())
+            for b, p in enumerate(params)
         ]
         rows_of = rows_drafter(drafter) if drafter is not None else None
         rule = drafter.rule if drafter is not None else "deterministic"  # (how its children are chosen)
         depth = depth_for(runner, rows_of, rows, self.ahead, self.device_accept, rule)
-        clock = PhaseClock(device)
-        passes = decode(runner, rows_of, rows, self.eos, clock, depth=depth, on_device=self.device_accept)
-        return torch.inference_mode()(_drain)(passes)
+        passes = decode(
+            runner, rows_of, rows, self.eos, PhaseClock(device), depth=depth, on_device=self.device_accept
+        )
+        return [r.stats for r in rows], torch.inference_mode()(_drain)(passes)
 
     def _runner(
         self, drafter: Drafter | RowDrafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]
