@@ -218,9 +218,9 @@ def typical_accept(
     posterior_alpha: float = 0.3,
     generator: torch.Generator | None = None,
 ) -> Acceptance:
-    """Medusa's typical acceptance. LOSSY: output does NOT follow the target distribution.
+    """Medusa's typical acceptance. LOSSY (output does NOT follow the target's distribution): opt-in only.
 
-    EXPLICIT OPT-IN ONLY, never a default. A child x of node i is accepted when
+    A child x of node i is accepted when
     pi(x) > min(posterior_threshold, posterior_alpha * exp(-H(pi))) with pi = softmax(logits[i] / T)
     and H its entropy; keep the deepest path of accepted nodes (ties: highest sum of log pi, then lowest
     index); next_token ~ pi at the last node restricted to tokens above the same threshold (the argmax is

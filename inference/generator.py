@@ -28,9 +28,8 @@ from spechead.inference.target.capture import check_tree_attention
 from spechead.inference.target.runner import TargetRunner, batch_capacity
 from spechead.inference.text_stream import TextStream, text_of
 
-# (target, drafter, accuracy [depth, k], batch, compile, draft_compile) -> (the drafter with the static tree
-# measured best for `batch` rows on this device, or None when plain batched decoding pays best; what was
-# measured), its parts timed as a generator with these compile settings runs them
+# (target, drafter, accuracy [depth, k], batch, compile, draft_compile) -> (the drafter with the tree timed
+# best for `batch` rows here with these compile settings, None when plain decoding pays best; what was timed)
 BatchTreePicker = Callable[
     [PreTrainedModel, Drafter | RowDrafter, torch.Tensor, int, "bool | str", "bool | str"],
     tuple[Drafter | RowDrafter | None, dict],

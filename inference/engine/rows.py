@@ -31,9 +31,8 @@ class Row:
 
 
 def take(row: Row, pending: list[int], eos: set[int], verified: bool = True) -> list[int]:
-    """Row `row` emits `pending` (a pass's accepted tokens and the next root) up to its stop: the tokens
-    it emits, its stats counted (`verified`: they came from a verify pass, not the prefill) and `done`
-    set when it stopped."""
+    """The tokens of `pending` (a pass's accepted tokens and the next root) `row` emits up to its stop,
+    counted in its stats (`verified`: from a verify pass, not the prefill); `done` set when it stops."""
     out = until_stop(pending, eos, row.max_new - row.stats.new_tokens)
     row.stats.new_tokens += len(out)
     if verified:
