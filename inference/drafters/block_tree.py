@@ -1,11 +1,8 @@
 """A static tree of rank paths over a parallel drafter's block slots (P-EAGLE, DFlash; Medusa's rule).
 
-One forward drafts a block: slot d (0-based) scores the token d + 1 steps after the root. A node at depth
-d >= 1 with child rank r carries slot d - 1's r-th best token, so every branch at one depth shares that
-slot's candidates. The default tree is the chain of each slot's best token (the papers' draft).
-
-    tree = BlockTree(choices, slots=K)
-    tokens = tree.tokens(roots, top)   # roots [B], top [B, K, tree.width] -> tokens [B, N]
+One forward drafts a block: slot d (0-based) scores the token d + 1 steps after the root, and a node at
+depth d >= 1 of child rank r carries slot d - 1's r-th best token (every branch at one depth shares that
+slot's candidates). The default tree is the chain of each slot's best token (the papers' draft).
 """
 
 from __future__ import annotations

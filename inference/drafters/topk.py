@@ -1,15 +1,11 @@
 """The k best entries of each row, in one `torch.topk` or over the k column chunks with the largest maxima.
 
 Why: on CUDA, `torch.topk` of a few long rows (an EAGLE draft's [k, Vd] logits) runs the multi-block radix
-select, many kernels a depth. Chunked, each row is cut into chunks of `chunk` columns and only the k chunks
-with the largest maxima are searched: a max over each chunk, the k best of those maxima, a gather of the k
-chunks and the k best of their [q, k * chunk] entries, both top-ks over short rows. The same k values come
-out: a row's i-th best entry a_i either sits in a kept chunk with the i - 1 above it, or some a_j (j <= i)
-sits in a dropped chunk, and then each of the k kept chunks holds an entry >= a_j >= a_i. Which of several
-equal values is named may differ from `torch.topk`.
-
-"auto" (the drafters' default) chunks by 64 rows of 20,000 or more, on CUDA and on a CPU; shorter rows
-keep one topk, which is faster there (`scripts/bench_topk.py`, docs/PERFORMANCE.md).
+select, many kernels a depth; chunked, both top-ks run over short rows. The same k values come out: a
+row's i-th best entry a_i either sits in a kept chunk with the i - 1 above it, or some a_j (j <= i) sits in
+a dropped chunk, and then each of the k kept chunks holds an entry >= a_j >= a_i. Which of several equal
+values is named may differ from `torch.topk`. "auto" chunks rows of 20,000 or more by 64 (on CUDA and a
+CPU: `scripts/bench_topk.py`, docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations

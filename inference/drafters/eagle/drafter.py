@@ -1,16 +1,12 @@
-"""EAGLE-1/2 and EAGLE-3 drafting: ONE drafter for any number of rows, static (Medusa-style) or dynamic
-(EAGLE-2) trees from a feature head.
+"""EAGLE-1/2 and EAGLE-3 drafting: ONE drafter for any number of rows, static or dynamic (EAGLE-2) trees.
 
 Cache convention (as in training, spechead.heads.unroll): the head's cache holds one COMMITTED entry per
-position t whose pair (target feature f_t, token x_{t+1}) is known, at rotary position t; C = number of
-committed entries = the target's cached length. The output of the last pair (position C - 1, token x_C =
-the root) predicts its children. A node at depth d >= 1 (token x_{C+d}) is run as TTT step d at position
-C + d - 1: it reads its parent's output feature and its own token, and attends to the C committed entries,
-its ancestors' entries and itself (exactly `ttt_allowed`). One head call per depth over every row.
+position t whose pair (target feature f_t, token x_{t+1}) is known, at rotary position t; C, the number of
+committed entries, is the target's cached length. The last pair's output (token x_C = the root) predicts
+its children. A node at depth d >= 1 runs as TTT step d at position C + d - 1: its parent's output
+feature and its own token, attending to the C committed entries, its ancestors and itself (`ttt_allowed`).
 
-Where the rows live is chosen at `start`: eager `EagleRows` (rows.py), or, compiled, `GraphRows`
-(graphs.py: the same growth code with fixed shapes, whose accept and next draft also run from an acceptance
-still on the device: `queues`). Row b's tree is its batch-1 tree (up to float rounding of batched matmuls).
+The rows live in eager `EagleRows` (rows.py) or, compiled, in `GraphRows` (graphs.py), chosen at `start`.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ from torch import Tensor
 from spechead.heads.eagle import EagleHead
 from spechead.heads.eagle3 import Eagle3Head
 from spechead.heads.fused import fused_logits, fused_step
-from spechead.heads.grad import inference_mode
 from spechead.inference.drafters.base import BatchDraft, Drafter, at_least
 from spechead.inference.drafters.eagle.graphs import GRAPH_COMMIT, GraphRows
 from spechead.inference.drafters.eagle.rows import EagleRows
@@ -37,12 +32,11 @@ from spechead.inference.tree import StaticTree, tree_from_choices
 class EagleDrafter(Drafter):
     """Drafts token trees for B rows with an EagleHead (EAGLE-1/2) or Eagle3Head.
 
-    tree: "dynamic" (EAGLE-2: per depth expand the `top_k` frontier nodes of highest cumulative
-    log-prob, each with its `top_k` children, down to `depth`; keep the best `total_tokens - 1`
-    nodes) or static paths of child ranks, e.g. [[0], [1], [0, 0]] (see `tree_from_choices`).
-    rule: when sampling, children are the head's top-k ("deterministic", rule A) or, for a static tree
-    drafted eagerly for a batch of one, draws from the head ("without_replacement", rule C:
-    sampled_children.py; more accepted at temperatures near 1). Greedy takes the top-k.
+    tree: "dynamic" (EAGLE-2: per depth expand the `top_k` frontier nodes of highest cumulative log-prob,
+    each with its `top_k` children, down to `depth`; keep the best `total_tokens - 1` nodes) or static rank
+    paths, e.g. [[0], [1], [0, 0]] (`tree_from_choices`). rule: when sampling, children are the head's
+    top-k ("deterministic", rule A) or, for a static tree drafted eagerly for a batch of one, draws from
+    the head ("without_replacement", rule C: sampled_children.py).
     """
 
     tunes_tree = True  # `with_tree` swaps its static tree
@@ -108,9 +102,9 @@ class EagleDrafter(Drafter):
         return other
 
     def use_compile(self, compile: bool | str) -> None:
-        """Draft and accept as fixed-shape graphs (`GraphRows`): a batch of one always, B > 1 rows where
-        `batch_graphs` says. compile: True (inductor; CUDA graphs on CUDA), "graphs" (the eager draft
-        captured as a CUDA graph on CUDA) or a torch.compile backend name; False: eager."""
+        """Draft and accept as fixed-shape graphs (`GraphRows`) where `_graphed` says. compile: True
+        (inductor; CUDA graphs on CUDA), "graphs" (the eager functions captured as CUDA graphs), a
+        torch.compile backend name, or False (eager)."""
         self._compile, self._graphs = compile, None  # (the graphs are made at the next start)
 
     def _shared_state(self) -> tuple:
@@ -123,25 +117,16 @@ class EagleDrafter(Drafter):
         return id(self._d2t), id(self._plan), *settings, angles
 
     def _graphed(self, batch: int) -> bool:
-        """Whether `batch` rows draft as graphs (compiled: a batch of one always, more where `batch_graphs`
-        says: on CUDA by default)."""
-        if not self._compile:
-            return False
+        """Whether `batch` rows draft as graphs: compiled, one row always, more as `batch_graphs` says."""
         wanted = self._weight.device.type == "cuda" if self.batch_graphs is None else self.batch_graphs
-        return batch == 1 or wanted
+        return bool(self._compile) and (batch == 1 or wanted)
 
     # ---- Drafter: the rows' (their methods run under inference mode) -----------------------------
 
-    @inference_mode
     def start(
         self, prompts: Sequence[Tensor], hidden: Sequence[dict[int, Tensor]], roots: Sequence[int]
     ) -> None:
         """New rows (whatever came before): commit each row's prompt pairs (f_t, x_{t+1}), x_T = root."""
-        for prompt in prompts:
-            if prompt.dim() != 1 or prompt.numel() == 0:
-                raise ValueError(
-                    f"a prompt must be a non-empty 1-D tensor [T], got shape {tuple(prompt.shape)}"
-                )
         if self._graphed(len(prompts)):
             if self._graphs is None:
                 self._graphs = GraphRows(self, self._compile)
@@ -200,14 +185,13 @@ class EagleDrafter(Drafter):
     # ---- what the rows share: the head's input features, its id map, the static plan ------------------
 
     def _features(self, hidden: dict[int, Tensor]) -> Tensor:
-        """Target states {layer: [..., K, H]} -> the head's input features [..., K, H] (fused for EAGLE-3)."""
-        weight, states = self._weight, []
-        for state in self._states(hidden):  # [..., K, H] each
-            if state.dtype != weight.dtype or state.device != weight.device:  # (`to` costs even as a no-op)
-                state = state.to(weight.device, weight.dtype)  # a bf16 target may feed an fp32 head
-            states.append(state)
-        # EAGLE-3: fused (over any leading dims: a caller's one unsqueeze after, not three)
-        return self.head.features(states)  # [..., K, H]
+        """Target states {layer: [B, K, H]} -> the head's input features [B, K, H] (fused for EAGLE-3)."""
+        weight = self._weight  # a bf16 target may feed an fp32 head; `to` costs even as a no-op
+        states = [
+            x if (x.dtype, x.device) == (weight.dtype, weight.device) else x.to(weight.device, weight.dtype)
+            for x in self._states(hidden)
+        ]
+        return self.head.features(states)
 
     def _states(self, hidden: dict[int, Tensor]) -> list[Tensor]:
         """The states of `hidden_layers`, in order, from hidden {layer: [..., K, H]}; a KeyError names the

@@ -1,14 +1,11 @@
 """Children drawn from an EAGLE head's distribution when decoding samples, verified by rule C.
 
-A head's top-k children (rule A) are accepted with the target's probability of each: at temperature 1
-a flat target accepts its top-1 draft less often than a draw from a head that matches it (rules B/C
-accept a child x with min(1, p(x) / q(x)): on average 1 - TV(p, q) for the first; docs/PERFORMANCE.md).
-
-Each expanded node's children are k draws WITHOUT replacement from q = softmax(head logits / T) (the
-decoding temperature; no top-k or top-p: a truncated q is no better and costs a sort), in draw order
-(one draw: by inverse CDF; k: the k largest q / Exp(1) keys, exponential races). A tree's rank-r child is
-the r-th draw, and `acceptance.sample_accept` tries the children in that order. q is floored above zero
-so that k draws never run out of ids; the acceptance gets the very q the draws used.
+Rule A accepts a head's top-k child with the target's probability of it; rules B/C accept a drawn child x
+with min(1, p(x) / q(x)), on average 1 - TV(p, q): more at temperatures near 1 (docs/PERFORMANCE.md).
+Each expanded node's children are k draws WITHOUT replacement from q = softmax(head logits / T) (no top-k
+or top-p: a truncated q is no better and costs a sort), in draw order: a tree's rank-r child is the r-th
+draw, and `acceptance.sample_accept` tries them in that order. q is floored above zero so that k draws
+never run out of ids; the acceptance gets the very q the draws used.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The per-depth plan of a static draft tree: which nodes each depth expands, their ranks, speculative-slot
-masks and the order the tree is emitted in.
-
-Built once per (tree, device) from a `StaticTree` with host loops; EAGLE drafting (eager rows and their
-compiled graphs) reads it as tensors, so the depth loop does no host work.
+"""The per-depth plan of a static draft tree, built once per (tree, device) with host loops, so that EAGLE's
+depth loop (eager rows and their graphs) reads only tensors.
 """
 
 from __future__ import annotations
@@ -17,24 +14,19 @@ from spechead.inference.tree import StaticTree, depth_first, depth_first_order
 
 @dataclass
 class StaticPlan:
-    """steps: one dict per depth d >= 1 over the tree's nodes in depth order (`StaticTree` ids: a depth's
-    nodes are contiguous): nodes [n_d], expand [E] (their parents), need (top-k width), pick [n_d] (each
-    node's candidate in the depth's [E * need] block) and, for d >= 2, run [E] and run_parent [E] (the
-    expanded nodes, at depth d - 1, run on the head in a speculative slot each).
-
-    The tree a draft EMITS is depth-first (`tree.depth_first_order`: the greedy path is nodes 0..d, so
-    accepting along it commits a contiguous prefix): order [N] (emitted node -> depth-order id), parents
-    [N] (of the emitted tree). One mask a draft, not one a depth: spec_allowed [Q, Q] (bool: each
-    speculative query sees its ancestors' slots and its own) and spec_offsets [Q] (query j at position
-    C + its node's depth - 1), Q the speculative slots a draft writes, in run order. expanded [sum E]: the
-    emitted ids of every depth's expanded nodes, depth by depth (where drawn children's q rows go)."""
+    """steps: one dict per depth d >= 1 (`StaticTree` ids: a depth's nodes are contiguous): nodes [n_d],
+    expand [E] (their parents), need (top-k width), pick [n_d] (each node's candidate in the depth's
+    [E * need] block) and, for d >= 2, run [E] / run_parent [E] (the expanded nodes run in a speculative
+    slot each). The emitted tree is depth-first (`depth_first_order`): order [N] (emitted -> depth-order
+    id), parents [N]. spec_allowed [Q, Q] (each speculative query sees its ancestors' slots and its own)
+    and spec_offsets [Q] (position C + depth - 1) over the Q slots a draft writes, in run order."""
 
     steps: list[dict]
     order: Tensor
     parents: Tensor
     spec_allowed: Tensor
     spec_offsets: Tensor
-    expanded: Tensor  # [sum E] the emitted ids of every depth's expanded nodes, depth by depth
+    expanded: Tensor  # [sum E] the emitted ids of every depth's expanded nodes (drawn children's q rows)
 
 
 def build_static_plan(st: StaticTree, device: torch.device) -> StaticPlan:
