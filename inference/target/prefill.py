@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
 from spechead.inference.devices import host_to_device
 from spechead.inference.kv_cache import croppable_cache
@@ -70,10 +70,6 @@ def prefill_groups(
             all_logits[b] = logits[row, last.index(sizes[row] - 1)].float()  # [V]
             hiddens[b] = {k: v[row, : sizes[row]] for k, v in hidden.items()}  # {l: [T_b, H]}
         targets = host_to_device(torch.tensor([rows[b] for b in group]), device)  # [G] rows in `cache`
-        filled = []
-        for layer in group_cache.layers:
-            done = cast(DynamicLayer, layer)  # a dense decoder's DynamicCache
-            assert done.keys is not None and done.values is not None  # the group's forward filled it
-            filled.append((done.keys, done.values))
-        cache.write_rows(targets, filled)  # (slots past a row's T_b: its padding's entries, scratch)
+        layers = cast(list, group_cache.layers)  # a dense decoder's DynamicLayers, filled by the forward
+        cache.write_rows(targets, [(x.keys, x.values) for x in layers])  # (past a row's T_b: scratch)
     return torch.stack(all_logits), hiddens

@@ -90,7 +90,8 @@ class TargetRunner:
         self._graphs = RowGraphs(self, compile) if compile else None  # compiled: verify and commit
         self._inputs = TreeInputs(self.dtype, self.device)  # a batch of one's per-shape masks
         self._positions = PositionIds()  # the plain step's position [1, 1]: a view, not a new tensor
-        self._single: Tensor | None = None  # a one-node tree's ancestors [1, 1, 1]
+        # a one-node tree's ancestors [1, 1, 1]: the same every plain step
+        self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
 
     def use_layers(self, hidden_layers: Sequence[int]) -> None:
         """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
@@ -101,11 +102,6 @@ class TargetRunner:
             self.layers = dict(zip(wanted, canon))
 
     # ---- sizing and rows ---------------------------------------------------------------------------
-
-    @property
-    def max_length(self) -> int | None:
-        """Positions a row can hold (the cache's; before any cache the fixed size, if given)."""
-        return self.cache.max_length if self.cache is not None else self.fixed_length
 
     @property
     def lengths(self) -> list[int]:
@@ -250,32 +246,24 @@ class TargetRunner:
         past, n, dev = cache.lengths[0], tokens.shape[1], self.device
         cache.drop_scratch()  # an uncommitted verify's entries (after a commit: nothing to do)
         if n == 1:
-            tokens = host_to_device(tokens, dev)
-            if self._single is None:  # one node is its own ancestor: the same [1, 1, 1] every step
-                self._single = torch.ones(1, 1, 1, dtype=torch.bool, device=dev)
-            self.last_ancestors = self._single
+            anc, size = self._single, 1
             positions = self._positions(past, 1, dev)  # [1, 1]
             # an explicit all-visible mask: transformers then skips building its own causal mask,
             # which costs more than the rest of the pass outside the layers (measured on the CPU)
-            visible = self._inputs.visible(past + 1)
-            mask: Tensor | dict[str, Tensor] = visible
-            if self.sliding:  # keys at positions 0..past, the query at `past`
-                mask = layer_masks(self.sliding, visible, positions, torch.arange(past + 1, device=dev))
-            logits, hidden = self._forward(
-                cache, input_ids=tokens, attention_mask=mask, position_ids=positions
-            )
-            return _fp32(logits), hidden
-        size = self._bucket(n, room)
-        tokens, parents = pad_trees(tokens, parents, size)  # (where the tree is: the host, usually)
-        host_parents = parents if parents.is_cpu else None  # a cache key without a sync
-        tokens, parents = host_to_device(tokens, dev), host_to_device(parents, dev)  # (no wait)
-        anc, depth, block, key = self._inputs.structure(parents, host_parents)
-        full = self._inputs.mask(block, key, past, cache.max_length)  # [1, 1, N, past + N]
-        positions = depth + past  # [1, N]
-        masks: Tensor | dict[str, Tensor] = full
+            mask = self._inputs.visible(past + 1)
+        else:
+            size = self._bucket(n, room)
+            tokens, parents = pad_trees(tokens, parents, size)  # (where the tree is: the host, usually)
+            host_parents = parents if parents.is_cpu else None  # a cache key without a sync
+            anc, depth, block, key = self._inputs.structure(host_to_device(parents, dev), host_parents)
+            mask = self._inputs.mask(block, key, past, cache.max_length)  # [1, 1, N, past + N]
+            positions = depth + past  # [1, N]
+        masks: Tensor | dict[str, Tensor] = mask
         if self.sliding:  # keys: the prefix at positions 0..past-1, then the nodes at their own
-            keys = torch.cat([torch.arange(past, device=dev), positions[0]])
-            masks = layer_masks(self.sliding, full, positions, keys)
+            prefix = torch.arange(past + 1 if n == 1 else past, device=dev)  # (a plain step: the query too)
+            keys = prefix if n == 1 else torch.cat([prefix, positions[0]])
+            masks = layer_masks(self.sliding, mask, positions, keys)
+        tokens = host_to_device(tokens, dev)  # (no wait)
         logits, hidden = self._forward(cache, input_ids=tokens, attention_mask=masks, position_ids=positions)
         if size == n:  # unpadded: no slicing (ops cost on a CPU)
             self.last_ancestors = anc

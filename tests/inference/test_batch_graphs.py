@@ -52,10 +52,10 @@ def test_a_longer_batch_grows_the_kept_runner(tiny_llama, chatml_tokenizer) -> N
     gen.eos = set()
     gen.generate_batch(input_ids=PROMPTS[:2], max_new_tokens=4)
     (small,) = gen._runners.values()
-    assert small.max_length == 1024
+    assert small.cache.max_length == 1024
     long_prompt = [3 + i % 50 for i in range(1000)]  # past the first runner's 1024 slots with 40 new
     out = gen.generate_batch(input_ids=[long_prompt, PROMPTS[1]], max_new_tokens=[40, 6])
     (grown,) = gen._runners.values()
-    assert grown is small and grown.max_length >= 1040  # the kept runner's cache grew
+    assert grown is small and grown.cache.max_length >= 1040  # the kept runner's cache grew
     assert out[0].token_ids == plain_greedy(model, long_prompt, 40)
     assert out[1].token_ids == plain_greedy(model, PROMPTS[1], 6)
