@@ -8,9 +8,8 @@ from torch import Tensor
 
 
 class PositionIds:
-    """`ids(start, count, device)` -> positions start..start + count - 1 as [1, count], a view of a kept
-    arange [1, S] (made again, twice as long, when outgrown or on another device); a single position's
-    [1, 1] view is kept once made. Read-only views: a caller must not write into them."""
+    """`ids(start, count, device)` -> positions start..start + count - 1 as [1, count]: a read-only view of
+    a kept arange [1, S] (remade twice as long when outgrown or on another device)."""
 
     def __init__(self) -> None:
         self.row: Tensor | None = None  # [1, S] 0..S-1

@@ -34,8 +34,8 @@ _ALLOCATIONS = itertools.count(1)
 
 
 class LayerBuffer:
-    """One buffer `storage` [L, 2, B, kv, S_max, D] whose slices are every layer's keys and values, when
-    all L layers share one shape. Layers of another shape keep buffers of their own (no L-fold copies)."""
+    """One buffer `storage` [L, 2, B, kv, S_max, D] whose slices are every layer's keys and values when all
+    L layers share one shape (layers of another shape keep their own)."""
 
     def __init__(self, num_layers: int) -> None:
         self.num_layers = num_layers
@@ -45,9 +45,8 @@ class LayerBuffer:
     def views(
         self, index: int, key_states: Tensor, value_states: Tensor, batch: int, max_length: int
     ) -> tuple[Tensor, Tensor] | None:
-        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made for these states'
-        heads, dim, dtype and device); None (the layer keeps buffers of its own) when keys and values
-        differ in shape or dtype, or layers of another shape hold the storage."""
+        """Layer `index`'s keys and values [B, kv, S_max, D] as views of `storage` (made for these states);
+        None (buffers of its own) when keys and values differ, or layers of another shape hold it."""
         self.bound.discard(index)  # its earlier views (if any) are being replaced
         if key_states.shape != value_states.shape or value_states.dtype != key_states.dtype:
             return None

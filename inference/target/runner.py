@@ -119,9 +119,8 @@ class TargetRunner:
         self.cache.set_lengths(every)
 
     def reserve(self, lengths: Sequence[int], max_new: Sequence[int], tree_room: int = 64) -> None:
-        """Make room for each row's prompt lengths[b] + max_new[b] (+ a tree's scratch): ValueError when a
-        fixed max_length is too small. The cache is rounded up so later calls reuse it; a compiled runner's
-        rows are fixed for its life."""
+        """Make room for each row's prompt lengths[b] + max_new[b] (+ a tree's scratch), rounded up so later
+        calls reuse the cache; ValueError when a fixed max_length is too small."""
         if len(lengths) != len(max_new) or not lengths:
             raise ValueError(f"reserve takes one prompt length and max_new per row, got {lengths}, {max_new}")
         need = [t + m for t, m in zip(lengths, max_new)]
@@ -326,9 +325,8 @@ class TargetRunner:
 
     @inference_mode
     def commit_queued(self, paths: Tensor) -> None:
-        """`commit` of paths still on the device, in two halves: the copies queued now (paths [B, P]: each
-        active row's accepted nodes ascending, then its last one repeated; compiled runners only),
-        `advance(K_b)` once the K_b are read."""
+        """`commit` of device paths [B, P] (accepted nodes ascending, the last one repeated; compiled only):
+        the copies queued now, `advance(K_b)` once the K_b are read."""
         assert self._graphs is not None and self.cache is not None, "commit_queued needs compile="
         self._graphs.commit_queued(self.cache, paths)
 
