@@ -195,11 +195,7 @@ class RowCache(Cache):
         """Every row holds `length` committed entries (later slots become scratch)."""
         if not 0 <= length <= self.max_length:
             raise ValueError(f"length must be in [0, {self.max_length}], got {length}")
-        self.lengths = [length] * self.batch
-        for layer in self.row_layers:
-            layer.length = length
-        for lengths in self._lengths_t.values():  # static_shapes: one fill per device
-            lengths.fill_(length)
+        self.set_lengths([length] * self.batch)
 
     def set_lengths(self, lengths: Sequence[int]) -> None:
         """Row b holds lengths[b] committed entries (the device copies follow: one copy, no wait)."""
