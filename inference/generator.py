@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,16 +35,10 @@ BatchTreePicker = Callable[
 ]
 
 
-@dataclass
-class Plugins:
-    """What the layer above plugs into the engine: loading.py sets both on import (spechead.inference
-    imports it), so the engine imports neither it nor tuning (tests/test_import_cycles.py)."""
-
-    load: Callable[..., Any] | None = None  # `from_pretrained`: loading.load_generator
-    batch_tree: BatchTreePicker | None = None  # a new generator's `batch_tree_picker` (tuning/batch_tree.py)
-
-
-PLUGINS = Plugins()
+# What loading.py plugs in on import (spechead.inference imports it first), so the engine imports neither it
+# nor tuning (tests/test_import_cycles.py): `from_pretrained`'s loader and the default `batch_tree_picker`.
+LOAD: Callable[..., Any]
+BATCH_TREE: BatchTreePicker | None = None
 
 
 class SpeculativeGenerator:
@@ -99,7 +92,7 @@ class SpeculativeGenerator:
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         self.draft_weights: str | None = None  # "int8" / "fp8": from_pretrained quantized the head's layers
         self.tree_accuracy: torch.Tensor | None = None  # the head's [depth, k]: trees re-picked per batch
-        self.batch_tree_picker: BatchTreePicker | None = PLUGINS.batch_tree  # None: the tree stays
+        self.batch_tree_picker: BatchTreePicker | None = BATCH_TREE  # None: the tree stays
         self.batch_calibration: dict[int, dict] = {}  # batch size -> what was measured, the tree chosen
         self._batch_drafters: dict[int, Drafter | RowDrafter | None] = {}  # None: plain decoding pays best
         self.compile = compile
@@ -121,10 +114,8 @@ class SpeculativeGenerator:
     @classmethod
     def from_pretrained(cls, *args, **kwargs) -> SpeculativeGenerator:
         """A generator from names: a target and a head, draft model or method (loading.load_generator,
-        plugged in by the loading layer: `PLUGINS`)."""
-        if PLUGINS.load is None:  # (spechead.inference imports loading.py, which plugs it in)
-            raise RuntimeError("from_pretrained needs spechead.inference.loading imported")
-        return PLUGINS.load(cls, *args, **kwargs)
+        plugged in by the loading layer: `LOAD`)."""
+        return LOAD(cls, *args, **kwargs)  # noqa: F821  (bound by loading.py's import)
 
     # ---- public API ------------------------------------------------------------------------------
 

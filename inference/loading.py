@@ -1,7 +1,7 @@
 """Build a SpeculativeGenerator from names: a target (path or Hub id) and a head, draft model or method.
 
 The wiring above the engine: it imports the tuning (a head's tree calibrated at load, re-picked per batch
-size) that the engine never imports and plugs it in (`PLUGINS`, at the end). Spec names: drafter_specs.py.
+size) that the engine never imports and plugs it in (at the end). Spec names: drafter_specs.py.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from spechead.heads.attention import NAME as TREE_SDPA
 from spechead.heads.attention import runs_sdpa
 from spechead.heads.families import family_of
 from spechead.heads.hybrid import check_attention_only
+from spechead.inference import generator
 from spechead.inference.compiling import AUTO, check_compile, resolve_compile
 from spechead.inference.cuda_graphs import GraphCaptureError
 from spechead.inference.devices import check_device, load_dtype
@@ -24,9 +25,7 @@ from spechead.inference.drafter_specs import TREE_OPTIONS, check_options, make_d
 from spechead.inference.drafters.base import Drafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.per_row import RowDrafter
-from spechead.inference.generator import PLUGINS
 from spechead.inference.memory_fit import check_target_fits
-from spechead.inference.tuning.batch_tree import drafter_for_batch
 from spechead.inference.tuning.calibrate import EAGER, TimedAs, calibrated_choices, saved_accuracy
 from spechead.inference.tuning.pass_timing import decoded_choice
 
@@ -178,6 +177,24 @@ def calibrated_drafter(
     return calibrated, {"choices": choices, **info, "accuracy_source": source}, accuracy
 
 
-# The engine's plug-ins (generator.PLUGINS): spechead.inference imports this module, so they are in place
-# before any generator is built.
-PLUGINS.load, PLUGINS.batch_tree = load_generator, drafter_for_batch
+def drafter_for_batch(
+    model, drafter, accuracy: torch.Tensor, batch: int, compile: bool | str, draft_compile: bool | str | None
+) -> tuple:
+    """(the drafter with the tree measured best for `batch` rows here, None when none is expected to beat
+    plain batched decoding; what was measured): generator.BatchTreePicker. B rows' trees are verified in one
+    forward of B x N tokens, so trees of up to max(4, 64 // batch) nodes a row are ranked by their parts'
+    costs and the best few decoded, each part timed as a generator with these compile settings runs it."""
+    timed_as = TimedAs.of(model.device, compile, draft_compile)
+    _, info = calibrated_choices(model, drafter, accuracy, max(4, 64 // batch), timed_as, batch)
+    choices, info = decoded_choice(model, drafter, accuracy, info, batch=batch, timed_as=timed_as)
+    pays = info["expected_speedup"] > 1  # drafting must beat plain batched decoding to be worth it
+    return (drafter.with_tree(choices) if pays else None), {
+        "batch": batch,
+        "choices": choices if pays else [],
+        **info,
+    }
+
+
+# The engine's plug-ins: spechead.inference imports this module, so they are in place before any generator
+# is built.
+generator.LOAD, generator.BATCH_TREE = load_generator, drafter_for_batch

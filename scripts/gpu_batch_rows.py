@@ -47,7 +47,7 @@ def batch_row(model, b: int, ctx: int, n: int, timer: Timer) -> dict:
 def decoded_batch(model, head, b: int, ctx: int, new_tokens: int = 32, compile: bool | str = False) -> dict:
     """Batch b decoded through the engine generate_batch runs (engine/loop.py: the target runner, the
     batched EAGLE-3 drafter, acceptance, commits): ms per pass, plain and with a static tree of max(4, 64 // b)
-    nodes per row (the size batch_tree.py compares up to). Random weights accept about nothing, so a
+    nodes per row (the size loading.drafter_for_batch compares up to). Random weights accept about nothing, so a
     pass here commits about one token: its cost, not its tau, is what this measures. compile: the
     target's batch passes and (on CUDA) the EAGLE batch draft and accept compiled (target/graphs.py,
     drafters/eagle/graphs.py, as generate_batch with compile=...); the first, untimed run compiles and

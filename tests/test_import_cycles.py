@@ -12,7 +12,7 @@ package's __init__ when X is a package); relative imports resolve the same way.
 Layers (docs/architecture.md): inference/tuning/ (calibration, tree search, skip search) and
 inference/evaluation/ (measurement shared by the benchmarks) import the engine; the engine never
 imports them. Only loading.py (the wiring layer behind `SpeculativeGenerator.from_pretrained`, which
-plugs the per-batch-size tree picker into the engine: generator.PLUGINS) may import them from outside.
+plugs the per-batch-size tree picker into the engine: generator.BATCH_TREE) may import them from outside.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def test_the_engine_never_imports_tuning_or_evaluation(graph):
 
 def test_what_the_generator_runs_imports_no_tuning(graph):
     """Everything the generator imports, directly or not, is engine: no tuning/, evaluation/ or the
-    loading layer above it (which plugs tuning in through generator.PLUGINS)."""
+    loading layer above it (which plugs tuning in through generator.LOAD / BATCH_TREE)."""
     seen, todo = set(), ["spechead.inference.generator"]
     while todo:
         name = todo.pop()

@@ -124,8 +124,8 @@ def test_load_time_calibration_measures_on_cuda(tiny_llama, chatml_tokenizer, na
     timed_as = TimedAs.of(model.device, True, None) if compiled else EAGER
     choices, info = calibrated_choices(model, drafter, accuracy, max_nodes=16, timed_as=timed_as)
     assert choices and info["step_ms"] > 0 and info["timed_as"]["draft"] == ("graphs" if compiled else False)
-    if compiled:  # generate_batch's trees at 4 rows, timed as it compiles them (batch_tree.py)
-        from spechead.inference.tuning.batch_tree import drafter_for_batch
+    if compiled:  # generate_batch's trees at 4 rows, timed as it compiles them (loading.drafter_for_batch)
+        from spechead.inference.loading import drafter_for_batch
 
         _, batch_info = drafter_for_batch(model, drafter, accuracy, 4, True, None)
         assert batch_info["timed_as"] == info["timed_as"] and batch_info["in_situ"]["pass_ms"]

@@ -1,5 +1,5 @@
 """The static tree follows the batch: with the head's accuracy table, generate_batch re-picks the tree for
-its batch size by measuring this device (tuning/batch_tree.py, once per size), times it as it compiles it,
+its batch size by measuring this device (loading.drafter_for_batch, once per size), times it as it compiles it,
 and decodes plain when no tree pays."""
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ def test_batch_trees_are_timed_as_generate_batch_compiles_them(model, chatml_tok
     """A compiled generator's batch calibration times its batch passes on fixed-shape runners (fixed
     physical rows: `capacity`), the verify by size and the in-situ passes; a compiled drafter (CUDA: the whole
     batch draft one graph) is timed per depth as its chains of 1 and 4 drafted compiled."""
+    from spechead.inference.loading import drafter_for_batch
     from spechead.inference.target import runner as runner_module
-    from spechead.inference.tuning.batch_tree import drafter_for_batch
     from spechead.inference.tuning.calibrate import TimedAs, calibrated_choices
 
     from ..test_generator import plain_greedy
