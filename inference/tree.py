@@ -14,23 +14,6 @@ import torch
 from spechead.heads.directory import tree_paths
 
 
-def _parent_list(parents: torch.Tensor) -> list[int]:
-    """Validate `parents` [N] and return it as a Python list (raises ValueError)."""
-    if not isinstance(parents, torch.Tensor):
-        raise ValueError(f"parents must be a torch.Tensor [N], got {type(parents).__name__}")
-    if parents.dim() != 1 or parents.numel() == 0:
-        raise ValueError(f"parents must be a non-empty 1-D tensor [N], got shape {tuple(parents.shape)}")
-    if parents.dtype.is_floating_point or parents.dtype == torch.bool:
-        raise ValueError(f"parents must be an integer tensor, got {parents.dtype}")
-    par = [int(x) for x in parents.tolist()]
-    if par[0] != -1:
-        raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {par[0]}")
-    for i, p in enumerate(par[1:], start=1):
-        if not 0 <= p < i:
-            raise ValueError(f"parents must be topological: need 0 <= parents[{i}] < {i}, got {p}")
-    return par
-
-
 @dataclass
 class TokenTree:
     """A draft tree: `tokens` [N] long, `parents` [N] long (parents[0] = -1, parents[i] < i)."""
@@ -39,16 +22,22 @@ class TokenTree:
     parents: torch.Tensor
 
     def __post_init__(self) -> None:
-        _parent_list(self.parents)
-        if not isinstance(self.tokens, torch.Tensor) or self.tokens.dim() != 1:
-            raise ValueError("tokens must be a 1-D tensor [N]")
-        if self.tokens.dtype.is_floating_point or self.tokens.dtype == torch.bool:
-            raise ValueError(f"tokens must be an integer tensor, got {self.tokens.dtype}")
+        for name, x in (("tokens", self.tokens), ("parents", self.parents)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.numel() == 0:
+                raise ValueError(f"{name} must be a non-empty 1-D tensor [N], got {getattr(x, 'shape', x)!r}")
+            if x.dtype.is_floating_point or x.dtype == torch.bool:
+                raise ValueError(f"{name} must be an integer tensor, got {x.dtype}")
         if self.tokens.shape != self.parents.shape:
             raise ValueError(
                 f"tokens [N] and parents [N] must have the same length, got {self.tokens.numel()} "
                 f"and {self.parents.numel()}"
             )
+        par = self.parents.tolist()
+        if par[0] != -1:
+            raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {par[0]}")
+        for i, p in enumerate(par[1:], start=1):
+            if not 0 <= p < i:
+                raise ValueError(f"parents must be topological: need 0 <= parents[{i}] < {i}, got {p}")
 
     @property
     def size(self) -> int:
@@ -57,8 +46,8 @@ class TokenTree:
 
 
 def children(parents: torch.Tensor) -> list[list[int]]:
-    """For each node, its children's indices in ascending order (a list of N lists)."""
-    par = _parent_list(parents)
+    """For each node of a valid tree's parents [N] (`TokenTree`'s rules), its children in ascending order."""
+    par = parents.tolist()
     kids: list[list[int]] = [[] for _ in par]
     for i, p in enumerate(par[1:], start=1):
         kids[p].append(i)
@@ -66,8 +55,8 @@ def children(parents: torch.Tensor) -> list[list[int]]:
 
 
 def path_to_node(parents: torch.Tensor, node: int) -> list[int]:
-    """Node indices from the root to `node`, both included (e.g. [0, 2, 5])."""
-    par = _parent_list(parents)
+    """Node indices from the root to `node` of a valid tree's parents [N], both included (e.g. [0, 2, 5])."""
+    par = parents.tolist()
     if not 0 <= node < len(par):
         raise ValueError(f"node must be in [0, {len(par)}), got {node}")
     path = [node]
