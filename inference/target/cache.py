@@ -97,9 +97,10 @@ class RowLayer(CacheLayerMixin):
         self.is_initialized = True
         owner.generation = next(_ALLOCATIONS)  # graphs that read the old buffers must not replay
         if owner.static_shapes:
-            lengths = owner.device_lengths(key_states.device)
+            if owner.lengths_t is None:  # (a graph's owner may have made it ahead: its address)
+                owner.lengths_t = torch.tensor(owner.lengths, dtype=torch.long, device=key_states.device)
             if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs may replay over them
-                for buffer in (self.keys, self.values, lengths):
+                for buffer in (self.keys, self.values, owner.lengths_t):
                     torch._dynamo.mark_static_address(buffer)
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
@@ -125,7 +126,7 @@ class RowLayer(CacheLayerMixin):
             raise ValueError(f"a cache of {owner.batch} rows got states of {b} rows")
         slots = owner.write_slots  # [B, n] each row at its own slots
         if owner.static_shapes:  # row b after its device-side length; the mask hides the rest
-            lengths = owner.device_lengths(key_states.device)  # [B]
+            lengths = cast(Tensor, owner.lengths_t)  # [B] (made by lazy_initialization)
             offset = owner.write_offset  # (a draft's speculative slots so far)
             slots = lengths[:, None] + torch.arange(offset, offset + n, device=key_states.device)  # [B, n]
         assert slots is not None  # (in a row: above)
@@ -165,31 +166,15 @@ class RowCache(Cache):
         self.view_length = 0  # S: slots a scattered forward attends over
         self.write_offset = 0  # static_shapes: the next forward writes at lengths_t + offset + 0..n-1
         self.generation = next(_ALLOCATIONS)  # a new number at every buffer allocation (cuda_graphs.py)
-        # static_shapes: the committed lengths [B] on each device a layer sits on (shared by its layers:
-        # moving them is one kernel, not one a layer; kept for the cache's life, so graphs may bake them in)
-        self._lengths_t: dict[torch.device, Tensor] = {}
+        # static_shapes: the committed lengths [B] on the device, made by a layer's first write (shared by
+        # the layers: moving them is one kernel; kept for the cache's life, so graphs may bake them in)
+        self.lengths_t: Tensor | None = None
         layers = [RowLayer(self, i) for i in range(num_layers)]
         super().__init__(layers=cast(list, layers))  # (the same list object: HF keeps it)
         self.row_layers: list[RowLayer] = layers  # `layers`, typed (read several times a pass)
         self.buffer = LayerBuffer(num_layers)
 
     # ---- lengths -------------------------------------------------------------------------------
-
-    @property
-    def lengths_t(self) -> Tensor | None:
-        """static_shapes: the committed lengths [B] on the (first) device, made by a layer's first write."""
-        return next(iter(self._lengths_t.values()), None)
-
-    @lengths_t.setter
-    def lengths_t(self, lengths: Tensor) -> None:
-        self._lengths_t = {lengths.device: lengths}  # (a graph's owner may make it ahead: its address)
-
-    def device_lengths(self, device: torch.device) -> Tensor:
-        """The committed lengths [B] on `device` (made from the host's the first time a layer there asks)."""
-        found = self._lengths_t.get(device)
-        if found is None:
-            found = self._lengths_t[device] = torch.tensor(self.lengths, dtype=torch.long, device=device)
-        return found
 
     def set_length(self, length: int) -> None:
         """Every row holds `length` committed entries (later slots become scratch)."""
@@ -202,10 +187,9 @@ class RowCache(Cache):
         self.lengths = list(lengths)
         for layer in self.row_layers:  # (in a row: only a batch of one writes that way)
             layer.length = self.lengths[0]
-        if self._lengths_t:
+        if self.lengths_t is not None:
             host = torch.tensor(self.lengths, dtype=torch.long)
-            for lengths_t in self._lengths_t.values():
-                lengths_t.copy_(host_to_device(host, lengths_t.device))
+            self.lengths_t.copy_(host_to_device(host, self.lengths_t.device))
 
     def drop_scratch(self) -> None:
         """Every layer back to the committed length of a batch of one (an uncommitted verify dropped);
