@@ -55,3 +55,12 @@ def check_attention_only(
             f"{arch} is a hybrid model ({', '.join(kinds)} layers keep a recurrent state that token-tree "
             f"verification cannot roll back): {what} is not supported for it; {fix}"
         )
+
+
+def refuse_flash(config, what: str, fix: str) -> None:
+    """ValueError when `config`'s attention (flash) takes no arbitrary 4D (tree) masks, which `what` needs."""
+    impl = getattr(config, "_attn_implementation", None) or ""
+    if "flash" in impl:
+        raise ValueError(
+            f"{what} needs arbitrary 4D masks; attn_implementation {impl!r} cannot take them ({fix})"
+        )

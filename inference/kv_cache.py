@@ -24,17 +24,10 @@ def croppable_cache(model) -> DynamicCache:
     return DynamicCache() if sliding_layout(model) else DynamicCache(config=model.config)
 
 
-def cache_length(cache: Cache) -> int:
-    """Number of positions held by the cache (layer 0)."""
-    return int(cache.get_seq_length())
-
-
 def crop(cache: Cache, length: int) -> None:
-    """Keep the first `length` positions of every layer (keys/values [B, kv_heads, S, D] -> [..., length, :]),
+    """Keep the first `length` (>= 0) positions of every layer (keys/values [B, kv_heads, S, D] -> [..., length, :]),
     in place. ValueError when a layer holds fewer; NotImplementedError for a layer that is not a
     full-attention DynamicLayer (StaticCache, sliding-window, quantized, indexed)."""
-    if length < 0:
-        raise ValueError(f"length must be >= 0, got {length}")
     for i, layer in enumerate(cache.layers):
         if (
             not isinstance(layer, DynamicLayer)

@@ -22,7 +22,7 @@ from spechead.inference.drafters.draft_model import (
     run_model,
 )
 from spechead.inference.drafters.per_row import RowDrafter
-from spechead.inference.kv_cache import cache_length, crop, croppable_cache
+from spechead.inference.kv_cache import crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, target_probs
 from spechead.inference.stops import eos_ids, until_stop
 
@@ -63,8 +63,8 @@ class CascadeDrafter(RowDrafter):
         self.context += tokens.tolist()  # root + accepted drafts: a prefix of the proposed chain
         # Both caches hold a prefix of context + chain: keep what the target accepted, drop the rest.
         for cache in (self.cache, self.tiny.cache):
-            crop(cache, min(cache_length(cache), len(self.context)))
-        self.tiny.pending = [*self.context, next_root][cache_length(self.tiny.cache) :]
+            crop(cache, min(cache.get_seq_length(), len(self.context)))
+        self.tiny.pending = [*self.context, next_root][self.tiny.cache.get_seq_length() :]
 
     @torch.inference_mode()
     def propose(self, root: int, sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
@@ -89,7 +89,7 @@ class CascadeDrafter(RowDrafter):
         """One tiny draft verified by the medium: the medium's new tokens (accepted drafts + its own
         correction/bonus) and its distributions [V] at the inner root and each accepted draft."""
         draft = self.tiny.propose(seq[-1], sampling, generator)  # chain rooted at seq[-1], q = tiny's
-        done = cache_length(self.cache)
+        done = self.cache.get_seq_length()
         n = draft.tree.size  # the inner root (seq[-1]) + the tiny's drafts
         fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet
         logits = run_model(self.medium, self.cache, fed, logits_to_keep=n)  # [n, V]: inner root, each draft

@@ -26,11 +26,11 @@ from typing import cast
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from spechead.heads.hybrid import check_attention_only
+from spechead.heads.hybrid import check_attention_only, refuse_flash
 from spechead.inference.acceptance import RULES
 from spechead.inference.drafters.base import Draft, at_least
 from spechead.inference.drafters.per_row import RowDrafter
-from spechead.inference.kv_cache import cache_length, crop, croppable_cache
+from spechead.inference.kv_cache import crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, sample, target_probs
 from spechead.inference.sliding import layer_masks, sliding_layout
 from spechead.inference.tree import (
@@ -111,9 +111,8 @@ class DraftModelDrafter(RowDrafter):
         check_attention_only(model.config, "drafting with it", "use an attention-only draft model")
         self.model = model.eval()
         self.sliding = sliding_layout(model)  # its sliding layers' tree masks are windowed (sliding.py)
-        self.dynamic = tree == "dynamic"
-        self.shape: StaticTree | None = None
-        if self.dynamic:
+        self.shape: StaticTree | None = None  # None: dynamic trees
+        if tree == "dynamic":
             at_least("top_k", top_k)
             at_least("total_tokens", total_tokens, 2)
             if rule not in (None, "deterministic"):
@@ -121,8 +120,7 @@ class DraftModelDrafter(RowDrafter):
                     f'tree="dynamic" keeps the best-scored nodes, which biases sampled children: '
                     f"use rule=deterministic (top-k children, lossless rule A), not {rule!r}"
                 )
-            self.rule, self.depth = "deterministic", depth or num_draft
-            _check_attention(model)
+            self.rule, self.depth, self.max_nodes = "deterministic", depth or num_draft, total_tokens
         else:
             if isinstance(tree, str):
                 raise ValueError(f'tree must be "dynamic" or a list of rank paths, got {tree!r}')
@@ -135,11 +133,11 @@ class DraftModelDrafter(RowDrafter):
                 elif depth is not None and depth != len(widths):
                     raise ValueError(f"width {widths} has {len(widths)} depths but depth={depth}")
                 self.shape = width_tree(widths)
-            self.depth = int(self.shape.depth.max())
-            branching = int(torch.bincount(self.shape.parents[1:], minlength=self.shape.size).max())
-            self.rule = rule or ("iid" if branching == 1 else "without_replacement")
-            if branching > 1:
-                _check_attention(model)
+            self.depth, self.max_nodes = int(self.shape.depth.max()), self.shape.size
+            self.rule = rule or ("iid" if self.max_nodes == self.depth + 1 else "without_replacement")
+        if self.shape is None or self.max_nodes > self.depth + 1:  # not a chain: siblings share a pass
+            fix = "load the draft model with sdpa or eager, or draft a chain: width=1"
+            refuse_flash(model.config, "a draft-model tree", fix)
         self.num_draft = self.depth  # (the old name: the chain length)
         self.top_k, self.total_tokens = top_k, total_tokens
         self.pending: list[int] = []  # committed tokens not yet in the draft cache
@@ -162,7 +160,7 @@ class DraftModelDrafter(RowDrafter):
         grower = _Grower(self, int(root), logits[-1])
         rule = "deterministic" if sampling.is_greedy else self.rule
         try:
-            if self.dynamic:
+            if self.shape is None:
                 keep = self._grow_dynamic(grower)
             else:
                 self._grow_static(grower, rule, sampling, generator)
@@ -185,8 +183,7 @@ class DraftModelDrafter(RowDrafter):
 
     def _grow_static(self, grower: _Grower, rule: str, sampling: SamplingParams, generator) -> None:
         """Fill the static shape depth by depth; node i of the shape becomes grower node made[i]."""
-        shape = self.shape
-        assert shape is not None  # static trees only
+        shape = cast(StaticTree, self.shape)  # static trees only
         parents, depth, rank = shape.parents.tolist(), shape.depth.tolist(), shape.rank.tolist()  # [N]
         has_kids = set(parents[1:])
         made = {0: 0}  # shape node -> grower node (nodes whose parent got too few children are dropped)
@@ -228,7 +225,7 @@ class _Grower:
 
     def __init__(self, drafter: DraftModelDrafter, root: int, root_logits: torch.Tensor):
         self.model, self.cache, self.sliding = drafter.model, drafter.cache, drafter.sliding
-        self.committed = cache_length(self.cache)  # C
+        self.committed = int(self.cache.get_seq_length())  # C
         self.tok, self.par, self.score = [root], [-1], [0.0]
         self.logits = {0: root_logits}
         self.vocab = int(root_logits.shape[-1])
@@ -284,12 +281,3 @@ class _Grower:
         logits = run_model(self.model, self.cache, [self.tok[n] for n in nodes], **kwargs)
         for i, node in enumerate(nodes):
             self.logits[node] = logits[i]  # [V]
-
-
-def _check_attention(model: PreTrainedModel) -> None:
-    impl = getattr(model.config, "_attn_implementation", None) or ""
-    if "flash" in impl:
-        raise ValueError(
-            f"draft-model trees need arbitrary 4D masks; attn_implementation {impl!r} cannot take them "
-            "(load the draft model with sdpa or eager, or draft a chain: width=1)"
-        )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from spechead.heads.capture import final_norm
-from spechead.heads.hybrid import check_attention_only
+from spechead.heads.hybrid import check_attention_only, refuse_flash
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -61,10 +61,6 @@ class Capture:
 def check_tree_attention(model: PreTrainedModel) -> None:
     """ValueError when the target cannot take tree passes: attention that takes no arbitrary 4D (tree)
     masks, or layers with recurrent state (Mamba, linear attention: heads/hybrid.py)."""
-    impl = getattr(model.config, "_attn_implementation", None) or ""
-    if "flash" in impl:
-        raise ValueError(
-            f"tree verification needs arbitrary 4D masks; attn_implementation {impl!r} cannot take them "
-            "(load the target with attn_implementation='spechead_sdpa', 'sdpa' or 'eager')"
-        )
+    fix = "load the target with attn_implementation='spechead_sdpa', 'sdpa' or 'eager'"
+    refuse_flash(model.config, "tree verification", fix)
     check_attention_only(model.config, "speculative decoding")

@@ -72,6 +72,9 @@ def test_width_shapes_and_bad_options(setup):
     assert shape.size == 1 + 3 + 6 + 6 and shape.depth.tolist()[-1] == 3
     assert DraftModelDrafter(model).rule == "iid"  # the chain keeps its rule B default
     assert DraftModelDrafter(model, width="2x2").rule == "without_replacement"
+    # the tree scratch the runner reserves (the default 64 is too small for these)
+    assert DraftModelDrafter(model, width="4x4x4").max_nodes == 1 + 4 + 16 + 64
+    assert DraftModelDrafter(model, tree="dynamic", total_tokens=100).max_nodes == 100
     for kwargs, needle in [
         ({"width": "4x0"}, "width"),
         ({"width": "4,2"}, "width"),
@@ -87,12 +90,22 @@ def test_width_shapes_and_bad_options(setup):
             DraftModelDrafter(model, **kwargs)
 
 
+def test_flash_attention_draft_models_draft_chains_only(setup):
+    """A flash kernel takes no arbitrary 4D mask: a tree (static or dynamic) is refused, a chain is not."""
+    draft = copy.deepcopy(setup[0])
+    draft.config._attn_implementation = "flash_attention_2"  # (set directly: the kernel needs a GPU)
+    assert DraftModelDrafter(draft, num_draft=4).max_nodes == 5
+    for kwargs in ({"width": "2x1"}, {"tree": "dynamic"}):
+        with pytest.raises(ValueError, match=r"a draft-model tree needs arbitrary 4D masks; .*'flash"):
+            DraftModelDrafter(draft, **kwargs)
+
+
 def _check_against_sequential(draft, drafter, context: list[int], sampling: SamplingParams, generator):
     """propose() from `context` (prompt + root, the root last); every node with children must carry the
     draft's distribution on its own path (the tree-masked cache vs a plain sequential run)."""
     out = drafter.propose(context[-1], sampling, generator)
     tree, kids = out.tree, children(out.tree.parents)
-    assert tree.size > 4
+    assert 4 < tree.size <= drafter.max_nodes  # the runner reserves max_nodes of tree scratch
     with torch.no_grad():
         for node in range(tree.size):
             if not kids[node]:
@@ -104,7 +117,7 @@ def _check_against_sequential(draft, drafter, context: list[int], sampling: Samp
                 torch.testing.assert_close(out.q[node].log(), want, atol=1e-4, rtol=0)
             else:  # top-k children, in rank order
                 want = logits.topk(len(kids[node])).indices.tolist()
-                if drafter.dynamic:  # a beam keeps a subset of the top_k
+                if drafter.shape is None:  # a dynamic tree's beam keeps a subset of the top_k
                     assert set(tree.tokens[kids[node]].tolist()) <= set(
                         logits.topk(drafter.top_k).indices.tolist()
                     )
