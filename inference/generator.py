@@ -134,8 +134,8 @@ class SpeculativeGenerator:
         """Generate from a prompt string, chat messages (chat template) or token ids (a generator without
         a tokenizer takes ids only and returns no text)."""
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
-        stats, passes = self._one_passes(prompt, messages, input_ids, max_new_tokens, seed, **sampling)
-        return self._results(stats, passes)[0]
+        given = (prompt, messages, input_ids, max_new_tokens, seed)
+        return self._results(*self._batch_passes(*given, one=True, **sampling))[0]
 
     def generate_batch(
         self,
@@ -179,20 +179,11 @@ class SpeculativeGenerator:
         its GenerationStats."""
         given = inspect.signature(self.generate).bind(prompt, **kwargs)  # (unknown names: TypeError)
         given.apply_defaults()
-        stats, passes = self._one_passes(**given.arguments)
+        stats, passes = self._batch_passes(given.arguments.pop("prompt"), **given.arguments, one=True)
         yield from (piece for _, piece in self._pieces(passes, 1))
         self.last_stats = stats[0]
 
     # ---- internals -------------------------------------------------------------------------------
-
-    def _one_passes(
-        self, prompt, messages, input_ids, max_new_tokens, seed, **sampling
-    ) -> tuple[list[GenerationStats], Iterator[Emitted]]:
-        """generate / stream's arguments as a batch of one (its errors name no row)."""
-        if sum(x is not None for x in (prompt, messages, input_ids)) != 1:
-            raise ValueError("pass exactly one of prompt=, messages= or input_ids=")
-        prompts, chats, ids = (None if x is None else [x] for x in (prompt, messages, input_ids))
-        return self._batch_passes(prompts, chats, ids, max_new_tokens, seed, False, one=True, **sampling)
 
     def _results(self, stats: list[GenerationStats], passes: Iterator[Emitted]) -> list[GenerationResult]:
         """Each row's result once the passes ran out."""
@@ -217,17 +208,20 @@ class SpeculativeGenerator:
                 yield b, piece
 
     def _batch_passes(
-        self, prompts, messages, input_ids, max_new_tokens, seed, tree_for_batch, one=False, **sampling
+        self, prompts, messages, input_ids, max_new_tokens, seed, tree_for_batch=True, one=False, **sampling
     ) -> tuple[list[GenerationStats], Iterator[Emitted]]:
-        """The rows' stats and the engine's passes for generate_batch / stream_batch's arguments, every
-        row checked first (errors name the row unless `one`: generate's prompt). The passes run without
+        """The rows' stats and the engine's passes for generate_batch's arguments, or generate's (`one`: a
+        batch of one, its errors naming no row), every row checked first. The passes run without
         gradients, the caller's grad mode between their yields (a stream's consumer runs there)."""
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
-            raise ValueError("pass exactly one of prompts=, messages= or input_ids= (a list, one per row)")
+            s, rows = ("", "") if one else ("s", " (a list, one per row)")
+            raise ValueError(f"pass exactly one of prompt{s}=, messages= or input_ids={rows}")
         i = given.index(True)
         kind, rows_in = ("text", "chat", "ids")[i], (prompts, messages, input_ids)[i]
-        if isinstance(rows_in, str) or len(rows_in) == 0:
+        if one:
+            rows_in = [rows_in]
+        elif isinstance(rows_in, str) or len(rows_in) == 0:
             raise ValueError("batch decoding takes a non-empty list of prompts (one per row)")
         batch = len(rows_in)
         max_new = _per_row(max_new_tokens, batch, "max_new_tokens")
