@@ -215,8 +215,8 @@ class SpeculativeGenerator:
         gradients, the caller's grad mode between their yields (a stream's consumer runs there)."""
         given = [x is not None for x in (prompts, messages, input_ids)]
         if sum(given) != 1:
-            s, rows = ("", "") if one else ("s", " (a list, one per row)")
-            raise ValueError(f"pass exactly one of prompt{s}=, messages= or input_ids={rows}")
+            s, listed = ("", "") if one else ("s", " (a list, one per row)")
+            raise ValueError(f"pass exactly one of prompt{s}=, messages= or input_ids={listed}")
         i = given.index(True)
         kind, rows_in = ("text", "chat", "ids")[i], (prompts, messages, input_ids)[i]
         if one:
