@@ -13,7 +13,7 @@ from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
 from spechead.inference.engine.rows import Row, row_probs
 from spechead.inference.queued_acceptance import QueuedAcceptance
-from spechead.inference.sampling import TargetRows, argmax_ids, pick
+from spechead.inference.sampling import TargetRows, argmax_ids
 
 
 def accept_rows(
@@ -24,16 +24,7 @@ def accept_rows(
     On an accelerator (`on_device`) rows `queues` allows take the batched device walk; all greedy on a
     CPU, one argmax and a walk of each row's real nodes in host lists (a dozen tensor ops cost more
     there); otherwise row by row, each drawing from its own generator as it would alone."""
-    n = draft.tokens.shape[1]
-    greedy = all(r.params.is_greedy for r in rows)
-    if n == 1:  # plain steps: each row's own next token (a draw: the row's generator)
-        if greedy:
-            nexts = argmax_ids(logits[:, 0])  # [B]
-            return [Acceptance([0], t, [r.root]) for t, r in zip(nexts, rows)]
-        return [
-            Acceptance([0], pick(logits[b, 0], r.params, r.generator), [r.root]) for b, r in enumerate(rows)
-        ]
-    if greedy and not on_device:
+    if all(r.params.is_greedy for r in rows) and not on_device:
         best, trees, links = argmax_ids(logits), draft.tokens.tolist(), draft.parents.tolist()  # [B, N]
         return [greedy_walk(t[:size], p[:size], b) for t, p, b, size in zip(trees, links, best, draft.sizes)]
     if on_device and queues(rows, draft.rule):  # the one device result, read now
