@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -61,8 +61,12 @@ class DrafterBase:
     #: A) can be accepted on the device before the host reads them
     rule: str = "deterministic"
 
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:  # noqa: B027
-        """Raise ValueError when this drafter cannot serve a target of these sizes (default: any)."""
+    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
+        """Raise ValueError when this drafter cannot serve a target of these sizes (default: its `head`'s
+        check, a HeadError; no head: any)."""
+        head = getattr(self, "head", None)
+        if head is not None:
+            head.check_target(hidden_size, vocab_size, num_layers)
 
     def with_tree(self, choices: list[list[int]]) -> Self:
         """The same drafter (weights shared, other options kept) with another static tree of rank paths
@@ -81,6 +85,29 @@ def paths_states(states: dict[int, torch.Tensor], paths: torch.Tensor) -> dict[i
         at = host_to_device(paths, state.device)[:, :, None].expand(-1, -1, state.shape[-1])  # [B, K, H]
         out[layer] = state.gather(1, at)
     return out
+
+
+def head_states(head: Any, hidden: dict[int, torch.Tensor], layers: Sequence[int]) -> list[torch.Tensor]:
+    """The states of `layers`, in order, from hidden {layer: [..., K, H]}, on the head's device in its dtype
+    (a bf16 target may feed an fp32 head); a KeyError names the missing layers."""
+    try:
+        states = [hidden[layer] for layer in layers]
+    except KeyError:
+        missing = [layer for layer in layers if layer not in hidden]
+        raise KeyError(f"hidden states of layers {missing} missing (drafter reads {tuple(layers)})") from None
+    weight = head.fc.weight  # (`to` costs even as a no-op)
+    return [
+        x if (x.dtype, x.device) == (weight.dtype, weight.device) else x.to(weight.device, weight.dtype)
+        for x in states
+    ]
+
+
+def next_ids_of(tokens: torch.Tensor, counts: torch.Tensor, roots: torch.Tensor) -> torch.Tensor:
+    """Each committed position's next token: tokens [B, P] (root + accepted, padded), counts [B] and
+    the next roots [B] -> [B, P] (tokens shifted by one, the root after row b's last real one)."""
+    shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, P]
+    last = (counts - 1).clamp(min=0)[:, None]  # [B, 1]
+    return shifted.scatter(1, last, roots[:, None].to(shifted.dtype))
 
 
 def padded_prompts(

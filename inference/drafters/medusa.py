@@ -62,9 +62,6 @@ class MedusaDrafter(Drafter):
         # one torch.topk); Medusa heads score the target's whole vocabulary
         self.topk_chunk: Chunk = "auto"
 
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
-        self.head.check_target(hidden_size, vocab_size, num_layers)
-
     def with_tree(self, choices: list[list[int]]) -> MedusaDrafter:
         """The same heads with another static tree (rank paths, see `tree_from_choices`)."""
         other = MedusaDrafter(self.head, choices)

@@ -26,7 +26,7 @@ from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, Drafter
+from spechead.inference.drafters.base import BatchDraft, Drafter, head_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.sampling import SamplingParams
 from spechead.inference.target.cache import RowCache
@@ -96,11 +96,7 @@ class ParallelDrafter(Drafter):
 
     def _fused(self, states: dict[int, Tensor]) -> Tensor:
         """Target states {layer: [..., n, H]} -> fused [..., n, H] on the head's device, in its dtype."""
-        weight = self.head.fc.weight
-        return self.head.fuse([states[layer].to(weight.device, weight.dtype) for layer in self.hidden_layers])
-
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
-        self.head.check_target(hidden_size, vocab_size, num_layers)
+        return self.head.features(head_states(self.head, states, self.hidden_layers))
 
     def with_tree(self, choices: list[list[int]]) -> Self:
         """The same head with another static tree (rank paths), compiled as this one."""

@@ -26,17 +26,9 @@ from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, padded_prompts, paths_states
+from spechead.inference.drafters.base import BatchDraft, next_ids_of, padded_prompts, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
-
-
-def next_ids_of(tokens: Tensor, counts: Tensor, roots: Tensor) -> Tensor:
-    """Each committed position's next token: tokens [B, P] (root + accepted, padded), counts [B] and
-    the next roots [B] -> [B, P] (tokens shifted by one, the root after row b's last real one)."""
-    shifted = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # [B, P]
-    last = (counts - 1).clamp(min=0)[:, None]  # [B, 1]
-    return shifted.scatter(1, last, roots[:, None].to(shifted.dtype))
 
 
 class PEagleDrafter(ParallelDrafter):

@@ -91,10 +91,6 @@ class EagleDrafter(Drafter):
         self._d2t: Tensor | None = None  # [Vd] target id of every head-vocab id (one gather maps ids)
         self._rows: EagleRows | None = None  # where the rows live (module doc): EagleRows / GraphRows
 
-    def check_target(self, hidden_size: int, vocab_size: int, num_layers: int) -> None:
-        """Delegate to the head (HeadError, a ValueError, on a mismatch)."""
-        self.head.check_target(hidden_size, vocab_size, num_layers)
-
     def with_tree(self, choices: list[list[int]]) -> EagleDrafter:
         """The same head with a static tree of these rank paths (see `tree_from_choices`)."""
         other = EagleDrafter(self.head, tree=choices, rule=self.rule)
@@ -182,27 +178,7 @@ class EagleDrafter(Drafter):
         assert isinstance(self._rows, GraphRows)  # `queues` held: the graphs' rows
         return self._rows
 
-    # ---- what the rows share: the head's input features, its id map, the static plan ------------------
-
-    def _features(self, hidden: dict[int, Tensor]) -> Tensor:
-        """Target states {layer: [B, K, H]} -> the head's input features [B, K, H] (fused for EAGLE-3)."""
-        weight = self._weight  # a bf16 target may feed an fp32 head; `to` costs even as a no-op
-        states = [
-            x if (x.dtype, x.device) == (weight.dtype, weight.device) else x.to(weight.device, weight.dtype)
-            for x in self._states(hidden)
-        ]
-        return self.head.features(states)
-
-    def _states(self, hidden: dict[int, Tensor]) -> list[Tensor]:
-        """The states of `hidden_layers`, in order, from hidden {layer: [..., K, H]}; a KeyError names the
-        missing layers."""
-        try:
-            return [hidden[layer] for layer in self.hidden_layers]
-        except KeyError:
-            missing = [layer for layer in self.hidden_layers if layer not in hidden]
-            raise KeyError(
-                f"hidden states of layers {missing} missing (drafter reads {self.hidden_layers})"
-            ) from None
+    # ---- what the rows share: the head's id map, the static plan ------------------
 
     def _to_target(self, ids: Tensor) -> Tensor:
         """Head-vocab ids (any shape) -> target ids (EAGLE-3 maps its draft vocab with d2t)."""

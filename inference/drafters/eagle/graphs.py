@@ -22,7 +22,7 @@ from torch import Tensor
 from spechead.heads.grad import inference_mode
 from spechead.inference import compiling
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, padded_prompts, paths_states
+from spechead.inference.drafters.base import BatchDraft, next_ids_of, padded_prompts, paths_states
 from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.target.cache import RowCache
 from spechead.inference.target.runner import batch_capacity
@@ -189,7 +189,7 @@ class GraphRows(EagleRows):
         batch, k = packed.shape[0], packed.shape[1] - 2
         tokens, lengths, roots = packed[:, :k], packed[:, k], packed[:, k + 1]  # [P, K], [P], [P]
         last = (lengths - 1).clamp(min=0)[:, None]  # [P, 1] each row's last real pair (idle: any)
-        next_ids = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1).scatter(1, last, roots[:, None])
+        next_ids = next_ids_of(tokens, lengths, roots)  # [P, K]
         own = torch.ones(k, k, dtype=torch.bool, device=packed.device).tril()  # [K, K] causal
         offsets = torch.arange(k, device=packed.device)
         features = self.head.features(list(states))  # [P, K, H] (EAGLE-3: fused)
@@ -234,9 +234,9 @@ class GraphRows(EagleRows):
         packed[active, :k], packed[active, width], packed[active, width + 1] = tokens, ks, nexts
         on_device = host_to_device(active, dev)
         states = []
-        for state in self.drafter._states(hidden):  # [B, K, H] each
+        for state in self._states(hidden):  # [B, K, H] each
             full = torch.zeros(capacity, width, state.shape[-1], device=dev, dtype=self.dtype)
-            full[on_device, :k] = state.to(dev, self.dtype)
+            full[on_device, :k] = state
             states.append(full)
         return packed, states
 

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, padded_prompts
+from spechead.inference.drafters.base import BatchDraft, head_states, padded_prompts
 from spechead.inference.drafters.eagle.sampled_children import SampledChildren
 from spechead.inference.drafters.topk import topk_rows
 from spechead.inference.positions import PositionIds
@@ -174,11 +174,15 @@ class EagleRows:
         seen = self._ids(0, view, dev)[:, None] <= slots[:, :, None]  # [B, K, S] causal after C_b
         mask = torch.where(seen, self._attend, self._blocked)[:, None]  # [B, 1, K, S]
         ids = host_to_device(torch.tensor(nexts), dev)  # [B, K]
-        out = self._run(self.drafter._features(hidden), ids, (mask, slots, slots, view))  # [B, K, H]
+        features = self.head.features(self._states(hidden))  # [B, K, H] (EAGLE-3: fused)
+        out = self._run(features, ids, (mask, slots, slots, view))  # [B, K, H]
         self.feature = out[self._ids(0, batch, dev)[0], packed[0]]  # [B, H] each row's last real pair
         self.committed = self.committed + packed[1]
         self.lengths = [c + n for c, n in zip(self.lengths, lengths)]
         self.longest = max(self.lengths)
+
+    def _states(self, hidden: dict[int, Tensor]) -> list[Tensor]:
+        return head_states(self.head, hidden, self.drafter.hidden_layers)  # [B, K, H] each
 
     def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
         """The head on features [B, q, H], tokens [B, q]: query i of row b writes slot C_b + spec + i at
