@@ -42,11 +42,6 @@ def ngrams(tokens: list[int], n: int, start: int = 0) -> list[tuple[int, ...]]:
     return [tuple(tokens[i : i + n]) for i in range(max(start, 0), len(tokens) - n + 1)]
 
 
-def window_ngrams(window: Window, top: list[int | None]) -> list[tuple[int, ...] | None]:
-    """Column c's n-gram (window[0][c], ..., window[L-1][c], top[c]); None where top[c] is unknown."""
-    return [None if out is None else (*(level[c] for level in window), out) for c, out in enumerate(top)]
-
-
 def jacobi_update(window: Window, top: list[int | None], shift: int, fill: list[int]) -> Window:
     """The window after the root moved `shift` >= 1 tokens on; top [W] = target argmax at the top level.
 
@@ -145,14 +140,12 @@ class LookaheadDrafter(RowDrafter):
 
     def verified(self, tree: TokenTree, logits: torch.Tensor) -> None:
         """Top-level Jacobi outputs: the argmax of logits [N, V] at the window's last level."""
-        top_nodes = self._at[-1] if self._at else []
-        present = [i for i in top_nodes if i < tree.size]  # a tree cut near the cache's end loses some
-        best = logits[present].argmax(-1).tolist() if present else []
-        found = dict(zip(present, best))
-        self._top = [found.get(i) for i in top_nodes]
-        for gram in window_ngrams(self.grid, self._top):
-            if gram is not None:
-                pool_add(self.pool, gram, self.pool_size)
+        present = [i for i in self._at[-1] if i < tree.size]  # a tree cut near the cache's end loses some
+        found = dict(zip(present, logits[present].argmax(-1).tolist()))
+        self._top = [found.get(i) for i in self._at[-1]]
+        for c, out in enumerate(self._top):  # column c's n-gram: window[0][c], ..., window[L-1][c], out
+            if out is not None:
+                pool_add(self.pool, (*(level[c] for level in self.grid), out), self.pool_size)
 
     def accept(self, tokens: torch.Tensor, hidden: dict[int, torch.Tensor], next_root: int) -> None:
         before = len(self.tokens)

@@ -15,7 +15,6 @@ from spechead.inference.drafters.lookahead import (
     jacobi_update,
     ngrams,
     pool_add,
-    window_ngrams,
     window_nodes,
 )
 from spechead.inference.drafters.per_row import RowLoopDrafter
@@ -95,7 +94,6 @@ def test_jacobi_update_keeps_each_cell_at_its_offset():
     # root moved 3 on: new (l, c) = old (l + 1, c + 2); two columns fall off and are refilled
     assert jacobi_update(window, top, shift=3, fill=[7, 8]) == [[22, 7, 8], [32, 7, 8]]
     assert jacobi_update(window, [30, None, 32], shift=1, fill=[5]) == [[20, 21, 22], [30, 5, 32]]
-    assert window_ngrams(window, [30, None, 32]) == [(10, 20, 30), None, (12, 22, 32)]
 
 
 def test_candidate_trie_merges_shared_prefixes():
@@ -134,8 +132,8 @@ def test_proposal_and_jacobi_outputs_from_the_target(setup):
     drafter.verified(tree, logits)
     top_nodes = drafter._at[-1]
     assert drafter._top == logits[top_nodes].argmax(-1).tolist()
-    column = [drafter.grid[level][0] for level in range(2)]
-    assert (*column[1:], drafter._top[0]) in drafter.pool[column[0]]  # the column's n-gram is in the pool
+    for c, out in enumerate(drafter._top):  # each column's n-gram (its cells, then its output) is pooled
+        assert (drafter.grid[1][c], out) in drafter.pool[drafter.grid[0][c]]
     old, top = [list(row) for row in drafter.grid], list(drafter._top)
     drafter.accept(torch.tensor([9, 7, 12]), {}, 40)  # root + 2 drafts: the new root is 3 tokens on
     assert drafter.grid[0][0] == old[1][2] and drafter.grid[1][0] == top[2]
