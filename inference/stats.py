@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 TAU = (
     "emitted tokens per target pass (accepted drafts + 1), POOLED over all passes: total tokens / total "
@@ -56,19 +56,9 @@ class GenerationStats:
         return self.new_tokens / max(self.wall_time, 1e-9)
 
     def as_dict(self) -> dict:
-        return {
-            "tau": self.tau,
-            "target_passes": self.target_passes,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "new_tokens": self.new_tokens,
-            "wall_time": self.wall_time,
-            "prefill_time": self.prefill_time,
-            "draft_time": self.draft_time,
-            "verify_time": self.verify_time,
-            "tokens_per_s": self.tokens_per_s,
-            "accept_lengths": list(self.accept_lengths),
-        }
+        """The derived numbers (tau, target_passes, accepted_tokens, tokens_per_s), then the fields."""
+        derived = ("tau", "target_passes", "accepted_tokens", "tokens_per_s")
+        return {**{k: getattr(self, k) for k in derived}, **asdict(self)}
 
 
 @dataclass
