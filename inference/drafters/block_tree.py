@@ -24,16 +24,13 @@ class BlockTree:
     [slots * width]."""
 
     def __init__(self, choices: list[list[int]] | None, slots: int) -> None:
-        kept = [c for c in (choices or chain_choices(slots)) if len(c) <= slots]
-        self.choices: list[list[int]] = kept
-        static = self.static = depth_first(tree_from_choices(kept))  # parents, depth, rank [N]
-        depth, rank = static.depth, static.rank
-        self.parents = static.parents  # [N]
-        self.depth = int(depth.max())  # the deepest node: the longest accepted path is depth + 1 tokens
-        self.width = int(rank.max()) + 1 if len(rank) > 1 else 1  # candidates each slot gives
+        self.choices = [c for c in (choices or chain_choices(slots)) if len(c) <= slots]
+        static = self.static = depth_first(tree_from_choices(self.choices))  # parents, depth, rank [N]
+        self.parents, self.size = static.parents, static.size  # [N], N (the root included)
+        self.depth = int(static.depth.max())  # the deepest node: accepted paths are <= depth + 1 tokens
+        self.width = int(static.rank.max()) + 1 if static.size > 1 else 1  # candidates each slot gives
         self.slots = max(self.depth, 1)  # slots a draft reads (deeper ones are never used)
-        self.pick = (depth[1:] - 1) * self.width + rank[1:]  # [N - 1] slot depth - 1, its rank-th best
-        self.size = len(kept) + 1  # N, the root included
+        self.pick = (static.depth[1:] - 1) * self.width + static.rank[1:]  # [N - 1] slot d - 1's rank-th best
 
     def tokens(self, roots: Tensor, top: Tensor) -> Tensor:
         """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, >= width] (on one

@@ -89,10 +89,9 @@ class CascadeDrafter(RowDrafter):
         """One tiny draft verified by the medium: the medium's new tokens (accepted drafts + its own
         correction/bonus) and its distributions [V] at the inner root and each accepted draft."""
         draft = self.tiny.propose(seq[-1], sampling, generator)  # chain rooted at seq[-1], q = tiny's
-        done = self.cache.get_seq_length()
-        n = draft.tree.size  # the inner root (seq[-1]) + the tiny's drafts
-        fed = seq[done:] + draft.tree.tokens[1:].tolist()  # tokens the medium has not run yet
-        logits = run_model(self.medium, self.cache, fed, logits_to_keep=n)  # [n, V]: inner root, each draft
+        fed = seq[self.cache.get_seq_length() :] + draft.tree.tokens[1:].tolist()  # not run by the medium yet
+        # [n, V]: the inner root (seq[-1]) and each of the tiny's drafts
+        logits = run_model(self.medium, self.cache, fed, logits_to_keep=draft.tree.size)
         if sampling.is_greedy:
             acc, p = greedy_accept(draft.tree, logits), None
         else:
@@ -102,5 +101,4 @@ class CascadeDrafter(RowDrafter):
         crop(self.cache, len(seq) - 1 + len(acc.path))
         accepted = draft.tree.tokens[acc.path]  # [a + 1], the inner root first
         self.tiny.accept(accepted, {}, acc.next_token)
-        rows = [] if p is None else [p[i] for i in acc.path]
-        return [*accepted[1:].tolist(), acc.next_token], rows
+        return [*accepted[1:].tolist(), acc.next_token], [] if p is None else [p[i] for i in acc.path]
