@@ -35,8 +35,9 @@ Emitted = list[tuple[int, list[int]]]  # (row index as given, its new ids) for t
 
 @dataclass
 class Flight:
-    """A verified pass: its rows, their trees [B, N], the acceptance (read, or on the device) and the
-    target's states at every node {l: [B, N, H]} (read first: the drafter's next accept reads them)."""
+    """A verified pass: its rows, their trees [B, N], the acceptance (on the device until read) and the
+    target's states at every node {l: [B, N, H]}; read first with a drafter (`logits` set), what the
+    drafter hears before its next draft (only when decoding goes on)."""
 
     rows: list[Row]
     draft: BatchDraft
@@ -45,22 +46,13 @@ class Flight:
     advance: bool = False  # its commit was queued: the runner advances when the host reads K
     logits: torch.Tensor | None = None  # [B, N, V] read first: for the drafter's `verified` hook
 
-
-@dataclass
-class Heard:
-    """Read first: what the drafter has yet to hear of the last pass (only heard when decoding goes on)."""
-
-    accepted: list[Acceptance]
-    hidden: dict[int, torch.Tensor]  # {l: [B, N, H]} the target's states at every node
-    draft: BatchDraft  # the verified trees [B, N]
-    logits: torch.Tensor  # [B, N, V] the target's at every node (the drafter's `verified` hook)
-
-    def rows(self, keep: Sequence[int]) -> Heard:
-        """Only rows `keep` (in this order)."""
+    def keep(self, keep: Sequence[int]) -> Flight:
+        """Read first: only rows `keep` (in this order) of what the drafter is to hear."""
+        assert self.logits is not None and isinstance(self.accepted, list)
         index = host_to_device(torch.tensor(list(keep)), self.logits.device)  # (the states' device too)
         hidden = {k: v[index] for k, v in self.hidden.items()}
-        accepted = [self.accepted[i] for i in keep]
-        return Heard(accepted, hidden, self.draft.rows(keep), self.logits[index])
+        rows, accepted = [self.rows[i] for i in keep], [self.accepted[i] for i in keep]
+        return Flight(rows, self.draft.rows(keep), accepted, hidden, logits=self.logits[index])
 
 
 def depth_for(
@@ -100,7 +92,7 @@ def decode(
     yield [(r.index, take(r, [r.root], eos, verified=False)) for r in rows]
     stepped = list(rows)  # the runner's and the drafter's rows, in their order
     draft: BatchDraft | None = None  # the next trees, already queued (depths 1 and 2)
-    heard: Heard | None = None  # read first: the last pass, not yet heard by the drafter
+    heard: Flight | None = None  # read first: the last pass, not yet heard by the drafter
     flights: deque[Flight] = deque()
     while True:
         clock.mark("other")
@@ -113,7 +105,7 @@ def decode(
                 if drafter is not None:
                     drafter.keep(kept)
                 draft = draft.rows(kept) if draft is not None else None
-                heard = heard.rows(kept) if heard is not None else None
+                heard = heard.keep(kept) if heard is not None else None
                 stepped = wanted
             if draft is None:
                 draft = _propose(drafter, wanted, heard)
@@ -133,13 +125,14 @@ def decode(
         row.stats.take_times(spent)
 
 
-def _propose(drafter: Drafter | None, rows: list[Row], heard: Heard | None) -> BatchDraft:
+def _propose(drafter: Drafter | None, rows: list[Row], heard: Flight | None) -> BatchDraft:
     """Read first: the drafter hears the last pass, then drafts every row's tree from its root (host)."""
     roots = [r.root for r in rows]
     if drafter is None:  # plain decoding: every tree is its root
         return BatchDraft.plain(torch.tensor(roots)[:, None])
     if heard is not None:
         accs = heard.accepted
+        assert heard.logits is not None and isinstance(accs, list)  # (`_read` hands on only these)
         drafter.verified(heard.draft, heard.logits)  # (lookahead reads its Jacobi guesses there)
         tokens, paths = [a.path_tokens for a in accs], [a.path for a in accs]
         drafter.accept_paths(tokens, heard.hidden, paths, [a.next_token for a in accs])
@@ -181,7 +174,7 @@ def _pass(
 
 def _read(
     flight: Flight, runner: TargetRunner, drafter: Drafter | None, eos: set[int]
-) -> tuple[Emitted, Heard | None]:
+) -> tuple[Emitted, Flight | None]:
     """The host reads a pass's acceptance (the pass's one wait): each row takes its tokens, the runner's
     and the drafter's counts follow a queued commit; read first, what the drafter is to hear next."""
     accs = flight.accepted
@@ -201,6 +194,4 @@ def _read(
         row.stats.drafted_tokens += draft.sizes[b] - 1
         row.root = acc.next_token
         emitted.append((row.index, take(row, [*acc.path_tokens[1:], row.root], eos)))
-    if flight.logits is None:  # queued, or plain decoding: the drafter hears nothing now
-        return emitted, None
-    return emitted, Heard(accs, flight.hidden, draft, flight.logits)
+    return emitted, flight if flight.logits is not None else None  # (None: queued, or plain decoding)
