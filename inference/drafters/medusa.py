@@ -17,7 +17,7 @@ from spechead.heads.fused import fused_medusa_logits
 from spechead.heads.grad import inference_mode
 from spechead.heads.medusa import MedusaHead
 from spechead.inference.devices import host_ids, host_to_device
-from spechead.inference.drafters.base import BatchDraft, Drafter
+from spechead.inference.drafters.base import BatchDraft, Drafter, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.topk import Chunk, resolve_chunk, topk_rows
 from spechead.inference.sampling import SamplingParams
@@ -126,9 +126,8 @@ class MedusaDrafter(Drafter):
     def accept_queued(self, hidden, tokens, paths, ks, nexts) -> None:
         """Each row's next state: the verified trees' states {l: [B, N, H]} at its path's last node (paths
         [B, >= 1], ascending, the last node repeated: the last entry, a device index)."""
-        states = hidden[self.hidden_layers[0]]  # [B, N, H]
-        last = paths[:, -1:].to(states.device)  # [B, 1]
-        self.last_hidden = states.gather(1, last[:, :, None].expand(-1, -1, states.shape[-1]))[:, 0]
+        layer = self.hidden_layers[0]
+        self.last_hidden = paths_states({layer: hidden[layer]}, paths[:, -1:])[layer][:, 0]  # [B, H]
 
     @inference_mode
     def propose_queued(self, nexts: torch.Tensor) -> BatchDraft:

@@ -22,7 +22,6 @@ from spechead.heads.fused import fused_logits, fused_step
 from spechead.inference.drafters.base import BatchDraft, Drafter, at_least
 from spechead.inference.drafters.eagle.graphs import GRAPH_COMMIT, GraphRows
 from spechead.inference.drafters.eagle.rows import EagleRows
-from spechead.inference.drafters.eagle.sampled_children import check_rule
 from spechead.inference.drafters.eagle.static_plan import StaticPlan, build_static_plan
 from spechead.inference.drafters.topk import Chunk
 from spechead.inference.sampling import SamplingParams
@@ -51,7 +50,9 @@ class EagleDrafter(Drafter):
         total_tokens: int = 60,
         rule: str = "deterministic",
     ) -> None:
-        self.rule = check_rule(rule)  # how a static tree's children are chosen when sampling
+        if rule not in ("deterministic", "without_replacement"):  # top-k children, or drawn ones
+            raise ValueError(f'rule must be "without_replacement" or "deterministic", got {rule!r}')
+        self.rule = rule  # how a static tree's children are chosen when sampling
         self.head = head
         self._weight = head.fc.weight  # the head's device and dtype (head.to() moves it in place)
         # the head's step and logits as short chains of ops on its own weights where its layer kind allows
@@ -78,10 +79,10 @@ class EagleDrafter(Drafter):
         # the most nodes a proposed tree can have (the root included)
         self.max_nodes = self._static.size if self._static is not None else total_tokens
         self._plan: StaticPlan | None = None  # static tree: per-depth index tensors, built once
-        # speculative slots one propose may write: depth-1 runs of top_k nodes, or the static inner nodes
-        self._spec_slots = (
-            (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
-        )
+        # head cache slots a propose may write past C_b: the speculative ones (depth-1 runs of top_k nodes,
+        # or the static inner nodes) and a whole tree
+        spec = (depth - 1) * top_k if self._static is None else int((self._static.depth > 0).sum())
+        self._spec_room = spec + self.max_nodes
         self._compile: bool | str = False  # what `use_compile` was given
         self._graphs: GraphRows | None = None  # compiled: the kept fixed-shape rows (their graphs), once made
         # compiled drafting of B > 1 rows: None = on CUDA only (on a CPU the eager batch draft is faster:

@@ -41,16 +41,14 @@ class _Capacity:
 
     def __init__(self, layers: int, capacity: int, max_length: int, feature: Tensor) -> None:
         self.cache = RowCache(layers, capacity, max_length, static_shapes=True)
-        self.cache.lengths_t = torch.zeros(capacity, dtype=torch.long, device=feature.device)
+        self.lengths_t = self.cache.lengths_t = torch.zeros(capacity, dtype=torch.long, device=feature.device)
         self.lengths = torch.zeros(capacity, dtype=torch.long)  # [P] host copy
         self.feature = feature  # [P, H]
 
     @inference_mode
     def sync(self) -> None:
         """The device lengths follow the host's (one small copy, no sync)."""
-        lengths_t = self.cache.lengths_t
-        assert lengths_t is not None  # made in __init__
-        lengths_t.copy_(host_to_device(self.lengths, lengths_t.device))  # (device to device)
+        self.lengths_t.copy_(host_to_device(self.lengths, self.lengths_t.device))  # (device to device)
 
 
 class GraphRows(EagleRows):
@@ -89,14 +87,13 @@ class GraphRows(EagleRows):
         """New rows 0..B-1 of a kept capacity; their prompts' pairs committed eagerly (any length)."""
         batch, longest = len(prompts), max(p.numel() for p in prompts)
         capacity = batch_capacity(batch)
-        need = -(-(longest + 128 + self._spec_room() + GRAPH_COMMIT) // 1024) * 1024
+        need = -(-(longest + 128 + self.drafter._spec_room + GRAPH_COMMIT) // 1024) * 1024
         rows = self._kept.get(capacity)
         if rows is None or rows.cache.max_length < need:
-            layers = self.head.config.num_layers  # the head's decoder layers: a cache layer each
             size = max(need, rows.cache.max_length if rows is not None else 0)
             width = self.head.config.hidden_size
             feature = torch.zeros(capacity, width, device=self.device, dtype=self.dtype)
-            rows = self._kept[capacity] = _Capacity(layers, capacity, size, feature)
+            rows = self._kept[capacity] = _Capacity(self.head.config.num_layers, capacity, size, feature)
         self._state, self.cache, self.rows = rows, rows.cache, list(range(batch))
         rows.lengths.zero_()
         rows.sync()

@@ -83,9 +83,8 @@ class EagleRows:
 
     def _new_cache(self, batch: int, longest: int) -> None:
         """An empty head cache for `batch` rows whose prompts are at most `longest` tokens."""
-        layers = self.head.config.num_layers  # the head's decoder layers: a cache layer each
-        size = max(256, -(-(longest + 128 + self._spec_room()) // 256) * 256)
-        self.cache = RowCache(layers, batch, size)
+        size = max(256, -(-(longest + 128 + self.drafter._spec_room) // 256) * 256)
+        self.cache = RowCache(self.head.config.num_layers, batch, size)  # a layer for each of the head's
         self.committed = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.lengths, self.longest = [0] * batch, 0
 
@@ -138,9 +137,6 @@ class EagleRows:
         self.committed = torch.full_like(self.committed, length)
         self.lengths, self.longest = [length] * len(self.lengths), length
 
-    def _spec_room(self) -> int:
-        return self.drafter._spec_slots + self.drafter.max_nodes
-
     _ROOM_STEP = 1  # the head cache grows to a multiple of this many slots
 
     def _longest(self) -> int:
@@ -149,7 +145,7 @@ class EagleRows:
 
     def _ensure_room(self, extra: int) -> None:
         """Grow the head cache (to twice its size at least) to fit max_b C_b + extra + a whole draft."""
-        need, cache = self._longest() + extra + self._spec_room(), self.cache
+        need, cache = self._longest() + extra + self.drafter._spec_room, self.cache
         assert cache is not None  # start made it
         if need > cache.max_length:
             step = self._ROOM_STEP

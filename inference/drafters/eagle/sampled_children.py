@@ -19,14 +19,6 @@ from spechead.inference.drafters.eagle.static_plan import StaticPlan
 from spechead.inference.sampling import SamplingParams, inverse_cdf
 
 FLOOR = 1e-30  # every id's least draft probability (fp32 keeps it; Vd * FLOOR is no mass at all)
-RULES = ("deterministic", "without_replacement")  # EagleDrafter's rules: top-k children, or drawn ones
-
-
-def check_rule(rule: str) -> str:
-    """`rule` when it is one of RULES, else ValueError naming them."""
-    if rule not in RULES:
-        raise ValueError(f'rule must be "without_replacement" or "deterministic", got {rule!r}')
-    return rule
 
 
 def draft_probs(logits: Tensor, temperature: float, floor: bool = True) -> Tensor:

@@ -202,7 +202,7 @@ def test_the_head_cache_grows_as_the_rows_outgrow_it(target, compile) -> None:
     stream, root = Stream(head, 7, seed=4), 5
     OneRow(drafter).start(stream.tokens, stream.states, root)
     sizes = [drafter._rows.cache.max_length]
-    room = drafter._spec_slots + drafter.max_nodes  # (a whole draft's slots)
+    room = drafter._spec_room  # (a whole draft's slots)
     for k in (300, 2100, 3):  # (K > 16 runs the graphs' accept eagerly; K = 3 as a graph)
         accepted = torch.cat([torch.tensor([root]), torch.randint(V, (k - 1,), generator=stream.gen)])
         hidden = stream.extend(accepted)
