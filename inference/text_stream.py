@@ -17,16 +17,15 @@ class TextStream:
         """The new text after `ids` ('' while nothing new or a character is incomplete)."""
         self.ids.extend(ids)
         text = text_of(self.tokenizer, self.ids)
-        if len(text) <= len(self.shown) or text.endswith("\ufffd"):
-            return ""
-        return self._advance(text)
+        return "" if text.endswith("\ufffd") else self._advance(text)
 
     def flush(self) -> str:
         """Whatever was held back (a partial character at the end shows as U+FFFD)."""
-        text = text_of(self.tokenizer, self.ids)
-        return self._advance(text) if len(text) > len(self.shown) else ""
+        return self._advance(text_of(self.tokenizer, self.ids))
 
     def _advance(self, text: str) -> str:
+        if len(text) <= len(self.shown):
+            return ""
         piece, self.shown = text[len(self.shown) :], text
         return piece
 
