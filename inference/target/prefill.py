@@ -1,5 +1,6 @@
 """Prompts of several rows into a `RowCache`: rows of similar lengths run together (right-padded), each
-group through a croppable DynamicCache whose entries are then copied into the rows' first slots."""
+group through a croppable DynamicCache whose entries are then copied into the rows' first slots (a
+group of every row in order straight into them)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def prefill_groups(
         # the logits at the rows' last positions only (a 1-D `logits_to_keep`: every model reads it
         # as positions kept for every row), [G, P, V] for the P distinct ones
         last = sorted({n - 1 for n in sizes})
-        group_cache: Cache = croppable_cache(model)
+        # every row of an eager cache, in order (a batch of one): written in a row from slot 0, no copy
+        direct = not cache.static_shapes and [rows[b] for b in group] == list(range(cache.batch))
+        group_cache: Cache = cache if direct else croppable_cache(model)
         logits, hidden = forward(
             group_cache,
             input_ids=ids.to(device),
@@ -69,7 +72,8 @@ def prefill_groups(
         for row, b in enumerate(group):
             all_logits[b] = logits[row, last.index(sizes[row] - 1)].float()  # [V]
             hiddens[b] = {k: v[row, : sizes[row]] for k, v in hidden.items()}  # {l: [T_b, H]}
-        targets = host_to_device(torch.tensor([rows[b] for b in group]), device)  # [G] rows in `cache`
-        layers = cast(list, group_cache.layers)  # a dense decoder's DynamicLayers, filled by the forward
-        cache.write_rows(targets, [(x.keys, x.values) for x in layers])  # (past a row's T_b: scratch)
+        if not direct:
+            targets = host_to_device(torch.tensor([rows[b] for b in group]), device)  # [G] rows in `cache`
+            layers = cast(list, group_cache.layers)  # a dense decoder's DynamicLayers, filled by the forward
+            cache.write_rows(targets, [(x.keys, x.values) for x in layers])  # (past a row's T_b: scratch)
     return torch.stack(all_logits), hiddens

@@ -185,31 +185,20 @@ class TargetRunner:
     @inference_mode
     def prefill(self, prompts: Sequence[Tensor]) -> tuple[Tensor, list[dict[int, Tensor]]]:
         """Run prompts ids_b [T_b] from empty rows (without `reserve`: a cache sized for them): logits
-        [B, V] (fp32, last positions) and [{l: [T_b, H]}]. One row runs straight into its cache row;
-        several in groups of similar lengths (prefill.py)."""
+        [B, V] (fp32, last positions) and [{l: [T_b, H]}], in groups of similar lengths (prefill.py)."""
         lengths = [p.numel() for p in prompts]
         for b, ids in enumerate(prompts):
             if ids.dim() != 1 or ids.numel() == 0:
                 raise ValueError(f"row {b}: prompt must be a non-empty 1-D id tensor, got {tuple(ids.shape)}")
-            if self.fixed_length is not None and ids.numel() > self.fixed_length:
-                raise ValueError(f"row {b}: prompt of {ids.numel()} tokens > KV cache of {self.fixed_length}")
-        if not lengths:
-            raise ValueError("prefill takes at least one prompt")
         cache, batch = self.cache, len(lengths)
         rows = self.capacity if self.static_shapes and self.capacity else batch
-        if cache is None or cache.batch != rows or cache.max_length < max(lengths) or batch > rows:
-            self.reserve(lengths, [0] * batch)  # (a tree's room on top; a fixed size: the prompts fit)
+        if cache is None or cache.batch != rows or batch > rows or cache.max_length < max(lengths):
+            self.reserve(lengths, [0] * batch)  # (no prompt, or one past a fixed size: its ValueError)
         cache = self.cache
         assert cache is not None  # reserve made it
         self.rows = list(range(batch))
         cache.set_lengths([0] * cache.batch)
-        if batch == 1 and not self.static_shapes:  # written in a row from slot 0: no copy
-            logits, hidden = self._forward(
-                cache, input_ids=prompts[0][None].to(self.device), logits_to_keep=1
-            )
-            out = _fp32(logits[:, -1]), [{k: v[0] for k, v in hidden.items()}]
-        else:
-            out = prefill_groups(self.model, self._forward, prompts, self.rows, cache)
+        out = prefill_groups(self.model, self._forward, prompts, self.rows, cache)
         cache.set_lengths(lengths + [0] * (cache.batch - batch))
         return out
 

@@ -243,8 +243,9 @@ def test_the_row_cache_is_preallocated_once_and_kept_for_the_next_sequence(model
         runner.verify(tree.tokens[None], tree.parents[None])
         runner.commit([torch.tensor(path_to_node(tree.parents, 5))])
     runner.reserve([9], [20])  # the next sequence fits: the same buffers
-    runner.prefill([torch.arange(9)])
+    logits, _ = runner.prefill([torch.arange(9)])  # from slot 0 again, not after the last sequence
     assert [layer.keys.data_ptr() for layer in runner.cache.row_layers] == buffers  # written in place
+    torch.testing.assert_close(logits[0], plain(model, list(range(9)))[0][-1], atol=1e-5, rtol=0)
 
 
 def test_a_cache_too_small_or_a_tree_too_big_is_one_clear_line(model):
@@ -258,8 +259,12 @@ def test_a_cache_too_small_or_a_tree_too_big_is_one_clear_line(model):
         ValueError, match=r"too small for row 1: prompt \(10 tokens\) \+ max_new_tokens \(7\)"
     ):
         runner.reserve([4, 10], [6, 7])
-    with pytest.raises(ValueError, match=r"^row 1: prompt of 17 tokens > KV cache of 16$"):
+    with pytest.raises(
+        ValueError, match=r"too small for row 1: prompt \(17 tokens\) \+ max_new_tokens \(0\)"
+    ):
         runner.prefill([torch.arange(3), torch.arange(17)])
+    with pytest.raises(ValueError, match=r"one prompt length and max_new per row, got \[\], \[\]"):
+        runner.prefill([])
     runner.reserve([10], [6])
     runner.prefill([torch.arange(10)])
     assert runner.room() == 6
