@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import PreTrainedModel
 
 from spechead.inference import stats
@@ -33,10 +34,8 @@ def draft_matches(
     device = draft.device
     for start in range(0, len(sequences), batch):
         rows = sequences[start : start + batch]
-        width = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)  # [B, T]; pads after a row never reach it
-        for b, row in enumerate(rows):
-            ids[b, : len(row)] = torch.tensor(row)
+        # [B, T]; the zeros padding a row never reach its own predictions
+        ids = pad_sequence([torch.as_tensor(r, dtype=torch.long) for r in rows], batch_first=True)
         predicted = draft(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [B, T]
         for b, row in enumerate(rows):
             p = prompt_lengths[start + b]
