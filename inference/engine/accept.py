@@ -53,17 +53,12 @@ def accept_queued(
 ) -> QueuedAcceptance:
     """Every row's acceptance of its tree left on the device (paths at least `size` long; padding nodes
     never accepted), read later with `result()`; the rows as `queues` allows, or plain steps."""
-    device = logits.device
-    if draft.tokens.shape[1] == 1:  # plain steps: greedy and sampled rows may mix
-        tokens = host_to_device(draft.tokens, device)  # [B, 1]
-        params, generators = [r.params for r in rows], [r.generator for r in rows]
+    tokens = host_to_device(draft.masked_tokens(), logits.device)  # [B, N] (padding nodes -1)
+    params, generators = [r.params for r in rows], [r.generator for r in rows]
+    if tokens.shape[1] == 1:  # plain steps: greedy and sampled rows may mix
         return QueuedAcceptance.plain(tokens, logits[:, 0], params, generators, size)
-    tokens, parents = (host_to_device(x, device) for x in (draft.tokens, draft.parents))  # [B, N] each
-    if rows[0].params.is_greedy:
-        return QueuedAcceptance.greedy(
-            host_to_device(draft.masked_tokens(), device), parents, ancestors, logits, size
-        )
-    probs = row_probs(logits, [r.params for r in rows])  # [B, N, V] every node's (rule A)
-    return QueuedAcceptance.sampled(
-        tokens, parents, ancestors, probs, [r.generator for r in rows], size, draft.sizes
-    )
+    parents = host_to_device(draft.parents, logits.device)  # [B, N]
+    if params[0].is_greedy:
+        return QueuedAcceptance.greedy(tokens, parents, ancestors, logits, size)
+    probs = row_probs(logits, params)  # [B, N, V] every node's (rule A)
+    return QueuedAcceptance.sampled(tokens, parents, ancestors, probs, generators, size, draft.sizes)
