@@ -138,7 +138,6 @@ class DraftModelDrafter(RowDrafter):
         if self.shape is None or self.max_nodes > self.depth + 1:  # not a chain: siblings share a pass
             fix = "load the draft model with sdpa or eager, or draft a chain: width=1"
             refuse_flash(model.config, "a draft-model tree", fix)
-        self.num_draft = self.depth  # (the old name: the chain length)
         self.top_k, self.total_tokens = top_k, total_tokens
         self.pending: list[int] = []  # committed tokens not yet in the draft cache
 

@@ -172,7 +172,6 @@ def save_drafter_file(path: str | Path, drafter: LayerSkipDrafter, **info) -> Pa
     exit_layer = drafter.exit_layer
     layers = {"exit_layer": exit_layer} if exit_layer else {"skip_layers": list(drafter.skip_layers)}
     about = {"drafter": drafter.kind, **layers, "num_layers": drafter.num_target_layers}
-    about["num_draft"] = drafter.num_draft
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**about, **info}, indent=1) + "\n")
+    path.write_text(json.dumps({**about, "num_draft": drafter.depth, **info}, indent=1) + "\n")
     return path

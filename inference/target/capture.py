@@ -51,11 +51,9 @@ class Capture:
     @classmethod
     def of(cls, model: PreTrainedModel) -> Capture:
         """The model's capture (created on first use and kept on the model)."""
-        capture = model.__dict__.get("_spechead_capture")
-        if capture is None:
-            capture = cls(model)
-            model.__dict__["_spechead_capture"] = capture
-        return capture
+        if "_spechead_capture" not in model.__dict__:
+            model.__dict__["_spechead_capture"] = cls(model)
+        return model.__dict__["_spechead_capture"]
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:

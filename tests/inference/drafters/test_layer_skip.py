@@ -240,7 +240,7 @@ def test_specs_and_drafter_files(tiny_target_dir, tmp_path):
     path, options = drafter_options("layer_skip@skip=1+2,num_draft=2")
     assert (path, options) == ("layer_skip", {"skip": "1+2", "num_draft": 2})
     gen = SpeculativeGenerator.from_pretrained(target, path, **options)
-    assert gen.drafter.skip_layers == (1, 2) and gen.drafter.num_draft == 2
+    assert gen.drafter.skip_layers == (1, 2) and gen.drafter.depth == 2
     plain = SpeculativeGenerator(gen.target, gen.tokenizer, None)
     assert (
         gen.generate("hello", max_new_tokens=8).token_ids
@@ -255,7 +255,7 @@ def test_specs_and_drafter_files(tiny_target_dir, tmp_path):
     }  # fmt: skip
     assert is_self_spec(str(file)) and not is_self_spec(target)
     loaded = SpeculativeGenerator.from_pretrained(target, str(file), num_draft=4)  # options override the file
-    assert loaded.drafter.skip_layers == (1, 2) and loaded.drafter.num_draft == 4
+    assert loaded.drafter.skip_layers == (1, 2) and loaded.drafter.depth == 4
     file.write_text(json.dumps({"drafter": "layer_skip", "skip_layers": [1], "num_layers": 32}))
     for drafter, needle in [
         (str(file), "32 layers, this one has 4"),

@@ -36,7 +36,7 @@ def test_keyword_options_override_inline_ones_which_override_the_files(target, t
     file.write_text(json.dumps({"drafter": "layer_skip", "skip_layers": [1, 2], "num_layers": 4, "num_draft": 2,
                                 "tau": 1.9}))  # fmt: skip
     from_file = make_self_drafter(str(file), target)
-    assert from_file.skip_layers == (1, 2) and from_file.num_draft == 2  # the file's chain length, too
+    assert from_file.skip_layers == (1, 2) and from_file.depth == 2  # the file's chain length, too
 
     def make(spec: str, **options) -> LayerSkipDrafter:  # as from_pretrained builds it: one spec string
         drafter = make_drafter(spec, target, device="cpu", dtype=None, **options)
@@ -44,9 +44,9 @@ def test_keyword_options_override_inline_ones_which_override_the_files(target, t
         return drafter
 
     inline = make(f"{file}@skip=3, num_draft=5")  # (spaces around an option are fine)
-    assert inline.skip_layers == (3,) and inline.num_draft == 5
+    assert inline.skip_layers == (3,) and inline.depth == 5
     both = make("layer_skip@skip=1,num_draft=2", num_draft=3, skip_layers=[2])
-    assert both.skip_layers == (2,) and both.num_draft == 3
+    assert both.skip_layers == (2,) and both.depth == 3
 
 
 def test_a_drafter_file_is_a_json_file_written_where_asked(target, tmp_path):
@@ -57,4 +57,4 @@ def test_a_drafter_file_is_a_json_file_written_where_asked(target, tmp_path):
     assert read_drafter_file(file) == {"drafter": "layer_skip", "skip_layers": [1], "num_layers": 4, "num_draft": 3,
                                       "tau": 2.5}  # fmt: skip
     again = make_self_drafter(str(file), target)
-    assert again.skip_layers == (1,) and again.num_draft == 3
+    assert again.skip_layers == (1,) and again.depth == 3
