@@ -146,7 +146,7 @@ def eagle_depth_cost_ms(drafter, width: int, repeats: int = 9, batch: int = 1) -
     offsets = torch.zeros(width, dtype=torch.long, device=weight.device)  # [E]: depth 2's position C + 0
 
     def depth() -> None:  # (its speculative slots are scratch: every call writes the same ones)
-        out = rows._forward(feats, ids, own, offsets)
+        out = rows._run(feats, ids, rows._inputs(own, offsets))
         rows._top(out, min(width, 4), scores=False)  # (a static tree's depth: the ids, no log-probs)
 
     return _drafter_ms(drafter, depth, repeats)
