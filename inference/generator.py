@@ -79,15 +79,13 @@ class SpeculativeGenerator:
         self.context = getattr(cfg, "max_position_embeddings", None)
         device = next(target.parameters()).device
         compile = resolve_compile(compile, device)
-        if draft_compile is not None:  # ("auto" here: "graphs" on CUDA, else eager)
-            draft_compile = resolve_compile(draft_compile, device)
+        draft_compile = compile if draft_compile is None else resolve_compile(draft_compile, device)
         if drafter is not None:
             vocab = target.get_output_embeddings().weight.shape[0]
             drafter.check_target(cfg.hidden_size, vocab, cfg.num_hidden_layers)
-            draft_compile = compile if draft_compile is None else draft_compile
             if draft_compile:
                 drafter.use_compile(draft_compile)
-        self.draft_compile = draft_compile or False  # (the trees picked per batch size compile likewise)
+        self.draft_compile = draft_compile  # (the trees picked per batch size compile likewise)
         self.eos = eos_ids(target, tokenizer)
         self.calibration: dict | None = None  # what from_pretrained measured to pick the tree, if it did
         self.draft_weights: str | None = None  # "int8" / "fp8": from_pretrained quantized the head's layers
