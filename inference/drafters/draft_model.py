@@ -107,7 +107,6 @@ class DraftModelDrafter(RowDrafter):
             at_least("depth", depth)
         if rule is not None and rule not in RULES:
             raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-        # (its tree drafts and crops would corrupt a recurrent state: one line, not a wrong draft cache)
         check_attention_only(model.config, "drafting with it", "use an attention-only draft model")
         self.model = model.eval()
         self.sliding = sliding_layout(model)  # its sliding layers' tree masks are windowed (sliding.py)

@@ -23,8 +23,7 @@ def resolve_chunk(chunk: Chunk, device_type: str, width: int) -> int | None:
     """The chunk `topk_rows` uses for rows of `width` on a device of this type ("cuda", "cpu")."""
     if chunk != "auto":
         return chunk
-    measured = device_type in ("cuda", "cpu")  # (another device keeps one topk: not measured there)
-    return AUTO_CHUNK if measured and width >= AUTO_WIDTH else None
+    return AUTO_CHUNK if device_type in ("cuda", "cpu") and width >= AUTO_WIDTH else None  # measured on these
 
 
 def topk_rows(x: Tensor, k: int, chunk: Chunk = None) -> tuple[Tensor, Tensor]:
