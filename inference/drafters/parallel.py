@@ -154,11 +154,9 @@ class ParallelDrafter(Drafter):
 
     def use_compile(self, compile: bool | str) -> None:
         """Draft through `_tokens` compiled as `compiling.compile_function` says (False: eager)."""
-        self._compile = compile
-        if not compile:
-            self._draft_fn = self._tokens
-            return
-        cuda = self._device().type == "cuda"
-        self._draft_fn = compiling.compile_function(
-            self._tokens, compile, cuda, fullgraph=True, state=self._graph_state
+        self._compile, cuda = compile, self._device().type == "cuda"
+        self._draft_fn = (
+            compiling.compile_function(self._tokens, compile, cuda, fullgraph=True, state=self._graph_state)
+            if compile
+            else self._tokens
         )

@@ -123,11 +123,9 @@ class GraphRows(EagleRows):
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only these active rows (in this order); the others' physical rows go idle (length 0)."""
         kept = [self.rows[i] for i in rows]
-        state = self._capacity
-        for row in set(self.rows) - set(kept):
-            state.lengths[row] = 0
+        self._capacity.lengths[list(set(self.rows) - set(kept))] = 0
         self.rows = kept
-        state.sync()
+        self._capacity.sync()
 
     def rewind(self, length: int) -> None:
         """Every active row back to `length` committed entries, the host's and the device's (calibration
@@ -190,7 +188,7 @@ class GraphRows(EagleRows):
         own = torch.ones(k, k, dtype=torch.bool, device=packed.device).tril()  # [K, K] causal
         offsets = torch.arange(k, device=packed.device)
         features = self.head.features(list(states))  # [P, K, H] (EAGLE-3: fused)
-        out = self._forward(features, next_ids, own.expand(batch, k, k), offsets)  # [P, K, H]
+        out = self._run(features, next_ids, self._inputs(own.expand(batch, k, k), offsets))  # [P, K, H]
         cache.lengths_t.add_(lengths)
         return out.gather(1, last[:, :, None].expand(batch, 1, out.shape[-1]))[:, 0]  # [P, H]
 

@@ -180,15 +180,11 @@ class EagleRows:
     def _states(self, hidden: dict[int, Tensor]) -> list[Tensor]:
         return head_states(self.head, hidden, self.drafter.hidden_layers)  # [B, K, H] each
 
-    def _forward(self, features: Tensor, ids: Tensor, own: Tensor, offsets: Tensor, spec: int = 0) -> Tensor:
-        """The head on features [B, q, H], tokens [B, q]: query i of row b writes slot C_b + spec + i at
-        position C_b + offsets[i] and sees slots < C_b and those of [C_b, C_b + spec + q) that own
-        [B, q, spec + q] names. Returns features [B, q, H]."""
-        return self._run(features, ids, self._inputs(own, offsets, spec), spec)
-
     def _inputs(self, own: Tensor, offsets: Tensor, spec: int = 0) -> tuple[Tensor, Tensor, Tensor, int]:
-        """`_forward`'s mask [B, 1, q, S], positions [B, q], written slots [B, q] and S (the longest
-        C_b + spec + q, or a fixed-shape cache's S_max after its device lengths)."""
+        """`_run`'s inputs for q queries: query i of row b writes slot C_b + spec + i at position C_b +
+        offsets[i] and sees slots < C_b and those of [C_b, C_b + spec + q) that own [B, q, spec + q] names.
+        Mask [B, 1, q, S], positions [B, q], written slots [B, q] and S (the longest C_b + spec + q, or a
+        fixed-shape cache's S_max after its device lengths)."""
         cache = self.cache
         assert cache is not None  # start made it
         if cache.static_shapes:
@@ -252,7 +248,7 @@ class EagleRows:
             spec = anc.shape[-1]
             own = torch.cat([anc, eye.expand(batch, k, k)], dim=2)  # [B, k, S + k]
             offsets = torch.full((k,), d - 2, device=dev)  # position C_b + (d - 1) - 1
-            out = self._forward(front_feat, front_tok, own, offsets, spec)  # [B, k, H]
+            out = self._run(front_feat, front_tok, self._inputs(own, offsets, spec), spec)  # [B, k, H]
             values, ids = self._top(out, k)  # [B, k, k]
             new_score = (front_score[:, :, None] + values.double()).reshape(batch, -1)  # [B, k * k]
             new_tok = to_target(ids).reshape(batch, -1)
