@@ -33,9 +33,8 @@ class BlockTree:
         self.pick = (static.depth[1:] - 1) * self.width + static.rank[1:]  # [N - 1] slot d - 1's rank-th best
 
     def tokens(self, roots: Tensor, top: Tensor) -> Tensor:
-        """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, >= width] (on one
-        device): node 0 the root, node i carries top's flattened entry pick[i - 1]."""
-        self.to(top.device)
+        """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, >= width] (on
+        `pick`'s device, `to`): node 0 the root, node i carries top's flattened entry pick[i - 1]."""
         flat = top[:, : self.slots, : self.width].flatten(1)  # [B, slots * width]
         return torch.cat([roots.to(top.device)[:, None], flat.index_select(1, self.pick)], dim=1)
 
