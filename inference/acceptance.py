@@ -113,7 +113,6 @@ def sample_accept(
             raise ValueError(
                 f"rule {rule!r} needs q [N, V], the draft distributions children were sampled from"
             )
-        _check_rows(tree, q, "q")
         if q.shape != p.shape:
             raise ValueError(f"q {tuple(q.shape)} and p {tuple(p.shape)} must have the same shape [N, V]")
         q = q.to(p.device)  # drafters may run on another device than the target

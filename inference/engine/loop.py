@@ -43,7 +43,6 @@ class Flight:
     draft: BatchDraft
     accepted: list[Acceptance] | QueuedAcceptance
     hidden: dict[int, torch.Tensor]
-    advance: bool = False  # its commit was queued: the runner advances when the host reads K
     logits: torch.Tensor | None = None  # [B, N, V] read first: for the drafter's `verified` hook
 
     def keep(self, keep: Sequence[int]) -> Flight:
@@ -169,7 +168,7 @@ def _pass(
         drafter.accept_queued(hidden, draft.tokens, queued.path, queued.k, queued.next_token)
         following = drafter.propose_queued(queued.next_token)
     clock.mark("draft")
-    return Flight(rows, draft, queued, {}, advance=n > 1), following
+    return Flight(rows, draft, queued, {}), following
 
 
 def _read(
@@ -181,7 +180,7 @@ def _read(
     if isinstance(accs, QueuedAcceptance):  # the runner's and the drafter's counts follow what was queued
         accs = accs.result()
         ks = [len(a.path) for a in accs]
-        if flight.advance:
+        if flight.draft.tokens.shape[1] > 1:  # a queued commit that moved nodes (`_pass`)
             runner.advance(ks)
         if drafter is not None:
             drafter.settle(ks)
