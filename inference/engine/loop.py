@@ -185,12 +185,11 @@ def _read(
         if drafter is not None:
             drafter.settle(ks)
     emitted = []
-    draft = flight.draft
     for b, (row, acc) in enumerate(zip(flight.rows, accs)):
         row.flying -= 1
         if row.done:  # stopped on an EOS while this step was queued: computed for nothing
             continue
-        row.stats.drafted_tokens += draft.sizes[b] - 1
+        row.stats.drafted_tokens += flight.draft.sizes[b] - 1
         row.root = acc.next_token
         emitted.append((row.index, take(row, [*acc.path_tokens[1:], row.root], eos)))
     return emitted, flight if flight.logits is not None else None  # (None: queued, or plain decoding)
