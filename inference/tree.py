@@ -183,11 +183,8 @@ def mask_after(
 
 
 def select_best(parents: list[int], scores: list[float], budget: int) -> list[int]:
-    """Node 0 plus the `budget` best nodes by score (ties: lower id), closed under ancestors.
-
-    parents / scores are [n] lists with parents[0] = -1. A node is taken with its missing ancestors
-    only if they all fit. Returns the kept ids in ascending (topological) order.
-    """
+    """The ids, ascending, of node 0 and the `budget` best nodes by scores [n] (ties: lower id) of a tree
+    parents [n], closed under ancestors: a node is taken with its missing ancestors only if they all fit."""
     kept = {0}
     for node in sorted(range(1, len(parents)), key=lambda n: (-scores[n], n)):
         if len(kept) - 1 >= budget:
