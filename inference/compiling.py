@@ -75,24 +75,18 @@ def compile_function(
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if compile == "graphs":
         return GraphedFunction(fn, state) if cuda else fn
-    if compile is True or compile in ("inductor", "max-autotune"):
-        mode = "max-autotune-no-cudagraphs" if compile == "max-autotune" else None  # (graphs: ours)
-        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, mode=mode)
-        return GraphedFunction(compiled, state) if cuda else compiled
-    assert isinstance(compile, str)  # compile=False: callers compile only when asked
-    if compile == "reduce-overhead":
-        compiled = torch.compile(
-            fn, dynamic=False, fullgraph=fullgraph, mode="reduce-overhead" if cuda else None
-        )
-    else:
-        compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, backend=compile)
-    return _replay(compiled) if cuda else compiled
+    # our modes run inductor: max-autotune without its CUDA graphs (ours), reduce-overhead with torch's own
+    modes: dict[bool | str, str | None] = {"max-autotune": "max-autotune-no-cudagraphs"}
+    modes["reduce-overhead"] = "reduce-overhead" if cuda else None
+    backend = compile if isinstance(compile, str) and compile not in MODES else "inductor"
+    compiled = torch.compile(fn, dynamic=False, fullgraph=fullgraph, mode=modes.get(compile), backend=backend)
+    if not cuda:
+        return compiled
+    if backend == "inductor" and compile != "reduce-overhead":
+        return GraphedFunction(compiled, state)
 
-
-def _replay(compiled):
-    """Each call a new step, its outputs copies: a CUDA graph rewrites its output buffers at every
-    replay, and the draft loop keeps each depth's outputs for the next."""
-
+    # torch's own graphs or another backend: each call a new step, its outputs copies (a CUDA graph rewrites
+    # its output buffers at every replay, and the draft loop keeps each depth's outputs for the next)
     def run(*args, **kwargs):
         torch.compiler.cudagraph_mark_step_begin()
         return copy_outputs(compiled(*args, **kwargs))
