@@ -38,6 +38,7 @@ class MedusaDrafter(Drafter):
     sampling). Row b's tree is the tree a batch of one of that row proposes."""
 
     tunes_tree = True  # `with_tree` swaps its static tree
+    last_hidden: torch.Tensor  # [B, H] target state of each row's last cached token (made by `start`)
 
     def __init__(self, head: MedusaHead, choices: list[list[int]] | None = None):
         self.head = head.eval()
@@ -51,7 +52,6 @@ class MedusaDrafter(Drafter):
         # without ResBlocks (heads/int8.py) have no parameter left: their first floating buffer
         floating = (b for b in head.buffers() if b.is_floating_point())
         self._weight = next(itertools.chain(head.parameters(), floating))
-        self.last_hidden: torch.Tensor | None = None  # [B, H] target state of each row's last cached token
         # a batch of one's parents: ONE kept [1, N] on the host (the target runner knows the very tensor
         # again without reading it: target/tree_inputs.py); B rows' are expanded on the tokens' device
         self._parents_one = self.tree.static.parents[None]  # [1, N]
@@ -86,7 +86,6 @@ class MedusaDrafter(Drafter):
     ) -> BatchDraft:
         """Every row's static tree from its last state and roots [B] (host ints); sampling and generators
         are not read (the children are each head's top ids)."""
-        assert self.last_hidden is not None  # start made it
         return self._draft(self.last_hidden, roots)
 
     @inference_mode
@@ -117,7 +116,6 @@ class MedusaDrafter(Drafter):
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         """Only these rows, in this order: their last states [B', H]."""
-        assert self.last_hidden is not None  # start made it
         self.last_hidden = self.last_hidden[host_ids(list(rows), self.last_hidden.device)]  # [B', H]
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device -----------------------
@@ -132,7 +130,6 @@ class MedusaDrafter(Drafter):
     @inference_mode
     def propose_queued(self, nexts: torch.Tensor) -> BatchDraft:
         """`propose` from the next tokens [B] on the device (written there: no wait)."""
-        assert self.last_hidden is not None  # accept_queued set it
         return self._draft(self.last_hidden, nexts)
 
     def _draft(self, states: torch.Tensor, roots: Sequence[int] | torch.Tensor) -> BatchDraft:

@@ -31,12 +31,14 @@ if TYPE_CHECKING:
 class EagleRows:
     """B rows of an `EagleDrafter` (whose head, tree settings and static plan they share)."""
 
+    cache: RowCache  # the head's (made by `start`)
+    feature: Tensor  # [B, H] output of each row's last committed pair (made by `start`)
+
     def __init__(self, drafter: EagleDrafter) -> None:
         self.drafter = drafter
         self.head = drafter.head
         self.device = self.head.fc.weight.device
         self.dtype = self.head.fc.weight.dtype
-        self.cache: RowCache | None = None
         self.committed = torch.zeros(0, dtype=torch.long)  # [B] C_b on the head's device
         self.lengths: list[int] = []  # C_b on the host
         self.longest = 0  # max_b C_b (host int)
@@ -45,7 +47,6 @@ class EagleRows:
         # in the head's dtype in one op
         self._attend = torch.zeros((), dtype=self.dtype, device=self.device)
         self._blocked = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
-        self.feature: Tensor | None = None  # [B, H] output of each row's last committed pair
 
     # ---- the drafter's calls ------------------------------------------------------------------------------
 
@@ -61,23 +62,19 @@ class EagleRows:
             self._start_rows(prompts, hidden, roots)
             return
         self._new_cache(len(prompts), max(lengths))
-        assert self.cache is not None  # just made
-        feature = None
-        for group in groups:
+        for i, group in enumerate(groups):
             part = EagleRows(self.drafter)
             part._start_rows(
                 [prompts[b] for b in group], [hidden[b] for b in group], [roots[b] for b in group]
             )
-            assert part.cache is not None and part.feature is not None  # its start made them
             rows = host_to_device(torch.tensor(group), self.device)  # [G] its rows here
             t = part.longest  # its committed slots [G, kv, T, D]
             self.cache.write_rows(
                 rows, ((x.keys[:, :, :t], x.values[:, :, :t]) for x in part.cache.row_layers)
             )
-            if feature is None:
-                feature = part.feature.new_empty(len(prompts), part.feature.shape[-1])  # [B, H]
-            feature[rows] = part.feature
-        self.feature = feature
+            if i == 0:
+                self.feature = part.feature.new_empty(len(prompts), part.feature.shape[-1])  # [B, H]
+            self.feature[rows] = part.feature
         self.committed = host_to_device(torch.tensor(lengths), self.device)
         self.lengths, self.longest = lengths, max(lengths)
 
@@ -109,7 +106,6 @@ class EagleRows:
         roots_t = host_to_device(torch.tensor(list(roots), dtype=torch.long), self.device)  # [B] (no wait)
         drafter = self.drafter
         drafter._map_ids(self.device)
-        assert self.feature is not None  # start made it
         drawn = None  # children drawn from the head (rule C): a static tree, a batch of one, sampling
         if drafter._static is not None and drafter.rule != "deterministic" and len(roots) == 1:
             if not sampling[0].is_greedy:
@@ -124,7 +120,6 @@ class EagleRows:
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
         idx = host_to_device(torch.tensor(list(rows), dtype=torch.long), self.device)  # (no wait)
-        assert self.cache is not None and self.feature is not None  # start made them
         self.committed, self.feature = self.committed[idx], self.feature[idx]
         self.lengths = [self.lengths[b] for b in rows]
         self.longest = max(self.lengths)
@@ -146,7 +141,6 @@ class EagleRows:
     def _ensure_room(self, extra: int) -> None:
         """Grow the head cache (to twice its size at least) to fit max_b C_b + extra + a whole draft."""
         need, cache = self._longest() + extra + self.drafter._spec_room, self.cache
-        assert cache is not None  # start made it
         if need > cache.max_length:
             step = self._ROOM_STEP
             cache.grow(-(-max(need, 2 * cache.max_length) // step) * step)
@@ -186,7 +180,6 @@ class EagleRows:
         Mask [B, 1, q, S], positions [B, q], written slots [B, q] and S (the longest C_b + spec + q, or a
         fixed-shape cache's S_max after its device lengths)."""
         cache = self.cache
-        assert cache is not None  # start made it
         if cache.static_shapes:
             assert cache.lengths_t is not None  # GraphRows.start made it
             c, view = cache.lengths_t, cache.max_length  # [B], S
@@ -201,7 +194,6 @@ class EagleRows:
         """The head on features [B, q, H] and tokens [B, q] with `_inputs`' mask, positions, slots and S."""
         mask, positions, slots, view = inputs
         cache = self.cache
-        assert cache is not None  # start made it
         if cache.static_shapes:
             cache.write_offset = spec
         else:
