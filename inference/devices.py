@@ -46,8 +46,7 @@ def load_dtype(dtype: str | torch.dtype, device: str | torch.device, saved: obje
         return DTYPES[dtype]
     if torch.device(device).type == "cpu":
         return torch.float32
-    name = str(saved).removeprefix("torch.") if saved is not None else None
-    return DTYPES.get(name, torch.bfloat16) if name else torch.bfloat16
+    return DTYPES.get(str(saved).removeprefix("torch."), torch.bfloat16)  # (None: "None", not one)
 
 
 def host_to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
