@@ -227,9 +227,7 @@ class RowCache(Cache):
                     if i != j:
                         by_row[j, ..., :end, :].copy_(by_row[i, ..., :end, :])
         else:
-            pick = torch.tensor(
-                rows + [0] * (size - len(rows)), dtype=torch.long
-            )  # (idle rows: row 0's copy)
+            pick = torch.tensor(rows + [0] * (size - len(rows)), dtype=torch.long)  # (idle: row 0's copy)
             self.generation = next(_ALLOCATIONS)  # (a gather: new buffers; graphs of the old must not replay)
         if shared is not None:  # every layer at once
             storage = self.buffer.storage = shared[:, :, _on(pick, shared.device)]
