@@ -48,7 +48,6 @@ class DFlashDrafter(ParallelDrafter):
         """Write every row's W context positions (context [B, W, H]) at slots L_b .. L_b + W - 1 and move
         L_b by counts [B] (device); the cache doubles when a row's slots would pass its end."""
         cache, lengths = self.cache, self.lengths_t
-        assert cache is not None and lengths is not None
         width = context.shape[1]
         need = max(cache.lengths) + width  # (host lengths >= device ones before this commit)
         if need > cache.max_length:
@@ -72,7 +71,6 @@ class DFlashDrafter(ParallelDrafter):
 
     def _draft(self, roots: Tensor) -> BatchDraft:
         """Every row's tree from its root [B] (device) and its committed context."""
-        assert self.cache is not None and self.lengths_t is not None
         device, batch = self._device(), roots.shape[0]
         self.tree.to(device)
         tokens = self._over_rows(self._draft_fn, self.cache.batch, batch, roots, self.lengths_t)  # [B, N]
@@ -81,7 +79,6 @@ class DFlashDrafter(ParallelDrafter):
     def _tokens(self, roots: Tensor, lengths: Tensor) -> Tensor:
         """The fixed-shape draft: roots [B] and committed lengths [B] over the cache's context buffers ->
         every row's tree tokens [B, N]."""
-        assert self.cache is not None
         device, size, batch = roots.device, self.block_size, roots.shape[0]
         kv = [(layer.keys, layer.values) for layer in self.cache.row_layers]  # [B, kv, S, D] each, in place
         block = torch.cat([roots[:, None], torch.full((batch, size - 1), MASK, device=device)], dim=1)

@@ -44,6 +44,8 @@ class ParallelDrafter(Drafter):
     # an eager draft attends over the cache's every slot (DFlash), not only up to its longest row: a start
     # then sizes a new cache for its rows instead of keeping a larger one
     eager_reads_whole_cache = False
+    cache: RowCache  # the head's keys / values of committed positions (made by `start`)
+    lengths_t: Tensor  # [B] committed lengths on the head's device (made by `start`)
 
     def __init__(self, head: PEagleHead | DFlashHead, tree: BlockTree) -> None:
         self.head = head.eval()
@@ -53,20 +55,17 @@ class ParallelDrafter(Drafter):
         self.hidden_layers = tuple(head.config.target_layers)
         self._compile: bool | str = False  # what `use_compile` was given
         self._draft_fn: Callable[..., Tensor] = self._tokens  # `_tokens`, compiled when asked
-        self.cache: RowCache | None = None  # the head's keys / values of committed positions
-        self.lengths_t: Tensor | None = None  # [B] committed lengths on the head's device
 
     @property
     def lengths(self) -> list[int]:
         """Every active row's committed length on the host."""
-        assert self.cache is not None and self.lengths_t is not None
         return self.cache.lengths[: self.lengths_t.shape[0]]
 
     def _new_rows(self, batch: int, need: int) -> None:
         """B new rows at length 0 in a cache of >= `need` slots: the kept one when its rows fit (compiled,
         a pass replays over its buffers; eager, unless `eager_reads_whole_cache`), else a new one."""
         # compiled, the batch's capacity of rows (one graph shape while rows finish); eager, no idle rows
-        cache, rows = self.cache, batch_capacity(batch) if self._compile else batch
+        cache, rows = getattr(self, "cache", None), batch_capacity(batch) if self._compile else batch
         kept = self._compile or not self.eager_reads_whole_cache
         if kept and cache is not None and cache.batch == rows and cache.max_length >= need:
             cache.set_lengths([0] * rows)
@@ -76,7 +75,6 @@ class ParallelDrafter(Drafter):
 
     def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the accept: row b's moves by ks[b], idle rows stay at 0."""
-        assert self.cache is not None
         lengths = self.cache.lengths
         moved = [n + k for n, k in zip(lengths, ks)]
         self.cache.set_lengths(moved + [0] * (len(lengths) - len(moved)))
@@ -88,7 +86,6 @@ class ParallelDrafter(Drafter):
     def _keep_rows(self, rows: Sequence[int]) -> Tensor:
         """Only these rows, in this order (compiled: the cache kept whole, rows past B' idle); returns them
         as a device index [B'] for a subclass's own state."""
-        assert self.cache is not None and self.lengths_t is not None
         self.cache.keep_rows(list(rows), capacity=self.cache.batch if self._compile else None)
         pick = host_to_device(torch.tensor(list(rows)), self._device())
         self.lengths_t = self.lengths_t[pick]
@@ -150,7 +147,8 @@ class ParallelDrafter(Drafter):
 
     def _graph_state(self) -> tuple:
         """What the compiled draft reads besides its arguments: the buffers' allocation and the tree."""
-        return (self.cache.generation if self.cache is not None else None), tuple(map(tuple, self.choices))
+        cache = getattr(self, "cache", None)
+        return (cache.generation if cache is not None else None), tuple(map(tuple, self.choices))
 
     def use_compile(self, compile: bool | str) -> None:
         """Draft through `_tokens` compiled as `compiling.compile_function` says (False: eager)."""

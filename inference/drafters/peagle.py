@@ -36,6 +36,8 @@ class PEagleDrafter(ParallelDrafter):
     sampling); row b's tree is the one a batch of one of that row proposes."""
 
     head: PEagleHead
+    # not yet in the head cache (made by `start`): fused states [B, P, H], next ids [B, P], counts k [B]
+    pending: tuple[Tensor, Tensor, Tensor]
 
     def __init__(self, head: PEagleHead, choices: list[list[int]] | None = None):
         super().__init__(head, BlockTree(choices, head.block_size))
@@ -43,8 +45,6 @@ class PEagleDrafter(ParallelDrafter):
         # the modules' overhead is as large as the arithmetic
         self.head_step = fused_step(head) or head.step
         self.head_logits = fused_logits(head) or head.logits
-        # not yet in the head cache: fused states [B, P, H], next ids [B, P], real counts k [B] (device)
-        self.pending: tuple[Tensor, Tensor, Tensor] | None = None
         self.host_counts: list[int] | None = None  # read first: k per row on the host (queued: `settle`)
         # the state before the last pass (pending, device lengths): a propose again without an accept
         # (rows may have left between) drafts that pass again
@@ -61,7 +61,6 @@ class PEagleDrafter(ParallelDrafter):
 
     def _draft(self, roots: Tensor) -> BatchDraft:
         """The pending positions into the head cache and every row's tree from its roots [B] (device)."""
-        assert self.cache is not None and self.lengths_t is not None and self.pending is not None
         cache, k = self.cache, self.head.block_size
         if self.pending[1].shape[1] == 0 and self._redo is not None:  # a propose again, no accept between
             # (calibration times repeated drafts): the same pass from the state before the last one (the
@@ -99,7 +98,6 @@ class PEagleDrafter(ParallelDrafter):
         [B] and committed lengths [B] (device) -> every row's tree tokens [B, N]; writes the P pending
         positions and the block at each row's slots, attending over the cache's first `view` slots."""
         head, cache, k = self.head, self.cache, self.head.block_size
-        assert cache is not None
         batch, width = next_ids.shape
         device = fused.device
         j = torch.arange(width, device=device)  # [P]
@@ -149,7 +147,6 @@ class PEagleDrafter(ParallelDrafter):
 
     def _keep_rows(self, rows: Sequence[int]) -> Tensor:
         """The pending positions and the redo state of these rows too."""
-        assert self.pending is not None
         pick = super()._keep_rows(rows)
         fused, ids, counts = self.pending
         self.pending = (fused[pick], ids[pick], counts[pick])
