@@ -48,24 +48,18 @@ def sliding_layout(model) -> SlidingLayout | None:
     return SlidingLayout(int(window), tuple(sorted(set(types))))
 
 
-def window_mask(mask: Tensor, query_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:
-    """The additive mask [B, 1, Q, K] of a sliding layer: a copy of the full `mask` [B, 1, Q, K] with key k
-    also blocked for query i when query_pos[i] - key_pos[k] >= window (query_pos [B, Q] or [Q], key_pos
-    [B, K] or [K]: rotary POSITIONS, not cache slots)."""
-    far = query_pos[..., :, None] - key_pos[..., None, :] >= window  # [B, Q, K] or [Q, K]
-    far = far.expand(mask.shape[0], *far.shape[-2:]) if far.dim() == 2 else far
-    return mask.masked_fill(far[:, None], torch.finfo(mask.dtype).min)
-
-
 def layer_masks(
     layout: SlidingLayout | None, mask: Tensor, query_pos: Tensor, key_pos: Tensor
 ) -> Tensor | dict[str, Tensor]:
     """What a target pass hands the model as `attention_mask` for the full mask `mask` [B, 1, Q, K] with
-    queries at query_pos [B, Q] / [Q] and keys at key_pos [B, K] / [K]: `mask` itself without a sliding
-    layer; the windowed mask when every layer slides; else {layer type: its mask} (see the module doc)."""
+    queries at query_pos [B, Q] / [Q] and keys at key_pos [B, K] / [K] (rotary POSITIONS, not cache slots):
+    `mask` itself without a sliding layer; when every layer slides, the windowed mask (a copy with key k
+    also blocked for query i when query_pos[i] - key_pos[k] >= window); else {layer type: its mask}."""
     if layout is None:
         return mask
-    windowed = window_mask(mask, query_pos, key_pos, layout.window)
+    # [B, 1, Q, K] or [1, Q, K]: broadcast over the mask's [B, 1, Q, K]
+    far = (query_pos[..., :, None] - key_pos[..., None, :] >= layout.window).unsqueeze(-3)
+    windowed = mask.masked_fill(far, torch.finfo(mask.dtype).min)
     if layout.layer_types is None:
         return windowed
     return {kind: windowed if kind == SLIDING else mask for kind in layout.layer_types}

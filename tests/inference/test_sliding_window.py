@@ -20,7 +20,7 @@ from spechead.inference.drafters.eagle import EagleDrafter
 from spechead.inference.drafters.medusa import MedusaDrafter
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
-from spechead.inference.sliding import SlidingLayout, layer_masks, slot_positions, window_mask
+from spechead.inference.sliding import SlidingLayout, layer_masks, slot_positions
 from spechead.inference.target.runner import TargetRunner
 from spechead.inference.tree import path_to_node
 
@@ -53,6 +53,11 @@ def visible(mask: torch.Tensor) -> list[int]:
 # ---- the pure function ---------------------------------------------------------------------------
 
 
+def window_mask(mask: torch.Tensor, query_pos, key_pos, window: int) -> torch.Tensor:
+    """layer_masks' windowed mask (every layer slides)."""
+    return layer_masks(SlidingLayout(window, None), mask, query_pos, key_pos)
+
+
 def test_window_mask_keeps_keys_less_than_a_window_behind_the_query():
     """Query at position 10, keys 0..10: window 8 keeps 3..10 (10 - 3 = 7 < 8; 10 - 2 = 8 is out)."""
     full = torch.zeros(1, 1, 1, 11)
@@ -83,6 +88,7 @@ def test_window_mask_rows_have_their_own_positions():
     queries = torch.tensor([[4, 5], [2, 3]])
     keys = torch.arange(6).expand(2, 6)
     out = window_mask(full, queries, keys, 2)
+    assert out.shape == full.shape  # (one mask per row, not rows x rows)
     assert (out[0, 0] == 0).tolist() == [[False, False, False, True, True, True], [False] * 4 + [True] * 2]
     assert (out[1, 0] == 0).tolist() == [[False, True, True, True, True, True], [False, False] + [True] * 4]
 
