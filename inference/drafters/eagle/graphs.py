@@ -54,11 +54,12 @@ class _Capacity:
 class GraphRows(EagleRows):
     """B rows of an `EagleDrafter` as fixed-shape graphs (the module doc); compile: as `use_compile`'s."""
 
+    _capacity: _Capacity  # the current rows' fixed-shape state (made by `start`)
+
     def __init__(self, drafter: EagleDrafter, compile: bool | str) -> None:
         super().__init__(drafter)
         cuda = self.device.type == "cuda"
         self._kept: dict[int, _Capacity] = {}  # capacity -> its fixed-shape state
-        self._state: _Capacity | None = None  # the current call's
         self.rows: list[int] = []  # the physical row of each active row, in the caller's order
         state = self._graph_state
         # every physical row's tree from its feature [P, H] and root [P]: tokens, parents [P, N]
@@ -72,11 +73,6 @@ class GraphRows(EagleRows):
         `EagleDrafter._shared_state`."""
         caches = tuple((p, rows.cache.generation) for p, rows in self._kept.items())
         return caches, *self.drafter._shared_state()
-
-    @property
-    def _capacity(self) -> _Capacity:
-        assert self._state is not None, "start first"
-        return self._state
 
     # ---- the drafter's calls ------------------------------------------------------------------------------
 
@@ -94,7 +90,7 @@ class GraphRows(EagleRows):
             width = self.head.config.hidden_size
             feature = torch.zeros(capacity, width, device=self.device, dtype=self.dtype)
             rows = self._kept[capacity] = _Capacity(self.head.config.num_layers, capacity, size, feature)
-        self._state, self.cache, self.rows = rows, rows.cache, list(range(batch))
+        self._capacity, self.cache, self.rows = rows, rows.cache, list(range(batch))
         rows.lengths.zero_()
         rows.sync()
         tokens, states = padded_prompts(prompts, hidden, self.drafter.hidden_layers)  # [B, T], {l: [B, T, H]}
