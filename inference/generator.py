@@ -245,12 +245,11 @@ class SpeculativeGenerator:
             for b, p in enumerate(params)
         ]
         rows_of = rows_drafter(drafter) if drafter is not None else None
-        rule = drafter.rule if drafter is not None else "deterministic"  # (how its children are chosen)
-        depth = depth_for(runner, rows_of, rows, self.ahead, self.device_accept, rule)
+        depth = depth_for(runner, rows_of, rows, self.ahead, self.device_accept)
         passes = decode(
             runner, rows_of, rows, self.eos, PhaseClock(device), depth=depth, on_device=self.device_accept
         )
-        return [r.stats for r in rows], torch.inference_mode()(_drain)(passes)
+        return [r.stats for r in rows], passes
 
     def _runner(
         self, drafter: Drafter | RowDrafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]
@@ -293,11 +292,6 @@ class SpeculativeGenerator:
         if len(ids) == 0:
             raise ValueError("the prompt is empty: give at least one token")
         return torch.tensor(ids, dtype=torch.long)
-
-
-def _drain(passes: Iterator[Emitted]) -> Iterator[Emitted]:
-    """`passes` as a generator of its own (wrapped in inference mode: entered again at every resume)."""
-    yield from passes
 
 
 def _per_row(value, batch: int, name: str) -> list:

@@ -55,19 +55,19 @@ class Flight:
 
 
 def depth_for(
-    runner: TargetRunner, drafter: Drafter | None, rows: Sequence[Row], ahead: bool, on_device: bool,
-    rule: str = "deterministic",
-) -> int:  # fmt: skip
-    """The module's `depth` for these rows: 1 only where the commit, the acceptance (`queues`) and the
-    drafter can all stay on the device."""
+    runner: TargetRunner, drafter: Drafter | None, rows: Sequence[Row], ahead: bool, on_device: bool
+) -> int:
+    """The module's `depth` for these rows: 1 only where the commit, the acceptance (`queues`, by how the
+    drafter chooses its children) and the drafter can all stay on the device."""
     if not ahead:
         return 0
     if drafter is None:
         return 2
-    ok = on_device and runner.queues_commits and queues(rows, rule) and drafter.queues(len(rows))
+    ok = on_device and runner.queues_commits and queues(rows, drafter.rule) and drafter.queues(len(rows))
     return 1 if ok else 0
 
 
+@torch.inference_mode()  # (a generator: entered again at every resume)
 def decode(
     runner: TargetRunner,
     drafter: Drafter | None,

@@ -232,9 +232,10 @@ def test_ahead_only_where_it_can_run(model, chatml_tokenizer, monkeypatch):
     ]
     batched = build(model, "medusa")  # (batched itself)
     assert depth_for(runner, batched, rows, True, True) == 0  # one greedy row, one sampled
-    assert depth_for(runner, batched, rows[:1], True, True, "without_replacement") == 1  # greedy: not read
-    assert depth_for(runner, batched, rows[1:], True, True, "without_replacement") == 0  # drawn children
     assert depth_for(runner, batched, rows[1:], True, True) == 1  # sampled over top-k children
+    batched.rule = "without_replacement"
+    assert depth_for(runner, batched, rows[:1], True, True) == 1  # greedy: not read
+    assert depth_for(runner, batched, rows[1:], True, True) == 0  # drawn children
     assert depth_for(runner, batched, rows[1:], True, False) == 0  # accepted on the host: read first
     assert depth_for(runner, batched, rows[1:], False, True) == 0  # not asked to queue
     assert depth_for(runner, None, rows, True, False) == 2  # plain decoding: the next step queued
