@@ -146,15 +146,10 @@ def tree_inputs_on_device(
     wrong under eager attention); position = past_len + depth.
     """
     anc = ancestors_on_device(parents)  # [B, N, N]
-    return tree_mask(anc, past_len, dtype), anc.sum(-1) - 1 + past_len, anc
-
-
-def tree_mask(ancestors: torch.Tensor, past_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [B, 1, N, past_len + N] from ancestors [B, N, N] (see `tree_inputs_on_device`)."""
-    batch, n, _ = ancestors.shape
-    mask = torch.zeros(batch, 1, n, past_len + n, dtype=dtype, device=ancestors.device)
-    mask[:, 0, :, past_len:].masked_fill_(~ancestors, torch.finfo(dtype).min)
-    return mask
+    batch, n = parents.shape
+    mask = torch.zeros(batch, 1, n, past_len + n, dtype=dtype, device=parents.device)
+    mask[:, 0, :, past_len:].masked_fill_(~anc, torch.finfo(dtype).min)
+    return mask, anc.sum(-1) - 1 + past_len, anc
 
 
 def tree_inputs_after(

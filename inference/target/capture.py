@@ -3,7 +3,7 @@ a runner's forward runs) and the check that a target can take tree passes at all
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from torch import Tensor
@@ -25,7 +25,7 @@ class Capture:
         self.store: dict[int, Tensor] = {}
         self.active = False
 
-    def want(self, canonical: Sequence[int]) -> None:
+    def want(self, canonical: Iterable[int]) -> None:
         """Install hooks for canonical indices not hooked yet (0 = embeddings, L = after the final norm)."""
         layers = self.decoder.layers
         for c in sorted(set(canonical) - self.wanted):

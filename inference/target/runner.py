@@ -97,9 +97,8 @@ class TargetRunner:
         """Capture these HF hidden-state indices from now on (hooks added only for new ones)."""
         wanted = tuple(int(x) for x in hidden_layers)
         if tuple(self.layers) != wanted:
-            canon = resolve_layers(list(wanted), self._capture.num_layers) if wanted else []
-            self._capture.want(canon)
-            self.layers = dict(zip(wanted, canon))
+            self.layers = dict(zip(wanted, resolve_layers(list(wanted), self._capture.num_layers)))
+            self._capture.want(self.layers.values())
 
     # ---- sizing and rows ---------------------------------------------------------------------------
 

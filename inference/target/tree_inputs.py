@@ -10,7 +10,7 @@ from torch import Tensor
 from spechead.heads.grad import version
 from spechead.inference.devices import host_to_device
 from spechead.inference.sliding import SlidingLayout, layer_masks, slot_positions
-from spechead.inference.tree import ancestors_on_device, tree_inputs_after, tree_mask
+from spechead.inference.tree import tree_inputs_after, tree_inputs_on_device
 
 
 class TreeInputs:
@@ -38,8 +38,8 @@ class TreeInputs:
             assert host is not None and key is not None  # (found: looked up by the host's key)
             self._last = (host, version(host), (*found, key))
             return (*found, key)
-        anc = ancestors_on_device(parents)
-        found = (anc, anc.sum(-1) - 1, tree_mask(anc, 0, self.dtype))
+        block, depth, anc = tree_inputs_on_device(parents, 0, self.dtype)
+        found = (anc, depth, block)
         if key is not None:
             if len(self._trees) >= 64:  # keep the memory bounded
                 self._trees.clear()
