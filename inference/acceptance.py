@@ -33,7 +33,7 @@ class Acceptance:
 
 
 def _check_rows(tree: TokenTree, x: torch.Tensor | TargetRows, name: str) -> None:
-    if x.dim() != 2 or x.shape[0] != tree.size:
+    if len(x.shape) != 2 or x.shape[0] != tree.size:
         raise ValueError(f"{name} must be [N, V] with N = {tree.size}, got {tuple(x.shape)}")
 
 

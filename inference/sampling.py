@@ -42,9 +42,7 @@ class SamplingParams:
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
     """A torch.Generator on `device` seeded with `seed`, or None when seed is None."""
-    if seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(seed)
+    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -137,9 +135,6 @@ class TargetRows:
     @property
     def device(self) -> torch.device:
         return self.logits.device
-
-    def dim(self) -> int:
-        return self.logits.dim()
 
     def __getitem__(self, node: int) -> torch.Tensor:
         return target_probs(self.logits[node], self.params)  # [V] fp32

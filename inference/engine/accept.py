@@ -11,9 +11,9 @@ import torch
 from spechead.inference.acceptance import Acceptance, greedy_accept, greedy_walk, sample_accept
 from spechead.inference.devices import host_to_device
 from spechead.inference.drafters.base import BatchDraft
-from spechead.inference.engine.rows import Row, row_probs
+from spechead.inference.engine.rows import Row
 from spechead.inference.queued_acceptance import QueuedAcceptance
-from spechead.inference.sampling import TargetRows, argmax_ids
+from spechead.inference.sampling import TargetRows, argmax_ids, torch_probs
 
 
 def accept_rows(
@@ -60,5 +60,8 @@ def accept_queued(
     parents = host_to_device(draft.parents, logits.device)  # [B, N]
     if params[0].is_greedy:
         return QueuedAcceptance.greedy(tokens, parents, ancestors, logits, size)
-    probs = row_probs(logits, params)  # [B, N, V] every node's (rule A)
+    if len({(p.temperature, p.top_k, p.top_p) for p in params}) == 1:  # one transform (seeds aside)
+        probs = torch_probs(logits, params[0])  # [B, N, V] every node's (rule A)
+    else:
+        probs = torch.stack([torch_probs(x, p) for x, p in zip(logits, params)])
     return QueuedAcceptance.sampled(tokens, parents, ancestors, probs, generators, size, draft.sizes)

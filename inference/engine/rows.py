@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from spechead.inference.sampling import SamplingParams, torch_probs
+from spechead.inference.sampling import SamplingParams
 from spechead.inference.stops import until_stop
 
 if TYPE_CHECKING:
@@ -40,12 +39,3 @@ def take(row: Row, pending: list[int], eos: set[int], verified: bool = True) -> 
     if len(out) < len(pending) or not out or out[-1] in eos or row.stats.new_tokens >= row.max_new:
         row.done = True
     return out
-
-
-def row_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Every row's target probs [B, N, V] from logits [B, N, V]: one call when the rows share their
-    transform (their seeds aside), else row by row."""
-    transform = {(p.temperature, p.top_k, p.top_p) for p in params}
-    if len(transform) == 1:
-        return torch_probs(logits, params[0])
-    return torch.stack([torch_probs(row, p) for row, p in zip(logits, params)])

@@ -27,3 +27,17 @@ def test_flush_hands_out_what_is_held_back(chatml_tokenizer):
     # the end as decoded, replacement character and all
     assert shown + stream.flush() == tok.decode(ids[:-1])
     assert TextStream(None).push([1, 2]) == ""  # no tokenizer: ids only, no text
+
+
+def test_each_new_character_comes_out_at_once(chatml_tokenizer):
+    """A push that completes text hands all of it out then, down to a single new character (nothing
+    waits for the flush but a partial character)."""
+    tok = chatml_tokenizer
+    stream = TextStream(tok)
+    for i in tok("a b c ✓ x", add_special_tokens=False)["input_ids"]:
+        shown = stream.shown
+        text = tok.decode(stream.ids + [i], skip_special_tokens=True)
+        piece = stream.push([i])
+        if not text.endswith("\ufffd"):
+            assert shown + piece == text  # everything decoded so far is out
+    assert stream.flush() == ""

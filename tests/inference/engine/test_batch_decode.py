@@ -49,18 +49,31 @@ def test_sampled_rows_of_mixed_tree_sizes_each_read_their_own_nodes():
             assert accs[b].path == single.path and accs[b].next_token == single.next_token, (seed, b)
 
 
-def test_rows_of_different_temperatures_each_get_their_own_probs():
-    """The batched target probs of rows that sample with different transforms (temperature, top-k):
-    each row's are its own `torch_probs`, not the first row's transform applied to every row."""
-    from spechead.inference.engine.rows import row_probs
+def test_rows_of_different_temperatures_each_get_their_own_probs(monkeypatch):
+    """The batched target probs `accept_queued` hands rule A for rows that sample with different
+    transforms (temperature, top-k): each row's are its own `torch_probs`, not the first row's transform
+    applied to every row."""
+    from spechead.inference.engine.accept import accept_queued
+    from spechead.inference.engine.rows import Row
+    from spechead.inference.queued_acceptance import QueuedAcceptance
     from spechead.inference.sampling import torch_probs
+    from spechead.inference.tree import ancestors_on_device
+
+    def probs_of(params: list[SamplingParams]) -> torch.Tensor:
+        seen: list[torch.Tensor] = []
+        monkeypatch.setattr(QueuedAcceptance, "sampled", lambda *args: seen.append(args[3]))
+        rows = [Row(b, torch.tensor([1]), 4, p, None, None) for b, p in enumerate(params)]  # type: ignore[arg-type]
+        accept_queued(draft, logits, ancestors_on_device(parents), rows, 0)
+        return seen[0]
 
     logits = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(2))
+    parents = torch.tensor([[-1, 0, 0, 1]]).repeat(3, 1)
+    draft = BatchDraft(torch.ones(3, 4, dtype=torch.long), parents, [4, 4, 4])
     params = [SamplingParams(temperature=0.5), SamplingParams(temperature=1.5, top_k=4), SamplingParams()]
-    every = row_probs(logits, params)
+    every = probs_of(params)
     for b, p in enumerate(params):
         torch.testing.assert_close(every[b], torch_probs(logits[b], p))
-    shared = row_probs(logits, [SamplingParams(temperature=0.7, seed=s) for s in range(3)])  # seeds aside
+    shared = probs_of([SamplingParams(temperature=0.7, seed=s) for s in range(3)])  # seeds aside
     torch.testing.assert_close(shared, torch_probs(logits, SamplingParams(temperature=0.7)))
 
 
