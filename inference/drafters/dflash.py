@@ -49,9 +49,7 @@ class DFlashDrafter(ParallelDrafter):
         L_b by counts [B] (device); the cache doubles when a row's slots would pass its end."""
         cache, lengths = self.cache, self.lengths_t
         width = context.shape[1]
-        need = max(cache.lengths) + width  # (host lengths >= device ones before this commit)
-        if need > cache.max_length:
-            cache.grow(max(need, 2 * cache.max_length))
+        cache.grow(max(cache.lengths) + width)  # (host lengths >= device ones before this commit)
         slots = lengths[:, None] + torch.arange(width, device=context.device)  # [B, W]
         for layer, (keys, values) in zip(cache.row_layers, self.head_inject(context, slots)):  # [B, kv, W, D]
             if not layer.is_initialized:  # (its buffers hold the cache's rows, compiled more than B)

@@ -76,8 +76,7 @@ class PEagleDrafter(ParallelDrafter):
             next_ids = pad(next_ids, (0, self.commit_width - width))  # [B, P]
             width = self.commit_width
         view = max(cache.lengths) + width + k - 1  # (host lengths >= device ones before this pass)
-        if view > cache.max_length:
-            cache.grow(2 * view)
+        cache.grow(view)
         self.tree.to(fused.device)
         # [B, N]; compiled, over every row of the cache (idle ones: nothing they write is read)
         run, view = (self._draft_fn, cache.max_length) if fixed else (self._tokens, view)

@@ -249,9 +249,12 @@ class RowCache(Cache):
             layer.keys[rows, :, : keys.shape[2]] = keys
             layer.values[rows, :, : values.shape[2]] = values
 
-    def grow(self, max_length: int) -> None:
-        """Reallocate every layer to `max_length` slots, keeping the old ones (rare: amortised doubling)."""
-        old, self.max_length = self.max_length, max_length
+    def grow(self, need: int, step: int = 1) -> None:
+        """Room for `need` slots: when short, every layer reallocated (its entries kept) to at least twice
+        its slots, a multiple of `step` (rare: amortised doubling)."""
+        if need <= self.max_length:
+            return
+        old, self.max_length = self.max_length, -(-max(need, 2 * self.max_length) // step) * step
         self.buffer.reset()  # the first layer to re-bind makes it at the new size
         for layer in self.row_layers:
             if layer.is_initialized:

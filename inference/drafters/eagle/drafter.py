@@ -104,15 +104,6 @@ class EagleDrafter(Drafter):
         torch.compile backend name, or False (eager)."""
         self._compile, self._graphs = compile, None  # (the graphs are made at the next start)
 
-    def _shared_state(self) -> tuple:
-        """What every graph of this drafter reads besides its arguments (CUDA graphs bake it in): the id
-        map, the static plan, the tree's settings (top-k chunks, the fused step's attention) and that step's
-        rotary table, remade larger when a longer cache asks."""
-        table, attention = getattr(self.head_step, "table", None), getattr(self.head_step, "attention", None)
-        angles = None if table is None else (table[0].data_ptr(), table[0].shape[0])
-        settings = (self.top_k, self.depth, self.total_tokens, self.topk_chunk, attention)
-        return id(self._d2t), id(self._plan), *settings, angles
-
     def _graphed(self, batch: int) -> bool:
         """Whether `batch` rows draft as graphs: compiled, one row always, more as `batch_graphs` says."""
         wanted = self._weight.device.type == "cuda" if self.batch_graphs is None else self.batch_graphs

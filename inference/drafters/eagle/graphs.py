@@ -69,10 +69,15 @@ class GraphRows(EagleRows):
         )
 
     def _graph_state(self) -> tuple:
-        """What the graphs read besides their arguments: every kept head cache's allocation and
-        `EagleDrafter._shared_state`."""
+        """What the graphs read besides their arguments (CUDA graphs bake it in): every kept head cache's
+        allocation, the drafter's id map, static plan and tree settings (top-k chunks, the fused step's
+        attention), and that step's rotary table, remade larger when a longer cache asks."""
+        d, step = self.drafter, self.drafter.head_step
         caches = tuple((p, rows.cache.generation) for p, rows in self._kept.items())
-        return caches, *self.drafter._shared_state()
+        table = getattr(step, "table", None)
+        angles = None if table is None else (table[0].data_ptr(), table[0].shape[0])
+        settings = (d.top_k, d.depth, d.total_tokens, d.topk_chunk, getattr(step, "attention", None))
+        return caches, id(d._d2t), id(d._plan), *settings, angles
 
     # ---- the drafter's calls ------------------------------------------------------------------------------
 
@@ -231,8 +236,7 @@ class GraphRows(EagleRows):
             states.append(full)
         return packed, states
 
-    _ROOM_STEP = 1024  # (growing is rare: every graph is captured again)
-
-    def _longest(self) -> int:
-        """max_b C_b of the physical rows, from the host's copy."""
-        return int(self._capacity.lengths.max())
+    def _ensure_room(self, extra: int) -> None:
+        """`EagleRows._ensure_room` over the physical rows' host lengths, in steps of 1024 slots (growing
+        is rare: every graph is captured again)."""
+        self.cache.grow(int(self._capacity.lengths.max()) + extra + self.drafter._spec_room, 1024)

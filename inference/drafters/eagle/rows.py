@@ -132,18 +132,9 @@ class EagleRows:
         self.committed = torch.full_like(self.committed, length)
         self.lengths, self.longest = [length] * len(self.lengths), length
 
-    _ROOM_STEP = 1  # the head cache grows to a multiple of this many slots
-
-    def _longest(self) -> int:
-        """max_b C_b on the host."""
-        return self.longest
-
     def _ensure_room(self, extra: int) -> None:
         """Grow the head cache (to twice its size at least) to fit max_b C_b + extra + a whole draft."""
-        need, cache = self._longest() + extra + self.drafter._spec_room, self.cache
-        if need > cache.max_length:
-            step = self._ROOM_STEP
-            cache.grow(-(-max(need, 2 * cache.max_length) // step) * step)
+        self.cache.grow(self.longest + extra + self.drafter._spec_room)
 
     @inference_mode
     def accept(self, tokens: Tensor, lengths: Sequence[int], hidden: dict[int, Tensor], next_roots) -> None:

@@ -178,13 +178,18 @@ CHUNKED = [(kind, c, True) for kind, c in [("eagle_dynamic", False), *COMPILED]]
 ]
 
 
+def graph_state(drafter):
+    """What the drafter's graphs read besides their arguments (a change drops the captured ones)."""
+    return GraphRows(drafter, "graphs")._graph_state()
+
+
 @pytest.mark.parametrize(("kind", "compile", "batch"), CHUNKED)
 def test_a_chunked_topk_proposes_the_same_trees(model, kind, compile, batch, monkeypatch):
     """`topk_chunk` (drafters/topk.py) at batch 1 and batched, eager and compiled: the trees of one topk."""
     drafter, reference = build(model, kind), OneRowEach(build(model, kind))
-    before = drafter._shared_state()
+    before = graph_state(drafter)
     drafter.topk_chunk = 20  # (the tiny vocab: several chunks, the last one partial)
-    assert drafter._shared_state() != before  # captured graphs baked the old top-k in: dropped
+    assert graph_state(drafter) != before  # captured graphs baked the old top-k in: dropped
     assert drafter._vocab % 20 and drafter._vocab > drafter.top_k * 20  # chunked, not one topk
     if compile:
         drafter.use_compile(compile)
@@ -212,9 +217,9 @@ def test_few_query_attention_as_matmuls_proposes_the_same_trees(model, kind, com
     from spechead.heads import fused
 
     drafter, reference = build(model, kind), OneRowEach(build(model, kind))
-    before = drafter._shared_state()
+    before = graph_state(drafter)
     drafter.head_step.attention = "matmul"
-    assert drafter._shared_state() != before  # captured graphs baked the old form in: dropped
+    assert graph_state(drafter) != before  # captured graphs baked the old form in: dropped
     calls = []
     monkeypatch.setattr(fused, "grouped_attention", lambda *a: calls.append(1) or fused_attention(*a))
     if compile:
