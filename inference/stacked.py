@@ -27,8 +27,7 @@ class StackedLinear(nn.Module):
     def __init__(self, layers: list[nn.Linear]) -> None:
         super().__init__()
         first = layers[0]
-        weight = torch.cat([layer.weight.detach() for layer in layers])  # (sum out, in)
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight = nn.Parameter(torch.cat([m.weight.detach() for m in layers]), requires_grad=False)
         bias = None if first.bias is None else torch.cat([layer.bias.detach() for layer in layers])
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.sizes = [layer.out_features for layer in layers]

@@ -71,7 +71,6 @@ class TargetRunner:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype if param.dtype.is_floating_point else torch.float32
-        self.num_layers = model.config.get_text_config().num_hidden_layers
         self.fixed_length = max_length  # None: sized by `reserve`
         self.static_shapes = bool(compile)
         cuda = self.device.type == "cuda"
@@ -141,7 +140,7 @@ class TargetRunner:
         size = fixed or -(-(need[worst] + tree_room) // step) * step
         cache = self.cache
         if cache is None or cache.max_length < size or cache.batch != rows:
-            self.cache, self.rows = RowCache(self.num_layers, rows, size, self.static_shapes), []
+            self.cache, self.rows = RowCache(self._capture.num_layers, rows, size, self.static_shapes), []
 
     def room(self) -> int:
         """Tree nodes every active row can still take (a padded tree must fit after the longest row)."""

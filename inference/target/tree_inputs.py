@@ -112,8 +112,7 @@ def pack_rows(
     host = tokens.device.type == "cpu" and parents.device.type == "cpu"
     packed = torch.zeros(2, capacity, size, dtype=torch.long, device="cpu" if host else device)  # [2, P, N']
     packed[1, :, 0] = -1
-    first = rows == list(range(batch))  # (no rows left yet)
-    picked = None if first else host_to_device(torch.tensor(rows), packed.device)  # [B]
+    picked = None if rows == list(range(batch)) else host_to_device(torch.tensor(rows), packed.device)  # [B]
     index: slice | Tensor = slice(0, batch) if picked is None else picked
     packed[0, index, :n] = tokens
     packed[0, index, n:] = tokens[:, :1]
