@@ -14,11 +14,9 @@ def lookup(tokens: list[int], max_ngram: int, min_ngram: int, num_draft: int) ->
     n-gram (max_ngram..min_ngram) of `tokens`; [] when none matches."""
     for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
         suffix = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):  # most recent occurrence first
+        for start in range(len(tokens) - n - 1, -1, -1):  # most recent earlier occurrence: a token follows
             if tokens[start : start + n] == suffix:
-                follow = tokens[start + n : start + n + num_draft]
-                if follow:
-                    return follow
+                return tokens[start + n : start + n + num_draft]
     return []
 
 
