@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from spechead.inference.acceptance import RULES
 from spechead.inference.devices import host_to_device
@@ -115,12 +115,8 @@ def padded_prompts(
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Prompts [T_b] and their states {layer: [T_b, H]} of `layers` as tokens [B, T] (on the host) and
     states {layer: [B, T, H]}, T the longest T_b, padded with zeros (a drafter's `start` of B rows)."""
-    longest = max(p.numel() for p in prompts)
-    tokens = torch.zeros(len(prompts), longest, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        tokens[b, : p.numel()] = p
-    pad = lambda x: F.pad(x, (0, 0, 0, longest - x.shape[0]))  # noqa: E731  [T_b, H] -> [T, H]
-    return tokens, {layer: torch.stack([pad(h[layer]) for h in hidden]) for layer in layers}
+    tokens = pad_sequence(list(prompts), batch_first=True).to("cpu", torch.long)
+    return tokens, {layer: pad_sequence([h[layer] for h in hidden], batch_first=True) for layer in layers}
 
 
 @dataclass
