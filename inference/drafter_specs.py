@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib.resources import files
 from pathlib import Path
 
@@ -34,26 +34,8 @@ from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 
 # Drafters without weights, by name (options are their constructor's keyword arguments).
 BUILTIN_DRAFTERS = {"prompt_lookup": PromptLookupDrafter, "lookahead": LookaheadDrafter}
-CASCADE_OPTIONS = ("num_draft", "tiny_draft")
 # Drafter options that pick a head's tree (EAGLE: tree, top_k, depth, total_tokens; Medusa: choices).
 TREE_OPTIONS = ("tree", "top_k", "depth", "total_tokens", "choices")
-
-
-def config_of(name: str) -> dict:
-    """config.json of a local directory or Hub repo ({} when there is none)."""
-    local = Path(name).expanduser()
-    if local.is_dir():
-        file = local / "config.json"
-    else:
-        from huggingface_hub import hf_hub_download
-
-        try:
-            file = Path(hf_hub_download(name, "config.json"))
-        except Exception as err:  # offline, missing repo: say which name could not be found
-            raise ValueError(
-                f"{name!r} is not a local directory and could not be fetched from the Hub ({type(err).__name__})"
-            ) from None
-    return json.loads(file.read_text()) if file.is_file() else {}
 
 
 def make_drafter(
@@ -135,8 +117,7 @@ def make_self_drafter(name: str, target: PreTrainedModel, **options) -> LayerSki
     kind = data["drafter"]
     short, layer_key = ("skip", "skip_layers") if kind == "layer_skip" else ("layer", "exit_layer")
     settings = {k: data[k] for k in (layer_key, *DRAFT_MODEL_OPTIONS) if k in data}
-    given = {k: v for k, v in options.items() if k != layer_key}
-    _check_names(f"{kind} drafter", given, (short, *DRAFT_MODEL_OPTIONS))
+    _check_names(f"{kind} drafter", set(options) - {layer_key}, (short, *DRAFT_MODEL_OPTIONS))
     settings.update({layer_key if k == short else k: v for k, v in options.items()})
     if kind == "early_exit":
         settings.setdefault("exit_layer", total // 2)
@@ -162,8 +143,7 @@ def head_options(fam: Family, options: dict) -> dict:
     if len(given) == 2:
         raise ValueError(f"{fam.name} head: a static tree goes in tree= or choices=, not both")
     if given and given[0] not in valid and fam.tree_option in valid:
-        options = {**options, fam.tree_option: options[given[0]]}
-        del options[given[0]]
+        options = {fam.tree_option if k == given[0] else k: v for k, v in options.items()}
     _check_names(f"{fam.name} head", options, valid)
     return options
 
@@ -179,9 +159,19 @@ def check_options(path: str, options: dict) -> dict:
     if path in BUILTIN_DRAFTERS:
         _check_names(path, options, list(inspect.signature(BUILTIN_DRAFTERS[path]).parameters))
     elif is_cascade(path):
-        _check_names("cascade drafter", options, CASCADE_OPTIONS)
+        _check_names("cascade drafter", options, ("num_draft", "tiny_draft"))
     elif not is_self_spec(path):
-        config = config_of(path)
+        file = Path(path).expanduser() / "config.json"
+        if not file.parent.is_dir():  # a Hub repo
+            from huggingface_hub import hf_hub_download
+
+            try:
+                file = Path(hf_hub_download(path, "config.json"))
+            except Exception as err:  # offline, missing repo: say which name could not be found
+                raise ValueError(
+                    f"{path!r} is not a local directory and could not be fetched from the Hub ({type(err).__name__})"
+                ) from None
+        config = json.loads(file.read_text()) if file.is_file() else {}
         if not is_head_dir(config, path):
             _check_names(f"draft model {path}", options, DRAFT_MODEL_OPTIONS)
         elif "family" in config:  # (a reference layout's family is known once it loads)
@@ -190,7 +180,7 @@ def check_options(path: str, options: dict) -> dict:
     return {}
 
 
-def _check_names(what: str, options: dict, valid: Sequence[str]) -> None:
+def _check_names(what: str, options: Iterable[str], valid: Sequence[str]) -> None:
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise ValueError(f"{what}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
