@@ -225,10 +225,7 @@ def calibrated_choices(
         info["draft_ms_per_depth"] = eagle_depth_cost_ms(drafter, width=4, batch=batch)
         info["pass_ms"] += eagle_accept_cost_ms(drafter)
     else:  # Medusa, P-EAGLE, DFlash: one pass for every depth, whatever the tree
-        device = next(model.parameters()).device  # the target's states live where the target runs
-        width = model.config.get_text_config().hidden_size
-        state = {layer: torch.randn(1, width, device=device) for layer in drafter.hidden_layers}  # [1, H]
-        info["draft_ms"] = _drafter_ms(drafter, propose_timer(drafter, state, batch), 7)
+        info["draft_ms"] = _drafter_ms(drafter, propose_timer(drafter, _noise(drafter, 1), batch), 7)
     return best_for_costs(accuracy, info, max_nodes), info
 
 
@@ -236,25 +233,18 @@ def spread(ranked: list[list[list[int]]], count: int) -> list[list[list[int]]]:
     """`count` trees of `ranked` (best first): the best of each size class (N nodes in (2^(c-1), 2^c]: a
     padded verify's bucket), then the next best. Neighbouring sizes cost alike, so decoding three of them
     tells little, and a misranked bucket (one noisy verify time) would go unchecked."""
-    taken: list[list[list[int]]] = []
-    classes: set[int] = set()
-    for choices in ranked:  # one a size class, best first
-        if len(taken) < count and len(choices).bit_length() not in classes:
-            taken.append(choices)
-            classes.add(len(choices).bit_length())
-    rest = [c for c in ranked if c not in taken]
-    return taken + rest[: count - len(taken)]
+    best: dict[int, list[list[int]]] = {}
+    for choices in ranked:  # the first (best) of each size class, in ranked order
+        best.setdefault(len(choices).bit_length(), choices)
+    taken = list(best.values())[:count]
+    return taken + [c for c in ranked if c not in taken][: count - len(taken)]
 
 
 def best_for_costs(accuracy: torch.Tensor, info: dict, max_nodes: int) -> list[list[int]]:
     """The static tree with the best expected speedup for the costs in `info` (verify_ms_by_size, step_ms,
     draft_ms or draft_ms_per_depth, pass_ms); adds to `info` its expected_speedup and `ranked`: the
     CANDIDATES best trees, best first (what pass_timing.decoded_choice decodes)."""
-    costs = dict(
-        draft_ms=info.get("draft_ms", 0.0),
-        draft_ms_per_depth=info.get("draft_ms_per_depth", 0.0),
-        pass_ms=info.get("pass_ms", 0.0),
-    )
+    costs = {k: info.get(k, 0.0) for k in ("draft_ms", "draft_ms_per_depth", "pass_ms")}
     table, verify, step = accuracy.float(), info["verify_ms_by_size"], info["step_ms"]
     ranked = ranked_choices_for_cost(table, verify, step, max_nodes=max_nodes, **costs)
     choices, speedup = ranked[0] if ranked else ([], 0.0)
