@@ -162,8 +162,7 @@ def calibrated_drafter(
         if device.type != "cpu":
             return drafter, None, None
         accuracy, source = assumed, "assumed (no tree.json: run scripts/build_tree.py)"
-    tuned_here = saved is not None and str(saved.get("device", "")).split(":")[0] == device.type
-    keep = saved["choices"] if saved is not None and tuned_here else None
+    keep = saved["choices"] if saved and str(saved.get("device", "")).split(":")[0] == device.type else None
     _, info = calibrated_choices(target, drafter, accuracy, timed_as=timed_as)
     choices, info = decoded_choice(target, drafter, accuracy, info, keep, timed_as=timed_as)
     if info["expected_speedup"] < 1.0:  # the best tree is expected to lose to plain decoding here

@@ -44,11 +44,8 @@ def device_memory(device: torch.device) -> tuple[int, str] | None:
 def check_target_fits(name: str, config: PretrainedConfig, dtype: torch.dtype, device: torch.device) -> None:
     """ValueError (one line saying what to do) when target `name`'s weights in `dtype` exceed what
     `device` has; nothing when they fit or either side cannot be measured."""
-    need = weight_bytes(config, dtype)
-    if need is None:
-        return
-    room = device_memory(device)
-    if room is None or need <= room[0]:
+    need, room = weight_bytes(config, dtype), device_memory(device)
+    if need is None or room is None or need <= room[0]:
         return
     dtype_name = str(dtype).removeprefix("torch.")
     in_bf16 = need // dtype.itemsize * 2

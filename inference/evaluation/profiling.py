@@ -44,8 +44,7 @@ def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> float:
     """Device copy bandwidth in bytes/s: read + write of an nbytes buffer."""
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = timer.ms(lambda: dst.copy_(src))
-    return 2 * nbytes / (ms / 1e3)
+    return 2 * nbytes / (timer.ms(lambda: dst.copy_(src)) / 1e3)
 
 
 @dataclass
@@ -82,9 +81,8 @@ def profile_part(
     """fn()'s PartProfile per call over `iters` calls after an untimed one, with its `top` dearest kernels."""
     wall = wall_ms(fn, device, iters, warmup=1)
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     _sync(device)
-    with profile(activities=activities) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for _ in range(iters):
             fn()
         _sync(device)
@@ -95,13 +93,12 @@ def profile_part(
     else:  # host ops: self CPU time (ops nested in others counted once)
         rows = [e for e in events if e.key.startswith("aten::")]
         cost = {e.key: e.self_cpu_time_total for e in rows}
-    host_ops = sum(e.count for e in events if e.key.startswith("aten::")) / iters
     ranked = sorted(rows, key=lambda e: cost[e.key], reverse=True)[:top]
     return PartProfile(
         wall_ms=wall,
         device_ms=sum(cost.values()) / 1e3 / iters if cuda else None,
         kernels=sum(e.count for e in rows) / iters if cuda else None,
-        host_ops=host_ops,
+        host_ops=sum(e.count for e in events if e.key.startswith("aten::")) / iters,
         top=[(e.key[:80], cost[e.key] / 1e3 / iters, e.count / iters) for e in ranked],
     )
 

@@ -31,12 +31,11 @@ def draft_matches(
     """Per sequence (prompt [P] + generated [n]): bool [n - 1], the draft's argmax at generated token j
     (position P + j) == generated token j + 1. Right-padded batches of `batch` sequences."""
     out = []
-    device = draft.device
     for start in range(0, len(sequences), batch):
         rows = sequences[start : start + batch]
         # [B, T]; the zeros padding a row never reach its own predictions
         ids = pad_sequence([torch.as_tensor(r, dtype=torch.long) for r in rows], batch_first=True)
-        predicted = draft(input_ids=ids.to(device), use_cache=False).logits.argmax(-1).cpu()  # [B, T]
+        predicted = draft(input_ids=ids.to(draft.device), use_cache=False).logits.argmax(-1).cpu()  # [B, T]
         for b, row in enumerate(rows):
             p = prompt_lengths[start + b]
             out.append(predicted[b, p : len(row) - 1] == ids[b, p + 1 : len(row)])  # [n - 1]
@@ -117,8 +116,7 @@ def best_chain(
 ) -> Candidate:
     """The chain length (one of costs.verify) with the highest expected speedup for this skip set."""
     kept = num_layers - len(skip)
-    options = [(costs.speedup(pooled_tau(matches, k), k, kept), k) for k in sorted(costs.verify)]
-    speedup, k = max(options)
+    speedup, k = max((costs.speedup(pooled_tau(matches, k), k, kept), k) for k in sorted(costs.verify))
     return Candidate(skip, k, pooled_tau(matches, k), speedup)
 
 
