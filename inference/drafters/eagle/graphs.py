@@ -131,9 +131,8 @@ class GraphRows(EagleRows):
     def rewind(self, length: int) -> None:
         """Every active row back to `length` committed entries, the host's and the device's (calibration
         times the same accept again)."""
-        state = self._capacity
-        state.lengths[self.rows] = length
-        state.sync()
+        self._capacity.lengths[self.rows] = length
+        self._capacity.sync()
 
     # ---- one draft ahead (engine/loop.py): the accepted paths still on the device ----------------------
 
@@ -171,8 +170,7 @@ class GraphRows(EagleRows):
     @inference_mode
     def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the queued accept (active row b: ks[b] pairs)."""
-        rows = self._capacity
-        rows.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))
+        self._capacity.lengths.index_add_(0, torch.tensor(self.rows), torch.tensor(list(ks)))
 
     # ---- the graphs --------------------------------------------------------------------------------
 
