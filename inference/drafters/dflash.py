@@ -47,8 +47,7 @@ class DFlashDrafter(ParallelDrafter):
     def _commit(self, context: Tensor, counts: Tensor) -> None:
         """Write every row's W context positions (context [B, W, H]) at slots L_b .. L_b + W - 1 and move
         L_b by counts [B] (device); the cache doubles when a row's slots would pass its end."""
-        cache, lengths = self.cache, self.lengths_t
-        width = context.shape[1]
+        cache, lengths, width = self.cache, self.lengths_t, context.shape[1]
         cache.grow(max(cache.lengths) + width)  # (host lengths >= device ones before this commit)
         slots = lengths[:, None] + torch.arange(width, device=context.device)  # [B, W]
         for layer, (keys, values) in zip(cache.row_layers, self.head_inject(context, slots)):  # [B, kv, W, D]
