@@ -8,6 +8,7 @@ exactly. One prompt or B, all through the one engine (engine/loop.py).
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -195,13 +196,9 @@ class SpeculativeGenerator:
         """(row, text) as the passes emit each row's tokens, never half a character; each row's held-back
         rest at the end."""
         texts = [TextStream(self.tokenizer) for _ in range(batch)]
-        for emitted in passes:
-            for b, ids in emitted:
-                piece = texts[b].push(ids)
-                if piece:
-                    yield b, piece
-        for b, text in enumerate(texts):
-            piece = text.flush()  # whatever was held back for a partial character
+        pushed = ((b, texts[b].push(ids)) for emitted in passes for b, ids in emitted)
+        flushed = ((b, text.flush()) for b, text in enumerate(texts))  # what partial characters held back
+        for b, piece in itertools.chain(pushed, flushed):
             if piece:
                 yield b, piece
 

@@ -133,9 +133,8 @@ class QueuedAcceptance:
                 row.argmax(-1, keepdim=True) if p.is_greedy else inverse_cdf(torch_probs(row, p), g)
                 for row, p, g in zip(logits, params, generators)
             ])  # fmt: skip
-        batch = tokens.shape[0]
-        on_path = torch.ones(batch, 1, dtype=torch.bool, device=tokens.device)
-        return cls(tokens, on_path, nxt.new_zeros(batch), nxt, size, logits.shape[-1])
+        on_path = torch.ones_like(tokens, dtype=torch.bool)  # [B, 1]
+        return cls(tokens, on_path, torch.zeros_like(nxt), nxt, size, logits.shape[-1])
 
     def result(self) -> list[Acceptance]:
         """Each row's acceptance on the host (waits for its transfer only)."""
