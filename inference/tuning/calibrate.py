@@ -7,7 +7,7 @@ pass_timing.py decodes the best few to pick one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -213,8 +213,7 @@ def calibrated_choices(
     was measured; the target's passes and the draft run as `timed_as` says (eager by default)."""
     sizes = tuple(s for s in SIZES if s <= max_nodes + 1)
     verify = verify_cost_ms(model, sizes, compile=timed_as.target, batch=batch)
-    info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1]}
-    info["timed_as"] = {"target": timed_as.target, "draft": timed_as.draft}
+    info: dict = {"verify_ms_by_size": verify, "step_ms": verify[1], "timed_as": asdict(timed_as)}
     info["pass_ms"] = commit_cost_ms(model, compile=timed_as.target)
     if family_of(drafter.head.config).drafts_per_depth and timed_as.draft:
         info["draft_ms_per_depth"] = compiled_depth_cost_ms(drafter, timed_as.draft, batch=batch)
