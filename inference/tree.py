@@ -152,16 +152,6 @@ def tree_inputs_on_device(
     return mask, anc.sum(-1) - 1 + past_len, anc
 
 
-def tree_inputs_after(
-    parents: torch.Tensor, lengths: torch.Tensor, max_len: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`tree_inputs_on_device` over a whole preallocated cache after DEVICE lengths [B] (long), as a
-    captured graph computes it for every length: mask [B, 1, N, max_len] (`mask_after`: row b's nodes in
-    slots lengths[b]..), positions [B, N], ancestors [B, N, N]."""
-    anc = ancestors_on_device(parents)  # [B, N, N]
-    return mask_after(lengths, anc, max_len, dtype)[0], lengths[:, None] + anc.sum(-1) - 1, anc
-
-
 def mask_after(
     lengths: torch.Tensor, own: torch.Tensor, columns: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:

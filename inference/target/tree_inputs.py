@@ -10,7 +10,7 @@ from torch import Tensor
 from spechead.heads.grad import version
 from spechead.inference.devices import host_to_device
 from spechead.inference.sliding import SlidingLayout, layer_masks, slot_positions
-from spechead.inference.tree import tree_inputs_after, tree_inputs_on_device
+from spechead.inference.tree import ancestors_on_device, mask_after, tree_inputs_on_device
 
 
 class TreeInputs:
@@ -96,7 +96,9 @@ def rows_inputs(
         mask = torch.where(cols[None, :] <= lengths[:, None], 0.0, blocked).to(dtype)[:, None, None]
         anc = torch.ones(batch, 1, 1, dtype=torch.bool, device=lengths.device)
         return layer_masks(sliding, mask, lengths[:, None], cols), lengths[:, None], anc
-    mask, positions, anc = tree_inputs_after(parents, lengths, view, dtype)  # [B, 1, N, S], [B, N]
+    anc = ancestors_on_device(parents)  # [B, N, N]
+    mask = mask_after(lengths, anc, view, dtype)[0]  # [B, 1, N, S]: row b's nodes in slots lengths[b]..
+    positions = lengths[:, None] + anc.sum(-1) - 1  # [B, N]
     keys = slot_positions(lengths, positions, view) if sliding else positions  # [B, S]
     return layer_masks(sliding, mask, positions, keys), positions, anc
 

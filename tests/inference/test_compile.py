@@ -18,7 +18,8 @@ from spechead.inference.drafters.eagle.rows import EagleRows
 from spechead.inference.drafters.prompt_lookup import PromptLookupDrafter
 from spechead.inference.generator import SpeculativeGenerator
 from spechead.inference.sampling import SamplingParams
-from spechead.inference.tree import path_to_node, tree_inputs_after, tree_inputs_on_device
+from spechead.inference.target.tree_inputs import rows_inputs
+from spechead.inference.tree import path_to_node, tree_inputs_on_device
 
 from . import test_generator as generator_tests  # the drafters, prompts and reference of the lossless tests
 from .drafters.eagle import test_drafter as eagle_tests  # make_head, Stream, the static tree
@@ -30,7 +31,7 @@ setup = generator_tests.setup  # the 2-layer target of the lossless tests (a mod
 def test_static_tree_inputs_are_the_dynamic_ones_padded_with_blocked_slots():
     """After device lengths (one per row): row b's mask is the dynamic one after lengths[b], blocked after."""
     parents = torch.tensor([[-1, 0, 0, 1, 3, 2], [-1, 0, 1, 1, 0, 4]])  # [2, N]
-    mask, pos, anc = tree_inputs_after(parents, torch.tensor([5, 2]), 16, torch.float32)  # [2, 1, N, 16]
+    mask, pos, anc = rows_inputs(None, parents, torch.tensor([5, 2]), 16, torch.float32)  # [2, 1, N, 16]
     assert mask.shape == (2, 1, 6, 16)
     for b, past in enumerate((5, 2)):
         dyn_mask, dyn_pos, dyn_anc = tree_inputs_on_device(parents[b : b + 1], past, torch.float32)
