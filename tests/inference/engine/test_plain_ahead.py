@@ -88,6 +88,14 @@ def test_queued_plain_steps_draw_what_pick_draws():
         assert [a.path for a in accs] == [[0]] * 3 and [a.path_tokens for a in accs] == [[1], [2], [3]]
 
 
+def test_a_queued_plain_step_padded_to_a_wider_commit_repeats_its_root():
+    """A commit of width P > 1 (a drafter's queued commit) reads a plain step's path [B, P]: node 0, then
+    its last node (the root) repeated, so the padded copies move the root onto itself."""
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))  # [B, V]
+    queued = QueuedAcceptance.plain(torch.tensor([[4], [9]]), logits, [SamplingParams()] * 2, [None, None], 3)
+    assert queued.path.tolist() == [[0, 0, 0], [0, 0, 0]] and queued.k.tolist() == [1, 1]
+
+
 def test_logits_without_a_finite_mass_after_the_prefill_raise_one_clear_error(tiny_llama):
     """A NaN pass (here: every embedding but the prompt's token is NaN, so the second step's logits are)
     draws id V on the device: queued ahead, the next step's input is clamped into the vocabulary (no
