@@ -56,10 +56,7 @@ def expected_accept_length(accuracy: torch.Tensor, choices: Sequence[Sequence[in
     if choices and not covers(accuracy, choices):
         need = [max(map(len, choices)), max(map(max, choices)) + 1]
         raise ValueError(f"the tree needs an accuracy table of at least {need}, got {list(accuracy.shape)}")
-    total = 1.0
-    for path in choices:
-        total += math.prod(rows[d][r] for d, r in enumerate(path))
-    return total
+    return sum((math.prod(rows[d][r] for d, r in enumerate(path)) for path in choices), 1.0)
 
 
 def covers(accuracy: torch.Tensor, choices: Sequence[Sequence[int]]) -> bool:
