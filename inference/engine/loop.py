@@ -63,7 +63,7 @@ def depth_for(
         return 0
     if drafter is None:
         return 2
-    ok = on_device and runner.queues_commits and queues(rows, drafter.rule) and drafter.queues(len(rows))
+    ok = on_device and runner.static_shapes and queues(rows, drafter.rule) and drafter.queues(len(rows))
     return 1 if ok else 0
 
 
@@ -147,16 +147,14 @@ def _pass(
     draft = draft.cut(runner.room())  # near a fixed cache's end: the first nodes (a tree: lossless)
     n = draft.tokens.shape[1]
     logits, hidden = runner.verify(draft.tokens, draft.parents)  # [B, N, V], {l: [B, N, H]}
-    ancestors = runner.last_ancestors  # [B, N, N]
-    assert ancestors is not None  # verify just set them
     for row in rows:
         row.flying += 1
     if depth == 0:
-        accs = accept_rows(draft, logits, ancestors, rows, on_device)
+        accs = accept_rows(draft, logits, runner.last_ancestors, rows, on_device)
         runner.commit([a.path for a in accs])
         clock.mark("verify")
         return Flight(rows, draft, accs, hidden, logits=logits if drafter is not None else None), None
-    queued = accept_queued(draft, logits, ancestors, rows, drafter.commit_width if drafter else 1)
+    queued = accept_queued(draft, logits, runner.last_ancestors, rows, drafter.commit_width if drafter else 1)
     if n == 1:  # one node a row: the commit is known, nothing moves
         runner.commit([[0]] * len(rows))
     else:

@@ -53,6 +53,8 @@ def batch_capacity(batch: int) -> int:
 class TargetRunner:
     """Prefill, verify token trees and commit accepted paths for B rows of one target (see the module doc)."""
 
+    last_ancestors: Tensor  # [B, N, N] of the last verify (on the device; set by `verify`)
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -85,7 +87,6 @@ class TargetRunner:
         self.use_layers(hidden_layers)
         self.cache: RowCache | None = None
         self.rows: list[int] = []  # the physical row of each active row, in the caller's order
-        self.last_ancestors: Tensor | None = None  # [B, N, N] of the last verify (on the device)
         self._graphs = RowGraphs(self, compile) if compile else None  # compiled: verify and commit
         self._inputs = TreeInputs(self.dtype, self.device)  # a batch of one's per-shape masks
         self._positions = PositionIds()  # the plain step's position [1, 1]: a view, not a new tensor
@@ -158,9 +159,8 @@ class TargetRunner:
         if rows == list(range(len(self.rows))) or cache is None:
             return
         if self.static_shapes:  # the others go idle (length 0): no data moves
-            kept = [self.rows[i] for i in rows]
-            cache.set_lengths([n if r in kept else 0 for r, n in enumerate(cache.lengths)])
-            self.rows = kept
+            self.rows = [self.rows[i] for i in rows]
+            cache.set_lengths([n if r in self.rows else 0 for r, n in enumerate(cache.lengths)])
             return
         cache.keep_rows(rows, max((cache.lengths[i] for i in rows), default=0))  # (committed: what counts)
         self.rows = list(range(len(rows)))
@@ -304,11 +304,6 @@ class TargetRunner:
             commit_row(cache, nodes[0], self.device)
         else:
             commit_rows(cache, nodes, self.device)
-
-    @property
-    def queues_commits(self) -> bool:
-        """Whether `commit_queued` runs here (compiled: the commit is a fixed-shape graph)."""
-        return self._graphs is not None
 
     @inference_mode
     def commit_queued(self, paths: Tensor) -> None:

@@ -29,7 +29,7 @@ def test_a_batch_of_ones_fixed_shape_verify_gives_the_eager_passes_outputs(model
     for runner in (eager, fixed):
         runner.reserve([20], [40], 64)
         runner.prefill([prompt])
-    assert fixed.capacity == 1 and fixed.static_shapes and fixed.queues_commits and not eager.queues_commits
+    assert fixed.capacity == 1 and fixed.static_shapes and not eager.static_shapes
     trees = [([[7, 8, 9]], [[-1, 0, 0]], [0, 2]), ([[3, 4, 5, 6, 7]], [[-1, 0, 1, 1, 3]], [0, 1, 3, 4])]
     trees.append(([[6]], [[-1]], [0]))
     for tokens, parents, path in trees:  # 3, 5 and 1 nodes: padded to buckets 4, 8 and 1
