@@ -26,7 +26,6 @@ from spechead.inference.stats import GenerationResult, GenerationStats
 from spechead.inference.stops import eos_ids
 from spechead.inference.target.capture import check_tree_attention
 from spechead.inference.target.runner import TargetRunner, batch_capacity
-from spechead.inference.text_stream import TextStream, text_of
 
 # (target, drafter, accuracy [depth, k], batch, compile, draft_compile) -> (the drafter with the tree timed
 # best for `batch` rows here with these compile settings, None when plain decoding pays best; what was timed)
@@ -235,7 +234,15 @@ class SpeculativeGenerator:
             except ValueError as err:
                 raise ValueError(str(err) if one else f"row {b}: {err}") from None
         params = [SamplingParams(seed=s, **sampling) for s in seeds]  # (temperature, top_k, top_p)
-        drafter = self._drafter_for_batch(batch) if tree_for_batch else self.drafter
+        drafter, accuracy, pick = self.drafter, self.tree_accuracy, self.batch_tree_picker
+        # the tree measured best for `batch` rows on this device, once per size (timed as decoded)
+        if tree_for_batch and batch > 1 and drafter and drafter.tunes_tree and accuracy is not None and pick:
+            if batch not in self.batch_calibration:
+                found = pick(self.target, drafter, accuracy, batch, self.compile, self.draft_compile)
+                if found[0] is not None and self.draft_compile:
+                    found[0].use_compile(self.draft_compile)
+                self._batch_drafters[batch], self.batch_calibration[batch] = found
+            drafter = self._batch_drafters[batch]
         runner, device = self._runner(drafter, ids, max_new), self.target.device
         rows = [
             Row(b, ids[b], max_new[b], p, make_generator(p.seed, device), GenerationStats())
@@ -266,18 +273,6 @@ class SpeculativeGenerator:
         runner.reserve([len(p) for p in prompts], list(max_new), drafter.max_nodes if drafter else 1)
         return runner
 
-    def _drafter_for_batch(self, batch: int) -> Drafter | RowDrafter | None:
-        """The drafter with the tree measured best for `batch` rows on this device, once per size."""
-        drafter, accuracy, pick = self.drafter, self.tree_accuracy, self.batch_tree_picker
-        if batch == 1 or drafter is None or accuracy is None or pick is None or not drafter.tunes_tree:
-            return drafter
-        if batch not in self.batch_calibration:  # (timed as decoded: this generator's compile settings)
-            found = pick(self.target, drafter, accuracy, batch, self.compile, self.draft_compile)
-            if found[0] is not None and self.draft_compile:
-                found[0].use_compile(self.draft_compile)
-            self._batch_drafters[batch], self.batch_calibration[batch] = found
-        return self._batch_drafters[batch]
-
     def prompt_ids(self, prompt, kind: str = "text") -> torch.Tensor:
         """A prompt's ids [T] as decoded: a string ("text"), chat messages ("chat": the template) or ids."""
         if kind == "chat":
@@ -298,3 +293,35 @@ def _per_row(value, batch: int, name: str) -> list:
             raise ValueError(f"{name} has {len(value)} values for {batch} prompts")
         return list(value)
     return [value] * batch
+
+
+class TextStream:
+    """The text of one row's ids as they arrive, cut from the decoded text of ALL ids so far (a tokenizer
+    spaces tokens in context), so the pieces join to `tokenizer.decode(all ids)`. A piece ending in U+FFFD
+    waits: a character split over tokens decodes as that until its last byte arrives."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""  # the text handed out so far
+
+    def push(self, ids: list[int]) -> str:
+        """The new text after `ids` ('' while nothing new or a character is incomplete)."""
+        self.ids.extend(ids)
+        text = text_of(self.tokenizer, self.ids)
+        return "" if text.endswith("\ufffd") else self._advance(text)
+
+    def flush(self) -> str:
+        """Whatever was held back (a partial character at the end shows as U+FFFD)."""
+        return self._advance(text_of(self.tokenizer, self.ids))
+
+    def _advance(self, text: str) -> str:
+        if len(text) <= len(self.shown):
+            return ""
+        piece, self.shown = text[len(self.shown) :], text
+        return piece
+
+
+def text_of(tokenizer, ids: list[int]) -> str:
+    """The text of ids, special tokens skipped ('' without a tokenizer)."""
+    return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else ""
