@@ -76,19 +76,6 @@ class PromptSetRun:
     outputs: list[list[int]]
     prompt_ids: list[list[int]] = field(default_factory=list)
 
-    @property
-    def sequences(self) -> list[torch.Tensor]:
-        """One [T] per turn: its prompt ids, then its generated ids."""
-        return [
-            torch.tensor([*p, *o], dtype=torch.long)
-            for p, o in zip(self.prompt_ids, self.outputs, strict=True)
-        ]
-
-    @property
-    def starts(self) -> list[int]:
-        """Index of each turn's first generated token in `sequences` (its prompt length)."""
-        return [len(p) for p in self.prompt_ids]
-
 
 def decode_prompts(
     gen: SpeculativeGenerator,

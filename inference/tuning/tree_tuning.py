@@ -25,7 +25,9 @@ from spechead.inference.tuning.tree_search import expected_accept_length
 def measure_accuracy(target: PreTrainedModel, head: DraftHead, answers: PromptSetRun, depth: int, topk: int):
     """The head's top-k accuracy [depth, topk] on the target's answers (Medusa: num_heads depths)."""
     measure = family_of(head.config).load("accuracy")
-    return measure(target, head, answers.sequences, depth=depth, topk=topk, starts=answers.starts)
+    sequences = [torch.tensor([*p, *o]) for p, o in zip(answers.prompt_ids, answers.outputs, strict=True)]
+    starts = [len(p) for p in answers.prompt_ids]  # (each turn's first answer token in its sequence [T])
+    return measure(target, head, sequences, depth=depth, topk=topk, starts=starts)
 
 
 @torch.inference_mode()

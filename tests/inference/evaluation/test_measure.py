@@ -62,8 +62,7 @@ def test_decode_eval_fits_the_context_and_plain_calls_still_refuse(windowed):
     assert drafted.outputs == plain.outputs  # greedy, the same room per turn (far past the window of 8)
     # prompt b's second turn (62 tokens with the first answer) ends at the context; its third is not decoded
     assert [len(ids) for ids in plain.outputs] == [12, 12, 8]
-    assert plain.starts == [18, 20, 62]  # each turn's prompt ids, the earlier answers in them
-    assert [len(s) - st for s, st in zip(plain.sequences, plain.starts)] == [12, 12, 8]
+    assert [len(p) for p in plain.prompt_ids] == [18, 20, 62]  # each turn's, the earlier answers in them
 
 
 def test_the_trainers_decode_eval_fits_the_context(chatml_tokenizer, medusa_for):

@@ -45,13 +45,13 @@ def _answers(gen: SpeculativeGenerator, max_new_tokens: int):
 def test_answers_are_decoded_turn_by_turn(target):
     model, tok = target
     answers = _answers(SpeculativeGenerator(model, tok, None), 12)
-    assert len(answers.sequences) == len(answers.starts) == 3  # every turn of every prompt
-    first_answer = tok.decode(answers.sequences[1][answers.starts[1] :], skip_special_tokens=True)
-    second_prompt = tok.decode(answers.sequences[2][: answers.starts[2]])
+    assert len(answers.outputs) == len(answers.prompt_ids) == 3  # every turn of every prompt
+    first_answer = tok.decode(answers.outputs[1], skip_special_tokens=True)
+    second_prompt = tok.decode(answers.prompt_ids[2])
     assert (
         "Add 2 and 3." in second_prompt and first_answer in second_prompt and "And 4 and 5?" in second_prompt
     )
-    assert answers.total.new_tokens == sum(len(s) - st for s, st in zip(answers.sequences, answers.starts))
+    assert answers.total.new_tokens == sum(map(len, answers.outputs))
     assert answers.total.tau == 1.0  # plain decoding: one token per pass
 
 
@@ -90,7 +90,7 @@ def test_tune_tree_measures_chooses_and_decodes_its_tree(target, medusa_for, tmp
     tree = drafter_for_head(head, **{family_of(head.config).tree_option: choices})
     tuned = _answers(SpeculativeGenerator(model, tok, tree), 16)
     assert fields["measured_tau"] == round(tuned.total.tau, 4)
-    assert [s.tolist() for s in tuned.sequences] == [s.tolist() for s in answers.sequences]  # lossless
+    assert (tuned.prompt_ids, tuned.outputs) == (answers.prompt_ids, answers.outputs)  # lossless
 
     # saved, it is what loading calibrates from: the table scaled to the measured tau
     directory.write_tree(tmp_path, **fields)
