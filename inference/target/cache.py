@@ -84,15 +84,14 @@ class RowLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         owner = self.owner
-        _, heads, _, k_dim = key_states.shape
         shared = None
         if not owner.static_shapes:  # (fixed shapes: buffers of its own, at fixed addresses)
             shared = owner.buffer.views(self.index, key_states, value_states, owner.batch, owner.max_length)
         if shared is not None:
             self.keys, self.values = shared  # views of the owner's [L, 2, B, kv, S_max, D]
         else:
-            shape = (owner.batch, heads, owner.max_length)
-            self.keys = key_states.new_zeros(*shape, k_dim)  # [B, kv, S_max, D]
+            shape = (owner.batch, key_states.shape[1], owner.max_length)
+            self.keys = key_states.new_zeros(*shape, key_states.shape[-1])  # [B, kv, S_max, D]
             self.values = value_states.new_zeros(*shape, value_states.shape[-1])  # [B, kv, S_max, Dv]
         self.is_initialized = True
         owner.generation = next(_ALLOCATIONS)  # graphs that read the old buffers must not replay

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 from transformers.cache_utils import Cache
 
 from spechead.inference.devices import host_to_device
@@ -55,9 +56,7 @@ def prefill_groups(
     hiddens: list[dict[int, Tensor]] = [{} for _ in prompts]
     for group in length_groups([p.numel() for p in prompts]):
         sizes = [prompts[b].numel() for b in group]
-        ids = torch.zeros(len(group), max(sizes), dtype=torch.long)  # [G, T] right-padded
-        for row, b in enumerate(group):
-            ids[row, : sizes[row]] = prompts[b]
+        ids = pad_sequence([prompts[b].long() for b in group], batch_first=True)  # [G, T] right-padded
         # the logits at the rows' last positions only (a 1-D `logits_to_keep`: every model reads it
         # as positions kept for every row), [G, P, V] for the P distinct ones
         last = sorted({n - 1 for n in sizes})

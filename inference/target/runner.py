@@ -241,7 +241,7 @@ class TargetRunner:
             size = self._bucket(n, room)
             tokens, parents = pad_trees(tokens, parents, size)  # (where the tree is: the host, usually)
             host_parents = parents if parents.is_cpu else None  # a cache key without a sync
-            anc, depth, block, key = self._inputs.structure(host_to_device(parents, dev), host_parents)
+            block, depth, anc, key = self._inputs.structure(host_to_device(parents, dev), host_parents)
             mask = self._inputs.mask(block, key, past, cache.max_length)  # [1, 1, N, past + N]
             positions = depth + past  # [1, N]
         masks: Tensor | dict[str, Tensor] = mask

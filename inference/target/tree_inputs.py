@@ -20,13 +20,13 @@ class TreeInputs:
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
         self._zeros: Tensor | None = None  # [1, 1, 1, S] additive zeros: the plain step's mask
-        self._trees: dict[bytes, tuple[Tensor, Tensor, Tensor]] = {}  # tree shape -> ancestors, depths, block
+        self._trees: dict[bytes, tuple[Tensor, Tensor, Tensor]] = {}  # tree shape -> block, depths, ancestors
         self.wide: dict[bytes, Tensor] = {}  # tree shape seen again -> its mask over W + N columns
         # the last known tree's host parents (kept: its id stays its own), their version, `structure`'s answer
         self._last: tuple[Tensor, int, tuple[Tensor, Tensor, Tensor, bytes]] | None = None
 
     def structure(self, parents: Tensor, host: Tensor | None) -> tuple[Tensor, Tensor, Tensor, bytes | None]:
-        """Ancestors [1, N, N], depths [1, N] and the additive mask block [1, 1, N, N] of parents [1, N] (on
+        """The additive mask block [1, 1, N, N], depths [1, N] and ancestors [1, N, N] of parents [1, N] (on
         the device), remembered per shape when `host` (the same parents on the host) is given; and the
         shape's key when remembered from an earlier pass (None the first time: dynamic trees rarely repeat)."""
         last = self._last
@@ -38,8 +38,7 @@ class TreeInputs:
             assert host is not None and key is not None  # (found: looked up by the host's key)
             self._last = (host, version(host), (*found, key))
             return (*found, key)
-        block, depth, anc = tree_inputs_on_device(parents, 0, self.dtype)
-        found = (anc, depth, block)
+        found = tree_inputs_on_device(parents, 0, self.dtype)  # block, depths, ancestors
         if key is not None:
             if len(self._trees) >= 64:  # keep the memory bounded
                 self._trees.clear()
