@@ -74,7 +74,6 @@ def _normalised(r: Row, fallback: Row) -> Row:
 
 
 def _copy(x: Row) -> Row:
-    """A copy of a numpy or a torch row [V]."""
     return x.copy() if isinstance(x, np.ndarray) else x.clone()
 
 
@@ -192,14 +191,13 @@ def _rules_bc(
     q_node = _normalised(q_row, q_row)  # [V] (q_row may be a view of q: this makes a new one)
     for c in kids:
         x = tokens[c]
-        u = _uniform(generator, device)
         qx = float(q_node[x])
         if not qx > 0:
             raise ValueError(
                 f"rule {rule!r}: child {c} (token {x}) has q = 0 at node {node}; "
                 "children must be sampled from q[node]"
             )
-        if u < min(1.0, float(r[x]) / qx):
+        if _uniform(generator, device) < min(1.0, float(r[x]) / qx):
             return c, r
         r = r - q_node
         r = _normalised(np.maximum(r, 0.0) if isinstance(r, np.ndarray) else r.clamp(min=0.0), p_node)

@@ -47,10 +47,9 @@ def resolve_compile_args(args) -> None:
 def compile_option(text: str) -> bool | str:
     """A command line's --compile value: "off" (or "false", "none") is False, "on" / "true" True (inductor),
     anything else as written ("auto", "graphs", a backend name)."""
-    lowered = text.lower()
-    if lowered in ("off", "false", "none"):
+    if text.lower() in ("off", "false", "none"):
         return False
-    return True if lowered in ("on", "true") else text
+    return True if text.lower() in ("on", "true") else text
 
 
 def compile_function(
@@ -75,7 +74,6 @@ def compile_function(
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     if compile == "graphs":
         return GraphedFunction(fn, state) if cuda else fn
-    # our modes run inductor: max-autotune without its CUDA graphs (ours), reduce-overhead with torch's own
     modes: dict[bool | str, str | None] = {"max-autotune": "max-autotune-no-cudagraphs"}
     modes["reduce-overhead"] = "reduce-overhead" if cuda else None
     backend = compile if isinstance(compile, str) and compile not in MODES else "inductor"

@@ -85,7 +85,6 @@ class GraphedFunction:
         if state != self._state:  # the buffers the graphs read moved: none of them may replay
             self._graphs.clear()
             self._state = state
-        # the graph's key: tensor shapes / dtypes / devices, other values as they are
         key = (
             tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, Tensor) else v for v in values),
             names,

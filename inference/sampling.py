@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)  # (numpy has no bfloat16)
-# How many of the largest probabilities `nucleus` reads before it sorts a whole row
-NUCLEUS_GUESSES = (64, 1024)
+NUCLEUS_GUESSES = (64, 1024)  # the top-k sizes `nucleus` reads before it sorts a whole row
 
 
 @dataclass

@@ -50,8 +50,7 @@ class StackedLinear(nn.Module):
             if all(k is None for k in self._kept):
                 self._input = None  # everything taken: hold no activation between steps
             return kept
-        start = sum(self.sizes[:index])
-        rows = slice(start, start + self.sizes[index])
+        rows = slice(sum(self.sizes[:index]), sum(self.sizes[: index + 1]))
         return F.linear(x, self.weight[rows], None if self.bias is None else self.bias[rows])
 
     def extra_repr(self) -> str:
@@ -63,8 +62,7 @@ class StackedRows(nn.Module):
 
     def __init__(self, stack: StackedLinear, index: int) -> None:
         super().__init__()
-        # a tuple: not a submodule (the stack is registered once, in its group's first layer)
-        self._stack = (stack,)
+        self._stack = (stack,)  # a tuple: not a submodule (registered once, in its group's first layer)
         self.index = index
         self.in_features, self.out_features = stack.in_features, stack.sizes[index]
 

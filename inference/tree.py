@@ -111,13 +111,7 @@ def depth_first(st: StaticTree) -> StaticTree:
     order = depth_first_order(st.parents.tolist(), st.rank.tolist())
     place = {node: i for i, node in enumerate(order)}
     parents = [-1] + [place[int(st.parents[node])] for node in order[1:]]
-    index = torch.tensor(order, dtype=torch.long)
-    return StaticTree(
-        parents=torch.tensor(parents, dtype=torch.long), depth=st.depth[index], rank=st.rank[index]
-    )
-
-
-# ---- on the device: batched trees, no Python loops over nodes --------------------------------------
+    return StaticTree(torch.tensor(parents, dtype=torch.long), st.depth[order], st.rank[order])
 
 
 def ancestors_on_device(parents: torch.Tensor) -> torch.Tensor:
