@@ -227,8 +227,7 @@ class _Grower:
         self.tok, self.par, self.score = [root], [-1], [0.0]
         self.logits = {0: root_logits}
         self.vocab = int(root_logits.shape[-1])
-        self.fed = [0]  # fed[j] = node at cache column C - 1 + j (the root at C - 1)
-        self.slot = {0: 0}
+        self.slot = {0: 0}  # node -> j: at cache column C - 1 + j, in feeding order (the root at C - 1)
         self._q: dict[int, torch.Tensor] = {}
 
     def add(self, token: int, parent: int, logp: float = 0.0) -> int:
@@ -258,10 +257,8 @@ class _Grower:
         """ONE draft forward over `nodes` (their parents already run): tree mask, positions C - 1 + d."""
         if not nodes:
             return
-        for node in nodes:
-            self.slot[node] = len(self.fed)
-            self.fed.append(node)
-        parents = torch.tensor([-1] + [self.slot[self.par[n]] for n in self.fed[1:]])  # [M] over fed
+        self.slot.update({node: len(self.slot) + i for i, node in enumerate(nodes)})
+        parents = torch.tensor([-1] + [self.slot[self.par[n]] for n in list(self.slot)[1:]])  # [M] by slot
         device = self.model.device
         kwargs = {}
         if len(nodes) > 1 or not torch.equal(parents, torch.arange(-1, len(parents) - 1)):
