@@ -21,7 +21,7 @@ from spechead.heads.dflash import MASK, DFlashHead
 from spechead.heads.fused_block import fused_block
 from spechead.heads.grad import inference_mode
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, padded_prompts, paths_states
+from spechead.inference.drafters.base import padded_prompts, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -66,12 +66,9 @@ class DFlashDrafter(ParallelDrafter):
         self._new_rows(len(prompts), 2 * (tokens.shape[1] + self.tree.depth + 1))  # (room to grow into)
         self.accept(tokens, [len(p) for p in prompts], states, roots)
 
-    def _draft(self, roots: Tensor) -> BatchDraft:
-        """Every row's tree from its root [B] (device) and its committed context."""
-        device, batch = self._device(), roots.shape[0]
-        self.tree.to(device)
-        tokens = self._over_rows(self._draft_fn, self.cache.batch, batch, roots, self.lengths_t)  # [B, N]
-        return BatchDraft(tokens, self.tree.batch_parents(batch, device), [tokens.shape[1]] * batch)
+    def _draft(self, roots: Tensor) -> Tensor:
+        """Every row's tree tokens [B, N] from its root [B] (device) and its committed context."""
+        return self._over_rows(self._draft_fn, self.cache.batch, roots.shape[0], roots, self.lengths_t)
 
     def _tokens(self, roots: Tensor, lengths: Tensor) -> Tensor:
         """The fixed-shape draft: roots [B] and committed lengths [B] over the cache's context buffers ->

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -75,9 +76,7 @@ class ParallelDrafter(Drafter):
 
     def settle(self, ks: Sequence[int]) -> None:
         """The host's committed lengths follow the accept: row b's moves by ks[b], idle rows stay at 0."""
-        lengths = self.cache.lengths
-        moved = [n + k for n, k in zip(lengths, ks)]
-        self.cache.set_lengths(moved + [0] * (len(lengths) - len(moved)))
+        self.cache.set_lengths([n + k for n, k in zip_longest(self.cache.lengths, ks, fillvalue=0)])
 
     @inference_mode
     def keep(self, rows: Sequence[int]) -> None:
@@ -130,16 +129,20 @@ class ParallelDrafter(Drafter):
     ) -> BatchDraft:
         """Every row's tree rooted at roots [B] from ONE head forward over all rows' blocks (sampling and
         generators are not read: the children are each block slot's top ids)."""
-        return self._draft(host_to_device(torch.tensor(list(roots)), self._device()))
+        return self.propose_queued(torch.tensor(list(roots)))
 
     @inference_mode
     def propose_queued(self, nexts: Tensor) -> BatchDraft:
-        """`propose` from the next tokens [B] on the device (after `accept_queued`)."""
-        return self._draft(nexts.to(self._device()))
+        """`propose` from the next tokens [B] (host or device; after `accept_queued`)."""
+        roots = host_to_device(nexts, self._device())
+        self.tree.to(roots.device)
+        tokens = self._draft(roots)  # [B, N]
+        batch = roots.shape[0]
+        return BatchDraft(tokens, self.tree.batch_parents(batch, roots.device), [tokens.shape[1]] * batch)
 
     @abstractmethod
-    def _draft(self, roots: Tensor) -> BatchDraft:
-        """Every row's tree from its root [B] (on the head's device)."""
+    def _draft(self, roots: Tensor) -> Tensor:
+        """Every row's tree tokens [B, N] from its root [B] (on the head's device)."""
 
     @abstractmethod
     def _tokens(self, *args: Any, **kwargs: Any) -> Tensor:

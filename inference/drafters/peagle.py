@@ -26,7 +26,7 @@ from spechead.heads.fused import fused_logits, fused_step
 from spechead.heads.grad import inference_mode
 from spechead.heads.peagle import PEagleHead
 from spechead.inference.devices import host_to_device
-from spechead.inference.drafters.base import BatchDraft, next_ids_of, padded_prompts, paths_states
+from spechead.inference.drafters.base import next_ids_of, padded_prompts, paths_states
 from spechead.inference.drafters.block_tree import BlockTree
 from spechead.inference.drafters.parallel import ParallelDrafter
 
@@ -59,8 +59,8 @@ class PEagleDrafter(ParallelDrafter):
         self.accept(tokens, [p.numel() for p in prompts], states, roots)
         self._new_rows(len(prompts), 2 * (tokens.shape[1] + self.head.block_size))
 
-    def _draft(self, roots: Tensor) -> BatchDraft:
-        """The pending positions into the head cache and every row's tree from its roots [B] (device)."""
+    def _draft(self, roots: Tensor) -> Tensor:
+        """The pending positions into the head cache and every row's tree tokens [B, N] from its roots [B]."""
         cache, k = self.cache, self.head.block_size
         if self.pending[1].shape[1] == 0 and self._redo is not None:  # a propose again, no accept between
             # (calibration times repeated drafts): the same pass from the state before the last one (the
@@ -77,7 +77,6 @@ class PEagleDrafter(ParallelDrafter):
             width = self.commit_width
         view = max(cache.lengths) + width + k - 1  # (host lengths >= device ones before this pass)
         cache.grow(view)
-        self.tree.to(fused.device)
         # [B, N]; compiled, over every row of the cache (idle ones: nothing they write is read)
         run, view = (self._draft_fn, cache.max_length) if fixed else (self._tokens, view)
         tokens = self._over_rows(
@@ -88,7 +87,7 @@ class PEagleDrafter(ParallelDrafter):
             self.settle(self.host_counts)
             self.host_counts = [0] * batch
         self.pending = (fused[:, :0], next_ids[:, :0], counts)
-        return BatchDraft(tokens, self.tree.batch_parents(batch, fused.device), [tokens.shape[1]] * batch)
+        return tokens
 
     def _tokens(
         self, fused: Tensor, next_ids: Tensor, counts: Tensor, roots: Tensor, lengths: Tensor, view: int
