@@ -102,13 +102,10 @@ def decoded_choice(
         "pass_ms": passes,
         "expected_speedups": speedups,
     }
-    if keep in candidates:
-        kept = candidates.index(keep)
-        info["kept_saved_tree"] = costs["kept_saved_tree"] = (
-            speedups[kept] * (1 + keep_margin) >= speedups[best]
-        )
-        if info["kept_saved_tree"]:
-            best = kept
+    if keep in candidates:  # (then candidates[0])
+        kept = speedups[0] * (1 + keep_margin) >= speedups[best]
+        info["kept_saved_tree"] = costs["kept_saved_tree"] = kept
+        best = 0 if kept else best
     info["expected_speedup"] = speedups[best]
     costs.update(model_speedup=costs["expected_speedup"], in_situ=info, expected_speedup=speedups[best])
     return candidates[best], costs
