@@ -95,10 +95,8 @@ def cascade_models(spec: str) -> tuple[str, str]:
     return tiny, medium
 
 
-def is_self_spec(spec: object) -> bool:
+def is_self_spec(spec: str) -> bool:
     """True for `layer_skip` / `early_exit` (with or without @options) and their drafter files."""
-    if not isinstance(spec, str):
-        return False
     name = spec.partition("@")[0]
     return name in KINDS or read_drafter_file(Path(name).expanduser()) is not None
 

@@ -28,7 +28,7 @@ def test_only_json_files_naming_a_self_speculative_drafter_are_drafter_files(tmp
         assert read_drafter_file(tmp_path / name) is None, name
         assert not is_self_spec(str(tmp_path / name)), name
     assert is_self_spec(str(tmp_path / "skip.json")) and is_self_spec(f"{tmp_path / 'skip.json'}@num_draft=2")
-    assert is_self_spec("early_exit@layer=1") and not is_self_spec(None)
+    assert is_self_spec("early_exit@layer=1")
 
 
 def test_keyword_options_override_inline_ones_which_override_the_files(target, tmp_path):
