@@ -233,7 +233,6 @@ class SpeculativeGenerator:
                     )
             except ValueError as err:
                 raise ValueError(str(err) if one else f"row {b}: {err}") from None
-        params = [SamplingParams(seed=s, **sampling) for s in seeds]  # (temperature, top_k, top_p)
         drafter, accuracy, pick = self.drafter, self.tree_accuracy, self.batch_tree_picker
         # the tree measured best for `batch` rows on this device, once per size (timed as decoded)
         if tree_for_batch and batch > 1 and drafter and drafter.tunes_tree and accuracy is not None and pick:
@@ -246,7 +245,7 @@ class SpeculativeGenerator:
         runner, device = self._runner(drafter, ids, max_new), self.target.device
         rows = [
             Row(b, ids[b], max_new[b], p, make_generator(p.seed, device), GenerationStats())
-            for b, p in enumerate(params)
+            for b, p in enumerate(SamplingParams(seed=s, **sampling) for s in seeds)
         ]
         rows_of = rows_drafter(drafter) if drafter is not None else None
         depth = depth_for(runner, rows_of, rows, self.ahead, self.device_accept)

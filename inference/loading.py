@@ -77,11 +77,10 @@ def load_generator(
     check_compile(compile)  # (before anything loads: one line in a second)
     check_compile(draft_compile, "draft_compile")
     check_draft_settings(draft_fp8, draft_int8, device)
-    torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
+    load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
     check_attention_only(config, "speculative decoding")  # (a hybrid target: one line before any load)
-    if torch_dtype is None:  # auto: float32 on a CPU, else the checkpoint's own
-        torch_dtype = load_dtype(dtype, device, getattr(config.get_text_config(), "dtype", None))
+    torch_dtype = load_dtype(dtype, device, getattr(config.get_text_config(), "dtype", None))
     if attn_implementation == TREE_SDPA and not runs_sdpa(config):  # our default, not a user's choice:
         attn_implementation = "eager"  # (Gemma-2) eager attention takes tree masks as well
     # (one line now, not minutes of loading then an out-of-memory traceback: a 70B target on one GPU)
@@ -172,8 +171,7 @@ def calibrated_drafter(
             "to be faster, or keep it to measure",
             stacklevel=3,
         )
-    calibrated = drafter.with_tree(choices)  # (the drafter's other options, e.g. EAGLE's rule, kept)
-    return calibrated, {"choices": choices, **info, "accuracy_source": source}, accuracy
+    return drafter.with_tree(choices), {"choices": choices, **info, "accuracy_source": source}, accuracy
 
 
 def drafter_for_batch(
@@ -186,12 +184,9 @@ def drafter_for_batch(
     timed_as = TimedAs.of(model.device, compile, draft_compile)
     _, info = calibrated_choices(model, drafter, accuracy, max(4, 64 // batch), timed_as, batch)
     choices, info = decoded_choice(model, drafter, accuracy, info, batch=batch, timed_as=timed_as)
-    pays = info["expected_speedup"] > 1  # drafting must beat plain batched decoding to be worth it
-    return (drafter.with_tree(choices) if pays else None), {
-        "batch": batch,
-        "choices": choices if pays else [],
-        **info,
-    }
+    if info["expected_speedup"] > 1:  # drafting must beat plain batched decoding to be worth it
+        return drafter.with_tree(choices), {"batch": batch, "choices": choices, **info}
+    return None, {"batch": batch, "choices": [], **info}
 
 
 # The engine's plug-ins: spechead.inference imports this module, so they are in place before any generator
