@@ -190,13 +190,6 @@ class RowCache(Cache):
             host = torch.tensor(self.lengths, dtype=torch.long)
             self.lengths_t.copy_(host_to_device(host, self.lengths_t.device))
 
-    def drop_scratch(self) -> None:
-        """Every layer back to the committed length of a batch of one (an uncommitted verify dropped);
-        skipped when the first layer's cursor is there already (a loop over the layers saved every pass).
-        With static_shapes it always sets (the device lengths do not move as the layers write)."""
-        if self.static_shapes or self.row_layers[0].length != self.lengths[0]:
-            self.set_length(self.lengths[0])
-
     # ---- storage -------------------------------------------------------------------------------
 
     def buffers(self) -> list[Tensor]:

@@ -230,7 +230,8 @@ class TargetRunner:
     def _verify_one(self, cache: RowCache, tokens: Tensor, parents: Tensor, room: int) -> tuple[Tensor, dict]:
         """`verify` of a batch of one, eager: written in a row after the committed length."""
         past, n, dev = cache.lengths[0], tokens.shape[1], self.device
-        cache.drop_scratch()  # an uncommitted verify's entries (after a commit: nothing to do)
+        if cache.row_layers[0].length != past:  # an uncommitted verify's entries: dropped in every layer
+            cache.set_length(past)
         if n == 1:
             anc, size = self._single, 1
             positions = self._positions(past, 1, dev)  # [1, 1]

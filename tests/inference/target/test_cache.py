@@ -125,28 +125,6 @@ def test_a_batch_of_one_writes_in_a_row_and_a_full_cache_is_refused_at_the_bound
         RowCache(1, 1, 4, static_shapes=True).update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2), 0)
 
 
-def test_drop_scratch_drops_every_layers_scratch_and_skips_only_when_the_layers_are_there():
-    """drop_scratch: every layer back to the committed length; a cache whose layers wrote exactly up to it
-    is left alone (their cursors moved as they wrote), a fixed-shape one is always set (its device
-    lengths do not move as it writes)."""
-    cache = filled([4, 4, 4], batch=1, lengths=[9])
-    cache.drop_scratch()
-    assert [layer.length for layer in cache.row_layers] == [9] * LAYERS
-    cache.row_layers[-1].length = 11  # a later layer ahead: only the first is read
-    cache.drop_scratch()
-    assert cache.row_layers[-1].length == 11
-    cache.row_layers[0].length = 12  # a verify's entries past the committed 9
-    cache.lengths = [3]
-    cache.drop_scratch()  # scratch past 3 dropped in every layer
-    assert [layer.length for layer in cache.row_layers] == [3] * LAYERS and cache.lengths == [3]
-    fixed = RowCache(LAYERS, 1, 16, static_shapes=True)
-    for layer in range(LAYERS):
-        fixed.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), layer)
-    fixed.lengths_t.fill_(5)  # the device length moved (as a graph's accept moves it)
-    fixed.drop_scratch()  # the host lengths are at 0 already: set anyway
-    assert fixed.lengths_t.tolist() == [0]
-
-
 def test_fixed_shapes_write_after_device_lengths_and_return_whole_buffers():
     cache = RowCache(1, 1, 8, static_shapes=True)
     layer = cache.row_layers[0]
