@@ -3,10 +3,8 @@ input (attention's q/k/v, the MLP's gate/up) run as ONE GEMM each, through the m
 batch 1 a GEMM reaches the memory bandwidth only when wide, and a grouped-query model's k/v projections
 are narrow (vLLM and gpt-fast stack them too).
 
-A group's first layer becomes a `StackedLinear` that runs the whole stack and keeps the other rows'
-outputs for the tensor it was called on; the others become `StackedRows` that take their kept output for
-that same tensor and run their own rows otherwise (any call order stays exact). The weights live once, in
-the stack (the state dict changes: stack a model loaded for decoding, not one to save or train).
+A group's first layer becomes a `StackedLinear`, the others `StackedRows` of it (exact in any call order).
+The weights live once, in the stack (a new state dict): stack a model for decoding, not to save or train.
 """
 
 from __future__ import annotations

@@ -85,12 +85,8 @@ def tree_from_choices(choices: list[list[int]]) -> StaticTree:
     then the paths sorted by (length, ranks), so parents precede children (`tree_paths` checks them)."""
     paths = tree_paths(choices)
     index = {path: i for i, path in enumerate([(), *paths])}
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return StaticTree(
-        parents=as_long([-1] + [index[p[:-1]] for p in paths]),
-        depth=as_long([0] + [len(p) for p in paths]),
-        rank=as_long([-1] + [p[-1] for p in paths]),
-    )
+    nodes = [(-1, 0, -1)] + [(index[p[:-1]], len(p), p[-1]) for p in paths]  # (parent, depth, rank) [N]
+    return StaticTree(*torch.tensor(nodes, dtype=torch.long).T.contiguous())  # one field a row of [3, N]
 
 
 def depth_first_order(parents: list[int], rank: list[int]) -> list[int]:
