@@ -110,11 +110,8 @@ def size_costs_ms(calls: dict, repeats: int, device: torch.device) -> dict[int, 
 
 def _noise(drafter, length: int = 128) -> dict[int, torch.Tensor]:
     """`length` random target states {layer: [length, H]} for a drafter reading target states."""
-    head = drafter.head
-    device = next(head.parameters()).device
-    return {
-        layer: torch.randn(length, head.config.hidden_size, device=device) for layer in drafter.hidden_layers
-    }
+    hidden, device = drafter.head.config.hidden_size, next(drafter.head.parameters()).device
+    return {layer: torch.randn(length, hidden, device=device) for layer in drafter.hidden_layers}
 
 
 def propose_timer(drafter, states: dict[int, torch.Tensor], batch: int = 1) -> Callable[[], object]:

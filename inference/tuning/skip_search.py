@@ -132,8 +132,6 @@ def beam_search(
     frontier: list[tuple[int, ...]] = [()]
     for _ in range(max_skip if max_skip is not None else num_layers - 1):
         grown = sorted({tuple(sorted((*s, i))) for s in frontier for i in range(num_layers) if i not in s})
-        for skip in grown:
-            if skip not in seen:
-                seen[skip] = evaluate(skip)
+        seen.update({skip: evaluate(skip) for skip in grown if skip not in seen})
         frontier = sorted(grown, key=lambda s: -seen[s].speedup)[:beam]
     return seen
