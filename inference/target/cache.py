@@ -187,8 +187,7 @@ class RowCache(Cache):
         for layer in self.row_layers:  # (in a row: only a batch of one writes that way)
             layer.length = self.lengths[0]
         if self.lengths_t is not None:
-            host = torch.tensor(self.lengths, dtype=torch.long)
-            self.lengths_t.copy_(host_to_device(host, self.lengths_t.device))
+            self.lengths_t.copy_(host_to_device(torch.tensor(self.lengths), self.lengths_t.device))  # (ints: long)
 
     # ---- storage -------------------------------------------------------------------------------
 

@@ -169,8 +169,7 @@ class TargetRunner:
 
     def _forward(self, cache: Cache, **kwargs) -> tuple[Tensor, dict[int, Tensor]]:
         """One eager model call over `cache` with the capture on: logits, {requested layer: [B, T, H]}."""
-        store = self._capture.store
-        store.clear()
+        store = self._capture.store  # (emptied after every forward; every hooked layer writes again)
         self._capture.active = True
         try:
             out = self.model(cache=cache, use_cache=True, **kwargs)
