@@ -71,22 +71,18 @@ class StackedRows(nn.Module):
         return f"rows of a stack, index={self.index}, out_features={self.out_features}"
 
 
-def stackable(layers: list[nn.Linear]) -> bool:
-    """One input width, device and dtype, and biases on all or none."""
-    return len({(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in layers}) == 1
-
-
 def stack_projections(model: PreTrainedModel) -> int:
-    """Stack q/k/v and gate/up of every decoder layer of a transformers causal LM in place (module doc);
-    groups that are missing, not plain `nn.Linear`s or not `stackable` stay as they are.
-    -> the number of groups stacked."""
+    """Stack q/k/v and gate/up of every decoder layer of a transformers causal LM in place (module doc) ->
+    the number of groups stacked. Groups that are missing, not plain `nn.Linear`s or unlike (input width,
+    dtype, device, a bias or none) stay as they are."""
     stacked = 0
     for layer in model.get_decoder().layers:
         for block_name, names in GROUPS:
             block = getattr(layer, block_name, None)
             # plain layers only: a quantized or adapter-wrapped one (a subclass, a PEFT wrapper) stays
             layers = [m for m in (getattr(block, name, None) for name in names) if type(m) is nn.Linear]
-            if len(layers) < len(names) or not stackable(layers):
+            alike = {(m.in_features, m.weight.dtype, m.weight.device, m.bias is None) for m in layers}
+            if len(layers) < len(names) or len(alike) != 1:
                 continue
             stack = StackedLinear(layers)
             setattr(block, names[0], stack)

@@ -110,7 +110,7 @@ def test_layers_it_cannot_stack_stay_as_they_are(tiny_llama):
 
 
 def test_layers_of_another_width_dtype_or_bias_stay_as_they_are(tiny_llama):
-    """`stackable`: one input width, one dtype and biases on all or none, else the group is left out."""
+    """Stacked only with one input width, one dtype and biases on all or none, else the group is left out."""
     model = tiny_llama(64, layers=4, hidden=32, seed=2)
     attn = [layer.self_attn for layer in model.model.layers]
     attn[0].k_proj = nn.Linear(16, attn[0].k_proj.out_features, bias=False)  # another input width
