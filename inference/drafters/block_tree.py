@@ -34,17 +34,13 @@ class BlockTree:
 
     def tokens(self, roots: Tensor, top: Tensor) -> Tensor:
         """The tree's tokens [B, N] for roots [B] and each slot's best ids top [B, >= slots, >= width] (on
-        `pick`'s device, `to`): node 0 the root, node i carries top's flattened entry pick[i - 1]."""
+        `pick`'s device, see `batch_parents`): node 0 the root, node i carries top's flattened pick[i - 1]."""
         flat = top[:, : self.slots, : self.width].flatten(1)  # [B, slots * width]
         return torch.cat([roots.to(top.device)[:, None], flat.index_select(1, self.pick)], dim=1)
 
-    def to(self, device: torch.device) -> None:
-        """Keep `pick` on `device` (a compiled draft reads it there; moved before the call, not inside)."""
-        if self.pick.device != device:
-            self.pick = self.pick.to(device)
-
     def batch_parents(self, batch: int, device: torch.device) -> Tensor:
-        """The parents [B, N] of B rows' trees (one [N] expanded) on `device`."""
+        """The parents [B, N] of B rows' trees (one [N] expanded) on `device`, where `pick` moves too (a
+        compiled draft reads it there: moved before the call, not inside)."""
         if self.parents.device != device:
-            self.parents = self.parents.to(device)
+            self.parents, self.pick = self.parents.to(device), self.pick.to(device)
         return self.parents[None].expand(batch, -1)

@@ -135,10 +135,10 @@ class ParallelDrafter(Drafter):
     def propose_queued(self, nexts: Tensor) -> BatchDraft:
         """`propose` from the next tokens [B] (host or device; after `accept_queued`)."""
         roots = host_to_device(nexts, self._device())
-        self.tree.to(roots.device)
-        tokens = self._draft(roots)  # [B, N]
         batch = roots.shape[0]
-        return BatchDraft(tokens, self.tree.batch_parents(batch, roots.device), [tokens.shape[1]] * batch)
+        parents = self.tree.batch_parents(batch, roots.device)  # [B, N] (and `pick` where `_draft` reads it)
+        tokens = self._draft(roots)  # [B, N]
+        return BatchDraft(tokens, parents, [tokens.shape[1]] * batch)
 
     @abstractmethod
     def _draft(self, roots: Tensor) -> Tensor:
