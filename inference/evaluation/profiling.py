@@ -87,18 +87,16 @@ def profile_part(
             fn()
         _sync(device)
     events = prof.key_averages()
-    if cuda:  # kernels (and device memcpy / memset): their own device time
-        rows = [e for e in events if e.device_type == DeviceType.CUDA]
-        cost = {e.key: e.self_device_time_total for e in rows}
-    else:  # host ops: self CPU time (ops nested in others counted once)
-        rows = [e for e in events if e.key.startswith("aten::")]
-        cost = {e.key: e.self_cpu_time_total for e in rows}
+    ops = [e for e in events if e.key.startswith("aten::")]
+    # CUDA: kernels (device memcpy / memset too) by own device time; a CPU: aten ops by self CPU time
+    rows = [e for e in events if e.device_type == DeviceType.CUDA] if cuda else ops
+    cost = {e.key: e.self_device_time_total if cuda else e.self_cpu_time_total for e in rows}
     ranked = sorted(rows, key=lambda e: cost[e.key], reverse=True)[:top]
     return PartProfile(
         wall_ms=wall,
         device_ms=sum(cost.values()) / 1e3 / iters if cuda else None,
         kernels=sum(e.count for e in rows) / iters if cuda else None,
-        host_ops=sum(e.count for e in events if e.key.startswith("aten::")) / iters,
+        host_ops=sum(e.count for e in ops) / iters,
         top=[(e.key[:80], cost[e.key] / 1e3 / iters, e.count / iters) for e in ranked],
     )
 

@@ -43,6 +43,7 @@ def test_profile_counts_host_ops_per_call_and_ranks_them():
     names = [name for name, _, _ in p.top]
     assert {"aten::mm", "aten::relu", "aten::sum"} <= set(names)
     assert all(n == 1 for name, _, n in p.top if name in ("aten::mm", "aten::sum"))  # per call, not per 3
+    assert abs(p.host_ops - sum(n for _, _, n in p.top)) < 1e-9  # every aten op ranked (fewer than 30)
     more = profile_part(lambda: (x @ x @ x).relu().sum(), torch.device("cpu"), iters=3)
     assert more.host_ops > p.host_ops
     assert len(profile_part(lambda: (x @ x).relu().sum(), torch.device("cpu"), iters=1, top=2).top) == 2
