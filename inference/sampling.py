@@ -167,8 +167,7 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     """Draw one token id from probs [V] (need not be normalised; generator on probs' device) by
-    `inverse_cdf`, on a CPU a fraction of torch.multinomial's cost (scripts/bench_sampling.py).
-    ValueError when probs hold no positive finite mass."""
+    `inverse_cdf` (on a CPU a fraction of torch.multinomial's cost). ValueError: no positive finite mass."""
     drawn = int(inverse_cdf(probs, generator))
     if drawn >= len(probs):
         raise ValueError(
