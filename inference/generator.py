@@ -242,7 +242,17 @@ class SpeculativeGenerator:
                     found[0].use_compile(self.draft_compile)
                 self._batch_drafters[batch], self.batch_calibration[batch] = found
             drafter = self._batch_drafters[batch]
-        runner, device = self._runner(drafter, ids, max_new), self.target.device
+        runner, device = self.runner, self.target.device
+        if self.compile and batch > 1:
+            capacity = batch_capacity(batch)
+            runner = self._runners.get(capacity)  # type: ignore[assignment]
+            if runner is None:
+                runner = self._runners[capacity] = TargetRunner(
+                    self.target, max_length=self.max_cache_len, buckets=self.runner.buckets or None,
+                    compile=self.compile, capacity=capacity,
+                )  # fmt: skip
+        runner.use_layers(tuple(drafter.hidden_layers) if drafter else ())  # (a drafter may be swapped in)
+        runner.reserve([len(p) for p in ids], max_new, drafter.max_nodes if drafter else 1)
         rows = [
             Row(b, ids[b], max_new[b], p, make_generator(p.seed, device), GenerationStats())
             for b, p in enumerate(SamplingParams(seed=s, **sampling) for s in seeds)
@@ -253,24 +263,6 @@ class SpeculativeGenerator:
             runner, rows_of, rows, self.eos, PhaseClock(device), depth=depth, on_device=self.device_accept
         )
         return [r.stats for r in rows], passes
-
-    def _runner(
-        self, drafter: Drafter | RowDrafter | None, prompts: Sequence[torch.Tensor], max_new: Sequence[int]
-    ) -> TargetRunner:
-        """The target's runner for these rows, capturing the drafter's layers and sized for every row (a
-        fixed cache too small for a row: ValueError naming it)."""
-        runner, batch = self.runner, len(prompts)
-        if self.compile and batch > 1:
-            capacity = batch_capacity(batch)
-            runner = self._runners.get(capacity)  # type: ignore[assignment]
-            if runner is None:
-                runner = self._runners[capacity] = TargetRunner(
-                    self.target, max_length=self.max_cache_len, buckets=self.runner.buckets or None,
-                    compile=self.compile, capacity=capacity,
-                )  # fmt: skip
-        runner.use_layers(tuple(drafter.hidden_layers) if drafter else ())  # (a drafter may be swapped in)
-        runner.reserve([len(p) for p in prompts], list(max_new), drafter.max_nodes if drafter else 1)
-        return runner
 
     def prompt_ids(self, prompt, kind: str = "text") -> torch.Tensor:
         """A prompt's ids [T] as decoded: a string ("text"), chat messages ("chat": the template) or ids."""

@@ -36,8 +36,7 @@ def accept_rows(
             out.append(greedy_accept(tree, row_logits))
         else:
             q = draft.q[b, : tree.size] if draft.q is not None else None  # [N_b, V]
-            probs = TargetRows(row_logits, row.params)  # [N_b, V], the rows the walk reads
-            out.append(sample_accept(tree, probs, draft.rule, q, row.generator))
+            out.append(sample_accept(tree, TargetRows(row_logits, row.params), draft.rule, q, row.generator))
     return out
 
 
