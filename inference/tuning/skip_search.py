@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,9 +49,7 @@ def chain_accept_lengths(match: torch.Tensor, k: int) -> list[int]:
     hits = match.tolist()
     n, emitted, root, lengths = len(hits) + 1, 1, 0, []
     while emitted < n:
-        accepted = 0
-        while accepted < k and root + accepted < len(hits) and hits[root + accepted]:
-            accepted += 1
+        accepted = len(list(takewhile(bool, hits[root : root + k])))  # the leading hits of k drafts
         step = min(accepted + 1, n - emitted)
         lengths.append(step)
         emitted += step
