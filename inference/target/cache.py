@@ -64,10 +64,6 @@ class LayerBuffer:
         """`storage` when every layer's keys and values are views of it, else None."""
         return self.storage if len(self.bound) == self.num_layers else None
 
-    def reset(self) -> None:
-        """Forget the storage (the next layer to ask makes a new one: a grown cache)."""
-        self.storage, self.bound = None, set()
-
 
 class RowLayer(CacheLayerMixin):
     """One layer's preallocated keys/values [B, kv, S_max, D], written as its `RowCache` says (module doc)."""
@@ -187,7 +183,7 @@ class RowCache(Cache):
         for layer in self.row_layers:  # (in a row: only a batch of one writes that way)
             layer.length = self.lengths[0]
         if self.lengths_t is not None:
-            self.lengths_t.copy_(host_to_device(torch.tensor(self.lengths), self.lengths_t.device))  # (ints: long)
+            self.lengths_t.copy_(host_to_device(torch.tensor(self.lengths), self.lengths_t.device))
 
     # ---- storage -------------------------------------------------------------------------------
 
@@ -225,7 +221,7 @@ class RowCache(Cache):
             for i, layer in enumerate(self.row_layers):
                 layer.keys, layer.values = storage[i, 0], storage[i, 1]
             return
-        self.buffer.reset()  # (the layers' buffers are their own now)
+        self.buffer = LayerBuffer(len(self.row_layers))  # (the layers' buffers are their own now)
         for layer in self.row_layers:
             if layer.is_initialized:
                 at = _on(pick, layer.keys.device)
@@ -246,7 +242,7 @@ class RowCache(Cache):
         if need <= self.max_length:
             return
         old, self.max_length = self.max_length, -(-max(need, 2 * self.max_length) // step) * step
-        self.buffer.reset()  # the first layer to re-bind makes it at the new size
+        self.buffer = LayerBuffer(len(self.row_layers))  # the first layer to re-bind: at the new size
         for layer in self.row_layers:
             if layer.is_initialized:
                 keys, values = layer.keys, layer.values
