@@ -231,15 +231,13 @@ def typical_accept(
     pi = torch.softmax(logits.float() / temperature, dim=-1)  # [N, V]
     entropy = -torch.special.xlogy(pi, pi).sum(-1)  # [N]
     threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)  # [N]
-    par = tree.parents.tolist()
     parent_idx = tree.parents.clamp(min=0).to(pi.device)  # [N]
     child_p = pi[parent_idx, tree.tokens.to(pi.device)]  # [N]: prob of node i's token at its parent
     ok_here = (child_p > threshold[parent_idx]).tolist()  # [N]
     logp = torch.log(child_p.clamp(min=1e-30)).tolist()  # [N]
     ok, depth, score = [True] * tree.size, [0] * tree.size, [0.0] * tree.size
     best = 0
-    for i in range(1, tree.size):
-        j = par[i]
+    for i, j in enumerate(tree.parents.tolist()[1:], start=1):  # node i, its parent j
         ok[i] = ok[j] and ok_here[i]
         depth[i], score[i] = depth[j] + 1, score[j] + logp[i]
         if ok[i] and (depth[i], score[i]) > (depth[best], score[best]):
