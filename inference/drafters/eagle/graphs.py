@@ -61,11 +61,10 @@ class GraphRows(EagleRows):
         cuda = self.device.type == "cuda"
         self._kept: dict[int, _Capacity] = {}  # capacity -> its fixed-shape state
         self.rows: list[int] = []  # the physical row of each active row, in the caller's order
-        state = self._graph_state
-        # every physical row's tree from its feature [P, H] and root [P]: tokens, parents [P, N]
-        self._draft = compiling.compile_function(self._grow, compile, cuda, fullgraph=True, state=state)
-        self._accept = compiling.compile_function(
-            self._graph_accept, compile, cuda, fullgraph=True, state=state
+        # _draft: every physical row's tree from its feature [P, H] and root [P]: tokens, parents [P, N]
+        self._draft, self._accept = (
+            compiling.compile_function(f, compile, cuda, fullgraph=True, state=self._graph_state)
+            for f in (self._grow, self._graph_accept)
         )
 
     def _graph_state(self) -> tuple:
@@ -178,8 +177,6 @@ class GraphRows(EagleRows):
         """Commit row b's first n_b of K pairs, packed [P, K + 2] = (tokens [P, K], n_b, next root) with
         target states [P, K, H] per captured layer, after the device lengths (which move by n_b):
         the new last output feature [P, H]. Pairs past n_b write scratch that no real pair sees."""
-        cache = self.cache
-        assert cache is not None and cache.lengths_t is not None  # start made them
         batch, k = packed.shape[0], packed.shape[1] - 2
         tokens, lengths, roots = packed[:, :k], packed[:, k], packed[:, k + 1]  # [P, K], [P], [P]
         last = (lengths - 1).clamp(min=0)[:, None]  # [P, 1] each row's last real pair (idle: any)
@@ -188,7 +185,7 @@ class GraphRows(EagleRows):
         offsets = torch.arange(k, device=packed.device)
         features = self.head.features(list(states))  # [P, K, H] (EAGLE-3: fused)
         out = self._run(features, next_ids, self._inputs(own.expand(batch, k, k), offsets))  # [P, K, H]
-        cache.lengths_t.add_(lengths)
+        self._capacity.lengths_t.add_(lengths)
         return out.gather(1, last[:, :, None].expand(batch, 1, out.shape[-1]))[:, 0]  # [P, H]
 
     # ---- committed cache ---------------------------------------------------------------------------

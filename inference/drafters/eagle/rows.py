@@ -262,9 +262,8 @@ class EagleRows:
     ) -> tuple[Tensor, Tensor]:
         """`_grow`'s static tree, one head call a depth over [B, E]: a node's rank-r child is the head's
         r-th best token there, or its r-th draw (`drawn`, B = 1)."""
-        plan, st = self.drafter._static_plan(), self.drafter._static
-        assert st is not None  # propose: a static tree
-        batch, n = roots.shape[0], st.size
+        plan = self.drafter._static_plan()
+        batch, n = roots.shape[0], plan.order.numel()
         tokens = roots[:, None].repeat(1, n)  # [B, N]
         out = feature.new_empty(batch, n, feature.shape[-1])  # [B, N, H]
         out[:, 0] = feature

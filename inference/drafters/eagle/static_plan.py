@@ -36,10 +36,8 @@ def build_static_plan(st: StaticTree, device: torch.device) -> StaticPlan:
     offsets: list[int] = []  # each slot's position offset
     steps = []
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-    first = {d: depth.index(d) for d in set(depth)}  # nodes of a depth are contiguous from here
     for d in range(1, max(depth) + 1):
         nodes = [i for i in range(st.size) if depth[i] == d]
-        assert nodes == list(range(first[d], first[d] + len(nodes))), "static trees come depth by depth"
         expand = sorted({parents[i] for i in nodes})
         row = {p: r for r, p in enumerate(expand)}
         need = max(rank[i] for i in nodes) + 1
@@ -57,7 +55,7 @@ def build_static_plan(st: StaticTree, device: torch.device) -> StaticPlan:
             spec_allowed[query, slot[anc]] = True
             anc = parents[anc]
     # emitted in depth-first order: a permutation of the final gather's indices, no op more per pass
-    order = depth_first_order(parents, st.rank.tolist())  # [N] emitted node -> depth-order id
+    order = depth_first_order(parents, rank)  # [N] emitted node -> depth-order id
     emitted = depth_first(st).parents  # [N]
     where = {node: i for i, node in enumerate(order)}  # depth-order id -> emitted id
     expanded = as_long([where[node] for step in steps for node in step["expand"].tolist()])
