@@ -128,8 +128,7 @@ class GraphRows(EagleRows):
         self._capacity.sync()
 
     def rewind(self, length: int) -> None:
-        """Every active row back to `length` committed entries, the host's and the device's (calibration
-        times the same accept again)."""
+        """`EagleRows.rewind` of the active rows, on the host and the device."""
         self._capacity.lengths[self.rows] = length
         self._capacity.sync()
 
@@ -199,9 +198,8 @@ class GraphRows(EagleRows):
         next_roots: Sequence[int],
         eager: bool = False,
     ) -> None:
-        """Row b's first lengths[b] pairs of tokens [B, K] / states {l: [B, K, H]} (active rows, padded
-        after) into its physical row: as the accept graph when K <= GRAPH_COMMIT (padded to a power of
-        2), otherwise (or `eager`) the same function run eagerly."""
+        """`EagleRows.accept` into the active rows' physical rows: as the accept graph when K <= GRAPH_COMMIT
+        (padded to a power of 2), otherwise (or `eager`) the same function run eagerly."""
         rows, k = self._capacity, tokens.shape[1]
         graph = not eager and k <= GRAPH_COMMIT
         width = 1 << max(k - 1, 0).bit_length() if graph else k  # K' >= K: a few graph shapes
@@ -232,6 +230,5 @@ class GraphRows(EagleRows):
         return packed, states
 
     def _ensure_room(self, extra: int) -> None:
-        """`EagleRows._ensure_room` over the physical rows' host lengths, in steps of 1024 slots (growing
-        is rare: every graph is captured again)."""
+        """`EagleRows._ensure_room` over the physical rows' host lengths, in steps of 1024 (module doc)."""
         self.cache.grow(int(self._capacity.lengths.max()) + extra + self.drafter._spec_room, 1024)
