@@ -197,9 +197,7 @@ class SpeculativeGenerator:
         texts = [TextStream(self.tokenizer) for _ in range(batch)]
         pushed = ((b, texts[b].push(ids)) for emitted in passes for b, ids in emitted)
         flushed = ((b, text.flush()) for b, text in enumerate(texts))  # what partial characters held back
-        for b, piece in itertools.chain(pushed, flushed):
-            if piece:
-                yield b, piece
+        yield from ((b, piece) for b, piece in itertools.chain(pushed, flushed) if piece)
 
     def _batch_passes(
         self, prompts, messages, input_ids, max_new_tokens, seed, tree_for_batch=True, one=False, **sampling

@@ -31,8 +31,7 @@ from spechead.inference.tuning.pass_timing import decoded_choice
 
 
 def merge_head_adapter(target, drafter: str | Drafter | RowDrafter | None):
-    """`target` with a head's LoRA adapter (Medusa-2) merged in; any other drafter's passes through. A Hub
-    head is read at its default branch, as make_drafter loads it (`revision` is the target's)."""
+    """`target` with a head's LoRA adapter (Medusa-2) merged in; any other drafter's passes through."""
     if not isinstance(drafter, str) or not check_options(drafter, {}).get("lora_adapter"):
         return target
     # a Hub head: its snapshot holds the adapter files

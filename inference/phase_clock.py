@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,10 +28,8 @@ class PhaseClock:
         if self.cuda:
             torch.cuda.synchronize()
         out = dict.fromkeys(("prefill", "draft", "verify", "other"), 0.0)
-        last = self.start
-        for phase, stamp in self.marks:
-            out[phase] += seconds_between(last, stamp)
-            last = stamp
+        for (_, start), (phase, end) in itertools.pairwise([("", self.start), *self.marks]):
+            out[phase] += seconds_between(start, end)
         return out
 
 

@@ -129,7 +129,8 @@ def test_a_stream_ending_inside_a_character_hands_out_the_rest(setup):
     n = _cut_in_a_character(gen, tok)
     whole = gen.generate(PROMPT, max_new_tokens=n).text
     assert whole.endswith("\ufffd")
-    assert "".join(gen.stream(PROMPT, max_new_tokens=n)) == whole
+    streamed = list(gen.stream(PROMPT, max_new_tokens=n))
+    assert "".join(streamed) == whole and all(streamed)  # (no empty piece handed out)
     pieces = ["", ""]
     for row, piece in gen.stream_batch([PROMPT, "hello"], max_new_tokens=[n, 4]):
         pieces[row] += piece
