@@ -177,7 +177,7 @@ def test_batch_decoding_ahead_equals_the_loop_that_reads_first(model, chatml_tok
     ahead, first = generators(model, chatml_tokenizer, drafter_maker(model, kind))
     assert not SpeculativeGenerator(model, chatml_tokenizer, None).ahead  # a CPU's default
     queued = []
-    runner_class = type(ahead._runner(ahead.drafter, [torch.tensor([1])] * 2, [1, 1]))
+    runner_class = type(ahead.runner)  # (every row capacity's runner is a TargetRunner)
     commit = runner_class.commit_queued
     monkeypatch.setattr(
         runner_class, "commit_queued", lambda self, p: (queued.append(p.shape[0]), commit(self, p))

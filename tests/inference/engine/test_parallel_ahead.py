@@ -122,7 +122,7 @@ def test_decoding_ahead_equals_plain_decoding_with_the_same_passes(model, chatml
     for g in (ahead, first):
         g.eos = set()
     queued, passes = [], 0
-    runner_class = type(ahead._runner(ahead.drafter, [torch.tensor([1])], [1]))
+    runner_class = type(ahead.runner)  # (every row capacity's runner is a TargetRunner)
     commit = runner_class.commit_queued
     monkeypatch.setattr(
         runner_class, "commit_queued", lambda self, path: (queued.append(path.shape[0]), commit(self, path))
