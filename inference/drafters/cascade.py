@@ -16,11 +16,7 @@ from transformers import DynamicCache, PreTrainedModel
 from spechead.heads.hybrid import check_attention_only
 from spechead.inference.acceptance import greedy_accept, sample_accept
 from spechead.inference.drafters.base import Draft, at_least, chain
-from spechead.inference.drafters.draft_model import (
-    DraftModelDrafter,
-    check_vocab,
-    run_model,
-)
+from spechead.inference.drafters.draft_model import DraftModelDrafter, check_vocab, run_model
 from spechead.inference.drafters.per_row import RowDrafter
 from spechead.inference.kv_cache import crop, croppable_cache
 from spechead.inference.sampling import SamplingParams, target_probs

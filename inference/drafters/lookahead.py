@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from itertools import cycle
 
 import torch
 
@@ -48,14 +49,12 @@ def jacobi_update(window: Window, top: list[int | None], shift: int, fill: list[
     new[l][c] = window[l + 1][c + shift - 1], new[L-1][c] = top[c + shift - 1] (each cell keeps its
     absolute offset); a cell whose source is gone takes the next token of `fill` (cycled).
     """
-    levels, width = len(window), len(window[0])
+    width, spare = len(window[0]), cycle(fill)
     rows: list[Sequence[int | None]] = [*window[1:], top]
-    spare = iter(fill * (levels * width // max(len(fill), 1) + 1))
     new = []
     for row in rows:
         out = []
-        for c in range(width):
-            src = c + shift - 1
+        for src in range(shift - 1, shift - 1 + width):
             value = row[src] if src < width else None
             out.append(next(spare) if value is None else value)
         new.append(out)
