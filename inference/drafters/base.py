@@ -141,8 +141,10 @@ class BatchDraft:
             q = q[None] if q is not None else None
             return cls(tree.tokens[None], tree.parents[None], [tree.size], drafts[0].rule, q)
         n = max(d.tree.size for d in drafts)
-        tokens = torch.stack([_pad(d.tree.tokens, n, int(d.tree.tokens[0])) for d in drafts])  # [B, N]
-        parents = torch.stack([_pad(d.tree.parents, n, 0) for d in drafts])  # [B, N]
+        tokens = torch.stack(
+            [torch.cat([d.tree.tokens, d.tree.tokens[:1].expand(n - d.tree.size)]) for d in drafts]
+        )  # [B, N]: padded with the root
+        parents = pad_sequence([d.tree.parents for d in drafts], batch_first=True)  # [B, N]: padded with 0
         q = None
         if drafts[0].q is not None:
             like = drafts[0].q  # [N_0, V]: made where the rows' q are (no round trip to the host)
@@ -275,7 +277,3 @@ def at_least(name: str, value: object, low: int = 1) -> None:
 def chain(tokens: list[int], root: int) -> TokenTree:
     """A single-path tree: root -> tokens[0] -> tokens[1] -> ... ([N] = len(tokens) + 1)."""
     return TokenTree(torch.tensor([root, *tokens], dtype=torch.long), torch.arange(-1, len(tokens)))
-
-
-def _pad(x: torch.Tensor, n: int, fill: int) -> torch.Tensor:
-    return torch.cat([x, x.new_full((n - x.numel(),), fill)]) if x.numel() < n else x
