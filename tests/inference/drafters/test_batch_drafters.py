@@ -361,3 +361,16 @@ def test_stacked_drafts_keep_their_q_on_its_device():
     for d in drafts:
         d.q = d.q.to("meta")
     assert BatchDraft.of(drafts).q.device.type == "meta"
+
+
+def test_stacked_drafts_keep_each_rows_tree_in_its_row():
+    """BatchDraft.of over trees of different shapes and sizes: row b holds row b's tokens and parents
+    [B, N], padded after its nodes with the root's token and parent 0 (children of the root)."""
+    from spechead.inference.drafters.base import Draft
+    from spechead.inference.tree import TokenTree
+
+    trees = [([5, 6, 7, 8], [-1, 0, 1, 2]), ([9, 10], [-1, 0]), ([11, 12, 13], [-1, 0, 0])]
+    stacked = BatchDraft.of([Draft(TokenTree(torch.tensor(t), torch.tensor(p))) for t, p in trees])
+    assert stacked.sizes == [4, 2, 3]
+    assert stacked.tokens.tolist() == [[5, 6, 7, 8], [9, 10, 9, 9], [11, 12, 13, 11]]
+    assert stacked.parents.tolist() == [[-1, 0, 1, 2], [-1, 0, 0, 0], [-1, 0, 0, 0]]
