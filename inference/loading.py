@@ -76,10 +76,11 @@ def load_generator(
     check_compile(compile)  # (before anything loads: one line in a second)
     check_compile(draft_compile, "draft_compile")
     check_draft_settings(draft_fp8, draft_int8, device)
-    load_dtype(dtype, device)  # (a bad name: before any load)
+    torch_dtype = None if dtype == "auto" else load_dtype(dtype, device)  # (a bad name: before any load)
     config = AutoConfig.from_pretrained(target, revision=revision)
     check_attention_only(config, "speculative decoding")  # (a hybrid target: one line before any load)
-    torch_dtype = load_dtype(dtype, device, getattr(config.get_text_config(), "dtype", None))
+    if torch_dtype is None:  # auto: float32 on a CPU, else the checkpoint's own
+        torch_dtype = load_dtype(dtype, device, getattr(config.get_text_config(), "dtype", None))
     if attn_implementation == TREE_SDPA and not runs_sdpa(config):  # our default, not a user's choice:
         attn_implementation = "eager"  # (Gemma-2) eager attention takes tree masks as well
     # (one line now, not minutes of loading then an out-of-memory traceback: a 70B target on one GPU)
