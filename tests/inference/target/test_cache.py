@@ -191,3 +191,18 @@ def test_padded_paths_for_the_fixed_shape_commit():
     assert padded_paths([[0, 1], [0]], [0, 1], 4) is None
     nodes = padded_paths([[0, 2, 3], [0]], [3, 1], 4)
     assert nodes.tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 2, 3, 3]]
+
+
+def test_a_layer_bound_after_a_row_drop_does_not_revive_the_dropped_buffer():
+    """Layers 0 and 1 share a buffer, layer 2 is not written yet; a gathering row drop gives 0 and 1 their
+    own buffers, so when layer 2 is written later `buffers()` must still hold every layer's entries (one
+    op over the old shared buffer would miss rows 0 and 1's moved copies)."""
+    cache = RowCache(LAYERS, 2, S_MAX)
+    states = torch.randn(2, 2, 3, 4)  # [B, kv, n, D]
+    for layer in cache.row_layers[:2]:
+        layer.update(states.clone(), states.clone())
+    cache.keep_rows([1, 0])  # a gather: new buffers
+    cache.row_layers[2].update(states.clone(), states.clone())
+    for buffer in cache.buffers():
+        buffer.zero_()
+    assert not any(x.any() for layer in cache.row_layers for x in (layer.keys, layer.values))
