@@ -4,7 +4,7 @@ Every run trains the same EAGLE-3 head (it reads the target's embedding, lm_head
 gradient accumulation and a clipping threshold that bites; ZeRO-2, ZeRO-3 and a two-"node" launch
 must all end with the head that plain two-process DDP trains, and a ZeRO-2 run resumed from a
 checkpoint with exactly the head of the uninterrupted run. One more ZeRO-3 run trains the head's own
-embedding.
+embedding, and the parallel heads (P-EAGLE, DFlash) train under ZeRO-3 as under DDP.
 """
 
 from __future__ import annotations
@@ -148,6 +148,18 @@ def test_zero3_trains_a_heads_own_embedding_from_the_whole_target_embedding(
     target = load_file(str(tiny_target_dir / "model.safetensors"))["model.embed_tokens.weight"]
     moved = (mine - target).abs().amax(dim=1)  # (V,)
     assert (moved == 0).any() and 0 < moved.max() < 0.05, moved
+
+
+@pytest.mark.parametrize("head", ["peagle", "dflash"])
+def test_zero3_trains_the_parallel_heads_like_ddp(head, tmp_path, tiny_target_dir, chat_file, training_kit):
+    """P-EAGLE and DFlash under ZeRO-3 (the sharded target; the heads read its lm_head / embedding, made
+    whole first) end with the head plain two-process DDP trains."""
+    extra = {"head": head, "trainer.grad_accum": 2, "trainer.grad_clip": 0.05}
+    for config in ("cpu-2proc.yaml", "cpu-zero3.yaml"):
+        args = training_kit.overrides(tiny_target_dir, chat_file, tmp_path / config, **extra)
+        proc = training_kit.cli(args, launcher=launcher(config))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_head(tmp_path / "cpu-zero3.yaml", tmp_path / "cpu-2proc.yaml", atol=1e-6)
 
 
 def _free_port() -> int:
