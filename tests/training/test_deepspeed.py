@@ -150,11 +150,15 @@ def test_zero3_trains_a_heads_own_embedding_from_the_whole_target_embedding(
     assert (moved == 0).any() and 0 < moved.max() < 0.05, moved
 
 
-@pytest.mark.parametrize("head", ["peagle", "dflash"])
+@pytest.mark.parametrize("head", ["peagle", "peagle@own_embedding", "dflash"])
 def test_zero3_trains_the_parallel_heads_like_ddp(head, tmp_path, tiny_target_dir, chat_file, training_kit):
-    """P-EAGLE and DFlash under ZeRO-3 (the sharded target; the heads read its lm_head / embedding, made
-    whole first) end with the head plain two-process DDP trains."""
-    extra = {"head": head, "trainer.grad_accum": 2, "trainer.grad_clip": 0.05}
+    """P-EAGLE (also with its own embedding, initialised from the target's) and DFlash under ZeRO-3 (the
+    sharded target; the heads read its lm_head / embedding, made whole first) end with the head plain
+    two-process DDP trains."""
+    name, _, own = head.partition("@")
+    extra = {"head": name, "trainer.grad_accum": 2, "trainer.grad_clip": 0.05}
+    if own:
+        extra["head.own_embedding"] = "true"
     for config in ("cpu-2proc.yaml", "cpu-zero3.yaml"):
         args = training_kit.overrides(tiny_target_dir, chat_file, tmp_path / config, **extra)
         proc = training_kit.cli(args, launcher=launcher(config))
