@@ -47,9 +47,10 @@ def resolve_compile_args(args) -> None:
 def compile_option(text: str) -> bool | str:
     """A command line's --compile value: "off" (or "false", "none") is False, "on" / "true" True (inductor),
     anything else as written ("auto", "graphs", a backend name)."""
-    if text.lower() in ("off", "false", "none"):
+    lowered = text.lower()
+    if lowered in ("off", "false", "none"):
         return False
-    return True if text.lower() in ("on", "true") else text
+    return True if lowered in ("on", "true") else text
 
 
 def compile_function(

@@ -50,8 +50,10 @@ class Capture:
 
     @classmethod
     def of(cls, model: PreTrainedModel) -> Capture:
-        """The model's capture (created on first use and kept on the model; making one installs nothing)."""
-        return model.__dict__.setdefault("_spechead_capture", cls(model))
+        """The model's capture (created on first use and kept on the model)."""
+        if "_spechead_capture" not in model.__dict__:
+            model.__dict__["_spechead_capture"] = cls(model)
+        return model.__dict__["_spechead_capture"]
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:

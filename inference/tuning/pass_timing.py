@@ -40,9 +40,10 @@ def pass_ms_by_drafter(
     compiled as `timed_as` says."""
     gen = SpeculativeGenerator(target, None, compile=timed_as.target, draft_compile=False)
     gen.eos = set()  # a fixed number of tokens for every drafter
-    for drafter in drafters if timed_as.draft else []:
-        if drafter is not None:
-            drafter.use_compile(timed_as.draft)
+    if timed_as.draft:
+        for drafter in drafters:
+            if drafter is not None:
+                drafter.use_compile(timed_as.draft)
     times: list[list[float]] = [[] for _ in drafters]
     for _ in range(rounds):
         for i, drafter in enumerate(drafters):
