@@ -108,7 +108,11 @@ def test_batch_tree_for_an_eagle_head(model, chatml_tokenizer, compile):
     drafter.batch_graphs = bool(compile)
     gen = SpeculativeGenerator(model, chatml_tokenizer, drafter, cache="static", draft_compile=compile)
     gen.tree_accuracy = torch.tensor([[0.97, 0.02]] * 4)
-    batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+    for _ in range(3):  # timed here: on a loaded CPU the tiny target's plain pass can win; time it again
+        batch = gen.generate_batch(input_ids=PROMPTS, max_new_tokens=MAX_NEW)
+        if gen.batch_calibration[len(PROMPTS)]["choices"]:
+            break
+        gen.batch_calibration.clear()
     info = gen.batch_calibration[len(PROMPTS)]
     used = gen._batch_drafters[len(PROMPTS)]._rows  # where its rows were drafted
     assert isinstance(used, GraphRows) == bool(compile), type(used)
