@@ -33,7 +33,7 @@ from spechead.heads.decoder_layer import Rotary, additive_mask, build_config, de
 from spechead.heads.eagle import check_layer_config, target_fields
 from spechead.heads.eagle3 import default_eagle3_layers
 from spechead.heads.errors import HeadError
-from spechead.heads.families import Family, register_family
+from spechead.heads.families import Family, Work, register_family
 
 MASK = -1  # block token id of a mask position (`embed_block` turns it into the mask embedding)
 # A layer whose context K/V `inject` can compute: Llama-like parts, attention of projections and per-head
@@ -286,11 +286,12 @@ def _rotary_function(layer: nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:
     return found
 
 
-def _dflash_work(config: HeadConfig) -> tuple[int, int, int]:
+def _dflash_work(config: HeadConfig) -> Work:
     """Memory plan per sequence position, with the objective's default anchors (blocks of about as many
-    queries as the sequence has tokens): one logit set over the target vocabulary; each layer runs its
-    block queries and projects the context's keys / values (counted as a second pass)."""
-    return 1, config.vocab_size, 2 * int(cast(DFlashConfig, config).num_layers)
+    queries as the sequence has tokens): one logit set over the target vocabulary; one layer pass per layer
+    (its block queries; projecting the context's keys / values adds about 2H a position, measured on the
+    CPU); one mask of T block queries over the T context keys and the T block keys."""
+    return Work(1, config.vocab_size, int(cast(DFlashConfig, config).num_layers), 2.0)
 
 
 register_family(

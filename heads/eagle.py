@@ -25,7 +25,7 @@ from spechead.heads.decoder_layer import (
     layer_config_from,
 )
 from spechead.heads.errors import HeadError
-from spechead.heads.families import Family, register_family
+from spechead.heads.families import Family, Work, register_family
 
 
 def target_fields(target_config: PretrainedConfig, draft_layer: str = "llama") -> dict[str, Any]:
@@ -171,9 +171,10 @@ class EagleHead(DraftHead):
         return lm_head(features.to(cast(Tensor, lm_head.weight).dtype)).float()
 
 
-def _eagle_work(config: HeadConfig) -> tuple[int, int, int]:
-    """Memory plan: one logit set over the whole vocabulary, num_layers decoder-layer passes."""
-    return 1, config.vocab_size, int(cast(EagleConfig, config).num_layers)
+def _eagle_work(config: HeadConfig) -> Work:
+    """Memory plan: one logit set over the whole vocabulary, num_layers decoder-layer passes, one causal
+    mask."""
+    return Work(1, config.vocab_size, int(cast(EagleConfig, config).num_layers), 1.0)
 
 
 EAGLE_DRAFTING: dict[str, Any] = dict(  # how EAGLE-1/2 and EAGLE-3 heads draft and are measured (inference/)

@@ -38,7 +38,7 @@ from spechead.heads.decoder_layer import (
 )
 from spechead.heads.eagle import EAGLE_DRAFTING, check_layer_config, target_fields
 from spechead.heads.errors import HeadError
-from spechead.heads.families import Family, register_family
+from spechead.heads.families import Family, Work, register_family
 
 # Submodules the midlayer composition uses; a layer with any other (e.g. Gemma's extra feed-forward
 # norms) would be silently run wrong, so it is refused.
@@ -298,12 +298,12 @@ def _build_midlayer(layer_cfg: PretrainedConfig) -> nn.Module:
     return layer
 
 
-def _eagle3_work(config: HeadConfig) -> tuple[int, int, int]:
+def _eagle3_work(config: HeadConfig) -> Work:
     """Memory plan: one logit set over the draft vocabulary and num_layers layer passes per training-time-test
-    step."""
+    step; step j's mask covers T queries x T * (j + 1) keys, all kept for backward."""
     cfg = cast(Eagle3Config, config)
     steps = int(cfg.ttt_steps)
-    return steps, int(cfg.draft_vocab_size), steps * int(cfg.num_layers)
+    return Work(steps, int(cfg.draft_vocab_size), steps * int(cfg.num_layers), steps * (steps + 1) / 2)
 
 
 register_family(

@@ -16,13 +16,21 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from spechead.heads.base import HeadConfig
 from spechead.heads.errors import HeadError
 
-# (logit sets, head vocabulary, decoder-layer passes) per trained position: the memory plan's input
-Work = Callable[[HeadConfig], tuple[int, int, int]]
+
+class Work(NamedTuple):
+    """What one training step keeps for backward, the memory plan's input (training/memory_plan.py)."""
+
+    logit_sets: int  # logit sets per trained position
+    vocab: int  # the head's logit width
+    layer_passes: int  # decoder-layer passes per trained position
+    # additive attention-mask elements kept for backward, per row, in units of T^2 (masks grow with the
+    # square of the length: EAGLE-3's step j attends over T * (j + 1) keys from T queries)
+    mask_area: float
 
 
 def last_layer(num_layers: int) -> list[int]:
@@ -51,7 +59,7 @@ class Family:
     # dynamic tree is sized for a GPU) instead of keeping the default tree (the table then only sizes batch trees)
     calibrate_assumed: bool
     drafts_per_depth: bool  # one head call per tree depth (EAGLE), not one pass for every depth (Medusa)
-    work: Work  # memory plan
+    work: Callable[[HeadConfig], Work]  # memory plan
     exports: Mapping[str, str] = field(default_factory=dict)  # export format -> exporter
     default_layers: Callable[[int], list[int]] = last_layer  # target depth -> HF hidden-state indices
     trains_target: str = ""  # why it trains inside the target ("" = it does not): online only, no ZeRO-3

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from spechead.heads.base import DraftHead, HeadConfig, register_head
 from spechead.heads.errors import HeadError
-from spechead.heads.families import Family, register_family
+from spechead.heads.families import Family, Work, register_family
 
 
 @dataclass(kw_only=True)
@@ -117,9 +117,9 @@ class MedusaHead(DraftHead):
         return [self.head_logits(k, hidden) for k in range(self.config.num_heads)]
 
 
-def _medusa_work(config: HeadConfig) -> tuple[int, int, int]:
-    """Memory plan: one logit set per head over the whole vocabulary; ResBlocks are small."""
-    return int(cast(MedusaConfig, config).num_heads), config.vocab_size, 0
+def _medusa_work(config: HeadConfig) -> Work:
+    """Memory plan: one logit set per head over the whole vocabulary; ResBlocks are small; no attention."""
+    return Work(int(cast(MedusaConfig, config).num_heads), config.vocab_size, 0, 0.0)
 
 
 _MEDUSA_PARTS: dict[str, Any] = dict(

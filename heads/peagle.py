@@ -32,7 +32,7 @@ from spechead.heads.base import HeadConfig, register_head
 from spechead.heads.decoder_layer import additive_mask, causal_mask4d
 from spechead.heads.eagle3 import Eagle3Config, Eagle3Head, default_eagle3_layers
 from spechead.heads.errors import HeadError
-from spechead.heads.families import Family, register_family
+from spechead.heads.families import Family, Work, register_family
 
 MASK_ID = -1  # the id `embed` maps to the learned mask embedding (never a real token id)
 
@@ -213,13 +213,13 @@ class PEagleHead(Eagle3Head):
         return out[:, new - 1 :]
 
 
-def _peagle_work(config: HeadConfig) -> tuple[int, int, int]:
+def _peagle_work(config: HeadConfig) -> Work:
     """Memory plan, unpartitioned: K logit sets over the draft vocabulary and K positions through num_layers
-    layers per trained position (each is the anchor of K - 1 future ones); the objective's partitions lower
-    it (its `work`)."""
+    layers per trained position (each is the anchor of K - 1 future ones), one mask over all T * K of them;
+    the objective's partitions lower it (its `work`)."""
     cfg = cast(PEagleConfig, config)
     k = int(cfg.block_size)
-    return k, int(cfg.draft_vocab_size), k * int(cfg.num_layers)
+    return Work(k, int(cfg.draft_vocab_size), k * int(cfg.num_layers), float(k * k))
 
 
 register_family(

@@ -14,9 +14,12 @@ head. Figures are per process (one GPU):
       + captured states B*T*H*b each + the target's logits B*T*V*b when the objective reads them;
       a target trained with LoRA (Medusa-2) keeps every layer for backward: B*T*L*(4H + 3I)*b.
   head: S logit sets of fp32 logits and their gradients, B*T*S*V_head*8, plus its decoder layers
-      B*T*(4H + 3I)*b_head per layer pass (EAGLE: S = 1, V_head = V; EAGLE-3: S = ttt steps,
-      V_head = draft vocabulary; P-EAGLE: S = 1 + ceil((K - 1) / partitions), see its objective;
-      Medusa: S = heads, no decoder layer).
+      B*T*(17H + 4I)*b_head per layer pass (what autograd keeps of one pass, counted on the CPU: the
+      norms' and projections' inputs, q/k/v at full width after GQA's repeat, the MLP's four I-wide
+      tensors), plus its additive attention masks B*T^2*M*b_head (EAGLE: S = 1, V_head = V, M = 1;
+      EAGLE-3: S = ttt steps, V_head = draft vocabulary, M = S(S+1)/2; P-EAGLE: S = 1 + ceil((K - 1) /
+      partitions), see its objective; Medusa: S = heads, no decoder layer, M = 0). The masks grow with
+      T^2: at 8k tokens EAGLE-3's seven TTT masks alone are 7 GiB in fp32.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Shapes:
     head_logit_sets: int
     head_vocab: int
     head_layer_passes: int
+    head_mask_area: float  # additive mask elements kept for backward per row, in units of T^2
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,11 @@ def plan(
     if sh.runs_target:
         target_act = (sh.layers if sh.target_trained else 1) * layer + sh.captured * tokens * sh.hidden
         target_act += tokens * sh.vocab if sh.reads_logits or sh.target_trained else 0
+    head_layer = tokens * (17 * sh.hidden + 4 * sh.intermediate)  # elements autograd keeps of one pass
+    masks = tokens * seq_len * sh.head_mask_area  # (B, 1, queries, keys) per pass, summed
     head_act = (
-        tokens * sh.head_logit_sets * sh.head_vocab * 8 + sh.head_layer_passes * layer * sh.head_element
+        tokens * sh.head_logit_sets * sh.head_vocab * 8
+        + (sh.head_layer_passes * head_layer + masks) * sh.head_element
     )
     return MemoryPlan(
         processes=processes,
@@ -139,11 +146,6 @@ def count(modules: list[nn.Module], trainable_only: bool = False) -> tuple[int, 
     return sum(numel(p) for p in seen.values()), sum(numel(p) * p.element_size() for p in seen.values())
 
 
-def head_work(objective: Objective) -> tuple[int, int, int]:
-    """(logit sets S, head vocabulary, decoder-layer passes) per position for the objective's head."""
-    return objective.work()
-
-
 def from_run(
     target,
     objective: Objective,
@@ -165,7 +167,7 @@ def from_run(
         head_bytes = head_params * 2
     text = (target.model if runs_target else target).config.get_text_config()
     target_element = next(target_modules[0].parameters()).element_size()
-    sets, head_vocab, passes = head_work(objective)
+    work = objective.work()
     shapes = Shapes(
         target_params=target_params,
         target_bytes=target_bytes,
@@ -182,9 +184,10 @@ def from_run(
         reads_logits=objective.needs_logits,
         target_trained=runs_target and any(p.requires_grad for p in target.model.parameters()),
         runs_target=runs_target,
-        head_logit_sets=sets,
-        head_vocab=head_vocab,
-        head_layer_passes=passes,
+        head_logit_sets=work.logit_sets,
+        head_vocab=work.vocab,
+        head_layer_passes=work.layer_passes,
+        head_mask_area=work.mask_area,
     )
     return plan(
         shapes,

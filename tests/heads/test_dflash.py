@@ -37,7 +37,8 @@ def test_config_defaults_and_checks(tiny_llama):
     assert family_of(config).work(DFlashConfig.from_target(tiny_llama(VOCAB).config, num_layers=3)) == (
         1,
         VOCAB,
-        6,
+        3,
+        2.0,  # T block queries over T context + T block keys
     )
     with pytest.raises(HeadError, match="block_size must be >= 2"):
         DFlashConfig.from_target(tiny_llama(VOCAB).config, block_size=1)

@@ -67,8 +67,8 @@ def test_model_card_and_export_ask_the_registry(reregistered, tmp_path):
 
 def test_memory_plan_work_counts_each_eagle_decoder_layer(tiny_llama):
     """The memory plan's work of an EAGLE head: one logit set over the target vocabulary and one
-    decoder-layer pass per draft layer (a two-layer head keeps twice the activations)."""
+    decoder-layer pass per draft layer (a two-layer head keeps twice the activations), one causal mask."""
     from spechead.heads.eagle import EagleConfig
 
     config = EagleConfig.from_target(tiny_llama(48, layers=2, hidden=32).config, num_layers=2)
-    assert family_of(config).work(config) == (1, 48, 2)
+    assert family_of(config).work(config) == (1, 48, 2, 1.0)

@@ -46,9 +46,9 @@ def test_config_and_registration(target) -> None:
         with pytest.raises(HeadError, match="num_layers must be an int >= 1"):
             PEagleConfig.from_target(target.config, draft_vocab_size=VD, num_layers=bad)
     assert family_of(cfg) is family_named("peagle")
-    assert family_named("peagle").work(cfg) == (8, VD, 8)
+    assert family_named("peagle").work(cfg) == (8, VD, 8, 64.0)  # one (T * K)^2 mask
     deeper = PEagleConfig.from_target(target.config, draft_vocab_size=VD, num_layers=3)
-    assert family_named("peagle").work(deeper) == (8, VD, 24)  # K positions through 3 layers each
+    assert family_named("peagle").work(deeper) == (8, VD, 24, 64.0)  # K positions through 3 layers each
 
 
 def test_parameters_are_eagle3_plus_the_two_mask_vectors(target) -> None:

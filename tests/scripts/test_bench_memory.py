@@ -34,13 +34,14 @@ def test_plan_per_family_at_the_8b_shape(script):
         rows["peagle K=8 partitions 4"],
         rows["peagle K=8 partitions 1"],
     )
-    # head activations: S logit sets over the 32000 draft vocab, fp32 logits + grads, per token (+ layers)
+    # head activations: S logit sets over the 32000 draft vocab, fp32 logits + grads, per token, + the seven
+    # TTT masks (T x T * (j + 1), fp32: 28 T^2 x 4 bytes) + layer passes
     assert parted["head_activations_gib"] < eagle3["head_activations_gib"] < whole["head_activations_gib"]
-    assert 2048 * 7 * 32000 * 8 / 2**30 < eagle3["head_activations_gib"] < 7.0
+    assert (2048 * 7 * 32000 * 8 + 28 * 2048**2 * 4) / 2**30 < eagle3["head_activations_gib"] < 11.0
     assert len({r["target_activations_gib"] for r in rows.values()}) == 1
     text = module.render(list(rows.values()), [], module.parse([]))
     assert (
-        "fit where EAGLE-3's TTT fits: plan 24.87 GiB (peagle K=8 partitions 4) vs 28.64 GiB -> met" in text
+        "fit where EAGLE-3's TTT fits: plan 26.53 GiB (peagle K=8 partitions 4) vs 32.69 GiB -> met" in text
     )
 
 

@@ -89,12 +89,14 @@ def test_trained_target_keeps_every_layer_and_logits():
         target_params=0, target_bytes=0, target_replica_bytes=0, head_params=0, head_bytes=0,
         hidden=10, intermediate=20, layers=3, vocab=50, target_element=2, head_element=4, captured=1,
         reads_logits=False, target_trained=True, runs_target=True, head_logit_sets=1, head_vocab=50,
-        head_layer_passes=2,
+        head_layer_passes=2, head_mask_area=1.5,
     )  # fmt: skip
     p = plan(sh, processes=1, stage=0, deepspeed_mixed=False, batch_size=2, seq_len=5)
     layer = 2 * 5 * (4 * 10 + 3 * 20)
     assert p.target_activations == (3 * layer + 2 * 5 * 10 + 2 * 5 * 50) * 2
-    assert p.head_activations == 2 * 5 * 50 * 8 + 2 * layer * 4
+    head_layer = 2 * 5 * (17 * 10 + 4 * 20)  # what autograd keeps of one head layer pass
+    masks = 2 * 5 * 5 * 1.5  # B * T^2 * mask area
+    assert p.head_activations == 2 * 5 * 50 * 8 + (2 * head_layer + masks) * 4
     offline = plan(dataclasses.replace(sh, runs_target=False), processes=1, stage=0, deepspeed_mixed=False,
                    batch_size=2, seq_len=5)  # fmt: skip
     assert offline.target_activations == 0
@@ -120,3 +122,47 @@ def test_an_own_embedding_starts_from_the_targets_and_is_counted(tiny_llama, fam
     assert torch.equal(head.embed_tokens.weight, target.embed_tokens.weight)
     assert any(p is head.embed_tokens.weight for g in objective.param_groups(1e-3) for p in g["params"])
     assert plans[True].shapes.head_params - plans[False].shapes.head_params == V * H
+
+
+@pytest.mark.parametrize(
+    "family, arch, loss",
+    [
+        ("eagle", {}, {}),
+        ("eagle3", {"ttt_steps": 4, "draft_vocab_size": 256}, {}),
+        ("peagle", {"block_size": 4, "draft_vocab_size": 256}, {"partitions": 1}),
+        ("dflash", {"block_size": 8, "num_layers": 2}, {}),
+    ],
+)
+def test_head_activations_are_what_autograd_keeps(tiny_llama, family, arch, loss):
+    """The plan's head activations are the bytes autograd saves for backward in one training forward
+    (counted by a saved-tensors hook, each storage once, parameters left out): the additive attention
+    masks (B, 1, queries, keys) to 5% (the family's mask area), the logit sets and layer passes to 20%."""
+    from spechead.training.objectives import build_objective
+    from spechead.training.settings import HeadSettings
+
+    torch.manual_seed(0)
+    B, T = 2, 128
+    target = FrozenTarget(tiny_llama(V, layers=L, hidden=H), "tiny")
+    ids = torch.randint(0, V, (B, T))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+    rows = [{"input_ids": ids[0].tolist(), "loss_mask": [1] * T}]
+    objective = build_objective(HeadSettings(family, family, None, arch, loss), target, rows)
+    model = objective.module().train()
+    params = {p.untyped_storage().data_ptr() for m in (model, target.model) for p in m.parameters()}
+    saved: dict[int, tuple[bool, int]] = {}  # storage -> (is a mask, bytes)
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            is_mask = t.dim() == 4 and t.shape[1] == 1 and t.shape[-1] >= T
+            saved[storage.data_ptr()] = (is_mask, storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        objective.loss(model, target, batch, 0)
+    p = from_run(target, objective, processes=1, stage=0, mixed_precision="no", batch_size=B, seq_len=T)
+    masks = sum(n for is_mask, n in saved.values() if is_mask)
+    planned_masks = B * T * T * p.shapes.head_mask_area * p.shapes.head_element
+    assert masks > 0 and planned_masks == pytest.approx(masks, rel=0.05)
+    rest = sum(n for is_mask, n in saved.values() if not is_mask)
+    assert 0.8 < (p.head_activations - planned_masks) / rest < 1.2

@@ -188,8 +188,8 @@ def test_each_depth_is_scored_against_its_own_token(kit) -> None:
 def test_memory_plan_counts_k_depths_and_partitions_lower_it(kit) -> None:
     _, head, *_ = kit
     whole = PEagleObjective(head, PEagleLossConfig(partitions=1))
-    assert whole.work() == (K, V, K)
-    assert PEagleObjective(head, PEagleLossConfig(partitions=3)).work() == (2, V, 2)
+    assert whole.work() == (K, V, K, 1 + (K - 1) * K)  # the causal mask + (T(K-1), TK)
+    assert PEagleObjective(head, PEagleLossConfig(partitions=3)).work() == (2, V, 2, 3.0)  # + (T, 2T)
     with pytest.raises(TrainError, match="partitions must be an int >= 1"):
         PEagleLossConfig(partitions=0)
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from spechead.heads.base import DraftHead, HeadConfig
-from spechead.heads.families import family_of
+from spechead.heads.families import Work, family_of
 from spechead.training.target import Captured, FrozenTarget
 
 Batch = dict[str, torch.Tensor]
@@ -39,9 +39,9 @@ class Objective(ABC):
         """Target hidden-state indices to capture for every batch."""
         return list(self.head.config.target_layers)
 
-    def work(self) -> tuple[int, int, int]:
-        """(logit sets, head vocabulary, decoder-layer passes) per trained position, for the memory plan:
-        the family's registered `work`, unless the objective lowers it (P-EAGLE's partitions)."""
+    def work(self) -> Work:
+        """What a step keeps for backward, for the memory plan: the family's registered `work`, unless the
+        objective lowers it (P-EAGLE's partitions)."""
         return family_of(self.head.config).work(self.head.config)
 
     def module(self) -> nn.Module:

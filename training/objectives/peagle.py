@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from spechead.heads.families import Work
 from spechead.heads.peagle import PEagleConfig, PEagleHead
 from spechead.heads.unroll import ttt_valid
 from spechead.training.eagle_losses import eagle3_step_loss, step_weights
@@ -155,12 +156,14 @@ class PEagleObjective(Eagle3Objective):
         weights = step_weights(head.block_size, cfg.decay)
         self.model = ParallelModel(head, weights, cfg.partitions, (cfg.cod_ratio, cfg.cod_min))
 
-    def work(self) -> tuple[int, int, int]:
-        """Per trained position: the real pass (one logit set, num_layers layer passes) plus one partition's
-        share of the K - 1 future positions (backward recomputes one partition at a time)."""
+    def work(self) -> Work:
+        """Per trained position: the real pass (one logit set, num_layers layer passes, its causal mask) plus
+        one partition's share c of the K - 1 future positions (backward recomputes one partition at a time):
+        its mask has T * c queries over T + T * c keys."""
         cfg = cast(PEagleConfig, self.head.config)
-        share = 1 + math.ceil((cfg.block_size - 1) / self.partitions)
-        return share, int(cfg.draft_vocab_size), share * int(cfg.num_layers)
+        share = math.ceil((cfg.block_size - 1) / self.partitions)
+        layers = int(cfg.num_layers)
+        return Work(1 + share, int(cfg.draft_vocab_size), (1 + share) * layers, 1.0 + share * (1 + share))
 
     def eval_counts(self, model, target, batch):
         loss, correct, count, hits = self._run(model, target, batch)
