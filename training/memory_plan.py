@@ -18,7 +18,8 @@ head. Figures are per process (one GPU):
       norms' and projections' inputs, q/k/v at full width after GQA's repeat, the MLP's four I-wide
       tensors), plus its additive attention masks B*T^2*M*b_head (EAGLE: S = 1, V_head = V, M = 1;
       EAGLE-3: S = ttt steps, V_head = draft vocabulary, M = S(S+1)/2; P-EAGLE: S = 1 + ceil((K - 1) /
-      partitions), see its objective; Medusa: S = heads, no decoder layer, M = 0). The masks grow with
+      partitions), see its objective; DFlash: S = 1, V_head = V, M = 2; Medusa: S = heads, no decoder
+      layer, M = 0; each family's `Work`, heads/families.py). The masks grow with
       T^2: at 8k tokens EAGLE-3's seven TTT masks alone are 7 GiB in fp32.
 """
 
