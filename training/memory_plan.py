@@ -136,6 +136,19 @@ def plan(
     )
 
 
+def over_device(plan: MemoryPlan, device_bytes: int | None) -> str:
+    """A one-line warning when the plan's total exceeds the device's memory (None: not a GPU), else ""."""
+    if device_bytes is None or plan.total <= device_bytes:
+        return ""
+    activations = plan.target_activations + plan.head_activations
+    return (
+        f"warning: the memory plan needs ~{_gib(plan.total)} per process ({_gib(activations)} of it "
+        f"activations) and this GPU has {_gib(device_bytes)}: lower trainer.max_length (the head's masks grow "
+        f"with its square) or trainer.batch_size, raise head.loss.partitions (P-EAGLE), or shard with ZeRO-3 "
+        f"(accelerate launch --config_file configs/accelerate/zero3.yaml)"
+    )
+
+
 def numel(p: nn.Parameter) -> int:
     """Elements of a parameter, also when ZeRO-3 has partitioned it."""
     return int(getattr(p, "ds_numel", p.numel()))

@@ -154,6 +154,10 @@ def _describe(accelerator: Accelerator, s: TrainSettings, target, objective: Obj
         batch_size=s.trainer.batch_size, seq_len=s.trainer.max_length,
     )  # fmt: skip
     accelerator.print(plan.summary())
+    device = accelerator.device
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    if warning := memory_plan.over_device(plan, total):
+        accelerator.print(warning)
 
 
 def make_accelerator(s: TrainSettings) -> Accelerator:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spechead.heads import MedusaConfig, MedusaHead
-from spechead.training.memory_plan import Shapes, from_run, plan
+from spechead.training.memory_plan import GiB, Shapes, from_run, over_device, plan
 from spechead.training.objectives.medusa import MedusaLossConfig, MedusaObjective
 from spechead.training.target import FrozenTarget
 
@@ -166,3 +166,15 @@ def test_head_activations_are_what_autograd_keeps(tiny_llama, family, arch, loss
     assert masks > 0 and planned_masks == pytest.approx(masks, rel=0.05)
     rest = sum(n for is_mask, n in saved.values() if not is_mask)
     assert 0.8 < (p.head_activations - planned_masks) / rest < 1.2
+
+
+def test_a_plan_over_the_gpu_memory_warns_in_one_line(tiny_run):
+    """Past the device's memory the plan prints one warning naming what to lower; within it, or on a CPU
+    (no device size), nothing."""
+    target, objective = tiny_run
+    p = from_run(target, objective, processes=1, stage=0, mixed_precision="no", batch_size=2, seq_len=16)
+    assert over_device(p, None) == "" and over_device(p, int(p.total)) == ""
+    warning = over_device(p, int(p.total) - 1)
+    assert warning.startswith("warning: the memory plan needs") and "\n" not in warning
+    assert "trainer.max_length" in warning and "zero3.yaml" in warning
+    assert over_device(dataclasses.replace(p, head_activations=80 * GiB), 80 * GiB) != ""
