@@ -77,9 +77,12 @@ def export_peagle_speculators(
 
 def with_mask_row(table: Tensor, mask_embedding: Tensor, mask_token_id: int) -> Tensor:
     """A copy of the embedding `table` [V, H] whose mask_token_id row is the mask embedding (H,): the
-    table the layout ships, where masked slots read embed_tokens[mask_token_id]."""
-    out = table.detach().clone()  # (V, H)
-    out[mask_token_id] = mask_embedding.detach().to(out.dtype)
+    table the layout ships, where masked slots read embed_tokens[mask_token_id]. The copy takes the wider
+    of the two dtypes: a bf16 target's table would round an fp32 mask embedding (an export's --dtype still
+    casts the whole file)."""
+    wide = torch.promote_types(table.dtype, mask_embedding.dtype)
+    out = table.detach().to(wide, copy=True)  # (V, H)
+    out[mask_token_id] = mask_embedding.detach().to(wide)
     return out
 
 

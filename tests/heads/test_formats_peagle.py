@@ -207,6 +207,26 @@ def test_the_script_exports_with_a_mask_token(saved_head, tmp_path, capsys, dtyp
     assert json.loads((tmp_path / "o" / "config.json").read_text())["speculators_model_type"] == "peagle"
 
 
+def test_the_script_exports_a_head_of_a_bf16_target(target, tmp_path, capsys) -> None:
+    """A bf16 target (the demo's, most served ones) under an fp32 head: the shipped table is widened to fp32
+    so the mask row holds the mask embedding exactly (in the target's bf16 it would round and the round
+    trip would refuse it); every other row is the target's, unchanged."""
+    half = type(target)(target.config).to(torch.bfloat16)
+    half.load_state_dict(target.state_dict())
+    half.save_pretrained(tmp_path / "target")
+    head = random_head(target)
+    head.config.target_name_or_path = str(tmp_path / "target")
+    saved = head.save_pretrained(tmp_path / "head")
+    assert (
+        run_script([saved, "--format", "speculators", "--mask-token-id", MASK, "--out", tmp_path / "o"]) == 0
+    )
+    assert "tensors identical" in capsys.readouterr().out
+    shipped = load_file(tmp_path / "o" / "model.safetensors")["embed_tokens.weight"]
+    assert shipped.dtype == torch.float32 and torch.equal(shipped[MASK], head.mask_embedding.detach())
+    rows = torch.arange(V) != MASK
+    assert torch.equal(shipped[rows], half.get_input_embeddings().weight[rows].float())
+
+
 def test_the_script_round_trips_a_head_with_its_own_embedding(target, target_dir, tmp_path, capsys) -> None:
     """An own table ships with the mask token's row holding the mask embedding (the layout shares them):
     the round trip expects exactly that row changed, and no target is read."""
