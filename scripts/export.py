@@ -4,7 +4,7 @@
     python scripts/export.py HEAD_DIR --format sglang --out exported/        # EAGLE-3 -> SGLang
     python scripts/export.py HEAD_DIR --format medusa --out exported/        # Medusa -> vLLM
     python scripts/export.py HEAD_DIR --format eagle --out exported/         # EAGLE-1/2 -> EAGLE authors' engine, vLLM
-    python scripts/export.py HEAD_DIR --format speculators --mask-token-id ID --out exported/  # P-EAGLE -> vLLM
+    python scripts/export.py HEAD_DIR --format speculators --mask-token-id auto --out exported/  # P-EAGLE -> vLLM
     python scripts/export.py HEAD_DIR --format sglang --out exported/        # DFlash -> SGLang (DFLASH)
 
 HEAD_DIR is a head saved by spechead (a local directory or a Hub id). The export is re-imported
@@ -16,7 +16,9 @@ The speculators and eagle layouts hold the target's input embedding, read from t
 (--target, default: the head's target); --no-embedding leaves it out of a speculators export (vLLM then
 shares the target's; speculators' own model cannot); a head with its own embedding ships that one (no
 target is read). A verifier that is a local path is written as
-its directory's name, with a note.
+its directory's name, with a note. P-EAGLE's --mask-token-id auto takes a token the target never reads from
+the target's tokenizer, by DFlash's rule (<|MASK|>, the first embedding row past the tokenizer's tokens, the
+lowest reserved special token); a target without one needs an explicit id.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from spechead.heads import HeadError, load_head
 from spechead.heads.dtypes import DTYPES
 from spechead.heads.formats import FORMATS, export_formats, export_head
+from spechead.heads.formats.dflash_export import sglang_mask_token_id
 from spechead.heads.formats.eagle3_export import portable_verifier
 from spechead.heads.formats.peagle_export import with_mask_row
 from spechead.heads.formats.weights import target_embedding
@@ -57,9 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--mask-token-id",
-        type=int,
+        type=lambda text: text if text == "auto" else int(text),
         default=None,
-        help="P-EAGLE (speculators): the token whose embedding row carries the head's mask embedding",
+        help="P-EAGLE (speculators): the token whose embedding row carries the head's mask embedding, or "
+        "auto (one the target's tokenizer never produces)",
     )
     p.add_argument(
         "--no-embedding",
@@ -78,6 +82,23 @@ def expected_tensors(head, mask_token_id: int | None) -> dict[str, torch.Tensor]
             tensors["embed_tokens.weight"], tensors["mask_embedding"], mask_token_id
         )
     return tensors
+
+
+def unread_token_id(target: str | None, head) -> int:
+    """--mask-token-id auto: a token id of `target` its tokenizer never produces (sglang_mask_token_id's
+    rule), HeadError when there is none or no target to read."""
+    if not target:
+        raise HeadError("--mask-token-id auto reads the target's tokenizer: pass --target TARGET")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    chosen = sglang_mask_token_id(tokenizer.get_vocab(), len(tokenizer), head.config.vocab_size)
+    if chosen < 0:
+        raise HeadError(
+            f"--mask-token-id auto found no token {target} never reads (no <|MASK|>, no embedding row past its "
+            f"{len(tokenizer)} tokens, no reserved special token): pass --mask-token-id ID of one its data never holds"
+        )
+    return chosen
 
 
 def check_round_trip(head, out: Path, dtype: torch.dtype | None, mask_token_id: int | None = None) -> int:
@@ -117,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.mask_token_id is not None:
             if head.family != "peagle":
                 raise HeadError(f"--mask-token-id is for P-EAGLE heads, not {head.family}")
+            if args.mask_token_id == "auto":
+                args.mask_token_id = unread_token_id(args.target or head.config.target_name_or_path, head)
+                print(
+                    f"--mask-token-id auto: {args.mask_token_id}, a token the target's tokenizer never produces"
+                )
             options["mask_token_id"] = args.mask_token_id
         if args.no_embedding and args.fmt != "speculators":
             raise HeadError(f"--no-embedding is for --format speculators, not {args.fmt}")

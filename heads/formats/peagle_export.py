@@ -51,7 +51,7 @@ def export_peagle_speculators(
     if mask_token_id is None:
         raise HeadError(
             "a P-EAGLE export needs a mask token: pass --mask-token-id ID (a token the target never reads, "
-            "e.g. a reserved special token); its embedding row is replaced by the head's mask embedding"
+            "e.g. a reserved special token) or auto; its embedding row is replaced by the head's mask embedding"
         )
     if not 0 <= mask_token_id < cfg.vocab_size:
         raise HeadError(f"--mask-token-id must be a token id in 0..{cfg.vocab_size - 1}, got {mask_token_id}")

@@ -227,6 +227,41 @@ def test_the_script_exports_a_head_of_a_bf16_target(target, tmp_path, capsys) ->
     assert torch.equal(shipped[rows], half.get_input_embeddings().weight[rows].float())
 
 
+@pytest.mark.parametrize(
+    ("words", "chosen"),
+    [(40, 40), (V, 7), (V, None)],
+    ids=["spare-row", "reserved-token", "none"],
+)
+def test_the_script_picks_an_unread_mask_token(target, tmp_path, capsys, words, chosen) -> None:
+    """--mask-token-id auto reads the target's tokenizer: the first embedding row past its tokens (Qwen's,
+    GPT-OSS's spare rows), else the lowest reserved special token (Llama 3's), else one error line."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(words)}
+    if chosen == 7:
+        vocab = {**{k: i for k, i in vocab.items() if i != 7}, "<|reserved_special_token_0|>": 7}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="w0")))
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    head = random_head(target)
+    head.config.target_name_or_path = str(tmp_path / "target")
+    saved = head.save_pretrained(tmp_path / "head")
+    capsys.readouterr()  # (the saves' progress bars)
+    argv = [saved, "--format", "speculators", "--mask-token-id", "auto", "--out", tmp_path / "o"]
+    if chosen is None:
+        assert run_script(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --mask-token-id auto found no token") and "\n" not in err
+        return
+    assert run_script(argv) == 0
+    assert f"--mask-token-id auto: {chosen}," in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["mask_token_id"] == chosen
+    shipped = load_file(tmp_path / "o" / "model.safetensors")["embed_tokens.weight"]
+    assert torch.equal(shipped[chosen], head.mask_embedding.detach())
+
+
 def test_the_script_round_trips_a_head_with_its_own_embedding(target, target_dir, tmp_path, capsys) -> None:
     """An own table ships with the mask token's row holding the mask embedding (the layout shares them):
     the round trip expects exactly that row changed, and no target is read."""
