@@ -41,6 +41,11 @@ EMBEDDED = ("eagle", "speculators")  # layouts that hold a copy of the target's 
 RECOMPUTED = ("mask_hidden",)  # stored in another form and recomputed on import: equal up to rounding
 
 
+def mask_token(text: str) -> int | str:
+    """--mask-token-id: a token id or "auto" (argparse names this function in its error)."""
+    return text if text == "auto" else int(text)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("head", help="spechead head directory or Hub id")
@@ -60,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--mask-token-id",
-        type=lambda text: text if text == "auto" else int(text),
+        type=mask_token,
         default=None,
         help="P-EAGLE (speculators): the token whose embedding row carries the head's mask embedding, or "
         "auto (one the target's tokenizer never produces)",
