@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import transformers
+import yaml
 
 from spechead.heads.errors import HeadError
 from spechead.training.errors import TrainError
-from spechead.training.target import TargetConfig, load_target, load_tokenizer
+from spechead.training.target import TargetConfig, attention_for, load_target, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +99,35 @@ def test_auto_attention_runs_what_the_target_can_and_sdpa_on_one_that_cannot_nam
         match=r"^model\.attn_implementation=sdpa: .*Gemma2Config.* set model\.attn_implementation=auto .*or eager$",
     ):
         load_target(TargetConfig(path=str(gemma2_target_dir), attn_implementation="sdpa"))
+
+
+# Each Hub preset of configs/model by the config class transformers builds its architecture from.
+LLAMAS = ("llama3-8b", "llama3-8b-instruct", "llama3-70b", "llama3-70b-instruct", "llama3.1-8b")
+PRESET_ARCHS = {
+    **dict.fromkeys((*LLAMAS, "llama3.1-8b-instruct", "llama3.1-70b-instruct"), "LlamaConfig"),
+    "mistral-7b-instruct": "MistralConfig",
+    "qwen2.5-7b-instruct": "Qwen2Config",
+    "qwen3-8b": "Qwen3Config",
+    "gpt-oss-20b": "GptOssConfig",
+    "gpt-oss-120b": "GptOssConfig",
+    "gemma-2-9b-it": "Gemma2Config",
+    "phi-4": "Phi3Config",
+}
+
+
+def test_every_hub_preset_asks_for_an_attention_its_architecture_runs(tmp_path):
+    """A preset's model.attn_implementation resolves for its architecture without an error: never sdpa
+    for GPT-OSS's sinks or Gemma-2's soft-capping (auto, which loads them eager)."""
+    root = Path(__file__).resolve().parents[2] / "configs" / "model"
+    presets = {p.stem: yaml.safe_load(p.read_text()) for p in root.glob("*.yaml")}
+    presets = {name: p for name, p in presets.items() if name not in ("demo", "local")}
+    assert set(presets) == set(PRESET_ARCHS)  # a new preset names its architecture above
+    for name, preset in presets.items():
+        getattr(transformers, PRESET_ARCHS[name])().save_pretrained(tmp_path / name)
+        cfg = TargetConfig(path=str(tmp_path / name), attn_implementation=preset["attn_implementation"])
+        assert attention_for(cfg) == (
+            "eager" if PRESET_ARCHS[name] in ("GptOssConfig", "Gemma2Config") else "sdpa"
+        )
 
 
 def test_tokenizer_without_pad_token_pads_with_eos(chatml_tokenizer, tmp_path):
