@@ -34,14 +34,17 @@ from spechead.heads.formats.llama import llama_layer_fields
 ARCHITECTURE = "DFlashDraftModel"
 SGLANG_MASK_TOKEN = "<|MASK|>"  # what SGLang's DFLASH embeds the masks as when a config names no id
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-_RESERVED = re.compile(r"<\|reserved_")  # Llama 3's reserved special tokens (GPT-OSS's <|reserved_N|> too)
+# Tokens a tokenizer reserves and a model never reads: Llama 3's <|reserved_special_token_N|> (GPT-OSS's
+# <|reserved_N|>), Gemma's <mask> and <unusedN>, Phi-4's <|dummy_N|>, Mistral's [control_N].
+_RESERVED = re.compile(r"<\|reserved_|<mask>$|<unused\d+>$|<\|dummy_\d+\|>$|\[control_\d+\]$")
 
 
 def sglang_mask_token_id(vocab: Mapping[str, int], tokenizer_len: int, embedding_rows: int) -> int:
     """A target token id SGLang's DFLASH can embed the masks with (the export names it), else -1: "<|MASK|>"'s
     id in the tokenizer's vocabulary; else the id SGLang gives it by adding it (tokenizer_len, the first
     embedding row past the tokenizer's tokens, when there is one: Qwen, GPT-OSS); else the lowest reserved
-    special token (Llama 3's <|reserved_special_token_N|>), a token the target never reads."""
+    token (Llama 3's <|reserved_special_token_N|>, Gemma's <mask> / <unusedN>, Phi-4's <|dummy_N|>,
+    Mistral's [control_N]), a token the target never reads."""
     token_id = vocab.get(SGLANG_MASK_TOKEN, tokenizer_len)
     if 0 <= token_id < embedding_rows:
         return token_id

@@ -149,6 +149,10 @@ def test_sglang_mask_token_id():
     assert sglang_mask_token_id(vocab, 5, 5) == -1  # no row past the tokenizer's and nothing reserved
     vocab.update({"<|reserved_special_token_1|>": 4, "<|reserved_special_token_0|>": 3})
     assert sglang_mask_token_id(vocab, 5, 5) == 3  # Llama 3's: the lowest reserved special token
+    for reserved in ("<unused0>", "<mask>", "<|dummy_3|>", "[control_8]"):  # Gemma's, Phi-4's, Mistral's
+        assert sglang_mask_token_id({"a": 0, "b": 1, reserved: 2}, 3, 3) == 2, reserved
+    for word in ("<unused>", "<masked>", "<|dummy|>", "[control]", "x<unused0>"):  # ordinary tokens
+        assert sglang_mask_token_id({"a": 0, "b": 1, word: 2}, 3, 3) == -1, word
 
 
 def test_auto_mask_token_needs_the_tokenizer(tiny_llama):
