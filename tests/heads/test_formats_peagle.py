@@ -145,13 +145,35 @@ def theirs(model, monkeypatch) -> torch.Tensor:
     return torch.cat([first, future], dim=1)[None]
 
 
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory):
+    """(target, directory): a tiny GPT-OSS, P-EAGLE's published target's architecture: head_dim 16 against
+    hidden / heads = 8, sliding-window layers, experts."""
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    config = GptOssConfig(
+        vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=L, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
+    path = tmp_path_factory.mktemp("gpt_oss")
+    model.save_pretrained(path)
+    return model, path
+
+
 @pytest.mark.parametrize(
     "options",
-    [{}, EAGLE31, {"own_embedding": True}, {"num_layers": 3}],
-    ids=["peagle", "peagle+eagle3.1", "own-embedding", "3-layers"],
+    [{}, EAGLE31, {"own_embedding": True}, {"num_layers": 3}, {"gpt_oss": True}],
+    ids=["peagle", "peagle+eagle3.1", "own-embedding", "3-layers", "gpt-oss-target"],
 )
-def test_real_speculators_drafts_the_same_block(target, target_dir, tmp_path, options, monkeypatch) -> None:
+def test_real_speculators_drafts_the_same_block(
+    target, target_dir, tmp_path, options, monkeypatch, request
+) -> None:
     peagle = pytest.importorskip("speculators.models.peagle", reason="speculators is not installed")
+    if options.get("gpt_oss"):
+        target, target_dir = request.getfixturevalue("gpt_oss")
+        options = {}
     from loguru import logger
 
     logger.disable("speculators")
