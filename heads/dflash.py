@@ -309,7 +309,10 @@ register_family(
         calibrate_assumed=False,
         drafts_per_depth=False,
         work=_dflash_work,
-        exports={"sglang": "spechead.heads.formats.dflash_export:export_dflash_sglang"},
+        exports={
+            "sglang": "spechead.heads.formats.dflash_export:export_dflash_sglang",
+            "vllm": "spechead.heads.formats.dflash_export:export_dflash_vllm",
+        },
         default_layers=default_dflash_layers,
     )
 )

@@ -25,7 +25,7 @@ ADAPTER_NAME = "adapter"  # the folder a head that trains the target (Medusa-2) 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what peft loads
 # What a head fetched from the Hub needs (fnmatch: `*` also matches `/`): config.json, weights, tree.json
 # and an adapter's adapter_config.json + weights. Never the card or plots.
-HUB_PATTERNS = ("*.json", "*.safetensors")
+HUB_PATTERNS = ("*.json", "*.safetensors", "mask_embedding.pt")  # (vLLM DFlash: a learned mask embedding)
 
 
 def resolve(path_or_hub_id: str | Path, revision: str | None = None) -> Path:

@@ -6,6 +6,7 @@
     python scripts/export.py HEAD_DIR --format eagle --out exported/         # EAGLE-1/2 -> EAGLE authors' engine, vLLM
     python scripts/export.py HEAD_DIR --format speculators --mask-token-id auto --out exported/  # P-EAGLE -> vLLM
     python scripts/export.py HEAD_DIR --format sglang --out exported/        # DFlash -> SGLang (DFLASH)
+    python scripts/export.py HEAD_DIR --format vllm --out exported/          # DFlash -> vLLM (dflash)
 
 HEAD_DIR is a head saved by spechead (a local directory or a Hub id). The export is re-imported
 through spechead's loader and its tensors compared with the head's (printed as a check): bit for bit,
@@ -67,8 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mask-token-id",
         type=mask_token,
         default=None,
-        help="P-EAGLE (speculators): the token whose embedding row carries the head's mask embedding, or "
-        "auto (one the target's tokenizer never produces)",
+        help="P-EAGLE (speculators), DFlash with a learned mask (vllm): the token whose embedding the head's "
+        "mask embedding stands in for, or auto (one the target's tokenizer never produces)",
     )
     p.add_argument(
         "--no-embedding",
@@ -141,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             raise HeadError(f"{args.head} is a {head.family} head; formats for {head.family} heads: {valid}")
         options = {"verifier": args.verifier, "speculative_tokens": args.speculative_tokens}
         if args.mask_token_id is not None:
-            if head.family != "peagle":
-                raise HeadError(f"--mask-token-id is for P-EAGLE heads, not {head.family}")
+            if head.family not in ("peagle", "dflash"):
+                raise HeadError(f"--mask-token-id is for P-EAGLE and DFlash heads, not {head.family}")
+            if head.family == "dflash" and head.config.mask_token_id >= 0 and args.mask_token_id == "auto":
+                args.mask_token_id = head.config.mask_token_id  # (its masks are that token already)
             if args.mask_token_id == "auto":
                 args.mask_token_id = unread_token_id(args.target or head.config.target_name_or_path, head)
                 print(

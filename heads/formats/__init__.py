@@ -4,7 +4,7 @@ Import (through `load_head` / `DraftHead.from_pretrained`, hence `SpeculativeGen
 EAGLE-1/2 heads of the EAGLE authors, EAGLE-3 heads (official, SGLang, SpecForge), vLLM `speculators`
 EAGLE-3, P-EAGLE and DFlash heads, z-lab / SGLang DFlash drafters, Medusa-1 heads (FasterDecoding and
 vLLM). Export: EAGLE-3 heads to `speculators` (vLLM) and `sglang` (SGLang / official layout), P-EAGLE to
-`speculators`, DFlash to `sglang`, Medusa heads to `medusa` (vLLM's Medusa loader).
+`speculators`, DFlash to `sglang` and `vllm`, Medusa heads to `medusa` (vLLM's Medusa loader).
 A layout spechead's modules cannot reproduce exactly is refused with a HeadError saying what.
 """
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from spechead.heads.dflash import DFlashConfig, DFlashHead
 from spechead.heads.errors import HeadError
 from spechead.heads.formats.build import fill_head
-from spechead.heads.formats.dflash_export import SGLANG_MASK_TOKEN
+from spechead.heads.formats.dflash_export import MASK_EMBEDDING_FILE, SGLANG_MASK_TOKEN
 from spechead.heads.formats.eagle3_import import speculators_layer, speculators_target
 from spechead.heads.formats.llama import check_fused_layers, layer_config_of, target_fields
 
@@ -70,7 +71,25 @@ def import_dflash(
     layer = {k: v for k, v in config.items() if k not in _NOT_LAYER}
     drafter = {"block_size": fields.get("block_size") or 16, "mask_token_id": fields.get("mask_token_id")}
     known = {"target_num_layers": fields.get("num_target_layers") or 0}
+    if (directory / MASK_EMBEDDING_FILE).is_file():  # vLLM's: a learned mask embedding for that id
+        drafter["mask_embedding"] = _mask_embedding(directory, drafter["mask_token_id"], where)
     return _dflash_head(where, fields, layer, tensors, layers, drafter, known, target_config, load)
+
+
+def _mask_embedding(directory: Path, mask_token_id: Any, where: str) -> Tensor:
+    """The learned mask embedding [H] of `directory`/mask_embedding.pt (a tensor, or {"mask_token_id",
+    "embedding"} whose id must be the config's, as vLLM requires)."""
+    state = torch.load(directory / MASK_EMBEDDING_FILE, map_location="cpu", weights_only=True)
+    if isinstance(state, dict):
+        if state.get("mask_token_id", mask_token_id) != mask_token_id:
+            raise HeadError(
+                f"{where}: {MASK_EMBEDDING_FILE} is for mask_token_id {state.get('mask_token_id')}, "
+                f"config.json names {mask_token_id}"
+            )
+        state = state.get("embedding")
+    if not isinstance(state, Tensor):
+        raise HeadError(f"{where}: {MASK_EMBEDDING_FILE} holds no embedding tensor")
+    return state.reshape(-1)
 
 
 def with_sglang_mask_token_id(
@@ -165,6 +184,9 @@ def _dflash_head(
             "load it with the target's tokenizer (SpeculativeGenerator.from_pretrained(target, head), "
             "load_head(path, target_tokenizer=...)) to take SGLang's <|MASK|> id from it"
         )
+    learned = drafter.get("mask_embedding")  # vLLM's: substituted for the id's embedding, so the head's own
+    if learned is not None:
+        tensors["mask_embedding"] = learned
     found = {**known, **target_fields(target_config, hidden, vocab, where)}
     depth = found.get("target_num_layers") or 0
     if known.get("target_num_layers") not in (None, 0, depth):
@@ -192,7 +214,7 @@ def _dflash_head(
         target_layers=list(layers),
         num_layers=num_layers,
         block_size=int(drafter["block_size"]),
-        mask_token_id=mask,
+        mask_token_id=-1 if learned is not None else mask,
         **found,
     )
     return fill_head(DFlashHead(config), tensors, where, **load)

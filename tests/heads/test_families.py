@@ -28,7 +28,7 @@ def test_every_registered_part_resolves():
         for fmt in fam.exports:
             assert callable(fam.exporter(fmt)), (name, fmt)
         assert fam.tree_option in ("choices", "tree") and set(fam.default_tree) == {fam.tree_option}
-    assert FORMATS == ["eagle", "fasterdecoding", "medusa", "sglang", "speculators"]
+    assert FORMATS == ["eagle", "fasterdecoding", "medusa", "sglang", "speculators", "vllm"]
 
 
 def test_a_saved_head_finds_its_family():

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from spechead.heads import DFlashConfig, DFlashHead, HeadError, load_head
+from spechead.heads.dflash import MASK as MASK_ID
 from spechead.heads.formats import export_head
 
 V, H, L, MASK = 64, 32, 8, 63
@@ -112,8 +113,12 @@ def test_speculators_converter_loads_the_layout_strictly(tmp_path) -> None:
 
 def test_heads_sglang_cannot_hold_are_refused(tmp_path) -> None:
     target = qwen3_target()
-    with pytest.raises(HeadError, match=r"train with head.mask_token_id=<id>"):
+    with pytest.raises(
+        HeadError, match=r"--format vllm --mask-token-id ID .* train with head.mask_token_id=<id>"
+    ):
         export_head(dflash_head(target, mask_token_id=-1), "sglang", tmp_path / "a")
+    with pytest.raises(HeadError, match=r"embeds its masks as token 63: drop --mask-token-id 5"):
+        export_head(dflash_head(target), "sglang", tmp_path / "e", mask_token_id=5)
     with pytest.raises(HeadError, match="per-head q/k norms"):
         export_head(dflash_head(target, "llama"), "sglang", tmp_path / "b")
     with pytest.raises(HeadError, match="final normed state"):
@@ -148,14 +153,84 @@ def test_the_script_exports_a_dflash_head(tmp_path, capsys) -> None:
     ("overrides", "fmt", "message"),
     [
         ({"mask_token_id": -1}, "sglang", "train with head.mask_token_id=<id>"),
-        ({}, "speculators", "is a dflash head; formats for dflash heads: sglang"),
-        ({}, "eagle", "is a dflash head; formats for dflash heads: sglang"),
-        ({}, "medusa", "is a dflash head; formats for dflash heads: sglang"),
+        ({"mask_token_id": -1}, "vllm", "pass --mask-token-id ID"),
+        ({}, "speculators", "is a dflash head; formats for dflash heads: sglang, vllm"),
+        ({}, "eagle", "is a dflash head; formats for dflash heads: sglang, vllm"),
+        ({}, "medusa", "is a dflash head; formats for dflash heads: sglang, vllm"),
     ],
-    ids=["learned-mask-to-sglang", "to-speculators", "to-eagle", "to-medusa"],
+    ids=[
+        "learned-mask-to-sglang",
+        "learned-mask-to-vllm-without-an-id",
+        "to-speculators",
+        "to-eagle",
+        "to-medusa",
+    ],
 )
 def test_the_script_refuses_in_one_error_line(tmp_path, capsys, overrides, fmt, message) -> None:
     head = dflash_head(qwen3_target(), **overrides).save_pretrained(tmp_path / "head")
     assert run_script([head, "--format", fmt, "--out", tmp_path / "o"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and message in err
+
+
+# ---- vLLM: a learned mask embedding in mask_embedding.pt ---------------------------------------------
+
+
+def vllm_block_embeddings(out, target, ids: torch.Tensor) -> torch.Tensor:
+    """What vLLM's DFlash drafter embeds for block ids [T] (its documented loader: the target's embedding,
+    and where mask_embedding.pt exists, its embedding in place of every position holding config.json's
+    dflash_config.mask_token_id)."""
+    mask_id = json.loads((out / "config.json").read_text())["dflash_config"]["mask_token_id"]
+    embeds = target.get_input_embeddings()(ids)  # (T, H)
+    file = out / "mask_embedding.pt"
+    if file.is_file():
+        state = torch.load(file, weights_only=True)
+        assert state["mask_token_id"] == mask_id  # vLLM raises otherwise
+        embeds = torch.where((ids == mask_id)[:, None], state["embedding"].reshape(-1), embeds)
+    return embeds
+
+
+def test_a_learned_mask_exports_for_vllm_in_mask_embedding_pt(tmp_path) -> None:
+    """The z-lab files plus mask_embedding.pt: vLLM feeds the masked positions as the chosen id and embeds
+    them with the head's learned embedding, so its block input equals ours; spechead reloads the export as
+    the same head (learned mask, mask_token_id -1)."""
+    target = qwen3_target()
+    head = dflash_head(target, mask_token_id=-1)
+    head.attach_target_modules(lm_head=target.lm_head, embed_tokens=target.get_input_embeddings())
+    out = export_head(head, "vllm", tmp_path / "v", mask_token_id=5)
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["architectures"] == ["DFlashDraftModel"] and raw["dflash_config"]["mask_token_id"] == 5
+    assert "mask_embedding" not in load_file(out / "model.safetensors")  # (vLLM takes it from the .pt)
+    ids = torch.tensor([7, 5, 5, 5])  # [root, masks...]: vLLM's block input ids
+    with torch.no_grad():
+        ours = head.embed_block(torch.tensor([[7, MASK_ID, MASK_ID, MASK_ID]]))[0]  # (block size, H)
+        torch.testing.assert_close(vllm_block_embeddings(out, target, ids), ours, rtol=0, atol=0)
+    back = load_head(out)
+    assert back.config.mask_token_id == -1
+    mine, theirs = head.state_dict(), back.state_dict()
+    assert set(mine) - {"embed_tokens.weight", "lm_head.weight"} == set(theirs)
+    assert all(torch.equal(theirs[k], mine[k]) for k in theirs)
+    (out / "config.json").write_text(
+        json.dumps({**raw, "dflash_config": {**raw["dflash_config"], "mask_token_id": 6}})
+    )
+    with pytest.raises(HeadError, match="mask_embedding.pt is for mask_token_id 5, config.json names 6"):
+        load_head(out)
+
+
+def test_a_token_mask_exports_for_vllm_as_for_sglang(tmp_path) -> None:
+    target = qwen3_target()
+    head = dflash_head(target)
+    vllm, sglang = export_head(head, "vllm", tmp_path / "v"), export_head(head, "sglang", tmp_path / "s")
+    assert sorted(p.name for p in vllm.iterdir()) == sorted(p.name for p in sglang.iterdir())
+    assert (vllm / "config.json").read_text() == (sglang / "config.json").read_text()
+    with pytest.raises(HeadError, match="drop --mask-token-id 5"):
+        export_head(head, "vllm", tmp_path / "x", mask_token_id=5)
+
+
+def test_the_script_exports_a_learned_mask_for_vllm(tmp_path, capsys) -> None:
+    head = dflash_head(qwen3_target(), mask_token_id=-1).save_pretrained(tmp_path / "head")
+    argv = [head, "--format", "vllm", "--mask-token-id", "5", "--out", tmp_path / "o"]
+    assert run_script(argv) == 0
+    count = len(load_head(head).state_dict())
+    assert f"round-trip check: reloaded with spechead, {count} tensors identical\n" in capsys.readouterr().out
+    assert (tmp_path / "o" / "mask_embedding.pt").is_file()

@@ -97,8 +97,9 @@ def auto_mask_token_id(tokenizer: Any, target: FrozenTarget) -> tuple[int, str]:
     if chosen < 0:
         return -1, (
             f"head.mask_token_id=auto: no {SGLANG_MASK_TOKEN}, spare embedding row or reserved special token "
-            "in this target: a learned mask embedding (the head cannot be exported for SGLang; give "
-            "head.mask_token_id=<id> of a token the target never reads for that)"
+            "in this target: a learned mask embedding (it exports for vLLM with scripts/export.py --format vllm "
+            "--mask-token-id ID, not for SGLang; give head.mask_token_id=<id> of a token the target never reads "
+            "for that)"
         )
     name = (
         tokenizer.convert_ids_to_tokens(chosen) if chosen < len(tokenizer) else f"{SGLANG_MASK_TOKEN}, added"
