@@ -3,11 +3,11 @@
 # tuned to one model: a deeper model of another family (Qwen3: q/k norms, 12 layers against the demo's 8
 # Llama layers) with its own tokenizer, trained from scratch on a fresh draw of the chat corpus (seed 1).
 # Everything is made here, outside the repository (outputs/second/), offline on a CPU:
-#   bash scripts/second_target.sh            # target (~25 min), 3 heads (10 min each + eval and tree tuning), bench
+#   bash scripts/second_target.sh            # target (~20 min), 3 heads (10 min each + eval and tree tuning), bench
 #   STEP=heads bash scripts/second_target.sh # skip the target (already built)
 #   STEP=bench bash scripts/second_target.sh # only the benchmark
 # Each head trains with its demo recipe's settings (draft vocabulary, TTT depth, block size, layers, lr)
-# for the same training time: steps = BUDGET_S / (seconds a step takes, measured by a 20-step run).
+# for the same training time: steps = BUDGET_S / (seconds a step takes, from a 20- and a 120-step run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -34,12 +34,16 @@ train() {  # HEAD STEPS DIR [extra overrides]: one training run on the second ta
     logger=none ${RECIPE[$head]} trainer.lr=3e-3 trainer.max_length=384 trainer.batch_size=8 \
     trainer.max_steps="$steps" trainer.output_dir="$dir" trainer.resume=false "$@"
 }
-seconds_per_step() {  # seconds a step of HEAD takes: tqdm's last rate in a 30-step run
-  train "$1" 30 "$OUT/time-$1" trainer.eval_every=1000 trainer.save_every=1000 > "$OUT/time-$1.log" 2>&1
-  $PY - "$OUT/time-$1.log" <<'EOF'
+seconds_per_step() {  # seconds a training step of HEAD takes: the trainer's "time:" of a 20- and a 120-step run,
+  # differenced, so start-up and the end of a run (final eval and save, up to 13 s) cancel out
+  local n
+  for n in 20 120; do
+    train "$1" $n "$OUT/time-$1-$n" trainer.eval_every=1000 trainer.save_every=1000 > "$OUT/time-$1-$n.log" 2>&1
+  done
+  $PY - "$OUT/time-$1-20.log" "$OUT/time-$1-120.log" <<'EOF'
 import re, sys
-rate, unit = re.findall(r"([0-9.]+)(s/step|step/s)", open(sys.argv[1]).read())[-1]
-print(float(rate) if unit == "s/step" else 1 / float(rate))
+t20, t120 = (float(re.findall(r"^time: ([0-9.]+) s for", open(f).read(), re.M)[-1]) for f in sys.argv[1:])
+print((t120 - t20) / 100)
 EOF
 }
 
