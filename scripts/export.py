@@ -17,9 +17,11 @@ The speculators and eagle layouts hold the target's input embedding, read from t
 (--target, default: the head's target); --no-embedding leaves it out of a speculators export (vLLM then
 shares the target's; speculators' own model cannot); a head with its own embedding ships that one (no
 target is read). A verifier that is a local path is written as
-its directory's name, with a note. P-EAGLE's --mask-token-id auto takes a token the target never reads from
-the target's tokenizer, by DFlash's rule (<|MASK|>, the first embedding row past the tokenizer's tokens, the
-lowest reserved special token); a target without one needs an explicit id.
+its directory's name, with a note. --mask-token-id (P-EAGLE; DFlash with a learned mask, --format vllm)
+names the token the mask embedding stands in for; auto takes one the target never reads from the target's
+tokenizer, by DFlash's rule (<|MASK|>, the first embedding row past the tokenizer's tokens, the lowest
+reserved token); a target without one needs an explicit id. A vllm export of a learned-mask DFlash head
+ships the embedding in mask_embedding.pt, which the round trip reads back.
 """
 
 from __future__ import annotations
